@@ -1,0 +1,1485 @@
+//! Tests of the `trainer.toml` loader.
+
+use super::*;
+use crate::time::TimeUnit;
+
+const MINIMAL: &str = r#"
+[data]
+dataset = "fashion-mnist"
+
+[model]
+name = "cnn"
+
+[train]
+max_duration = "3ep"
+"#;
+
+const FULL: &str = r#"run_name = "fmnist-cnn"
+seed = 7
+output_dir = "out/runs"
+usd_per_hour = 0.10
+
+[data]
+dataset = "synthetic"
+data_dir = "cache"
+fetch = false
+batch_size = 64
+eval_batch_size = 256
+workers = 0
+prefetch = 2
+drop_last = false
+shuffle = false
+
+[data.synthetic]
+samples = 100
+eval_samples = 20
+channels = 3
+height = 32
+width = 32
+classes = 5
+
+[data.transforms]
+normalize = { mean = [0.5, 0.5, 0.5], std = [0.25] }
+random_crop = { size = 32, padding = 4 }
+horizontal_flip = { p = 0.25 }
+
+[model]
+name = "resnet20"
+width = 8
+num_classes = 7
+
+[optimizer]
+name = "adamw"
+lr = 3e-4
+betas = [0.8, 0.99]
+eps = 1e-6
+weight_decay = 0
+
+[scheduler]
+name = "cosine_with_warmup"
+t_warmup = "1ep"
+
+[train]
+max_duration = "100ba"
+microbatch_size = 16
+precision = "amp_bf16"
+device = "cuda:1"
+scale_schedule_ratio = 0.5
+eval_interval = "0.25dur"
+eval_subset_batches = 3
+threads = 4
+log_interval = "10ba"
+progress = false
+
+[plugins]
+dirs = ["../../target/release", "/abs/plugins"]
+
+[[algorithms]]
+plugin = "label_smoothing"
+sha256 = "ABCDEF0123456789abcdef0123456789abcdef0123456789abcdef0123456789"
+smoothing = 0.1
+
+[[algorithms]]
+plugin = "cutout"
+on_error = "disable"
+length = 8
+enabled = true
+sizes = [1, 2.5, "x"]
+nested = { a = 1, b = { c = "d" } }
+"#;
+
+fn parse(text: &str) -> Result<Config, ConfigError> {
+    from_str(text, Path::new("/base/dir"), "trainer.toml")
+}
+
+fn parse_with(text: &str, overrides: &[&str]) -> Result<Config, ConfigError> {
+    let overrides: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
+    from_str_with_overrides(text, Path::new("/base/dir"), "trainer.toml", &overrides)
+}
+
+fn ok(text: &str) -> Config {
+    match parse(text) {
+        Ok(c) => c,
+        Err(e) => panic!("expected a valid config, got: {e}"),
+    }
+}
+
+fn err(text: &str) -> ConfigError {
+    match parse(text) {
+        Ok(c) => panic!("expected an error, got {c:?}"),
+        Err(e) => e,
+    }
+}
+
+/// The minimal file with `extra` appended (tables after the minimal ones).
+fn with(extra: &str) -> String {
+    format!("{MINIMAL}{extra}")
+}
+
+#[test]
+fn full_file() {
+    let c = ok(FULL);
+    assert_eq!(c.run_name, "fmnist-cnn");
+    assert_eq!(c.seed, 7);
+    assert_eq!(c.output_dir, PathBuf::from("/base/dir/out/runs"));
+    assert_eq!(c.run_dir(), PathBuf::from("/base/dir/out/runs/fmnist-cnn"));
+    assert_eq!(c.usd_per_hour, Some(0.10));
+    let d = &c.data;
+    assert_eq!(d.dataset, Dataset::Synthetic);
+    assert_eq!(d.data_dir, Some(PathBuf::from("/base/dir/cache")));
+    assert!(!d.fetch && !d.drop_last && !d.shuffle);
+    assert_eq!(
+        (d.batch_size, d.eval_batch_size, d.workers, d.prefetch),
+        (64, 256, 0, 2)
+    );
+    assert_eq!(
+        d.synthetic,
+        Some(SyntheticConfig {
+            samples: 100,
+            eval_samples: 20,
+            channels: 3,
+            height: 32,
+            width: 32,
+            classes: 5
+        })
+    );
+    assert_eq!(d.channels(), 3);
+    assert_eq!(d.image_size(), (32, 32));
+    assert_eq!(
+        d.transforms,
+        TransformsConfig {
+            normalize: Some(Normalize {
+                mean: vec![0.5, 0.5, 0.5],
+                std: vec![0.25]
+            }),
+            random_crop: Some(RandomCrop {
+                size: 32,
+                padding: 4
+            }),
+            horizontal_flip: Some(HorizontalFlip { p: 0.25 }),
+        }
+    );
+    assert_eq!(
+        c.model,
+        ModelConfig {
+            name: ModelName::Resnet20,
+            hidden: vec![],
+            width: Some(8),
+            num_classes: 7
+        }
+    );
+    assert_eq!(
+        c.optimizer,
+        OptimizerConfig::AdamW(AdamWConfig {
+            lr: 3e-4,
+            betas: [0.8, 0.99],
+            eps: 1e-6,
+            weight_decay: 0.0
+        })
+    );
+    let t = &c.train;
+    assert_eq!(
+        t.max_duration.to_string(),
+        "100ba"
+            .parse::<Time>()
+            .map(|t| t.to_string())
+            .unwrap_or_default()
+    );
+    assert!(matches!(t.max_duration.unit(), TimeUnit::Batch));
+    assert!(matches!(t.eval_interval.unit(), TimeUnit::Duration));
+    assert_eq!(t.microbatch_size, 16);
+    assert_eq!(t.precision, Precision::AmpBf16);
+    assert_eq!(t.device, Device::Cuda(1));
+    assert_eq!(t.scale_schedule_ratio, 0.5);
+    assert_eq!((t.eval_subset_batches, t.threads), (3, 4));
+    assert!(!t.progress);
+    assert_eq!(
+        c.plugins.dirs,
+        vec![
+            PathBuf::from("/base/dir/../../target/release"),
+            PathBuf::from("/abs/plugins")
+        ]
+    );
+    assert_eq!(c.algorithms.len(), 2);
+    let a = &c.algorithms[0];
+    assert_eq!(a.plugin, "label_smoothing");
+    assert_eq!(
+        a.sha256.as_deref(),
+        Some("abcdef0123456789abcdef0123456789abcdef0123456789abcdef0123456789")
+    );
+    assert_eq!(a.on_error, OnError::Stop);
+    assert_eq!(a.line, 61);
+    assert_eq!(a.settings_json(), r#"{"smoothing":0.1}"#);
+    let b = &c.algorithms[1];
+    assert_eq!(b.on_error, OnError::Disable);
+    assert_eq!(b.line, 66);
+}
+
+#[test]
+fn algorithm_settings_keep_their_types() {
+    let c = ok(FULL);
+    let s = &c.algorithms[1].settings;
+    assert_eq!(s.len(), 4, "plugin/on_error are not settings: {s:?}");
+    assert!(s["length"].is_i64());
+    assert_eq!(s["length"], serde_json::json!(8));
+    assert_eq!(s["enabled"], serde_json::json!(true));
+    assert_eq!(s["sizes"], serde_json::json!([1, 2.5, "x"]));
+    assert!(s["sizes"][0].is_i64() && s["sizes"][1].is_f64());
+    assert_eq!(s["nested"], serde_json::json!({"a": 1, "b": {"c": "d"}}));
+    let keys: Vec<&str> = s.keys().map(String::as_str).collect();
+    assert!(keys.contains(&"nested") && keys.contains(&"sizes"));
+}
+
+#[test]
+fn defaults() {
+    let c = ok(MINIMAL);
+    assert_eq!(c.run_name, "trainer");
+    assert_eq!(c.seed, 42);
+    assert_eq!(c.output_dir, PathBuf::from("/base/dir/runs"));
+    assert_eq!(c.usd_per_hour, None);
+    let d = &c.data;
+    assert_eq!(d.dataset, Dataset::FashionMnist);
+    assert_eq!(d.data_dir, None);
+    assert!(d.fetch && d.drop_last && d.shuffle);
+    assert_eq!(
+        (d.batch_size, d.eval_batch_size, d.workers, d.prefetch),
+        (128, 512, 2, 4)
+    );
+    assert_eq!(d.synthetic, None);
+    assert_eq!(d.transforms, TransformsConfig::default());
+    assert_eq!(c.model.width, Some(32));
+    assert_eq!(c.model.num_classes, 10);
+    assert!(c.model.hidden.is_empty());
+    assert_eq!(c.optimizer, OptimizerConfig::Sgd(SgdConfig::default()));
+    assert_eq!(c.optimizer.lr(), 0.1);
+    assert_eq!(c.optimizer.weight_decay(), 0.0);
+    let t = &c.train;
+    assert_eq!(t.microbatch_size, 128);
+    assert_eq!(t.precision, Precision::Fp32);
+    assert_eq!(t.device, Device::Auto);
+    assert_eq!(t.scale_schedule_ratio, 1.0);
+    assert!(matches!(t.eval_interval.unit(), TimeUnit::Epoch));
+    assert!(matches!(t.log_interval.unit(), TimeUnit::Batch));
+    assert_eq!((t.eval_subset_batches, t.threads), (0, 0));
+    assert!(t.progress);
+    assert!(c.plugins.dirs.is_empty());
+    assert!(c.algorithms.is_empty());
+}
+
+#[test]
+fn model_and_optimizer_defaults_by_name() {
+    let c = ok(&MINIMAL.replace("\"cnn\"", "\"mlp\""));
+    assert_eq!(c.model.hidden, vec![256, 128]);
+    assert_eq!(c.model.width, None);
+    let c = ok(&MINIMAL.replace("\"cnn\"", "\"resnet56\""));
+    assert_eq!(c.model.width, Some(16));
+    let c = ok(&with("[optimizer]\nname = \"adamw\"\n"));
+    assert_eq!(c.optimizer, OptimizerConfig::AdamW(AdamWConfig::default()));
+    assert_eq!(c.optimizer.weight_decay(), 0.01);
+    let c = ok(&with("[optimizer]\nlr = 1\nnesterov = true\n"));
+    assert_eq!(
+        c.optimizer,
+        OptimizerConfig::Sgd(SgdConfig {
+            lr: 1.0,
+            nesterov: true,
+            ..SgdConfig::default()
+        })
+    );
+    let c = ok(&with("[data.synthetic]\n").replace("fashion-mnist", "synthetic"));
+    assert_eq!(c.data.synthetic, Some(SyntheticConfig::default()));
+    let c = ok(&MINIMAL.replace("fashion-mnist", "synthetic"));
+    assert_eq!(c.data.synthetic, Some(SyntheticConfig::default()));
+    let c = ok(&with("[data.transforms]\nrandom_crop = { padding = 4 }\nhorizontal_flip = {}\nnormalize = { mean = 0.5, std = 0.5 }\n"));
+    assert_eq!(
+        c.data.transforms.random_crop,
+        Some(RandomCrop {
+            size: 28,
+            padding: 4
+        })
+    );
+    assert_eq!(
+        c.data.transforms.horizontal_flip,
+        Some(HorizontalFlip { p: 0.5 })
+    );
+    assert_eq!(
+        c.data.transforms.normalize,
+        Some(Normalize {
+            mean: vec![0.5],
+            std: vec![0.5]
+        })
+    );
+}
+
+#[test]
+fn devices() {
+    for (text, dev) in [
+        ("auto", Device::Auto),
+        ("cpu", Device::Cpu),
+        ("cuda", Device::Cuda(0)),
+        ("cuda:3", Device::Cuda(3)),
+    ] {
+        assert_eq!(text.parse::<Device>(), Ok(dev));
+        let c = ok(&with(&format!("device = {text:?}\n")));
+        assert_eq!(c.train.device, dev);
+    }
+    assert_eq!(Device::Cuda(0).to_string(), "cuda:0");
+    for bad in ["gpu", "cuda:", "cuda:x", "cuda:-1", "CPU"] {
+        assert!(bad.parse::<Device>().is_err(), "{bad}");
+    }
+}
+
+#[test]
+fn serializes_with_snake_case_names() {
+    let c = ok(FULL);
+    let j = serde_json::to_value(&c).expect("config serializes to JSON");
+    assert_eq!(j["data"]["dataset"], "synthetic");
+    assert_eq!(j["model"]["name"], "resnet20");
+    assert_eq!(j["optimizer"]["name"], "adamw");
+    assert_eq!(j["optimizer"]["betas"], serde_json::json!([0.8, 0.99]));
+    assert_eq!(j["train"]["precision"], "amp_bf16");
+    assert_eq!(j["train"]["device"], "cuda:1");
+    assert_eq!(j["algorithms"][1]["on_error"], "disable");
+    assert_eq!(j["algorithms"][1]["settings"]["length"], 8);
+    assert_eq!(j["output_dir"], "/base/dir/out/runs");
+    let c = ok(MINIMAL);
+    let j = serde_json::to_value(&c).expect("config serializes to JSON");
+    assert_eq!(j["data"]["dataset"], "fashion-mnist");
+    assert_eq!(j["optimizer"]["name"], "sgd");
+    assert_eq!(j["train"]["device"], "auto");
+    assert!(j["model"].get("hidden").is_none());
+    // The resolved config also serializes to TOML (for the run record).
+    let text = toml::to_string(&c).expect("config serializes to TOML");
+    assert!(text.contains("run_name = \"trainer\""), "{text}");
+}
+
+/// One error case: the file text, the overrides, the expected class, the key
+/// and the line (`None` = no line: from `--set` or a missing table).
+struct Case {
+    name: &'static str,
+    text: String,
+    set: &'static [&'static str],
+    kind: ErrorKind,
+    key: &'static str,
+    line: Option<usize>,
+    needle: &'static str,
+}
+
+fn case(
+    name: &'static str,
+    text: impl Into<String>,
+    kind: ErrorKind,
+    key: &'static str,
+    line: Option<usize>,
+    needle: &'static str,
+) -> Case {
+    Case {
+        name,
+        text: text.into(),
+        set: &[],
+        kind,
+        key,
+        line,
+        needle,
+    }
+}
+
+fn check(cases: Vec<Case>) {
+    for c in cases {
+        let e = match parse_with(&c.text, c.set) {
+            Ok(_) => panic!("{}: expected an error", c.name),
+            Err(e) => e,
+        };
+        let shown = e.to_string();
+        assert_eq!(e.kind, c.kind, "{}: {shown}", c.name);
+        assert_eq!(e.key, c.key, "{}: {shown}", c.name);
+        assert_eq!(e.location.line(), c.line, "{}: {shown}", c.name);
+        assert!(
+            shown.contains(c.needle),
+            "{}: {shown:?} lacks {:?}",
+            c.name,
+            c.needle
+        );
+        assert!(shown.starts_with("trainer.toml"), "{}: {shown}", c.name);
+        assert!(
+            shown.contains(&format!("{}: ", c.key)),
+            "{}: {shown}",
+            c.name
+        );
+        if let Some(line) = c.line {
+            assert!(
+                shown.starts_with(&format!("trainer.toml:{line}:")),
+                "{}: {shown}",
+                c.name
+            );
+        }
+    }
+}
+
+// MINIMAL's lines: 1 empty, 2 [data], 3 dataset, 4 empty, 5 [model], 6 name,
+// 7 empty, 8 [train], 9 max_duration; `with` appends from line 10.
+
+#[test]
+fn syntax_errors() {
+    use ErrorKind::Syntax;
+    check(vec![
+        case(
+            "bad value",
+            with("lr = -\n"),
+            Syntax,
+            "train.lr",
+            Some(10),
+            "invalid TOML",
+        ),
+        case(
+            "unterminated string",
+            "[data]\ndataset = \"mnist\n",
+            Syntax,
+            "data.dataset",
+            Some(2),
+            "invalid TOML",
+        ),
+        case(
+            "duplicate key",
+            "[optimizer]\nlr = 1\nlr = 2\n",
+            Syntax,
+            "optimizer.lr",
+            Some(3),
+            "duplicate key",
+        ),
+        case(
+            "in an algorithm",
+            "[[algorithms]]\nplugin = \"a\"\n[[algorithms]]\nx = [1,\n",
+            Syntax,
+            "",
+            Some(5),
+            "invalid TOML",
+        ),
+        case(
+            "bad header",
+            "[data\n",
+            Syntax,
+            "data",
+            Some(1),
+            "invalid TOML",
+        ),
+    ]);
+    let e = err("[[algorithms]]\nplugin = \"a\"\n[[algorithms]]\nsmoothing = 0..1\n");
+    assert_eq!(e.key, "algorithms.1.smoothing", "{e}");
+    assert_eq!(e.location.line(), Some(4), "{e}");
+}
+
+#[test]
+fn column_is_reported() {
+    let e = err(&with("[optimizer]\nlr = -0.1\n"));
+    assert_eq!(
+        e.to_string(),
+        "trainer.toml:11:6: optimizer.lr: must be > 0, got -0.1"
+    );
+    assert_eq!(
+        e.location,
+        Location::File {
+            line: 11,
+            column: 6
+        }
+    );
+}
+
+#[test]
+fn unknown_keys() {
+    use ErrorKind::UnknownKey;
+    check(vec![
+        case(
+            "top",
+            with("[trian]\n"),
+            UnknownKey,
+            "trian",
+            Some(10),
+            "did you mean `train`?",
+        ),
+        case(
+            "top scalar",
+            format!("lr = 1\n{MINIMAL}"),
+            UnknownKey,
+            "lr",
+            Some(1),
+            "valid keys at the top level: run_name",
+        ),
+        case(
+            "data",
+            MINIMAL.replace("[model]", "batchsize = 1\n[model]"),
+            UnknownKey,
+            "data.batchsize",
+            Some(5),
+            "did you mean `batch_size`?",
+        ),
+        case(
+            "model",
+            with("[model.extra]\n").replace("name = \"cnn\"", "name = \"cnn\"\ndepth = 3"),
+            UnknownKey,
+            "model.depth",
+            Some(7),
+            "valid keys in `model`: name, hidden, width, num_classes",
+        ),
+        case(
+            "train",
+            with("max_epochs = 3\n"),
+            UnknownKey,
+            "train.max_epochs",
+            Some(10),
+            "max_duration",
+        ),
+        case(
+            "optimizer",
+            with("[optimizer]\nlearning_rate = 0.1\n"),
+            UnknownKey,
+            "optimizer.learning_rate",
+            Some(11),
+            "valid keys in `optimizer`",
+        ),
+        case(
+            "transforms",
+            with("[data.transforms]\ncutout = 1\n"),
+            UnknownKey,
+            "data.transforms.cutout",
+            Some(11),
+            "normalize, random_crop, horizontal_flip",
+        ),
+        case(
+            "inline table",
+            with("[data.transforms]\nrandom_crop = { size = 28, pad = 4 }\n"),
+            UnknownKey,
+            "data.transforms.random_crop.pad",
+            Some(11),
+            "did you mean `padding`?",
+        ),
+        case(
+            "synthetic",
+            with("[data.synthetic]\nsamples = 1\nimages = 3\n")
+                .replace("fashion-mnist", "synthetic"),
+            UnknownKey,
+            "data.synthetic.images",
+            Some(12),
+            "eval_samples",
+        ),
+        case(
+            "plugins",
+            with("[plugins]\ndir = []\n"),
+            UnknownKey,
+            "plugins.dir",
+            Some(11),
+            "did you mean `dirs`?",
+        ),
+        case(
+            "dotted",
+            with("optimizer.lrr = 1\n"),
+            UnknownKey,
+            "train.optimizer",
+            Some(10),
+            "valid keys in `train`",
+        ),
+    ]);
+}
+
+#[test]
+fn keys_of_another_variant() {
+    use ErrorKind::UnknownKey;
+    check(vec![
+        case(
+            "momentum for adamw",
+            with("[optimizer]\nname = \"adamw\"\nmomentum = 0.9\n"),
+            UnknownKey,
+            "optimizer.momentum",
+            Some(12),
+            "setting of optimizer \"sgd\", not \"adamw\"",
+        ),
+        case(
+            "betas for sgd",
+            with("[optimizer]\nbetas = [0.9, 0.99]\n"),
+            UnknownKey,
+            "optimizer.betas",
+            Some(11),
+            "valid keys for \"sgd\": name, lr, weight_decay, momentum",
+        ),
+        case(
+            "hidden for cnn",
+            MINIMAL.replace("name = \"cnn\"", "name = \"cnn\"\nhidden = [1]"),
+            UnknownKey,
+            "model.hidden",
+            Some(7),
+            "only applies to model \"mlp\"",
+        ),
+        case(
+            "width for mlp",
+            MINIMAL.replace("name = \"cnn\"", "name = \"mlp\"\nwidth = 3"),
+            UnknownKey,
+            "model.width",
+            Some(7),
+            "not \"mlp\"",
+        ),
+        case(
+            "synthetic for mnist",
+            with("[data.synthetic]\n"),
+            UnknownKey,
+            "data.synthetic",
+            Some(10),
+            "only applies to dataset = \"synthetic\"",
+        ),
+    ]);
+}
+
+#[test]
+fn wrong_types() {
+    use ErrorKind::WrongType;
+    check(vec![
+        case(
+            "string for int",
+            MINIMAL.replace("[model]", "batch_size = \"128\"\n[model]"),
+            WrongType,
+            "data.batch_size",
+            Some(5),
+            "expected an integer >= 1, got a string (\"128\")",
+        ),
+        case(
+            "float for int",
+            MINIMAL.replace("[model]", "workers = 2.0\n[model]"),
+            WrongType,
+            "data.workers",
+            Some(5),
+            "got a float (2.0)",
+        ),
+        case(
+            "string for float",
+            with("[optimizer]\nlr = \"0.1\"\n"),
+            WrongType,
+            "optimizer.lr",
+            Some(11),
+            "expected a number",
+        ),
+        case(
+            "int for bool",
+            with("progress = 1\n"),
+            WrongType,
+            "train.progress",
+            Some(10),
+            "expected true or false",
+        ),
+        case(
+            "number for string",
+            format!("run_name = 5\n{MINIMAL}"),
+            WrongType,
+            "run_name",
+            Some(1),
+            "expected a string",
+        ),
+        case(
+            "table for value",
+            format!("seed = {{ a = 1 }}\n{MINIMAL}"),
+            WrongType,
+            "seed",
+            Some(1),
+            "got a table",
+        ),
+        case(
+            "value for table",
+            format!("plugins = 3\n{MINIMAL}"),
+            WrongType,
+            "plugins",
+            Some(1),
+            "expected a table, got an integer (3)",
+        ),
+        case(
+            "list item",
+            with("[plugins]\ndirs = [\"a\", 3]\n"),
+            WrongType,
+            "plugins.dirs.1",
+            Some(11),
+            "expected a string",
+        ),
+        case(
+            "hidden item",
+            MINIMAL.replace("name = \"cnn\"", "name = \"mlp\"\nhidden = [64, \"x\"]"),
+            WrongType,
+            "model.hidden.1",
+            Some(7),
+            "expected an integer >= 1",
+        ),
+        case(
+            "duration number",
+            MINIMAL.replace("\"3ep\"", "3"),
+            WrongType,
+            "train.max_duration",
+            Some(9),
+            "expected a duration string",
+        ),
+        case(
+            "device number",
+            with("device = 0\n"),
+            WrongType,
+            "train.device",
+            Some(10),
+            "\"cuda:N\"",
+        ),
+        case(
+            "dataset number",
+            MINIMAL.replace("\"fashion-mnist\"", "1"),
+            WrongType,
+            "data.dataset",
+            Some(3),
+            "expected one of \"fashion-mnist\", \"mnist\" or \"synthetic\"",
+        ),
+        case(
+            "algorithms table",
+            format!("algorithms = {{ plugin = \"x\" }}\n{MINIMAL}"),
+            WrongType,
+            "algorithms",
+            Some(1),
+            "expected [[algorithms]]",
+        ),
+        case(
+            "algorithm item",
+            format!("algorithms = [1]\n{MINIMAL}"),
+            WrongType,
+            "algorithms.0",
+            Some(1),
+            "expected a table",
+        ),
+        case(
+            "scheduler",
+            format!("scheduler = \"cosine\"\n{MINIMAL}"),
+            WrongType,
+            "scheduler",
+            Some(1),
+            "expected a table",
+        ),
+    ]);
+}
+
+#[test]
+fn bad_values() {
+    use ErrorKind::InvalidValue;
+    check(vec![
+        case(
+            "lr",
+            with("[optimizer]\nlr = 0\n"),
+            InvalidValue,
+            "optimizer.lr",
+            Some(11),
+            "must be > 0, got 0",
+        ),
+        case(
+            "momentum",
+            with("[optimizer]\nmomentum = 1.0\n"),
+            InvalidValue,
+            "optimizer.momentum",
+            Some(11),
+            "must be in [0, 1), got 1.0",
+        ),
+        case(
+            "dampening",
+            with("[optimizer]\ndampening = 1.5\n"),
+            InvalidValue,
+            "optimizer.dampening",
+            Some(11),
+            "must be in [0, 1]",
+        ),
+        case(
+            "weight decay",
+            with("[optimizer]\nweight_decay = -1e-4\n"),
+            InvalidValue,
+            "optimizer.weight_decay",
+            Some(11),
+            "must be >= 0, got -0.0001",
+        ),
+        case(
+            "nan",
+            with("[optimizer]\nlr = nan\n"),
+            InvalidValue,
+            "optimizer.lr",
+            Some(11),
+            "finite",
+        ),
+        case(
+            "nesterov",
+            with("[optimizer]\nmomentum = 0\nnesterov = true\n"),
+            InvalidValue,
+            "optimizer.nesterov",
+            Some(12),
+            "needs momentum > 0",
+        ),
+        case(
+            "betas range",
+            with("[optimizer]\nname = \"adamw\"\nbetas = [0.9, 1.0]\n"),
+            InvalidValue,
+            "optimizer.betas.1",
+            Some(12),
+            "must be in [0, 1)",
+        ),
+        case(
+            "betas length",
+            with("[optimizer]\nname = \"adamw\"\nbetas = [0.9]\n"),
+            InvalidValue,
+            "optimizer.betas",
+            Some(12),
+            "2 numbers",
+        ),
+        case(
+            "eps",
+            with("[optimizer]\nname = \"adamw\"\neps = 0\n"),
+            InvalidValue,
+            "optimizer.eps",
+            Some(12),
+            "must be > 0",
+        ),
+        case(
+            "batch size",
+            MINIMAL.replace("[model]", "batch_size = 0\n[model]"),
+            InvalidValue,
+            "data.batch_size",
+            Some(5),
+            "must be >= 1, got 0",
+        ),
+        case(
+            "prefetch",
+            MINIMAL.replace("[model]", "prefetch = 0\n[model]"),
+            InvalidValue,
+            "data.prefetch",
+            Some(5),
+            "must be >= 1",
+        ),
+        case(
+            "workers",
+            MINIMAL.replace("[model]", "workers = -1\n[model]"),
+            InvalidValue,
+            "data.workers",
+            Some(5),
+            "must be >= 0, got -1",
+        ),
+        case(
+            "seed",
+            format!("seed = -5\n{MINIMAL}"),
+            InvalidValue,
+            "seed",
+            Some(1),
+            "must be >= 0, got -5",
+        ),
+        case(
+            "cost",
+            format!("usd_per_hour = -1\n{MINIMAL}"),
+            InvalidValue,
+            "usd_per_hour",
+            Some(1),
+            "must be >= 0",
+        ),
+        case(
+            "run name",
+            format!("run_name = \"a/b\"\n{MINIMAL}"),
+            InvalidValue,
+            "run_name",
+            Some(1),
+            "not a folder name",
+        ),
+        case(
+            "microbatch",
+            with("microbatch_size = 256\n"),
+            InvalidValue,
+            "train.microbatch_size",
+            Some(10),
+            "must be <= data.batch_size (128), got 256",
+        ),
+        case(
+            "ssr",
+            with("scale_schedule_ratio = 0\n"),
+            InvalidValue,
+            "train.scale_schedule_ratio",
+            Some(10),
+            "must be > 0",
+        ),
+        case(
+            "precision",
+            with("precision = \"fp16\"\n"),
+            InvalidValue,
+            "train.precision",
+            Some(10),
+            "\"fp32\" or \"amp_bf16\"",
+        ),
+        case(
+            "device",
+            with("device = \"gpu\"\n"),
+            InvalidValue,
+            "train.device",
+            Some(10),
+            "unknown device \"gpu\"",
+        ),
+        case(
+            "std",
+            with("[data.transforms]\nnormalize = { mean = 0.5, std = [0.0] }\n"),
+            InvalidValue,
+            "data.transforms.normalize.std.0",
+            Some(11),
+            "must be > 0, got 0.0",
+        ),
+        case(
+            "normalize channels",
+            with("[data.transforms]\nnormalize = { mean = [0.5, 0.5], std = 1 }\n"),
+            InvalidValue,
+            "data.transforms.normalize.mean",
+            Some(11),
+            "1 value or one per channel (1 for fashion-mnist), got 2",
+        ),
+        case(
+            "flip p",
+            with("[data.transforms]\nhorizontal_flip = { p = 1.5 }\n"),
+            InvalidValue,
+            "data.transforms.horizontal_flip.p",
+            Some(11),
+            "must be in [0, 1], got 1.5",
+        ),
+        case(
+            "crop size",
+            with("[data.transforms]\nrandom_crop = { size = 40, padding = 2 }\n"),
+            InvalidValue,
+            "data.transforms.random_crop.size",
+            Some(11),
+            "must be <= 32",
+        ),
+        case(
+            "num classes",
+            MINIMAL.replace("name = \"cnn\"", "name = \"cnn\"\nnum_classes = 5"),
+            InvalidValue,
+            "model.num_classes",
+            Some(7),
+            "must be >= 10",
+        ),
+        case(
+            "hidden zero",
+            MINIMAL.replace("name = \"cnn\"", "name = \"mlp\"\nhidden = [64, 0]"),
+            InvalidValue,
+            "model.hidden.1",
+            Some(7),
+            "must be >= 1, got 0",
+        ),
+        case(
+            "synthetic zero",
+            with("[data.synthetic]\nclasses = 0\n").replace("fashion-mnist", "synthetic"),
+            InvalidValue,
+            "data.synthetic.classes",
+            Some(11),
+            "must be >= 1",
+        ),
+        case(
+            "sha256",
+            with("[[algorithms]]\nplugin = \"x\"\nsha256 = \"abc\"\n"),
+            InvalidValue,
+            "algorithms.0.sha256",
+            Some(12),
+            "64 hexadecimal digits",
+        ),
+        case(
+            "plugin name",
+            with("[[algorithms]]\nplugin = \"../evil\"\n"),
+            InvalidValue,
+            "algorithms.0.plugin",
+            Some(11),
+            "not a plugin name",
+        ),
+        case(
+            "on_error",
+            with("[[algorithms]]\nplugin = \"x\"\non_error = \"ignore\"\n"),
+            InvalidValue,
+            "algorithms.0.on_error",
+            Some(12),
+            "\"stop\" or \"disable\"",
+        ),
+        case(
+            "nan setting",
+            with("[[algorithms]]\nplugin = \"x\"\nk = { v = [1.0, inf] }\n"),
+            InvalidValue,
+            "algorithms.0.k.v.1",
+            Some(12),
+            "JSON has no nan or inf",
+        ),
+    ]);
+}
+
+#[test]
+fn unknown_names() {
+    use ErrorKind::InvalidValue;
+    check(vec![
+        case(
+            "dataset",
+            MINIMAL.replace("fashion-mnist", "cifar10"),
+            InvalidValue,
+            "data.dataset",
+            Some(3),
+            "unknown dataset \"cifar10\"; expected \"fashion-mnist\", \"mnist\" or \"synthetic\"",
+        ),
+        case(
+            "dataset typo",
+            MINIMAL.replace("fashion-mnist", "fashion_mnist"),
+            InvalidValue,
+            "data.dataset",
+            Some(3),
+            "did you mean \"fashion-mnist\"?",
+        ),
+        case(
+            "model",
+            MINIMAL.replace("\"cnn\"", "\"vit\""),
+            InvalidValue,
+            "model.name",
+            Some(6),
+            "unknown model \"vit\"; expected \"mlp\", \"cnn\", \"resnet20\" or \"resnet56\"",
+        ),
+        case(
+            "optimizer",
+            with("[optimizer]\nname = \"adam\"\n"),
+            InvalidValue,
+            "optimizer.name",
+            Some(11),
+            "unknown optimizer \"adam\" (did you mean \"adamw\"?)",
+        ),
+        case(
+            "scheduler",
+            with("[scheduler]\nname = \"linear-ish\"\n"),
+            InvalidValue,
+            "scheduler.name",
+            Some(11),
+            "linear-ish",
+        ),
+    ]);
+}
+
+#[test]
+fn missing_required() {
+    use ErrorKind::MissingKey;
+    check(vec![
+        case(
+            "data table",
+            MINIMAL.replace("[data]\ndataset = \"fashion-mnist\"\n", ""),
+            MissingKey,
+            "data",
+            None,
+            "missing required table [data]",
+        ),
+        case(
+            "model table",
+            MINIMAL.replace("[model]\nname = \"cnn\"\n", ""),
+            MissingKey,
+            "model",
+            None,
+            "missing required table [model]",
+        ),
+        case(
+            "train table",
+            MINIMAL.replace("[train]\nmax_duration = \"3ep\"\n", ""),
+            MissingKey,
+            "train",
+            None,
+            "missing required table [train]",
+        ),
+        case(
+            "dataset",
+            MINIMAL.replace("dataset = \"fashion-mnist\"", "batch_size = 2"),
+            MissingKey,
+            "data.dataset",
+            Some(2),
+            "expected \"fashion-mnist\", \"mnist\" or \"synthetic\"",
+        ),
+        case(
+            "model name",
+            MINIMAL.replace("name = \"cnn\"", ""),
+            MissingKey,
+            "model.name",
+            Some(5),
+            "missing required key in `model`",
+        ),
+        case(
+            "max_duration",
+            MINIMAL.replace("max_duration = \"3ep\"", ""),
+            MissingKey,
+            "train.max_duration",
+            Some(8),
+            "such as \"3ep\"",
+        ),
+        case(
+            "plugin",
+            with("[[algorithms]]\nplugin = \"a\"\n[[algorithms]]\nsmoothing = 0.1\n"),
+            MissingKey,
+            "algorithms.1.plugin",
+            Some(12),
+            "plugin's name",
+        ),
+        case(
+            "normalize std",
+            with("[data.transforms]\nnormalize = { mean = 0.5 }\n"),
+            MissingKey,
+            "data.transforms.normalize.std",
+            Some(11),
+            "each > 0",
+        ),
+        case(
+            "scheduler field",
+            with("[scheduler]\nname = \"step\"\n"),
+            MissingKey,
+            "scheduler.step_size",
+            Some(10),
+            "missing required key in `scheduler`",
+        ),
+    ]);
+}
+
+#[test]
+fn bad_durations() {
+    use ErrorKind::InvalidValue;
+    check(vec![
+        case(
+            "garbage",
+            MINIMAL.replace("\"3ep\"", "\"three epochs\""),
+            InvalidValue,
+            "train.max_duration",
+            Some(9),
+            "invalid time \"three epochs\"",
+        ),
+        case(
+            "no unit",
+            MINIMAL.replace("\"3ep\"", "\"3\""),
+            InvalidValue,
+            "train.max_duration",
+            Some(9),
+            "invalid time",
+        ),
+        case(
+            "dur for max",
+            MINIMAL.replace("\"3ep\"", "\"1dur\""),
+            InvalidValue,
+            "train.max_duration",
+            Some(9),
+            "unit \"dur\" is not allowed here; use \"ep\", \"ba\", \"sp\", \"tok\" or \"iter\"",
+        ),
+        case(
+            "sec for max",
+            MINIMAL.replace("\"3ep\"", "\"60sec\""),
+            InvalidValue,
+            "train.max_duration",
+            Some(9),
+            "unit \"sec\" is not allowed",
+        ),
+        case(
+            "sec for eval",
+            with("eval_interval = \"10sec\"\n"),
+            InvalidValue,
+            "train.eval_interval",
+            Some(10),
+            "\"iter\" or \"dur\"",
+        ),
+        case(
+            "bad log",
+            with("log_interval = \"5 bats\"\n"),
+            InvalidValue,
+            "train.log_interval",
+            Some(10),
+            "invalid time",
+        ),
+    ]);
+}
+
+#[test]
+fn scheduler_errors() {
+    check(vec![
+        case(
+            "wrong type",
+            with("[scheduler]\nname = \"step\"\ngamma = \"big\"\nstep_size = \"1ep\"\n"),
+            ErrorKind::InvalidValue,
+            "scheduler.gamma",
+            Some(12),
+            "invalid type",
+        ),
+        case(
+            "bad time",
+            with("[scheduler]\nname = \"multistep\"\nmilestones = [\"1ep\", \"2 epochs\"]\n"),
+            ErrorKind::InvalidValue,
+            "scheduler.milestones",
+            Some(12),
+            "2 epochs",
+        ),
+        case(
+            "number time",
+            with("[scheduler]\nname = \"step\"\nstep_size = 30\n"),
+            ErrorKind::InvalidValue,
+            "scheduler.step_size",
+            Some(12),
+            "number 30",
+        ),
+        case(
+            "validate",
+            with("[scheduler]\nname = \"step\"\nstep_size = \"1ep\"\ngamma = -1\n"),
+            ErrorKind::InvalidValue,
+            "scheduler.gamma",
+            Some(13),
+            "must be a finite number",
+        ),
+        case(
+            "default table name",
+            with("[scheduler]\nname = \"cosin\"\n"),
+            ErrorKind::InvalidValue,
+            "scheduler.name",
+            Some(11),
+            "did you mean",
+        ),
+        case(
+            "unknown key",
+            with("[scheduler]\nname = \"cosine\"\nt_maxx = \"1ep\"\n"),
+            ErrorKind::UnknownKey,
+            "scheduler.t_maxx",
+            Some(12),
+            "unknown key for this schedule",
+        ),
+        case(
+            "no name",
+            with("[scheduler]\nwarmup = \"1ep\"\n"),
+            ErrorKind::MissingKey,
+            "scheduler.name",
+            Some(10),
+            "missing required key",
+        ),
+    ]);
+}
+
+#[test]
+fn overrides() {
+    let c = parse_with(
+        FULL,
+        &[
+            "optimizer.lr=0.05",
+            "train.max_duration=1ep",
+            "data.transforms.random_crop.padding=2",
+            "algorithms.0.smoothing=0.2",
+            "algorithms.1.sizes=[3, 4]",
+            "run_name=\"quoted\"",
+            "seed = 9",
+            "train.device=cpu",
+        ],
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.optimizer.lr(), 0.05);
+    assert!(matches!(c.train.max_duration.unit(), TimeUnit::Epoch));
+    assert_eq!(
+        c.data.transforms.random_crop.as_ref().map(|r| r.padding),
+        Some(2)
+    );
+    assert_eq!(
+        c.algorithms[0].settings["smoothing"],
+        serde_json::json!(0.2)
+    );
+    assert_eq!(c.algorithms[1].settings["sizes"], serde_json::json!([3, 4]));
+    assert_eq!(c.run_name, "quoted");
+    assert_eq!(c.seed, 9);
+    assert_eq!(c.train.device, Device::Cpu);
+}
+
+#[test]
+fn overrides_create_missing_tables() {
+    let c = parse_with(
+        MINIMAL,
+        &[
+            "data.transforms.horizontal_flip.p=0.3",
+            "optimizer.name=adamw",
+            "plugins.dirs=[\"p\"]",
+            "algorithms.0.plugin=cutout",
+            "algorithms.0.length=4",
+            "algorithms.1.plugin=label_smoothing",
+            "scheduler.name=constant",
+        ],
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        c.data.transforms.horizontal_flip,
+        Some(HorizontalFlip { p: 0.3 })
+    );
+    assert_eq!(c.optimizer, OptimizerConfig::AdamW(AdamWConfig::default()));
+    assert_eq!(c.plugins.dirs, vec![PathBuf::from("/base/dir/p")]);
+    assert_eq!(c.algorithms.len(), 2);
+    assert_eq!(c.algorithms[0].plugin, "cutout");
+    assert_eq!(c.algorithms[0].settings["length"], serde_json::json!(4));
+    assert_eq!(c.algorithms[0].line, 0);
+    // A required table can come entirely from overrides.
+    let c = parse_with(
+        "",
+        &[
+            "data.dataset=mnist",
+            "model.name=mlp",
+            "train.max_duration=2ba",
+        ],
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.data.dataset, Dataset::Mnist);
+}
+
+#[test]
+fn bad_overrides() {
+    let run = |set: &'static [&'static str], text: &str| -> ConfigError {
+        match parse_with(text, set) {
+            Ok(_) => panic!("{set:?}: expected an error"),
+            Err(e) => e,
+        }
+    };
+    let cases: Vec<(&'static [&'static str], &str, ErrorKind, &str, &str)> = vec![
+        (
+            &["optimizer.lr=-1"],
+            MINIMAL,
+            ErrorKind::InvalidValue,
+            "optimizer.lr",
+            "must be > 0, got -1",
+        ),
+        (
+            &["train.max_duration=3dur"],
+            MINIMAL,
+            ErrorKind::InvalidValue,
+            "train.max_duration",
+            "unit \"dur\" is not allowed",
+        ),
+        (
+            &["optimizer.lrr=1"],
+            MINIMAL,
+            ErrorKind::UnknownKey,
+            "optimizer.lrr",
+            "did you mean `lr`?",
+        ),
+        (
+            &["data.batch_size=big"],
+            MINIMAL,
+            ErrorKind::WrongType,
+            "data.batch_size",
+            "got a string (\"big\")",
+        ),
+        (
+            &["nonsense"],
+            MINIMAL,
+            ErrorKind::BadOverride,
+            "",
+            "expected KEY=VALUE",
+        ),
+        (
+            &["data.dataset.x=1"],
+            MINIMAL,
+            ErrorKind::BadOverride,
+            "data.dataset",
+            "not a table",
+        ),
+        (
+            &["algorithms.3.plugin=x"],
+            FULL,
+            ErrorKind::BadOverride,
+            "algorithms.3",
+            "out of range",
+        ),
+        (
+            &["data.transforms.random_crop.size=40"],
+            MINIMAL,
+            ErrorKind::InvalidValue,
+            "data.transforms.random_crop.size",
+            "must be <= 28",
+        ),
+        (
+            &["algorithms.0.smoothing=0.1"],
+            MINIMAL,
+            ErrorKind::MissingKey,
+            "algorithms.0.plugin",
+            "missing required key",
+        ),
+    ];
+    for (set, text, kind, key, needle) in cases {
+        let e = run(set, text);
+        let shown = e.to_string();
+        assert_eq!(e.kind, kind, "{set:?}: {shown}");
+        assert_eq!(e.key, key, "{set:?}: {shown}");
+        assert_eq!(
+            e.location,
+            Location::Override(set[0].to_string()),
+            "{set:?}: {shown}"
+        );
+        assert!(
+            shown.starts_with(&format!("trainer.toml: --set {}: ", set[0])),
+            "{shown}"
+        );
+        assert!(
+            shown.contains(needle),
+            "{set:?}: {shown:?} lacks {needle:?}"
+        );
+    }
+    // An override of one key leaves errors elsewhere pointing into the file.
+    let e = match parse_with(&with("[optimizer]\nlr = -1\n"), &["optimizer.momentum=0.5"]) {
+        Ok(_) => panic!("expected an error"),
+        Err(e) => e,
+    };
+    assert_eq!(e.location.line(), Some(11), "{e}");
+}
+
+#[test]
+fn relative_paths_resolve_against_the_file_folder() {
+    let text = with("[plugins]\ndirs = [\"plugins\", \"/opt/p\"]\n").replace(
+        "dataset = \"fashion-mnist\"",
+        "dataset = \"mnist\"\ndata_dir = \"../cache\"",
+    );
+    let text = format!("output_dir = \"out\"\n{text}");
+    let c = from_str(&text, Path::new("exp/one"), "exp/one/trainer.toml")
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.output_dir, PathBuf::from("exp/one/out"));
+    assert_eq!(c.data.data_dir, Some(PathBuf::from("exp/one/../cache")));
+    assert_eq!(
+        c.plugins.dirs,
+        vec![PathBuf::from("exp/one/plugins"), PathBuf::from("/opt/p")]
+    );
+    assert_eq!(c.run_name, "trainer");
+}
+
+#[test]
+fn load_reads_a_file_and_names_it() {
+    let dir = std::env::temp_dir().join(format!("tessera-config-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+    let path = dir.join("my-run.toml");
+    std::fs::write(&path, with("[optimizer]\nlr = 0\n")).unwrap_or_else(|e| panic!("{e}"));
+    let e = match load(&path, &[]) {
+        Ok(_) => panic!("expected an error"),
+        Err(e) => e,
+    };
+    assert!(
+        e.to_string()
+            .starts_with(&format!("{}:11:6: optimizer.lr:", path.display())),
+        "{e}"
+    );
+    let c = load(&path, &["optimizer.lr=0.5".to_string()]).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.run_name, "my-run");
+    assert_eq!(c.output_dir, dir.join("runs"));
+    let missing = dir.join("absent.toml");
+    let e = match load(&missing, &[]) {
+        Ok(_) => panic!("expected an error"),
+        Err(e) => e,
+    };
+    assert_eq!(e.kind, ErrorKind::Io);
+    assert!(
+        e.to_string().starts_with(&missing.display().to_string()),
+        "{e}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn reference_file_parses() {
+    let path = Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../docs/trainer-reference.toml"
+    ));
+    let c = load(path, &[]).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.run_name, "fmnist-cnn");
+    assert_eq!(c.data.dataset, Dataset::FashionMnist);
+    assert_eq!(c.algorithms.len(), 2);
+    assert_eq!(c.algorithms[0].plugin, "label_smoothing");
+}
+
+#[test]
+fn loading_is_deterministic_and_overrides_are_ordered() {
+    assert_eq!(ok(FULL), ok(FULL));
+    let later_wins = parse_with(MINIMAL, &["optimizer.lr=0.2", "optimizer.lr=0.3"])
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(later_wins.optimizer.lr(), 0.3);
+}

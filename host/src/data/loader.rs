@@ -1,0 +1,656 @@
+//! The batch loader: seeded per-epoch shuffling, per-sample transforms on worker threads, and a
+//! bounded prefetch queue.
+//!
+//! Everything random is a pure function of the loader's seed: the order of epoch `e` comes from a
+//! ChaCha generator keyed by (seed, e), and the transform draws of the sample at position `p` of
+//! epoch `e` from a generator keyed by (seed, e) on stream `p`. So the batches do not depend on the
+//! number of workers, and [`Loader::epoch`] can start at any batch without replaying the ones
+//! before it.
+
+use std::any::Any;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+
+use super::transforms::{Sample, Transform};
+use super::{DataError, ImageDataset};
+
+/// One batch in host memory, ready to become tensors.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostBatch {
+    /// B×C×H×W pixels after the transforms.
+    pub input: Vec<f32>,
+    /// `[B, C, H, W]`; B is smaller than the batch size only for the last batch when
+    /// `drop_last` is off.
+    pub input_shape: [usize; 4],
+    /// B class indices.
+    pub target: Vec<i64>,
+    /// The batch's index within its epoch.
+    pub index: u64,
+}
+
+/// How a [`Loader`] batches, orders and parallelises.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoaderOptions {
+    /// Samples per batch (at least 1).
+    pub batch_size: usize,
+    /// Shuffle the samples each epoch (seeded); otherwise keep the dataset order.
+    pub shuffle: bool,
+    /// Drop the last, smaller batch of an epoch.
+    pub drop_last: bool,
+    /// Seed of the shuffling and of the random transforms.
+    pub seed: u64,
+    /// Worker threads; 0 makes the batches in the calling thread.
+    pub workers: usize,
+    /// Finished batches each worker may queue ahead (at least 1).
+    pub prefetch: usize,
+}
+
+impl LoaderOptions {
+    /// Options with the given batch size: shuffled, keeping the last batch, seed 0, no workers,
+    /// prefetch 2.
+    pub fn new(batch_size: usize) -> LoaderOptions {
+        LoaderOptions {
+            batch_size,
+            shuffle: true,
+            drop_last: false,
+            seed: 0,
+            workers: 0,
+            prefetch: 2,
+        }
+    }
+}
+
+/// Serves the batches of a dataset, one epoch at a time.
+#[derive(Debug, Clone)]
+pub struct Loader {
+    dataset: Arc<ImageDataset>,
+    transforms: Arc<Vec<Transform>>,
+    options: LoaderOptions,
+    sample_shape: (usize, usize, usize),
+}
+
+type Producer = Arc<dyn Fn(u64) -> Result<HostBatch, DataError> + Send + Sync>;
+
+impl Loader {
+    /// Builds a loader after checking the options and that the transforms fit the image shape.
+    pub fn new(
+        dataset: Arc<ImageDataset>,
+        transforms: Arc<Vec<Transform>>,
+        options: LoaderOptions,
+    ) -> Result<Loader, DataError> {
+        if options.batch_size == 0 {
+            return Err(DataError::Invalid(
+                "loader: `batch_size` must be at least 1".into(),
+            ));
+        }
+        if options.prefetch == 0 {
+            return Err(DataError::Invalid(
+                "loader: `prefetch` must be at least 1".into(),
+            ));
+        }
+        if u32::try_from(dataset.len()).is_err() {
+            return Err(DataError::Invalid(format!(
+                "loader: {} samples are more than the 2^32 - 1 supported",
+                dataset.len()
+            )));
+        }
+        let mut shape = (dataset.channels, dataset.height, dataset.width);
+        for (i, transform) in transforms.iter().enumerate() {
+            shape = transform
+                .output_shape(shape)
+                .map_err(|e| DataError::Invalid(format!("transform {i}: {e}")))?;
+        }
+        Ok(Loader {
+            dataset,
+            transforms,
+            options,
+            sample_shape: shape,
+        })
+    }
+
+    /// The options this loader was built with.
+    pub fn options(&self) -> &LoaderOptions {
+        &self.options
+    }
+
+    /// The (C, H, W) of one sample after the transforms.
+    pub fn sample_shape(&self) -> (usize, usize, usize) {
+        self.sample_shape
+    }
+
+    /// Batches in one epoch, counting a final smaller batch unless `drop_last` is set.
+    pub fn batches_per_epoch(&self) -> u64 {
+        let (n, b) = (self.dataset.len() as u64, self.options.batch_size as u64);
+        if self.options.drop_last {
+            n / b
+        } else {
+            n.div_ceil(b)
+        }
+    }
+
+    /// The batches `start_batch..` of epoch `epoch`, in order.
+    ///
+    /// They equal the same batches of a pass that starts at 0. A `start_batch` at or past the end
+    /// yields nothing. Dropping the iterator stops the workers.
+    pub fn epoch(&self, epoch: u64, start_batch: u64) -> EpochIter {
+        let end = self.batches_per_epoch();
+        let start = start_batch.min(end);
+        let order = Arc::new(self.order(epoch));
+        let dataset = Arc::clone(&self.dataset);
+        let transforms = Arc::clone(&self.transforms);
+        let batch_size = self.options.batch_size;
+        let shape = self.sample_shape;
+        let transform_key = key(self.options.seed, epoch, *b"transfrm");
+        let producer: Producer = Arc::new(move |batch| {
+            make_batch(
+                &dataset,
+                &transforms,
+                &order,
+                batch_size,
+                shape,
+                transform_key,
+                batch,
+            )
+        });
+        EpochIter::new(
+            producer,
+            start,
+            end,
+            self.options.workers,
+            self.options.prefetch,
+        )
+    }
+
+    /// The sample order of an epoch: a permutation keyed by (seed, epoch), or the identity.
+    fn order(&self, epoch: u64) -> Vec<u32> {
+        // `new` checked that the length fits in u32.
+        let mut order: Vec<u32> = (0..self.dataset.len() as u32).collect();
+        if self.options.shuffle {
+            let mut rng = ChaCha8Rng::from_seed(key(self.options.seed, epoch, *b"shuffle!"));
+            order.shuffle(&mut rng);
+        }
+        order
+    }
+}
+
+/// A 32-byte ChaCha key from the seed, the epoch and a purpose tag.
+fn key(seed: u64, epoch: u64, purpose: [u8; 8]) -> [u8; 32] {
+    let mut key = [0u8; 32];
+    key[..8].copy_from_slice(&seed.to_le_bytes());
+    key[8..16].copy_from_slice(&epoch.to_le_bytes());
+    key[16..24].copy_from_slice(&purpose);
+    key
+}
+
+fn make_batch(
+    dataset: &ImageDataset,
+    transforms: &[Transform],
+    order: &[u32],
+    batch_size: usize,
+    shape: (usize, usize, usize),
+    transform_key: [u8; 32],
+    batch: u64,
+) -> Result<HostBatch, DataError> {
+    let start = (batch as usize).saturating_mul(batch_size).min(order.len());
+    let end = start.saturating_add(batch_size).min(order.len());
+    let (channels, height, width) = shape;
+    let per = channels * height * width;
+    let mut input = Vec::with_capacity((end - start) * per);
+    let mut target = Vec::with_capacity(end - start);
+    for (position, &index) in order.iter().enumerate().take(end).skip(start) {
+        let index = index as usize;
+        let pixels = dataset.sample(index).ok_or_else(|| {
+            DataError::Invalid(format!(
+                "loader: sample {index} is outside the dataset of {}",
+                dataset.len()
+            ))
+        })?;
+        let mut sample = Sample::from_u8(pixels, dataset.channels, dataset.height, dataset.width);
+        let mut rng = ChaCha8Rng::from_seed(transform_key);
+        rng.set_stream(position as u64);
+        for (i, transform) in transforms.iter().enumerate() {
+            transform
+                .apply(&mut sample, &mut rng)
+                .map_err(|e| DataError::Invalid(format!("transform {i} on sample {index}: {e}")))?;
+        }
+        if sample.shape() != shape || sample.data.len() != per {
+            return Err(DataError::Invalid(format!(
+                "loader: sample {index} came out as {:?}, expected {shape:?}",
+                sample.shape()
+            )));
+        }
+        input.extend_from_slice(&sample.data);
+        target.push(dataset.labels[index]);
+    }
+    Ok(HostBatch {
+        input,
+        input_shape: [end - start, channels, height, width],
+        target,
+        index: batch,
+    })
+}
+
+/// Runs the producer for one batch, turning a panic into an error.
+fn produce(producer: &Producer, worker: usize, batch: u64) -> Result<HostBatch, DataError> {
+    catch_unwind(AssertUnwindSafe(|| producer(batch))).unwrap_or_else(|payload| {
+        Err(DataError::Worker {
+            worker,
+            batch,
+            message: panic_message(payload.as_ref()),
+        })
+    })
+}
+
+fn panic_message(payload: &(dyn Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        format!("panicked: {s}")
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        format!("panicked: {s}")
+    } else {
+        "panicked".into()
+    }
+}
+
+/// The batches of one epoch, in order; see [`Loader::epoch`].
+///
+/// After an error it yields nothing more.
+pub struct EpochIter {
+    producer: Producer,
+    next: u64,
+    start: u64,
+    end: u64,
+    failed: bool,
+    pending_error: Option<DataError>,
+    workers: Vec<WorkerHandle>,
+    stop: Arc<AtomicBool>,
+}
+
+struct WorkerHandle {
+    receiver: Option<Receiver<Result<HostBatch, DataError>>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl EpochIter {
+    fn new(producer: Producer, start: u64, end: u64, workers: usize, prefetch: usize) -> EpochIter {
+        let mut iter = EpochIter {
+            producer,
+            next: start,
+            start,
+            end,
+            failed: false,
+            pending_error: None,
+            workers: Vec::new(),
+            stop: Arc::new(AtomicBool::new(false)),
+        };
+        // No more threads than batches left.
+        let threads = (workers as u64).min(end - start) as usize;
+        for worker in 0..threads {
+            let (sender, receiver) = sync_channel(prefetch);
+            let producer = Arc::clone(&iter.producer);
+            let stop = Arc::clone(&iter.stop);
+            let first = start + worker as u64;
+            let stride = threads as u64;
+            let spawned = std::thread::Builder::new()
+                .name(format!("tessera-loader-{worker}"))
+                .spawn(move || {
+                    let mut batch = first;
+                    while batch < end && !stop.load(Ordering::Relaxed) {
+                        let result = produce(&producer, worker + 1, batch);
+                        let failed = result.is_err();
+                        // A closed channel means the iterator is gone: stop quietly.
+                        if sender.send(result).is_err() || failed {
+                            return;
+                        }
+                        batch += stride;
+                    }
+                });
+            match spawned {
+                Ok(thread) => iter.workers.push(WorkerHandle {
+                    receiver: Some(receiver),
+                    thread: Some(thread),
+                }),
+                Err(e) => {
+                    iter.pending_error = Some(DataError::Worker {
+                        worker: worker + 1,
+                        batch: first,
+                        message: format!("could not start the thread: {e}"),
+                    });
+                    break;
+                }
+            }
+        }
+        iter
+    }
+
+    fn next_from_worker(&mut self, batch: u64) -> Result<HostBatch, DataError> {
+        let slot = ((batch - self.start) % self.workers.len() as u64) as usize;
+        let handle = &mut self.workers[slot];
+        let received = handle.receiver.as_ref().map(|r| r.recv());
+        match received {
+            Some(Ok(result)) => result,
+            _ => {
+                // The worker ended without sending this batch: report why.
+                let message = match handle.thread.take().map(JoinHandle::join) {
+                    Some(Err(payload)) => panic_message(payload.as_ref()),
+                    _ => "stopped without producing the batch".into(),
+                };
+                Err(DataError::Worker {
+                    worker: slot + 1,
+                    batch,
+                    message,
+                })
+            }
+        }
+    }
+}
+
+impl Iterator for EpochIter {
+    type Item = Result<HostBatch, DataError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if let Some(error) = self.pending_error.take() {
+            self.failed = true;
+            return Some(Err(error));
+        }
+        if self.failed || self.next >= self.end {
+            return None;
+        }
+        let batch = self.next;
+        self.next += 1;
+        let result = if self.workers.is_empty() {
+            produce(&self.producer, 0, batch)
+        } else {
+            self.next_from_worker(batch)
+        };
+        if result.is_err() {
+            self.failed = true;
+        }
+        Some(result)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        if self.failed {
+            return (0, Some(0));
+        }
+        let left = usize::try_from(self.end - self.next).unwrap_or(usize::MAX);
+        (
+            0,
+            Some(left.saturating_add(usize::from(self.pending_error.is_some()))),
+        )
+    }
+}
+
+impl Drop for EpochIter {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        // Closing the queues wakes workers blocked on a full one; each finishes at most the batch
+        // in hand, so joining is quick.
+        for handle in &mut self.workers {
+            handle.receiver.take();
+        }
+        for handle in &mut self.workers {
+            if let Some(thread) = handle.thread.take() {
+                let _ = thread.join();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::transforms::{HorizontalFlip, Normalize, RandomCrop};
+    use super::*;
+    use std::collections::HashSet;
+    use std::sync::atomic::AtomicUsize;
+    use std::time::{Duration, Instant};
+
+    fn dataset(n: usize) -> Arc<ImageDataset> {
+        Arc::new(ImageDataset::synthetic(11, n, 1, 6, 6, 4).unwrap())
+    }
+
+    fn augment() -> Arc<Vec<Transform>> {
+        Arc::new(vec![
+            Transform::RandomCrop(RandomCrop {
+                size: 6,
+                padding: 2,
+            }),
+            Transform::HorizontalFlip(HorizontalFlip { p: 0.5 }),
+            Transform::Normalize(Normalize {
+                mean: vec![0.5],
+                std: vec![0.25],
+            }),
+        ])
+    }
+
+    fn loader(n: usize, batch_size: usize, workers: usize, drop_last: bool) -> Loader {
+        let options = LoaderOptions {
+            batch_size,
+            shuffle: true,
+            drop_last,
+            seed: 42,
+            workers,
+            prefetch: 2,
+        };
+        Loader::new(dataset(n), augment(), options).unwrap()
+    }
+
+    fn collect(loader: &Loader, epoch: u64, start: u64) -> Vec<HostBatch> {
+        loader
+            .epoch(epoch, start)
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap()
+    }
+
+    #[test]
+    fn identical_for_any_worker_count() {
+        let reference = collect(&loader(53, 8, 0, false), 3, 0);
+        assert_eq!(reference.len(), 7);
+        for workers in [1, 3, 16] {
+            assert_eq!(
+                collect(&loader(53, 8, workers, false), 3, 0),
+                reference,
+                "{workers} workers"
+            );
+        }
+    }
+
+    #[test]
+    fn resume_yields_the_tail_of_a_full_pass() {
+        for workers in [0, 2] {
+            let l = loader(53, 8, workers, false);
+            let full = collect(&l, 1, 0);
+            for start in [0, 1, 4, 6] {
+                assert_eq!(
+                    collect(&l, 1, start),
+                    full[start as usize..],
+                    "start {start}"
+                );
+            }
+            assert!(collect(&l, 1, 7).is_empty());
+            assert!(collect(&l, 1, 100).is_empty());
+        }
+    }
+
+    #[test]
+    fn every_sample_once_per_epoch_with_indices_and_shapes() {
+        // Without transforms each sample's pixels identify it.
+        let ds = Arc::new(
+            ImageDataset::new(
+                1,
+                1,
+                2,
+                (0..100u8).collect(),
+                (0..50).map(|i| i % 3).collect(),
+                3,
+            )
+            .unwrap(),
+        );
+        let options = LoaderOptions {
+            workers: 2,
+            ..LoaderOptions::new(7)
+        };
+        let l = Loader::new(ds, Arc::new(vec![]), options).unwrap();
+        let batches = collect(&l, 0, 0);
+        let mut seen = HashSet::new();
+        for (i, b) in batches.iter().enumerate() {
+            assert_eq!(b.index, i as u64);
+            let size = if i < 7 { 7 } else { 1 };
+            assert_eq!(b.input_shape, [size, 1, 1, 2]);
+            assert_eq!(b.input.len(), size * 2);
+            assert_eq!(b.target.len(), size);
+            for (pixels, &label) in b.input.chunks(2).zip(&b.target) {
+                let sample = (pixels[0] * 255.0).round() as i64 / 2;
+                assert_eq!(label, sample % 3);
+                assert!(seen.insert(sample));
+            }
+        }
+        assert_eq!(seen.len(), 50);
+    }
+
+    #[test]
+    fn drop_last_behaviour() {
+        let keep = loader(53, 8, 0, false);
+        let drop = loader(53, 8, 0, true);
+        assert_eq!((keep.batches_per_epoch(), drop.batches_per_epoch()), (7, 6));
+        let kept = collect(&keep, 0, 0);
+        assert_eq!(kept.last().unwrap().input_shape[0], 5);
+        let dropped = collect(&drop, 0, 0);
+        assert_eq!(dropped.len(), 6);
+        assert!(dropped.iter().all(|b| b.input_shape[0] == 8));
+        assert_eq!(dropped[..], kept[..6]);
+        assert_eq!(loader(48, 8, 0, true).batches_per_epoch(), 6);
+        assert_eq!(loader(48, 8, 0, false).batches_per_epoch(), 6);
+        assert_eq!(loader(5, 8, 0, true).batches_per_epoch(), 0);
+    }
+
+    #[test]
+    fn epochs_differ_and_repeat() {
+        let l = loader(40, 10, 1, false);
+        let e0 = collect(&l, 0, 0);
+        assert_eq!(collect(&l, 0, 0), e0);
+        let e1 = collect(&l, 1, 0);
+        assert_ne!(e0[0].target, e1[0].target);
+        assert_ne!(e0[0].input, e1[0].input);
+        let other_seed = Loader::new(
+            dataset(40),
+            augment(),
+            LoaderOptions {
+                seed: 43,
+                ..l.options().clone()
+            },
+        )
+        .unwrap();
+        assert_ne!(collect(&other_seed, 0, 0)[0].input, e0[0].input);
+    }
+
+    #[test]
+    fn no_shuffle_keeps_order() {
+        let options = LoaderOptions {
+            shuffle: false,
+            ..LoaderOptions::new(4)
+        };
+        let l = Loader::new(dataset(10), Arc::new(vec![]), options).unwrap();
+        let targets: Vec<i64> = collect(&l, 5, 0)
+            .into_iter()
+            .flat_map(|b| b.target)
+            .collect();
+        assert_eq!(targets, (0..10).map(|i| i % 4).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn output_shape_follows_transforms() {
+        let transforms = Arc::new(vec![Transform::RandomCrop(RandomCrop {
+            size: 8,
+            padding: 1,
+        })]);
+        let l = Loader::new(dataset(9), transforms, LoaderOptions::new(4)).unwrap();
+        assert_eq!(l.sample_shape(), (1, 8, 8));
+        let b = collect(&l, 0, 0);
+        assert_eq!(b[0].input_shape, [4, 1, 8, 8]);
+        assert_eq!(b[2].input_shape, [1, 1, 8, 8]);
+    }
+
+    #[test]
+    fn invalid_settings_rejected() {
+        let msg = Loader::new(dataset(4), Arc::new(vec![]), LoaderOptions::new(0))
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("batch_size"), "{msg}");
+        let options = LoaderOptions {
+            prefetch: 0,
+            ..LoaderOptions::new(2)
+        };
+        assert!(Loader::new(dataset(4), Arc::new(vec![]), options).is_err());
+        let too_big = Arc::new(vec![Transform::RandomCrop(RandomCrop {
+            size: 99,
+            padding: 0,
+        })]);
+        let msg = Loader::new(dataset(4), too_big, LoaderOptions::new(2))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("transform 0") && msg.contains("random_crop"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn worker_panic_is_an_error_not_a_hang() {
+        let producer: Producer = Arc::new(|batch| {
+            if batch == 5 {
+                panic!("boom at five");
+            }
+            Ok(HostBatch {
+                input: vec![],
+                input_shape: [0, 1, 1, 1],
+                target: vec![],
+                index: batch,
+            })
+        });
+        for workers in [0, 1, 3] {
+            let results: Vec<_> =
+                EpochIter::new(Arc::clone(&producer), 2, 10, workers, 1).collect();
+            assert_eq!(
+                results.len(),
+                4,
+                "{workers} workers: 2, 3, 4, then the error"
+            );
+            assert!(results[..3].iter().all(Result::is_ok));
+            let msg = results[3].as_ref().unwrap_err().to_string();
+            assert!(
+                msg.contains("batch 5") && msg.contains("boom at five"),
+                "{msg}"
+            );
+        }
+    }
+
+    #[test]
+    fn dropping_the_iterator_stops_workers_promptly() {
+        let made = Arc::new(AtomicUsize::new(0));
+        let counter = Arc::clone(&made);
+        let producer: Producer = Arc::new(move |batch| {
+            counter.fetch_add(1, Ordering::SeqCst);
+            std::thread::sleep(Duration::from_millis(2));
+            Ok(HostBatch {
+                input: vec![0.0; 16],
+                input_shape: [1, 1, 4, 4],
+                target: vec![0],
+                index: batch,
+            })
+        });
+        let mut iter = EpochIter::new(producer, 0, 1_000_000, 3, 1);
+        assert_eq!(iter.next().unwrap().unwrap().index, 0);
+        let started = Instant::now();
+        drop(iter);
+        assert!(started.elapsed() < Duration::from_secs(2));
+        // Each worker holds at most one queued batch, one blocked in send and one in progress.
+        assert!(made.load(Ordering::SeqCst) <= 1 + 3 * 3, "{made:?}");
+    }
+}

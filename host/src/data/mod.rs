@@ -1,0 +1,116 @@
+//! Datasets, the batch loader and per-sample transforms.
+//!
+//! Pure Rust: this module reads and fetches image datasets ([`idx`], [`mod@fetch`]), holds them in
+//! memory ([`ImageDataset`]), augments samples ([`Transform`]) and serves batches of `f32` pixels
+//! on worker threads ([`Loader`]). The trainer turns [`HostBatch`]es into tensors.
+
+pub mod dataset;
+pub mod fetch;
+pub mod idx;
+pub mod loader;
+pub mod transforms;
+
+use std::path::PathBuf;
+
+pub use dataset::{ImageDataset, Split};
+pub use fetch::{default_cache_root, fetch, known_datasets, load};
+pub use idx::{read_images, read_labels, Images};
+pub use loader::{EpochIter, HostBatch, Loader, LoaderOptions};
+pub use transforms::{HorizontalFlip, Normalize, RandomCrop, Sample, Transform};
+
+/// Everything that can go wrong while reading, fetching or loading data.
+///
+/// Each variant names the file, dataset or setting involved, so the message alone tells the user
+/// what to fix.
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    /// An operating-system error on a file or folder.
+    #[error("{}: {source}", path.display())]
+    Io {
+        /// The file or folder involved.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// A file's contents are not what its format requires (wrong magic, truncated, corrupt gzip...).
+    #[error("{}: {reason}", path.display())]
+    Format {
+        /// The file that is malformed.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A file's sha256 or size differs from the pinned value.
+    #[error("{}: checksum mismatch: expected sha256 {expected}, got {actual}", path.display())]
+    Checksum {
+        /// The file (or the source it was made from) that failed verification.
+        path: PathBuf,
+        /// The pinned sha256.
+        expected: String,
+        /// The sha256 (or size) actually seen.
+        actual: String,
+    },
+    /// Sizes, labels or settings that do not fit together.
+    #[error("{0}")]
+    Invalid(String),
+    /// A dataset name that [`fn@fetch`] does not know.
+    #[error("unknown dataset `{name}`; known datasets: {known}")]
+    UnknownDataset {
+        /// The requested name.
+        name: String,
+        /// The known names, comma separated.
+        known: String,
+    },
+    /// A dataset that is not (completely) in the cache.
+    #[error("dataset `{name}` is not in the cache at {}; run `tessera data fetch {name}` first", path.display())]
+    NotCached {
+        /// The dataset name.
+        name: String,
+        /// Where it was looked for.
+        path: PathBuf,
+    },
+    /// An external program that a fetch needs is not installed.
+    #[error("`{tool}` was not found on PATH; {hint}")]
+    MissingTool {
+        /// The program that is missing.
+        tool: String,
+        /// What to install.
+        hint: String,
+    },
+    /// An external program ran but did not deliver what was expected.
+    #[error("fetching `{dataset}`: {detail}")]
+    Fetch {
+        /// The dataset being fetched.
+        dataset: String,
+        /// What failed, with the tail of the program's output.
+        detail: String,
+    },
+    /// A loader worker panicked or stopped while making a batch.
+    #[error("data loader worker {worker} failed on batch {batch}: {message}")]
+    Worker {
+        /// The worker's number (0 for the calling thread).
+        worker: usize,
+        /// The batch index in the epoch it was making.
+        batch: u64,
+        /// The panic message or reason.
+        message: String,
+    },
+}
+
+impl DataError {
+    /// An [`DataError::Io`] for `path`.
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        DataError::Io {
+            path: path.into(),
+            source,
+        }
+    }
+
+    /// A [`DataError::Format`] for `path`.
+    pub(crate) fn format(path: impl Into<PathBuf>, reason: impl Into<String>) -> Self {
+        DataError::Format {
+            path: path.into(),
+            reason: reason.into(),
+        }
+    }
+}

@@ -1,0 +1,431 @@
+//! Per-sample image transforms on an `f32` C×H×W buffer.
+//!
+//! Pixels enter as `u8` and are scaled to [0, 1] (÷255, like torchvision's `ToTensor`) by
+//! [`Sample::from_u8`] before any transform runs. Transforms run in the order given; each random
+//! transform draws only from the generator it is handed, so the loader can make the draws a pure
+//! function of (seed, epoch, position).
+
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+
+/// One image being transformed: channel-major `f32` pixels and their shape.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    /// C×H×W values.
+    pub data: Vec<f32>,
+    /// Channels (C).
+    pub channels: usize,
+    /// Rows (H).
+    pub height: usize,
+    /// Columns (W).
+    pub width: usize,
+}
+
+impl Sample {
+    /// Converts C×H×W `u8` pixels to `f32` in [0, 1].
+    pub fn from_u8(pixels: &[u8], channels: usize, height: usize, width: usize) -> Sample {
+        Sample {
+            data: pixels.iter().map(|&p| f32::from(p) / 255.0).collect(),
+            channels,
+            height,
+            width,
+        }
+    }
+
+    /// The shape as (C, H, W).
+    pub fn shape(&self) -> (usize, usize, usize) {
+        (self.channels, self.height, self.width)
+    }
+}
+
+/// Per-channel `(x - mean) / std`; a single mean or std value applies to every channel.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Normalize {
+    /// Mean per channel, or one value for all.
+    pub mean: Vec<f32>,
+    /// Standard deviation per channel, or one value for all; each must be positive.
+    pub std: Vec<f32>,
+}
+
+/// A random `size`×`size` crop after zero padding of `padding` pixels on every side, like
+/// torchvision's `RandomCrop(size, padding)`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RandomCrop {
+    /// Side of the square output.
+    pub size: usize,
+    /// Zero padding added on each side before cropping.
+    #[serde(default)]
+    pub padding: usize,
+}
+
+/// Mirrors the image left–right with probability `p`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HorizontalFlip {
+    /// Probability of flipping, in [0, 1].
+    #[serde(default = "half")]
+    pub p: f64,
+}
+
+fn half() -> f64 {
+    0.5
+}
+
+/// A per-sample transform. In TOML: `{ kind = "random_crop", size = 32, padding = 4 }`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Transform {
+    /// See [`Normalize`].
+    Normalize(Normalize),
+    /// See [`RandomCrop`].
+    RandomCrop(RandomCrop),
+    /// See [`HorizontalFlip`].
+    HorizontalFlip(HorizontalFlip),
+}
+
+impl Transform {
+    /// Checks the settings on their own (no image shape needed).
+    pub fn validate(&self) -> Result<(), String> {
+        match self {
+            Transform::Normalize(n) => {
+                if n.mean.is_empty() || n.std.is_empty() {
+                    return Err("normalize: `mean` and `std` need at least one value each".into());
+                }
+                if let Some(m) = n.mean.iter().find(|m| !m.is_finite()) {
+                    return Err(format!("normalize: `mean` value {m} is not finite"));
+                }
+                if let Some(s) = n.std.iter().find(|s| !(s.is_finite() && **s > 0.0)) {
+                    return Err(format!(
+                        "normalize: `std` value {s} must be finite and positive"
+                    ));
+                }
+                Ok(())
+            }
+            Transform::RandomCrop(c) => {
+                if c.size == 0 {
+                    return Err("random_crop: `size` must be at least 1".into());
+                }
+                Ok(())
+            }
+            Transform::HorizontalFlip(f) => {
+                if !(0.0..=1.0).contains(&f.p) {
+                    return Err(format!("horizontal_flip: `p` = {} must be in [0, 1]", f.p));
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// The (C, H, W) this transform produces from an input of `shape`, or why it cannot run on it.
+    pub fn output_shape(
+        &self,
+        shape: (usize, usize, usize),
+    ) -> Result<(usize, usize, usize), String> {
+        self.validate()?;
+        let (channels, height, width) = shape;
+        match self {
+            Transform::Normalize(n) => {
+                for (name, values) in [("mean", &n.mean), ("std", &n.std)] {
+                    if values.len() != 1 && values.len() != channels {
+                        return Err(format!(
+                            "normalize: `{name}` has {} values but the image has {channels} channel(s); give 1 or {channels}",
+                            values.len()
+                        ));
+                    }
+                }
+                Ok(shape)
+            }
+            Transform::RandomCrop(c) => {
+                let padded_h = height.saturating_add(c.padding.saturating_mul(2));
+                let padded_w = width.saturating_add(c.padding.saturating_mul(2));
+                if c.size > padded_h || c.size > padded_w {
+                    return Err(format!(
+                        "random_crop: `size` {} is larger than the padded image {padded_h}×{padded_w} ({height}×{width} plus `padding` {} per side)",
+                        c.size, c.padding
+                    ));
+                }
+                Ok((channels, c.size, c.size))
+            }
+            Transform::HorizontalFlip(_) => Ok(shape),
+        }
+    }
+
+    /// Applies the transform to `sample` in place, drawing any randomness from `rng`.
+    ///
+    /// Fails (without touching the sample) when the settings are invalid or do not fit its shape.
+    pub fn apply(&self, sample: &mut Sample, rng: &mut impl Rng) -> Result<(), String> {
+        self.output_shape(sample.shape())?;
+        if sample.data.len() != sample.channels * sample.height * sample.width {
+            return Err(format!(
+                "sample buffer holds {} values but its shape is {}×{}×{}",
+                sample.data.len(),
+                sample.channels,
+                sample.height,
+                sample.width
+            ));
+        }
+        match self {
+            Transform::Normalize(n) => normalize(n, sample),
+            Transform::RandomCrop(c) => random_crop(c, sample, rng),
+            Transform::HorizontalFlip(f) => {
+                if rng.gen_bool(f.p) {
+                    flip(sample);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn normalize(n: &Normalize, sample: &mut Sample) {
+    let plane = sample.height * sample.width;
+    if plane == 0 {
+        return;
+    }
+    for (channel, values) in sample.data.chunks_exact_mut(plane).enumerate() {
+        let mean = n.mean[channel.min(n.mean.len() - 1)];
+        let inv_std = 1.0 / n.std[channel.min(n.std.len() - 1)];
+        values.iter_mut().for_each(|v| *v = (*v - mean) * inv_std);
+    }
+}
+
+/// Crops a window whose top-left corner, in padded coordinates, is drawn uniformly; pixels that
+/// fall in the padding are zero. Same-size crops without padding draw nothing (as torchvision).
+fn random_crop(c: &RandomCrop, sample: &mut Sample, rng: &mut impl Rng) {
+    let (channels, height, width) = sample.shape();
+    let (padded_h, padded_w) = (height + 2 * c.padding, width + 2 * c.padding);
+    if c.size == padded_h && c.size == padded_w && c.padding == 0 {
+        return;
+    }
+    let top = rng.gen_range(0..=padded_h - c.size);
+    let left = rng.gen_range(0..=padded_w - c.size);
+    let mut out = vec![0f32; channels * c.size * c.size];
+    for channel in 0..channels {
+        for y in 0..c.size {
+            // Row in the unpadded image; skip rows that lie in the padding.
+            let Some(source_y) = (top + y).checked_sub(c.padding).filter(|&r| r < height) else {
+                continue;
+            };
+            for x in 0..c.size {
+                if let Some(source_x) = (left + x).checked_sub(c.padding).filter(|&s| s < width) {
+                    out[(channel * c.size + y) * c.size + x] =
+                        sample.data[(channel * height + source_y) * width + source_x];
+                }
+            }
+        }
+    }
+    sample.data = out;
+    sample.height = c.size;
+    sample.width = c.size;
+}
+
+fn flip(sample: &mut Sample) {
+    if sample.width == 0 {
+        return;
+    }
+    sample
+        .data
+        .chunks_exact_mut(sample.width)
+        .for_each(|row| row.reverse());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+    use rand_chacha::ChaCha8Rng;
+
+    fn ramp(channels: usize, height: usize, width: usize) -> Sample {
+        let pixels: Vec<u8> = (0..channels * height * width).map(|i| i as u8).collect();
+        Sample::from_u8(&pixels, channels, height, width)
+    }
+
+    fn crop(size: usize, padding: usize) -> Transform {
+        Transform::RandomCrop(RandomCrop { size, padding })
+    }
+
+    #[test]
+    fn from_u8_scales_to_unit_range() {
+        let s = Sample::from_u8(&[0, 255, 51], 1, 1, 3);
+        assert_eq!(s.data, vec![0.0, 1.0, 0.2]);
+    }
+
+    #[test]
+    fn flip_twice_is_identity_and_flip_mirrors_rows() {
+        let mut rng = ChaCha8Rng::seed_from_u64(1);
+        let flip = Transform::HorizontalFlip(HorizontalFlip { p: 1.0 });
+        let original = ramp(2, 3, 4);
+        let mut s = original.clone();
+        flip.apply(&mut s, &mut rng).unwrap();
+        assert_ne!(s, original);
+        assert_eq!(&s.data[..4], &[3.0 / 255.0, 2.0 / 255.0, 1.0 / 255.0, 0.0]);
+        flip.apply(&mut s, &mut rng).unwrap();
+        assert_eq!(s, original);
+        let never = Transform::HorizontalFlip(HorizontalFlip { p: 0.0 });
+        never.apply(&mut s, &mut rng).unwrap();
+        assert_eq!(s, original);
+    }
+
+    #[test]
+    fn crop_same_size_without_padding_is_identity() {
+        let mut rng = ChaCha8Rng::seed_from_u64(2);
+        let original = ramp(3, 5, 5);
+        let mut s = original.clone();
+        crop(5, 0).apply(&mut s, &mut rng).unwrap();
+        assert_eq!(s, original);
+    }
+
+    #[test]
+    fn crop_with_padding_shifts_content_and_zero_fills() {
+        let original = ramp(1, 4, 4);
+        let mut seen_shifts = std::collections::HashSet::new();
+        for seed in 0..200 {
+            let mut rng = ChaCha8Rng::seed_from_u64(seed);
+            let mut s = original.clone();
+            crop(4, 1).apply(&mut s, &mut rng).unwrap();
+            assert_eq!(s.shape(), (1, 4, 4));
+            // Find the shift (dy, dx) that explains the output: out[y][x] = in[y+dy][x+dx] or 0.
+            let shift = (-1i64..=1)
+                .flat_map(|dy| (-1i64..=1).map(move |dx| (dy, dx)))
+                .find(|&(dy, dx)| {
+                    (0..4i64).all(|y| {
+                        (0..4i64).all(|x| {
+                            let (sy, sx) = (y + dy, x + dx);
+                            let expected = if (0..4).contains(&sy) && (0..4).contains(&sx) {
+                                original.data[(sy * 4 + sx) as usize]
+                            } else {
+                                0.0
+                            };
+                            s.data[(y * 4 + x) as usize] == expected
+                        })
+                    })
+                });
+            seen_shifts.insert(shift.expect("output is a shifted, zero-filled window"));
+        }
+        assert_eq!(seen_shifts.len(), 9, "all 9 offsets occur");
+    }
+
+    #[test]
+    fn crop_output_shape_and_errors() {
+        let mut rng = ChaCha8Rng::seed_from_u64(3);
+        let mut s = ramp(3, 28, 28);
+        crop(32, 2).apply(&mut s, &mut rng).unwrap();
+        assert_eq!((s.shape(), s.data.len()), ((3, 32, 32), 3 * 32 * 32));
+        let mut s = ramp(1, 28, 28);
+        crop(20, 0).apply(&mut s, &mut rng).unwrap();
+        assert_eq!(s.shape(), (1, 20, 20));
+        let msg = crop(40, 4).apply(&mut s, &mut rng).unwrap_err();
+        assert!(
+            msg.contains("random_crop") && msg.contains("`size` 40"),
+            "{msg}"
+        );
+        assert_eq!(
+            s.shape(),
+            (1, 20, 20),
+            "a failed apply leaves the sample alone"
+        );
+        assert!(crop(0, 0).validate().unwrap_err().contains("`size`"));
+    }
+
+    #[test]
+    fn normalize_math_and_broadcast() {
+        let mut rng = ChaCha8Rng::seed_from_u64(4);
+        let mut s = Sample {
+            data: vec![0.5, 1.0, 0.0, 0.25],
+            channels: 2,
+            height: 1,
+            width: 2,
+        };
+        let n = Transform::Normalize(Normalize {
+            mean: vec![0.5, 0.25],
+            std: vec![0.5],
+        });
+        n.apply(&mut s, &mut rng).unwrap();
+        assert_eq!(s.data, vec![0.0, 1.0, -0.5, 0.0]);
+        assert_eq!(s.shape(), (2, 1, 2));
+    }
+
+    #[test]
+    fn normalize_validation_names_the_setting() {
+        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        let bad_std = Transform::Normalize(Normalize {
+            mean: vec![0.0],
+            std: vec![0.0],
+        });
+        assert!(bad_std.validate().unwrap_err().contains("`std`"));
+        let wrong_channels = Transform::Normalize(Normalize {
+            mean: vec![0.1, 0.2],
+            std: vec![1.0],
+        });
+        let msg = wrong_channels
+            .apply(&mut ramp(3, 2, 2), &mut rng)
+            .unwrap_err();
+        assert!(
+            msg.contains("`mean` has 2 values") && msg.contains("3 channel"),
+            "{msg}"
+        );
+        let empty = Transform::Normalize(Normalize {
+            mean: vec![],
+            std: vec![1.0],
+        });
+        assert!(empty.validate().is_err());
+    }
+
+    #[test]
+    fn flip_probability_validated() {
+        let msg = Transform::HorizontalFlip(HorizontalFlip { p: 1.5 })
+            .validate()
+            .unwrap_err();
+        assert!(msg.contains("`p`"), "{msg}");
+        assert!(Transform::HorizontalFlip(HorizontalFlip { p: f64::NAN })
+            .validate()
+            .is_err());
+    }
+
+    #[test]
+    fn mismatched_buffer_is_an_error() {
+        let mut rng = ChaCha8Rng::seed_from_u64(6);
+        let mut s = Sample {
+            data: vec![0.0; 5],
+            channels: 1,
+            height: 2,
+            width: 2,
+        };
+        let flip = Transform::HorizontalFlip(HorizontalFlip { p: 1.0 });
+        assert!(flip
+            .apply(&mut s, &mut rng)
+            .unwrap_err()
+            .contains("holds 5"));
+    }
+
+    #[test]
+    fn parses_from_toml() {
+        #[derive(Deserialize)]
+        struct Config {
+            transforms: Vec<Transform>,
+        }
+        let text = r#"
+            transforms = [
+              { kind = "random_crop", size = 32, padding = 4 },
+              { kind = "horizontal_flip" },
+              { kind = "normalize", mean = [0.286], std = [0.353] },
+            ]
+        "#;
+        let config: Config = toml::from_str(text).unwrap();
+        assert_eq!(
+            config.transforms,
+            vec![
+                crop(32, 4),
+                Transform::HorizontalFlip(HorizontalFlip { p: 0.5 }),
+                Transform::Normalize(Normalize {
+                    mean: vec![0.286],
+                    std: vec![0.353]
+                }),
+            ]
+        );
+        let bad = r#"transforms = [{ kind = "random_crop", size = 32, pading = 4 }]"#;
+        assert!(toml::from_str::<Config>(bad).is_err());
+    }
+}

@@ -1,0 +1,271 @@
+//! The event engine: which methods run at each event, in which order, and what happens when one
+//! fails. Methods are plugins loaded from `.so` files or built-in Rust objects; both implement
+//! [`Algorithm`].
+//!
+//! Order at an event: descending [`Hook::priority`]; equal priorities keep the `trainer.toml`
+//! order, reversed at `after_*` events (Composer's FILO rule, so that e.g. the method that
+//! changed the target last before the loss restores it first after). Nothing else reorders.
+
+mod state;
+
+pub use state::{Batch, State};
+pub use tessera_plugin_api::{Event, Hook};
+
+use crate::config::OnError;
+
+/// A method the engine can run.
+pub trait Algorithm: Send {
+    /// Name used in messages and the run record.
+    fn name(&self) -> &str;
+    /// Events the method receives, with priorities.
+    fn hooks(&self) -> Vec<Hook>;
+    /// Runs the method at `event`. An error message names what went wrong; the engine adds the
+    /// method's name and the event.
+    fn on_event(&mut self, event: Event, state: &mut State) -> Result<(), String>;
+}
+
+/// A method failed at an event and the run must stop.
+#[derive(Debug, thiserror::Error)]
+#[error("method `{method}` failed at event `{event}`: {message}")]
+pub struct EngineError {
+    /// The method's name.
+    pub method: String,
+    /// The event.
+    pub event: Event,
+    /// What the method reported.
+    pub message: String,
+}
+
+struct Entry {
+    algorithm: Box<dyn Algorithm>,
+    on_error: OnError,
+    disabled: bool,
+}
+
+/// Dispatches events to methods and counts every event fired.
+pub struct Engine {
+    entries: Vec<Entry>,
+    /// For each event id, the indices of the methods to run, in order.
+    order: Vec<Vec<usize>>,
+    counts: Vec<u64>,
+}
+
+impl Engine {
+    /// An engine running `algorithms` (in `trainer.toml` order) with their error policies.
+    pub fn new(algorithms: Vec<(Box<dyn Algorithm>, OnError)>) -> Engine {
+        let entries: Vec<Entry> = algorithms
+            .into_iter()
+            .map(|(algorithm, on_error)| Entry {
+                algorithm,
+                on_error,
+                disabled: false,
+            })
+            .collect();
+        let hooks: Vec<Vec<Hook>> = entries.iter().map(|e| e.algorithm.hooks()).collect();
+        let order = Event::ALL
+            .iter()
+            .map(|&event| {
+                let mut hooked: Vec<(i32, usize)> = hooks
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, hs)| {
+                        hs.iter()
+                            .find(|h| h.event == event)
+                            .map(|h| (h.priority, i))
+                    })
+                    .collect();
+                if event.is_after() {
+                    hooked.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.cmp(&a.1)));
+                } else {
+                    hooked.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+                }
+                hooked.into_iter().map(|(_, i)| i).collect()
+            })
+            .collect();
+        Engine {
+            entries,
+            order,
+            counts: vec![0; Event::ALL.len()],
+        }
+    }
+
+    /// Fires `event`: runs every hooked, enabled method in order.
+    pub fn fire(&mut self, event: Event, state: &mut State) -> Result<(), EngineError> {
+        let id = event.0 as usize;
+        if let Some(count) = self.counts.get_mut(id) {
+            *count += 1;
+        }
+        let Some(order) = self.order.get(id) else {
+            return Ok(());
+        };
+        for &i in order {
+            let entry = &mut self.entries[i];
+            if entry.disabled {
+                continue;
+            }
+            if let Err(message) = entry.algorithm.on_event(event, state) {
+                let error = EngineError {
+                    method: entry.algorithm.name().to_owned(),
+                    event,
+                    message,
+                };
+                match entry.on_error {
+                    OnError::Stop => return Err(error),
+                    OnError::Disable => {
+                        tracing::warn!("{error}; the method is disabled for the rest of the run (on_error = \"disable\")");
+                        entry.disabled = true;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// How many times `event` has fired.
+    pub fn count(&self, event: Event) -> u64 {
+        self.counts.get(event.0 as usize).copied().unwrap_or(0)
+    }
+
+    /// The names of the methods that run at `event`, in order.
+    pub fn order_at(&self, event: Event) -> Vec<&str> {
+        self.order
+            .get(event.0 as usize)
+            .map(|o| {
+                o.iter()
+                    .map(|&i| self.entries[i].algorithm.name())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Names of the methods that were disabled after an error.
+    pub fn disabled(&self) -> Vec<&str> {
+        self.entries
+            .iter()
+            .filter(|e| e.disabled)
+            .map(|e| e.algorithm.name())
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+
+    struct Recorder {
+        name: String,
+        hooks: Vec<Hook>,
+        log: Arc<Mutex<Vec<String>>>,
+        fail: bool,
+    }
+
+    impl Algorithm for Recorder {
+        fn name(&self) -> &str {
+            &self.name
+        }
+        fn hooks(&self) -> Vec<Hook> {
+            self.hooks.clone()
+        }
+        fn on_event(&mut self, event: Event, _state: &mut State) -> Result<(), String> {
+            self.log
+                .lock()
+                .unwrap()
+                .push(format!("{}@{event}", self.name));
+            if self.fail {
+                Err("boom".into())
+            } else {
+                Ok(())
+            }
+        }
+    }
+
+    fn rec(
+        name: &str,
+        hooks: Vec<Hook>,
+        log: &Arc<Mutex<Vec<String>>>,
+        fail: bool,
+    ) -> Box<dyn Algorithm> {
+        Box::new(Recorder {
+            name: name.into(),
+            hooks,
+            log: log.clone(),
+            fail,
+        })
+    }
+
+    #[test]
+    fn before_events_fifo_after_events_filo_priority_first() {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let both = vec![Hook::at(Event::BEFORE_LOSS), Hook::at(Event::AFTER_LOSS)];
+        let engine_algs = vec![
+            (rec("a", both.clone(), &log, false), OnError::Stop),
+            (rec("b", both.clone(), &log, false), OnError::Stop),
+            (
+                rec(
+                    "first",
+                    vec![
+                        Hook {
+                            event: Event::BEFORE_LOSS,
+                            priority: 10,
+                        },
+                        Hook {
+                            event: Event::AFTER_LOSS,
+                            priority: 10,
+                        },
+                    ],
+                    &log,
+                    false,
+                ),
+                OnError::Stop,
+            ),
+        ];
+        let mut engine = Engine::new(engine_algs);
+        assert_eq!(engine.order_at(Event::BEFORE_LOSS), ["first", "a", "b"]);
+        assert_eq!(engine.order_at(Event::AFTER_LOSS), ["first", "b", "a"]);
+        let mut state = State::for_tests();
+        engine.fire(Event::BEFORE_LOSS, &mut state).unwrap();
+        engine.fire(Event::AFTER_LOSS, &mut state).unwrap();
+        engine.fire(Event::BATCH_END, &mut state).unwrap();
+        assert_eq!(
+            *log.lock().unwrap(),
+            [
+                "first@before_loss",
+                "a@before_loss",
+                "b@before_loss",
+                "first@after_loss",
+                "b@after_loss",
+                "a@after_loss"
+            ]
+        );
+        assert_eq!(engine.count(Event::BATCH_END), 1);
+    }
+
+    #[test]
+    fn errors_stop_or_disable() {
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let hooks = vec![Hook::at(Event::BATCH_START)];
+        let mut stop = Engine::new(vec![(rec("bad", hooks.clone(), &log, true), OnError::Stop)]);
+        let mut state = State::for_tests();
+        let err = stop.fire(Event::BATCH_START, &mut state).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "method `bad` failed at event `batch_start`: boom"
+        );
+
+        let mut disable = Engine::new(vec![
+            (rec("bad", hooks.clone(), &log, true), OnError::Disable),
+            (rec("good", hooks, &log, false), OnError::Stop),
+        ]);
+        disable.fire(Event::BATCH_START, &mut state).unwrap();
+        disable.fire(Event::BATCH_START, &mut state).unwrap();
+        assert_eq!(disable.disabled(), ["bad"]);
+        let calls = log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.starts_with("bad"))
+            .count();
+        assert_eq!(calls, 2, "one call from `stop`, one before being disabled");
+    }
+}

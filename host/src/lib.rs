@@ -1,0 +1,16 @@
+//! Tessera: a fast deep-learning trainer on libtorch whose speed-up methods are binary plugins.
+//!
+//! One folder per concern: `config` (trainer.toml), `time` (Time, Timestamp, durations),
+//! `data` (datasets, loaders, transforms, fetching), `model` (module tree and zoo), `optim`
+//! (optimizers, schedules), `engine` (events and dispatch), `plugin` (loading plugins, the
+//! host side of the ABI), `trainer` (the loops), `report` (progress, metrics, run records).
+
+pub mod config;
+pub mod data;
+pub mod engine;
+pub mod model;
+pub mod optim;
+pub mod plugin;
+pub mod report;
+pub mod time;
+pub mod trainer;

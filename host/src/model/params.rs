@@ -1,0 +1,96 @@
+//! The model's parameters and buffers, by PyTorch-style name, in registration order.
+
+use tch::{nn::Init, Device, Kind, TchError, Tensor};
+
+/// Whether a tensor is trained (a parameter) or only carried along (a buffer such as
+/// BatchNorm's running mean).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Trained by the optimizer.
+    Parameter,
+    /// Saved in checkpoints, not trained.
+    Buffer,
+}
+
+/// One named tensor of the model.
+#[derive(Debug)]
+pub struct Entry {
+    /// Full dotted name, as in a PyTorch `state_dict` (`layer1.0.conv1.weight`).
+    pub name: String,
+    /// The tensor (shared with the module that uses it).
+    pub tensor: Tensor,
+    /// Parameter or buffer.
+    pub role: Role,
+}
+
+/// All named tensors of a model. The order is the registration order, so it is stable across
+/// runs (unlike a hash map), which keeps optimizer state and checkpoints deterministic.
+#[derive(Debug)]
+pub struct ParamStore {
+    device: Device,
+    entries: Vec<Entry>,
+}
+
+impl ParamStore {
+    /// An empty store whose tensors live on `device`.
+    pub fn new(device: Device) -> Self {
+        ParamStore {
+            device,
+            entries: Vec::new(),
+        }
+    }
+
+    /// The device the tensors live on.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// Creates a trainable float parameter named `name`.
+    pub fn parameter(
+        &mut self,
+        name: String,
+        dims: &[i64],
+        init: Init,
+    ) -> Result<Tensor, TchError> {
+        let tensor = tch::nn::f_init(init, dims, self.device, Kind::Float)?.set_requires_grad(true);
+        self.push(name, &tensor, Role::Parameter);
+        Ok(tensor)
+    }
+
+    /// Creates a non-trained float buffer named `name` filled with `value`.
+    pub fn buffer(&mut self, name: String, dims: &[i64], value: f64) -> Result<Tensor, TchError> {
+        let tensor = Tensor::f_full(dims, value, (Kind::Float, self.device))?;
+        self.push(name, &tensor, Role::Buffer);
+        Ok(tensor)
+    }
+
+    fn push(&mut self, name: String, tensor: &Tensor, role: Role) {
+        self.entries.push(Entry {
+            name,
+            tensor: tensor.shallow_clone(),
+            role,
+        });
+    }
+
+    /// Every entry, in registration order.
+    pub fn entries(&self) -> &[Entry] {
+        &self.entries
+    }
+
+    /// The trainable parameters that currently require a gradient, with their names.
+    pub fn trainable(&self) -> impl Iterator<Item = &Entry> {
+        self.entries
+            .iter()
+            .filter(|e| e.role == Role::Parameter && e.tensor.requires_grad())
+    }
+
+    /// The entry named `name`.
+    pub fn get(&self, name: &str) -> Option<&Entry> {
+        self.entries.iter().find(|e| e.name == name)
+    }
+
+    /// Number of trainable scalars.
+    pub fn num_trainable_scalars(&self) -> i64 {
+        self.trainable().map(|e| e.tensor.numel() as i64).sum()
+    }
+}

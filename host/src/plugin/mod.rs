@@ -1,0 +1,363 @@
+//! Finding, checking and loading plugin `.so` files, and running their methods.
+//!
+//! Checks at load, in order, each failure naming the file: the file exists and (when pinned in
+//! `trainer.toml`) its sha256 matches — before any of its code runs; it is a loadable shared
+//! library; it exports a Tessera root module; it was built against a compatible
+//! `tessera-plugin-api`; its types' layouts match the host's (abi_stable's check); it was built
+//! against the host's exact libtorch version.
+//!
+//! Plugins are found only in the configured folders and in `TESSERA_PLUGIN_PATH`, never in the
+//! working directory implicitly.
+
+mod host_api;
+
+use std::path::{Path, PathBuf};
+
+use abi_stable::library::{lib_header_from_path, LibraryError};
+use abi_stable::std_types::{RResult, RStr};
+use sha2::{Digest, Sha256};
+use tessera_plugin_api::abi::{MethodBox, PluginModule_Ref};
+use tessera_plugin_api::{Event, Hook, API_VERSION, LIBTORCH_VERSION};
+
+use crate::engine::{Algorithm, State};
+
+/// Why a plugin could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum PluginError {
+    /// No file for the plugin in any folder.
+    #[error("plugin `{name}` not found; looked for {candidates} in: {dirs}")]
+    NotFound {
+        /// The plugin's name.
+        name: String,
+        /// File names tried.
+        candidates: String,
+        /// Folders searched.
+        dirs: String,
+    },
+    /// The file could not be read or loaded as a shared library.
+    #[error("{path}: not a loadable shared library: {reason}")]
+    NotALibrary {
+        /// The file.
+        path: PathBuf,
+        /// The loader's message.
+        reason: String,
+    },
+    /// A shared library without a Tessera root module.
+    #[error("{path}: not a Tessera plugin (it exports no Tessera plugin module)")]
+    NotAPlugin {
+        /// The file.
+        path: PathBuf,
+    },
+    /// Built against an incompatible `tessera-plugin-api`.
+    #[error("{path}: built against tessera-plugin-api {found}, but this tessera needs a {required}.x plugin; rebuild the plugin against tessera-plugin-api {API_VERSION}")]
+    ApiVersion {
+        /// The file.
+        path: PathBuf,
+        /// The plugin's interface version.
+        found: String,
+        /// The compatible major version.
+        required: String,
+    },
+    /// Built against another libtorch.
+    #[error("{path}: built against libtorch {found}, but this tessera runs libtorch {LIBTORCH_VERSION}; rebuild the plugin with the same LIBTORCH (tensors cross the boundary as libtorch objects, so the versions must match exactly)")]
+    LibtorchVersion {
+        /// The file.
+        path: PathBuf,
+        /// The plugin's libtorch version.
+        found: String,
+    },
+    /// abi_stable's layout check failed.
+    #[error("{path}: its plugin interface layout does not match this tessera's: {summary}")]
+    Layout {
+        /// The file.
+        path: PathBuf,
+        /// The mismatch, condensed.
+        summary: String,
+    },
+    /// The pinned sha256 differs.
+    #[error("{path}: sha256 is {actual}, but trainer.toml pins {expected}; refusing to load it")]
+    Sha256Mismatch {
+        /// The file.
+        path: PathBuf,
+        /// The pinned hash.
+        expected: String,
+        /// The file's hash.
+        actual: String,
+    },
+    /// The file's name and the plugin's declared name differ.
+    #[error("{path}: the file is named for `{expected}` but the plugin calls itself `{found}`")]
+    NameMismatch {
+        /// The file.
+        path: PathBuf,
+        /// The name asked for.
+        expected: String,
+        /// The name the plugin reports.
+        found: String,
+    },
+    /// The plugin refused its settings.
+    #[error("plugin `{name}` ({path}): {message}")]
+    Create {
+        /// The plugin's name.
+        name: String,
+        /// The file.
+        path: PathBuf,
+        /// The plugin's message.
+        message: String,
+    },
+}
+
+/// A plugin that passed every load-time check.
+pub struct Plugin {
+    /// The file it was loaded from.
+    pub path: PathBuf,
+    /// sha256 of the file, hex.
+    pub sha256: String,
+    /// The method's name.
+    pub name: String,
+    /// The plugin's version.
+    pub version: String,
+    /// The interface version it was built with.
+    pub api_version: String,
+    /// The libtorch version it was built with.
+    pub libtorch_version: String,
+    /// What it does.
+    pub description: String,
+    /// The events it hooks.
+    pub hooks: Vec<Hook>,
+    /// Its default settings (TOML).
+    pub default_settings: String,
+    module: PluginModule_Ref,
+}
+
+/// sha256 of a file, hex-encoded.
+pub fn sha256_file(path: &Path) -> std::io::Result<String> {
+    let mut hasher = Sha256::new();
+    let mut file = std::fs::File::open(path)?;
+    std::io::copy(&mut file, &mut hasher)?;
+    Ok(hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect())
+}
+
+/// The folders searched for plugins: the configured ones, then those in `TESSERA_PLUGIN_PATH`
+/// (colon-separated).
+pub fn search_dirs(configured: &[PathBuf]) -> Vec<PathBuf> {
+    let mut dirs = configured.to_vec();
+    if let Some(extra) = std::env::var_os("TESSERA_PLUGIN_PATH") {
+        dirs.extend(std::env::split_paths(&extra).filter(|p| !p.as_os_str().is_empty()));
+    }
+    dirs
+}
+
+/// File names a plugin called `name` may have.
+fn file_names(name: &str) -> [String; 2] {
+    [format!("lib{name}.so"), format!("{name}.so")]
+}
+
+/// Finds the file of plugin `name` in `dirs` (first match wins).
+pub fn find(name: &str, dirs: &[PathBuf]) -> Result<PathBuf, PluginError> {
+    let candidates = file_names(name);
+    for dir in dirs {
+        for file in &candidates {
+            let path = dir.join(file);
+            if path.is_file() {
+                return Ok(path);
+            }
+        }
+    }
+    Err(PluginError::NotFound {
+        name: name.to_owned(),
+        candidates: candidates.join(" or "),
+        dirs: if dirs.is_empty() {
+            "(no folders: set [plugins] dirs in trainer.toml or TESSERA_PLUGIN_PATH)".to_owned()
+        } else {
+            dirs.iter()
+                .map(|d| d.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        },
+    })
+}
+
+/// Every plugin file (`*.so`) in `dirs`, sorted by folder then name.
+pub fn list_files(dirs: &[PathBuf]) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for dir in dirs {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            continue;
+        };
+        let mut files: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "so") && p.is_file())
+            .collect();
+        files.sort();
+        out.extend(files);
+    }
+    out
+}
+
+fn condense_layout_error(text: &str) -> String {
+    let lines: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| {
+            l.starts_with("Error:") || l.starts_with("Expected:") || l.starts_with("Found:")
+        })
+        .take(6)
+        .collect();
+    if lines.is_empty() {
+        text.lines().next().unwrap_or("layout mismatch").to_owned()
+    } else {
+        lines.join(" ")
+    }
+}
+
+impl Plugin {
+    /// Loads and checks the plugin file at `path`. `pinned_sha256`, when given, is checked
+    /// before the file is opened as a library (so none of its code runs on a mismatch).
+    pub fn load(path: &Path, pinned_sha256: Option<&str>) -> Result<Plugin, PluginError> {
+        // An absolute path makes dlopen load exactly this file, never search for it.
+        let path = std::fs::canonicalize(path).map_err(|e| PluginError::NotALibrary {
+            path: path.to_owned(),
+            reason: e.to_string(),
+        })?;
+        let sha256 = sha256_file(&path).map_err(|e| PluginError::NotALibrary {
+            path: path.clone(),
+            reason: e.to_string(),
+        })?;
+        if let Some(expected) = pinned_sha256 {
+            if !expected.eq_ignore_ascii_case(&sha256) {
+                return Err(PluginError::Sha256Mismatch {
+                    path,
+                    expected: expected.to_owned(),
+                    actual: sha256,
+                });
+            }
+        }
+        let header = lib_header_from_path(&path).map_err(|e| match e {
+            LibraryError::GetSymbolError { .. } => PluginError::NotAPlugin { path: path.clone() },
+            LibraryError::OpenError { err, .. } => PluginError::NotALibrary {
+                path: path.clone(),
+                reason: err.to_string(),
+            },
+            LibraryError::InvalidAbiHeader(h) => PluginError::Layout {
+                path: path.clone(),
+                summary: format!("built with an incompatible abi_stable ({h:?})"),
+            },
+            other => PluginError::NotALibrary {
+                path: path.clone(),
+                reason: other.to_string(),
+            },
+        })?;
+        let required_major = API_VERSION.split('.').next().unwrap_or("1").to_owned();
+        let api_mismatch = |found: String| PluginError::ApiVersion {
+            path: path.clone(),
+            found,
+            required: required_major.clone(),
+        };
+        let plugin_api = header.version_strings().version.to_string();
+        if plugin_api.split('.').next() != Some(required_major.as_str()) {
+            return Err(api_mismatch(plugin_api));
+        }
+        let module = header
+            .init_root_module::<PluginModule_Ref>()
+            .map_err(|e| match e {
+                LibraryError::IncompatibleVersionNumber { actual_version, .. } => {
+                    api_mismatch(actual_version.to_string())
+                }
+                LibraryError::AbiInstability(err) => PluginError::Layout {
+                    path: path.clone(),
+                    summary: condense_layout_error(&err.to_string()),
+                },
+                other => PluginError::NotALibrary {
+                    path: path.clone(),
+                    reason: other.to_string(),
+                },
+            })?;
+        let info = (module.info())();
+        let api_version = info.api_version.to_string();
+        if api_version.split('.').next() != Some(required_major.as_str()) {
+            return Err(api_mismatch(api_version));
+        }
+        let libtorch_version = info.libtorch_version.to_string();
+        if libtorch_version != LIBTORCH_VERSION {
+            return Err(PluginError::LibtorchVersion {
+                path,
+                found: libtorch_version,
+            });
+        }
+        Ok(Plugin {
+            path,
+            sha256,
+            name: info.name.to_string(),
+            version: info.version.to_string(),
+            api_version,
+            libtorch_version,
+            description: info.description.to_string(),
+            hooks: info.hooks.to_vec(),
+            default_settings: info.default_settings.to_string(),
+            module,
+        })
+    }
+
+    /// Loads plugin `name` from `dirs`, checking that the file really is that plugin.
+    pub fn load_named(
+        name: &str,
+        dirs: &[PathBuf],
+        pinned_sha256: Option<&str>,
+    ) -> Result<Plugin, PluginError> {
+        let path = find(name, dirs)?;
+        let plugin = Plugin::load(&path, pinned_sha256)?;
+        if plugin.name != name {
+            return Err(PluginError::NameMismatch {
+                path: plugin.path,
+                expected: name.to_owned(),
+                found: plugin.name,
+            });
+        }
+        Ok(plugin)
+    }
+
+    /// Creates a method instance from its settings (a JSON object).
+    pub fn create(&self, settings_json: &str) -> Result<PluginMethod, PluginError> {
+        match (self.module.create())(RStr::from_str(settings_json)) {
+            RResult::ROk(object) => Ok(PluginMethod {
+                name: self.name.clone(),
+                hooks: self.hooks.clone(),
+                object,
+            }),
+            RResult::RErr(e) => Err(PluginError::Create {
+                name: self.name.clone(),
+                path: self.path.clone(),
+                message: format!("{}: {}", e.kind.name(), e.message),
+            }),
+        }
+    }
+}
+
+/// A method instance living in a plugin.
+pub struct PluginMethod {
+    name: String,
+    hooks: Vec<Hook>,
+    object: MethodBox,
+}
+
+impl Algorithm for PluginMethod {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn hooks(&self) -> Vec<Hook> {
+        self.hooks.clone()
+    }
+
+    fn on_event(&mut self, event: Event, state: &mut State) -> Result<(), String> {
+        let handle = host_api::handle(state);
+        match self.object.on_event(event, handle) {
+            RResult::ROk(()) => Ok(()),
+            RResult::RErr(e) => Err(format!("{}: {}", e.kind.name(), e.message)),
+        }
+    }
+}

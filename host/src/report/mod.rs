@@ -1,0 +1,204 @@
+//! What a run tells its user: a progress bar, log lines, a metrics JSONL file and the run record.
+
+use std::fs::File;
+use std::io::{BufWriter, IsTerminal, Write};
+use std::path::{Path, PathBuf};
+
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+use serde_json::{json, Value};
+
+/// Writes `bytes` to `path` atomically: a temporary file in the same folder, fsync, rename.
+/// A crash leaves either the old file or the new one, never half of one.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "file".to_owned());
+    let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
+    {
+        let mut file = File::create(&tmp)?;
+        file.write_all(bytes)?;
+        file.sync_all()?;
+    }
+    std::fs::rename(&tmp, path)?;
+    if let Ok(d) = File::open(dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
+
+/// One evaluation's results.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct EvalRecord {
+    /// Epochs completed when it ran.
+    pub epoch: u64,
+    /// Batches completed when it ran.
+    pub batch: u64,
+    /// Top-1 accuracy.
+    pub accuracy: f64,
+    /// Mean cross-entropy.
+    pub cross_entropy: f64,
+    /// Samples evaluated.
+    pub samples: u64,
+}
+
+/// A loaded plugin, as recorded in the run record.
+#[derive(Debug, Clone, Serialize)]
+pub struct PluginRecord {
+    /// Method name.
+    pub name: String,
+    /// Plugin version.
+    pub version: String,
+    /// File it came from.
+    pub path: PathBuf,
+    /// sha256 of the file.
+    pub sha256: String,
+    /// The settings it was given.
+    pub settings: Value,
+}
+
+/// The summary written to `run.json` when a run ends.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunRecord {
+    /// Run name.
+    pub run_name: String,
+    /// `tessera` version.
+    pub tessera_version: String,
+    /// libtorch version.
+    pub libtorch_version: String,
+    /// Device trained on.
+    pub device: String,
+    /// The resolved configuration.
+    pub config: Value,
+    /// Plugins used.
+    pub plugins: Vec<PluginRecord>,
+    /// Every evaluation, in order.
+    pub evals: Vec<EvalRecord>,
+    /// Epochs completed.
+    pub epochs: u64,
+    /// Batches completed.
+    pub batches: u64,
+    /// Samples trained on.
+    pub samples: u64,
+    /// Wall-clock seconds of the whole run, from start to the record.
+    pub wall_seconds: f64,
+    /// Seconds spent training (excluding evaluation).
+    pub train_seconds: f64,
+    /// Training throughput.
+    pub samples_per_second: f64,
+    /// Cost estimate from `usd_per_hour`, when given.
+    pub estimated_cost_usd: Option<f64>,
+    /// Accuracy of the last evaluation.
+    pub final_accuracy: Option<f64>,
+}
+
+/// Progress bar, log lines and the metrics file of one run.
+pub struct Reporter {
+    metrics: BufWriter<File>,
+    bar: Option<ProgressBar>,
+    metrics_path: PathBuf,
+}
+
+impl Reporter {
+    /// Opens `metrics.jsonl` in `run_dir`; shows a progress bar when `progress` is set and
+    /// stderr is a terminal.
+    pub fn new(run_dir: &Path, progress: bool) -> std::io::Result<Reporter> {
+        std::fs::create_dir_all(run_dir)?;
+        let metrics_path = run_dir.join("metrics.jsonl");
+        let metrics = BufWriter::new(File::create(&metrics_path)?);
+        let bar = (progress && std::io::stderr().is_terminal()).then(|| {
+            let bar = ProgressBar::new(0);
+            bar.set_style(
+                ProgressStyle::with_template(
+                    "{prefix} {bar:30.cyan/blue} {pos}/{len} {per_sec} {msg}",
+                )
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+            );
+            bar
+        });
+        Ok(Reporter {
+            metrics,
+            bar,
+            metrics_path,
+        })
+    }
+
+    /// Where the metrics go.
+    pub fn metrics_path(&self) -> &Path {
+        &self.metrics_path
+    }
+
+    /// Starts the bar of an epoch.
+    pub fn start_epoch(&mut self, epoch: u64, max_epochs: Option<u64>, batches: u64, start: u64) {
+        if let Some(bar) = &self.bar {
+            bar.reset();
+            bar.set_length(batches);
+            bar.set_position(start);
+            bar.set_prefix(match max_epochs {
+                Some(n) => format!("epoch {}/{n}", epoch + 1),
+                None => format!("epoch {}", epoch + 1),
+            });
+        }
+    }
+
+    /// Advances the bar by one batch.
+    pub fn batch_done(&mut self) {
+        if let Some(bar) = &self.bar {
+            bar.inc(1);
+        }
+    }
+
+    /// Records a training metrics line (and shows the loss on the bar).
+    pub fn train_line(&mut self, line: Value) {
+        if let Some(bar) = &self.bar {
+            if let Some(loss) = line.get("loss").and_then(Value::as_f64) {
+                bar.set_message(format!("loss {loss:.4}"));
+            }
+        } else {
+            tracing::info!("{line}");
+        }
+        self.write(json!({"kind": "train", "data": line}));
+    }
+
+    /// Records an evaluation.
+    pub fn eval(&mut self, record: &EvalRecord) {
+        let text = format!(
+            "eval at epoch {} batch {}: accuracy {:.4}, cross-entropy {:.4}",
+            record.epoch, record.batch, record.accuracy, record.cross_entropy
+        );
+        match &self.bar {
+            Some(bar) => bar.println(text),
+            None => tracing::info!("{text}"),
+        }
+        self.write(json!({"kind": "eval", "data": record}));
+    }
+
+    /// Records metrics logged by methods.
+    pub fn method_metrics(&mut self, batch: u64, metrics: &[(String, f64)]) {
+        for (name, value) in metrics {
+            self.write(json!({"kind": "method", "batch": batch, "name": name, "value": value}));
+        }
+    }
+
+    fn write(&mut self, value: Value) {
+        let result = serde_json::to_writer(&mut self.metrics, &value)
+            .map_err(std::io::Error::from)
+            .and_then(|()| self.metrics.write_all(b"\n"));
+        if let Err(e) = result {
+            tracing::warn!("cannot write {}: {e}", self.metrics_path.display());
+        }
+    }
+
+    /// Flushes the metrics file and clears the bar.
+    pub fn finish(&mut self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+        if let Err(e) = self.metrics.flush() {
+            tracing::warn!("cannot write {}: {e}", self.metrics_path.display());
+        }
+    }
+}

@@ -1,0 +1,684 @@
+//! The training and evaluation loops, firing Composer's events in Composer's order
+//! (`shared/reference/composer.md` §1.2).
+
+mod precision;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{bail, Context as _};
+use serde_json::json;
+use tch::{Device, Kind, Reduction, TchError, Tensor};
+use tessera_plugin_api::{TimeInfo, LIBTORCH_VERSION};
+
+pub use precision::AutocastGuard;
+
+use crate::config::{self, Config, OptimizerConfig};
+use crate::data::{self, ImageDataset, Loader, LoaderOptions, Transform};
+use crate::engine::{Algorithm, Batch, Engine, Event, State};
+use crate::model::{InputShape, Model};
+use crate::optim::{self, schedule::Schedule, Optimizer};
+use crate::plugin::Plugin;
+use crate::report::{write_atomic, EvalRecord, PluginRecord, Reporter, RunRecord};
+use crate::time::{RunLength, Time, TimeUnit, Timestamp};
+
+/// The libtorch device for a configured one; fails when CUDA is asked for but unusable.
+pub fn resolve_device(device: config::Device) -> anyhow::Result<Device> {
+    Ok(match device {
+        config::Device::Auto => Device::cuda_if_available(),
+        config::Device::Cpu => Device::Cpu,
+        config::Device::Cuda(i) => {
+            let n = tch::Cuda::device_count();
+            if !tch::Cuda::is_available() || i as i64 >= n {
+                bail!(
+                    "device = \"cuda:{i}\" but {} CUDA device(s) are usable (libtorch {LIBTORCH_VERSION}{})",
+                    if tch::Cuda::is_available() { n } else { 0 },
+                    if env!("TESSERA_LIBTORCH_HAS_CUDA") == "1" { ", built with CUDA" } else { ", built without CUDA" }
+                );
+            }
+            Device::Cuda(i)
+        }
+    })
+}
+
+/// Cross-entropy of `logits` against index targets (N) or probability targets (N, C), as
+/// Composer's `soft_cross_entropy`.
+pub fn cross_entropy(logits: &Tensor, target: &Tensor) -> Result<Tensor, TchError> {
+    if target.is_floating_point() {
+        let log_probs = logits.f_log_softmax(1, Kind::Float)?;
+        let per_sample = log_probs
+            .f_mul(target)?
+            .f_sum_dim_intlist(1, false, Kind::Float)?;
+        per_sample.f_neg()?.f_mean(Kind::Float)
+    } else {
+        logits.f_cross_entropy_loss::<Tensor>(target, None, Reduction::Mean, -100, 0.0)
+    }
+}
+
+fn transforms_of(cfg: &config::TransformsConfig, train: bool) -> Vec<Transform> {
+    let mut out = Vec::new();
+    if train {
+        if let Some(c) = &cfg.random_crop {
+            out.push(Transform::RandomCrop(data::RandomCrop {
+                size: c.size,
+                padding: c.padding,
+            }));
+        }
+        if let Some(f) = &cfg.horizontal_flip {
+            out.push(Transform::HorizontalFlip(data::HorizontalFlip { p: f.p }));
+        }
+    }
+    if let Some(n) = &cfg.normalize {
+        out.push(Transform::Normalize(data::Normalize {
+            mean: n.mean.iter().map(|&v| v as f32).collect(),
+            std: n.std.iter().map(|&v| v as f32).collect(),
+        }));
+    }
+    out
+}
+
+/// Loads (fetching when allowed) the train and test sets named in the config.
+pub fn load_datasets(cfg: &Config) -> anyhow::Result<(ImageDataset, ImageDataset)> {
+    let d = &cfg.data;
+    if let Some(s) = &d.synthetic {
+        let train = ImageDataset::synthetic(
+            cfg.seed, s.samples, s.channels, s.height, s.width, s.classes,
+        )?;
+        let test = ImageDataset::synthetic(
+            cfg.seed.wrapping_add(1),
+            s.eval_samples,
+            s.channels,
+            s.height,
+            s.width,
+            s.classes,
+        )?;
+        return Ok((train, test));
+    }
+    let name = d.dataset.as_str();
+    let root = d.data_dir.clone().unwrap_or_else(data::default_cache_root);
+    if d.fetch {
+        data::fetch(name, &root).with_context(|| format!("fetching dataset `{name}`"))?;
+    }
+    let split = data::load(name, &root).with_context(|| {
+        format!(
+            "loading dataset `{name}` from {} (run `tessera data fetch {name}` first, or set data.fetch = true)",
+            root.display()
+        )
+    })?;
+    Ok((split.train, split.test))
+}
+
+/// A summary of a finished `fit`.
+#[derive(Debug, Clone)]
+pub struct FitSummary {
+    /// The run record also written to `run.json`.
+    pub record: RunRecord,
+}
+
+/// Owns everything a run needs and runs it.
+pub struct Trainer {
+    config: Config,
+    device: Device,
+    model: Model,
+    optimizer: Optimizer,
+    schedule: Schedule,
+    engine: Engine,
+    state: State,
+    train_loader: Loader,
+    eval_loader: Loader,
+    run: RunLength,
+    timestamp: Timestamp,
+    reporter: Reporter,
+    plugins: Vec<PluginRecord>,
+    evals: Vec<EvalRecord>,
+    last_eval_batch: Option<u64>,
+    running_loss: Option<Tensor>,
+    running_batches: u64,
+    train_seconds: f64,
+    started: Instant,
+}
+
+impl Trainer {
+    /// Builds a run from `config`: data, model, methods (plugins named in the config, then
+    /// `extra` built-in methods), optimizer, schedule. Fires `init`, `before_load`,
+    /// `after_load`.
+    pub fn new(config: Config, extra: Vec<Box<dyn Algorithm>>) -> anyhow::Result<Trainer> {
+        let started = Instant::now();
+        let device = resolve_device(config.train.device)?;
+        tch::manual_seed(config.seed as i64);
+        if config.train.threads > 0 {
+            tch::set_num_threads(config.train.threads as i32);
+        }
+
+        let (train_set, test_set) = load_datasets(&config)?;
+        let d = &config.data;
+        let train_loader = Loader::new(
+            Arc::new(train_set),
+            Arc::new(transforms_of(&d.transforms, true)),
+            LoaderOptions {
+                batch_size: d.batch_size,
+                shuffle: d.shuffle,
+                drop_last: d.drop_last,
+                seed: config.seed,
+                workers: d.workers,
+                prefetch: d.prefetch,
+            },
+        )?;
+        let eval_loader = Loader::new(
+            Arc::new(test_set),
+            Arc::new(transforms_of(&d.transforms, false)),
+            LoaderOptions {
+                batch_size: d.eval_batch_size,
+                shuffle: false,
+                drop_last: false,
+                seed: config.seed,
+                workers: d.workers.min(1),
+                prefetch: d.prefetch,
+            },
+        )?;
+        let (c, h, w) = train_loader.sample_shape();
+        let input = InputShape {
+            channels: c as i64,
+            height: h as i64,
+            width: w as i64,
+        };
+        let model = Model::build(
+            &config.model,
+            input,
+            config.model.num_classes as i64,
+            device,
+        )
+        .context("building the model")?;
+
+        let run = RunLength::new(
+            config.train.max_duration,
+            train_loader.batches_per_epoch(),
+            d.batch_size as u64,
+        )?
+        .scaled(config.train.scale_schedule_ratio)?;
+        let schedule = config.scheduler.clone();
+        schedule
+            .check(&run, config.train.scale_schedule_ratio)
+            .map_err(|e| anyhow::anyhow!("[scheduler]: {e}"))?;
+
+        let dirs = crate::plugin::search_dirs(&config.plugins.dirs);
+        let mut algorithms: Vec<(Box<dyn Algorithm>, config::OnError)> = Vec::new();
+        let mut plugins = Vec::new();
+        let mut seen = std::collections::BTreeSet::new();
+        for a in &config.algorithms {
+            if !seen.insert(a.plugin.clone()) {
+                bail!(
+                    "trainer.toml line {}: plugin `{}` is listed twice",
+                    a.line,
+                    a.plugin
+                );
+            }
+            let plugin = Plugin::load_named(&a.plugin, &dirs, a.sha256.as_deref())
+                .with_context(|| format!("[[algorithms]] at line {}", a.line))?;
+            let method = plugin
+                .create(&a.settings_json())
+                .with_context(|| format!("[[algorithms]] at line {}", a.line))?;
+            tracing::info!(
+                "loaded plugin {} {} ({})",
+                plugin.name,
+                plugin.version,
+                plugin.path.display()
+            );
+            plugins.push(PluginRecord {
+                name: plugin.name.clone(),
+                version: plugin.version.clone(),
+                path: plugin.path.clone(),
+                sha256: plugin.sha256.clone(),
+                settings: serde_json::Value::Object(a.settings.clone()),
+            });
+            algorithms.push((Box::new(method), a.on_error));
+        }
+        algorithms.extend(extra.into_iter().map(|a| (a, config::OnError::Stop)));
+        let engine = Engine::new(algorithms);
+        let state = State::new(device, config.seed);
+        let reporter = Reporter::new(&config.run_dir(), config.train.progress)
+            .with_context(|| format!("creating the run folder {}", config.run_dir().display()))?;
+
+        let mut engine = engine;
+        let mut state = state;
+        state.time.batches_per_epoch = run.batches_per_epoch;
+        state.time.max_batches = run.max_batches().unwrap_or(0);
+        state.time.training = true;
+        engine.fire(Event::INIT, &mut state)?;
+        // The optimizer is built after INIT so that it sees any parameters surgery created.
+        let optimizer = build_optimizer(&config, &model);
+        let mut trainer = Trainer {
+            device,
+            model,
+            optimizer,
+            schedule,
+            engine,
+            state,
+            train_loader,
+            eval_loader,
+            run,
+            timestamp: Timestamp::default(),
+            reporter,
+            plugins,
+            evals: Vec::new(),
+            last_eval_batch: None,
+            running_loss: None,
+            running_batches: 0,
+            train_seconds: 0.0,
+            started,
+            config,
+        };
+        trainer.fire(Event::BEFORE_LOAD)?;
+        trainer.fire(Event::AFTER_LOAD)?;
+        Ok(trainer)
+    }
+
+    /// The model.
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+
+    /// The optimizer.
+    pub fn optimizer(&self) -> &Optimizer {
+        &self.optimizer
+    }
+
+    /// The event engine (for per-event counts).
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// The training clock.
+    pub fn timestamp(&self) -> &Timestamp {
+        &self.timestamp
+    }
+
+    /// The training device.
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    /// Evaluations so far.
+    pub fn evals(&self) -> &[EvalRecord] {
+        &self.evals
+    }
+
+    fn time_info(&self, training: bool) -> TimeInfo {
+        let t = &self.timestamp;
+        TimeInfo {
+            epoch: t.epoch,
+            batch: t.batch,
+            sample: t.sample,
+            token: t.token,
+            batch_in_epoch: t.batch_in_epoch,
+            sample_in_epoch: t.sample_in_epoch,
+            token_in_epoch: t.token_in_epoch,
+            batches_per_epoch: self.run.batches_per_epoch,
+            max_batches: self.run.max_batches().unwrap_or(0),
+            elapsed_fraction: self.run.elapsed_fraction(t),
+            training,
+        }
+    }
+
+    fn fire_as(&mut self, event: Event, training: bool) -> anyhow::Result<()> {
+        self.state.time = self.time_info(training);
+        self.engine.fire(event, &mut self.state)?;
+        if !self.state.metrics.is_empty() {
+            let metrics = std::mem::take(&mut self.state.metrics);
+            self.reporter.method_metrics(self.timestamp.batch, &metrics);
+        }
+        Ok(())
+    }
+
+    fn fire(&mut self, event: Event) -> anyhow::Result<()> {
+        self.fire_as(event, true)
+    }
+
+    fn set_scheduled_lr(&mut self) {
+        let multiplier = self.schedule.multiplier(
+            &self.timestamp,
+            &self.run,
+            self.config.train.scale_schedule_ratio,
+        );
+        let lr = self.optimizer.initial_lr() * multiplier;
+        self.optimizer.set_lr(lr);
+    }
+
+    /// Moves a loader batch to the device as the state's batch.
+    fn device_batch(&self, b: data::HostBatch) -> anyhow::Result<Batch> {
+        let [n, c, h, w] = b.input_shape.map(|v| v as i64);
+        let input = Tensor::f_from_slice(&b.input)?
+            .f_view([n, c, h, w])?
+            .f_to_device(self.device)?;
+        let target = Tensor::f_from_slice(&b.target)?.f_to_device(self.device)?;
+        Ok(Batch::new(input, target))
+    }
+
+    /// Trains one batch already in `state.batch`: `before_train_batch`, the microbatch
+    /// loop with its forward/loss/backward events, `after_train_batch`, the optimizer step.
+    pub fn train_batch(&mut self) -> anyhow::Result<()> {
+        self.fire(Event::BEFORE_TRAIN_BATCH)?;
+        self.optimizer.zero_grad();
+        let full = self.state.batch.shallow_clone();
+        let total = full.len();
+        if total == 0 {
+            bail!(
+                "a method emptied the batch at batch {}",
+                self.timestamp.batch
+            );
+        }
+        let microbatch = (self.config.train.microbatch_size as i64).clamp(1, total);
+        let parts = full.split(microbatch)?;
+        let mut batch_loss: Option<Tensor> = None;
+        for part in parts {
+            let size = part.len();
+            self.state.batch = part;
+            self.fire(Event::BEFORE_FORWARD)?;
+            let input = self
+                .state
+                .batch
+                .input()
+                .map(Tensor::shallow_clone)
+                .context("the batch has no `input`")?;
+            let output = {
+                let _autocast = AutocastGuard::new(self.config.train.precision, self.device);
+                self.model.forward(&input, true)?
+            };
+            self.state.output = Some(output);
+            self.fire(Event::AFTER_FORWARD)?;
+            self.fire(Event::BEFORE_LOSS)?;
+            let (output, target) = match (&self.state.output, self.state.batch.target()) {
+                (Some(o), Some(t)) => (o.shallow_clone(), t.shallow_clone()),
+                _ => bail!("the batch has no `target` or the model no output"),
+            };
+            let loss = {
+                let _autocast = AutocastGuard::new(self.config.train.precision, self.device);
+                cross_entropy(&output, &target)?
+            };
+            self.state.loss = Some(loss);
+            self.fire(Event::AFTER_LOSS)?;
+            self.fire(Event::BEFORE_BACKWARD)?;
+            let loss = self.state.loss.as_ref().context("the loss was removed")?;
+            let weight = size as f64 / total as f64;
+            let scaled = loss.f_mul_scalar(weight)?;
+            scaled.f_backward()?;
+            let detached = scaled.f_detach()?;
+            batch_loss = Some(match batch_loss {
+                None => detached,
+                Some(sum) => sum.f_add(&detached)?,
+            });
+            self.fire(Event::AFTER_BACKWARD)?;
+        }
+        self.state.batch = full;
+        self.fire(Event::AFTER_TRAIN_BATCH)?;
+        self.optimizer.step()?;
+        if let Some(loss) = batch_loss {
+            self.running_loss = Some(match self.running_loss.take() {
+                None => loss,
+                Some(sum) => sum.f_add(&loss)?,
+            });
+            self.running_batches += 1;
+        }
+        Ok(())
+    }
+
+    fn due(&self, interval: &Time, previous: &Timestamp, event: Event) -> bool {
+        let unit = interval.unit();
+        let at_epoch = unit == TimeUnit::Epoch;
+        if at_epoch != (event == Event::EPOCH_END) {
+            return false;
+        }
+        let (step_unit, every) = if interval.is_dur() {
+            match self.run.resolve(interval, 1.0) {
+                Ok(t) => (t.unit(), t.count().unwrap_or(0)),
+                Err(_) => return false,
+            }
+        } else {
+            (unit, interval.count().unwrap_or(0))
+        };
+        if every == 0 {
+            return false;
+        }
+        match (previous.get(step_unit), self.timestamp.get(step_unit)) {
+            (Some(before), Some(now)) => before / every != now / every,
+            _ => false,
+        }
+    }
+
+    /// Runs evaluation over the test set, with its events.
+    pub fn evaluate(&mut self) -> anyhow::Result<EvalRecord> {
+        let started = Instant::now();
+        self.fire_as(Event::EVAL_BEFORE_ALL, false)?;
+        self.fire_as(Event::EVAL_START, false)?;
+        let _no_grad = tch::no_grad_guard();
+        let saved_batch = std::mem::take(&mut self.state.batch);
+        let mut correct = Tensor::f_zeros([], (Kind::Int64, self.device))?;
+        let mut loss_sum = Tensor::f_zeros([], (Kind::Double, self.device))?;
+        let mut samples = 0u64;
+        let limit = match self.config.train.eval_subset_batches {
+            0 => u64::MAX,
+            n => n as u64,
+        };
+        for (i, batch) in self.eval_loader.epoch(0, 0).enumerate() {
+            if i as u64 >= limit {
+                break;
+            }
+            let batch = batch?;
+            self.state.batch = self.device_batch(batch)?;
+            self.fire_as(Event::EVAL_BATCH_START, false)?;
+            self.fire_as(Event::EVAL_BEFORE_FORWARD, false)?;
+            let input = self
+                .state
+                .batch
+                .input()
+                .map(Tensor::shallow_clone)
+                .context("no input")?;
+            let output = {
+                let _autocast = AutocastGuard::new(self.config.train.precision, self.device);
+                self.model.forward(&input, false)?
+            };
+            self.state.output = Some(output.shallow_clone());
+            self.fire_as(Event::EVAL_AFTER_FORWARD, false)?;
+            let target = self
+                .state
+                .batch
+                .target()
+                .map(Tensor::shallow_clone)
+                .context("no target")?;
+            let n = target.size().first().copied().unwrap_or(0);
+            let output = output.f_to_kind(Kind::Float)?;
+            let ce =
+                output.f_cross_entropy_loss::<Tensor>(&target, None, Reduction::Sum, -100, 0.0)?;
+            loss_sum = loss_sum.f_add(&ce.f_to_kind(Kind::Double)?)?;
+            let hits = output
+                .f_argmax(1, false)?
+                .f_eq_tensor(&target)?
+                .f_sum(Kind::Int64)?;
+            correct = correct.f_add(&hits)?;
+            samples += n as u64;
+            self.fire_as(Event::EVAL_BATCH_END, false)?;
+        }
+        let denom = samples.max(1) as f64;
+        let record = EvalRecord {
+            epoch: self.timestamp.epoch,
+            batch: self.timestamp.batch,
+            accuracy: correct.f_double_value(&[])? / denom,
+            cross_entropy: loss_sum.f_double_value(&[])? / denom,
+            samples,
+        };
+        self.state.batch = saved_batch;
+        self.state.output = None;
+        self.fire_as(Event::EVAL_END, false)?;
+        self.fire_as(Event::EVAL_AFTER_ALL, false)?;
+        self.reporter.eval(&record);
+        self.evals.push(record.clone());
+        self.last_eval_batch = Some(self.timestamp.batch);
+        tracing::debug!("evaluation took {:.2}s", started.elapsed().as_secs_f64());
+        Ok(record)
+    }
+
+    fn log_train_line(&mut self) -> anyhow::Result<()> {
+        let loss = match self.running_loss.take() {
+            Some(sum) => sum.f_double_value(&[])? / self.running_batches.max(1) as f64,
+            None => return Ok(()),
+        };
+        self.running_batches = 0;
+        let t = &self.timestamp;
+        let line = json!({
+            "epoch": t.epoch,
+            "batch": t.batch,
+            "sample": t.sample,
+            "loss": loss,
+            "lr": self.optimizer.lr(),
+            "samples_per_second": if self.train_seconds > 0.0 { t.sample as f64 / self.train_seconds } else { 0.0 },
+        });
+        if !loss.is_finite() {
+            bail!(
+                "the training loss is {loss} at batch {} (epoch {}); stopping (lower the learning rate or check the data)",
+                t.batch,
+                t.epoch
+            );
+        }
+        self.reporter.train_line(line);
+        Ok(())
+    }
+
+    /// Runs the training loop to `max_duration`, evaluating at `eval_interval` and at the end,
+    /// and writes the run record.
+    pub fn fit(&mut self) -> anyhow::Result<FitSummary> {
+        self.fire(Event::FIT_START)?;
+        self.set_scheduled_lr();
+        let log_every = self.config.train.log_interval;
+        let eval_every = self.config.train.eval_interval;
+        let max_epochs = match self.run.max_duration.unit() {
+            TimeUnit::Epoch => self.run.max_duration.count(),
+            _ => None,
+        };
+        while !self.run.reached(&self.timestamp, &self.run.max_duration) {
+            if self.timestamp.epoch_in_iteration == 0 && self.timestamp.batch_in_epoch == 0 {
+                self.fire(Event::ITERATION_START)?;
+            }
+            if self.timestamp.batch_in_epoch == 0 {
+                self.fire(Event::EPOCH_START)?;
+            }
+            let epoch = self.timestamp.epoch;
+            let start = self.timestamp.batch_in_epoch;
+            self.reporter
+                .start_epoch(epoch, max_epochs, self.run.batches_per_epoch, start);
+            let mut batches = self.train_loader.epoch(epoch, start);
+            let mut finished_early = false;
+            loop {
+                // Training time counts from the request for data to the end of the step.
+                let step_started = Instant::now();
+                self.fire(Event::BEFORE_DATALOADER)?;
+                let Some(host_batch) = batches.next() else {
+                    break;
+                };
+                let host_batch = host_batch?;
+                self.state.batch = self.device_batch(host_batch)?;
+                self.fire(Event::AFTER_DATALOADER)?;
+                let samples = self.state.batch.len() as u64;
+                self.fire(Event::BATCH_START)?;
+                self.train_batch()?;
+                // As in Composer: the schedule is stepped before the clock advances.
+                self.set_scheduled_lr();
+                let previous = self.timestamp.clone();
+                let seconds = step_started.elapsed().as_secs_f64();
+                self.train_seconds += seconds;
+                self.timestamp = self.timestamp.to_next_batch(samples, 0, seconds);
+                self.reporter.batch_done();
+                self.fire(Event::BATCH_END)?;
+                if self.due(&log_every, &previous, Event::BATCH_END) {
+                    self.log_train_line()?;
+                }
+                if self.due(&eval_every, &previous, Event::BATCH_END) {
+                    self.evaluate()?;
+                }
+                self.fire(Event::BATCH_CHECKPOINT)?;
+                if self.run.reached(&self.timestamp, &self.run.max_duration) {
+                    finished_early = true;
+                    break;
+                }
+            }
+            drop(batches);
+            if !finished_early || self.timestamp.batch_in_epoch == self.run.batches_per_epoch {
+                let previous = self.timestamp.clone();
+                self.timestamp = self.timestamp.to_next_epoch();
+                self.fire(Event::EPOCH_END)?;
+                self.log_train_line()?;
+                if self.due(&eval_every, &previous, Event::EPOCH_END) {
+                    self.evaluate()?;
+                }
+                self.fire(Event::EPOCH_CHECKPOINT)?;
+            }
+            if self.run.batches_per_epoch == 0 {
+                bail!("the training set gives no batch (batch_size larger than the set with drop_last = true?)");
+            }
+        }
+        self.fire(Event::FIT_END)?;
+        if self.last_eval_batch != Some(self.timestamp.batch) {
+            self.evaluate()?;
+        }
+        self.log_train_line()?;
+        self.reporter.finish();
+        let record = self.run_record();
+        let path = self.config.run_dir().join("run.json");
+        let text = serde_json::to_vec_pretty(&record)?;
+        write_atomic(&path, &text).with_context(|| format!("writing {}", path.display()))?;
+        Ok(FitSummary { record })
+    }
+
+    fn run_record(&self) -> RunRecord {
+        let wall_seconds = self.started.elapsed().as_secs_f64();
+        let t = &self.timestamp;
+        RunRecord {
+            run_name: self.config.run_name.clone(),
+            tessera_version: env!("CARGO_PKG_VERSION").to_owned(),
+            libtorch_version: LIBTORCH_VERSION.to_owned(),
+            device: format!("{:?}", self.device),
+            config: serde_json::to_value(&self.config).unwrap_or(serde_json::Value::Null),
+            plugins: self.plugins.clone(),
+            evals: self.evals.clone(),
+            epochs: t.epoch,
+            batches: t.batch,
+            samples: t.sample,
+            wall_seconds,
+            train_seconds: self.train_seconds,
+            samples_per_second: if self.train_seconds > 0.0 {
+                t.sample as f64 / self.train_seconds
+            } else {
+                0.0
+            },
+            estimated_cost_usd: self
+                .config
+                .usd_per_hour
+                .map(|usd| usd * wall_seconds / 3600.0),
+            final_accuracy: self.evals.last().map(|e| e.accuracy),
+        }
+    }
+}
+
+fn build_optimizer(config: &Config, model: &Model) -> Optimizer {
+    match &config.optimizer {
+        OptimizerConfig::Sgd(s) => Optimizer::new(
+            optim::Algorithm::Sgd(optim::Sgd {
+                momentum: s.momentum,
+                dampening: s.dampening,
+                nesterov: s.nesterov,
+                weight_decay: s.weight_decay,
+                decoupled_weight_decay: s.decoupled_weight_decay,
+            }),
+            s.lr,
+            &model.params,
+        ),
+        OptimizerConfig::AdamW(a) => Optimizer::new(
+            optim::Algorithm::AdamW(optim::AdamW {
+                betas: (a.betas[0], a.betas[1]),
+                eps: a.eps,
+                weight_decay: a.weight_decay,
+            }),
+            a.lr,
+            &model.params,
+        ),
+    }
+}

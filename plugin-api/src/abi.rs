@@ -1,0 +1,363 @@
+//! The types that cross the boundary between the `tessera` host and a plugin `.so`.
+//!
+//! Everything here is `#[repr(C)]` and derives [`StableAbi`], so abi_stable can check at load time
+//! that host and plugin agree on every layout. Plugin authors rarely touch this module: the safe
+//! layer ([`crate::Method`], [`crate::Context`], [`crate::export_plugin!`]) builds on it.
+//!
+//! # Evolution rules
+//! Within a major version of this crate, only *appending* is allowed: new fields after the last
+//! field of a prefix type ([`PluginModule`], [`HostApi`]), new methods at the end of
+//! [`MethodObject`] (with a default body), new constants of the open "enums" ([`Event`],
+//! [`ErrorKind`]). Removing, reordering or retyping anything is a new major version.
+#![allow(non_local_definitions, non_camel_case_types)]
+
+use std::ffi::c_void;
+
+use abi_stable::{
+    declare_root_module_statics,
+    library::RootModule,
+    package_version_strings, sabi_trait,
+    sabi_types::VersionStrings,
+    std_types::{RBox, ROption, RResult, RStr, RString, RVec},
+    StableAbi,
+};
+
+/// A training event, as in Composer (`composer/core/event.py`), in the order the loop fires them.
+///
+/// This is an open set: a host may fire events a plugin does not know; a plugin only receives
+/// the events it hooks.
+#[repr(transparent)]
+#[derive(StableAbi, Copy, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Event(pub u32);
+
+macro_rules! events {
+    ($($(#[$doc:meta])* $name:ident = $value:literal, $text:literal;)*) => {
+        impl Event {
+            $( $(#[$doc])* pub const $name: Event = Event($value); )*
+            /// Every event, in declaration (and firing) order.
+            pub const ALL: &'static [Event] = &[$(Event::$name),*];
+            /// The event's lowercase name, as Composer spells it (`"after_loss"`).
+            pub fn name(self) -> &'static str {
+                match self.0 {
+                    $($value => $text,)*
+                    _ => "unknown_event",
+                }
+            }
+        }
+    };
+}
+
+events! {
+    /// Once, when the trainer is built; model surgery happens here.
+    INIT = 0, "init";
+    /// Before a checkpoint is loaded.
+    BEFORE_LOAD = 1, "before_load";
+    /// After a checkpoint is loaded (or where it would have been).
+    AFTER_LOAD = 2, "after_load";
+    /// Start of `fit`.
+    FIT_START = 3, "fit_start";
+    /// Start of an iteration (once per run in practice).
+    ITERATION_START = 4, "iteration_start";
+    /// Start of an epoch.
+    EPOCH_START = 5, "epoch_start";
+    /// Before the next batch is taken from the loader.
+    BEFORE_DATALOADER = 6, "before_dataloader";
+    /// After the batch arrived on the device: batch transforms (CutOut, selective backprop).
+    AFTER_DATALOADER = 7, "after_dataloader";
+    /// Start of a batch.
+    BATCH_START = 8, "batch_start";
+    /// Before the forward/backward passes of a batch (once per pass).
+    BEFORE_TRAIN_BATCH = 9, "before_train_batch";
+    /// Before each microbatch's forward.
+    BEFORE_FORWARD = 10, "before_forward";
+    /// After each microbatch's forward; `output` is set.
+    AFTER_FORWARD = 11, "after_forward";
+    /// Before each microbatch's loss.
+    BEFORE_LOSS = 12, "before_loss";
+    /// After each microbatch's loss; `loss` is set.
+    AFTER_LOSS = 13, "after_loss";
+    /// Before each microbatch's backward; `loss` may still be replaced.
+    BEFORE_BACKWARD = 14, "before_backward";
+    /// After each microbatch's backward.
+    AFTER_BACKWARD = 15, "after_backward";
+    /// After all microbatches: gradients are final, the optimizer has not stepped yet.
+    AFTER_TRAIN_BATCH = 16, "after_train_batch";
+    /// After the optimizer step; the timestamp already counts this batch.
+    BATCH_END = 17, "batch_end";
+    /// After `BATCH_END` and any evaluation; a checkpoint may be written.
+    BATCH_CHECKPOINT = 18, "batch_checkpoint";
+    /// End of an epoch; the timestamp already counts it.
+    EPOCH_END = 19, "epoch_end";
+    /// After `EPOCH_END` and any evaluation; a checkpoint may be written.
+    EPOCH_CHECKPOINT = 20, "epoch_checkpoint";
+    /// End of an iteration.
+    ITERATION_END = 21, "iteration_end";
+    /// After `ITERATION_END`.
+    ITERATION_CHECKPOINT = 22, "iteration_checkpoint";
+    /// End of `fit`.
+    FIT_END = 23, "fit_end";
+    /// Before all due evaluators run.
+    EVAL_BEFORE_ALL = 24, "eval_before_all";
+    /// Start of one evaluator's pass.
+    EVAL_START = 25, "eval_start";
+    /// Start of an eval batch.
+    EVAL_BATCH_START = 26, "eval_batch_start";
+    /// Before an eval forward.
+    EVAL_BEFORE_FORWARD = 27, "eval_before_forward";
+    /// After an eval forward.
+    EVAL_AFTER_FORWARD = 28, "eval_after_forward";
+    /// End of an eval batch.
+    EVAL_BATCH_END = 29, "eval_batch_end";
+    /// End of one evaluator's pass.
+    EVAL_END = 30, "eval_end";
+    /// After all due evaluators ran.
+    EVAL_AFTER_ALL = 31, "eval_after_all";
+    /// Start of a standalone evaluation.
+    EVAL_STANDALONE_START = 32, "eval_standalone_start";
+    /// End of a standalone evaluation.
+    EVAL_STANDALONE_END = 33, "eval_standalone_end";
+    /// Start of prediction.
+    PREDICT_START = 34, "predict_start";
+    /// Start of a prediction batch.
+    PREDICT_BATCH_START = 35, "predict_batch_start";
+    /// Before a prediction forward.
+    PREDICT_BEFORE_FORWARD = 36, "predict_before_forward";
+    /// After a prediction forward.
+    PREDICT_AFTER_FORWARD = 37, "predict_after_forward";
+    /// End of a prediction batch.
+    PREDICT_BATCH_END = 38, "predict_batch_end";
+    /// End of prediction.
+    PREDICT_END = 39, "predict_end";
+}
+
+impl Event {
+    /// The event named `name` (`"after_loss"`, case-insensitive), if there is one.
+    pub fn from_name(name: &str) -> Option<Event> {
+        Event::ALL
+            .iter()
+            .copied()
+            .find(|e| e.name().eq_ignore_ascii_case(name))
+    }
+
+    /// Whether methods run in reverse order at this event. As in Composer, these are the
+    /// events whose name starts with `after_`, so that e.g. the last method to change the
+    /// target before the loss is the first to restore it after.
+    pub fn is_after(self) -> bool {
+        self.name().starts_with("after_")
+    }
+}
+
+impl std::fmt::Debug for Event {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::fmt::Display for Event {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// An event a method wants to receive, with its priority there.
+///
+/// At each event the host runs hooked methods by descending priority; methods with equal
+/// priority keep their `trainer.toml` order, reversed at `after_*` events.
+#[repr(C)]
+#[derive(StableAbi, Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Hook {
+    /// The event.
+    pub event: Event,
+    /// Higher runs first; 0 is the default.
+    pub priority: i32,
+}
+
+impl Hook {
+    /// A hook at the default priority 0.
+    pub const fn at(event: Event) -> Hook {
+        Hook { event, priority: 0 }
+    }
+}
+
+/// What kind of failure a [`PluginError`] reports.
+#[repr(transparent)]
+#[derive(StableAbi, Copy, Clone, PartialEq, Eq, Debug)]
+pub struct ErrorKind(pub u32);
+
+impl ErrorKind {
+    /// Anything else.
+    pub const OTHER: ErrorKind = ErrorKind(0);
+    /// The method's settings are invalid.
+    pub const CONFIG: ErrorKind = ErrorKind(1);
+    /// A libtorch operation failed.
+    pub const TORCH: ErrorKind = ErrorKind(2);
+    /// The plugin panicked; the panic was caught at the boundary.
+    pub const PANIC: ErrorKind = ErrorKind(3);
+    /// A host call made by the plugin was refused (e.g. a tensor of the wrong shape).
+    pub const HOST: ErrorKind = ErrorKind(4);
+
+    /// A short lowercase name for messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            ErrorKind::CONFIG => "invalid settings",
+            ErrorKind::TORCH => "libtorch error",
+            ErrorKind::PANIC => "panic",
+            ErrorKind::HOST => "host refused",
+            _ => "error",
+        }
+    }
+}
+
+/// An error returned across the boundary.
+#[repr(C)]
+#[derive(StableAbi, Clone, Debug)]
+pub struct PluginError {
+    /// What kind of failure.
+    pub kind: ErrorKind,
+    /// A message for the user.
+    pub message: RString,
+}
+
+/// An owned libtorch tensor (`at::Tensor*`, tch's `C_tensor*`) crossing the boundary.
+///
+/// Whoever receives a handle owns it and must free it exactly once, normally by turning it into
+/// a `tch::Tensor` with [`TensorHandle::into_tensor`].
+#[repr(transparent)]
+#[derive(StableAbi, Debug)]
+pub struct TensorHandle(*mut c_void);
+
+impl TensorHandle {
+    /// Gives up ownership of `tensor` and returns its handle.
+    pub fn from_tensor(tensor: tch::Tensor) -> TensorHandle {
+        let mut tensor = std::mem::ManuallyDrop::new(tensor);
+        TensorHandle(tensor.as_mut_ptr() as *mut c_void)
+    }
+
+    /// Takes ownership of the tensor behind the handle.
+    ///
+    /// # Safety
+    /// The handle must come from [`TensorHandle::from_tensor`] (on either side of the boundary,
+    /// with the same libtorch) and must not have been converted before.
+    pub unsafe fn into_tensor(self) -> tch::Tensor {
+        tch::Tensor::from_ptr(self.0 as *mut torch_sys::C_tensor)
+    }
+}
+
+/// The host's per-call state, opaque to plugins and only valid during the call it is passed to.
+#[repr(transparent)]
+#[derive(StableAbi, Copy, Clone, Debug)]
+pub struct HostCtx(pub *mut c_void);
+
+/// Counters of the training clock, as seen at the current event (Composer's `Timestamp` plus
+/// the run's length).
+#[repr(C)]
+#[derive(StableAbi, Copy, Clone, Debug, Default, PartialEq)]
+pub struct TimeInfo {
+    /// Completed epochs.
+    pub epoch: u64,
+    /// Completed batches (optimizer steps).
+    pub batch: u64,
+    /// Samples trained on.
+    pub sample: u64,
+    /// Tokens trained on.
+    pub token: u64,
+    /// Completed batches in the current epoch.
+    pub batch_in_epoch: u64,
+    /// Samples in the current epoch.
+    pub sample_in_epoch: u64,
+    /// Tokens in the current epoch.
+    pub token_in_epoch: u64,
+    /// Batches per epoch of the training loader.
+    pub batches_per_epoch: u64,
+    /// The run's length in batches.
+    pub max_batches: u64,
+    /// Fraction of the run done, in `[0, 1]` (Composer's `get_elapsed_duration`).
+    pub elapsed_fraction: f64,
+    /// Whether the current event belongs to a training pass (false during evaluation).
+    pub training: bool,
+}
+
+/// Functions the host offers to plugins. A prefix type: later versions append fields.
+#[repr(C)]
+#[derive(StableAbi)]
+#[sabi(kind(Prefix(prefix_ref = HostApi_Ref)))]
+#[sabi(missing_field(panic))]
+pub struct HostApi {
+    /// The training clock.
+    pub time: extern "C" fn(HostCtx) -> TimeInfo,
+    /// A shallow clone (shares storage) of a batch tensor (`input`, `target`, ...), of the
+    /// model `output`, or of the `loss`; none if there is no such tensor at this event.
+    pub get_tensor: extern "C" fn(HostCtx, key: RStr<'_>) -> ROption<TensorHandle>,
+    /// Replaces a tensor; the host takes ownership and checks device and shape rules.
+    pub set_tensor:
+        extern "C" fn(HostCtx, key: RStr<'_>, value: TensorHandle) -> RResult<(), RString>,
+    /// The next value of the host's seeded random stream (reproducible runs).
+    pub rng_u64: extern "C" fn(HostCtx) -> u64,
+    /// Records a metric (`"label_smoothing/smoothing"`) at the current timestamp.
+    pub log_metric: extern "C" fn(HostCtx, name: RStr<'_>, value: f64),
+    /// Writes a log line; `level`: 0 error, 1 warn, 2 info, 3 debug.
+    #[sabi(last_prefix_field)]
+    pub log: extern "C" fn(HostCtx, level: u32, message: RStr<'_>),
+}
+
+/// What a method receives with each event: the host's function table and its call state.
+#[repr(C)]
+#[derive(StableAbi, Copy, Clone)]
+pub struct HostHandle {
+    /// The function table.
+    pub api: HostApi_Ref,
+    /// The state those functions act on.
+    pub ctx: HostCtx,
+}
+
+/// A method instance, as the host sees it.
+#[sabi_trait]
+pub trait MethodObject: Send {
+    /// Called at each event the plugin hooks.
+    #[sabi(last_prefix_field)]
+    fn on_event(&mut self, event: Event, host: HostHandle) -> RResult<(), PluginError>;
+}
+
+/// An owned method instance.
+pub type MethodBox = MethodObject_TO<'static, RBox<()>>;
+
+/// Describes a plugin; returned by [`PluginModule::info`].
+#[repr(C)]
+#[derive(StableAbi, Clone, Debug)]
+pub struct PluginInfo {
+    /// The method's name, as written in `trainer.toml` (`"label_smoothing"`).
+    pub name: RString,
+    /// The plugin's own version.
+    pub version: RString,
+    /// The version of `tessera-plugin-api` the plugin was built with.
+    pub api_version: RString,
+    /// The libtorch version the plugin was built with; must equal the host's.
+    pub libtorch_version: RString,
+    /// One line saying what the method does.
+    pub description: RString,
+    /// The events the method receives.
+    pub hooks: RVec<Hook>,
+    /// The default settings, as TOML text.
+    pub default_settings: RString,
+}
+
+/// The root module every plugin exports (one per `.so`). A prefix type: later versions append
+/// fields.
+#[repr(C)]
+#[derive(StableAbi)]
+#[sabi(kind(Prefix(prefix_ref = PluginModule_Ref)))]
+#[sabi(missing_field(panic))]
+pub struct PluginModule {
+    /// Describes the plugin.
+    pub info: extern "C" fn() -> PluginInfo,
+    /// Creates a method instance from its settings (a JSON object).
+    #[sabi(last_prefix_field)]
+    pub create: extern "C" fn(settings_json: RStr<'_>) -> RResult<MethodBox, PluginError>,
+}
+
+impl RootModule for PluginModule_Ref {
+    declare_root_module_statics! {PluginModule_Ref}
+    const BASE_NAME: &'static str = "tessera_plugin";
+    const NAME: &'static str = "tessera_plugin";
+    const VERSION_STRINGS: VersionStrings = package_version_strings!();
+}

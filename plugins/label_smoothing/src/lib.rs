@@ -1,0 +1,101 @@
+//! Label smoothing (Szegedy et al. 2015, arXiv:1512.00567), as Composer's `LabelSmoothing`:
+//! before the loss, index targets become `onehot(y)·(1 − ε) + ε/K`; after the loss the original
+//! targets are put back, so metrics and later methods see them unchanged.
+//!
+//! The pure function [`smooth_labels`] is usable from Rust directly (the crate is also an rlib).
+
+use tessera_plugin_api::tch::{Kind, TchError, Tensor};
+use tessera_plugin_api::{export_plugin, Context, Error, Event, Hook, Method, Plugin, Settings};
+
+/// Composer's `smooth_labels`: `targets` of class indices (`logits` shape without dim 1) become
+/// one-hot over `logits.size()[1]` classes (inserted at dim 1), then
+/// `t·(1 − smoothing) + smoothing / num_classes`. Probability targets (same shape as `logits`)
+/// are smoothed as they are.
+pub fn smooth_labels(
+    logits: &Tensor,
+    targets: &Tensor,
+    smoothing: f64,
+) -> Result<Tensor, TchError> {
+    let logits_shape = logits.size();
+    let num_classes = *logits_shape.get(1).ok_or_else(|| {
+        TchError::Shape(format!(
+            "logits need a class dimension, got shape {logits_shape:?}"
+        ))
+    })?;
+    let dense = if targets.size() == logits_shape {
+        targets.f_to_kind(Kind::Float)?
+    } else {
+        let one_hot = targets.f_one_hot(num_classes)?.f_to_kind(Kind::Float)?;
+        // one_hot appends the class dimension last; Composer's layout has it at dim 1.
+        if one_hot.dim() > 2 {
+            one_hot
+                .f_movedim(&[-1i64][..], &[1i64][..])?
+                .f_contiguous()?
+        } else {
+            one_hot
+        }
+    };
+    if dense.size() != logits_shape {
+        return Err(TchError::Shape(format!(
+            "targets of shape {:?} do not match logits of shape {logits_shape:?}",
+            targets.size()
+        )));
+    }
+    dense
+        .f_mul_scalar(1.0 - smoothing)?
+        .f_add_scalar(smoothing / num_classes as f64)
+}
+
+/// The label-smoothing method.
+pub struct LabelSmoothing {
+    smoothing: f64,
+    original_target: Option<Tensor>,
+}
+
+impl Method for LabelSmoothing {
+    fn on_event(&mut self, event: Event, ctx: &mut Context<'_>) -> Result<(), Error> {
+        match event {
+            Event::BEFORE_LOSS => {
+                let output = ctx
+                    .tensor("output")
+                    .ok_or("no model output at before_loss")?;
+                let target = ctx.tensor("target").ok_or("the batch has no `target`")?;
+                let smoothed = smooth_labels(&output, &target, self.smoothing)?;
+                self.original_target = Some(target);
+                ctx.set_tensor("target", smoothed)
+            }
+            Event::AFTER_LOSS => match self.original_target.take() {
+                Some(target) => ctx.set_tensor("target", target),
+                None => Ok(()),
+            },
+            _ => Ok(()),
+        }
+    }
+}
+
+impl Plugin for LabelSmoothing {
+    const NAME: &'static str = "label_smoothing";
+    const VERSION: &'static str = env!("CARGO_PKG_VERSION");
+    const DESCRIPTION: &'static str =
+        "softens one-hot targets to (1-smoothing)·onehot + smoothing/K before the loss";
+    const DEFAULT_SETTINGS: &'static str = "smoothing = 0.1";
+
+    fn hooks() -> Vec<Hook> {
+        vec![Hook::at(Event::BEFORE_LOSS), Hook::at(Event::AFTER_LOSS)]
+    }
+
+    fn create(settings: &Settings) -> Result<Self, Error> {
+        let smoothing = settings.f64_or("smoothing", 0.1)?;
+        if !(0.0..=1.0).contains(&smoothing) {
+            return Err(Error::config(format!(
+                "`smoothing` must be in [0, 1], got {smoothing}"
+            )));
+        }
+        Ok(LabelSmoothing {
+            smoothing,
+            original_target: None,
+        })
+    }
+}
+
+export_plugin!(LabelSmoothing);
