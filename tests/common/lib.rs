@@ -1,1 +1,501 @@
+//! Helpers for the workspace-level integration tests: they run the real `tessera` binary, with
+//! the real plugins, on the real Fashion-MNIST data.
+//!
+//! The tests expect the whole workspace to be built first:
+//!
+//! ```text
+//! cargo build --release --workspace && cargo test --release -p tessera-tests
+//! ```
+//!
+//! and Fashion-MNIST to be cached (`tessera data fetch fashion-mnist`; `TESSERA_DATA` is
+//! respected). Every training run writes into a fresh temporary folder; the binary is run
+//! without `LD_LIBRARY_PATH`, so the tests also prove that its rpath finds libtorch.
 
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+/// The workspace version, which the host and both plugins share.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// How long one `tessera` command may run before the test kills it and fails.
+pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(120);
+
+const BUILD_HINT: &str = "run `cargo build --release --workspace` first (the test script does)";
+
+/// The cargo profile folder holding the binary and the plugins (`target/release`): the parent
+/// of the `deps/` folder this test executable runs from.
+pub fn target_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the path of the running test executable");
+    exe.parent()
+        .and_then(Path::parent)
+        .unwrap_or_else(|| panic!("{} has no grandparent folder", exe.display()))
+        .to_owned()
+}
+
+/// The built `tessera` binary; panics with a hint when it is missing.
+pub fn tessera_bin() -> PathBuf {
+    let path = target_dir().join("tessera");
+    assert!(
+        path.is_file(),
+        "{} is missing: {BUILD_HINT}",
+        path.display()
+    );
+    path
+}
+
+/// The built plugin library `lib<name>.so` in the target folder; panics with a hint when it is
+/// missing.
+pub fn plugin_path(name: &str) -> PathBuf {
+    let path = target_dir().join(format!("lib{name}.so"));
+    assert!(
+        path.is_file(),
+        "plugin {} is missing: {BUILD_HINT}",
+        path.display()
+    );
+    path
+}
+
+/// sha256 of a file, as 64 lower-case hex digits.
+pub fn sha256_hex(path: &Path) -> String {
+    let bytes =
+        std::fs::read(path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    Sha256::digest(&bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The dataset cache root the binary uses: `$TESSERA_DATA`, else
+/// `$XDG_CACHE_HOME/tessera/data` (when absolute), else `~/.cache/tessera/data`.
+pub fn data_root() -> PathBuf {
+    let set = |key: &str| {
+        std::env::var_os(key)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    if let Some(root) = set("TESSERA_DATA") {
+        return root;
+    }
+    if let Some(xdg) = set("XDG_CACHE_HOME").filter(|p| p.is_absolute()) {
+        return xdg.join("tessera").join("data");
+    }
+    set("HOME")
+        .unwrap_or_default()
+        .join(".cache")
+        .join("tessera")
+        .join("data")
+}
+
+/// Panics with a hint unless Fashion-MNIST is cached and verified. Training configs written by
+/// [`TrainerToml`] set `fetch = false`, so a test never downloads anything.
+pub fn require_fashion_mnist() {
+    let dir = data_root().join("fashion-mnist");
+    assert!(
+        dir.join("VERIFIED").is_file(),
+        "Fashion-MNIST is not cached in {}: run `target/release/tessera data fetch fashion-mnist` \
+         (it honours TESSERA_DATA) first",
+        dir.display()
+    );
+}
+
+/// A fresh temporary folder, removed when dropped — unless the test is failing, in which case
+/// it is kept (and its path printed) for inspection.
+pub struct TempDir {
+    path: PathBuf,
+}
+
+impl TempDir {
+    /// Creates `<tmp>/tessera-tests-<pid>-<n>-<label>`.
+    pub fn new(label: &str) -> TempDir {
+        static COUNTER: AtomicUsize = AtomicUsize::new(0);
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!(
+            "tessera-tests-{}-{n}-{label}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path)
+            .unwrap_or_else(|e| panic!("cannot create {}: {e}", path.display()));
+        TempDir { path }
+    }
+
+    /// The folder.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// `path/name`.
+    pub fn join(&self, name: &str) -> PathBuf {
+        self.path.join(name)
+    }
+
+    /// Writes `text` to `path/name` and returns that path.
+    pub fn write(&self, name: &str, text: &str) -> PathBuf {
+        let path = self.join(name);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).expect("create the parent folder");
+        }
+        std::fs::write(&path, text)
+            .unwrap_or_else(|e| panic!("cannot write {}: {e}", path.display()));
+        path
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("test failed; kept {}", self.path.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.path);
+        }
+    }
+}
+
+/// A `trainer.toml` for a short Fashion-MNIST run, built as text so that tests know every line.
+#[derive(Clone, Debug)]
+pub struct TrainerToml {
+    /// `run_name`; the run folder is `<toml folder>/runs/<run_name>`.
+    pub run_name: String,
+    /// `seed`.
+    pub seed: u64,
+    /// `[model]` body lines.
+    pub model: String,
+    /// `[optimizer]` body lines.
+    pub optimizer: String,
+    /// `train.max_duration`.
+    pub max_duration: String,
+    /// `train.device`, when set.
+    pub device: Option<String>,
+    /// `[plugins] dirs`.
+    pub plugin_dirs: Vec<PathBuf>,
+    /// Each `[[algorithms]]` entry's body lines (`plugin = "..."` first).
+    pub algorithms: Vec<String>,
+}
+
+impl TrainerToml {
+    /// 3 batches of 64 of a small CNN with SGD, evaluated on one batch of 500 at the end;
+    /// plugins searched in the target folder; no algorithms.
+    pub fn new(run_name: &str) -> TrainerToml {
+        TrainerToml {
+            run_name: run_name.to_owned(),
+            seed: 7,
+            model: "name = \"cnn\"\nwidth = 8".to_owned(),
+            optimizer: "name = \"sgd\"\nlr = 0.05\nmomentum = 0.9".to_owned(),
+            max_duration: "3ba".to_owned(),
+            device: None,
+            plugin_dirs: vec![target_dir()],
+            algorithms: Vec::new(),
+        }
+    }
+
+    /// Adds an `[[algorithms]]` entry for `plugin` with extra body lines.
+    pub fn algorithm(mut self, plugin: &str, settings: &str) -> TrainerToml {
+        let mut body = format!("plugin = \"{plugin}\"");
+        if !settings.is_empty() {
+            body.push('\n');
+            body.push_str(settings);
+        }
+        self.algorithms.push(body);
+        self
+    }
+
+    /// Both real plugins, as in the example: label smoothing 0.1, one CutOut hole of 0.25.
+    pub fn with_both_plugins(self) -> TrainerToml {
+        self.algorithm("label_smoothing", "smoothing = 0.1")
+            .algorithm("cutout", "num_holes = 1\nlength = 0.25")
+    }
+
+    /// The file's text.
+    pub fn render(&self) -> String {
+        let dirs: Vec<String> = self
+            .plugin_dirs
+            .iter()
+            .map(|d| toml_string(&d.display().to_string()))
+            .collect();
+        let device = self
+            .device
+            .as_deref()
+            .map(|d| format!("device = {}\n", toml_string(d)))
+            .unwrap_or_default();
+        let mut text = format!(
+            r#"# written by tessera-tests
+run_name = "{run_name}"
+seed = {seed}
+output_dir = "runs"
+
+[data]
+dataset = "fashion-mnist"
+fetch = false
+batch_size = 64
+eval_batch_size = 500
+workers = 0
+
+[data.transforms]
+normalize = {{ mean = [0.2860], std = [0.3530] }}
+
+[model]
+{model}
+
+[optimizer]
+{optimizer}
+
+[train]
+max_duration = "{max_duration}"
+eval_interval = "1ep"
+eval_subset_batches = 1
+log_interval = "1ba"
+progress = false
+{device}
+[plugins]
+dirs = [{dirs}]
+"#,
+            run_name = self.run_name,
+            seed = self.seed,
+            model = self.model,
+            optimizer = self.optimizer,
+            max_duration = self.max_duration,
+            dirs = dirs.join(", "),
+        );
+        for a in &self.algorithms {
+            text.push_str("\n[[algorithms]]\n");
+            text.push_str(a);
+            text.push('\n');
+        }
+        text
+    }
+
+    /// Writes the file as `dir/trainer.toml` and returns its path.
+    pub fn write_to(&self, dir: &TempDir) -> PathBuf {
+        dir.write("trainer.toml", &self.render())
+    }
+}
+
+/// A TOML basic string holding `s`.
+pub fn toml_string(s: &str) -> String {
+    serde_json::Value::String(s.to_owned()).to_string()
+}
+
+/// The 1-based number of the first line of `text` that contains `needle`.
+pub fn line_of(text: &str, needle: &str) -> usize {
+    text.lines()
+        .position(|l| l.contains(needle))
+        .unwrap_or_else(|| panic!("no line contains {needle:?} in:\n{text}"))
+        + 1
+}
+
+/// What a `tessera` command did.
+#[derive(Debug)]
+pub struct Output {
+    /// The command line, for messages.
+    pub command: String,
+    /// Exit status.
+    pub status: ExitStatus,
+    /// Standard output.
+    pub stdout: String,
+    /// Standard error.
+    pub stderr: String,
+}
+
+impl Output {
+    /// The whole output, for assertion messages.
+    pub fn dump(&self) -> String {
+        format!(
+            "$ {}\n{}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            self.command, self.status, self.stdout, self.stderr
+        )
+    }
+
+    /// Panics unless the command exited with 0.
+    pub fn assert_success(&self) -> &Output {
+        assert!(self.status.success(), "expected success:\n{}", self.dump());
+        self
+    }
+
+    /// Panics unless the command failed with exit code 1 and its stderr has every fragment.
+    /// Returns the stderr's `error:` line.
+    pub fn assert_failure(&self, fragments: &[&str]) -> String {
+        assert_eq!(
+            self.status.code(),
+            Some(1),
+            "expected exit code 1:\n{}",
+            self.dump()
+        );
+        let line = self
+            .stderr
+            .lines()
+            .find(|l| l.starts_with("error: "))
+            .unwrap_or_else(|| panic!("no `error: ` line in stderr:\n{}", self.dump()))
+            .to_owned();
+        for f in fragments {
+            assert!(
+                line.contains(f),
+                "the error line lacks {f:?}:\n{line}\n\n{}",
+                self.dump()
+            );
+        }
+        assert!(
+            !self.stderr.contains("panicked"),
+            "tessera panicked:\n{}",
+            self.dump()
+        );
+        line
+    }
+}
+
+/// Runs `tessera args...` in `cwd` with `env` added, without `LD_LIBRARY_PATH` (the binary's
+/// rpath must find libtorch), `TESSERA_PLUGIN_PATH` and the fake plugin's variables unless
+/// given, and kills it after [`COMMAND_TIMEOUT`].
+pub fn tessera(args: &[&str], cwd: &Path, env: &[(&str, &str)]) -> Output {
+    let bin = tessera_bin();
+    let mut cmd = Command::new(&bin);
+    cmd.args(args)
+        .current_dir(cwd)
+        .env_remove("LD_LIBRARY_PATH")
+        .env_remove("TESSERA_PLUGIN_PATH")
+        .env_remove("TESSERA_FAKE_API_VERSION")
+        .env_remove("TESSERA_FAKE_LIBTORCH_VERSION")
+        .env_remove("TESSERA_LOG")
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let command = format!("tessera {}", args.join(" "));
+    let mut child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", bin.display()));
+    let reader = |mut pipe: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            let _ = pipe.read_to_end(&mut bytes);
+            String::from_utf8_lossy(&bytes).into_owned()
+        })
+    };
+    let stdout = reader(Box::new(child.stdout.take().expect("piped stdout")));
+    let stderr = reader(Box::new(child.stderr.take().expect("piped stderr")));
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for tessera") {
+            break status;
+        }
+        if started.elapsed() > COMMAND_TIMEOUT {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "`{command}` ran longer than {COMMAND_TIMEOUT:?}; killed. stderr so far:\n{}",
+                stderr.join().unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Output {
+        command,
+        status,
+        stdout: stdout.join().expect("stdout reader"),
+        stderr: stderr.join().expect("stderr reader"),
+    }
+}
+
+/// `tessera train <dir>/trainer.toml --set ...` in `dir`.
+pub fn train(dir: &TempDir, overrides: &[&str], env: &[(&str, &str)]) -> Output {
+    require_fashion_mnist();
+    let config = dir.join("trainer.toml");
+    let config = config.to_str().expect("a UTF-8 temp path");
+    let mut args = vec!["train", config];
+    for o in overrides {
+        args.push("--set");
+        args.push(o);
+    }
+    tessera(&args, dir.path(), env)
+}
+
+/// The run folder of run `run_name` whose trainer.toml is in `dir`.
+pub fn run_dir(dir: &TempDir, run_name: &str) -> PathBuf {
+    dir.join("runs").join(run_name)
+}
+
+/// Parses a JSON file.
+pub fn read_json(path: &Path) -> Value {
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{} is not JSON: {e}", path.display()))
+}
+
+/// Parses a JSON-lines file, one value per non-empty line.
+pub fn read_jsonl(path: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(path)
+        .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .enumerate()
+        .map(|(i, l)| {
+            serde_json::from_str(l).unwrap_or_else(|e| {
+                panic!("{} line {} is not JSON: {e}: {l}", path.display(), i + 1)
+            })
+        })
+        .collect()
+}
+
+/// Copies a real system shared library that is certainly not a Tessera plugin (libz, liblzma,
+/// ...) to `dest`. Found through `ldconfig -p`, then in the usual library folders.
+pub fn copy_foreign_shared_library(dest: &Path) {
+    const NAMES: [&str; 5] = [
+        "libz.so.1",
+        "liblzma.so.5",
+        "libbz2.so.1.0",
+        "libzstd.so.1",
+        "libexpat.so.1",
+    ];
+    let mut candidates: Vec<PathBuf> = Vec::new();
+    for ldconfig in ["ldconfig", "/sbin/ldconfig", "/usr/sbin/ldconfig"] {
+        if let Ok(out) = Command::new(ldconfig).arg("-p").output() {
+            let text = String::from_utf8_lossy(&out.stdout);
+            for name in NAMES {
+                for line in text.lines() {
+                    let line = line.trim();
+                    if line.starts_with(&format!("{name} "))
+                        && (!cfg!(target_arch = "x86_64") || line.contains("x86-64"))
+                    {
+                        if let Some((_, path)) = line.split_once("=> ") {
+                            candidates.push(PathBuf::from(path.trim()));
+                        }
+                    }
+                }
+            }
+            break;
+        }
+    }
+    for dir in [
+        "/lib/x86_64-linux-gnu",
+        "/usr/lib/x86_64-linux-gnu",
+        "/usr/lib64",
+        "/lib64",
+        "/usr/lib",
+    ] {
+        candidates.extend(NAMES.iter().map(|n| Path::new(dir).join(n)));
+    }
+    let source = candidates
+        .into_iter()
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| panic!("no system shared library among {NAMES:?} to copy"));
+    std::fs::copy(&source, dest).unwrap_or_else(|e| {
+        panic!(
+            "cannot copy {} to {}: {e}",
+            source.display(),
+            dest.display()
+        )
+    });
+}
+
+/// The `kind == "eval"` / `"train"` / `"method"` lines of a metrics file.
+pub fn lines_of_kind<'a>(lines: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    lines.iter().filter(|l| l["kind"] == kind).collect()
+}

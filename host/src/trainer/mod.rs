@@ -422,6 +422,27 @@ impl Trainer {
         Ok(())
     }
 
+    /// One training step on a batch already on the device, from `after_dataloader` to
+    /// `batch_end`: the batch's events, forward/backward over its microbatches, the optimizer
+    /// step, the schedule and the clock. `started` is when the step began (for wall-clock time
+    /// and throughput). Returns the timestamp before the step.
+    pub fn step(&mut self, batch: Batch, started: Instant) -> anyhow::Result<Timestamp> {
+        self.state.batch = batch;
+        self.fire(Event::AFTER_DATALOADER)?;
+        let samples = self.state.batch.len() as u64;
+        self.fire(Event::BATCH_START)?;
+        self.train_batch()?;
+        // As in Composer: the schedule is stepped before the clock advances.
+        self.set_scheduled_lr();
+        let previous = self.timestamp.clone();
+        let seconds = started.elapsed().as_secs_f64();
+        self.train_seconds += seconds;
+        self.timestamp = self.timestamp.to_next_batch(samples, 0, seconds);
+        self.reporter.batch_done();
+        self.fire(Event::BATCH_END)?;
+        Ok(previous)
+    }
+
     fn due(&self, interval: &Time, previous: &Timestamp, event: Event) -> bool {
         let unit = interval.unit();
         let at_epoch = unit == TimeUnit::Epoch;
@@ -574,20 +595,8 @@ impl Trainer {
                 let Some(host_batch) = batches.next() else {
                     break;
                 };
-                let host_batch = host_batch?;
-                self.state.batch = self.device_batch(host_batch)?;
-                self.fire(Event::AFTER_DATALOADER)?;
-                let samples = self.state.batch.len() as u64;
-                self.fire(Event::BATCH_START)?;
-                self.train_batch()?;
-                // As in Composer: the schedule is stepped before the clock advances.
-                self.set_scheduled_lr();
-                let previous = self.timestamp.clone();
-                let seconds = step_started.elapsed().as_secs_f64();
-                self.train_seconds += seconds;
-                self.timestamp = self.timestamp.to_next_batch(samples, 0, seconds);
-                self.reporter.batch_done();
-                self.fire(Event::BATCH_END)?;
+                let batch = self.device_batch(host_batch?)?;
+                let previous = self.step(batch, step_started)?;
                 if self.due(&log_every, &previous, Event::BATCH_END) {
                     self.log_train_line()?;
                 }

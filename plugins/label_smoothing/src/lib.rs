@@ -7,10 +7,18 @@
 use tessera_plugin_api::tch::{Kind, TchError, Tensor};
 use tessera_plugin_api::{export_plugin, Context, Error, Event, Hook, Method, Plugin, Settings};
 
-/// Composer's `smooth_labels`: `targets` of class indices (`logits` shape without dim 1) become
-/// one-hot over `logits.size()[1]` classes (inserted at dim 1), then
-/// `t·(1 − smoothing) + smoothing / num_classes`. Probability targets (same shape as `logits`)
-/// are smoothed as they are.
+/// Composer's `smooth_labels` (`composer/algorithms/label_smoothing/label_smoothing.py`).
+///
+/// `logits` has shape `(N, C, d_1, ..., d_K)`; only its shape is used (`C = logits.size()[1]`).
+/// `targets` is either
+/// - class indices of shape `(N, d_1, ..., d_K)` (any integer kind), turned one-hot with the
+///   class dimension inserted at dim 1, as Composer's `ensure_targets_one_hot`; as there, a
+///   negative index (e.g. an `ignore_index` of −100) gives an all-zero one-hot row, and an index
+///   `>= C` is an error; or
+/// - probabilities of the same shape as `logits`, used as they are.
+///
+/// The result is float32 `t·(1 − smoothing) + smoothing / C`: each one-hot row sums to 1, with
+/// values `smoothing / C` and `1 − smoothing + smoothing / C`.
 pub fn smooth_labels(
     logits: &Tensor,
     targets: &Tensor,
@@ -24,16 +32,14 @@ pub fn smooth_labels(
     })?;
     let dense = if targets.size() == logits_shape {
         targets.f_to_kind(Kind::Float)?
+    } else if targets.dim() + 1 == logits_shape.len() {
+        one_hot_at_dim1(targets, num_classes)?
     } else {
-        let one_hot = targets.f_one_hot(num_classes)?.f_to_kind(Kind::Float)?;
-        // one_hot appends the class dimension last; Composer's layout has it at dim 1.
-        if one_hot.dim() > 2 {
-            one_hot
-                .f_movedim(&[-1i64][..], &[1i64][..])?
-                .f_contiguous()?
-        } else {
-            one_hot
-        }
+        return Err(TchError::Shape(format!(
+            "targets of shape {:?} are neither class indices nor probabilities for logits of \
+             shape {logits_shape:?}",
+            targets.size()
+        )));
     };
     if dense.size() != logits_shape {
         return Err(TchError::Shape(format!(
@@ -44,6 +50,33 @@ pub fn smooth_labels(
     dense
         .f_mul_scalar(1.0 - smoothing)?
         .f_add_scalar(smoothing / num_classes as f64)
+}
+
+/// Composer's `_one_hot(targets, num_classes, dim=1)` as float32: negative indices give all-zero
+/// rows; indices `>= num_classes` are an error (raised by libtorch's `one_hot`).
+fn one_hot_at_dim1(targets: &Tensor, num_classes: i64) -> Result<Tensor, TchError> {
+    if !matches!(
+        targets.kind(),
+        Kind::Uint8 | Kind::Int8 | Kind::Int16 | Kind::Int | Kind::Int64
+    ) {
+        return Err(TchError::Kind(format!(
+            "index targets must be of an integer kind, got {:?}",
+            targets.kind()
+        )));
+    }
+    let index = targets.f_to_kind(Kind::Int64)?;
+    let kept = index.f_ge(0)?.f_unsqueeze(-1)?;
+    let one_hot = index
+        .f_clamp_min(0)?
+        .f_one_hot(num_classes)?
+        .f_mul(&kept)?
+        .f_to_kind(Kind::Float)?;
+    // one_hot appends the class dimension last; Composer's layout has it at dim 1.
+    if one_hot.dim() > 2 {
+        one_hot.f_movedim(&[-1i64][..], &[1i64][..])?.f_contiguous()
+    } else {
+        Ok(one_hot)
+    }
 }
 
 /// The label-smoothing method.
