@@ -4,7 +4,9 @@ use serde_json::Value;
 use tessera_tests::*;
 
 fn is_sha256(s: &str) -> bool {
-    s.len() == 64 && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    s.len() == 64
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 /// Checks run.json and metrics.jsonl of a finished run; returns run.json.
@@ -22,7 +24,11 @@ fn check_run(dir: &TempDir, run_name: &str, batches: u64, plugins: &[&str]) -> V
     assert_eq!(record["batches"], batches, "{record:#}");
     assert_eq!(record["samples"], batches * 64, "{record:#}");
 
-    let recorded: Vec<&Value> = record["plugins"].as_array().expect("plugins").iter().collect();
+    let recorded: Vec<&Value> = record["plugins"]
+        .as_array()
+        .expect("plugins")
+        .iter()
+        .collect();
     assert_eq!(recorded.len(), plugins.len(), "{record:#}");
     for (p, name) in recorded.iter().zip(plugins) {
         let so = plugin_path(name);
@@ -57,7 +63,10 @@ fn check_run(dir: &TempDir, run_name: &str, batches: u64, plugins: &[&str]) -> V
         let loss = l["data"]["loss"].as_f64().expect("a loss");
         assert!(loss.is_finite() && loss > 0.0, "{l}");
     }
-    assert_eq!(train.last().expect("a train line")["data"]["batch"], batches);
+    assert_eq!(
+        train.last().expect("a train line")["data"]["batch"],
+        batches
+    );
     let eval = lines_of_kind(&lines, "eval");
     assert_eq!(eval.len(), evals.len(), "{lines:?}");
     assert_eq!(eval.last().expect("an eval line")["data"], *last);
@@ -110,7 +119,10 @@ fn set_overrides_change_the_run() {
         &[],
     );
     out.assert_success();
-    assert!(!run_dir(&dir, "base").exists(), "the overridden run_name was ignored");
+    assert!(
+        !run_dir(&dir, "base").exists(),
+        "the overridden run_name was ignored"
+    );
     let record = check_run(&dir, "overridden", 2, &["label_smoothing", "cutout"]);
     let config = &record["config"];
     assert_eq!(config["train"]["max_duration"], "2ba", "{config:#}");

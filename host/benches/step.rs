@@ -131,7 +131,8 @@ impl ResNet20 {
         for b in &self.blocks {
             y = b.forward(&y, train);
         }
-        y.mean_dim(&[2i64, 3][..], false, Kind::Float).apply(&self.fc)
+        y.mean_dim(&[2i64, 3][..], false, Kind::Float)
+            .apply(&self.fc)
     }
 }
 
@@ -158,7 +159,10 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 fn main() {
@@ -220,9 +224,20 @@ fn main() {
     let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
     let (mean_ours, mean_theirs) = (mean(&ours), mean(&theirs));
     let (med_ours, med_theirs) = (median(&mut ours), median(&mut theirs));
-    println!("ResNet-20, batch {BATCH}, 3x32x32, SGD momentum 0.9, fp32, CPU, {} threads", tch::get_num_threads());
-    println!("tessera step:      median {:7.1} ms  mean {:7.1} ms  ({n_ours} steps)", med_ours * 1e3, mean_ours * 1e3);
-    println!("minimal tch loop:  median {:7.1} ms  mean {:7.1} ms  ({n_theirs} steps)", med_theirs * 1e3, mean_theirs * 1e3);
+    println!(
+        "ResNet-20, batch {BATCH}, 3x32x32, SGD momentum 0.9, fp32, CPU, {} threads",
+        tch::get_num_threads()
+    );
+    println!(
+        "tessera step:      median {:7.1} ms  mean {:7.1} ms  ({n_ours} steps)",
+        med_ours * 1e3,
+        mean_ours * 1e3
+    );
+    println!(
+        "minimal tch loop:  median {:7.1} ms  mean {:7.1} ms  ({n_theirs} steps)",
+        med_theirs * 1e3,
+        mean_theirs * 1e3
+    );
     println!(
         "ratio tessera/minimal: median {:.3}  mean {:.3}",
         med_ours / med_theirs,

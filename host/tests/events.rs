@@ -29,7 +29,14 @@ impl Algorithm for Counter {
     }
 }
 
-fn synthetic_config(dir: &Path, epochs: u64, samples: usize, batch: usize, microbatch: usize, eval_samples: usize) -> config::Config {
+fn synthetic_config(
+    dir: &Path,
+    epochs: u64,
+    samples: usize,
+    batch: usize,
+    microbatch: usize,
+    eval_samples: usize,
+) -> config::Config {
     let text = format!(
         r#"
 run_name = "events"
@@ -66,7 +73,8 @@ progress = false
 #[test]
 fn event_counts_match_composer() {
     let dir = std::env::temp_dir().join(format!("tessera-events-{}", std::process::id()));
-    let (epochs, samples, batch, microbatch, eval_samples) = (2u64, 64usize, 16usize, 4usize, 40usize);
+    let (epochs, samples, batch, microbatch, eval_samples) =
+        (2u64, 64usize, 16usize, 4usize, 40usize);
     let cfg = synthetic_config(&dir, epochs, samples, batch, microbatch, eval_samples);
     let seen = Arc::new(Mutex::new(BTreeMap::new()));
     let order = Arc::new(Mutex::new(Vec::new()));
@@ -118,22 +126,46 @@ fn event_counts_match_composer() {
     ];
     let seen = seen.lock().unwrap();
     for (event, count) in expected {
-        assert_eq!(seen.get(&event).copied().unwrap_or(0), count, "method saw {event} wrong number of times");
-        assert_eq!(trainer.engine().count(event), count, "engine fired {event} wrong number of times");
+        assert_eq!(
+            seen.get(&event).copied().unwrap_or(0),
+            count,
+            "method saw {event} wrong number of times"
+        );
+        assert_eq!(
+            trainer.engine().count(event),
+            count,
+            "engine fired {event} wrong number of times"
+        );
     }
-    for e in [Event::EVAL_STANDALONE_START, Event::PREDICT_START, Event::PREDICT_END] {
+    for e in [
+        Event::EVAL_STANDALONE_START,
+        Event::PREDICT_START,
+        Event::PREDICT_END,
+    ] {
         assert_eq!(seen.get(&e).copied().unwrap_or(0), 0);
     }
 
     // The order inside one step and around an epoch boundary, as composer.md §1.2 lists it.
     let order = order.lock().unwrap();
-    let start = order.iter().position(|e| *e == Event::AFTER_DATALOADER).unwrap();
+    let start = order
+        .iter()
+        .position(|e| *e == Event::AFTER_DATALOADER)
+        .unwrap();
     assert_eq!(
         &order[start..start + 4],
-        &[Event::AFTER_DATALOADER, Event::BATCH_START, Event::BEFORE_TRAIN_BATCH, Event::BEFORE_FORWARD]
+        &[
+            Event::AFTER_DATALOADER,
+            Event::BATCH_START,
+            Event::BEFORE_TRAIN_BATCH,
+            Event::BEFORE_FORWARD
+        ]
     );
     let epoch_end = order.iter().position(|e| *e == Event::EPOCH_END).unwrap();
-    assert_eq!(order[epoch_end - 1], Event::BEFORE_DATALOADER, "the exhausted loader's extra before_dataloader");
+    assert_eq!(
+        order[epoch_end - 1],
+        Event::BEFORE_DATALOADER,
+        "the exhausted loader's extra before_dataloader"
+    );
     assert_eq!(
         &order[epoch_end..epoch_end + 3],
         &[Event::EPOCH_END, Event::EVAL_BEFORE_ALL, Event::EVAL_START]

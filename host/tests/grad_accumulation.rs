@@ -40,7 +40,11 @@ progress = false
 "#,
         out = dir.display()
     );
-    Trainer::new(config::from_str(&text, dir, "acc.toml").unwrap(), Vec::new()).unwrap()
+    Trainer::new(
+        config::from_str(&text, dir, "acc.toml").unwrap(),
+        Vec::new(),
+    )
+    .unwrap()
 }
 
 fn grads(t: &Trainer) -> Vec<(String, Tensor)> {
@@ -61,23 +65,48 @@ fn one_by_128_equals_four_by_32() {
     let mut whole = trainer(&dir, 128);
     let mut split = trainer(&dir, 32);
     // Same seed, same init.
-    for (a, b) in whole.model().params.entries().iter().zip(split.model().params.entries()) {
+    for (a, b) in whole
+        .model()
+        .params
+        .entries()
+        .iter()
+        .zip(split.model().params.entries())
+    {
         assert!(a.tensor.equal(&b.tensor), "{} differs at init", a.name);
     }
-    whole.step(Batch::new(input.copy(), target.copy()), Instant::now()).unwrap();
-    split.step(Batch::new(input.copy(), target.copy()), Instant::now()).unwrap();
-    assert_eq!(split.engine().count(tessera::engine::Event::BEFORE_FORWARD), 4);
-    assert_eq!(whole.engine().count(tessera::engine::Event::BEFORE_FORWARD), 1);
+    whole
+        .step(Batch::new(input.copy(), target.copy()), Instant::now())
+        .unwrap();
+    split
+        .step(Batch::new(input.copy(), target.copy()), Instant::now())
+        .unwrap();
+    assert_eq!(
+        split.engine().count(tessera::engine::Event::BEFORE_FORWARD),
+        4
+    );
+    assert_eq!(
+        whole.engine().count(tessera::engine::Event::BEFORE_FORWARD),
+        1
+    );
 
     let (g1, g4) = (grads(&whole), grads(&split));
     assert_eq!(g1.len(), 6);
     for ((name, a), (_, b)) in g1.iter().zip(&g4) {
         let diff = (a - b).abs().max().double_value(&[]);
         let scale = a.abs().max().double_value(&[]).max(1e-12);
-        assert!(diff <= 1e-5 * scale + 1e-7, "{name}: max diff {diff} (scale {scale})");
+        assert!(
+            diff <= 1e-5 * scale + 1e-7,
+            "{name}: max diff {diff} (scale {scale})"
+        );
     }
     // And so are the weights after the step.
-    for (a, b) in whole.model().params.entries().iter().zip(split.model().params.entries()) {
+    for (a, b) in whole
+        .model()
+        .params
+        .entries()
+        .iter()
+        .zip(split.model().params.entries())
+    {
         let diff = (&a.tensor - &b.tensor).abs().max().double_value(&[]);
         assert!(diff < 1e-6, "{}: {diff}", a.name);
     }

@@ -81,6 +81,8 @@
 
 pub mod abi;
 mod settings;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 use std::marker::PhantomData;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -353,9 +355,9 @@ pub fn root_module<P: Plugin>() -> PluginModule_Ref {
     .leak_into_prefix()
 }
 
-/// Calls one method instance of a plugin directly, without a `.so` in between — for tests of a
-/// plugin crate and for the host's built-in methods.
-#[doc(hidden)]
+/// Creates a method instance of plugin `P` directly, without a `.so` in between, wrapped exactly
+/// as the host receives it (panics caught, unknown settings rejected). For a plugin's own tests
+/// (see the `testing` feature) and for Rust programs that call methods in-process.
 pub fn boxed_method<P: Plugin>(settings: &Settings) -> Result<MethodBox, Error> {
     let method = P::create(settings)?;
     settings.reject_unused()?;

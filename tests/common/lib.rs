@@ -11,6 +11,8 @@
 //! respected). Every training run writes into a fresh temporary folder; the binary is run
 //! without `LD_LIBRARY_PATH`, so the tests also prove that its rpath finds libtorch.
 
+pub mod golden;
+
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
@@ -115,10 +117,8 @@ impl TempDir {
     pub fn new(label: &str) -> TempDir {
         static COUNTER: AtomicUsize = AtomicUsize::new(0);
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        let path = std::env::temp_dir().join(format!(
-            "tessera-tests-{}-{n}-{label}",
-            std::process::id()
-        ));
+        let path =
+            std::env::temp_dir().join(format!("tessera-tests-{}-{n}-{label}", std::process::id()));
         let _ = std::fs::remove_dir_all(&path);
         std::fs::create_dir_all(&path)
             .unwrap_or_else(|e| panic!("cannot create {}: {e}", path.display()));

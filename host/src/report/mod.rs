@@ -100,6 +100,8 @@ pub struct Reporter {
     metrics: BufWriter<File>,
     bar: Option<ProgressBar>,
     metrics_path: PathBuf,
+    last_loss: Option<f64>,
+    last_accuracy: Option<f64>,
 }
 
 impl Reporter {
@@ -112,10 +114,8 @@ impl Reporter {
         let bar = (progress && std::io::stderr().is_terminal()).then(|| {
             let bar = ProgressBar::new(0);
             bar.set_style(
-                ProgressStyle::with_template(
-                    "{prefix} {bar:30.cyan/blue} {pos}/{len} {per_sec} {msg}",
-                )
-                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+                ProgressStyle::with_template("{prefix} {bar:30.cyan/blue} {pos}/{len} {msg}")
+                    .unwrap_or_else(|_| ProgressStyle::default_bar()),
             );
             bar
         });
@@ -123,6 +123,8 @@ impl Reporter {
             metrics,
             bar,
             metrics_path,
+            last_loss: None,
+            last_accuracy: None,
         })
     }
 
@@ -144,20 +146,25 @@ impl Reporter {
         }
     }
 
-    /// Advances the bar by one batch.
-    pub fn batch_done(&mut self) {
+    /// Advances the bar by one batch; shows throughput, the last logged loss and accuracy.
+    pub fn batch_done(&mut self, samples_per_second: f64) {
         if let Some(bar) = &self.bar {
+            let mut msg = format!("{:.0} img/s", samples_per_second);
+            if let Some(loss) = self.last_loss {
+                msg.push_str(&format!(" loss {loss:.4}"));
+            }
+            if let Some(acc) = self.last_accuracy {
+                msg.push_str(&format!(" | eval acc {acc:.4}"));
+            }
+            bar.set_message(msg);
             bar.inc(1);
         }
     }
 
     /// Records a training metrics line (and shows the loss on the bar).
     pub fn train_line(&mut self, line: Value) {
-        if let Some(bar) = &self.bar {
-            if let Some(loss) = line.get("loss").and_then(Value::as_f64) {
-                bar.set_message(format!("loss {loss:.4}"));
-            }
-        } else {
+        self.last_loss = line.get("loss").and_then(Value::as_f64);
+        if self.bar.is_none() {
             tracing::info!("{line}");
         }
         self.write(json!({"kind": "train", "data": line}));
@@ -169,6 +176,7 @@ impl Reporter {
             "eval at epoch {} batch {}: accuracy {:.4}, cross-entropy {:.4}",
             record.epoch, record.batch, record.accuracy, record.cross_entropy
         );
+        self.last_accuracy = Some(record.accuracy);
         match &self.bar {
             Some(bar) => bar.println(text),
             None => tracing::info!("{text}"),

@@ -438,7 +438,8 @@ impl Trainer {
         let seconds = started.elapsed().as_secs_f64();
         self.train_seconds += seconds;
         self.timestamp = self.timestamp.to_next_batch(samples, 0, seconds);
-        self.reporter.batch_done();
+        self.reporter
+            .batch_done(self.timestamp.sample as f64 / self.train_seconds.max(1e-9));
         self.fire(Event::BATCH_END)?;
         Ok(previous)
     }

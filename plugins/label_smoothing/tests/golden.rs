@@ -4,12 +4,11 @@
 //! `<what>[_<variant>]/s=<smoothing>` (`smoothed/s=0.1`, `loss_kdim/s=0.1`, ...); their inputs
 //! are `logits[_<variant>]` and `target[_<variant>]` (or `<variant>_target`).
 
-mod support;
-
 use label_smoothing::{smooth_labels, LabelSmoothing};
-use support::{assert_close, default_settings_json, settings, FakeHost, Golden, Rng};
 use tessera_plugin_api::tch::{Kind, Reduction, Tensor};
+use tessera_plugin_api::testing::{RandomSource, TestHost};
 use tessera_plugin_api::{boxed_method, ErrorKind, Event, Hook, Plugin};
+use tessera_tests::golden::{assert_close, default_settings_json, settings, Golden};
 
 const CASE: &str = "label_smoothing";
 const RTOL: f64 = 1e-6;
@@ -25,7 +24,10 @@ fn soft_cross_entropy(logits: &Tensor, target: &Tensor) -> Tensor {
         .sum_dim_intlist(1, false, Kind::Float);
     let num_examples = xentropy.numel() as f64;
     let total_prob = target.sum(Kind::Float);
-    assert!(total_prob.double_value(&[]) > 0.0, "no target has probability");
+    assert!(
+        total_prob.double_value(&[]) > 0.0,
+        "no target has probability"
+    );
     xentropy.mean(Kind::Float) * (total_prob.reciprocal() * num_examples)
 }
 
@@ -34,7 +36,7 @@ fn parse_key(key: &str) -> (String, Option<String>, f64) {
     let (head, params) = key
         .split_once('/')
         .unwrap_or_else(|| panic!("output `{key}` has no `/s=<smoothing>` part"));
-    let params = support::parse_params(params);
+    let params = tessera_tests::golden::parse_params(params);
     let s = params
         .get("s")
         .unwrap_or_else(|| panic!("output `{key}` names no smoothing `s=`"))
@@ -75,7 +77,11 @@ fn every_golden_output_is_reproduced() {
         let (logits, target) = inputs(&g, variant.as_deref());
         let ours = smooth_labels(logits, target, s)
             .unwrap_or_else(|e| panic!("{key}: smooth_labels failed: {e}"));
-        assert_eq!(ours.kind(), Kind::Float, "{key}: smoothed targets are float32");
+        assert_eq!(
+            ours.kind(),
+            Kind::Float,
+            "{key}: smoothed targets are float32"
+        );
         let want = g.tensor(key);
         match what.as_str() {
             "smoothed" => {
@@ -150,13 +156,22 @@ fn smoothed_rows_are_distributions_with_the_stated_bounds() {
         let (logits, target) = inputs(&g, variant.as_deref());
         let sm = smooth_labels(logits, target, s).unwrap();
         let sums = sm.sum_dim_intlist(1, false, Kind::Double);
-        assert_close(&format!("{key} row sums"), &sums, &sums.ones_like(), 1e-6, 0.0);
+        assert_close(
+            &format!("{key} row sums"),
+            &sums,
+            &sums.ones_like(),
+            1e-6,
+            0.0,
+        );
         if target.size() != logits.size() {
             let c = logits.size()[1] as f64;
             let (lo, hi) = (s / c, 1.0 - s + s / c);
             let (min, max) = (sm.min().double_value(&[]), sm.max().double_value(&[]));
             assert!((min - lo).abs() <= 1e-6, "{key}: min {min} != s/C = {lo}");
-            assert!((max - hi).abs() <= 1e-6, "{key}: max {max} != 1-s+s/C = {hi}");
+            assert!(
+                (max - hi).abs() <= 1e-6,
+                "{key}: max {max} != 1-s+s/C = {hi}"
+            );
         }
     }
 }
@@ -210,9 +225,10 @@ fn method_smooths_before_the_loss_and_restores_after() {
             continue;
         }
         let (logits, target) = inputs(&g, variant.as_deref());
-        let mut method = boxed_method::<LabelSmoothing>(&settings(&format!(r#"{{"smoothing": {s}}}"#)))
-            .unwrap_or_else(|e| panic!("smoothing {s}: {e}"));
-        let mut host = FakeHost::new(Rng::Seeded(0))
+        let mut method =
+            boxed_method::<LabelSmoothing>(&settings(&format!(r#"{{"smoothing": {s}}}"#)))
+                .unwrap_or_else(|e| panic!("smoothing {s}: {e}"));
+        let mut host = TestHost::new(RandomSource::Seeded(0))
             .with("output", logits)
             .with("target", target);
         host.fire(&mut method, Event::BEFORE_LOSS).unwrap();
@@ -220,7 +236,10 @@ fn method_smooths_before_the_loss_and_restores_after() {
         host.fire(&mut method, Event::AFTER_LOSS).unwrap();
         let restored = host.get("target");
         assert_eq!(restored.kind(), target.kind(), "{key}: restored kind");
-        assert!(restored.equal(target), "{key}: the original target is restored");
+        assert!(
+            restored.equal(target),
+            "{key}: the original target is restored"
+        );
         // A second AFTER_LOSS without BEFORE_LOSS leaves the target alone.
         host.fire(&mut method, Event::AFTER_LOSS).unwrap();
         assert!(host.get("target").equal(target));
@@ -240,15 +259,21 @@ fn defaults_match_default_settings_and_the_golden_case() {
     let (logits, target) = inputs(&g, None);
     let run = |json: &str| {
         let mut method = boxed_method::<LabelSmoothing>(&settings(json)).unwrap();
-        let mut host = FakeHost::new(Rng::Seeded(0))
+        let mut host = TestHost::new(RandomSource::Seeded(0))
             .with("output", logits)
             .with("target", target);
         host.fire(&mut method, Event::BEFORE_LOSS).unwrap();
         host.get("target").copy()
     };
     let empty = run("{}");
-    assert!(empty.equal(&run(&defaults)), "empty settings = DEFAULT_SETTINGS");
-    assert!(empty.equal(&run("null")), "null settings = DEFAULT_SETTINGS");
+    assert!(
+        empty.equal(&run(&defaults)),
+        "empty settings = DEFAULT_SETTINGS"
+    );
+    assert!(
+        empty.equal(&run("null")),
+        "null settings = DEFAULT_SETTINGS"
+    );
     assert!(empty.equal(&smooth_labels(logits, target, smoothing).unwrap()));
     if let Some(key) = g
         .names_with_role("output")
@@ -261,7 +286,12 @@ fn defaults_match_default_settings_and_the_golden_case() {
 
 #[test]
 fn settings_are_validated() {
-    for ok in ["{}", r#"{"smoothing": 0}"#, r#"{"smoothing": 1}"#, r#"{"smoothing": 0.5}"#] {
+    for ok in [
+        "{}",
+        r#"{"smoothing": 0}"#,
+        r#"{"smoothing": 1}"#,
+        r#"{"smoothing": 0.5}"#,
+    ] {
         LabelSmoothing::create(&settings(ok)).unwrap_or_else(|e| panic!("{ok}: {e}"));
         boxed_method::<LabelSmoothing>(&settings(ok)).unwrap_or_else(|e| panic!("{ok}: {e}"));
     }
@@ -292,11 +322,12 @@ fn settings_are_validated() {
 fn method_reports_missing_tensors() {
     let mut method = boxed_method::<LabelSmoothing>(&settings("{}")).unwrap();
     let logits = Tensor::zeros([2, 3], (Kind::Float, tessera_plugin_api::tch::Device::Cpu));
-    let mut host = FakeHost::new(Rng::Seeded(0)).with("output", &logits);
+    let mut host = TestHost::new(RandomSource::Seeded(0)).with("output", &logits);
     let err = host.fire(&mut method, Event::BEFORE_LOSS).unwrap_err();
     assert!(err.contains("target"), "{err}");
     let mut method = boxed_method::<LabelSmoothing>(&settings("{}")).unwrap();
-    let mut host = FakeHost::new(Rng::Seeded(0)).with("target", &Tensor::from_slice(&[0i64, 1]));
+    let mut host =
+        TestHost::new(RandomSource::Seeded(0)).with("target", &Tensor::from_slice(&[0i64, 1]));
     let err = host.fire(&mut method, Event::BEFORE_LOSS).unwrap_err();
     assert!(err.contains("output"), "{err}");
 }

@@ -1,21 +1,12 @@
-//! Test support shared by this crate's integration tests: the golden-file loader and a minimal
-//! in-process host that drives a plugin's `Method` through its events.
-//!
-//! (The same file lives in `plugins/label_smoothing/tests/support` and
-//! `plugins/cutout/tests/support`; each plugin crate stays self-contained.)
-#![allow(dead_code)]
+//! Composer's golden outputs (`shared/golden/`, beside the repository): loading a case's JSON
+//! description and its tensors, and comparing results. Used by the plugin crates' golden tests.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::ffi::c_void;
+use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::OnceLock;
 
 use serde_json::Value;
-use tessera_plugin_api::abi::{HostApi, HostApi_Ref, HostCtx, HostHandle, TensorHandle};
-use tessera_plugin_api::abi_stable::prefix_type::PrefixTypeTrait;
-use tessera_plugin_api::abi_stable::std_types::{ROption, RResult, RStr, RString};
 use tessera_plugin_api::tch::{Kind, Tensor};
-use tessera_plugin_api::{Event, Settings, TimeInfo};
+use tessera_plugin_api::Settings;
 
 // ------------------------------------------------------------------------------------------
 // Golden files
@@ -26,7 +17,10 @@ use tessera_plugin_api::{Event, Settings, TimeInfo};
 pub fn golden_dir(case: &str) -> PathBuf {
     let dir = match std::env::var_os("TESSERA_GOLDEN_DIR") {
         Some(dir) => PathBuf::from(dir),
-        None => PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/golden")),
+        None => PathBuf::from(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../shared/golden"
+        )),
     };
     for ext in ["json", "safetensors"] {
         let file = dir.join(format!("{case}.{ext}"));
@@ -57,7 +51,12 @@ impl Golden {
             .unwrap_or_else(|e| panic!("reading {}: {e}", json_path.display()));
         let json: Value = serde_json::from_str(&text)
             .unwrap_or_else(|e| panic!("parsing {}: {e}", json_path.display()));
-        assert_eq!(json["case"], case, "{} is not the `{case}` case", json_path.display());
+        assert_eq!(
+            json["case"],
+            case,
+            "{} is not the `{case}` case",
+            json_path.display()
+        );
         let st_path = dir.join(format!("{case}.safetensors"));
         let tensors: BTreeMap<String, Tensor> = Tensor::read_safetensors(&st_path)
             .unwrap_or_else(|e| panic!("reading {}: {e}", st_path.display()))
@@ -75,8 +74,14 @@ impl Golden {
             let shape: Vec<i64> = serde_json::from_value(entry["shape"].clone())
                 .unwrap_or_else(|e| panic!("{name}: bad shape in JSON: {e}"));
             assert_eq!(t.size(), shape, "{name}: shape differs from the JSON");
-            let dtype = entry["dtype"].as_str().unwrap_or_else(|| panic!("{name}: no dtype"));
-            assert_eq!(kind_name(t.kind()), dtype, "{name}: dtype differs from the JSON");
+            let dtype = entry["dtype"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{name}: no dtype"));
+            assert_eq!(
+                kind_name(t.kind()),
+                dtype,
+                "{name}: dtype differs from the JSON"
+            );
         }
         golden
     }
@@ -175,139 +180,3 @@ pub fn default_settings_json(toml: &str) -> String {
 pub fn settings(json: &str) -> Settings {
     Settings::from_json(json).unwrap_or_else(|e| panic!("settings {json}: {e}"))
 }
-
-// ------------------------------------------------------------------------------------------
-// A minimal host
-// ------------------------------------------------------------------------------------------
-
-/// Where the fake host's random numbers come from.
-pub enum Rng {
-    /// SplitMix64 from a seed.
-    Seeded(u64),
-    /// Exactly these values, in order; then zeros, counted in [`FakeHost::overdrawn`] (a panic
-    /// must not unwind out of an `extern "C"` host function).
-    Scripted(VecDeque<u64>),
-}
-
-/// One SplitMix64 step.
-pub fn splitmix64(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
-
-/// The host state a method sees through its `Context`: named tensors, an RNG, logged metrics.
-pub struct FakeHost {
-    pub tensors: HashMap<String, Tensor>,
-    pub rng: Rng,
-    pub metrics: Vec<(String, f64)>,
-    /// Random numbers handed out.
-    pub draws: usize,
-    /// Random numbers asked for after a scripted stream ran out.
-    pub overdrawn: usize,
-}
-
-impl FakeHost {
-    pub fn new(rng: Rng) -> FakeHost {
-        FakeHost {
-            tensors: HashMap::new(),
-            rng,
-            metrics: Vec::new(),
-            draws: 0,
-            overdrawn: 0,
-        }
-    }
-
-    pub fn with(mut self, key: &str, t: &Tensor) -> FakeHost {
-        self.tensors.insert(key.to_owned(), t.copy());
-        self
-    }
-
-    pub fn get(&self, key: &str) -> &Tensor {
-        self.tensors
-            .get(key)
-            .unwrap_or_else(|| panic!("the host has no `{key}`"))
-    }
-
-    /// A handle over `self` for one plugin call; valid while `self` is borrowed.
-    pub fn handle(&mut self) -> HostHandle {
-        HostHandle {
-            api: api(),
-            ctx: HostCtx(self as *mut FakeHost as *mut c_void),
-        }
-    }
-
-    /// Sends `event` to a boxed method (as the host does, through the ABI adapter).
-    pub fn fire(
-        &mut self,
-        method: &mut tessera_plugin_api::abi::MethodBox,
-        event: Event,
-    ) -> Result<(), String> {
-        let handle = self.handle();
-        match method.on_event(event, handle) {
-            RResult::ROk(()) => Ok(()),
-            RResult::RErr(e) => Err(e.message.into_string()),
-        }
-    }
-}
-
-fn api() -> HostApi_Ref {
-    static API: OnceLock<HostApi_Ref> = OnceLock::new();
-    *API.get_or_init(|| {
-        HostApi {
-            time,
-            get_tensor,
-            set_tensor,
-            rng_u64,
-            log_metric,
-            log,
-        }
-        .leak_into_prefix()
-    })
-}
-
-fn host<'a>(ctx: HostCtx) -> &'a mut FakeHost {
-    // SAFETY: `ctx` was made by `FakeHost::handle` from a `&mut FakeHost` borrowed for the call.
-    unsafe { &mut *(ctx.0 as *mut FakeHost) }
-}
-
-extern "C" fn time(_ctx: HostCtx) -> TimeInfo {
-    TimeInfo {
-        training: true,
-        ..TimeInfo::default()
-    }
-}
-
-extern "C" fn get_tensor(ctx: HostCtx, key: RStr<'_>) -> ROption<TensorHandle> {
-    match host(ctx).tensors.get(key.as_str()) {
-        Some(t) => ROption::RSome(TensorHandle::from_tensor(t.shallow_clone())),
-        None => ROption::RNone,
-    }
-}
-
-extern "C" fn set_tensor(ctx: HostCtx, key: RStr<'_>, value: TensorHandle) -> RResult<(), RString> {
-    // SAFETY: the plugin made the handle with `TensorHandle::from_tensor` and gave it up.
-    let value = unsafe { value.into_tensor() };
-    host(ctx).tensors.insert(key.as_str().to_owned(), value);
-    RResult::ROk(())
-}
-
-extern "C" fn rng_u64(ctx: HostCtx) -> u64 {
-    let h = host(ctx);
-    h.draws += 1;
-    match &mut h.rng {
-        Rng::Seeded(state) => splitmix64(state),
-        Rng::Scripted(values) => values.pop_front().unwrap_or_else(|| {
-            h.overdrawn += 1;
-            0
-        }),
-    }
-}
-
-extern "C" fn log_metric(ctx: HostCtx, name: RStr<'_>, value: f64) {
-    host(ctx).metrics.push((name.as_str().to_owned(), value));
-}
-
-extern "C" fn log(_ctx: HostCtx, _level: u32, _message: RStr<'_>) {}

@@ -1,0 +1,182 @@
+//! The non-training commands of the `tessera` binary.
+
+use tessera_tests::*;
+
+#[test]
+fn version_names_tessera_libtorch_and_cuda() {
+    let dir = TempDir::new("version");
+    let out = tessera(&["--version"], dir.path(), &[]);
+    out.assert_success();
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(
+        lines.first().copied(),
+        Some(format!("tessera {VERSION}").as_str()),
+        "{}",
+        out.dump()
+    );
+    assert!(
+        lines.iter().any(|l| l.starts_with("libtorch 2.13.0")),
+        "{}",
+        out.dump()
+    );
+    assert!(lines.contains(&"plugin-api 1.0.0"), "{}", out.dump());
+    let cuda = lines
+        .iter()
+        .find(|l| l.starts_with("cuda "))
+        .unwrap_or_else(|| panic!("no cuda line:\n{}", out.dump()));
+    assert!(
+        cuda.starts_with("cuda available (") || cuda.starts_with("cuda not available ("),
+        "{cuda}"
+    );
+    // -V is the same.
+    let short = tessera(&["-V"], dir.path(), &[]);
+    short.assert_success();
+    assert_eq!(short.stdout, out.stdout);
+}
+
+#[test]
+fn no_command_is_an_error() {
+    let dir = TempDir::new("no-command");
+    tessera(&[], dir.path(), &[]).assert_failure(&["no command given", "tessera --help"]);
+}
+
+#[test]
+fn plugins_list_shows_both_plugins() {
+    let dir = TempDir::new("list");
+    let target = target_dir();
+    let out = tessera(
+        &[
+            "plugins",
+            "list",
+            "--dir",
+            target.to_str().expect("UTF-8 path"),
+        ],
+        dir.path(),
+        &[],
+    );
+    out.assert_success();
+    let text = &out.stdout;
+    for (name, events) in [
+        ("label_smoothing", "before_loss, after_loss"),
+        ("cutout", "after_dataloader"),
+    ] {
+        let so = plugin_path(name);
+        let header = format!("{name} {VERSION}\n");
+        let start = text
+            .find(&header)
+            .unwrap_or_else(|| panic!("no {header:?} in:\n{}", out.dump()));
+        let block: String = text[start..].lines().take(6).collect::<Vec<_>>().join("\n");
+        assert!(
+            block.contains(&format!("  events:     {events}")),
+            "{block}"
+        );
+        assert!(
+            block.contains(&format!("  sha256:     {}", sha256_hex(&so))),
+            "{block}"
+        );
+        assert!(
+            block.contains("  plugin-api: 1.0.0, libtorch 2.13.0"),
+            "{block}"
+        );
+        assert!(
+            block.contains(&format!("  path:       {}", so.display())),
+            "{block}"
+        );
+    }
+    assert!(!text.contains("skipped"), "{}", out.dump());
+}
+
+#[test]
+fn plugins_list_of_an_empty_folder_says_so() {
+    let dir = TempDir::new("list-empty");
+    let out = tessera(
+        &[
+            "plugins",
+            "list",
+            "--dir",
+            dir.path().to_str().expect("UTF-8 path"),
+        ],
+        dir.path(),
+        &[],
+    );
+    out.assert_success();
+    assert!(out.stdout.is_empty(), "{}", out.dump());
+    assert!(
+        out.stderr.contains("no plugin files (*.so) in: "),
+        "{}",
+        out.dump()
+    );
+}
+
+#[test]
+fn plugins_inspect_shows_default_settings() {
+    let dir = TempDir::new("inspect");
+    for (name, defaults) in [
+        ("label_smoothing", &["    smoothing = 0.1"][..]),
+        (
+            "cutout",
+            &[
+                "    num_holes = 1",
+                "    length = 0.5",
+                "    uniform_sampling = false",
+            ][..],
+        ),
+    ] {
+        let so = plugin_path(name);
+        let out = tessera(
+            &["plugins", "inspect", so.to_str().expect("UTF-8 path")],
+            dir.path(),
+            &[],
+        );
+        out.assert_success();
+        assert!(
+            out.stdout.starts_with(&format!("{name} {VERSION}\n")),
+            "{}",
+            out.dump()
+        );
+        let (_, settings) = out
+            .stdout
+            .split_once("  default settings:\n")
+            .unwrap_or_else(|| panic!("no default settings:\n{}", out.dump()));
+        let settings: Vec<&str> = settings.lines().collect();
+        assert_eq!(settings, defaults, "{}", out.dump());
+    }
+}
+
+#[test]
+fn data_fetch_of_cached_fashion_mnist_succeeds() {
+    require_fashion_mnist();
+    let dir = TempDir::new("fetch");
+    let out = tessera(&["data", "fetch", "fashion-mnist"], dir.path(), &[]);
+    out.assert_success();
+    let expected = format!(
+        "fashion-mnist: verified in {}",
+        data_root().join("fashion-mnist").display()
+    );
+    assert!(out.stderr.contains(&expected), "{}", out.dump());
+    assert!(out.stderr.contains("already cached"), "{}", out.dump());
+}
+
+#[test]
+fn data_fetch_of_an_unknown_dataset_fails() {
+    let dir = TempDir::new("fetch-unknown");
+    let out = tessera(
+        &[
+            "data",
+            "fetch",
+            "cifar-1000",
+            "--dir",
+            dir.path().to_str().expect("UTF-8"),
+        ],
+        dir.path(),
+        &[],
+    );
+    out.assert_failure(&["unknown dataset `cifar-1000`", "fashion-mnist", "mnist"]);
+    assert!(
+        std::fs::read_dir(dir.path())
+            .expect("read")
+            .next()
+            .is_none(),
+        "an unknown dataset left files behind"
+    );
+}
