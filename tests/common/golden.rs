@@ -17,10 +17,7 @@ use tessera_plugin_api::Settings;
 pub fn golden_dir(case: &str) -> PathBuf {
     let dir = match std::env::var_os("TESSERA_GOLDEN_DIR") {
         Some(dir) => PathBuf::from(dir),
-        None => PathBuf::from(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../shared/golden"
-        )),
+        None => PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/golden")),
     };
     for ext in ["json", "safetensors"] {
         let file = dir.join(format!("{case}.{ext}"));
