@@ -19,7 +19,8 @@ fn version_names_tessera_libtorch_and_cuda() {
         "{}",
         out.dump()
     );
-    assert!(lines.contains(&"plugin-api 1.0.0"), "{}", out.dump());
+    let api = format!("plugin-api {}", tessera_plugin_api::API_VERSION);
+    assert!(lines.contains(&api.as_str()), "{}", out.dump());
     let cuda = lines
         .iter()
         .find(|l| l.starts_with("cuda "))
@@ -75,7 +76,10 @@ fn plugins_list_shows_both_plugins() {
             "{block}"
         );
         assert!(
-            block.contains("  plugin-api: 1.0.0, libtorch 2.13.0"),
+            block.contains(&format!(
+                "  plugin-api: {}, libtorch 2.13.0",
+                tessera_plugin_api::API_VERSION
+            )),
             "{block}"
         );
         assert!(

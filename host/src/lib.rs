@@ -3,7 +3,7 @@
 //! One folder per concern: `config` (trainer.toml), `time` (Time, Timestamp, durations),
 //! `data` (datasets, loaders, transforms, fetching), `model` (module tree and zoo), `optim`
 //! (optimizers, schedules), `engine` (events and dispatch), `plugin` (loading plugins, the
-//! host side of the ABI), `trainer` (the loops), `report` (progress, metrics, run records).
+//! host side of the ABI), `precision` (autocast), `trainer` (the loops), `report` (progress, metrics, run records).
 
 pub mod config;
 pub mod data;
@@ -11,6 +11,7 @@ pub mod engine;
 pub mod model;
 pub mod optim;
 pub mod plugin;
+pub mod precision;
 pub mod report;
 pub mod time;
 pub mod trainer;

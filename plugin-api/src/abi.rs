@@ -281,7 +281,6 @@ pub struct TimeInfo {
 #[repr(C)]
 #[derive(StableAbi)]
 #[sabi(kind(Prefix(prefix_ref = HostApi_Ref)))]
-#[sabi(missing_field(panic))]
 pub struct HostApi {
     /// The training clock.
     pub time: extern "C" fn(HostCtx) -> TimeInfo,
@@ -298,7 +297,117 @@ pub struct HostApi {
     /// Writes a log line; `level`: 0 error, 1 warn, 2 info, 3 debug.
     #[sabi(last_prefix_field)]
     pub log: extern "C" fn(HostCtx, level: u32, message: RStr<'_>),
+
+    // ---- 1.1: appended; accessors return `None` in a 1.0 host ----
+    /// The names of the current batch's tensors.
+    pub batch_keys: extern "C" fn(HostCtx) -> RVec<RString>,
+    /// Replaces several batch tensors at once. Together they may change the batch size: after
+    /// the call every batch tensor must have the same first dimension.
+    pub set_batch: extern "C" fn(HostCtx, entries: RVec<NamedTensor>) -> RResult<(), RString>,
+    /// Runs the model on `input` (under the run's precision), with or without gradient.
+    pub forward:
+        extern "C" fn(HostCtx, input: TensorHandle, grad: bool) -> RResult<TensorHandle, RString>,
+    /// The training loss of `output` against `target`; per sample (shape `(N,)`) or reduced.
+    pub loss: extern "C" fn(
+        HostCtx,
+        output: TensorHandle,
+        target: TensorHandle,
+        per_sample: bool,
+    ) -> RResult<TensorHandle, RString>,
+    /// The model's module tree, depth first.
+    pub modules: extern "C" fn(HostCtx) -> RVec<ModuleInfo>,
+    /// Replaces the module at `path` by `module`; the old module's tensors leave the model and
+    /// `tensors` (named relative to `path`, e.g. `conv.weight`) join it: those that require a
+    /// gradient as parameters (trained, checkpointed), the others as buffers. Only at `init`.
+    pub replace_module: extern "C" fn(
+        HostCtx,
+        path: RStr<'_>,
+        module: ModuleBox,
+        tensors: RVec<NamedTensor>,
+    ) -> RResult<(), RString>,
+    /// Every parameter and buffer of the model.
+    pub parameters: extern "C" fn(HostCtx) -> RVec<ParamInfo>,
+    /// The parameter or buffer `name`, sharing storage (in-place edits change the model).
+    pub parameter: extern "C" fn(HostCtx, name: RStr<'_>) -> ROption<TensorHandle>,
+    /// Freezes or unfreezes a parameter: `requires_grad` and optimizer membership together.
+    pub set_trainable:
+        extern "C" fn(HostCtx, name: RStr<'_>, trainable: bool) -> RResult<(), RString>,
+    /// The learning rate the next optimizer step uses.
+    pub lr: extern "C" fn(HostCtx) -> f64,
+    /// Multiplies the learning rate of the next optimizer step by `factor`.
+    pub scale_lr: extern "C" fn(HostCtx, factor: f64),
+    /// At `after_train_batch`: run forward and backward over the batch once more before the
+    /// optimizer steps (SAM); the train-batch events fire again.
+    pub request_extra_pass: extern "C" fn(HostCtx) -> RResult<(), RString>,
+    /// Which forward/backward pass of the current step this is (0 first, 1 after one extra
+    /// pass, ...).
+    pub pass_index: extern "C" fn(HostCtx) -> u32,
+    /// Whether a checkpoint will be written at the current `*_checkpoint` event.
+    pub checkpoint_pending: extern "C" fn(HostCtx) -> bool,
 }
+
+/// A tensor with a name (an owned handle).
+#[repr(C)]
+#[derive(StableAbi, Debug)]
+pub struct NamedTensor {
+    /// The name.
+    pub name: RString,
+    /// The tensor.
+    pub tensor: TensorHandle,
+}
+
+/// A parameter or buffer of the model.
+#[repr(C)]
+#[derive(StableAbi, Clone, Debug, PartialEq)]
+pub struct ParamInfo {
+    /// Full dotted name (`layer1.0.conv1.weight`).
+    pub name: RString,
+    /// Shape.
+    pub shape: RVec<i64>,
+    /// A buffer (not trained), e.g. BatchNorm running statistics.
+    pub buffer: bool,
+    /// Whether it currently requires a gradient (and is in the optimizer).
+    pub trainable: bool,
+}
+
+/// A numeric attribute of a module (`stride = 2`).
+#[repr(C)]
+#[derive(StableAbi, Clone, Debug, PartialEq)]
+pub struct Attribute {
+    /// Name.
+    pub key: RString,
+    /// Value (integers and booleans as numbers).
+    pub value: f64,
+}
+
+/// A node of the module tree.
+#[repr(C)]
+#[derive(StableAbi, Clone, Debug, PartialEq)]
+pub struct ModuleInfo {
+    /// Dotted path from the root (`""` for the root).
+    pub path: RString,
+    /// Kind (`conv2d`, `batch_norm2d`, `linear`, `residual_block`, ... or a plugin module's).
+    pub kind: RString,
+    /// Attributes.
+    pub attrs: RVec<Attribute>,
+    /// Names of the tensors the node itself holds (full names).
+    pub params: RVec<RString>,
+}
+
+/// A module provided by a plugin (surgery), run by the host inside the model.
+#[sabi_trait]
+pub trait ModuleObject: Send {
+    /// The kind shown in the module tree (`blur_conv2d`).
+    fn kind(&self) -> RString;
+    /// Numeric attributes shown in the module tree.
+    fn attrs(&self) -> RVec<Attribute>;
+    /// Runs the module; consumes `input`.
+    #[sabi(last_prefix_field)]
+    fn forward(&self, input: TensorHandle, train: bool) -> RResult<TensorHandle, PluginError>;
+}
+
+/// An owned plugin module.
+pub type ModuleBox = ModuleObject_TO<'static, RBox<()>>;
 
 /// What a method receives with each event: the host's function table and its call state.
 #[repr(C)]
@@ -316,6 +425,30 @@ pub trait MethodObject: Send {
     /// Called at each event the plugin hooks.
     #[sabi(last_prefix_field)]
     fn on_event(&mut self, event: Event, host: HostHandle) -> RResult<(), PluginError>;
+
+    // ---- 1.1: appended with default bodies (an older plugin gets these) ----
+    /// The method's own state, saved in checkpoints.
+    fn state(&self) -> RResult<MethodState, PluginError> {
+        RResult::ROk(MethodState::default())
+    }
+
+    /// Restores state saved by [`MethodObject::state`].
+    fn load_state(&mut self, state: MethodState) -> RResult<(), PluginError> {
+        let _ = state;
+        RResult::ROk(())
+    }
+}
+
+/// A method's own state in a checkpoint: bytes the method interprets plus named tensors.
+#[repr(C)]
+#[derive(StableAbi, Debug, Default)]
+pub struct MethodState {
+    /// The method's own version of this layout, so it can migrate old checkpoints.
+    pub format_version: u32,
+    /// Serialized settings/counters (the method chooses the format).
+    pub blob: RVec<u8>,
+    /// Tensors (owned handles).
+    pub tensors: RVec<NamedTensor>,
 }
 
 /// An owned method instance.

@@ -92,10 +92,12 @@ use abi_stable::std_types::{RResult, RStr, RString, RVec};
 pub use settings::Settings;
 pub use tch;
 
+pub use abi::{Attribute, ModuleInfo, ParamInfo};
 pub use abi::{ErrorKind, Event, Hook, TimeInfo};
 use abi::{
-    HostHandle, MethodBox, MethodObject, MethodObject_TO, PluginError, PluginInfo, PluginModule,
-    PluginModule_Ref, TensorHandle,
+    HostHandle, MethodBox, MethodObject, MethodObject_TO, MethodState, ModuleBox, ModuleObject,
+    ModuleObject_TO, NamedTensor, PluginError, PluginInfo, PluginModule, PluginModule_Ref,
+    TensorHandle,
 };
 
 /// The version of this interface crate; plugins report it and the host checks it.
@@ -252,12 +254,262 @@ impl Context<'_> {
     pub fn warn(&mut self, message: &str) {
         (self.host.api.log())(self.host.ctx, 1, RStr::from_str(message))
     }
+
+    // ---- plugin-api 1.1 ----
+
+    fn host_fn<F>(&self, f: Option<F>, what: &str) -> Result<F, Error> {
+        f.ok_or_else(|| {
+            Error::new(
+                ErrorKind::HOST,
+                format!("this tessera is too old for `{what}` (it needs plugin-api 1.1)"),
+            )
+        })
+    }
+
+    /// The names of the current batch's tensors.
+    pub fn batch_keys(&self) -> Result<Vec<String>, Error> {
+        let f = self.host_fn(self.host.api.batch_keys(), "batch_keys")?;
+        Ok(f(self.host.ctx)
+            .into_iter()
+            .map(RString::into_string)
+            .collect())
+    }
+
+    /// Replaces several batch tensors at once; together they may change the batch size (every
+    /// batch tensor must share the first dimension afterwards).
+    pub fn set_batch(&mut self, entries: Vec<(&str, tch::Tensor)>) -> Result<(), Error> {
+        let f = self.host_fn(self.host.api.set_batch(), "set_batch")?;
+        let entries: RVec<NamedTensor> = entries
+            .into_iter()
+            .map(|(name, t)| NamedTensor {
+                name: name.into(),
+                tensor: TensorHandle::from_tensor(t),
+            })
+            .collect();
+        host_result(f(self.host.ctx, entries))
+    }
+
+    /// Runs the model on `input` under the run's precision, with or without gradient. The model
+    /// stays in training mode (as in Composer's selective backprop).
+    pub fn forward(&mut self, input: &tch::Tensor, grad: bool) -> Result<tch::Tensor, Error> {
+        let f = self.host_fn(self.host.api.forward(), "forward")?;
+        let handle = TensorHandle::from_tensor(input.shallow_clone());
+        // SAFETY: the host returns an owned handle made by `TensorHandle::from_tensor`.
+        host_result(f(self.host.ctx, handle, grad)).map(|h| unsafe { h.into_tensor() })
+    }
+
+    /// The run's training loss of `output` against `target`: per sample (`(N,)`) or reduced.
+    pub fn loss(
+        &mut self,
+        output: &tch::Tensor,
+        target: &tch::Tensor,
+        per_sample: bool,
+    ) -> Result<tch::Tensor, Error> {
+        let f = self.host_fn(self.host.api.loss(), "loss")?;
+        let (o, t) = (
+            TensorHandle::from_tensor(output.shallow_clone()),
+            TensorHandle::from_tensor(target.shallow_clone()),
+        );
+        // SAFETY: as in `forward`.
+        host_result(f(self.host.ctx, o, t, per_sample)).map(|h| unsafe { h.into_tensor() })
+    }
+
+    /// The model's module tree, depth first.
+    pub fn modules(&self) -> Result<Vec<ModuleInfo>, Error> {
+        let f = self.host_fn(self.host.api.modules(), "modules")?;
+        Ok(f(self.host.ctx).into_vec())
+    }
+
+    /// Replaces the module at `path` by `module` (only at `init`). The old module's tensors leave
+    /// the model; `tensors` (named relative to `path`) join it — those requiring a gradient as
+    /// parameters, the others as buffers — so the optimizer trains them and checkpoints save them.
+    pub fn replace_module(
+        &mut self,
+        path: &str,
+        module: impl Module,
+        tensors: Vec<(&str, tch::Tensor)>,
+    ) -> Result<(), Error> {
+        let f = self.host_fn(self.host.api.replace_module(), "replace_module")?;
+        let tensors: RVec<NamedTensor> = tensors
+            .into_iter()
+            .map(|(name, t)| NamedTensor {
+                name: name.into(),
+                tensor: TensorHandle::from_tensor(t),
+            })
+            .collect();
+        host_result(f(
+            self.host.ctx,
+            RStr::from_str(path),
+            module_box(module),
+            tensors,
+        ))
+    }
+
+    /// Every parameter and buffer of the model.
+    pub fn parameters(&self) -> Result<Vec<ParamInfo>, Error> {
+        let f = self.host_fn(self.host.api.parameters(), "parameters")?;
+        Ok(f(self.host.ctx).into_vec())
+    }
+
+    /// The parameter or buffer `name`, sharing storage with the model: edit it in place under
+    /// `tch::no_grad` to change the model.
+    pub fn parameter(&self, name: &str) -> Result<Option<tch::Tensor>, Error> {
+        let f = self.host_fn(self.host.api.parameter(), "parameter")?;
+        // SAFETY: as in `tensor`.
+        Ok(f(self.host.ctx, RStr::from_str(name))
+            .into_option()
+            .map(|h| unsafe { h.into_tensor() }))
+    }
+
+    /// Freezes (`false`) or unfreezes a parameter: gradient and optimizer membership together.
+    pub fn set_trainable(&mut self, name: &str, trainable: bool) -> Result<(), Error> {
+        let f = self.host_fn(self.host.api.set_trainable(), "set_trainable")?;
+        host_result(f(self.host.ctx, RStr::from_str(name), trainable))
+    }
+
+    /// The learning rate of the next optimizer step.
+    pub fn lr(&self) -> Result<f64, Error> {
+        let f = self.host_fn(self.host.api.lr(), "lr")?;
+        Ok(f(self.host.ctx))
+    }
+
+    /// Multiplies the learning rate of the next optimizer step by `factor`.
+    pub fn scale_lr(&mut self, factor: f64) -> Result<(), Error> {
+        let f = self.host_fn(self.host.api.scale_lr(), "scale_lr")?;
+        f(self.host.ctx, factor);
+        Ok(())
+    }
+
+    /// At `after_train_batch`: asks the host to run forward and backward over the batch once
+    /// more before the optimizer step (SAM). The train-batch events fire again.
+    pub fn request_extra_pass(&mut self) -> Result<(), Error> {
+        let f = self.host_fn(self.host.api.request_extra_pass(), "request_extra_pass")?;
+        host_result(f(self.host.ctx))
+    }
+
+    /// Which forward/backward pass of the current step this is (0 first).
+    pub fn pass_index(&self) -> Result<u32, Error> {
+        let f = self.host_fn(self.host.api.pass_index(), "pass_index")?;
+        Ok(f(self.host.ctx))
+    }
+
+    /// Whether a checkpoint is written at the current `*_checkpoint` event.
+    pub fn checkpoint_pending(&self) -> Result<bool, Error> {
+        let f = self.host_fn(self.host.api.checkpoint_pending(), "checkpoint_pending")?;
+        Ok(f(self.host.ctx))
+    }
+}
+
+fn host_result<T>(r: RResult<T, RString>) -> Result<T, Error> {
+    match r {
+        RResult::ROk(v) => Ok(v),
+        RResult::RErr(message) => Err(Error::new(ErrorKind::HOST, message.into_string())),
+    }
+}
+
+/// A module a plugin puts into the model by surgery ([`Context::replace_module`]).
+pub trait Module: Send + 'static {
+    /// The kind shown in the module tree (`blur_conv2d`); lets surgery recognise its own
+    /// modules and stay idempotent.
+    fn kind(&self) -> &str;
+    /// Numeric attributes shown in the module tree.
+    fn attrs(&self) -> Vec<(String, f64)> {
+        Vec::new()
+    }
+    /// Runs the module.
+    fn forward(&self, input: &tch::Tensor, train: bool) -> Result<tch::Tensor, Error>;
+}
+
+struct ModuleAdapter<M: Module>(M);
+
+impl<M: Module> ModuleObject for ModuleAdapter<M> {
+    fn kind(&self) -> RString {
+        self.0.kind().into()
+    }
+
+    fn attrs(&self) -> RVec<Attribute> {
+        self.0
+            .attrs()
+            .into_iter()
+            .map(|(key, value)| Attribute {
+                key: key.into(),
+                value,
+            })
+            .collect()
+    }
+
+    fn forward(&self, input: TensorHandle, train: bool) -> RResult<TensorHandle, PluginError> {
+        // SAFETY: the host gives an owned handle made by `TensorHandle::from_tensor`.
+        let input = unsafe { input.into_tensor() };
+        guard(|| self.0.forward(&input, train))
+            .map(TensorHandle::from_tensor)
+            .map_err(PluginError::from)
+            .into()
+    }
+}
+
+fn module_box(module: impl Module) -> ModuleBox {
+    ModuleObject_TO::from_value(ModuleAdapter(module), abi_stable::sabi_trait::TD_Opaque)
 }
 
 /// A speed-up method: reacts to the events it hooks.
 pub trait Method: Send + 'static {
     /// Called at each hooked event, in the order described in the crate docs.
     fn on_event(&mut self, event: Event, ctx: &mut Context<'_>) -> Result<(), Error>;
+
+    /// The method's own state for checkpoints (counters, shadow weights...). Default: none.
+    fn state(&self) -> Result<State, Error> {
+        Ok(State::default())
+    }
+
+    /// Restores state returned by [`Method::state`].
+    fn load_state(&mut self, state: State) -> Result<(), Error> {
+        let _ = state;
+        Ok(())
+    }
+}
+
+/// A method's own state in a checkpoint.
+#[derive(Debug, Default)]
+pub struct State {
+    /// The method's own version of this layout, to migrate old checkpoints.
+    pub format_version: u32,
+    /// Serialized counters or settings, in a format the method chooses.
+    pub bytes: Vec<u8>,
+    /// Named tensors.
+    pub tensors: Vec<(String, tch::Tensor)>,
+}
+
+impl From<State> for MethodState {
+    fn from(s: State) -> MethodState {
+        MethodState {
+            format_version: s.format_version,
+            blob: RVec::from(s.bytes),
+            tensors: s
+                .tensors
+                .into_iter()
+                .map(|(name, t)| NamedTensor {
+                    name: name.into(),
+                    tensor: TensorHandle::from_tensor(t),
+                })
+                .collect(),
+        }
+    }
+}
+
+impl From<MethodState> for State {
+    fn from(s: MethodState) -> State {
+        State {
+            format_version: s.format_version,
+            bytes: s.blob.into_vec(),
+            // SAFETY: handles in a `MethodState` are owned, made by `TensorHandle::from_tensor`.
+            tensors: s
+                .tensors
+                .into_iter()
+                .map(|n| (n.name.into_string(), unsafe { n.tensor.into_tensor() }))
+                .collect(),
+        }
+    }
 }
 
 /// Describes a method and builds it from its settings; [`export_plugin!`] exports it.
@@ -321,6 +573,20 @@ impl<M: Method> MethodObject for Adapter<M> {
             self.poisoned = true;
         }
         result.map_err(PluginError::from).into()
+    }
+
+    fn state(&self) -> RResult<MethodState, PluginError> {
+        guard(|| self.method.state())
+            .map(MethodState::from)
+            .map_err(PluginError::from)
+            .into()
+    }
+
+    fn load_state(&mut self, state: MethodState) -> RResult<(), PluginError> {
+        let state = State::from(state);
+        guard(|| self.method.load_state(state))
+            .map_err(PluginError::from)
+            .into()
     }
 }
 

@@ -28,7 +28,12 @@ use abi_stable::prefix_type::PrefixTypeTrait;
 use abi_stable::std_types::{ROption, RResult, RStr, RString};
 use tch::Tensor;
 
-use crate::abi::{HostApi, HostApi_Ref, HostCtx, HostHandle, MethodBox, TensorHandle};
+use abi_stable::std_types::RVec;
+
+use crate::abi::{
+    HostApi, HostApi_Ref, HostCtx, HostHandle, MethodBox, ModuleBox, ModuleInfo, NamedTensor,
+    ParamInfo, TensorHandle,
+};
 use crate::{Event, TimeInfo};
 
 /// Where the test host's random numbers come from.
@@ -61,6 +66,16 @@ pub struct TestHost {
     pub draws: usize,
     /// Random numbers asked for after a scripted stream ran out.
     pub overdrawn: usize,
+    /// Model parameters by name (for `parameter`, `parameters`, `set_trainable`).
+    pub params: HashMap<String, Tensor>,
+    /// The learning rate reported by `lr` and changed by `scale_lr`.
+    pub lr: f64,
+    /// Set when the method calls `request_extra_pass`.
+    pub extra_pass_requested: bool,
+    /// Reported by `pass_index`.
+    pub pass_index: u32,
+    /// Reported by `checkpoint_pending`.
+    pub checkpoint_pending: bool,
 }
 
 impl TestHost {
@@ -72,6 +87,11 @@ impl TestHost {
             metrics: Vec::new(),
             draws: 0,
             overdrawn: 0,
+            params: HashMap::new(),
+            lr: 0.1,
+            extra_pass_requested: false,
+            pass_index: 0,
+            checkpoint_pending: false,
         }
     }
 
@@ -116,6 +136,20 @@ fn api() -> HostApi_Ref {
             rng_u64,
             log_metric,
             log,
+            batch_keys,
+            set_batch,
+            forward,
+            loss,
+            modules,
+            replace_module,
+            parameters,
+            parameter,
+            set_trainable,
+            lr,
+            scale_lr,
+            request_extra_pass,
+            pass_index,
+            checkpoint_pending,
         }
         .leak_into_prefix()
     })
@@ -164,3 +198,115 @@ extern "C" fn log_metric(ctx: HostCtx, name: RStr<'_>, value: f64) {
 }
 
 extern "C" fn log(_ctx: HostCtx, _level: u32, _message: RStr<'_>) {}
+
+fn unsupported<T>(what: &str) -> RResult<T, RString> {
+    RResult::RErr(format!("the test host has no model: `{what}` is not available").into())
+}
+
+extern "C" fn batch_keys(ctx: HostCtx) -> RVec<RString> {
+    let mut keys: Vec<&String> = host(ctx).tensors.keys().collect();
+    keys.sort();
+    keys.into_iter()
+        .map(|k| RString::from(k.as_str()))
+        .collect()
+}
+
+extern "C" fn set_batch(ctx: HostCtx, entries: RVec<NamedTensor>) -> RResult<(), RString> {
+    let h = host(ctx);
+    for n in entries {
+        // SAFETY: as in `set_tensor`.
+        let t = unsafe { n.tensor.into_tensor() };
+        h.tensors.insert(n.name.into_string(), t);
+    }
+    RResult::ROk(())
+}
+
+extern "C" fn forward(
+    _ctx: HostCtx,
+    input: TensorHandle,
+    _grad: bool,
+) -> RResult<TensorHandle, RString> {
+    // SAFETY: as in `set_tensor`; dropped at once.
+    drop(unsafe { input.into_tensor() });
+    unsupported("forward")
+}
+
+extern "C" fn loss(
+    _ctx: HostCtx,
+    output: TensorHandle,
+    target: TensorHandle,
+    _per_sample: bool,
+) -> RResult<TensorHandle, RString> {
+    // SAFETY: as in `set_tensor`; dropped at once.
+    drop(unsafe { (output.into_tensor(), target.into_tensor()) });
+    unsupported("loss")
+}
+
+extern "C" fn modules(_ctx: HostCtx) -> RVec<ModuleInfo> {
+    RVec::new()
+}
+
+extern "C" fn replace_module(
+    _ctx: HostCtx,
+    _path: RStr<'_>,
+    _module: ModuleBox,
+    tensors: RVec<NamedTensor>,
+) -> RResult<(), RString> {
+    for n in tensors {
+        // SAFETY: as in `set_tensor`; dropped at once.
+        drop(unsafe { n.tensor.into_tensor() });
+    }
+    unsupported("replace_module")
+}
+
+extern "C" fn parameters(ctx: HostCtx) -> RVec<ParamInfo> {
+    let mut names: Vec<(&String, &Tensor)> = host(ctx).params.iter().collect();
+    names.sort_by(|a, b| a.0.cmp(b.0));
+    names
+        .into_iter()
+        .map(|(name, t)| ParamInfo {
+            name: name.as_str().into(),
+            shape: t.size().into_iter().collect(),
+            buffer: false,
+            trainable: t.requires_grad(),
+        })
+        .collect()
+}
+
+extern "C" fn parameter(ctx: HostCtx, name: RStr<'_>) -> ROption<TensorHandle> {
+    match host(ctx).params.get(name.as_str()) {
+        Some(t) => ROption::RSome(TensorHandle::from_tensor(t.shallow_clone())),
+        None => ROption::RNone,
+    }
+}
+
+extern "C" fn set_trainable(ctx: HostCtx, name: RStr<'_>, trainable: bool) -> RResult<(), RString> {
+    match host(ctx).params.get(name.as_str()) {
+        Some(t) => {
+            let _ = t.set_requires_grad(trainable);
+            RResult::ROk(())
+        }
+        None => RResult::RErr(format!("no parameter `{name}`").into()),
+    }
+}
+
+extern "C" fn lr(ctx: HostCtx) -> f64 {
+    host(ctx).lr
+}
+
+extern "C" fn scale_lr(ctx: HostCtx, factor: f64) {
+    host(ctx).lr *= factor;
+}
+
+extern "C" fn request_extra_pass(ctx: HostCtx) -> RResult<(), RString> {
+    host(ctx).extra_pass_requested = true;
+    RResult::ROk(())
+}
+
+extern "C" fn pass_index(ctx: HostCtx) -> u32 {
+    host(ctx).pass_index
+}
+
+extern "C" fn checkpoint_pending(ctx: HostCtx) -> bool {
+    host(ctx).checkpoint_pending
+}

@@ -5,6 +5,10 @@ use rand_chacha::{rand_core::SeedableRng, ChaCha8Rng};
 use tch::{Device, Tensor};
 use tessera_plugin_api::TimeInfo;
 
+use crate::config::Precision;
+use crate::model::Model;
+use crate::optim::Optimizer;
+
 /// A batch: named tensors (`input`, `target`, ...) on the training device.
 #[derive(Debug, Default)]
 pub struct Batch {
@@ -32,6 +36,11 @@ impl Batch {
     /// The target tensor.
     pub fn target(&self) -> Option<&Tensor> {
         self.get("target")
+    }
+
+    /// The names of the batch's tensors.
+    pub fn keys(&self) -> Vec<String> {
+        self.entries.iter().map(|(k, _)| k.clone()).collect()
     }
 
     /// Replaces the tensor named `key`.
@@ -80,10 +89,27 @@ impl Batch {
     }
 }
 
-/// The host state methods act on during an event.
+/// The host state methods act on during an event (Composer's `State`): the model, the
+/// optimizer, the batch, outputs and loss, the clock.
 pub struct State {
     /// The training device; tensors handed back by methods must live there.
     pub device: Device,
+    /// The model.
+    pub model: Model,
+    /// The optimizer; `None` until it is built right after `init`.
+    pub optimizer: Option<Optimizer>,
+    /// The run's precision (for extra forwards requested by methods).
+    pub precision: Precision,
+    /// Surgery is allowed (only during `init`).
+    pub surgery_allowed: bool,
+    /// A method asked for one more forward/backward pass in this step.
+    pub extra_pass_requested: bool,
+    /// The index of the current forward/backward pass within the step.
+    pub pass_index: u32,
+    /// Whether the current `*_checkpoint` event writes a checkpoint.
+    pub checkpoint_pending: bool,
+    /// Whether the current event is inside the microbatch loop or at `after_train_batch`.
+    pub in_train_batch: bool,
     /// The current batch (a microbatch between `before_forward` and `after_backward`).
     pub batch: Batch,
     /// The model output of the current (micro)batch.
@@ -98,10 +124,18 @@ pub struct State {
 }
 
 impl State {
-    /// A fresh state; `seed` fixes the methods' random stream.
-    pub fn new(device: Device, seed: u64) -> State {
+    /// A fresh state for `model`; `seed` fixes the methods' random stream.
+    pub fn new(model: Model, precision: Precision, seed: u64) -> State {
         State {
-            device,
+            device: model.params.device(),
+            model,
+            optimizer: None,
+            precision,
+            surgery_allowed: false,
+            extra_pass_requested: false,
+            pass_index: 0,
+            checkpoint_pending: false,
+            in_train_batch: false,
             batch: Batch::default(),
             output: None,
             loss: None,
@@ -112,10 +146,22 @@ impl State {
         }
     }
 
-    /// A CPU state for unit tests.
+    /// A CPU state over a tiny MLP, for unit tests.
     #[cfg(test)]
     pub fn for_tests() -> State {
-        State::new(Device::Cpu, 0)
+        let config = crate::config::ModelConfig {
+            name: crate::config::ModelName::Mlp,
+            hidden: vec![4],
+            width: None,
+            num_classes: 2,
+        };
+        let shape = crate::model::InputShape {
+            channels: 1,
+            height: 2,
+            width: 2,
+        };
+        let model = Model::build(&config, shape, 2, Device::Cpu).expect("tiny model");
+        State::new(model, Precision::Fp32, 0)
     }
 
     /// The next value of the methods' random stream.
@@ -181,6 +227,97 @@ impl State {
                 }
                 self.batch.set(key, value);
             }
+        }
+        Ok(())
+    }
+}
+
+/// What methods can ask of the host beyond reading and writing tensors (plugin-api 1.1).
+impl State {
+    /// Replaces several batch tensors at once. Afterwards every batch tensor must share the
+    /// first dimension (which may differ from before: methods may shrink or grow the batch).
+    pub fn set_batch(&mut self, entries: Vec<(String, Tensor)>) -> Result<(), String> {
+        let mut batch = self.batch.shallow_clone();
+        for (key, value) in entries {
+            if !value.defined() {
+                return Err(format!("`{key}`: the tensor is undefined"));
+            }
+            if value.device() != self.device {
+                return Err(format!(
+                    "`{key}` is on {:?} but training runs on {:?}",
+                    value.device(),
+                    self.device
+                ));
+            }
+            if batch.get(&key).is_none() {
+                return Err(format!(
+                    "the batch has no `{key}` (it has {})",
+                    batch.keys().join(", ")
+                ));
+            }
+            batch.set(&key, value);
+        }
+        let sizes: Vec<(String, i64)> = batch
+            .entries
+            .iter()
+            .map(|(k, t)| (k.clone(), t.size().first().copied().unwrap_or(-1)))
+            .collect();
+        let first = sizes.first().map(|(_, n)| *n).unwrap_or(0);
+        if first <= 0 || sizes.iter().any(|(_, n)| *n != first) {
+            return Err(format!(
+                "batch tensors must share a non-empty first dimension, got {}",
+                sizes
+                    .iter()
+                    .map(|(k, n)| format!("{k}: {n}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        self.batch = batch;
+        Ok(())
+    }
+
+    /// Runs the model on `input` in training mode, under the run's precision.
+    pub fn forward(&self, input: &Tensor, grad: bool) -> Result<Tensor, String> {
+        if input.device() != self.device {
+            return Err(format!(
+                "input is on {:?} but the model is on {:?}",
+                input.device(),
+                self.device
+            ));
+        }
+        let _autocast = crate::precision::AutocastGuard::new(self.precision, self.device);
+        let run = || self.model.forward(input, true);
+        let out = if grad { run() } else { tch::no_grad(run) };
+        out.map_err(|e| format!("forward failed: {e}"))
+    }
+
+    /// The training loss of `output` against `target`.
+    pub fn loss(
+        &self,
+        output: &Tensor,
+        target: &Tensor,
+        per_sample: bool,
+    ) -> Result<Tensor, String> {
+        let _autocast = crate::precision::AutocastGuard::new(self.precision, self.device);
+        crate::model::cross_entropy_with(output, target, per_sample)
+            .map_err(|e| format!("loss failed: {e}"))
+    }
+
+    /// Freezes or unfreezes parameter `name`: `requires_grad` and optimizer membership.
+    pub fn set_trainable(&mut self, name: &str, trainable: bool) -> Result<(), String> {
+        let entry = self
+            .model
+            .params
+            .get(name)
+            .ok_or_else(|| format!("the model has no parameter `{name}`"))?;
+        if entry.role != crate::model::Role::Parameter {
+            return Err(format!("`{name}` is a buffer, not a parameter"));
+        }
+        let tensor = entry.tensor.shallow_clone();
+        let _ = tensor.set_requires_grad(trainable);
+        if let Some(optimizer) = &mut self.optimizer {
+            optimizer.set_member(name, &tensor, trainable);
         }
         Ok(())
     }

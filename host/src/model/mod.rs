@@ -2,10 +2,13 @@
 //! model zoo (MLP, small CNN, CIFAR-style ResNet-20/56). Names follow PyTorch conventions so
 //! weights map 1:1 to a PyTorch `state_dict`.
 
+mod loss;
 mod module;
 mod params;
 
-pub use module::{Attr, Layer, Module, ModuleInfo};
+pub use loss::{cross_entropy, cross_entropy_with};
+
+pub use module::{Attr, ExternalLayer, Layer, Module, ModuleInfo};
 pub use params::{Entry, ParamStore, Role};
 
 use tch::{
@@ -66,6 +69,42 @@ impl Model {
     /// Runs the model.
     pub fn forward(&self, xs: &Tensor, train: bool) -> Result<Tensor, TchError> {
         self.root.forward(xs, train)
+    }
+
+    /// Surgery: replaces the module at `path` by `layer`. The old module's tensors (its whole
+    /// subtree's) leave the store; `tensors`, named relative to `path`, join it.
+    pub fn replace_module(
+        &mut self,
+        path: &str,
+        layer: Box<dyn ExternalLayer>,
+        tensors: Vec<(String, Tensor)>,
+    ) -> Result<(), String> {
+        if path.is_empty() {
+            return Err("the root module cannot be replaced".to_owned());
+        }
+        let device = self.params.device();
+        let mut full = Vec::with_capacity(tensors.len());
+        for (name, tensor) in tensors {
+            if tensor.device() != device {
+                return Err(format!(
+                    "tensor `{name}` is on {:?} but the model is on {device:?}",
+                    tensor.device()
+                ));
+            }
+            full.push((format!("{path}.{name}"), tensor));
+        }
+        let names: Vec<String> = full.iter().map(|(n, _)| n.clone()).collect();
+        let old = self.root.replace(path, Module::external(layer, names))?;
+        let old_names: Vec<String> = old
+            .walk_at(path)
+            .into_iter()
+            .flat_map(|i| i.tensors)
+            .collect();
+        self.params.remove(&old_names);
+        for (name, tensor) in full {
+            self.params.insert(name, tensor)?;
+        }
+        Ok(())
     }
 }
 

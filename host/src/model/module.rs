@@ -2,6 +2,7 @@
 //! `batch_norm2d`, `residual_block`, ...), attributes and parameters. Surgery methods find and
 //! replace nodes by path and kind.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -84,13 +85,30 @@ pub enum Layer {
     /// A ResNet basic block over its children `conv1, bn1, conv2, bn2` and an optional
     /// `shortcut`: `relu(bn2(conv2(relu(bn1(conv1(x))))) + shortcut(x))`.
     BasicBlock,
+    /// A module computed outside the model crate (a plugin's, put in by surgery).
+    External {
+        /// The computation.
+        layer: Box<dyn ExternalLayer>,
+        /// Full names of the tensors registered with it.
+        tensors: Vec<String>,
+    },
+}
+
+/// A layer whose computation lives elsewhere (e.g. in a plugin).
+pub trait ExternalLayer: Send + fmt::Debug {
+    /// The kind shown in the module tree.
+    fn kind(&self) -> String;
+    /// Numeric attributes.
+    fn attrs(&self) -> Vec<(String, f64)>;
+    /// Runs the layer.
+    fn forward(&self, xs: &Tensor, train: bool) -> Result<Tensor, TchError>;
 }
 
 /// A node of the module tree.
 #[derive(Debug)]
 pub struct Module {
-    kind: &'static str,
-    attrs: BTreeMap<&'static str, Attr>,
+    kind: Cow<'static, str>,
+    attrs: BTreeMap<String, Attr>,
     layer: Layer,
     children: Vec<(String, Module)>,
 }
@@ -101,16 +119,18 @@ pub struct ModuleInfo {
     /// Dotted path from the root (`""` for the root).
     pub path: String,
     /// The node's kind.
-    pub kind: &'static str,
+    pub kind: String,
     /// Its attributes.
-    pub attrs: BTreeMap<&'static str, Attr>,
+    pub attrs: BTreeMap<String, Attr>,
+    /// Full names of the tensors the node itself holds.
+    pub tensors: Vec<String>,
 }
 
 impl Module {
     /// A leaf or container node.
     pub fn new(kind: &'static str, layer: Layer) -> Self {
         Module {
-            kind,
+            kind: Cow::Borrowed(kind),
             attrs: BTreeMap::new(),
             layer,
             children: Vec::new(),
@@ -119,8 +139,23 @@ impl Module {
 
     /// Adds an attribute (builder style).
     pub fn attr(mut self, key: &'static str, value: Attr) -> Self {
-        self.attrs.insert(key, value);
+        self.attrs.insert(key.to_owned(), value);
         self
+    }
+
+    /// A node computed by an external layer that holds the tensors `tensors` (full names).
+    pub fn external(layer: Box<dyn ExternalLayer>, tensors: Vec<String>) -> Self {
+        let attrs = layer
+            .attrs()
+            .into_iter()
+            .map(|(k, v)| (k, Attr::Float(v)))
+            .collect();
+        Module {
+            kind: Cow::Owned(layer.kind()),
+            attrs,
+            layer: Layer::External { layer, tensors },
+            children: Vec::new(),
+        }
     }
 
     /// Adds a child (builder style).
@@ -130,8 +165,67 @@ impl Module {
     }
 
     /// The node's kind (`conv2d`, ...).
-    pub fn kind(&self) -> &'static str {
-        self.kind
+    pub fn kind(&self) -> &str {
+        &self.kind
+    }
+
+    /// Full names of the tensors this node holds itself (not its children's).
+    fn own_tensors(&self, path: &str) -> Vec<String> {
+        let name = |n: &str| {
+            if path.is_empty() {
+                n.to_owned()
+            } else {
+                format!("{path}.{n}")
+            }
+        };
+        match &self.layer {
+            Layer::Conv2d { bias, .. } | Layer::Linear { bias, .. } => {
+                let mut v = vec![name("weight")];
+                if bias.is_some() {
+                    v.push(name("bias"));
+                }
+                v
+            }
+            Layer::BatchNorm2d { .. } => ["weight", "bias", "running_mean", "running_var"]
+                .iter()
+                .map(|n| name(n))
+                .collect(),
+            Layer::External { tensors, .. } => tensors.clone(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Replaces the node at the dotted `path` (not the root) by `new`, returning the old node.
+    pub fn replace(&mut self, path: &str, new: Module) -> Result<Module, String> {
+        let (parent_path, name) = match path.rsplit_once('.') {
+            Some((p, n)) => (Some(p), n),
+            None => (None, path),
+        };
+        let parent = match parent_path {
+            Some(p) => self
+                .find_mut(p)
+                .ok_or_else(|| format!("no module at `{p}`"))?,
+            None => self,
+        };
+        let slot = parent
+            .children
+            .iter_mut()
+            .find(|(n, _)| n == name)
+            .map(|(_, m)| m)
+            .ok_or_else(|| format!("no module at `{path}`"))?;
+        Ok(std::mem::replace(slot, new))
+    }
+
+    fn find_mut(&mut self, path: &str) -> Option<&mut Module> {
+        let mut node = self;
+        for part in path.split('.') {
+            node = node
+                .children
+                .iter_mut()
+                .find(|(n, _)| n == part)
+                .map(|(_, m)| m)?;
+        }
+        Some(node)
     }
 
     /// The node's layer.
@@ -154,16 +248,22 @@ impl Module {
 
     /// Every node, depth first, with its path.
     pub fn walk(&self) -> Vec<ModuleInfo> {
+        self.walk_at("")
+    }
+
+    /// Every node, depth first, with paths prefixed as if this node were at `path`.
+    pub fn walk_at(&self, path: &str) -> Vec<ModuleInfo> {
         let mut out = Vec::new();
-        self.walk_into("", &mut out);
+        self.walk_into(path, &mut out);
         out
     }
 
     fn walk_into(&self, path: &str, out: &mut Vec<ModuleInfo>) {
         out.push(ModuleInfo {
             path: path.to_owned(),
-            kind: self.kind,
+            kind: self.kind.to_string(),
             attrs: self.attrs.clone(),
+            tensors: self.own_tensors(path),
         });
         for (name, child) in &self.children {
             let child_path = if path.is_empty() {
@@ -244,6 +344,7 @@ impl Module {
                 };
                 out.f_add(&shortcut)?.f_relu()
             }
+            Layer::External { layer, .. } => layer.forward(xs, train),
         }
     }
 }

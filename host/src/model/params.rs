@@ -64,6 +64,28 @@ impl ParamStore {
         Ok(tensor)
     }
 
+    /// Adds an existing tensor: a parameter when it requires a gradient, else a buffer. Fails
+    /// when the name is taken.
+    pub fn insert(&mut self, name: String, tensor: Tensor) -> Result<(), String> {
+        if self.get(&name).is_some() {
+            return Err(format!("the model already has a tensor named `{name}`"));
+        }
+        let role = if tensor.requires_grad() {
+            Role::Parameter
+        } else {
+            Role::Buffer
+        };
+        self.push(name, &tensor, role);
+        Ok(())
+    }
+
+    /// Removes the named tensors; returns how many there were.
+    pub fn remove(&mut self, names: &[String]) -> usize {
+        let before = self.entries.len();
+        self.entries.retain(|e| !names.contains(&e.name));
+        before - self.entries.len()
+    }
+
     fn push(&mut self, name: String, tensor: &Tensor, role: Role) {
         self.entries.push(Entry {
             name,

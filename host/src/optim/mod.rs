@@ -104,6 +104,23 @@ impl Optimizer {
         self.slots.iter().map(|s| s.name.as_str())
     }
 
+    /// Adds (`member`) or removes a parameter; a removed parameter loses its optimizer state,
+    /// as in Composer's layer freezing.
+    pub fn set_member(&mut self, name: &str, param: &Tensor, member: bool) {
+        let position = self.slots.iter().position(|s| s.name == name);
+        match (position, member) {
+            (None, true) => self.slots.push(Slot {
+                name: name.to_owned(),
+                param: param.shallow_clone(),
+                state: Vec::new(),
+            }),
+            (Some(i), false) => {
+                self.slots.remove(i);
+            }
+            _ => {}
+        }
+    }
+
     /// Sets every gradient to zero.
     pub fn zero_grad(&mut self) {
         for slot in &mut self.slots {

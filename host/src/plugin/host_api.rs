@@ -5,11 +5,15 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::OnceLock;
 
 use abi_stable::prefix_type::PrefixTypeTrait;
-use abi_stable::std_types::{ROption, RResult, RStr, RString};
-use tessera_plugin_api::abi::{HostApi, HostApi_Ref, HostCtx, HostHandle, TensorHandle};
+use abi_stable::std_types::{ROption, RResult, RStr, RString, RVec};
+use tessera_plugin_api::abi::{
+    Attribute, HostApi, HostApi_Ref, HostCtx, HostHandle, ModuleBox, ModuleInfo, NamedTensor,
+    ParamInfo, TensorHandle,
+};
 use tessera_plugin_api::TimeInfo;
 
-use crate::engine::State;
+use crate::engine::{Event, State};
+use crate::model::{Attr, Role};
 
 /// A handle for one call into a plugin, over `state`. Valid while `state` is borrowed.
 pub fn handle(state: &mut State) -> HostHandle {
@@ -29,6 +33,20 @@ fn api() -> HostApi_Ref {
             rng_u64,
             log_metric,
             log,
+            batch_keys,
+            set_batch,
+            forward,
+            loss,
+            modules,
+            replace_module,
+            parameters,
+            parameter,
+            set_trainable,
+            lr,
+            scale_lr,
+            request_extra_pass,
+            pass_index,
+            checkpoint_pending,
         }
         .leak_into_prefix()
     })
@@ -85,4 +103,167 @@ extern "C" fn log(_ctx: HostCtx, level: u32, message: RStr<'_>) {
         2 => tracing::info!(target: "plugin", "{message}"),
         _ => tracing::debug!(target: "plugin", "{message}"),
     }
+}
+
+fn owned(handle: TensorHandle) -> tch::Tensor {
+    // SAFETY: plugins make handles with `TensorHandle::from_tensor` and give up ownership.
+    unsafe { handle.into_tensor() }
+}
+
+fn named(entries: RVec<NamedTensor>) -> Vec<(String, tch::Tensor)> {
+    entries
+        .into_iter()
+        .map(|n| (n.name.into_string(), owned(n.tensor)))
+        .collect()
+}
+
+fn result<T>(r: Result<T, String>) -> RResult<T, RString> {
+    match r {
+        Ok(v) => RResult::ROk(v),
+        Err(e) => RResult::RErr(RString::from(e)),
+    }
+}
+
+extern "C" fn batch_keys(ctx: HostCtx) -> RVec<RString> {
+    with_state(ctx, |s| {
+        s.batch.keys().into_iter().map(RString::from).collect()
+    })
+}
+
+extern "C" fn set_batch(ctx: HostCtx, entries: RVec<NamedTensor>) -> RResult<(), RString> {
+    let entries = named(entries);
+    with_state(ctx, |s| result(s.set_batch(entries)))
+}
+
+extern "C" fn forward(
+    ctx: HostCtx,
+    input: TensorHandle,
+    grad: bool,
+) -> RResult<TensorHandle, RString> {
+    let input = owned(input);
+    with_state(ctx, |s| {
+        result(s.forward(&input, grad).map(TensorHandle::from_tensor))
+    })
+}
+
+extern "C" fn loss(
+    ctx: HostCtx,
+    output: TensorHandle,
+    target: TensorHandle,
+    per_sample: bool,
+) -> RResult<TensorHandle, RString> {
+    let (output, target) = (owned(output), owned(target));
+    with_state(ctx, |s| {
+        result(
+            s.loss(&output, &target, per_sample)
+                .map(TensorHandle::from_tensor),
+        )
+    })
+}
+
+extern "C" fn modules(ctx: HostCtx) -> RVec<ModuleInfo> {
+    with_state(ctx, |s| {
+        s.model
+            .root
+            .walk()
+            .into_iter()
+            .map(|m| ModuleInfo {
+                path: m.path.into(),
+                kind: m.kind.into(),
+                attrs: m
+                    .attrs
+                    .into_iter()
+                    .map(|(key, value)| Attribute {
+                        key: key.into(),
+                        value: match value {
+                            Attr::Int(v) => v as f64,
+                            Attr::Float(v) => v,
+                            Attr::Bool(v) => f64::from(u8::from(v)),
+                        },
+                    })
+                    .collect(),
+                params: m.tensors.into_iter().map(RString::from).collect(),
+            })
+            .collect()
+    })
+}
+
+extern "C" fn replace_module(
+    ctx: HostCtx,
+    path: RStr<'_>,
+    module: ModuleBox,
+    tensors: RVec<NamedTensor>,
+) -> RResult<(), RString> {
+    let tensors = named(tensors);
+    with_state(ctx, |s| {
+        if !s.surgery_allowed {
+            return result(Err(format!(
+                "replace_module(`{path}`): modules can only be replaced at `{}`",
+                Event::INIT
+            )));
+        }
+        let layer = Box::new(super::PluginLayer::new(module));
+        result(s.model.replace_module(path.as_str(), layer, tensors))
+    })
+}
+
+extern "C" fn parameters(ctx: HostCtx) -> RVec<ParamInfo> {
+    with_state(ctx, |s| {
+        s.model
+            .params
+            .entries()
+            .iter()
+            .map(|e| ParamInfo {
+                name: e.name.as_str().into(),
+                shape: e.tensor.size().into_iter().collect(),
+                buffer: e.role == Role::Buffer,
+                trainable: e.role == Role::Parameter && e.tensor.requires_grad(),
+            })
+            .collect()
+    })
+}
+
+extern "C" fn parameter(ctx: HostCtx, name: RStr<'_>) -> ROption<TensorHandle> {
+    with_state(ctx, |s| match s.model.params.get(name.as_str()) {
+        Some(e) => ROption::RSome(TensorHandle::from_tensor(e.tensor.shallow_clone())),
+        None => ROption::RNone,
+    })
+}
+
+extern "C" fn set_trainable(ctx: HostCtx, name: RStr<'_>, trainable: bool) -> RResult<(), RString> {
+    with_state(ctx, |s| result(s.set_trainable(name.as_str(), trainable)))
+}
+
+extern "C" fn lr(ctx: HostCtx) -> f64 {
+    with_state(ctx, |s| s.optimizer.as_ref().map(|o| o.lr()).unwrap_or(0.0))
+}
+
+extern "C" fn scale_lr(ctx: HostCtx, factor: f64) {
+    with_state(ctx, |s| {
+        if let Some(o) = &mut s.optimizer {
+            let lr = o.lr() * factor;
+            o.set_lr(lr);
+        }
+    })
+}
+
+extern "C" fn request_extra_pass(ctx: HostCtx) -> RResult<(), RString> {
+    with_state(ctx, |s| {
+        if !s.in_train_batch {
+            return result(Err(format!(
+                "request_extra_pass: only possible during a train batch (up to `{}`)",
+                Event::AFTER_TRAIN_BATCH
+            )));
+        }
+        s.extra_pass_requested = true;
+        RResult::ROk(())
+    })
+}
+
+extern "C" fn pass_index(ctx: HostCtx) -> u32 {
+    with_state(ctx, |s| s.pass_index)
+}
+
+extern "C" fn checkpoint_pending(ctx: HostCtx) -> bool {
+    with_state(ctx, |s| s.checkpoint_pending)
 }

@@ -13,13 +13,64 @@ mod host_api;
 
 use std::path::{Path, PathBuf};
 
+use abi_stable::abi_stability::abi_checking::{
+    check_layout_compatibility_with_globals, CheckingGlobals,
+};
 use abi_stable::library::{lib_header_from_path, LibraryError};
 use abi_stable::std_types::{RResult, RStr};
+use abi_stable::StableAbi;
 use sha2::{Digest, Sha256};
-use tessera_plugin_api::abi::{MethodBox, PluginModule_Ref};
+use tessera_plugin_api::abi::{MethodBox, ModuleBox, PluginModule_Ref, TensorHandle};
 use tessera_plugin_api::{Event, Hook, API_VERSION, LIBTORCH_VERSION};
 
 use crate::engine::{Algorithm, State};
+use crate::model::ExternalLayer;
+
+/// A module a plugin put into the model.
+pub struct PluginLayer {
+    module: ModuleBox,
+}
+
+impl PluginLayer {
+    /// Wraps a plugin's module.
+    pub fn new(module: ModuleBox) -> PluginLayer {
+        PluginLayer { module }
+    }
+}
+
+impl std::fmt::Debug for PluginLayer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PluginLayer({})", self.module.kind())
+    }
+}
+
+impl ExternalLayer for PluginLayer {
+    fn kind(&self) -> String {
+        self.module.kind().into_string()
+    }
+
+    fn attrs(&self) -> Vec<(String, f64)> {
+        self.module
+            .attrs()
+            .into_iter()
+            .map(|a| (a.key.into_string(), a.value))
+            .collect()
+    }
+
+    fn forward(&self, xs: &tch::Tensor, train: bool) -> Result<tch::Tensor, tch::TchError> {
+        let input = TensorHandle::from_tensor(xs.shallow_clone());
+        match self.module.forward(input, train) {
+            // SAFETY: the plugin returns an owned handle made by `TensorHandle::from_tensor`.
+            RResult::ROk(out) => Ok(unsafe { out.into_tensor() }),
+            RResult::RErr(e) => Err(tch::TchError::Torch(format!(
+                "plugin module `{}`: {}: {}",
+                self.module.kind(),
+                e.kind.name(),
+                e.message
+            ))),
+        }
+    }
+}
 
 /// Why a plugin could not be used.
 #[derive(Debug, thiserror::Error)]
@@ -261,21 +312,49 @@ impl Plugin {
         if plugin_api.split('.').next() != Some(required_major.as_str()) {
             return Err(api_mismatch(plugin_api));
         }
-        let module = header
-            .init_root_module::<PluginModule_Ref>()
-            .map_err(|e| match e {
-                LibraryError::IncompatibleVersionNumber { actual_version, .. } => {
-                    api_mismatch(actual_version.to_string())
+        let module = match header.init_root_module::<PluginModule_Ref>() {
+            Ok(module) => module,
+            // abi_stable only accepts plugins built against the same or a newer interface: a
+            // plugin built against an older 1.x is refused once the host's prefix types have
+            // grown (abi_stable issue #118). Prefix types only ever grow by appending, so such a
+            // plugin is compatible when the check passes the other way round; the fields it
+            // lacks read as missing, and its trait objects fall back to default methods.
+            Err(LibraryError::AbiInstability(err)) => {
+                // The reverse check gets its own checking state: abi_stable's global one remembers
+                // prefix types it has seen and would then refuse plugins built against the
+                // host's own, newer interface.
+                let older_is_compatible = header.layout().is_some_and(|plugin| {
+                    check_layout_compatibility_with_globals(
+                        plugin,
+                        <PluginModule_Ref as StableAbi>::LAYOUT,
+                        &CheckingGlobals::new(),
+                    )
+                    .is_ok()
+                });
+                if !older_is_compatible {
+                    return Err(PluginError::Layout {
+                        path: path.clone(),
+                        summary: condense_layout_error(&err.to_string()),
+                    });
                 }
-                LibraryError::AbiInstability(err) => PluginError::Layout {
-                    path: path.clone(),
-                    summary: condense_layout_error(&err.to_string()),
-                },
-                other => PluginError::NotALibrary {
+                // SAFETY: the layout was checked above, in the direction that fits an older
+                // plugin; the version check still runs inside.
+                unsafe { header.init_root_module_with_unchecked_layout::<PluginModule_Ref>() }
+                    .map_err(|e| PluginError::NotALibrary {
+                        path: path.clone(),
+                        reason: e.to_string(),
+                    })?
+            }
+            Err(LibraryError::IncompatibleVersionNumber { actual_version, .. }) => {
+                return Err(api_mismatch(actual_version.to_string()))
+            }
+            Err(other) => {
+                return Err(PluginError::NotALibrary {
                     path: path.clone(),
                     reason: other.to_string(),
-                },
-            })?;
+                })
+            }
+        };
         let info = (module.info())();
         let api_version = info.api_version.to_string();
         if api_version.split('.').next() != Some(required_major.as_str()) {

@@ -1,24 +1,21 @@
 //! The training and evaluation loops, firing Composer's events in Composer's order
 //! (`shared/reference/composer.md` §1.2).
 
-mod precision;
-
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context as _};
 use serde_json::json;
-use tch::{Device, Kind, Reduction, TchError, Tensor};
+use tch::{Device, Kind, Reduction, Tensor};
 use tessera_plugin_api::{TimeInfo, LIBTORCH_VERSION};
-
-pub use precision::AutocastGuard;
 
 use crate::config::{self, Config, OptimizerConfig};
 use crate::data::{self, ImageDataset, Loader, LoaderOptions, Transform};
 use crate::engine::{Algorithm, Batch, Engine, Event, State};
-use crate::model::{InputShape, Model};
+use crate::model::{cross_entropy, InputShape, Model};
 use crate::optim::{self, schedule::Schedule, Optimizer};
 use crate::plugin::Plugin;
+use crate::precision::AutocastGuard;
 use crate::report::{write_atomic, EvalRecord, PluginRecord, Reporter, RunRecord};
 use crate::time::{RunLength, Time, TimeUnit, Timestamp};
 
@@ -39,20 +36,6 @@ pub fn resolve_device(device: config::Device) -> anyhow::Result<Device> {
             Device::Cuda(i)
         }
     })
-}
-
-/// Cross-entropy of `logits` against index targets (N) or probability targets (N, C), as
-/// Composer's `soft_cross_entropy`.
-pub fn cross_entropy(logits: &Tensor, target: &Tensor) -> Result<Tensor, TchError> {
-    if target.is_floating_point() {
-        let log_probs = logits.f_log_softmax(1, Kind::Float)?;
-        let per_sample = log_probs
-            .f_mul(target)?
-            .f_sum_dim_intlist(1, false, Kind::Float)?;
-        per_sample.f_neg()?.f_mean(Kind::Float)
-    } else {
-        logits.f_cross_entropy_loss::<Tensor>(target, None, Reduction::Mean, -100, 0.0)
-    }
 }
 
 fn transforms_of(cfg: &config::TransformsConfig, train: bool) -> Vec<Transform> {
@@ -119,8 +102,6 @@ pub struct FitSummary {
 pub struct Trainer {
     config: Config,
     device: Device,
-    model: Model,
-    optimizer: Optimizer,
     schedule: Schedule,
     engine: Engine,
     state: State,
@@ -235,7 +216,7 @@ impl Trainer {
         }
         algorithms.extend(extra.into_iter().map(|a| (a, config::OnError::Stop)));
         let engine = Engine::new(algorithms);
-        let state = State::new(device, config.seed);
+        let state = State::new(model, config.train.precision, config.seed);
         let reporter = Reporter::new(&config.run_dir(), config.train.progress)
             .with_context(|| format!("creating the run folder {}", config.run_dir().display()))?;
 
@@ -244,13 +225,13 @@ impl Trainer {
         state.time.batches_per_epoch = run.batches_per_epoch;
         state.time.max_batches = run.max_batches().unwrap_or(0);
         state.time.training = true;
+        state.surgery_allowed = true;
         engine.fire(Event::INIT, &mut state)?;
+        state.surgery_allowed = false;
         // The optimizer is built after INIT so that it sees any parameters surgery created.
-        let optimizer = build_optimizer(&config, &model);
+        state.optimizer = Some(build_optimizer(&config, &state.model));
         let mut trainer = Trainer {
             device,
-            model,
-            optimizer,
             schedule,
             engine,
             state,
@@ -275,12 +256,19 @@ impl Trainer {
 
     /// The model.
     pub fn model(&self) -> &Model {
-        &self.model
+        &self.state.model
     }
 
-    /// The optimizer.
-    pub fn optimizer(&self) -> &Optimizer {
-        &self.optimizer
+    /// The optimizer (built right after `init`).
+    pub fn optimizer(&self) -> Option<&Optimizer> {
+        self.state.optimizer.as_ref()
+    }
+
+    fn optimizer_mut(&mut self) -> anyhow::Result<&mut Optimizer> {
+        self.state
+            .optimizer
+            .as_mut()
+            .context("internal error: the optimizer was not built")
     }
 
     /// The event engine (for per-event counts).
@@ -334,14 +322,16 @@ impl Trainer {
         self.fire_as(event, true)
     }
 
-    fn set_scheduled_lr(&mut self) {
+    fn set_scheduled_lr(&mut self) -> anyhow::Result<()> {
         let multiplier = self.schedule.multiplier(
             &self.timestamp,
             &self.run,
             self.config.train.scale_schedule_ratio,
         );
-        let lr = self.optimizer.initial_lr() * multiplier;
-        self.optimizer.set_lr(lr);
+        let optimizer = self.optimizer_mut()?;
+        let lr = optimizer.initial_lr() * multiplier;
+        optimizer.set_lr(lr);
+        Ok(())
     }
 
     /// Moves a loader batch to the device as the state's batch.
@@ -354,11 +344,45 @@ impl Trainer {
         Ok(Batch::new(input, target))
     }
 
-    /// Trains one batch already in `state.batch`: `before_train_batch`, the microbatch
-    /// loop with its forward/loss/backward events, `after_train_batch`, the optimizer step.
+    /// Trains one batch already in `state.batch`: `before_train_batch`, the microbatch loop
+    /// with its forward/loss/backward events, `after_train_batch` — repeated when a method asks
+    /// for an extra pass (SAM) — then the optimizer step.
     pub fn train_batch(&mut self) -> anyhow::Result<()> {
+        const MAX_PASSES: u32 = 8;
+        self.state.pass_index = 0;
+        let mut first_pass_loss = None;
+        loop {
+            let loss = self.forward_backward()?;
+            if first_pass_loss.is_none() {
+                first_pass_loss = loss;
+            }
+            if !std::mem::take(&mut self.state.extra_pass_requested) {
+                break;
+            }
+            self.state.pass_index += 1;
+            if self.state.pass_index >= MAX_PASSES {
+                bail!(
+                    "methods asked for more than {MAX_PASSES} forward/backward passes in one step"
+                );
+            }
+        }
+        self.optimizer_mut()?.step()?;
+        if let Some(loss) = first_pass_loss {
+            self.running_loss = Some(match self.running_loss.take() {
+                None => loss,
+                Some(sum) => sum.f_add(&loss)?,
+            });
+            self.running_batches += 1;
+        }
+        Ok(())
+    }
+
+    /// One forward/backward pass over the batch, from `before_train_batch` to
+    /// `after_train_batch`; returns the batch loss (detached, on the device).
+    fn forward_backward(&mut self) -> anyhow::Result<Option<Tensor>> {
+        self.state.in_train_batch = true;
         self.fire(Event::BEFORE_TRAIN_BATCH)?;
-        self.optimizer.zero_grad();
+        self.optimizer_mut()?.zero_grad();
         let full = self.state.batch.shallow_clone();
         let total = full.len();
         if total == 0 {
@@ -382,7 +406,7 @@ impl Trainer {
                 .context("the batch has no `input`")?;
             let output = {
                 let _autocast = AutocastGuard::new(self.config.train.precision, self.device);
-                self.model.forward(&input, true)?
+                self.state.model.forward(&input, true)?
             };
             self.state.output = Some(output);
             self.fire(Event::AFTER_FORWARD)?;
@@ -411,15 +435,8 @@ impl Trainer {
         }
         self.state.batch = full;
         self.fire(Event::AFTER_TRAIN_BATCH)?;
-        self.optimizer.step()?;
-        if let Some(loss) = batch_loss {
-            self.running_loss = Some(match self.running_loss.take() {
-                None => loss,
-                Some(sum) => sum.f_add(&loss)?,
-            });
-            self.running_batches += 1;
-        }
-        Ok(())
+        self.state.in_train_batch = false;
+        Ok(batch_loss)
     }
 
     /// One training step on a batch already on the device, from `after_dataloader` to
@@ -433,7 +450,7 @@ impl Trainer {
         self.fire(Event::BATCH_START)?;
         self.train_batch()?;
         // As in Composer: the schedule is stepped before the clock advances.
-        self.set_scheduled_lr();
+        self.set_scheduled_lr()?;
         let previous = self.timestamp.clone();
         let seconds = started.elapsed().as_secs_f64();
         self.train_seconds += seconds;
@@ -497,7 +514,7 @@ impl Trainer {
                 .context("no input")?;
             let output = {
                 let _autocast = AutocastGuard::new(self.config.train.precision, self.device);
-                self.model.forward(&input, false)?
+                self.state.model.forward(&input, false)?
             };
             self.state.output = Some(output.shallow_clone());
             self.fire_as(Event::EVAL_AFTER_FORWARD, false)?;
@@ -551,7 +568,7 @@ impl Trainer {
             "batch": t.batch,
             "sample": t.sample,
             "loss": loss,
-            "lr": self.optimizer.lr(),
+            "lr": self.state.optimizer.as_ref().map(Optimizer::lr),
             "samples_per_second": if self.train_seconds > 0.0 { t.sample as f64 / self.train_seconds } else { 0.0 },
         });
         if !loss.is_finite() {
@@ -569,7 +586,7 @@ impl Trainer {
     /// and writes the run record.
     pub fn fit(&mut self) -> anyhow::Result<FitSummary> {
         self.fire(Event::FIT_START)?;
-        self.set_scheduled_lr();
+        self.set_scheduled_lr()?;
         let log_every = self.config.train.log_interval;
         let eval_every = self.config.train.eval_interval;
         let max_epochs = match self.run.max_duration.unit() {

@@ -1,4 +1,4 @@
-//! Mixed precision: autocast on CPU or CUDA through a small C++ shim (tch's own `autocast`
+//! Mixed precision (`fp32`, `amp_bf16`): autocast on CPU or CUDA through a small C++ shim (tch's own `autocast`
 //! drives CUDA only).
 
 use tch::Device;
