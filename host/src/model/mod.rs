@@ -177,7 +177,8 @@ impl Builder {
         .attr("out_channels", Attr::Int(cout))
         .attr("kernel_size", Attr::Int(kernel))
         .attr("stride", Attr::Int(stride))
-        .attr("padding", Attr::Int(padding)))
+        .attr("padding", Attr::Int(padding))
+        .attr("groups", Attr::Int(1)))
     }
 
     fn batch_norm(&mut self, path: &str, channels: i64) -> Result<Module, TchError> {
@@ -229,6 +230,12 @@ impl Builder {
         )
         .attr("in_features", Attr::Int(fin))
         .attr("out_features", Attr::Int(fout)))
+    }
+
+    fn max_pool(kernel: i64, stride: i64) -> Module {
+        Module::new("max_pool2d", Layer::MaxPool2d { kernel, stride })
+            .attr("kernel_size", Attr::Int(kernel))
+            .attr("stride", Attr::Int(stride))
     }
 
     fn relu() -> Module {
@@ -286,32 +293,14 @@ impl Builder {
         );
         features = features.child("1", self.batch_norm("features.1", c1)?);
         features = features.child("2", Self::relu());
-        features = features.child(
-            "3",
-            Module::new(
-                "max_pool2d",
-                Layer::MaxPool2d {
-                    kernel: 2,
-                    stride: 2,
-                },
-            ),
-        );
+        features = features.child("3", Builder::max_pool(2, 2));
         features = features.child(
             "4",
             self.conv("features.4", c1, c2, 3, 1, 1, false, TORCH_DEFAULT_WEIGHT)?,
         );
         features = features.child("5", self.batch_norm("features.5", c2)?);
         features = features.child("6", Self::relu());
-        features = features.child(
-            "7",
-            Module::new(
-                "max_pool2d",
-                Layer::MaxPool2d {
-                    kernel: 2,
-                    stride: 2,
-                },
-            ),
-        );
+        features = features.child("7", Builder::max_pool(2, 2));
         let flat = c2 * (input.height / 4) * (input.width / 4);
         let hidden = 4 * width;
         let classifier = Module::new("sequential", Layer::Sequential)

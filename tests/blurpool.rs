@@ -1,0 +1,1 @@
+//! Integration tests of the blurpool plugin through the real binary (being written).

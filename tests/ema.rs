@@ -1,0 +1,1 @@
+//! Integration tests of the ema plugin through the real binary (being written).

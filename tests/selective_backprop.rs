@@ -1,0 +1,1 @@
+//! Integration tests of the selective_backprop plugin through the real binary (being written).
