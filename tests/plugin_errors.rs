@@ -161,8 +161,9 @@ fn a_plugin_for_another_plugin_api_is_refused() {
         &[("TESSERA_FAKE_API_VERSION", "2.0.0")],
         &[&format!(
             "{}: built against tessera-plugin-api 2.0.0, but this tessera needs a 1.x plugin; \
-             rebuild the plugin against tessera-plugin-api 1.0.0",
-            shown(&so)
+             rebuild the plugin against tessera-plugin-api {}",
+            shown(&so),
+            tessera_plugin_api::API_VERSION
         )],
     );
 }

@@ -3,7 +3,8 @@
 //! One folder per concern: `config` (trainer.toml), `time` (Time, Timestamp, durations),
 //! `data` (datasets, loaders, transforms, fetching), `model` (module tree and zoo), `optim`
 //! (optimizers, schedules), `engine` (events and dispatch), `plugin` (loading plugins, the
-//! host side of the ABI), `precision` (autocast), `trainer` (the loops), `report` (progress, metrics, run records).
+//! host side of the ABI), `precision` (autocast), `trainer` (the loops), `report` (progress, metrics, run records),
+//! `scaffold` (`tessera new-plugin`).
 
 pub mod config;
 pub mod data;
@@ -13,5 +14,6 @@ pub mod optim;
 pub mod plugin;
 pub mod precision;
 pub mod report;
+pub mod scaffold;
 pub mod time;
 pub mod trainer;

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use tessera::{config, data, plugin, trainer::Trainer};
+use tessera::{config, data, plugin, scaffold, trainer::Trainer};
 use tessera_plugin_api::{API_VERSION, LIBTORCH_VERSION};
 
 #[derive(Parser)]
@@ -13,7 +13,7 @@ use tessera_plugin_api::{API_VERSION, LIBTORCH_VERSION};
     name = "tessera",
     about = "A fast deep-learning trainer whose speed-up methods are binary plugins",
     disable_version_flag = true,
-    after_help = "Examples:\n  tessera data fetch fashion-mnist\n  tessera train examples/fashion-mnist/trainer.toml\n  tessera train trainer.toml --set optimizer.lr=0.05 --set train.max_duration=1ep\n  tessera plugins list --dir target/release"
+    after_help = "Examples:\n  tessera data fetch fashion-mnist\n  tessera train examples/fashion-mnist/trainer.toml\n  tessera train trainer.toml --set optimizer.lr=0.05 --set train.max_duration=1ep\n  tessera plugins list --dir target/release\n  tessera new-plugin my_method"
 )]
 struct Cli {
     /// Print the version, the libtorch version and whether CUDA is usable.
@@ -42,6 +42,13 @@ enum Command {
     Plugins {
         #[command(subcommand)]
         command: PluginsCommand,
+    },
+    /// Create a new plugin crate (its own cargo workspace) with a working example method.
+    NewPlugin {
+        /// The plugin's name, a snake_case crate name (`my_method`).
+        name: String,
+        /// The folder to create (default: ./NAME); must not exist or be empty.
+        dir: Option<PathBuf>,
     },
 }
 
@@ -179,6 +186,20 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             for line in p.default_settings.lines() {
                 println!("    {line}");
             }
+        }
+        Command::NewPlugin { name, dir } => {
+            let dir = dir.unwrap_or_else(|| PathBuf::from(&name));
+            let files = scaffold::create(&name, &dir)?;
+            eprintln!("created plugin crate `{name}` in {}:", dir.display());
+            for f in &files {
+                eprintln!("  {}", f.display());
+            }
+            eprintln!(
+                "next: cd {} && cargo test --release && cargo build --release, then copy \
+                 target/release/lib{name}.so into a plugins folder listed in trainer.toml \
+                 (see README.md there)",
+                dir.display()
+            );
         }
     }
     Ok(())

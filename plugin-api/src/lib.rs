@@ -531,13 +531,37 @@ pub trait Plugin: Method + Sized {
     fn create(settings: &Settings) -> Result<Self, Error>;
 }
 
+thread_local! {
+    static PANIC_LOCATION: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Installs (once) this plugin's panic hook: instead of printing to stderr, it records where the
+/// panic happened, and [`guard`] puts that into the error the host reports. Each plugin has its
+/// own copy of std, so this affects only the plugin.
+#[doc(hidden)]
+pub fn install_quiet_panic_hook() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        std::panic::set_hook(Box::new(|info| {
+            let location = info
+                .location()
+                .map(|l| format!("{}:{}", l.file(), l.line()));
+            PANIC_LOCATION.with(|p| *p.borrow_mut() = location);
+        }));
+    });
+}
+
 fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&str>() {
+    let message = if let Some(s) = payload.downcast_ref::<&str>() {
         (*s).to_owned()
     } else if let Some(s) = payload.downcast_ref::<String>() {
         s.clone()
     } else {
         "panic with a non-string payload".to_owned()
+    };
+    match PANIC_LOCATION.with(|p| p.borrow_mut().take()) {
+        Some(location) => format!("{message} (at {location})"),
+        None => message,
     }
 }
 
@@ -614,6 +638,7 @@ extern "C" fn create<P: Plugin>(settings_json: RStr<'_>) -> RResult<MethodBox, P
 #[doc(hidden)]
 pub fn root_module<P: Plugin>() -> PluginModule_Ref {
     use abi_stable::prefix_type::PrefixTypeTrait;
+    install_quiet_panic_hook();
     PluginModule {
         info: info::<P>,
         create: create::<P>,

@@ -250,18 +250,29 @@ pub fn list_files(dirs: &[PathBuf]) -> Vec<PathBuf> {
 }
 
 fn condense_layout_error(text: &str) -> String {
-    let lines: Vec<&str> = text
+    // abi_stable's report is hundreds of lines; keep the `Error:` lines and the values it prints
+    // on the line after `Expected:` / `Found:`. The whole report is logged at debug level.
+    let all: Vec<&str> = text
         .lines()
         .map(str::trim)
-        .filter(|l| {
-            l.starts_with("Error:") || l.starts_with("Expected:") || l.starts_with("Found:")
-        })
-        .take(6)
+        .filter(|l| !l.is_empty())
         .collect();
-    if lines.is_empty() {
+    let mut kept = Vec::new();
+    for (i, line) in all.iter().enumerate() {
+        if line.starts_with("Error:") {
+            kept.push(line.replacen("Error:", "", 1).trim().to_owned());
+        } else if *line == "Expected:" || *line == "Found:" {
+            let value = all.get(i + 1).copied().unwrap_or("?");
+            kept.push(format!("{} {value}", line.to_lowercase()));
+        }
+        if kept.len() >= 6 {
+            break;
+        }
+    }
+    if kept.is_empty() {
         text.lines().next().unwrap_or("layout mismatch").to_owned()
     } else {
-        lines.join(" ")
+        kept.join(", ")
     }
 }
 
@@ -332,6 +343,7 @@ impl Plugin {
                     .is_ok()
                 });
                 if !older_is_compatible {
+                    tracing::debug!("{}: abi_stable's full report:\n{err}", path.display());
                     return Err(PluginError::Layout {
                         path: path.clone(),
                         summary: condense_layout_error(&err.to_string()),

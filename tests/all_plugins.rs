@@ -1,0 +1,54 @@
+//! All six plugins of this repository loaded at once from their `.so` files, training together
+//! on Fashion-MNIST: surgery (blurpool), batch selection (selective_backprop), batch transforms
+//! (cutout), target smoothing (label_smoothing), two passes per step (sam) and weight averaging
+//! (ema).
+
+use tessera_tests::*;
+
+#[test]
+fn six_plugins_train_together() {
+    let dir = TempDir::new("all-six");
+    let mut toml = TrainerToml::new("all-six")
+        .algorithm("blurpool", "")
+        .algorithm(
+            "selective_backprop",
+            "start = 0.0\nend = 1.0\ninterrupt = 0",
+        )
+        .algorithm("cutout", "length = 0.25")
+        .algorithm("label_smoothing", "smoothing = 0.1")
+        .algorithm("sam", "rho = 0.05")
+        .algorithm("ema", "half_life = \"2ba\"");
+    toml.model = "name = \"resnet20\"".to_owned();
+    toml.write_to(&dir);
+    let out = train(&dir, &[], &[]);
+    out.assert_success();
+    let record = read_json(&run_dir(&dir, "all-six").join("run.json"));
+    let mut names: Vec<&str> = record["plugins"]
+        .as_array()
+        .expect("plugins")
+        .iter()
+        .map(|p| p["name"].as_str().expect("name"))
+        .collect();
+    names.sort_unstable();
+    assert_eq!(
+        names,
+        [
+            "blurpool",
+            "cutout",
+            "ema",
+            "label_smoothing",
+            "sam",
+            "selective_backprop"
+        ]
+    );
+    assert_eq!(record["batches"], 3, "{record:#}");
+    // Selective backprop kept half of each batch of 64.
+    assert_eq!(record["samples"], 3 * 32, "{record:#}");
+    let eval = &record["evals"][0];
+    let accuracy = eval["accuracy"].as_f64().expect("accuracy");
+    assert!((0.0..=1.0).contains(&accuracy), "{record:#}");
+    assert!(
+        eval["cross_entropy"].as_f64().expect("ce").is_finite(),
+        "{record:#}"
+    );
+}
