@@ -14,12 +14,8 @@ use tessera::engine::{Algorithm, Batch, Event, Hook, State};
 use tessera::plugin::Plugin;
 use tessera::trainer::Trainer;
 
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+mod common;
+use common::{env_usize, median, resnet20_trainer, BATCH};
 
 fn noop_plugin() -> Plugin {
     let exe = std::env::current_exe().expect("bench path");
@@ -45,48 +41,6 @@ impl Algorithm for NativeNoop {
     }
     fn on_event(&mut self, _event: Event, _state: &mut State) -> Result<(), String> {
         Ok(())
-    }
-}
-
-fn trainer(extra: Vec<Box<dyn Algorithm>>, dir: &std::path::Path) -> Trainer {
-    let text = format!(
-        r#"
-run_name = "bench-dispatch"
-output_dir = "{out}"
-[data]
-dataset = "synthetic"
-batch_size = 128
-workers = 0
-[data.synthetic]
-samples = 128
-eval_samples = 16
-channels = 3
-height = 32
-width = 32
-classes = 10
-[model]
-name = "resnet20"
-[optimizer]
-name = "sgd"
-lr = 0.1
-momentum = 0.9
-[train]
-max_duration = "1000000ba"
-progress = false
-"#,
-        out = dir.display()
-    );
-    let cfg = tessera::config::from_str(&text, dir, "bench.toml").expect("config");
-    Trainer::new(cfg, extra).expect("trainer")
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
     }
 }
 
@@ -143,11 +97,11 @@ fn main() {
     let plugins: Vec<Box<dyn Algorithm>> = (0..10)
         .map(|_| Box::new(plugin.create("{}").expect("noop")) as Box<dyn Algorithm>)
         .collect();
-    let mut with = trainer(plugins, &dir);
-    let mut without = trainer(Vec::new(), &dir);
+    let mut with = resnet20_trainer(&dir, plugins);
+    let mut without = resnet20_trainer(&dir, Vec::new());
     tch::manual_seed(0);
-    let input = Tensor::randn([128, 3, 32, 32], (Kind::Float, Device::Cpu));
-    let target = Tensor::randint(10, [128], (Kind::Int64, Device::Cpu));
+    let input = Tensor::randn([BATCH, 3, 32, 32], (Kind::Float, Device::Cpu));
+    let target = Tensor::randint(10, [BATCH], (Kind::Int64, Device::Cpu));
     let step = |t: &mut Trainer| {
         let start = Instant::now();
         t.step(

@@ -11,42 +11,9 @@ use std::time::Instant;
 use tch::nn::{self, ModuleT, OptimizerConfig};
 use tch::{Device, Kind, Tensor};
 use tessera::engine::Batch;
-use tessera::trainer::Trainer;
 
-const BATCH: i64 = 128;
-
-fn tessera_trainer(dir: &std::path::Path) -> Trainer {
-    let text = format!(
-        r#"
-run_name = "bench-step"
-output_dir = "{out}"
-[data]
-dataset = "synthetic"
-batch_size = {BATCH}
-workers = 0
-[data.synthetic]
-samples = {BATCH}
-eval_samples = 16
-channels = 3
-height = 32
-width = 32
-classes = 10
-[model]
-name = "resnet20"
-[optimizer]
-name = "sgd"
-lr = 0.1
-momentum = 0.9
-weight_decay = 5e-4
-[train]
-max_duration = "1000000ba"
-progress = false
-"#,
-        out = dir.display()
-    );
-    let cfg = tessera::config::from_str(&text, dir, "bench.toml").expect("bench config");
-    Trainer::new(cfg, Vec::new()).expect("trainer")
-}
+mod common;
+use common::{env_usize, median, resnet20_trainer, BATCH};
 
 /// ResNet-20 written directly with tch's `nn` layers: the "minimal loop" baseline.
 struct Block {
@@ -148,23 +115,6 @@ impl ModuleT for ResNet20 {
     }
 }
 
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
-}
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 fn main() {
     let rounds = env_usize("ROUNDS", 6);
     let steps = env_usize("STEPS", 5);
@@ -173,7 +123,7 @@ fn main() {
     let input = Tensor::randn([BATCH, 3, 32, 32], (Kind::Float, Device::Cpu));
     let target = Tensor::randint(10, [BATCH], (Kind::Int64, Device::Cpu));
 
-    let mut trainer = tessera_trainer(&dir);
+    let mut trainer = resnet20_trainer(&dir, Vec::new());
     let vs = nn::VarStore::new(Device::Cpu);
     let net = ResNet20::new(&vs.root());
     let mut opt = nn::Sgd {

@@ -178,10 +178,8 @@ impl State {
         }
     }
 
-    /// Replaces the tensor named `key`, after checking it fits: same device as training, a
-    /// one-element floating loss, an output of unchanged shape, batch entries keeping the batch
-    /// size. The error says what was expected.
-    pub fn set_tensor(&mut self, key: &str, value: Tensor) -> Result<(), String> {
+    /// A tensor handed back by a method must be defined and live on the training device.
+    fn check_device(&self, key: &str, value: &Tensor) -> Result<(), String> {
         if !value.defined() {
             return Err(format!("`{key}`: the tensor is undefined"));
         }
@@ -192,6 +190,14 @@ impl State {
                 self.device
             ));
         }
+        Ok(())
+    }
+
+    /// Replaces the tensor named `key`, after checking it fits: same device as training, a
+    /// one-element floating loss, an output of unchanged shape, batch entries keeping the batch
+    /// size. The error says what was expected.
+    pub fn set_tensor(&mut self, key: &str, value: Tensor) -> Result<(), String> {
+        self.check_device(key, &value)?;
         match key {
             "loss" => {
                 if value.numel() != 1 || !value.is_floating_point() {
@@ -239,16 +245,7 @@ impl State {
     pub fn set_batch(&mut self, entries: Vec<(String, Tensor)>) -> Result<(), String> {
         let mut batch = self.batch.shallow_clone();
         for (key, value) in entries {
-            if !value.defined() {
-                return Err(format!("`{key}`: the tensor is undefined"));
-            }
-            if value.device() != self.device {
-                return Err(format!(
-                    "`{key}` is on {:?} but training runs on {:?}",
-                    value.device(),
-                    self.device
-                ));
-            }
+            self.check_device(&key, &value)?;
             if batch.get(&key).is_none() {
                 return Err(format!(
                     "the batch has no `{key}` (it has {})",
@@ -279,13 +276,7 @@ impl State {
 
     /// Runs the model on `input` in training mode, under the run's precision.
     pub fn forward(&self, input: &Tensor, grad: bool) -> Result<Tensor, String> {
-        if input.device() != self.device {
-            return Err(format!(
-                "input is on {:?} but the model is on {:?}",
-                input.device(),
-                self.device
-            ));
-        }
+        self.check_device("input", input)?;
         let _autocast = crate::precision::AutocastGuard::new(self.precision, self.device);
         let run = || self.model.forward(input, true);
         let out = if grad { run() } else { tch::no_grad(run) };
