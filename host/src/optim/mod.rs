@@ -156,9 +156,8 @@ impl Optimizer {
         let lr = self.lr;
         match &self.algorithm {
             Algorithm::Sgd(h) => {
-                let scalars = SgdScalars::new(h, lr);
                 for slot in &mut self.slots {
-                    sgd_update(slot, h, &scalars, lr, self.initial_lr)?;
+                    sgd_update(slot, h, lr, self.initial_lr)?;
                 }
             }
             Algorithm::AdamW(h) => {
@@ -171,38 +170,13 @@ impl Optimizer {
     }
 }
 
-/// The scalars of one SGD step as 0-d tensors, so that `a + b·c` updates are single fused
-/// `addcmul` kernels (tch has no `alpha` arguments): about as few kernel launches per parameter
-/// as PyTorch's own SGD.
-struct SgdScalars {
-    neg_lr: Tensor,
-    weight_decay: Tensor,
-    momentum: Tensor,
-}
-
-impl SgdScalars {
-    fn new(h: &Sgd, lr: f64) -> SgdScalars {
-        SgdScalars {
-            neg_lr: Tensor::from(-lr),
-            weight_decay: Tensor::from(h.weight_decay),
-            momentum: Tensor::from(h.momentum),
-        }
-    }
-}
-
-fn sgd_update(
-    slot: &mut Slot,
-    h: &Sgd,
-    k: &SgdScalars,
-    lr: f64,
-    initial_lr: f64,
-) -> Result<(), TchError> {
+fn sgd_update(slot: &mut Slot, h: &Sgd, lr: f64, initial_lr: f64) -> Result<(), TchError> {
     let grad = slot.param.grad();
     if !grad.defined() {
         return Ok(());
     }
     let mut d_p = if h.weight_decay != 0.0 && !h.decoupled_weight_decay {
-        grad.f_addcmul(&slot.param, &k.weight_decay)?
+        grad.f_add(&slot.param.f_mul_scalar(h.weight_decay)?)?
     } else {
         grad
     };
@@ -211,16 +185,12 @@ fn sgd_update(
             None => slot.state.push(d_p.f_detach_copy()?),
             Some(buf) => {
                 let _ = buf.f_mul_scalar_(h.momentum)?;
-                if h.dampening == 0.0 {
-                    let _ = buf.f_add_(&d_p)?;
-                } else {
-                    let _ = buf.f_add_(&d_p.f_mul_scalar(1.0 - h.dampening)?)?;
-                }
+                let _ = buf.f_add_(&d_p.f_mul_scalar(1.0 - h.dampening)?)?;
             }
         }
         let buf = &slot.state[0];
         d_p = if h.nesterov {
-            d_p.f_addcmul(buf, &k.momentum)?
+            d_p.f_add(&buf.f_mul_scalar(h.momentum)?)?
         } else {
             buf.shallow_clone()
         };
@@ -230,7 +200,7 @@ fn sgd_update(
             .param
             .f_mul_scalar_(1.0 - (lr / initial_lr) * h.weight_decay)?;
     }
-    let _ = slot.param.f_addcmul_(&d_p, &k.neg_lr)?;
+    let _ = slot.param.f_sub_(&d_p.f_mul_scalar(lr)?)?;
     Ok(())
 }
 
