@@ -101,6 +101,15 @@ impl TestHost {
         self
     }
 
+    /// The values the method logged for metric `name`, in order.
+    pub fn metric(&self, name: &str) -> Vec<f64> {
+        self.metrics
+            .iter()
+            .filter(|(n, _)| n == name)
+            .map(|(_, v)| *v)
+            .collect()
+    }
+
     /// The tensor under `key`; panics (this is test code) when there is none.
     pub fn get(&self, key: &str) -> &Tensor {
         self.tensors

@@ -76,14 +76,6 @@ fn ema_of(state: &State) -> Vec<(String, Tensor)> {
     v
 }
 
-fn metric(host: &TestHost, name: &str) -> Vec<f64> {
-    host.metrics
-        .iter()
-        .filter(|(n, _)| n == name)
-        .map(|(_, v)| *v)
-        .collect()
-}
-
 /// `s·a + (1 − s)·b` for every tensor, as Composer computes it.
 fn mix(a: &[(String, Tensor)], b: &[(String, Tensor)], s: f64) -> Vec<(String, Tensor)> {
     a.iter()
@@ -284,7 +276,7 @@ fn updates_and_eval_swap() {
     h.fire(&mut m, Event::EVAL_START).unwrap();
     assert_model(&h, &w0, "eval before start");
     h.fire(&mut m, Event::EVAL_END).unwrap();
-    assert_eq!(metric(&h, "ema/swapped_in"), vec![0.0, 0.0]);
+    assert_eq!(h.metric("ema/swapped_in"), vec![0.0, 0.0]);
 
     // Training moves the weights; the first batch_end restarts the average from the model.
     train_step(&mut h, 1.0);
@@ -302,9 +294,9 @@ fn updates_and_eval_swap() {
     h.metrics.clear();
     h.fire(&mut m, Event::EVAL_START).unwrap();
     assert_model(&h, &e2, "eval_start swaps the EMA weights in");
-    assert_eq!(metric(&h, "ema/swapped_in"), vec![1.0]);
-    assert_eq!(metric(&h, "ema/updates"), vec![2.0]);
-    let dist = metric(&h, "ema/distance")[0];
+    assert_eq!(h.metric("ema/swapped_in"), vec![1.0]);
+    assert_eq!(h.metric("ema/updates"), vec![2.0]);
+    let dist = h.metric("ema/distance")[0];
     let want: f64 = e2
         .iter()
         .zip(&w2)
@@ -328,7 +320,7 @@ fn updates_and_eval_swap() {
     );
     h.fire(&mut m, Event::EVAL_END).unwrap();
     assert_model(&h, &w2, "eval_end restores the training weights");
-    assert_eq!(metric(&h, "ema/swapped_in"), vec![1.0, 0.0]);
+    assert_eq!(h.metric("ema/swapped_in"), vec![1.0, 0.0]);
     assert_eq!(h.params["fc.weight"].data_ptr(), weight_ptr);
     assert!(state(&m).tensors.iter().all(|(n, _)| n.starts_with("ema/")));
 
@@ -451,8 +443,8 @@ fn a_later_start_never_swaps_before_it() {
     let w = snapshot(&h);
     h.fire(&mut m, Event::EVAL_START).unwrap();
     assert_model(&h, &w, "eval before ema_start");
-    assert_eq!(metric(&h, "ema/swapped_in"), vec![0.0]);
-    assert!(metric(&h, "ema/updates").is_empty());
+    assert_eq!(h.metric("ema/swapped_in"), vec![0.0]);
+    assert!(h.metric("ema/updates").is_empty());
 }
 
 /// Builds a method at the state of `source` (on the same model) through the ABI.

@@ -312,9 +312,9 @@ fn one_sam_step_through_the_method_matches_composer() {
     // The step's loss is the first pass's: the loss at w.
     assert!(close(loss, case.scalar("loss_at_w")));
     case.assert_weights("SAM step via the method", &snapshot(&host), "w_sam/");
-    let passes: Vec<f64> = metric(&host, "sam/pass");
+    let passes: Vec<f64> = host.metric("sam/pass");
     assert_eq!(passes, vec![0.0, 1.0]);
-    let norms = metric(&host, "sam/grad_norm");
+    let norms = host.metric("sam/grad_norm");
     assert_eq!(norms.len(), 1, "{:?}", host.metrics);
     assert!(close(norms[0], case.scalar("grad_norm")), "{norms:?}");
 }
@@ -334,8 +334,8 @@ fn interval_two_through_the_method_matches_composer() {
     assert_eq!(passes, 2, "step 2 is a SAM step");
     let w = snapshot(&host);
     case.assert_weights("interval=2 step 2", &w, "interval2/step2/");
-    assert_eq!(metric(&host, "sam/pass"), vec![0.0, 0.0, 1.0]);
-    assert_eq!(metric(&host, "sam/grad_norm").len(), 1);
+    assert_eq!(host.metric("sam/pass"), vec![0.0, 0.0, 1.0]);
+    assert_eq!(host.metric("sam/grad_norm").len(), 1);
 }
 
 #[test]
@@ -352,14 +352,6 @@ fn default_settings_are_composers() {
     let mut host = case.test_host();
     assert_eq!(case.host_step(&mut host, &mut method).0, 2);
     case.assert_weights("defaults", &snapshot(&host), "w_sam/");
-}
-
-fn metric(host: &TestHost, name: &str) -> Vec<f64> {
-    host.metrics
-        .iter()
-        .filter(|(n, _)| n == name)
-        .map(|(_, v)| *v)
-        .collect()
 }
 
 /// A copy of the host's parameters.

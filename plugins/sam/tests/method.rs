@@ -81,14 +81,6 @@ fn assert_same(what: &str, a: &HashMap<String, Tensor>, b: &HashMap<String, Tens
     }
 }
 
-fn metric(host: &TestHost, name: &str) -> Vec<f64> {
-    host.metrics
-        .iter()
-        .filter(|(n, _)| n == name)
-        .map(|(_, v)| *v)
-        .collect()
-}
-
 #[test]
 fn hooks_after_train_batch_after_every_other_method() {
     assert_eq!(
@@ -166,8 +158,8 @@ fn a_sam_step_perturbs_then_restores_the_trainable_weights() {
             0.0,
         );
     }
-    assert_eq!(metric(&host, "sam/pass"), vec![0.0, 1.0]);
-    let norm = metric(&host, "sam/grad_norm");
+    assert_eq!(host.metric("sam/pass"), vec![0.0, 1.0]);
+    let norm = host.metric("sam/grad_norm");
     assert_eq!(norm.len(), 1);
     assert!(norm[0] > 0.0 && norm[0].is_finite(), "{norm:?}");
 }
@@ -203,7 +195,7 @@ fn parameters_without_a_gradient_are_left_out() {
     )
     .norm()
     .double_value(&[]);
-    let got = metric(&host, "sam/grad_norm")[0];
+    let got = host.metric("sam/grad_norm")[0];
     assert!(
         (got - expected).abs() <= 1e-6 * expected,
         "{got} vs {expected}"
@@ -220,7 +212,7 @@ fn no_gradient_at_all_is_a_plain_step() {
     let w = snapshot(&host);
     assert!(!fire(&mut host, &mut m, 0));
     assert_same("untouched", &w, &snapshot(&host));
-    assert!(metric(&host, "sam/grad_norm").is_empty());
+    assert!(host.metric("sam/grad_norm").is_empty());
 }
 
 #[test]
@@ -244,7 +236,7 @@ fn interval_counts_steps_and_ignores_foreign_extra_passes() {
         assert_same("after pass 1", &w, &snapshot(&host));
     }
     assert_eq!(sam_steps, vec![2, 5]);
-    assert_eq!(metric(&host, "sam/pass").len(), 14);
+    assert_eq!(host.metric("sam/pass").len(), 14);
 }
 
 #[test]
