@@ -4,11 +4,12 @@
 //! `data` (datasets, loaders, transforms, fetching), `model` (module tree and zoo), `optim`
 //! (optimizers, schedules), `engine` (events and dispatch), `plugin` (loading plugins, the
 //! host side of the ABI), `precision` (autocast), `trainer` (the loops), `report` (progress, metrics, run records),
-//! `scaffold` (`tessera new-plugin`).
+//! `scaffold` (`tessera new-plugin`), `export` (`tessera export`: weights for PyTorch).
 
 pub mod config;
 pub mod data;
 pub mod engine;
+pub mod export;
 pub mod model;
 pub mod optim;
 pub mod plugin;

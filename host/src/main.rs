@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use tessera::{config, data, plugin, scaffold, trainer::Trainer};
+use tessera::{config, data, export, plugin, scaffold, trainer::Trainer};
 use tessera_plugin_api::{API_VERSION, LIBTORCH_VERSION};
 
 #[derive(Parser)]
@@ -13,7 +13,7 @@ use tessera_plugin_api::{API_VERSION, LIBTORCH_VERSION};
     name = "tessera",
     about = "A fast deep-learning trainer whose speed-up methods are binary plugins",
     disable_version_flag = true,
-    after_help = "Examples:\n  tessera data fetch fashion-mnist\n  tessera train examples/fashion-mnist/trainer.toml\n  tessera train trainer.toml --set optimizer.lr=0.05 --set train.max_duration=1ep\n  tessera plugins list --dir target/release\n  tessera new-plugin my_method"
+    after_help = "Examples:\n  tessera data fetch fashion-mnist\n  tessera train examples/fashion-mnist/trainer.toml\n  tessera train trainer.toml --set optimizer.lr=0.05 --set train.max_duration=1ep\n  tessera plugins list --dir target/release\n  tessera new-plugin my_method\n  tessera export runs/demo/checkpoints/latest.ckpt --to model.safetensors"
 )]
 struct Cli {
     /// Print the version, the libtorch version and whether CUDA is usable.
@@ -42,6 +42,15 @@ enum Command {
     Plugins {
         #[command(subcommand)]
         command: PluginsCommand,
+    },
+    /// Write a checkpoint's model as a plain safetensors file for PyTorch (`state_dict` names;
+    /// see docs/export.md).
+    Export {
+        /// The checkpoint file (`.ckpt`).
+        checkpoint: PathBuf,
+        /// The safetensors file to write.
+        #[arg(long)]
+        to: PathBuf,
     },
     /// Create a new plugin crate (its own cargo workspace) with a working example method.
     NewPlugin {
@@ -186,6 +195,15 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             for line in p.default_settings.lines() {
                 println!("    {line}");
             }
+        }
+        Command::Export { checkpoint, to } => {
+            let s = export::export(&checkpoint, &to)?;
+            println!(
+                "exported {} tensors ({} parameters) to {}",
+                s.tensors,
+                s.parameters,
+                s.path.display()
+            );
         }
         Command::NewPlugin { name, dir } => {
             let dir = dir.unwrap_or_else(|| PathBuf::from(&name));

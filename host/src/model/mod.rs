@@ -194,6 +194,9 @@ impl Builder {
         let running_var = self
             .params
             .buffer(join(path, "running_var"), &[channels], 1.0)?;
+        let num_batches_tracked = self
+            .params
+            .buffer_int64(join(path, "num_batches_tracked"), 0)?;
         Ok(Module::new(
             "batch_norm2d",
             Layer::BatchNorm2d {
@@ -201,6 +204,7 @@ impl Builder {
                 bias,
                 running_mean,
                 running_var,
+                num_batches_tracked,
                 momentum: 0.1,
                 eps: 1e-5,
             },
@@ -474,6 +478,48 @@ mod tests {
                 assert_eq!(y.size(), vec![2, 10], "{name:?} with {c} channels");
             }
         }
+    }
+
+    #[test]
+    fn batch_norm_counts_training_forwards_like_pytorch() {
+        let m = Model::build(&config(ModelName::Cnn), shape(1), 10, Device::Cpu).unwrap();
+        let names: Vec<&str> = m.params.entries().iter().map(|e| e.name.as_str()).collect();
+        // PyTorch's BatchNorm2d state_dict order.
+        assert_eq!(
+            names[1..6],
+            [
+                "features.1.weight",
+                "features.1.bias",
+                "features.1.running_mean",
+                "features.1.running_var",
+                "features.1.num_batches_tracked",
+            ]
+        );
+        let bn = m
+            .root
+            .walk()
+            .into_iter()
+            .find(|i| i.path == "features.1")
+            .unwrap();
+        assert_eq!(bn.tensors, names[1..6]);
+        let count = &m
+            .params
+            .get("features.1.num_batches_tracked")
+            .unwrap()
+            .tensor;
+        assert_eq!((count.kind(), count.size()), (tch::Kind::Int64, vec![]));
+        assert_eq!(
+            m.params.get("features.1.num_batches_tracked").unwrap().role,
+            Role::Buffer
+        );
+        let x = Tensor::randn([2, 1, 28, 28], (tch::Kind::Float, Device::Cpu));
+        for _ in 0..3 {
+            let _ = m.forward(&x, true).unwrap();
+        }
+        let _ = m.forward(&x, false).unwrap();
+        assert_eq!(count.int64_value(&[]), 3);
+        // Buffers are not trained.
+        assert!(m.params.trainable().all(|e| e.tensor.is_floating_point()));
     }
 
     #[test]

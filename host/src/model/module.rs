@@ -55,6 +55,8 @@ pub enum Layer {
         running_mean: Tensor,
         /// Running variance (buffer).
         running_var: Tensor,
+        /// Training-mode forwards so far: an int64 scalar buffer, as in PyTorch.
+        num_batches_tracked: Tensor,
         /// Running-stat momentum.
         momentum: f64,
         /// Epsilon.
@@ -186,10 +188,16 @@ impl Module {
                 }
                 v
             }
-            Layer::BatchNorm2d { .. } => ["weight", "bias", "running_mean", "running_var"]
-                .iter()
-                .map(|n| name(n))
-                .collect(),
+            Layer::BatchNorm2d { .. } => [
+                "weight",
+                "bias",
+                "running_mean",
+                "running_var",
+                "num_batches_tracked",
+            ]
+            .iter()
+            .map(|n| name(n))
+            .collect(),
             Layer::External { tensors, .. } => tensors.clone(),
             _ => Vec::new(),
         }
@@ -298,19 +306,28 @@ impl Module {
                 bias,
                 running_mean,
                 running_var,
+                num_batches_tracked,
                 momentum,
                 eps,
-            } => Tensor::f_batch_norm(
-                xs,
-                Some(weight),
-                Some(bias),
-                Some(running_mean),
-                Some(running_var),
-                train,
-                *momentum,
-                *eps,
-                true,
-            ),
+            } => {
+                let out = Tensor::f_batch_norm(
+                    xs,
+                    Some(weight),
+                    Some(bias),
+                    Some(running_mean),
+                    Some(running_var),
+                    train,
+                    *momentum,
+                    *eps,
+                    true,
+                )?;
+                if train {
+                    // As PyTorch's BatchNorm: count the training-mode forwards (in place, so
+                    // the store and checkpoints see it).
+                    let _ = tch::no_grad(|| num_batches_tracked.shallow_clone().f_add_scalar_(1))?;
+                }
+                Ok(out)
+            }
             Layer::Linear { weight, bias } => xs.f_linear(weight, bias.as_ref()),
             Layer::Relu => xs.f_relu(),
             Layer::MaxPool2d { kernel, stride } => xs.f_max_pool2d(

@@ -64,6 +64,14 @@ impl ParamStore {
         Ok(tensor)
     }
 
+    /// Creates a non-trained int64 scalar buffer named `name` holding `value` (BatchNorm's
+    /// `num_batches_tracked`).
+    pub fn buffer_int64(&mut self, name: String, value: i64) -> Result<Tensor, TchError> {
+        let tensor = Tensor::f_full([] as [i64; 0], value, (Kind::Int64, self.device))?;
+        self.push(name, &tensor, Role::Buffer);
+        Ok(tensor)
+    }
+
     /// Adds an existing tensor: a parameter when it requires a gradient, else a buffer. Fails
     /// when the name is taken.
     pub fn insert(&mut self, name: String, tensor: Tensor) -> Result<(), String> {

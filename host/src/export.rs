@@ -1,0 +1,382 @@
+//! `tessera export`: a checkpoint's model as a plain safetensors file that PyTorch loads.
+//!
+//! The file holds exactly the tensors of the model's `state_dict()` in PyTorch (parameters and
+//! buffers, `num_batches_tracked` included), under the same names (`layer1.0.conv1.weight`,
+//! `bn1.running_mean`, ...), and the metadata
+//! - `format`: `pt` (what `safetensors.torch` writes),
+//! - `tessera.model`: the run's `[model]` section as JSON (`{"name": "resnet20", "width": 16,
+//!   "num_classes": 10}`),
+//! - `tessera.input`: the input the model was built for, `{"channels", "height", "width"}`,
+//! - `tessera.version`: the Tessera that exported it.
+//!
+//! `scripts/pytorch_models.py` builds the matching `torch.nn.Module` from that metadata; see
+//! `docs/export.md`. Only the zoo's unmodified models are exported: a checkpoint whose model
+//! was changed by surgery (BlurPool's wrappers, ...) is refused with the tensor that does not
+//! fit.
+
+use std::borrow::Cow;
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, bail, Context as _};
+use safetensors::tensor::{Dtype, View};
+use serde_json::{json, Value};
+use tch::{Device, Kind, Tensor};
+
+use crate::checkpoint::Checkpoint;
+use crate::config::{ModelConfig, ModelName};
+use crate::model::{InputShape, Model, Role};
+
+/// Metadata key of the model's configuration (JSON).
+pub const MODEL_KEY: &str = "tessera.model";
+/// Metadata key of the input shape (JSON).
+pub const INPUT_KEY: &str = "tessera.input";
+/// Metadata key of the exporting Tessera's version.
+pub const VERSION_KEY: &str = "tessera.version";
+
+/// What [`export`] wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExportSummary {
+    /// The file written.
+    pub path: PathBuf,
+    /// Tensors written (parameters and buffers).
+    pub tensors: usize,
+    /// Trainable scalars (the sum of the parameters' element counts, as
+    /// `sum(p.numel() for p in model.parameters())` in PyTorch).
+    pub parameters: i64,
+    /// Size of the file in bytes.
+    pub bytes: u64,
+}
+
+/// One tensor as little-endian bytes.
+struct Blob {
+    dtype: Dtype,
+    shape: Vec<usize>,
+    bytes: Vec<u8>,
+}
+
+impl View for &Blob {
+    fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data(&self) -> Cow<'_, [u8]> {
+        Cow::Borrowed(&self.bytes)
+    }
+    fn data_len(&self) -> usize {
+        self.bytes.len()
+    }
+}
+
+fn dtype_of(kind: Kind) -> Option<Dtype> {
+    Some(match kind {
+        Kind::Float => Dtype::F32,
+        Kind::Double => Dtype::F64,
+        Kind::Half => Dtype::F16,
+        Kind::BFloat16 => Dtype::BF16,
+        Kind::Int64 => Dtype::I64,
+        Kind::Int => Dtype::I32,
+        Kind::Bool => Dtype::BOOL,
+        Kind::Uint8 => Dtype::U8,
+        _ => return None,
+    })
+}
+
+fn blob_of(name: &str, t: &Tensor) -> anyhow::Result<Blob> {
+    let dtype = dtype_of(t.kind()).ok_or_else(|| {
+        anyhow!(
+            "tensor `{name}` has kind {:?}, which cannot be exported",
+            t.kind()
+        )
+    })?;
+    let cpu = t
+        .f_detach()
+        .and_then(|t| t.f_to_device(Device::Cpu))
+        .and_then(|t| t.f_contiguous())
+        .with_context(|| format!("copying tensor `{name}`"))?;
+    let numel = cpu.numel();
+    let mut bytes = vec![0u8; numel * cpu.kind().elt_size_in_bytes()];
+    cpu.f_copy_data_u8(&mut bytes, numel)
+        .with_context(|| format!("copying tensor `{name}`"))?;
+    Ok(Blob {
+        dtype,
+        shape: cpu.size().iter().map(|&d| d as usize).collect(),
+        bytes,
+    })
+}
+
+/// The `[model]` section of a resolved config (its JSON form) as a [`ModelConfig`].
+pub fn model_config_of(model: &Value) -> anyhow::Result<ModelConfig> {
+    let name = model
+        .get("name")
+        .and_then(Value::as_str)
+        .ok_or_else(|| anyhow!("the checkpoint's config has no model name"))?;
+    let name = [
+        ModelName::Mlp,
+        ModelName::Cnn,
+        ModelName::Resnet20,
+        ModelName::Resnet56,
+    ]
+    .into_iter()
+    .find(|m| m.as_str() == name)
+    .ok_or_else(|| anyhow!("unknown model `{name}` in the checkpoint's config"))?;
+    let uint = |v: &Value, what: &str| {
+        v.as_u64()
+            .map(|n| n as usize)
+            .ok_or_else(|| anyhow!("model.{what} is not a non-negative integer: {v}"))
+    };
+    let hidden = match model.get("hidden") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|v| uint(v, "hidden"))
+            .collect::<anyhow::Result<_>>()?,
+        Some(other) => bail!("model.hidden is not a list: {other}"),
+    };
+    let width = match model.get("width") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(uint(v, "width")?),
+    };
+    let num_classes = uint(
+        model
+            .get("num_classes")
+            .ok_or_else(|| anyhow!("the checkpoint's config has no model.num_classes"))?,
+        "num_classes",
+    )?;
+    Ok(ModelConfig {
+        name,
+        hidden,
+        width,
+        num_classes,
+    })
+}
+
+/// The input shape a run's model was built for, from the `[data]` section of its resolved
+/// config (JSON form): the synthetic shape, else the registry datasets' 1x28x28.
+pub fn input_shape_of(data: &Value) -> anyhow::Result<InputShape> {
+    if let Some(s) = data.get("synthetic").filter(|s| !s.is_null()) {
+        let dim = |key: &str| {
+            s.get(key)
+                .and_then(Value::as_i64)
+                .filter(|&v| v > 0)
+                .ok_or_else(|| anyhow!("data.synthetic.{key} is missing or not positive"))
+        };
+        return Ok(InputShape {
+            channels: dim("channels")?,
+            height: dim("height")?,
+            width: dim("width")?,
+        });
+    }
+    match data.get("dataset").and_then(Value::as_str) {
+        Some("fashion-mnist" | "mnist") => Ok(InputShape {
+            channels: 1,
+            height: 28,
+            width: 28,
+        }),
+        Some(other) => bail!("unknown dataset `{other}` in the checkpoint's config"),
+        None => bail!("the checkpoint's config has no data.dataset"),
+    }
+}
+
+/// Whether `a` and `b` name the same file (following links; `b` need not exist).
+fn same_file(a: &Path, b: &Path) -> bool {
+    let canonical = |p: &Path| -> Option<PathBuf> {
+        if let Ok(c) = std::fs::canonicalize(p) {
+            return Some(c);
+        }
+        let parent = match p.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        Some(std::fs::canonicalize(parent).ok()?.join(p.file_name()?))
+    };
+    match (canonical(a), canonical(b)) {
+        (Some(x), Some(y)) => x == y,
+        _ => a == b,
+    }
+}
+
+/// Writes the model of the checkpoint at `checkpoint` to `to` as a plain safetensors file
+/// (atomically: temporary file in the same folder, fsync, rename).
+///
+/// Fails, writing nothing, when `to` is the checkpoint itself or a folder, when the checkpoint
+/// cannot be read or verified, and when its model tensors are not exactly those of the zoo
+/// model its config names (a model changed by surgery, a missing or misshapen tensor).
+pub fn export(checkpoint: &Path, to: &Path) -> anyhow::Result<ExportSummary> {
+    if same_file(checkpoint, to) {
+        bail!(
+            "refusing to export {} onto itself (--to {} is that file): give another --to file",
+            checkpoint.display(),
+            to.display()
+        );
+    }
+    if to.is_dir() {
+        bail!("{} is a folder: give a file name to --to", to.display());
+    }
+    let ckpt = Checkpoint::read(checkpoint)?;
+    let config = &ckpt.meta.config;
+    let model_json = config.get("model").ok_or_else(|| {
+        anyhow!(
+            "{}: the checkpoint's config has no [model]",
+            checkpoint.display()
+        )
+    })?;
+    let model_config = model_config_of(model_json)
+        .with_context(|| format!("{}: reading the model's config", checkpoint.display()))?;
+    let input = input_shape_of(config.get("data").unwrap_or(&Value::Null))
+        .with_context(|| format!("{}: reading the data's config", checkpoint.display()))?;
+    let name = model_config.name;
+    // A fresh model of the same configuration: the names, shapes, kinds and roles to expect.
+    let reference = Model::build(
+        &model_config,
+        input,
+        model_config.num_classes as i64,
+        Device::Cpu,
+    )
+    .with_context(|| format!("building a {name} to check the checkpoint against"))?;
+
+    let saved: HashMap<&str, &Tensor> = ckpt.with_prefix("model/").collect();
+    let expected: BTreeSet<&str> = reference
+        .params
+        .entries()
+        .iter()
+        .map(|e| e.name.as_str())
+        .collect();
+    let methods: Vec<&str> = ckpt.meta.methods.iter().map(|m| m.name.as_str()).collect();
+    let changed_by = if methods.is_empty() {
+        String::new()
+    } else {
+        format!(" (the run used: {})", methods.join(", "))
+    };
+    let mut unknown: Vec<&str> = saved
+        .keys()
+        .copied()
+        .filter(|n| !expected.contains(n))
+        .collect();
+    unknown.sort_unstable();
+    if let Some(first) = unknown.first() {
+        bail!(
+            "{}: tensor `{first}` is not part of a plain {name} model{changed_by}; the model was \
+             changed (e.g. by a method's surgery) and only the zoo's unmodified models can be \
+             exported{}",
+            checkpoint.display(),
+            if unknown.len() > 1 {
+                format!(" ({} such tensors)", unknown.len())
+            } else {
+                String::new()
+            }
+        );
+    }
+
+    let mut blobs: Vec<(String, Blob)> = Vec::with_capacity(expected.len());
+    let mut parameters = 0i64;
+    for entry in reference.params.entries() {
+        let t = saved.get(entry.name.as_str()).ok_or_else(|| {
+            anyhow!(
+                "{}: the checkpoint lacks tensor `{}` of a plain {name} model{changed_by}",
+                checkpoint.display(),
+                entry.name
+            )
+        })?;
+        if t.size() != entry.tensor.size() || t.kind() != entry.tensor.kind() {
+            bail!(
+                "{}: tensor `{}` is {:?} {:?}, but a plain {name} model has {:?} {:?}",
+                checkpoint.display(),
+                entry.name,
+                t.kind(),
+                t.size(),
+                entry.tensor.kind(),
+                entry.tensor.size()
+            );
+        }
+        if entry.role == Role::Parameter {
+            parameters += t.numel() as i64;
+        }
+        blobs.push((entry.name.clone(), blob_of(&entry.name, t)?));
+    }
+
+    let model_text = serde_json::to_string(model_json)?;
+    let input_text = json!({
+        "channels": input.channels,
+        "height": input.height,
+        "width": input.width,
+    })
+    .to_string();
+    let metadata = HashMap::from([
+        ("format".to_owned(), "pt".to_owned()),
+        (MODEL_KEY.to_owned(), model_text),
+        (INPUT_KEY.to_owned(), input_text),
+        (VERSION_KEY.to_owned(), env!("CARGO_PKG_VERSION").to_owned()),
+    ]);
+    let bytes =
+        safetensors::tensor::serialize(blobs.iter().map(|(n, b)| (n.as_str(), b)), &Some(metadata))
+            .map_err(|e| anyhow!("serializing the weights: {e}"))?;
+    crate::report::write_atomic(to, &bytes).with_context(|| format!("writing {}", to.display()))?;
+    Ok(ExportSummary {
+        path: to.to_owned(),
+        tensors: blobs.len(),
+        parameters,
+        bytes: bytes.len() as u64,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_config_reads_the_serialized_form() {
+        for (name, cfg) in [
+            (
+                ModelName::Mlp,
+                ModelConfig {
+                    name: ModelName::Mlp,
+                    hidden: vec![32, 16],
+                    width: None,
+                    num_classes: 10,
+                },
+            ),
+            (
+                ModelName::Resnet20,
+                ModelConfig {
+                    name: ModelName::Resnet20,
+                    hidden: Vec::new(),
+                    width: Some(4),
+                    num_classes: 3,
+                },
+            ),
+        ] {
+            let json = serde_json::to_value(&cfg).unwrap();
+            let back = model_config_of(&json).unwrap();
+            assert_eq!(back, cfg, "{name:?}: {json}");
+        }
+        let e = model_config_of(&json!({"name": "vgg", "num_classes": 2})).unwrap_err();
+        assert!(e.to_string().contains("vgg"), "{e}");
+    }
+
+    #[test]
+    fn input_shape_from_data_config() {
+        let s = input_shape_of(&json!({"dataset": "synthetic", "synthetic": {
+            "samples": 8, "eval_samples": 4, "channels": 3, "height": 8, "width": 12, "classes": 4}}))
+        .unwrap();
+        assert_eq!((s.channels, s.height, s.width), (3, 8, 12));
+        let s = input_shape_of(&json!({"dataset": "fashion-mnist"})).unwrap();
+        assert_eq!((s.channels, s.height, s.width), (1, 28, 28));
+        assert!(input_shape_of(&json!({})).is_err());
+    }
+
+    #[test]
+    fn the_checkpoint_itself_is_the_same_file() {
+        let dir = std::env::temp_dir().join(format!("tessera-export-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("a.ckpt");
+        std::fs::write(&file, b"x").unwrap();
+        assert!(same_file(&file, &dir.join(".").join("a.ckpt")));
+        assert!(!same_file(&file, &dir.join("b.safetensors")));
+        let e = export(&file, &file).unwrap_err().to_string();
+        assert!(e.contains("onto itself"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,244 @@
+"""PyTorch twins of Tessera's model zoo, for weights written by `tessera export`.
+
+Each class reproduces the matching model of host/src/model/mod.rs exactly: the same module
+names (so `state_dict()` names equal the exported ones), the same computation (flatten,
+activations, padding, strides, projection shortcuts, pooling, BatchNorm eps 1e-5 and momentum
+0.1). Only `torch` is needed; safetensors files are read by hand (`read_safetensors`).
+
+    import pytorch_models
+    model = pytorch_models.load_exported("model.safetensors")  # strict load, eval mode
+    logits = model(images)                                      # (N, C, H, W) float32
+
+or, step by step:
+
+    tensors, metadata = pytorch_models.read_safetensors("model.safetensors")
+    model = pytorch_models.build(json.loads(metadata["tessera.model"]),
+                                 json.loads(metadata["tessera.input"]))
+    model.load_state_dict(tensors, strict=True)
+"""
+
+import json
+import struct
+import sys
+
+import torch
+from torch import nn
+
+__all__ = [
+    "MLP",
+    "CNN",
+    "BasicBlock",
+    "CifarResNet",
+    "build",
+    "read_safetensors",
+    "load_exported",
+]
+
+# PyTorch's BatchNorm2d defaults, which Tessera uses too.
+BN_EPS = 1e-5
+BN_MOMENTUM = 0.1
+
+
+def _batch_norm(channels):
+    return nn.BatchNorm2d(channels, eps=BN_EPS, momentum=BN_MOMENTUM)
+
+
+def _conv(cin, cout, kernel, stride, padding):
+    return nn.Conv2d(cin, cout, kernel, stride=stride, padding=padding, bias=False)
+
+
+class MLP(nn.Module):
+    """`flatten -> (linear -> relu)* -> linear`; linear layers are `layers.0`, `layers.2`, ..."""
+
+    def __init__(self, in_features, hidden, num_classes):
+        super().__init__()
+        self.flatten = nn.Flatten()
+        layers = []
+        fin = in_features
+        for h in hidden:
+            layers += [nn.Linear(fin, h), nn.ReLU()]
+            fin = h
+        layers.append(nn.Linear(fin, num_classes))
+        self.layers = nn.Sequential(*layers)
+
+    def forward(self, x):
+        return self.layers(self.flatten(x))
+
+
+class CNN(nn.Module):
+    """Two conv(3x3, pad 1, no bias)-BN-ReLU-maxpool(2) stages of widths w and 2w, then
+    flatten -> linear(4w) -> relu -> linear."""
+
+    def __init__(self, channels, height, width_px, width, num_classes):
+        super().__init__()
+        c1, c2 = width, 2 * width
+        self.features = nn.Sequential(
+            _conv(channels, c1, 3, 1, 1),
+            _batch_norm(c1),
+            nn.ReLU(),
+            nn.MaxPool2d(2, 2),
+            _conv(c1, c2, 3, 1, 1),
+            _batch_norm(c2),
+            nn.ReLU(),
+            nn.MaxPool2d(2, 2),
+        )
+        flat = c2 * (height // 4) * (width_px // 4)
+        self.classifier = nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(flat, 4 * width),
+            nn.ReLU(),
+            nn.Linear(4 * width, num_classes),
+        )
+
+    def forward(self, x):
+        return self.classifier(self.features(x))
+
+
+class BasicBlock(nn.Module):
+    """`relu(bn2(conv2(relu(bn1(conv1(x))))) + shortcut(x))`; the shortcut is the identity, or
+    a 1x1 conv + BN projection (option B) when the stride or the width changes."""
+
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv1 = _conv(cin, cout, 3, stride, 1)
+        self.bn1 = _batch_norm(cout)
+        self.conv2 = _conv(cout, cout, 3, 1, 1)
+        self.bn2 = _batch_norm(cout)
+        if stride != 1 or cin != cout:
+            self.shortcut = nn.Sequential(_conv(cin, cout, 1, stride, 0), _batch_norm(cout))
+        else:
+            self.shortcut = None
+
+    def forward(self, x):
+        out = torch.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        shortcut = x if self.shortcut is None else self.shortcut(x)
+        return torch.relu(out + shortcut)
+
+
+class GlobalAvgPool(nn.Module):
+    """Mean over the spatial dimensions: `(N, C, H, W) -> (N, C)`."""
+
+    def forward(self, x):
+        return x.mean(dim=(-2, -1))
+
+
+class CifarResNet(nn.Module):
+    """CIFAR-style ResNet (He et al. 2016, section 4.2): depth 6n + 2, conv1-bn1-relu, three
+    stages of n basic blocks of widths w, 2w, 4w (stride 2 entering stages 2 and 3), global
+    average pooling and `fc`."""
+
+    def __init__(self, channels, depth, width, num_classes):
+        super().__init__()
+        if (depth - 2) % 6 != 0:
+            raise ValueError(f"depth {depth} is not 6n + 2")
+        n = (depth - 2) // 6
+        self.conv1 = _conv(channels, width, 3, 1, 1)
+        self.bn1 = _batch_norm(width)
+        self.relu = nn.ReLU()
+        cin = width
+        for stage in range(3):
+            cout = width << stage
+            blocks = []
+            for i in range(n):
+                stride = 2 if stage > 0 and i == 0 else 1
+                blocks.append(BasicBlock(cin, cout, stride))
+                cin = cout
+            setattr(self, f"layer{stage + 1}", nn.Sequential(*blocks))
+        self.avgpool = GlobalAvgPool()
+        self.fc = nn.Linear(cin, num_classes)
+
+    def forward(self, x):
+        x = self.relu(self.bn1(self.conv1(x)))
+        x = self.layer3(self.layer2(self.layer1(x)))
+        return self.fc(self.avgpool(x))
+
+
+def _input_shape(input_shape):
+    if input_shape is None:
+        return 1, 28, 28
+    if isinstance(input_shape, dict):
+        return int(input_shape["channels"]), int(input_shape["height"]), int(input_shape["width"])
+    channels, height, width = input_shape
+    return int(channels), int(height), int(width)
+
+
+def build(model_config, input_shape=None):
+    """The module for Tessera's `[model]` config (the `tessera.model` metadata of an exported
+    file, as a dict) and input shape (the `tessera.input` metadata: a dict with channels,
+    height and width, or a `(C, H, W)` tuple; default Fashion-MNIST's 1x28x28)."""
+    channels, height, width_px = _input_shape(input_shape)
+    name = model_config["name"]
+    classes = int(model_config["num_classes"])
+    if name == "mlp":
+        hidden = [int(h) for h in model_config.get("hidden") or []]
+        return MLP(channels * height * width_px, hidden, classes)
+    if name == "cnn":
+        width = int(model_config.get("width") or 32)
+        return CNN(channels, height, width_px, width, classes)
+    if name in ("resnet20", "resnet56"):
+        width = int(model_config.get("width") or 16)
+        depth = 20 if name == "resnet20" else 56
+        return CifarResNet(channels, depth, width, classes)
+    raise ValueError(f"unknown Tessera model {name!r}")
+
+
+_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
+}
+
+
+def read_safetensors(path):
+    """`(tensors, metadata)` of a safetensors file: a dict name -> CPU tensor and the
+    `__metadata__` dict (strings). The format: an 8-byte little-endian header length, a JSON
+    header (`dtype`, `shape`, `data_offsets` per tensor), then the raw little-endian data."""
+    if sys.byteorder != "little":
+        raise RuntimeError("reading safetensors by hand needs a little-endian machine")
+    with open(path, "rb") as f:
+        data = f.read()
+    if len(data) < 8:
+        raise ValueError(f"{path}: too short for a safetensors file")
+    (header_len,) = struct.unpack("<Q", data[:8])
+    if 8 + header_len > len(data):
+        raise ValueError(f"{path}: header length {header_len} runs past the end of the file")
+    header = json.loads(data[8 : 8 + header_len].decode("utf-8"))
+    metadata = header.pop("__metadata__", None) or {}
+    body = bytearray(data[8 + header_len :])
+    tensors = {}
+    for name, info in header.items():
+        dtype = _DTYPES.get(info["dtype"])
+        if dtype is None:
+            raise ValueError(f"{path}: tensor {name!r} has unsupported dtype {info['dtype']}")
+        shape = [int(d) for d in info["shape"]]
+        begin, end = (int(o) for o in info["data_offsets"])
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        count = 1
+        for d in shape:
+            count *= d
+        if end - begin != count * itemsize or end > len(body):
+            raise ValueError(f"{path}: tensor {name!r} has inconsistent data offsets")
+        if count == 0:
+            tensors[name] = torch.empty(shape, dtype=dtype)
+        else:
+            flat = torch.frombuffer(body, dtype=dtype, count=count, offset=begin)
+            tensors[name] = flat.clone().reshape(shape)
+    return tensors, metadata
+
+
+def load_exported(path, device="cpu"):
+    """The model of a file written by `tessera export`, weights loaded strictly, in eval mode."""
+    tensors, metadata = read_safetensors(path)
+    if "tessera.model" not in metadata:
+        raise ValueError(f"{path}: no tessera.model metadata (not written by tessera export?)")
+    model = build(json.loads(metadata["tessera.model"]), json.loads(metadata.get("tessera.input", "null")))
+    model.load_state_dict(tensors, strict=True)
+    return model.to(device).eval()
