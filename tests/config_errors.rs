@@ -143,3 +143,24 @@ fn a_missing_file_is_named() {
     );
     out.assert_failure(&["nope.toml: cannot read the configuration file"]);
 }
+
+#[test]
+fn checkpoint_and_nonfinite_settings_are_checked() {
+    let toml = TrainerToml::new("bad");
+    refused(
+        &toml,
+        &["checkpoint.interval=\"2xx\""],
+        &["checkpoint.interval", "--set checkpoint.interval"],
+    );
+    refused(&toml, &["checkpoint.keep=-1"], &["checkpoint.keep", "-1"]);
+    refused(
+        &toml,
+        &["checkpoint.autosave=true"],
+        &["checkpoint.autosave: unknown key", "autoresume"],
+    );
+    refused(
+        &toml,
+        &["train.nonfinite_loss=\"ignore\""],
+        &["train.nonfinite_loss", "expected \"stop\" or \"skip\""],
+    );
+}

@@ -189,8 +189,11 @@ fn fake_plugin_with_true_versions_loads_and_runs() {
     assert_eq!(
         calls,
         vec![
+            expect("calls", 1.0),
             expect("batch_end", 101.0),
+            expect("calls", 2.0),
             expect("batch_end", 102.0),
+            expect("calls", 3.0),
             expect("batch_end", 103.0),
             expect("eval_end", 103.0),
         ],

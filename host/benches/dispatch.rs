@@ -66,7 +66,8 @@ fn main() {
         State::new(model, tessera::config::Precision::Fp32, 0)
     };
     let mut method = plugin.create("{}").expect("noop method");
-    let mut native = NativeNoop;
+    // Behind `black_box` the optimizer can neither devirtualize nor drop the call.
+    let mut native: Box<dyn Algorithm> = std::hint::black_box(Box::new(NativeNoop));
     let time_calls = |f: &mut dyn FnMut()| {
         let t = Instant::now();
         for _ in 0..calls {
@@ -83,8 +84,11 @@ fn main() {
                 .expect("noop");
         }));
         per_native.push(time_calls(&mut || {
-            native
-                .on_event(Event::BATCH_START, &mut state)
+            std::hint::black_box(&mut native)
+                .on_event(
+                    std::hint::black_box(Event::BATCH_START),
+                    std::hint::black_box(&mut state),
+                )
                 .expect("noop");
         }));
     }

@@ -2,6 +2,8 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::sync::Arc;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
@@ -125,10 +127,29 @@ fn print_plugin(p: &plugin::Plugin) {
     );
 }
 
-fn run(cli: Cli) -> anyhow::Result<()> {
+/// SIGINT and SIGTERM ask a training run to stop after the current step, write a checkpoint and
+/// exit; a second signal exits at once (status 130).
+fn install_stop_handlers() -> anyhow::Result<Arc<AtomicUsize>> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let which = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::new(AtomicBool::new(false));
+    for signal in [SIGINT, SIGTERM] {
+        // The shutdown check is registered first, so it runs before this signal sets `seen`:
+        // only a second signal terminates the process.
+        signal_hook::flag::register_conditional_shutdown(signal, 130, Arc::clone(&seen))
+            .context("installing signal handlers")?;
+        signal_hook::flag::register(signal, Arc::clone(&seen))
+            .context("installing signal handlers")?;
+        signal_hook::flag::register_usize(signal, Arc::clone(&which), signal as usize)
+            .context("installing signal handlers")?;
+    }
+    Ok(which)
+}
+
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     if cli.version {
         println!("{}", version_text());
-        return Ok(());
+        return Ok(ExitCode::SUCCESS);
     }
     let Some(command) = cli.command else {
         anyhow::bail!("no command given; see `tessera --help`");
@@ -136,8 +157,23 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     match command {
         Command::Train { config, overrides } => {
             let cfg = config::load(&config, &overrides)?;
+            let stop = install_stop_handlers()?;
             let mut trainer = Trainer::new(cfg, Vec::new())?;
+            trainer.set_stop_flag(stop);
             let summary = trainer.fit()?;
+            if let Some(signal) = summary.interrupted_by {
+                eprintln!(
+                    "run {}: interrupted by {} after batch {}{}",
+                    summary.record.run_name,
+                    tessera::trainer::signal_name(signal),
+                    summary.record.batches,
+                    match &summary.record.last_checkpoint {
+                        Some(p) => format!("; checkpoint {}", p.display()),
+                        None => String::new(),
+                    }
+                );
+                return Ok(ExitCode::from(128u8.saturating_add(signal as u8)));
+            }
             let r = &summary.record;
             let cost = r
                 .estimated_cost_usd
@@ -220,7 +256,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             );
         }
     }
-    Ok(())
+    Ok(ExitCode::SUCCESS)
 }
 
 fn main() -> ExitCode {
@@ -234,7 +270,7 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     match run(cli) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE

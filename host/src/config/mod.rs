@@ -59,6 +59,8 @@ pub struct Config {
     pub plugins: PluginsConfig,
     /// `[[algorithms]]`, in file order.
     pub algorithms: Vec<AlgorithmConfig>,
+    /// `[checkpoint]`
+    pub checkpoint: CheckpointConfig,
 }
 
 impl Config {
@@ -466,6 +468,39 @@ pub struct TrainConfig {
     pub log_interval: Time,
     /// Progress bar when stderr is a terminal (default true).
     pub progress: bool,
+    /// What to do when the loss is NaN or infinite (default stop).
+    pub nonfinite_loss: NonFiniteLoss,
+}
+
+/// What to do when the training loss is NaN or infinite.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NonFiniteLoss {
+    /// Stop the run with an error before the update; checkpoints already written stay as they
+    /// are (default).
+    #[default]
+    Stop,
+    /// Skip the update (the weights do not change), warn, and go on with the next batch.
+    Skip,
+}
+
+/// `[checkpoint]`
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CheckpointConfig {
+    /// Write checkpoints (default true).
+    pub save: bool,
+    /// How often, in a count unit or `dur` (default `1ep`); also at the end of training.
+    pub interval: Time,
+    /// Keep only the newest N checkpoints; 0 keeps all (default 0).
+    pub keep: usize,
+    /// Folder of the checkpoints (default `<run folder>/checkpoints`); relative paths resolve
+    /// against the file's folder.
+    pub folder: PathBuf,
+    /// Continue from the newest good checkpoint in `folder` when there is one (default false).
+    pub autoresume: bool,
+    /// Start from this checkpoint file (weights, optimizer, clock, method states).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub load: Option<PathBuf>,
 }
 
 /// `[plugins]`
@@ -624,7 +659,9 @@ const ROOT_KEYS: &[&str] = &[
     "train",
     "plugins",
     "algorithms",
+    "checkpoint",
 ];
+const CHECKPOINT_KEYS: &[&str] = &["save", "interval", "keep", "folder", "autoresume", "load"];
 const DATA_KEYS: &[&str] = &[
     "dataset",
     "data_dir",
@@ -677,6 +714,7 @@ const TRAIN_KEYS: &[&str] = &[
     "threads",
     "log_interval",
     "progress",
+    "nonfinite_loss",
 ];
 const PLUGINS_KEYS: &[&str] = &["dirs"];
 
@@ -722,6 +760,7 @@ fn build(root: &Node, base: &Path, file: &str, stem: &str) -> Result<Config, Con
         None => PluginsConfig::default(),
     };
     let algorithms = read_algorithms(&top)?;
+    let checkpoint = read_checkpoint(&top, base, &output_dir.join(&run_name))?;
 
     Ok(Config {
         run_name,
@@ -735,6 +774,39 @@ fn build(root: &Node, base: &Path, file: &str, stem: &str) -> Result<Config, Con
         train,
         plugins,
         algorithms,
+        checkpoint,
+    })
+}
+
+fn read_checkpoint(
+    top: &Tbl<'_>,
+    base: &Path,
+    run_dir: &Path,
+) -> Result<CheckpointConfig, ConfigError> {
+    let default_folder = run_dir.join("checkpoints");
+    let Some(c) = top.sub("checkpoint", Some(CHECKPOINT_KEYS))? else {
+        return Ok(CheckpointConfig {
+            save: true,
+            interval: parse_default_time("1ep")?,
+            keep: 0,
+            folder: default_folder,
+            autoresume: false,
+            load: None,
+        });
+    };
+    Ok(CheckpointConfig {
+        save: c.bool("save")?.unwrap_or(true),
+        interval: match read_time(&c, "interval", INTERVAL_UNITS)? {
+            Some(v) => v,
+            None => parse_default_time("1ep")?,
+        },
+        keep: c.uint("keep", 0)?.unwrap_or(0),
+        folder: match c.string("folder")? {
+            Some(f) => base.join(f),
+            None => default_folder,
+        },
+        autoresume: c.bool("autoresume")?.unwrap_or(false),
+        load: c.string("load")?.map(|p| base.join(p)),
     })
 }
 
@@ -1251,6 +1323,13 @@ fn read_train(top: &Tbl<'_>, data: &DataConfig) -> Result<TrainConfig, ConfigErr
             None => parse_default_time("50ba")?,
         },
         progress: t.bool("progress")?.unwrap_or(true),
+        nonfinite_loss: t
+            .choice(
+                "nonfinite_loss",
+                "nonfinite_loss",
+                &[("stop", NonFiniteLoss::Stop), ("skip", NonFiniteLoss::Skip)],
+            )?
+            .unwrap_or_default(),
     })
 }
 

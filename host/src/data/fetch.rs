@@ -248,10 +248,11 @@ pub fn fetch(name: &str, cache_root: &Path) -> Result<PathBuf, DataError> {
 pub fn load(name: &str, cache_root: &Path) -> Result<Split, DataError> {
     let spec = spec(name)?;
     let dir = cache_root.join(spec.name);
-    if !is_verified(spec, &dir) {
+    if let Some(reason) = cache_problem(spec, &dir) {
         return Err(DataError::NotCached {
             name: spec.name.to_string(),
             path: dir,
+            reason,
         });
     }
     let train = ImageDataset::load_idx(
@@ -269,10 +270,39 @@ pub fn load(name: &str, cache_root: &Path) -> Result<Split, DataError> {
 
 /// Marker present and every file at its pinned size; no hashing.
 fn is_verified(spec: &DatasetSpec, dir: &Path) -> bool {
-    dir.join(VERIFIED_MARKER).is_file()
-        && spec.files.iter().all(|f| {
-            fs::metadata(dir.join(f.name)).is_ok_and(|m| m.is_file() && m.len() == f.bytes)
-        })
+    cache_problem(spec, dir).is_none()
+}
+
+/// Why the cached folder is not usable (missing folder, marker or file, a file of the wrong
+/// size or not a regular file); `None` when it is.
+fn cache_problem(spec: &DatasetSpec, dir: &Path) -> Option<String> {
+    if !dir.is_dir() {
+        return Some("the folder does not exist".to_owned());
+    }
+    if !dir.join(VERIFIED_MARKER).is_file() {
+        return Some(format!(
+            "{VERIFIED_MARKER} is missing (an interrupted or unverified fetch)"
+        ));
+    }
+    for f in &spec.files {
+        let path = dir.join(f.name);
+        match fs::metadata(&path) {
+            Err(e) => return Some(format!("{}: {e}", path.display())),
+            Ok(m) if !m.is_file() => {
+                return Some(format!("{} is not a regular file", path.display()))
+            }
+            Ok(m) if m.len() != f.bytes => {
+                return Some(format!(
+                    "{} has {} bytes, expected {} (truncated or corrupt)",
+                    path.display(),
+                    m.len(),
+                    f.bytes
+                ))
+            }
+            Ok(_) => {}
+        }
+    }
+    None
 }
 
 /// A uniquely named folder inside the cache root, removed on drop (also on error paths).

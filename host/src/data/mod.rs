@@ -62,12 +62,14 @@ pub enum DataError {
         known: String,
     },
     /// A dataset that is not (completely) in the cache.
-    #[error("dataset `{name}` is not in the cache at {}; run `tessera data fetch {name}` first", path.display())]
+    #[error("dataset `{name}` is not usable at {}: {reason}; run `tessera data fetch {name}` (or set data.fetch = true) to fetch it", path.display())]
     NotCached {
         /// The dataset name.
         name: String,
         /// Where it was looked for.
         path: PathBuf,
+        /// What is missing or wrong.
+        reason: String,
     },
     /// An external program that a fetch needs is not installed.
     #[error("`{tool}` was not found on PATH; {hint}")]

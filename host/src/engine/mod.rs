@@ -22,7 +22,19 @@ pub trait Algorithm: Send {
     /// Runs the method at `event`. An error message names what went wrong; the engine adds the
     /// method's name and the event.
     fn on_event(&mut self, event: Event, state: &mut State) -> Result<(), String>;
+    /// The method's own state for checkpoints; `None` when it keeps none (default).
+    fn state(&self) -> Result<Option<MethodSnapshot>, String> {
+        Ok(None)
+    }
+    /// Restores state returned by [`Algorithm::state`].
+    fn load_state(&mut self, state: MethodSnapshot) -> Result<(), String> {
+        let _ = state;
+        Ok(())
+    }
 }
+
+/// A method's state in a checkpoint: its layout version, bytes and named tensors.
+pub use tessera_plugin_api::State as MethodSnapshot;
 
 /// A method failed at an event and the run must stop.
 #[derive(Debug, thiserror::Error)]
@@ -136,6 +148,48 @@ impl Engine {
                     .collect()
             })
             .unwrap_or_default()
+    }
+
+    /// Every method's name and saved state, in configuration order.
+    pub fn states(&self) -> Result<Vec<(String, Option<MethodSnapshot>)>, EngineError> {
+        self.entries
+            .iter()
+            .map(|e| {
+                let name = e.algorithm.name().to_owned();
+                match e.algorithm.state() {
+                    Ok(s) => Ok((name, s)),
+                    Err(message) => Err(EngineError {
+                        method: name,
+                        event: Event::BATCH_CHECKPOINT,
+                        message: format!("saving its state: {message}"),
+                    }),
+                }
+            })
+            .collect()
+    }
+
+    /// The names of the methods, in configuration order.
+    pub fn names(&self) -> Vec<&str> {
+        self.entries.iter().map(|e| e.algorithm.name()).collect()
+    }
+
+    /// Restores the state of the method called `name`; `false` when there is no such method.
+    pub fn load_state(&mut self, name: &str, state: MethodSnapshot) -> Result<bool, String> {
+        match self.entries.iter_mut().find(|e| e.algorithm.name() == name) {
+            Some(e) => e.algorithm.load_state(state).map(|()| true),
+            None => Ok(false),
+        }
+    }
+
+    /// Disables the method called `name` (restoring a checkpoint of a run where it failed).
+    pub fn disable(&mut self, name: &str) {
+        for e in self
+            .entries
+            .iter_mut()
+            .filter(|e| e.algorithm.name() == name)
+        {
+            e.disabled = true;
+        }
     }
 
     /// Names of the methods that were disabled after an error.

@@ -164,6 +164,16 @@ impl State {
         State::new(model, Precision::Fp32, 0)
     }
 
+    /// The methods' random stream (saved in checkpoints).
+    pub fn rng(&self) -> &ChaCha8Rng {
+        &self.rng
+    }
+
+    /// Replaces the methods' random stream (restoring a checkpoint).
+    pub fn set_rng(&mut self, rng: ChaCha8Rng) {
+        self.rng = rng;
+    }
+
     /// The next value of the methods' random stream.
     pub fn next_u64(&mut self) -> u64 {
         self.rng.next_u64()

@@ -149,6 +149,95 @@ impl Optimizer {
             .collect()
     }
 
+    /// The algorithm's name as written in checkpoints (`sgd`, `adamw`).
+    pub fn algorithm_name(&self) -> &'static str {
+        match self.algorithm {
+            Algorithm::Sgd(_) => "sgd",
+            Algorithm::AdamW(_) => "adamw",
+        }
+    }
+
+    /// The position written in checkpoints.
+    pub fn meta(&self) -> crate::checkpoint::OptimizerMeta {
+        crate::checkpoint::OptimizerMeta {
+            algorithm: self.algorithm_name().to_owned(),
+            lr: self.lr,
+            initial_lr: self.initial_lr,
+            steps: self.steps,
+            members: self.slots.iter().map(|s| s.name.clone()).collect(),
+        }
+    }
+
+    /// Restores a position saved from [`Optimizer::state_tensors`] and [`Optimizer::meta`]: step count,
+    /// learning rates, parameter membership (`members`, looked up in `params`) and the state
+    /// tensors (copied, on the parameters' device). Fails naming what does not fit.
+    pub fn load_state(
+        &mut self,
+        meta: &crate::checkpoint::OptimizerMeta,
+        params: &ParamStore,
+        state: &[(String, Tensor)],
+    ) -> Result<(), String> {
+        let algorithm = meta.algorithm.as_str();
+        let members = &meta.members;
+        if algorithm != self.algorithm_name() {
+            return Err(format!(
+                "the checkpoint's optimizer is {algorithm}, this run's is {}",
+                self.algorithm_name()
+            ));
+        }
+        let names: &[&str] = match self.algorithm {
+            Algorithm::Sgd(_) => &["momentum_buffer"],
+            Algorithm::AdamW(_) => &["exp_avg", "exp_avg_sq"],
+        };
+        let mut slots = Vec::with_capacity(members.len());
+        for name in members {
+            let entry = params
+                .get(name)
+                .ok_or_else(|| format!("the optimizer trains `{name}`, which this model lacks"))?;
+            let mut buffers = Vec::new();
+            for b in names {
+                let key = format!("{name}.{b}");
+                match state.iter().find(|(k, _)| *k == key) {
+                    Some((_, t)) => {
+                        if t.size() != entry.tensor.size() {
+                            return Err(format!(
+                                "optimizer state `{key}` has shape {:?}, the parameter {:?}",
+                                t.size(),
+                                entry.tensor.size()
+                            ));
+                        }
+                        let copy = t
+                            .f_to_device(entry.tensor.device())
+                            .and_then(|t| t.f_to_kind(entry.tensor.kind()))
+                            .and_then(|t| t.f_detach_copy())
+                            .map_err(|e| format!("optimizer state `{key}`: {e}"))?;
+                        buffers.push(copy);
+                    }
+                    None => break,
+                }
+            }
+            if !buffers.is_empty() && buffers.len() != names.len() {
+                return Err(format!("optimizer state of `{name}` is incomplete"));
+            }
+            let _ = entry.tensor.shallow_clone().set_requires_grad(true);
+            slots.push(Slot {
+                name: name.clone(),
+                param: entry.tensor.shallow_clone(),
+                state: buffers,
+            });
+        }
+        for entry in params.entries() {
+            if entry.role == crate::model::Role::Parameter && !members.contains(&entry.name) {
+                let _ = entry.tensor.shallow_clone().set_requires_grad(false);
+            }
+        }
+        self.slots = slots;
+        self.steps = meta.steps;
+        self.lr = meta.lr;
+        self.initial_lr = meta.initial_lr;
+        Ok(())
+    }
+
     /// Applies one update with the current learning rate.
     pub fn step(&mut self) -> Result<(), TchError> {
         let _guard = tch::no_grad_guard();

@@ -23,7 +23,7 @@ use sha2::{Digest, Sha256};
 use tessera_plugin_api::abi::{MethodBox, ModuleBox, PluginModule_Ref, TensorHandle};
 use tessera_plugin_api::{Event, Hook, API_VERSION, LIBTORCH_VERSION};
 
-use crate::engine::{Algorithm, State};
+use crate::engine::{Algorithm, MethodSnapshot, State};
 use crate::model::ExternalLayer;
 
 /// A module a plugin put into the model.
@@ -447,6 +447,24 @@ impl Algorithm for PluginMethod {
     fn on_event(&mut self, event: Event, state: &mut State) -> Result<(), String> {
         let handle = host_api::handle(state);
         match self.object.on_event(event, handle) {
+            RResult::ROk(()) => Ok(()),
+            RResult::RErr(e) => Err(format!("{}: {}", e.kind.name(), e.message)),
+        }
+    }
+
+    fn state(&self) -> Result<Option<MethodSnapshot>, String> {
+        match self.object.state() {
+            RResult::ROk(s) => {
+                let s = MethodSnapshot::from(s);
+                let empty = s.format_version == 0 && s.bytes.is_empty() && s.tensors.is_empty();
+                Ok((!empty).then_some(s))
+            }
+            RResult::RErr(e) => Err(format!("{}: {}", e.kind.name(), e.message)),
+        }
+    }
+
+    fn load_state(&mut self, state: MethodSnapshot) -> Result<(), String> {
+        match self.object.load_state(state.into()) {
             RResult::ROk(()) => Ok(()),
             RResult::RErr(e) => Err(format!("{}: {}", e.kind.name(), e.message)),
         }

@@ -5,7 +5,7 @@ use std::io::{BufWriter, IsTerminal, Write};
 use std::path::{Path, PathBuf};
 
 use indicatif::{ProgressBar, ProgressStyle};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 /// Writes `bytes` to `path` atomically: a temporary file in the same folder, fsync, rename.
@@ -31,7 +31,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 }
 
 /// One evaluation's results.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct EvalRecord {
     /// Epochs completed when it ran.
     pub epoch: u64,
@@ -93,6 +93,16 @@ pub struct RunRecord {
     pub estimated_cost_usd: Option<f64>,
     /// Accuracy of the last evaluation.
     pub final_accuracy: Option<f64>,
+    /// `completed`, or `interrupted by SIGINT`/`SIGTERM` (a checkpoint was written).
+    pub status: String,
+    /// The checkpoint this run continued from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resumed_from: Option<PathBuf>,
+    /// The newest checkpoint written.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_checkpoint: Option<PathBuf>,
+    /// Training steps skipped because the loss was NaN or infinite (`nonfinite_loss = "skip"`).
+    pub skipped_steps: u64,
 }
 
 /// Progress bar, log lines and the metrics file of one run.
@@ -102,15 +112,47 @@ pub struct Reporter {
     metrics_path: PathBuf,
     last_loss: Option<f64>,
     last_accuracy: Option<f64>,
+    written: u64,
 }
 
 impl Reporter {
     /// Opens `metrics.jsonl` in `run_dir`; shows a progress bar when `progress` is set and
     /// stderr is a terminal.
     pub fn new(run_dir: &Path, progress: bool) -> std::io::Result<Reporter> {
+        Reporter::resume(run_dir, progress, None)
+    }
+
+    /// [`Reporter::new`] for a run resumed from a checkpoint written when `metrics.jsonl` was
+    /// `resume_at` bytes long: the file is cut there and continued, so it ends up as if the
+    /// run had never stopped. A missing or shorter file starts afresh (with a warning).
+    pub fn resume(
+        run_dir: &Path,
+        progress: bool,
+        resume_at: Option<u64>,
+    ) -> std::io::Result<Reporter> {
         std::fs::create_dir_all(run_dir)?;
         let metrics_path = run_dir.join("metrics.jsonl");
-        let metrics = BufWriter::new(File::create(&metrics_path)?);
+        let existing = std::fs::metadata(&metrics_path).map(|m| m.len()).ok();
+        let (file, written) = match (resume_at, existing) {
+            (Some(at), Some(len)) if len >= at => {
+                let file = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&metrics_path)?;
+                file.set_len(at)?;
+                let mut file = file;
+                std::io::Seek::seek(&mut file, std::io::SeekFrom::End(0))?;
+                (file, at)
+            }
+            (Some(at), _) => {
+                tracing::warn!(
+                    "{} is missing or shorter than when the checkpoint was written ({at} bytes); starting it afresh",
+                    metrics_path.display()
+                );
+                (File::create(&metrics_path)?, 0)
+            }
+            (None, _) => (File::create(&metrics_path)?, 0),
+        };
+        let metrics = BufWriter::new(file);
         let bar = (progress && std::io::stderr().is_terminal()).then(|| {
             let bar = ProgressBar::new(0);
             bar.set_style(
@@ -125,7 +167,14 @@ impl Reporter {
             metrics_path,
             last_loss: None,
             last_accuracy: None,
+            written,
         })
+    }
+
+    /// Flushes the metrics file and returns its length (recorded in checkpoints).
+    pub fn flush(&mut self) -> std::io::Result<u64> {
+        self.metrics.flush()?;
+        Ok(self.written)
     }
 
     /// Where the metrics go.
@@ -192,9 +241,18 @@ impl Reporter {
     }
 
     fn write(&mut self, value: Value) {
-        let result = serde_json::to_writer(&mut self.metrics, &value)
-            .map_err(std::io::Error::from)
-            .and_then(|()| self.metrics.write_all(b"\n"));
+        let mut line = match serde_json::to_vec(&value) {
+            Ok(line) => line,
+            Err(e) => {
+                tracing::warn!("cannot encode a metrics line: {e}");
+                return;
+            }
+        };
+        line.push(b'\n');
+        let result = self.metrics.write_all(&line);
+        if result.is_ok() {
+            self.written += line.len() as u64;
+        }
         if let Err(e) = result {
             tracing::warn!("cannot write {}: {e}", self.metrics_path.display());
         }

@@ -1,6 +1,9 @@
 //! The training and evaluation loops, firing Composer's events in Composer's order
 //! (`shared/reference/composer.md` §1.2).
 
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -9,9 +12,10 @@ use serde_json::json;
 use tch::{Device, Kind, Reduction, Tensor};
 use tessera_plugin_api::{TimeInfo, LIBTORCH_VERSION};
 
-use crate::config::{self, Config, OptimizerConfig};
+use crate::checkpoint::{self, Checkpoint, Meta, MethodMeta, TrainerMeta};
+use crate::config::{self, Config, NonFiniteLoss, OptimizerConfig};
 use crate::data::{self, ImageDataset, Loader, LoaderOptions, Transform};
-use crate::engine::{Algorithm, Batch, Engine, Event, State};
+use crate::engine::{Algorithm, Batch, Engine, Event, MethodSnapshot, State};
 use crate::model::{cross_entropy, InputShape, Model};
 use crate::optim::{self, schedule::Schedule, Optimizer};
 use crate::plugin::Plugin;
@@ -96,6 +100,18 @@ pub fn load_datasets(cfg: &Config) -> anyhow::Result<(ImageDataset, ImageDataset
 pub struct FitSummary {
     /// The run record also written to `run.json`.
     pub record: RunRecord,
+    /// The signal that interrupted the run (a checkpoint was written), if any.
+    pub interrupted_by: Option<i32>,
+}
+
+/// The name of a signal number, for messages.
+pub fn signal_name(signal: i32) -> &'static str {
+    match signal {
+        2 => "SIGINT",
+        15 => "SIGTERM",
+        1 => "SIGHUP",
+        _ => "a signal",
+    }
 }
 
 /// Owns everything a run needs and runs it.
@@ -117,6 +133,14 @@ pub struct Trainer {
     running_batches: u64,
     train_seconds: f64,
     started: Instant,
+    stop: Option<Arc<AtomicUsize>>,
+    last_checkpoint_batch: Option<u64>,
+    last_checkpoint: Option<PathBuf>,
+    resumed_from: Option<PathBuf>,
+    skipped_steps: u64,
+    /// Drop method metrics (while a resumed run replays `init`..`after_load`, whose metrics
+    /// the original run already wrote).
+    quiet_metrics: bool,
 }
 
 impl Trainer {
@@ -217,8 +241,6 @@ impl Trainer {
         algorithms.extend(extra.into_iter().map(|a| (a, config::OnError::Stop)));
         let engine = Engine::new(algorithms);
         let state = State::new(model, config.train.precision, config.seed);
-        let reporter = Reporter::new(&config.run_dir(), config.train.progress)
-            .with_context(|| format!("creating the run folder {}", config.run_dir().display()))?;
 
         let mut engine = engine;
         let mut state = state;
@@ -230,6 +252,20 @@ impl Trainer {
         state.surgery_allowed = false;
         // The optimizer is built after INIT so that it sees any parameters surgery created.
         state.optimizer = Some(build_optimizer(&config, &state.model));
+
+        let read_started = Instant::now();
+        let resume = find_resume_checkpoint(&config.checkpoint)?;
+        let read_ms = read_started.elapsed().as_secs_f64() * 1e3;
+        if config.checkpoint.save {
+            checkpoint::remove_stale_temporaries(&config.checkpoint.folder);
+        }
+        // Metrics continue where the checkpoint left them when it belongs to this run.
+        let metrics_at = resume
+            .as_ref()
+            .filter(|(path, _)| same_folder(path, &config.checkpoint.folder))
+            .map(|(_, c)| c.meta.trainer.metrics_bytes);
+        let reporter = Reporter::resume(&config.run_dir(), config.train.progress, metrics_at)
+            .with_context(|| format!("creating the run folder {}", config.run_dir().display()))?;
         let mut trainer = Trainer {
             device,
             schedule,
@@ -248,10 +284,351 @@ impl Trainer {
             train_seconds: 0.0,
             started,
             config,
+            stop: None,
+            last_checkpoint_batch: None,
+            last_checkpoint: None,
+            resumed_from: None,
+            skipped_steps: 0,
+            quiet_metrics: resume.is_some(),
         };
+        if trainer.quiet_metrics {
+            trainer.state.metrics.clear();
+        }
         trainer.fire(Event::BEFORE_LOAD)?;
+        if let Some((path, c)) = resume {
+            let applied = Instant::now();
+            trainer
+                .apply_checkpoint(&path, c)
+                .with_context(|| format!("resuming from {}", path.display()))?;
+            tracing::info!(
+                "resumed from {} at epoch {}, batch {} (read and verified in {read_ms:.0} ms, restored in {:.0} ms)",
+                path.display(),
+                trainer.timestamp.epoch,
+                trainer.timestamp.batch,
+                applied.elapsed().as_secs_f64() * 1e3
+            );
+        }
         trainer.fire(Event::AFTER_LOAD)?;
+        trainer.quiet_metrics = false;
         Ok(trainer)
+    }
+
+    /// Makes the run stop cleanly — finish the step, write a checkpoint, return — once `flag`
+    /// holds a non-zero signal number (set by a signal handler).
+    pub fn set_stop_flag(&mut self, flag: Arc<AtomicUsize>) {
+        self.stop = Some(flag);
+    }
+
+    fn stop_requested(&self) -> Option<i32> {
+        self.stop
+            .as_ref()
+            .map(|f| f.load(Ordering::SeqCst) as i32)
+            .filter(|&s| s != 0)
+    }
+
+    /// The newest checkpoint this run wrote.
+    pub fn last_checkpoint(&self) -> Option<&Path> {
+        self.last_checkpoint.as_deref()
+    }
+
+    /// The checkpoint this run continued from.
+    pub fn resumed_from(&self) -> Option<&Path> {
+        self.resumed_from.as_deref()
+    }
+
+    /// Restores everything a checkpoint holds. Surgery already ran at `init`, so the model's
+    /// tensors are the ones the checkpoint names; anything that does not fit is an error that
+    /// says what differs.
+    fn apply_checkpoint(&mut self, path: &Path, c: Checkpoint) -> anyhow::Result<()> {
+        let meta = &c.meta;
+        if meta.batches_per_epoch != self.run.batches_per_epoch {
+            bail!(
+                "the checkpoint was written with {} batches per epoch, this run has {} (data.batch_size, drop_last or the dataset changed); the data position would not carry over",
+                meta.batches_per_epoch,
+                self.run.batches_per_epoch
+            );
+        }
+        // 1. The model.
+        let saved: HashMap<&str, &Tensor> = c.with_prefix("model/").collect();
+        let mut problems = Vec::new();
+        for e in self.state.model.params.entries() {
+            match saved.get(e.name.as_str()) {
+                None => problems.push(format!("`{}` is missing", e.name)),
+                Some(t) if t.size() != e.tensor.size() => problems.push(format!(
+                    "`{}` has shape {:?} in the checkpoint but {:?} in this model",
+                    e.name,
+                    t.size(),
+                    e.tensor.size()
+                )),
+                Some(t) if t.kind() != e.tensor.kind() => problems.push(format!(
+                    "`{}` is {:?} in the checkpoint but {:?} in this model",
+                    e.name,
+                    t.kind(),
+                    e.tensor.kind()
+                )),
+                Some(_) => {}
+            }
+        }
+        for name in saved.keys() {
+            if self.state.model.params.get(name).is_none() {
+                problems.push(format!("`{name}` is not in this model"));
+            }
+        }
+        if !problems.is_empty() {
+            let n = problems.len();
+            problems.truncate(4);
+            let theirs = meta
+                .config
+                .get("model")
+                .map(|m| m.to_string())
+                .unwrap_or_default();
+            let ours = serde_json::to_string(&self.config.model).unwrap_or_default();
+            bail!(
+                "the checkpoint does not fit this model ({n} difference(s): {}{}); it was written for model {theirs}, this run builds {ours}",
+                problems.join("; "),
+                if n > 4 { "; ..." } else { "" }
+            );
+        }
+        tch::no_grad(|| -> Result<(), tch::TchError> {
+            for e in self.state.model.params.entries() {
+                if let Some(t) = saved.get(e.name.as_str()) {
+                    e.tensor.shallow_clone().f_copy_(t)?;
+                }
+            }
+            Ok(())
+        })?;
+        // 2. The optimizer.
+        let optim_state: Vec<(String, Tensor)> = c
+            .with_prefix("optim/")
+            .map(|(n, t)| (n.to_owned(), t.shallow_clone()))
+            .collect();
+        let State {
+            model, optimizer, ..
+        } = &mut self.state;
+        optimizer
+            .as_mut()
+            .context("internal error: the optimizer was not built")?
+            .load_state(&meta.optimizer, &model.params, &optim_state)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        // 3. The methods.
+        let names: Vec<String> = self.engine.names().iter().map(|n| n.to_string()).collect();
+        for m in &meta.methods {
+            if !names.contains(&m.name) && !m.has_state {
+                tracing::warn!(
+                    "method `{}` ran before the checkpoint but is not in this run",
+                    m.name
+                );
+                continue;
+            }
+            if !names.contains(&m.name) {
+                bail!(
+                    "the checkpoint holds the state of method `{}`, which this run does not load; add it to [[algorithms]] to continue this run",
+                    m.name
+                );
+            }
+            if let Some(p) = self.plugins.iter().find(|p| p.name == m.name) {
+                if p.settings != m.settings {
+                    tracing::warn!(
+                        "method `{}`: settings differ from the checkpoint's ({} now, {} then)",
+                        m.name,
+                        p.settings,
+                        m.settings
+                    );
+                }
+            }
+            if !m.has_state {
+                continue;
+            }
+            let prefix = format!("method/{}/", m.name);
+            let mut snapshot = MethodSnapshot {
+                format_version: m.format_version,
+                ..Default::default()
+            };
+            if let Some(bytes) = c.tensor(&format!("{prefix}__bytes__")) {
+                snapshot.bytes = Vec::<u8>::try_from(bytes)?;
+            }
+            for n in &m.tensors {
+                let t = c.tensor(&format!("{prefix}{n}")).with_context(|| {
+                    format!("method `{}`: state tensor `{n}` is missing", m.name)
+                })?;
+                snapshot
+                    .tensors
+                    .push((n.clone(), t.f_to_device(self.device)?));
+            }
+            self.engine
+                .load_state(&m.name, snapshot)
+                .map_err(|e| anyhow::anyhow!("method `{}` cannot load its state: {e}", m.name))?;
+        }
+        for name in &names {
+            if !meta.methods.iter().any(|m| &m.name == name) {
+                tracing::warn!(
+                    "method `{name}` is not in the checkpoint; it starts with fresh state"
+                );
+            }
+        }
+        for name in &meta.trainer.disabled {
+            self.engine.disable(name);
+        }
+        // 4. The clock, the random stream and the trainer's counters.
+        self.state
+            .set_rng(checkpoint::rng_from_meta(&meta.rng).map_err(anyhow::Error::msg)?);
+        self.timestamp = meta.timestamp.clone();
+        let t = &meta.trainer;
+        self.train_seconds = t.train_seconds;
+        self.evals = t.evals.clone();
+        self.last_eval_batch = t.last_eval_batch;
+        self.running_batches = t.running_batches;
+        self.skipped_steps = t.skipped_steps;
+        self.running_loss = match c.tensor("trainer/running_loss") {
+            Some(l) => Some(l.f_to_device(self.device)?),
+            None => None,
+        };
+        self.last_checkpoint_batch = Some(self.timestamp.batch);
+        self.resumed_from = Some(path.to_owned());
+        Ok(())
+    }
+
+    /// Writes a checkpoint of the current state to the checkpoint folder, points `latest` at it
+    /// and deletes the oldest beyond `keep`.
+    pub fn save_checkpoint(&mut self) -> anyhow::Result<PathBuf> {
+        let started = Instant::now();
+        let folder = self.config.checkpoint.folder.clone();
+        let path = folder.join(checkpoint::file_name(&self.timestamp));
+        let metrics_bytes = self
+            .reporter
+            .flush()
+            .with_context(|| format!("writing {}", self.reporter.metrics_path().display()))?;
+        let mut tensors: Vec<(String, Tensor)> = self
+            .state
+            .model
+            .params
+            .entries()
+            .iter()
+            .map(|e| (format!("model/{}", e.name), e.tensor.shallow_clone()))
+            .collect();
+        let optimizer = self
+            .state
+            .optimizer
+            .as_ref()
+            .context("internal error: the optimizer was not built")?;
+        tensors.extend(
+            optimizer
+                .state_tensors()
+                .into_iter()
+                .map(|(n, t)| (format!("optim/{n}"), t)),
+        );
+        let optimizer_meta = optimizer.meta();
+        let mut methods = Vec::new();
+        for (name, snapshot) in self.engine.states()? {
+            let (version, settings) = match self.plugins.iter().find(|p| p.name == name) {
+                Some(p) => (p.version.clone(), p.settings.clone()),
+                None => (String::new(), serde_json::Value::Null),
+            };
+            let has_state = snapshot.is_some();
+            let mut format_version = 0;
+            let mut tensor_names = Vec::new();
+            if let Some(s) = snapshot {
+                format_version = s.format_version;
+                tensor_names = s.tensors.iter().map(|(n, _)| n.clone()).collect();
+                tensors.push((
+                    format!("method/{name}/__bytes__"),
+                    Tensor::from_slice(&s.bytes),
+                ));
+                for (n, t) in s.tensors {
+                    if n == "__bytes__" {
+                        bail!("method `{name}` saved a tensor named `__bytes__`, a reserved name");
+                    }
+                    tensors.push((format!("method/{name}/{n}"), t));
+                }
+            }
+            methods.push(MethodMeta {
+                name,
+                version,
+                settings,
+                format_version,
+                has_state,
+                tensors: tensor_names,
+            });
+        }
+        if let Some(l) = &self.running_loss {
+            tensors.push(("trainer/running_loss".to_owned(), l.shallow_clone()));
+        }
+        let meta = Meta {
+            format: checkpoint::FORMAT_VERSION,
+            tessera_version: env!("CARGO_PKG_VERSION").to_owned(),
+            libtorch_version: LIBTORCH_VERSION.to_owned(),
+            created_unix: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+            run_name: self.config.run_name.clone(),
+            timestamp: self.timestamp.clone(),
+            batches_per_epoch: self.run.batches_per_epoch,
+            optimizer: optimizer_meta,
+            rng: checkpoint::rng_meta(self.state.rng()),
+            trainer: TrainerMeta {
+                train_seconds: self.train_seconds,
+                evals: self.evals.clone(),
+                last_eval_batch: self.last_eval_batch,
+                running_batches: self.running_batches,
+                metrics_bytes,
+                disabled: self
+                    .engine
+                    .disabled()
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect(),
+                skipped_steps: self.skipped_steps,
+            },
+            methods,
+            config: serde_json::to_value(&self.config)?,
+        };
+        let bytes = Checkpoint { meta, tensors }
+            .write(&path)
+            .context("writing a checkpoint")?;
+        checkpoint::update_latest(&folder, &path).with_context(|| {
+            format!(
+                "pointing {} at the new checkpoint",
+                folder.join(checkpoint::LATEST).display()
+            )
+        })?;
+        for old in checkpoint::prune(&folder, self.config.checkpoint.keep, &path) {
+            tracing::debug!("deleted old checkpoint {}", old.display());
+        }
+        self.last_checkpoint_batch = Some(self.timestamp.batch);
+        self.last_checkpoint = Some(path.clone());
+        tracing::info!(
+            "checkpoint {} ({:.2} MB in {:.0} ms)",
+            path.display(),
+            bytes as f64 / 1e6,
+            started.elapsed().as_secs_f64() * 1e3
+        );
+        Ok(path)
+    }
+
+    /// Fires a `*_checkpoint` event, telling methods whether a checkpoint follows, and writes
+    /// it when due: at `checkpoint.interval`, at the end of training and when a stop was
+    /// requested.
+    fn checkpoint_event(&mut self, event: Event, previous: &Timestamp) -> anyhow::Result<()> {
+        let ck = &self.config.checkpoint;
+        let interval_event = if event == Event::EPOCH_CHECKPOINT {
+            Event::EPOCH_END
+        } else {
+            Event::BATCH_END
+        };
+        let end = self.run.reached(&self.timestamp, &self.run.max_duration);
+        let stop = event == Event::BATCH_CHECKPOINT && self.stop_requested().is_some();
+        let due = ck.save
+            && (self.due(&ck.interval, previous, interval_event)
+                || ((end || stop) && self.last_checkpoint_batch != Some(self.timestamp.batch)));
+        self.state.checkpoint_pending = due;
+        let fired = self.fire(event);
+        self.state.checkpoint_pending = false;
+        fired?;
+        if due {
+            self.save_checkpoint()?;
+        }
+        Ok(())
     }
 
     /// The model.
@@ -313,7 +690,9 @@ impl Trainer {
         self.engine.fire(event, &mut self.state)?;
         if !self.state.metrics.is_empty() {
             let metrics = std::mem::take(&mut self.state.metrics);
-            self.reporter.method_metrics(self.timestamp.batch, &metrics);
+            if !self.quiet_metrics {
+                self.reporter.method_metrics(self.timestamp.batch, &metrics);
+            }
         }
         Ok(())
     }
@@ -364,6 +743,39 @@ impl Trainer {
                 bail!(
                     "methods asked for more than {MAX_PASSES} forward/backward passes in one step"
                 );
+            }
+        }
+        if let Some(loss) = &first_pass_loss {
+            let value = loss.f_double_value(&[])?;
+            if !value.is_finite() {
+                let t = &self.timestamp;
+                match self.config.train.nonfinite_loss {
+                    NonFiniteLoss::Stop => {
+                        let kept = match &self.last_checkpoint {
+                            Some(p) => format!("; the last checkpoint, {}, is intact", p.display()),
+                            None => String::new(),
+                        };
+                        bail!(
+                            "the training loss is {value} at batch {} (epoch {}); stopped before the update{kept}. Lower the learning rate, check the data, or set train.nonfinite_loss = \"skip\" to skip such steps",
+                            t.batch + 1,
+                            t.epoch
+                        );
+                    }
+                    NonFiniteLoss::Skip => {
+                        self.skipped_steps += 1;
+                        tracing::warn!(
+                            "the training loss is {value} at batch {} (epoch {}); skipping the update ({} skipped so far)",
+                            t.batch + 1,
+                            t.epoch,
+                            self.skipped_steps
+                        );
+                        self.optimizer_mut()?.zero_grad();
+                        self.state
+                            .metrics
+                            .push(("train/skipped_steps".to_owned(), self.skipped_steps as f64));
+                        return Ok(());
+                    }
+                }
             }
         }
         self.optimizer_mut()?.step()?;
@@ -593,7 +1005,8 @@ impl Trainer {
             TimeUnit::Epoch => self.run.max_duration.count(),
             _ => None,
         };
-        while !self.run.reached(&self.timestamp, &self.run.max_duration) {
+        let mut interrupted_by = None;
+        'fit: while !self.run.reached(&self.timestamp, &self.run.max_duration) {
             if self.timestamp.epoch_in_iteration == 0 && self.timestamp.batch_in_epoch == 0 {
                 self.fire(Event::ITERATION_START)?;
             }
@@ -621,7 +1034,11 @@ impl Trainer {
                 if self.due(&eval_every, &previous, Event::BATCH_END) {
                     self.evaluate()?;
                 }
-                self.fire(Event::BATCH_CHECKPOINT)?;
+                self.checkpoint_event(Event::BATCH_CHECKPOINT, &previous)?;
+                if let Some(signal) = self.stop_requested() {
+                    interrupted_by = Some(signal);
+                    break 'fit;
+                }
                 if self.run.reached(&self.timestamp, &self.run.max_duration) {
                     finished_early = true;
                     break;
@@ -636,23 +1053,46 @@ impl Trainer {
                 if self.due(&eval_every, &previous, Event::EPOCH_END) {
                     self.evaluate()?;
                 }
-                self.fire(Event::EPOCH_CHECKPOINT)?;
+                self.checkpoint_event(Event::EPOCH_CHECKPOINT, &previous)?;
             }
             if self.run.batches_per_epoch == 0 {
                 bail!("the training set gives no batch (batch_size larger than the set with drop_last = true?)");
             }
         }
-        self.fire(Event::FIT_END)?;
-        if self.last_eval_batch != Some(self.timestamp.batch) {
-            self.evaluate()?;
+        if let Some(signal) = interrupted_by {
+            let name = signal_name(signal);
+            match &self.last_checkpoint {
+                Some(p) if self.last_checkpoint_batch == Some(self.timestamp.batch) => {
+                    tracing::warn!(
+                        "{name}: stopped after batch {} with a checkpoint at {}; continue with checkpoint.autoresume = true",
+                        self.timestamp.batch,
+                        p.display()
+                    )
+                }
+                _ => tracing::warn!(
+                    "{name}: stopped after batch {}; checkpoints are off (checkpoint.save = false), so this progress is not saved",
+                    self.timestamp.batch
+                ),
+            }
+        } else {
+            self.fire(Event::FIT_END)?;
+            if self.last_eval_batch != Some(self.timestamp.batch) {
+                self.evaluate()?;
+            }
+            self.log_train_line()?;
         }
-        self.log_train_line()?;
         self.reporter.finish();
-        let record = self.run_record();
+        let mut record = self.run_record();
+        if let Some(signal) = interrupted_by {
+            record.status = format!("interrupted by {}", signal_name(signal));
+        }
         let path = self.config.run_dir().join("run.json");
         let text = serde_json::to_vec_pretty(&record)?;
         write_atomic(&path, &text).with_context(|| format!("writing {}", path.display()))?;
-        Ok(FitSummary { record })
+        Ok(FitSummary {
+            record,
+            interrupted_by,
+        })
     }
 
     fn run_record(&self) -> RunRecord {
@@ -681,8 +1121,40 @@ impl Trainer {
                 .usd_per_hour
                 .map(|usd| usd * wall_seconds / 3600.0),
             final_accuracy: self.evals.last().map(|e| e.accuracy),
+            status: "completed".to_owned(),
+            resumed_from: self.resumed_from.clone(),
+            last_checkpoint: self.last_checkpoint.clone(),
+            skipped_steps: self.skipped_steps,
         }
     }
+}
+
+/// The checkpoint a run starts from: `checkpoint.load` (must read), else with `autoresume` the
+/// newest good one in the folder (corrupt or partial ones are skipped with a warning).
+fn find_resume_checkpoint(
+    ck: &config::CheckpointConfig,
+) -> anyhow::Result<Option<(PathBuf, Checkpoint)>> {
+    if let Some(path) = &ck.load {
+        let c = Checkpoint::read(path).context("checkpoint.load")?;
+        return Ok(Some((path.clone(), c)));
+    }
+    if !ck.autoresume {
+        return Ok(None);
+    }
+    let found = checkpoint::latest_good(&ck.folder);
+    if found.is_none() {
+        tracing::info!(
+            "autoresume: no usable checkpoint in {}; starting from the beginning",
+            ck.folder.display()
+        );
+    }
+    Ok(found)
+}
+
+/// Whether `file` lies directly in `folder` (comparing canonical paths when possible).
+fn same_folder(file: &Path, folder: &Path) -> bool {
+    let canon = |p: &Path| p.canonicalize().unwrap_or_else(|_| p.to_owned());
+    file.parent().map(canon) == Some(canon(folder))
 }
 
 fn build_optimizer(config: &Config, model: &Model) -> Optimizer {

@@ -551,7 +551,7 @@ impl Method for Ema {
     fn on_event(&mut self, event: Event, ctx: &mut Context<'_>) -> Result<(), Error> {
         match event {
             Event::INIT | Event::FIT_START => self.attach(ctx),
-            Event::BATCH_START => {
+            Event::BATCH_START | Event::EPOCH_START | Event::BEFORE_DATALOADER | Event::FIT_END => {
                 if self.swapped_in {
                     self.restore(ctx)?;
                 }
@@ -698,6 +698,13 @@ impl Plugin for Ema {
             at(Event::INIT, INIT_PRIORITY),
             Hook::at(Event::FIT_START),
             at(Event::BATCH_START, SWAP_PRIORITY),
+            // After a checkpoint swapped the EMA weights in, the training weights come back at
+            // the very next training event, so that no method (selective backprop scores the
+            // batch at `after_dataloader`) sees the EMA weights during training: writing a
+            // checkpoint never changes the run.
+            at(Event::EPOCH_START, SWAP_PRIORITY),
+            at(Event::BEFORE_DATALOADER, SWAP_PRIORITY),
+            at(Event::FIT_END, SWAP_PRIORITY),
             Hook::at(Event::BATCH_END),
             Hook::at(Event::EPOCH_END),
             at(Event::EVAL_START, SWAP_PRIORITY),

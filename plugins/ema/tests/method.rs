@@ -388,6 +388,13 @@ fn checkpoint_swap_protocol() {
         // The next batch_start puts the training weights back.
         h.fire(&mut m, Event::BATCH_START).unwrap();
         assert_model(&h, &w, "batch_start after a checkpoint");
+        // So do the earlier training events of the next batch or epoch, and the end of fit.
+        for next in [Event::BEFORE_DATALOADER, Event::EPOCH_START, Event::FIT_END] {
+            h.fire(&mut m, event).unwrap();
+            assert_model(&h, &e, "checkpoint swap");
+            h.fire(&mut m, next).unwrap();
+            assert_model(&h, &w, &format!("{next} after a checkpoint"));
+        }
         h.checkpoint_pending = false;
     }
 

@@ -1,0 +1,511 @@
+//! Checkpoints and exact resume, through the `tessera` binary on Fashion-MNIST: a run stopped
+//! (by its length, SIGTERM, SIGINT or `kill -9`, even in the middle of a checkpoint write) and
+//! resumed produces the same checkpoints, bit for bit, as the uninterrupted run; bad
+//! checkpoints are refused or skipped with messages that name them.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tessera::checkpoint::{self, Checkpoint};
+use tessera_tests::{
+    read_json, read_jsonl, require_fashion_mnist, run_dir, tessera_bin, train, TempDir, TrainerToml,
+};
+
+/// Checkpoints every 2 batches; logs every batch.
+fn with_checkpoints(toml: &TrainerToml, extra: &str) -> String {
+    format!(
+        "{}\n[checkpoint]\ninterval = \"2ba\"\n{extra}",
+        toml.render()
+    )
+}
+
+/// Methods whose state or randomness matter: EMA (shadow weights, swapped in at checkpoints),
+/// selective backprop and CutOut (host RNG), label smoothing, the fake plugin (a counter
+/// saved through the ABI).
+fn config_a(run: &str) -> TrainerToml {
+    let mut t = TrainerToml::new(run)
+        .algorithm("ema", "half_life = \"2ba\"")
+        .algorithm(
+            "selective_backprop",
+            "start = 0.0\nend = 1.0\nkeep = 0.5\ninterrupt = 0",
+        )
+        .algorithm("label_smoothing", "smoothing = 0.1")
+        .algorithm("cutout", "num_holes = 1\nlength = 0.25")
+        .algorithm("fake_plugin", "");
+    t.max_duration = "8ba".into();
+    t
+}
+
+/// Surgery (BlurPool, replayed before the weights load), SAM's extra pass, AdamW.
+fn config_b(run: &str) -> TrainerToml {
+    let mut t = TrainerToml::new(run)
+        .algorithm("blurpool", "min_channels = 1")
+        .algorithm("sam", "rho = 0.05")
+        .algorithm("fake_plugin", "");
+    t.optimizer = "name = \"adamw\"\nlr = 0.003\nweight_decay = 0.01".into();
+    t.max_duration = "8ba".into();
+    t
+}
+
+fn ckpt_dir(dir: &TempDir, run: &str) -> PathBuf {
+    run_dir(dir, run).join("checkpoints")
+}
+
+fn names(folder: &Path) -> Vec<String> {
+    let mut v: Vec<String> = checkpoint::list(folder)
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+/// Every tensor equal bit for bit; the clock (without wall time), optimizer position, RNG,
+/// evaluations, method list and trainer counters equal.
+fn assert_same_checkpoint(a: &Path, b: &Path) {
+    let ca = Checkpoint::read(a).unwrap_or_else(|e| panic!("{e}"));
+    let cb = Checkpoint::read(b).unwrap_or_else(|e| panic!("{e}"));
+    let na: Vec<&str> = ca.tensors.iter().map(|(n, _)| n.as_str()).collect();
+    let nb: Vec<&str> = cb.tensors.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        na,
+        nb,
+        "{} and {} hold different tensors",
+        a.display(),
+        b.display()
+    );
+    for ((name, ta), (_, tb)) in ca.tensors.iter().zip(&cb.tensors) {
+        assert_eq!(ta.kind(), tb.kind(), "{name}");
+        assert_eq!(ta.size(), tb.size(), "{name}");
+        // Bitwise: compare the raw bytes (NaN-safe, -0.0 vs 0.0 distinguished).
+        let bytes = |t: &tch::Tensor| {
+            let t = t.contiguous();
+            let mut v = vec![0u8; t.numel() * t.kind().elt_size_in_bytes()];
+            t.copy_data_u8(&mut v, t.numel());
+            v
+        };
+        assert!(
+            bytes(ta) == bytes(tb),
+            "tensor `{name}` differs between {} and {}",
+            a.display(),
+            b.display()
+        );
+    }
+    let clock = |c: &Checkpoint| {
+        let mut t = c.meta.timestamp.clone();
+        t.total_wall_seconds = 0.0;
+        t.epoch_wall_seconds = 0.0;
+        t.batch_wall_seconds = 0.0;
+        t
+    };
+    assert_eq!(clock(&ca), clock(&cb));
+    assert_eq!(ca.meta.optimizer, cb.meta.optimizer);
+    assert_eq!(ca.meta.rng, cb.meta.rng);
+    assert_eq!(ca.meta.methods, cb.meta.methods);
+    assert_eq!(ca.meta.trainer.evals, cb.meta.trainer.evals);
+    assert_eq!(
+        ca.meta.trainer.running_batches,
+        cb.meta.trainer.running_batches
+    );
+    assert_eq!(ca.meta.trainer.disabled, cb.meta.trainer.disabled);
+}
+
+/// The metrics file without timing fields.
+fn metrics(dir: &TempDir, run: &str) -> Vec<Value> {
+    let mut lines = read_jsonl(&run_dir(dir, run).join("metrics.jsonl"));
+    for l in &mut lines {
+        if let Some(d) = l.get_mut("data").and_then(Value::as_object_mut) {
+            d.remove("samples_per_second");
+        }
+    }
+    lines
+}
+
+/// Checkpoints of `resumed` from batch `from` on equal the straight run's.
+fn assert_continues(dir: &TempDir, straight: &str, resumed: &str, from: u64) {
+    let s = names(&ckpt_dir(dir, straight));
+    let r = names(&ckpt_dir(dir, resumed));
+    let later: Vec<&String> = s
+        .iter()
+        .filter(|n| checkpoint::parse_file_name(n).is_some_and(|(_, b)| b > from))
+        .collect();
+    assert!(
+        !later.is_empty(),
+        "no checkpoint after batch {from} in {s:?}"
+    );
+    for name in later {
+        assert!(
+            r.contains(name),
+            "the resumed run did not write {name}: {r:?}"
+        );
+        assert_same_checkpoint(
+            &ckpt_dir(dir, straight).join(name),
+            &ckpt_dir(dir, resumed).join(name),
+        );
+    }
+}
+
+#[test]
+fn stop_and_resume_equals_straight_run_bit_for_bit() {
+    for (label, make) in [("a", config_a as fn(&str) -> TrainerToml), ("b", config_b)] {
+        let dir = TempDir::new(&format!("resume-{label}"));
+        // 8 batches straight.
+        dir.write("trainer.toml", &with_checkpoints(&make("straight"), ""));
+        train(&dir, &[], &[]).assert_success();
+        assert_eq!(
+            names(&ckpt_dir(&dir, "straight")),
+            [
+                "ep0-ba2.ckpt",
+                "ep0-ba4.ckpt",
+                "ep0-ba6.ckpt",
+                "ep0-ba8.ckpt"
+            ]
+        );
+        // 4 batches, then the same run continued to 8 with autoresume.
+        dir.write("trainer.toml", &with_checkpoints(&make("resumed"), ""));
+        train(&dir, &["train.max_duration=4ba"], &[]).assert_success();
+        let out = train(&dir, &["checkpoint.autoresume=true"], &[]);
+        out.assert_success();
+        assert!(
+            out.stderr.contains("resumed from") && out.stderr.contains("ep0-ba4.ckpt"),
+            "{}",
+            out.dump()
+        );
+        assert_continues(&dir, "straight", "resumed", 4);
+        // The metrics file reads as if the run had never stopped (the 4-batch run's final
+        // evaluation, written after its last checkpoint, is gone).
+        assert_eq!(
+            metrics(&dir, "straight"),
+            metrics(&dir, "resumed"),
+            "config {label}"
+        );
+        let record = read_json(&run_dir(&dir, "resumed").join("run.json"));
+        assert_eq!(record["status"], "completed");
+        assert!(record["resumed_from"]
+            .as_str()
+            .is_some_and(|p| p.ends_with("ep0-ba4.ckpt")));
+        assert_eq!(
+            record["evals"],
+            read_json(&run_dir(&dir, "straight").join("run.json"))["evals"]
+        );
+    }
+}
+
+/// Starts `tessera train trainer.toml` in `dir` without waiting (the environment is cleaned as
+/// in `tessera_tests::tessera`).
+fn spawn(dir: &TempDir, overrides: &[&str], env: &[(&str, &str)]) -> Child {
+    require_fashion_mnist();
+    let mut cmd = Command::new(tessera_bin());
+    cmd.arg("train").arg(dir.join("trainer.toml"));
+    for o in overrides {
+        cmd.args(["--set", o]);
+    }
+    cmd.current_dir(dir.path())
+        .env_remove("LD_LIBRARY_PATH")
+        .env_remove("TESSERA_PLUGIN_PATH")
+        .env_remove("TESSERA_FAKE_SLEEP_MS")
+        .env_remove(checkpoint::PAUSE_ENV)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.spawn().expect("start tessera")
+}
+
+fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
+    let started = Instant::now();
+    while !done() {
+        assert!(started.elapsed() < timeout, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn finish(child: Child) -> (std::process::ExitStatus, String) {
+    let out = child.wait_with_output().expect("wait for tessera");
+    (
+        out.status,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn signal(child: &Child, sig: &str) {
+    let ok = Command::new("kill")
+        .args([sig, &child.id().to_string()])
+        .status()
+        .expect("run kill")
+        .success();
+    assert!(ok, "kill {sig} failed");
+}
+
+#[test]
+fn kill_9_mid_training_then_autoresume_reproduces_the_straight_run() {
+    let dir = TempDir::new("kill9");
+    dir.write("trainer.toml", &with_checkpoints(&config_a("straight"), ""));
+    train(&dir, &[], &[]).assert_success();
+
+    dir.write("trainer.toml", &with_checkpoints(&config_a("killed"), ""));
+    let child = spawn(&dir, &[], &[("TESSERA_FAKE_SLEEP_MS", "250")]);
+    let folder = ckpt_dir(&dir, "killed");
+    wait_for("the second checkpoint", Duration::from_secs(120), || {
+        folder.join("ep0-ba4.ckpt").exists()
+    });
+    signal(&child, "-KILL");
+    let (status, _) = finish(child);
+    assert!(!status.success());
+    let before = names(&folder);
+    assert!(!before.contains(&"ep0-ba8.ckpt".to_owned()), "{before:?}");
+
+    let out = train(&dir, &["checkpoint.autoresume=true"], &[]);
+    out.assert_success();
+    let from = before
+        .iter()
+        .filter_map(|n| checkpoint::parse_file_name(n).map(|(_, b)| b))
+        .max()
+        .unwrap();
+    assert_continues(&dir, "straight", "killed", from);
+    assert_eq!(metrics(&dir, "straight"), metrics(&dir, "killed"));
+}
+
+#[test]
+fn kill_9_while_writing_a_checkpoint_leaves_the_previous_one_usable() {
+    let dir = TempDir::new("kill-write");
+    dir.write("trainer.toml", &with_checkpoints(&config_a("straight"), ""));
+    train(&dir, &[], &[]).assert_success();
+
+    dir.write("trainer.toml", &with_checkpoints(&config_a("torn"), ""));
+    // Every write pauses 1.5 s between writing the temporary file and renaming it.
+    let child = spawn(&dir, &[], &[(checkpoint::PAUSE_ENV, "1500")]);
+    let folder = ckpt_dir(&dir, "torn");
+    let temporary = || {
+        std::fs::read_dir(&folder)
+            .map(|d| {
+                d.filter_map(Result::ok).any(|e| {
+                    e.file_name()
+                        .to_string_lossy()
+                        .starts_with(".tmp-ep0-ba4.ckpt")
+                })
+            })
+            .unwrap_or(false)
+    };
+    wait_for("the write of ep0-ba4", Duration::from_secs(120), temporary);
+    signal(&child, "-KILL");
+    let (status, _) = finish(child);
+    assert!(!status.success());
+    assert_eq!(
+        names(&folder),
+        ["ep0-ba2.ckpt"],
+        "the torn write must not appear"
+    );
+    Checkpoint::read(&folder.join("ep0-ba2.ckpt")).expect("the previous checkpoint reads");
+    assert_eq!(
+        std::fs::read_link(folder.join(checkpoint::LATEST)).unwrap(),
+        Path::new("ep0-ba2.ckpt")
+    );
+
+    let out = train(&dir, &["checkpoint.autoresume=true"], &[]);
+    out.assert_success();
+    assert!(!temporary(), "the stale temporary file was not cleaned up");
+    assert_continues(&dir, "straight", "torn", 2);
+}
+
+#[test]
+fn sigterm_and_sigint_finish_the_step_write_a_checkpoint_and_exit() {
+    for (sig, code, name) in [("-TERM", 143, "SIGTERM"), ("-INT", 130, "SIGINT")] {
+        let dir = TempDir::new(&format!("signal{code}"));
+        dir.write("trainer.toml", &with_checkpoints(&config_a("straight"), ""));
+        train(&dir, &[], &[]).assert_success();
+
+        // Checkpoints only at the end, so the one written is the signal's.
+        dir.write(
+            "trainer.toml",
+            &format!(
+                "{}\n[checkpoint]\ninterval = \"100ba\"\n",
+                config_a("stopped").render()
+            ),
+        );
+        let child = spawn(&dir, &[], &[("TESSERA_FAKE_SLEEP_MS", "300")]);
+        let metrics_file = run_dir(&dir, "stopped").join("metrics.jsonl");
+        wait_for("training to start", Duration::from_secs(120), || {
+            std::fs::metadata(&metrics_file).is_ok_and(|m| m.len() > 0)
+                || std::fs::read_dir(run_dir(&dir, "stopped")).is_ok()
+        });
+        std::thread::sleep(Duration::from_millis(900));
+        signal(&child, sig);
+        let (status, stderr) = finish(child);
+        assert_eq!(status.code(), Some(code), "{stderr}");
+        assert!(
+            stderr.contains(&format!("interrupted by {name}")),
+            "{stderr}"
+        );
+        let written = names(&ckpt_dir(&dir, "stopped"));
+        assert_eq!(written.len(), 1, "{written:?}\n{stderr}");
+        let (_, batch) = checkpoint::parse_file_name(&written[0]).unwrap();
+        assert!(batch < 8, "stopped at {batch}");
+        let record = read_json(&run_dir(&dir, "stopped").join("run.json"));
+        assert_eq!(record["status"], format!("interrupted by {name}"));
+
+        // Continuing gives the straight run's final state.
+        let out = train(&dir, &["checkpoint.autoresume=true"], &[]);
+        out.assert_success();
+        assert_same_checkpoint(
+            &ckpt_dir(&dir, "straight").join("ep0-ba8.ckpt"),
+            &ckpt_dir(&dir, "stopped").join("ep0-ba8.ckpt"),
+        );
+        assert_eq!(metrics(&dir, "straight"), metrics(&dir, "stopped"));
+    }
+}
+
+#[test]
+fn corrupt_newest_checkpoint_is_skipped_with_a_warning() {
+    let dir = TempDir::new("corrupt");
+    dir.write("trainer.toml", &with_checkpoints(&config_a("straight"), ""));
+    train(&dir, &[], &[]).assert_success();
+    dir.write("trainer.toml", &with_checkpoints(&config_a("c"), ""));
+    train(&dir, &["train.max_duration=6ba"], &[]).assert_success();
+    // Flip one byte in the middle of the newest checkpoint's data.
+    let newest = ckpt_dir(&dir, "c").join("ep0-ba6.ckpt");
+    let mut bytes = std::fs::read(&newest).unwrap();
+    let i = bytes.len() * 2 / 3;
+    bytes[i] ^= 0x01;
+    std::fs::write(&newest, &bytes).unwrap();
+    let out = train(&dir, &["checkpoint.autoresume=true"], &[]);
+    out.assert_success();
+    assert!(
+        out.stderr.contains("skipping checkpoint")
+            && out.stderr.contains("ep0-ba6.ckpt")
+            && out.stderr.contains("checksum mismatch"),
+        "{}",
+        out.dump()
+    );
+    assert!(out.stderr.contains("resumed from"), "{}", out.dump());
+    assert_continues(&dir, "straight", "c", 4);
+}
+
+#[test]
+fn bad_checkpoints_are_refused_with_the_cause() {
+    let dir = TempDir::new("refused");
+    dir.write("trainer.toml", &with_checkpoints(&config_a("src"), ""));
+    train(&dir, &["train.max_duration=2ba"], &[]).assert_success();
+    let good = ckpt_dir(&dir, "src").join("ep0-ba2.ckpt");
+    let good_arg = format!("checkpoint.load={}", good.display());
+
+    // Another model (wider CNN).
+    let mut wide = config_a("wide");
+    wide.model = "name = \"cnn\"\nwidth = 16".into();
+    dir.write("trainer.toml", &with_checkpoints(&wide, ""));
+    train(&dir, &[&good_arg], &[]).assert_failure(&[
+        "ep0-ba2.ckpt",
+        "does not fit this model",
+        "features.0.weight",
+        "\"width\":8",
+    ]);
+
+    // A method whose state it holds is missing from this run.
+    let mut fewer = TrainerToml::new("fewer");
+    fewer.max_duration = "8ba".into();
+    dir.write("trainer.toml", &with_checkpoints(&fewer, ""));
+    train(&dir, &[&good_arg], &[]).assert_failure(&["method `ema`", "does not load"]);
+
+    // Truncated (a partial copy) and missing files.
+    let partial = dir.join("partial.ckpt");
+    let bytes = std::fs::read(&good).unwrap();
+    std::fs::write(&partial, &bytes[..bytes.len() / 2]).unwrap();
+    dir.write("trainer.toml", &with_checkpoints(&config_a("p"), ""));
+    train(
+        &dir,
+        &[&format!("checkpoint.load={}", partial.display())],
+        &[],
+    )
+    .assert_failure(&["partial.ckpt", "corrupt or partial checkpoint"]);
+    train(&dir, &["checkpoint.load=nowhere.ckpt"], &[])
+        .assert_failure(&["nowhere.ckpt", "No such file"]);
+    // Nothing the user had was touched.
+    Checkpoint::read(&good).expect("the source checkpoint still reads");
+}
+
+#[test]
+fn nonfinite_loss_stops_keeping_checkpoints_or_skips_the_step() {
+    let dir = TempDir::new("nan");
+    dir.write("trainer.toml", &with_checkpoints(&config_a("stop"), ""));
+    let out = train(&dir, &[], &[("TESSERA_FAKE_NAN_AT_BATCH", "5")]);
+    out.assert_failure(&[
+        "the training loss is NaN at batch 5",
+        "stopped before the update",
+        "ep0-ba4.ckpt",
+        "nonfinite_loss",
+    ]);
+    assert_eq!(
+        names(&ckpt_dir(&dir, "stop")),
+        ["ep0-ba2.ckpt", "ep0-ba4.ckpt"]
+    );
+    let last = Checkpoint::read(&ckpt_dir(&dir, "stop").join("ep0-ba4.ckpt")).unwrap();
+    for (name, t) in last.with_prefix("model/") {
+        if t.is_floating_point() {
+            assert!(
+                bool::try_from(t.isfinite().all()).unwrap(),
+                "{name} is not finite"
+            );
+        }
+    }
+
+    dir.write("trainer.toml", &with_checkpoints(&config_a("skip"), ""));
+    let out = train(
+        &dir,
+        &["train.nonfinite_loss=\"skip\""],
+        &[("TESSERA_FAKE_NAN_AT_BATCH", "5")],
+    );
+    out.assert_success();
+    assert!(out.stderr.contains("skipping the update"), "{}", out.dump());
+    let record = read_json(&run_dir(&dir, "skip").join("run.json"));
+    assert_eq!(record["skipped_steps"], 1);
+    assert_eq!(record["batches"], 8);
+}
+
+#[test]
+fn keep_prunes_old_checkpoints_and_latest_points_at_the_newest() {
+    let dir = TempDir::new("keep");
+    dir.write(
+        "trainer.toml",
+        &with_checkpoints(&config_a("k"), "keep = 2\n"),
+    );
+    train(&dir, &[], &[]).assert_success();
+    let folder = ckpt_dir(&dir, "k");
+    assert_eq!(names(&folder), ["ep0-ba6.ckpt", "ep0-ba8.ckpt"]);
+    assert_eq!(
+        std::fs::read_link(folder.join(checkpoint::LATEST)).unwrap(),
+        Path::new("ep0-ba8.ckpt")
+    );
+}
+
+#[test]
+fn a_plugin_panic_after_checkpoints_leaves_them_intact() {
+    let dir = TempDir::new("panic-keeps");
+    dir.write("trainer.toml", &with_checkpoints(&config_a("p"), ""));
+    let out = train(&dir, &[], &[("TESSERA_FAKE_PANIC_AT", "fit_end")]);
+    out.assert_failure(&["fake_plugin", "fit_end", "panic"]);
+    let folder = ckpt_dir(&dir, "p");
+    assert_eq!(
+        names(&folder),
+        [
+            "ep0-ba2.ckpt",
+            "ep0-ba4.ckpt",
+            "ep0-ba6.ckpt",
+            "ep0-ba8.ckpt"
+        ]
+    );
+    for name in names(&folder) {
+        Checkpoint::read(&folder.join(&name)).unwrap_or_else(|e| panic!("{e}"));
+    }
+    // And the failed run can be continued (here: it had finished training; fit_end runs
+    // again and the final evaluation is written).
+    let out = train(&dir, &["checkpoint.autoresume=true"], &[]);
+    out.assert_success();
+    assert_eq!(
+        read_json(&run_dir(&dir, "p").join("run.json"))["status"],
+        "completed"
+    );
+}
