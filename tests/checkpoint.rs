@@ -509,3 +509,55 @@ fn a_plugin_panic_after_checkpoints_leaves_them_intact() {
         "completed"
     );
 }
+
+#[test]
+fn resume_at_epoch_boundaries_with_a_schedule_and_evaluations() {
+    // 4 batches per epoch (256 synthetic samples of 64), 3 epochs, a warmup + cosine schedule
+    // measured in `dur`, an evaluation and a checkpoint every epoch.
+    let config = |run: &str| {
+        let mut t = config_a(run);
+        t.max_duration = "3ep".into();
+        t.render()
+            .replacen("dataset = \"fashion-mnist\"", "dataset = \"synthetic\"", 1)
+            .replacen(
+                "[data.transforms]",
+                "[data.synthetic]\nsamples = 256\neval_samples = 64\n\n[data.transforms]",
+                1,
+            )
+            .replacen(
+                "[train]",
+                "[scheduler]\nname = \"cosine_with_warmup\"\nt_warmup = \"0.25dur\"\n\n[train]",
+                1,
+            )
+            + "\n[checkpoint]\ninterval = \"1ep\"\n"
+    };
+    let dir = TempDir::new("epochs");
+    dir.write("trainer.toml", &config("straight"));
+    train(&dir, &[], &[]).assert_success();
+    assert_eq!(
+        names(&ckpt_dir(&dir, "straight")),
+        ["ep1-ba4.ckpt", "ep2-ba8.ckpt", "ep3-ba12.ckpt"]
+    );
+    // Killed right after the first epoch's checkpoint: keep only that one.
+    dir.write("trainer.toml", &config("resumed"));
+    let child = spawn(&dir, &[], &[("TESSERA_FAKE_SLEEP_MS", "200")]);
+    let folder = ckpt_dir(&dir, "resumed");
+    wait_for(
+        "the first epoch's checkpoint",
+        Duration::from_secs(120),
+        || folder.join("ep1-ba4.ckpt").exists(),
+    );
+    signal(&child, "-KILL");
+    finish(child);
+    for later in ["ep2-ba8.ckpt", "ep3-ba12.ckpt"] {
+        let _ = std::fs::remove_file(folder.join(later));
+    }
+    let out = train(&dir, &["checkpoint.autoresume=true"], &[]);
+    out.assert_success();
+    assert!(out.stderr.contains("ep1-ba4.ckpt"), "{}", out.dump());
+    assert_continues(&dir, "straight", "resumed", 4);
+    assert_eq!(metrics(&dir, "straight"), metrics(&dir, "resumed"));
+    let evals = |run: &str| read_json(&run_dir(&dir, run).join("run.json"))["evals"].clone();
+    assert_eq!(evals("straight").as_array().map(Vec::len), Some(3));
+    assert_eq!(evals("straight"), evals("resumed"));
+}

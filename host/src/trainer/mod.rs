@@ -998,7 +998,12 @@ impl Trainer {
     /// and writes the run record.
     pub fn fit(&mut self) -> anyhow::Result<FitSummary> {
         self.fire(Event::FIT_START)?;
-        self.set_scheduled_lr()?;
+        // A resumed run keeps the learning rate the checkpoint holds: the schedule is stepped
+        // before the clock advances, so the next step's rate is a function of the previous
+        // batch, not of the restored clock.
+        if self.resumed_from.is_none() {
+            self.set_scheduled_lr()?;
+        }
         let log_every = self.config.train.log_interval;
         let eval_every = self.config.train.eval_interval;
         let max_epochs = match self.run.max_duration.unit() {
