@@ -561,3 +561,43 @@ fn resume_at_epoch_boundaries_with_a_schedule_and_evaluations() {
     assert_eq!(evals("straight").as_array().map(Vec::len), Some(3));
     assert_eq!(evals("straight"), evals("resumed"));
 }
+
+#[test]
+fn ema_weights_are_what_a_checkpoint_holds_and_training_weights_come_back() {
+    let dir = TempDir::new("ema-ckpt");
+    dir.write("trainer.toml", &with_checkpoints(&config_a("e"), ""));
+    train(&dir, &["train.max_duration=4ba"], &[]).assert_success();
+    let c = Checkpoint::read(&ckpt_dir(&dir, "e").join("ep0-ba4.ckpt")).unwrap();
+    let state = |prefix: &str| -> Vec<(String, tch::Tensor)> {
+        c.with_prefix(prefix)
+            .map(|(n, t)| (n.to_owned(), t.shallow_clone()))
+            .collect()
+    };
+    let (ema, training) = (state("method/ema/ema/"), state("method/ema/training/"));
+    assert!(!ema.is_empty());
+    assert_eq!(
+        ema.len(),
+        training.len(),
+        "training weights are saved while swapped in"
+    );
+    let mut differ = 0;
+    for (name, e) in &ema {
+        let model = c.tensor(&format!("model/{name}")).expect("model tensor");
+        assert!(
+            model.equal(e),
+            "`{name}`: the checkpoint's model must hold the EMA weights"
+        );
+        let t = &training
+            .iter()
+            .find(|(n, _)| n == name)
+            .expect("training copy")
+            .1;
+        if !t.equal(e) {
+            differ += 1;
+        }
+    }
+    assert!(
+        differ > 0,
+        "after 4 steps the EMA and training weights differ"
+    );
+}
