@@ -33,13 +33,7 @@ pub struct Images {
 
 /// Reads an IDX image file (magic `0x00000803`, N×H×W unsigned bytes), raw or gzip.
 pub fn read_images(path: &Path) -> Result<Images, DataError> {
-    let (dims, pixels) = read_idx(path, IMAGES_MAGIC, "images")?;
-    Ok(Images {
-        count: dims[0],
-        height: dims[1],
-        width: dims[2],
-        pixels,
-    })
+    Ok(images(read_idx(path, IMAGES_MAGIC, "images")?))
 }
 
 /// Reads an IDX label file (magic `0x00000801`, N unsigned bytes), raw or gzip.
@@ -48,15 +42,53 @@ pub fn read_labels(path: &Path) -> Result<Vec<u8>, DataError> {
     Ok(labels)
 }
 
+/// Parses the bytes of an IDX image file (raw or gzip) held in memory; `name` stands in for the
+/// file path in error messages.
+pub fn parse_images(bytes: &[u8], name: &str) -> Result<Images, DataError> {
+    Ok(images(read_idx_from(
+        bytes,
+        Path::new(name),
+        IMAGES_MAGIC,
+        "images",
+    )?))
+}
+
+/// Parses the bytes of an IDX label file (raw or gzip) held in memory; `name` stands in for the
+/// file path in error messages.
+pub fn parse_labels(bytes: &[u8], name: &str) -> Result<Vec<u8>, DataError> {
+    let (_, labels) = read_idx_from(bytes, Path::new(name), LABELS_MAGIC, "labels")?;
+    Ok(labels)
+}
+
+/// Wraps the dimensions and payload of a three-dimensional IDX file as [`Images`].
+fn images((dims, pixels): (Vec<usize>, Vec<u8>)) -> Images {
+    Images {
+        count: dims[0],
+        height: dims[1],
+        width: dims[2],
+        pixels,
+    }
+}
+
 /// Reads an unsigned-byte IDX file with the given magic; returns its dimensions and payload.
 fn read_idx(path: &Path, magic: u32, kind: &str) -> Result<(Vec<usize>, Vec<u8>), DataError> {
     let file = File::open(path).map_err(|e| DataError::io(path, e))?;
-    let mut file = BufReader::new(file);
+    read_idx_from(BufReader::new(file), path, magic, kind)
+}
+
+/// Reads an unsigned-byte IDX stream with the given magic from `file`, raw or gzip; `path` names
+/// the source in errors. Returns the dimensions and the payload.
+fn read_idx_from(
+    mut file: impl Read,
+    path: &Path,
+    magic: u32,
+    kind: &str,
+) -> Result<(Vec<usize>, Vec<u8>), DataError> {
     let mut sniff = [0u8; 2];
     let sniffed = read_up_to(&mut file, &mut sniff).map_err(|e| DataError::io(path, e))?;
     let head = std::io::Cursor::new(sniff[..sniffed].to_vec());
     let gzip = sniff[..sniffed] == [0x1f, 0x8b];
-    let mut reader: Box<dyn Read> = if gzip {
+    let mut reader: Box<dyn Read + '_> = if gzip {
         Box::new(MultiGzDecoder::new(head.chain(file)))
     } else {
         Box::new(head.chain(file))
@@ -336,5 +368,67 @@ pub(crate) mod tests {
     fn missing_file_is_io_error_naming_it() {
         let msg = err_text(read_labels(Path::new("/nonexistent/tessera-labels")));
         assert!(msg.contains("/nonexistent/tessera-labels"), "{msg}");
+    }
+
+    #[test]
+    fn parse_from_bytes_matches_the_file_readers() {
+        let dir = TempDir::new("idx-bytes");
+        let gz = gzip(&image_bytes());
+        let path = write(&dir, "img.gz", &gz);
+        assert_eq!(
+            parse_images(&gz, "img.gz").unwrap(),
+            read_images(&path).unwrap()
+        );
+        assert_eq!(
+            parse_labels(&encode(&[3], &[7, 0, 9]), "mem").unwrap(),
+            vec![7, 0, 9]
+        );
+        let msg = err_text(parse_images(&image_bytes()[..9], "in-memory.idx"));
+        assert!(msg.starts_with("in-memory.idx: truncated header"), "{msg}");
+    }
+
+    /// Every file in `tests/fuzz_regressions/idx` (crash reproducers and hand-made nasty inputs)
+    /// and in the seed corpus `fuzz/corpus/idx` goes through both parsers without a panic; errors
+    /// name the input, and the path readers agree with the byte parsers.
+    #[test]
+    fn fuzz_regressions_and_seed_corpus() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut checked = 0;
+        for folder in ["tests/fuzz_regressions/idx", "fuzz/corpus/idx"] {
+            let folder = root.join(folder);
+            let mut files: Vec<PathBuf> = std::fs::read_dir(&folder)
+                .unwrap_or_else(|e| panic!("{}: {e}", folder.display()))
+                .map(|entry| entry.unwrap().path())
+                .filter(|p| p.is_file())
+                .collect();
+            files.sort();
+            for path in files {
+                let bytes = std::fs::read(&path).unwrap();
+                let name = path.file_name().unwrap().to_string_lossy().into_owned();
+                let images = parse_images(&bytes, &name);
+                let labels = parse_labels(&bytes, &name);
+                for msg in [images.as_ref().err(), labels.as_ref().err()]
+                    .into_iter()
+                    .flatten()
+                    .map(ToString::to_string)
+                {
+                    assert!(msg.contains(&name), "error does not name {name}: {msg}");
+                }
+                if let Ok(i) = &images {
+                    assert_eq!(i.pixels.len(), i.count * i.height * i.width, "{name}");
+                }
+                // Seed files named after their contents must parse.
+                if folder.ends_with("fuzz/corpus/idx") && name.starts_with("images-") {
+                    assert!(images.is_ok(), "{name}: {:?}", images.err());
+                }
+                if folder.ends_with("fuzz/corpus/idx") && name.starts_with("labels-") {
+                    assert!(labels.is_ok(), "{name}: {:?}", labels.err());
+                }
+                assert_eq!(read_images(&path).ok(), images.ok(), "{name}");
+                assert_eq!(read_labels(&path).ok(), labels.ok(), "{name}");
+                checked += 1;
+            }
+        }
+        assert!(checked >= 10, "only {checked} files checked");
     }
 }
