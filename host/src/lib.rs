@@ -19,3 +19,27 @@ pub mod report;
 pub mod scaffold;
 pub mod time;
 pub mod trainer;
+
+/// Helpers shared by unit tests.
+#[cfg(test)]
+pub(crate) mod test_support {
+    use std::path::{Path, PathBuf};
+
+    /// `(folder, file)` for every file in `folders` (paths relative to the repository root),
+    /// folder by folder, files sorted by name.
+    pub fn files_in(folders: &[&str]) -> Vec<(PathBuf, PathBuf)> {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut out = Vec::new();
+        for folder in folders {
+            let folder = root.join(folder);
+            let mut files: Vec<PathBuf> = std::fs::read_dir(&folder)
+                .unwrap_or_else(|e| panic!("{}: {e}", folder.display()))
+                .map(|entry| entry.expect("a folder entry").path())
+                .filter(|p| p.is_file())
+                .collect();
+            files.sort();
+            out.extend(files.into_iter().map(|f| (folder.clone(), f)));
+        }
+        out
+    }
+}

@@ -694,6 +694,34 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// Hostile inputs and the fuzzer's seeds: every file reads or fails naming itself; the
+    /// seeds (real checkpoints) read.
+    #[test]
+    fn fuzz_regressions_and_seed_corpus() {
+        let mut checked = 0;
+        for (folder, path) in crate::test_support::files_in(&[
+            "tests/fuzz_regressions/checkpoint",
+            "fuzz/corpus/checkpoint",
+        ]) {
+            let bytes = std::fs::read(&path).unwrap();
+            let seed = folder.ends_with("fuzz/corpus/checkpoint")
+                && path.extension().is_some_and(|e| e == "ckpt");
+            match Checkpoint::from_bytes(&bytes, &path) {
+                Ok(_) => assert!(
+                    !folder.ends_with("tests/fuzz_regressions/checkpoint"),
+                    "{path:?} was read"
+                ),
+                Err(e) => {
+                    assert!(!seed, "seed {path:?}: {e}");
+                    let name = path.display().to_string();
+                    assert!(e.to_string().contains(&name), "{e}");
+                }
+            }
+            checked += 1;
+        }
+        assert!(checked >= 6, "only {checked} files checked");
+    }
+
     #[test]
     fn names_parse() {
         assert_eq!(parse_file_name("ep3-ba120.ckpt"), Some((3, 120)));

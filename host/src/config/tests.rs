@@ -1490,44 +1490,36 @@ fn loading_is_deterministic_and_overrides_are_ordered() {
 /// source; each seed file is valid one way or the other.
 #[test]
 fn fuzz_regressions_and_seed_corpus() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let base = Path::new("/fuzz/base");
     let mut checked = 0;
-    for folder in ["tests/fuzz_regressions/config", "fuzz/corpus/config"] {
-        let folder = root.join(folder);
-        let mut files: Vec<PathBuf> = std::fs::read_dir(&folder)
-            .unwrap_or_else(|e| panic!("{}: {e}", folder.display()))
-            .map(|entry| entry.unwrap().path())
-            .filter(|p| p.is_file())
-            .collect();
-        files.sort();
-        for path in files {
-            let bytes = std::fs::read(&path).unwrap();
-            let text = String::from_utf8_lossy(&bytes);
-            let name = path.file_name().unwrap().to_string_lossy().into_owned();
-            let whole = from_str(&text, base, &name);
-            let overridden = text.split_once('\n').map(|(first, rest)| {
-                from_str_with_overrides(rest, base, &name, &[first.to_string()])
-            });
-            for e in [
-                whole.as_ref().err(),
-                overridden.as_ref().and_then(|r| r.as_ref().err()),
-            ]
-            .into_iter()
-            .flatten()
-            {
-                let msg = e.to_string();
-                assert!(msg.starts_with(&name), "error does not name {name}: {msg}");
-            }
-            if folder.ends_with("fuzz/corpus/config") && path.extension() == Some("toml".as_ref()) {
-                assert!(
-                    whole.is_ok() || matches!(overridden, Some(Ok(_))),
-                    "seed {name} is not a valid configuration: {:?}",
-                    whole.err()
-                );
-            }
-            checked += 1;
+    for (folder, path) in
+        crate::test_support::files_in(&["tests/fuzz_regressions/config", "fuzz/corpus/config"])
+    {
+        let bytes = std::fs::read(&path).unwrap();
+        let text = String::from_utf8_lossy(&bytes);
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        let whole = from_str(&text, base, &name);
+        let overridden = text
+            .split_once('\n')
+            .map(|(first, rest)| from_str_with_overrides(rest, base, &name, &[first.to_string()]));
+        for e in [
+            whole.as_ref().err(),
+            overridden.as_ref().and_then(|r| r.as_ref().err()),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            let msg = e.to_string();
+            assert!(msg.starts_with(&name), "error does not name {name}: {msg}");
         }
+        if folder.ends_with("fuzz/corpus/config") && path.extension() == Some("toml".as_ref()) {
+            assert!(
+                whole.is_ok() || matches!(overridden, Some(Ok(_))),
+                "seed {name} is not a valid configuration: {:?}",
+                whole.err()
+            );
+        }
+        checked += 1;
     }
     assert!(checked >= 10, "only {checked} files checked");
 }

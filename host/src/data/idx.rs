@@ -392,42 +392,34 @@ pub(crate) mod tests {
     /// name the input, and the path readers agree with the byte parsers.
     #[test]
     fn fuzz_regressions_and_seed_corpus() {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
         let mut checked = 0;
-        for folder in ["tests/fuzz_regressions/idx", "fuzz/corpus/idx"] {
-            let folder = root.join(folder);
-            let mut files: Vec<PathBuf> = std::fs::read_dir(&folder)
-                .unwrap_or_else(|e| panic!("{}: {e}", folder.display()))
-                .map(|entry| entry.unwrap().path())
-                .filter(|p| p.is_file())
-                .collect();
-            files.sort();
-            for path in files {
-                let bytes = std::fs::read(&path).unwrap();
-                let name = path.file_name().unwrap().to_string_lossy().into_owned();
-                let images = parse_images(&bytes, &name);
-                let labels = parse_labels(&bytes, &name);
-                for msg in [images.as_ref().err(), labels.as_ref().err()]
-                    .into_iter()
-                    .flatten()
-                    .map(ToString::to_string)
-                {
-                    assert!(msg.contains(&name), "error does not name {name}: {msg}");
-                }
-                if let Ok(i) = &images {
-                    assert_eq!(i.pixels.len(), i.count * i.height * i.width, "{name}");
-                }
-                // Seed files named after their contents must parse.
-                if folder.ends_with("fuzz/corpus/idx") && name.starts_with("images-") {
-                    assert!(images.is_ok(), "{name}: {:?}", images.err());
-                }
-                if folder.ends_with("fuzz/corpus/idx") && name.starts_with("labels-") {
-                    assert!(labels.is_ok(), "{name}: {:?}", labels.err());
-                }
-                assert_eq!(read_images(&path).ok(), images.ok(), "{name}");
-                assert_eq!(read_labels(&path).ok(), labels.ok(), "{name}");
-                checked += 1;
+        for (folder, path) in
+            crate::test_support::files_in(&["tests/fuzz_regressions/idx", "fuzz/corpus/idx"])
+        {
+            let bytes = std::fs::read(&path).unwrap();
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            let images = parse_images(&bytes, &name);
+            let labels = parse_labels(&bytes, &name);
+            for msg in [images.as_ref().err(), labels.as_ref().err()]
+                .into_iter()
+                .flatten()
+                .map(ToString::to_string)
+            {
+                assert!(msg.contains(&name), "error does not name {name}: {msg}");
             }
+            if let Ok(i) = &images {
+                assert_eq!(i.pixels.len(), i.count * i.height * i.width, "{name}");
+            }
+            // Seed files named after their contents must parse.
+            if folder.ends_with("fuzz/corpus/idx") && name.starts_with("images-") {
+                assert!(images.is_ok(), "{name}: {:?}", images.err());
+            }
+            if folder.ends_with("fuzz/corpus/idx") && name.starts_with("labels-") {
+                assert!(labels.is_ok(), "{name}: {:?}", labels.err());
+            }
+            assert_eq!(read_images(&path).ok(), images.ok(), "{name}");
+            assert_eq!(read_labels(&path).ok(), labels.ok(), "{name}");
+            checked += 1;
         }
         assert!(checked >= 10, "only {checked} files checked");
     }
