@@ -601,3 +601,37 @@ fn ema_weights_are_what_a_checkpoint_holds_and_training_weights_come_back() {
         "after 4 steps the EMA and training weights differ"
     );
 }
+
+#[test]
+fn a_fresh_run_never_silently_replaces_an_earlier_runs_checkpoints() {
+    let dir = TempDir::new("overwrite");
+    dir.write("trainer.toml", &with_checkpoints(&config_a("o"), ""));
+    train(&dir, &[], &[]).assert_success();
+    let folder = ckpt_dir(&dir, "o");
+    let before = names(&folder);
+    let metrics_before = std::fs::read(run_dir(&dir, "o").join("metrics.jsonl")).unwrap();
+    // Same run again, shorter: refused, nothing touched.
+    train(&dir, &["train.max_duration=2ba"], &[]).assert_failure(&[
+        "already holds 4 checkpoint(s) of an earlier run",
+        "ep0-ba8.ckpt",
+        "checkpoint.autoresume = true",
+        "checkpoint.overwrite = true",
+    ]);
+    assert_eq!(names(&folder), before);
+    assert_eq!(
+        std::fs::read(run_dir(&dir, "o").join("metrics.jsonl")).unwrap(),
+        metrics_before
+    );
+    // With overwrite: the old checkpoints go, the new run's are the only ones.
+    train(
+        &dir,
+        &["train.max_duration=2ba", "checkpoint.overwrite=true"],
+        &[],
+    )
+    .assert_success();
+    assert_eq!(names(&folder), ["ep0-ba2.ckpt"]);
+    assert_eq!(
+        std::fs::read_link(folder.join(checkpoint::LATEST)).unwrap(),
+        Path::new("ep0-ba2.ckpt")
+    );
+}

@@ -498,6 +498,9 @@ pub struct CheckpointConfig {
     pub folder: PathBuf,
     /// Continue from the newest good checkpoint in `folder` when there is one (default false).
     pub autoresume: bool,
+    /// Start over when `folder` already holds checkpoints and the run does not resume: delete
+    /// them (default false: refuse, so an earlier run's checkpoints are never lost by mistake).
+    pub overwrite: bool,
     /// Start from this checkpoint file (weights, optimizer, clock, method states).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub load: Option<PathBuf>,
@@ -661,7 +664,15 @@ const ROOT_KEYS: &[&str] = &[
     "algorithms",
     "checkpoint",
 ];
-const CHECKPOINT_KEYS: &[&str] = &["save", "interval", "keep", "folder", "autoresume", "load"];
+const CHECKPOINT_KEYS: &[&str] = &[
+    "save",
+    "interval",
+    "keep",
+    "folder",
+    "autoresume",
+    "overwrite",
+    "load",
+];
 const DATA_KEYS: &[&str] = &[
     "dataset",
     "data_dir",
@@ -791,6 +802,7 @@ fn read_checkpoint(
             keep: 0,
             folder: default_folder,
             autoresume: false,
+            overwrite: false,
             load: None,
         });
     };
@@ -806,6 +818,7 @@ fn read_checkpoint(
             None => default_folder,
         },
         autoresume: c.bool("autoresume")?.unwrap_or(false),
+        overwrite: c.bool("overwrite")?.unwrap_or(false),
         load: c.string("load")?.map(|p| base.join(p)),
     })
 }

@@ -256,8 +256,32 @@ impl Trainer {
         let read_started = Instant::now();
         let resume = find_resume_checkpoint(&config.checkpoint)?;
         let read_ms = read_started.elapsed().as_secs_f64() * 1e3;
-        if config.checkpoint.save {
-            checkpoint::remove_stale_temporaries(&config.checkpoint.folder);
+        let ck = &config.checkpoint;
+        if ck.save {
+            checkpoint::remove_stale_temporaries(&ck.folder);
+        }
+        // A fresh run never silently replaces an earlier run's checkpoints.
+        let earlier = checkpoint::list(&ck.folder);
+        if ck.save && resume.is_none() && !ck.autoresume && !earlier.is_empty() {
+            if !ck.overwrite {
+                bail!(
+                    "{} already holds {} checkpoint(s) of an earlier run (newest: {}); set checkpoint.autoresume = true to continue it, checkpoint.overwrite = true to start over (deleting them), or choose another run_name",
+                    ck.folder.display(),
+                    earlier.len(),
+                    earlier[0].display()
+                );
+            }
+            let mut stale = earlier.clone();
+            stale.push(ck.folder.join(checkpoint::LATEST));
+            for old in stale.iter().filter(|p| p.symlink_metadata().is_ok()) {
+                std::fs::remove_file(old)
+                    .with_context(|| format!("checkpoint.overwrite: deleting {}", old.display()))?;
+            }
+            tracing::info!(
+                "checkpoint.overwrite: deleted {} checkpoint(s) of an earlier run in {}",
+                earlier.len(),
+                ck.folder.display()
+            );
         }
         // Metrics continue where the checkpoint left them when it belongs to this run.
         let metrics_at = resume
