@@ -283,6 +283,18 @@ pub(crate) fn apply_override(root: &mut Node, arg: &str, file: &str) -> Result<(
             "empty key segment; use a dotted path such as train.max_duration".to_string(),
         ));
     }
+    // Keys are at most a few levels deep (`algorithms.0.smoothing`); a bound keeps the
+    // recursive walk below from exhausting the stack on a hostile argument.
+    const MAX_DEPTH: usize = 32;
+    if segs.len() > MAX_DEPTH {
+        return Err(bad(
+            "",
+            format!(
+                "the key has {} dotted parts; at most {MAX_DEPTH} are allowed",
+                segs.len()
+            ),
+        ));
+    }
     let value = parse_override_value(raw, &loc);
     set_path(root, &segs, 0, value, &loc).map_err(|(at, msg)| bad(&segs[..=at].join("."), msg))
 }
@@ -296,10 +308,13 @@ fn set_path(
 ) -> Result<(), (usize, String)> {
     let seg = segs[depth];
     let last = depth + 1 == segs.len();
-    let here = if depth == 0 {
-        "the top level".to_string()
-    } else {
-        format!("`{}`", segs[..depth].join("."))
+    // Only built for an error message: building it at every depth made a long key quadratic.
+    let here = || {
+        if depth == 0 {
+            "the top level".to_string()
+        } else {
+            format!("`{}`", segs[..depth].join("."))
+        }
     };
     match &mut node.val {
         Val::Table(t) => {
@@ -342,14 +357,15 @@ fn set_path(
             let Ok(idx) = seg.parse::<usize>() else {
                 return Err((
                     depth,
-                    format!("{here} is an array; index it with a number (0, 1, ...)"),
+                    format!("{} is an array; index it with a number (0, 1, ...)", here()),
                 ));
             };
             if idx > items.len() {
                 return Err((
                     depth,
                     format!(
-                        "index {idx} is out of range: {here} has {} entries (use {} to append)",
+                        "index {idx} is out of range: {} has {} entries (use {} to append)",
+                        here(),
                         items.len(),
                         items.len()
                     ),
@@ -374,7 +390,8 @@ fn set_path(
         other => Err((
             depth.saturating_sub(1),
             format!(
-                "{here} is {}, not a table, so `{seg}` cannot be set inside it",
+                "{} is {}, not a table, so `{seg}` cannot be set inside it",
+                here(),
                 other.type_name()
             ),
         )),
