@@ -14,16 +14,14 @@
 //! was changed by surgery (BlurPool's wrappers, ...) is refused with the tensor that does not
 //! fit.
 
-use std::borrow::Cow;
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context as _};
-use safetensors::tensor::{Dtype, View};
 use serde_json::{json, Value};
-use tch::{Device, Kind, Tensor};
+use tch::{Device, Tensor};
 
-use crate::checkpoint::Checkpoint;
+use crate::checkpoint::{blob_of, Blob, Checkpoint};
 use crate::config::{ModelConfig, ModelName};
 use crate::model::{InputShape, Model, Role};
 
@@ -46,65 +44,6 @@ pub struct ExportSummary {
     pub parameters: i64,
     /// Size of the file in bytes.
     pub bytes: u64,
-}
-
-/// One tensor as little-endian bytes.
-struct Blob {
-    dtype: Dtype,
-    shape: Vec<usize>,
-    bytes: Vec<u8>,
-}
-
-impl View for &Blob {
-    fn dtype(&self) -> Dtype {
-        self.dtype
-    }
-    fn shape(&self) -> &[usize] {
-        &self.shape
-    }
-    fn data(&self) -> Cow<'_, [u8]> {
-        Cow::Borrowed(&self.bytes)
-    }
-    fn data_len(&self) -> usize {
-        self.bytes.len()
-    }
-}
-
-fn dtype_of(kind: Kind) -> Option<Dtype> {
-    Some(match kind {
-        Kind::Float => Dtype::F32,
-        Kind::Double => Dtype::F64,
-        Kind::Half => Dtype::F16,
-        Kind::BFloat16 => Dtype::BF16,
-        Kind::Int64 => Dtype::I64,
-        Kind::Int => Dtype::I32,
-        Kind::Bool => Dtype::BOOL,
-        Kind::Uint8 => Dtype::U8,
-        _ => return None,
-    })
-}
-
-fn blob_of(name: &str, t: &Tensor) -> anyhow::Result<Blob> {
-    let dtype = dtype_of(t.kind()).ok_or_else(|| {
-        anyhow!(
-            "tensor `{name}` has kind {:?}, which cannot be exported",
-            t.kind()
-        )
-    })?;
-    let cpu = t
-        .f_detach()
-        .and_then(|t| t.f_to_device(Device::Cpu))
-        .and_then(|t| t.f_contiguous())
-        .with_context(|| format!("copying tensor `{name}`"))?;
-    let numel = cpu.numel();
-    let mut bytes = vec![0u8; numel * cpu.kind().elt_size_in_bytes()];
-    cpu.f_copy_data_u8(&mut bytes, numel)
-        .with_context(|| format!("copying tensor `{name}`"))?;
-    Ok(Blob {
-        dtype,
-        shape: cpu.size().iter().map(|&d| d as usize).collect(),
-        bytes,
-    })
 }
 
 /// The `[model]` section of a resolved config (its JSON form) as a [`ModelConfig`].
@@ -294,7 +233,10 @@ pub fn export(checkpoint: &Path, to: &Path) -> anyhow::Result<ExportSummary> {
         if entry.role == Role::Parameter {
             parameters += t.numel() as i64;
         }
-        blobs.push((entry.name.clone(), blob_of(&entry.name, t)?));
+        blobs.push((
+            entry.name.clone(),
+            blob_of(&entry.name, t).context("exporting")?,
+        ));
     }
 
     let model_text = serde_json::to_string(model_json)?;

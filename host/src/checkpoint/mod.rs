@@ -178,8 +178,9 @@ pub struct Checkpoint {
     pub tensors: Vec<(String, Tensor)>,
 }
 
-/// A tensor as bytes, for safetensors.
-struct Blob {
+/// A tensor as little-endian bytes on the CPU, ready for safetensors (also used by
+/// `tessera export`).
+pub(crate) struct Blob {
     dtype: Dtype,
     shape: Vec<usize>,
     bytes: Vec<u8>,
@@ -236,7 +237,8 @@ fn kind_of(dtype: Dtype) -> Option<Kind> {
     })
 }
 
-fn blob_of(name: &str, t: &Tensor) -> Result<Blob, CheckpointError> {
+/// Copies `t` (any device, any layout) into a [`Blob`]; fails for kinds safetensors lacks.
+pub(crate) fn blob_of(name: &str, t: &Tensor) -> Result<Blob, CheckpointError> {
     let err = |e: tch::TchError| CheckpointError::Tensor(format!("saving `{name}`: {e}"));
     let dtype = dtype_of(t.kind())?;
     let cpu = t
