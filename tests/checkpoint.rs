@@ -4,13 +4,14 @@
 //! checkpoints are refused or skipped with messages that name them.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tessera::checkpoint::{self, Checkpoint};
 use tessera_tests::{
-    read_json, read_jsonl, require_fashion_mnist, run_dir, tessera_bin, train, TempDir, TrainerToml,
+    read_json, read_jsonl, require_fashion_mnist, run_dir, tessera_command, train, TempDir,
+    TrainerToml,
 };
 
 /// Checkpoints every 2 batches; logs every batch.
@@ -193,27 +194,14 @@ fn stop_and_resume_equals_straight_run_bit_for_bit() {
     }
 }
 
-/// Starts `tessera train trainer.toml` in `dir` without waiting (the environment is cleaned as
-/// in `tessera_tests::tessera`).
-fn spawn(dir: &TempDir, overrides: &[&str], env: &[(&str, &str)]) -> Child {
+/// Starts `tessera train trainer.toml` in `dir` without waiting.
+fn spawn(dir: &TempDir, env: &[(&str, &str)]) -> Child {
     require_fashion_mnist();
-    let mut cmd = Command::new(tessera_bin());
-    cmd.arg("train").arg(dir.join("trainer.toml"));
-    for o in overrides {
-        cmd.args(["--set", o]);
-    }
-    cmd.current_dir(dir.path())
-        .env_remove("LD_LIBRARY_PATH")
-        .env_remove("TESSERA_PLUGIN_PATH")
-        .env_remove("TESSERA_FAKE_SLEEP_MS")
-        .env_remove(checkpoint::PAUSE_ENV)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    cmd.spawn().expect("start tessera")
+    let config = dir.join("trainer.toml");
+    let config = config.to_str().expect("a UTF-8 temp path");
+    tessera_command(&["train", config], dir.path(), env)
+        .spawn()
+        .expect("start tessera")
 }
 
 fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
@@ -248,7 +236,7 @@ fn kill_9_mid_training_then_autoresume_reproduces_the_straight_run() {
     train(&dir, &[], &[]).assert_success();
 
     dir.write("trainer.toml", &with_checkpoints(&config_a("killed"), ""));
-    let child = spawn(&dir, &[], &[("TESSERA_FAKE_SLEEP_MS", "250")]);
+    let child = spawn(&dir, &[("TESSERA_FAKE_SLEEP_MS", "250")]);
     let folder = ckpt_dir(&dir, "killed");
     wait_for("the second checkpoint", Duration::from_secs(120), || {
         folder.join("ep0-ba4.ckpt").exists()
@@ -278,7 +266,7 @@ fn kill_9_while_writing_a_checkpoint_leaves_the_previous_one_usable() {
 
     dir.write("trainer.toml", &with_checkpoints(&config_a("torn"), ""));
     // Every write pauses 1.5 s between writing the temporary file and renaming it.
-    let child = spawn(&dir, &[], &[(checkpoint::PAUSE_ENV, "1500")]);
+    let child = spawn(&dir, &[(checkpoint::PAUSE_ENV, "1500")]);
     let folder = ckpt_dir(&dir, "torn");
     let temporary = || {
         std::fs::read_dir(&folder)
@@ -327,7 +315,7 @@ fn sigterm_and_sigint_finish_the_step_write_a_checkpoint_and_exit() {
                 config_a("stopped").render()
             ),
         );
-        let child = spawn(&dir, &[], &[("TESSERA_FAKE_SLEEP_MS", "300")]);
+        let child = spawn(&dir, &[("TESSERA_FAKE_SLEEP_MS", "300")]);
         let metrics_file = run_dir(&dir, "stopped").join("metrics.jsonl");
         wait_for("training to start", Duration::from_secs(120), || {
             std::fs::metadata(&metrics_file).is_ok_and(|m| m.len() > 0)
@@ -540,7 +528,7 @@ fn resume_at_epoch_boundaries_with_a_schedule_and_evaluations() {
     );
     // Killed right after the first epoch's checkpoint: keep only that one.
     dir.write("trainer.toml", &config("resumed"));
-    let child = spawn(&dir, &[], &[("TESSERA_FAKE_SLEEP_MS", "200")]);
+    let child = spawn(&dir, &[("TESSERA_FAKE_SLEEP_MS", "200")]);
     let folder = ckpt_dir(&dir, "resumed");
     wait_for(
         "the first epoch's checkpoint",

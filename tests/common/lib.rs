@@ -349,12 +349,11 @@ impl Output {
     }
 }
 
-/// Runs `tessera args...` in `cwd` with `env` added, without `LD_LIBRARY_PATH` (the binary's
-/// rpath must find libtorch), `TESSERA_PLUGIN_PATH` and the fake plugin's variables unless
-/// given, and kills it after [`COMMAND_TIMEOUT`].
-pub fn tessera(args: &[&str], cwd: &Path, env: &[(&str, &str)]) -> Output {
-    let bin = tessera_bin();
-    let mut cmd = Command::new(&bin);
+/// The `tessera args...` command in `cwd` with `env` added and piped output, without
+/// `LD_LIBRARY_PATH` (the binary's rpath must find libtorch), `TESSERA_PLUGIN_PATH`, the fake
+/// plugin's variables and the checkpoint-write pause unless given.
+pub fn tessera_command(args: &[&str], cwd: &Path, env: &[(&str, &str)]) -> Command {
+    let mut cmd = Command::new(tessera_bin());
     cmd.args(args)
         .current_dir(cwd)
         .env_remove("LD_LIBRARY_PATH")
@@ -372,6 +371,15 @@ pub fn tessera(args: &[&str], cwd: &Path, env: &[(&str, &str)]) -> Output {
     for (k, v) in env {
         cmd.env(k, v);
     }
+    cmd
+}
+
+/// Runs `tessera args...` in `cwd` with `env` added, without `LD_LIBRARY_PATH` (the binary's
+/// rpath must find libtorch), `TESSERA_PLUGIN_PATH` and the fake plugin's variables unless
+/// given, and kills it after [`COMMAND_TIMEOUT`].
+pub fn tessera(args: &[&str], cwd: &Path, env: &[(&str, &str)]) -> Output {
+    let bin = tessera_bin();
+    let mut cmd = tessera_command(args, cwd, env);
     let command = format!("tessera {}", args.join(" "));
     let mut child = cmd
         .spawn()
