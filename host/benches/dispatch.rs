@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use tch::{Device, Kind, Tensor};
-use tessera::engine::{Algorithm, Batch, Event, Hook, State};
+use tessera::engine::{Algorithm, Batch, Event, Hook, MethodError, SetupState, Stage};
 use tessera::plugin::Plugin;
 use tessera::trainer::Trainer;
 
@@ -39,7 +39,7 @@ impl Algorithm for NativeNoop {
     fn hooks(&self) -> Vec<Hook> {
         Event::ALL.iter().map(|&e| Hook::at(e)).collect()
     }
-    fn on_event(&mut self, _event: Event, _state: &mut State) -> Result<(), String> {
+    fn on_event(&mut self, _event: Event, _stage: &mut Stage<'_>) -> Result<(), MethodError> {
         Ok(())
     }
 }
@@ -50,7 +50,7 @@ fn main() {
     let dir = std::env::temp_dir().join(format!("tessera-dispatch-{}", std::process::id()));
 
     // 1. One hooked event through the ABI vs a native call.
-    let mut state = {
+    let mut setup = {
         let cfg = tessera::config::ModelConfig {
             name: tessera::config::ModelName::Mlp,
             hidden: vec![4],
@@ -63,8 +63,11 @@ fn main() {
             width: 2,
         };
         let model = tessera::model::Model::build(&cfg, shape, 2, Device::Cpu).expect("model");
-        State::new(model, tessera::config::Precision::Fp32, 0)
+        let one_epoch = tessera::time::Time::new(1, tessera::time::TimeUnit::Epoch);
+        let run = tessera::time::RunLength::new(one_epoch, 1, 1).expect("run length");
+        SetupState::new(model, tessera::config::Precision::Fp32, run, 0.1, 0)
     };
+    let mut state = Stage::Setup(&mut setup);
     let mut method = plugin.create("{}").expect("noop method");
     // Behind `black_box` the optimizer can neither devirtualize nor drop the call.
     let mut native: Box<dyn Algorithm> = std::hint::black_box(Box::new(NativeNoop));

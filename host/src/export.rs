@@ -255,7 +255,7 @@ pub fn export(checkpoint: &Path, to: &Path) -> anyhow::Result<ExportSummary> {
     let bytes =
         safetensors::tensor::serialize(blobs.iter().map(|(n, b)| (n.as_str(), b)), &Some(metadata))
             .map_err(|e| anyhow!("serializing the weights: {e}"))?;
-    crate::report::write_atomic(to, &bytes).with_context(|| format!("writing {}", to.display()))?;
+    crate::files::write_atomic(to, &bytes).with_context(|| format!("writing {}", to.display()))?;
     Ok(ExportSummary {
         path: to.to_owned(),
         tensors: blobs.len(),

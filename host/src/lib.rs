@@ -11,6 +11,7 @@ pub mod config;
 pub mod data;
 pub mod engine;
 pub mod export;
+pub mod files;
 pub mod model;
 pub mod optim;
 pub mod plugin;

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use tessera::config;
-use tessera::engine::{Algorithm, Event, Hook, State};
+use tessera::engine::{Algorithm, Event, Hook, MethodError, Stage};
 use tessera::trainer::Trainer;
 
 struct Counter {
@@ -22,7 +22,7 @@ impl Algorithm for Counter {
     fn hooks(&self) -> Vec<Hook> {
         Event::ALL.iter().map(|&e| Hook::at(e)).collect()
     }
-    fn on_event(&mut self, event: Event, _state: &mut State) -> Result<(), String> {
+    fn on_event(&mut self, event: Event, _stage: &mut Stage<'_>) -> Result<(), MethodError> {
         *self.seen.lock().unwrap().entry(event).or_default() += 1;
         self.order.lock().unwrap().push(event);
         Ok(())

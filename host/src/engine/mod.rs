@@ -8,7 +8,7 @@
 
 mod state;
 
-pub use state::{Batch, State};
+pub use state::{Batch, CallError, Clock, RunState, SetupState, Stage};
 pub use tessera_plugin_api::{Event, Hook};
 
 use crate::config::OnError;
@@ -19,19 +19,69 @@ pub trait Algorithm: Send {
     fn name(&self) -> &str;
     /// Events the method receives, with priorities.
     fn hooks(&self) -> Vec<Hook>;
-    /// Runs the method at `event`. An error message names what went wrong; the engine adds the
+    /// Runs the method at `event`. The error names what went wrong; the engine adds the
     /// method's name and the event.
-    fn on_event(&mut self, event: Event, state: &mut State) -> Result<(), String>;
+    fn on_event(&mut self, event: Event, stage: &mut Stage<'_>) -> Result<(), MethodError>;
     /// The method's own state for checkpoints; `None` when it keeps none (default).
-    fn state(&self) -> Result<Option<MethodSnapshot>, String> {
+    fn state(&self) -> Result<Option<MethodSnapshot>, MethodError> {
         Ok(None)
     }
     /// Restores state returned by [`Algorithm::state`].
-    fn load_state(&mut self, state: MethodSnapshot) -> Result<(), String> {
+    fn load_state(&mut self, state: MethodSnapshot) -> Result<(), MethodError> {
         let _ = state;
         Ok(())
     }
+    /// The method's version, recorded in checkpoints (empty for built-in methods).
+    fn version(&self) -> &str {
+        ""
+    }
+    /// The settings it runs with, recorded in checkpoints (`null` for built-in methods).
+    fn settings(&self) -> serde_json::Value {
+        serde_json::Value::Null
+    }
 }
+
+/// One method as a checkpoint records it: who it is, how it was set, and its state.
+#[derive(Debug)]
+pub struct MethodRecord {
+    /// The method's name.
+    pub name: String,
+    /// Its version (empty for built-in methods).
+    pub version: String,
+    /// The settings it ran with.
+    pub settings: serde_json::Value,
+    /// Its own state; `None` when it keeps none.
+    pub snapshot: Option<MethodSnapshot>,
+}
+
+/// The methods' records do not fit this run's methods.
+#[derive(Debug, thiserror::Error)]
+pub enum RestoreError {
+    /// The checkpoint holds the state of a method this run does not load.
+    #[error("the checkpoint holds the state of method `{0}`, which this run does not load; add it to [[algorithms]] to continue this run")]
+    MissingMethod(String),
+    /// A method refused its saved state.
+    #[error("method `{method}` cannot load its state: {message}")]
+    Refused {
+        /// The method.
+        method: String,
+        /// Why.
+        message: String,
+    },
+    /// A state tensor cannot be moved to the training device.
+    #[error("method `{method}`: moving its state to the device: {source}")]
+    Device {
+        /// The method.
+        method: String,
+        /// The libtorch error.
+        source: tch::TchError,
+    },
+}
+
+/// What a method reported when it failed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{0}")]
+pub struct MethodError(pub String);
 
 /// A method's state in a checkpoint: its layout version, bytes and named tensors.
 pub use tessera_plugin_api::State as MethodSnapshot;
@@ -102,7 +152,7 @@ impl Engine {
     }
 
     /// Fires `event`: runs every hooked, enabled method in order.
-    pub fn fire(&mut self, event: Event, state: &mut State) -> Result<(), EngineError> {
+    pub fn fire(&mut self, event: Event, stage: &mut Stage<'_>) -> Result<(), EngineError> {
         let id = event.0 as usize;
         if let Some(count) = self.counts.get_mut(id) {
             *count += 1;
@@ -115,11 +165,11 @@ impl Engine {
             if entry.disabled {
                 continue;
             }
-            if let Err(message) = entry.algorithm.on_event(event, state) {
+            if let Err(e) = entry.algorithm.on_event(event, stage) {
                 let error = EngineError {
                     method: entry.algorithm.name().to_owned(),
                     event,
-                    message,
+                    message: e.0,
                 };
                 match entry.on_error {
                     OnError::Stop => return Err(error),
@@ -150,46 +200,103 @@ impl Engine {
             .unwrap_or_default()
     }
 
-    /// Every method's name and saved state, in configuration order.
-    pub fn states(&self) -> Result<Vec<(String, Option<MethodSnapshot>)>, EngineError> {
+    /// Every method's record with its state, in configuration order.
+    pub fn records(&self) -> Result<Vec<MethodRecord>, EngineError> {
         self.entries
             .iter()
             .map(|e| {
-                let name = e.algorithm.name().to_owned();
-                match e.algorithm.state() {
-                    Ok(s) => Ok((name, s)),
-                    Err(message) => Err(EngineError {
+                let a = &e.algorithm;
+                let name = a.name().to_owned();
+                match a.state() {
+                    Ok(snapshot) => Ok(MethodRecord {
+                        version: a.version().to_owned(),
+                        settings: a.settings(),
+                        snapshot,
+                        name,
+                    }),
+                    Err(e) => Err(EngineError {
                         method: name,
                         event: Event::BATCH_CHECKPOINT,
-                        message: format!("saving its state: {message}"),
+                        message: format!("saving its state: {e}"),
                     }),
                 }
             })
             .collect()
     }
 
+    /// Restores the methods' states from a checkpoint's `records` (tensors moved to `device`)
+    /// and disables the methods that were disabled then. A method that kept state but is not
+    /// in this run is an error; one that kept none is a warning, as is a method of this run
+    /// missing from the checkpoint (it starts fresh) or settings that changed.
+    pub fn restore(
+        &mut self,
+        records: Vec<MethodRecord>,
+        disabled: &[String],
+        device: tch::Device,
+    ) -> Result<(), RestoreError> {
+        for record in &records {
+            if !self.entries.iter().any(|e| e.algorithm.name() == record.name) {
+                if record.snapshot.is_some() {
+                    return Err(RestoreError::MissingMethod(record.name.clone()));
+                }
+                tracing::warn!(
+                    "method `{}` ran before the checkpoint but is not in this run",
+                    record.name
+                );
+            }
+        }
+        for entry in &self.entries {
+            if !records.iter().any(|r| r.name == entry.algorithm.name()) {
+                tracing::warn!(
+                    "method `{}` is not in the checkpoint; it starts with fresh state",
+                    entry.algorithm.name()
+                );
+            }
+        }
+        for record in records {
+            let Some(entry) = self
+                .entries
+                .iter_mut()
+                .find(|e| e.algorithm.name() == record.name)
+            else {
+                continue;
+            };
+            let now = entry.algorithm.settings();
+            if now != record.settings {
+                tracing::warn!(
+                    "method `{}`: settings differ from the checkpoint's ({now} now, {} then)",
+                    record.name,
+                    record.settings
+                );
+            }
+            let Some(mut snapshot) = record.snapshot else {
+                continue;
+            };
+            for (_, t) in &mut snapshot.tensors {
+                *t = t.f_to_device(device).map_err(|source| RestoreError::Device {
+                    method: record.name.clone(),
+                    source,
+                })?;
+            }
+            entry
+                .algorithm
+                .load_state(snapshot)
+                .map_err(|e| RestoreError::Refused {
+                    method: record.name.clone(),
+                    message: e.0,
+                })?;
+        }
+        for entry in &mut self.entries {
+            if disabled.iter().any(|d| d == entry.algorithm.name()) {
+                entry.disabled = true;
+            }
+        }
+        Ok(())
+    }
+
     /// The names of the methods, in configuration order.
     pub fn names(&self) -> Vec<&str> {
         self.entries.iter().map(|e| e.algorithm.name()).collect()
-    }
-
-    /// Restores the state of the method called `name`; `false` when there is no such method.
-    pub fn load_state(&mut self, name: &str, state: MethodSnapshot) -> Result<bool, String> {
-        match self.entries.iter_mut().find(|e| e.algorithm.name() == name) {
-            Some(e) => e.algorithm.load_state(state).map(|()| true),
-            None => Ok(false),
-        }
-    }
-
-    /// Disables the method called `name` (restoring a checkpoint of a run where it failed).
-    pub fn disable(&mut self, name: &str) {
-        for e in self
-            .entries
-            .iter_mut()
-            .filter(|e| e.algorithm.name() == name)
-        {
-            e.disabled = true;
-        }
     }
 
     /// Names of the methods that were disabled after an error.
@@ -221,13 +328,13 @@ mod tests {
         fn hooks(&self) -> Vec<Hook> {
             self.hooks.clone()
         }
-        fn on_event(&mut self, event: Event, _state: &mut State) -> Result<(), String> {
+        fn on_event(&mut self, event: Event, _stage: &mut Stage<'_>) -> Result<(), MethodError> {
             self.log
                 .lock()
                 .unwrap()
                 .push(format!("{}@{event}", self.name));
             if self.fail {
-                Err("boom".into())
+                Err(MethodError("boom".into()))
             } else {
                 Ok(())
             }
@@ -277,10 +384,11 @@ mod tests {
         let mut engine = Engine::new(engine_algs);
         assert_eq!(engine.order_at(Event::BEFORE_LOSS), ["first", "a", "b"]);
         assert_eq!(engine.order_at(Event::AFTER_LOSS), ["first", "b", "a"]);
-        let mut state = State::for_tests();
-        engine.fire(Event::BEFORE_LOSS, &mut state).unwrap();
-        engine.fire(Event::AFTER_LOSS, &mut state).unwrap();
-        engine.fire(Event::BATCH_END, &mut state).unwrap();
+        let mut setup = SetupState::for_tests();
+        let mut stage = Stage::Setup(&mut setup);
+        engine.fire(Event::BEFORE_LOSS, &mut stage).unwrap();
+        engine.fire(Event::AFTER_LOSS, &mut stage).unwrap();
+        engine.fire(Event::BATCH_END, &mut stage).unwrap();
         assert_eq!(
             *log.lock().unwrap(),
             [
@@ -300,8 +408,9 @@ mod tests {
         let log = Arc::new(Mutex::new(Vec::new()));
         let hooks = vec![Hook::at(Event::BATCH_START)];
         let mut stop = Engine::new(vec![(rec("bad", hooks.clone(), &log, true), OnError::Stop)]);
-        let mut state = State::for_tests();
-        let err = stop.fire(Event::BATCH_START, &mut state).unwrap_err();
+        let mut setup = SetupState::for_tests();
+        let mut stage = Stage::Setup(&mut setup);
+        let err = stop.fire(Event::BATCH_START, &mut stage).unwrap_err();
         assert_eq!(
             err.to_string(),
             "method `bad` failed at event `batch_start`: boom"
@@ -311,8 +420,8 @@ mod tests {
             (rec("bad", hooks.clone(), &log, true), OnError::Disable),
             (rec("good", hooks, &log, false), OnError::Stop),
         ]);
-        disable.fire(Event::BATCH_START, &mut state).unwrap();
-        disable.fire(Event::BATCH_START, &mut state).unwrap();
+        disable.fire(Event::BATCH_START, &mut stage).unwrap();
+        disable.fire(Event::BATCH_START, &mut stage).unwrap();
         assert_eq!(disable.disabled(), ["bad"]);
         let calls = log
             .lock()

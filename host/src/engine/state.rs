@@ -1,13 +1,17 @@
-//! What methods can see and change during an event.
+//! What methods can see and change during an event: the [`SetupState`] of `init` (the model,
+//! before the optimizer exists; surgery happens here) and the complete [`RunState`] of every
+//! later event, reached through one [`Stage`].
 
 use rand::RngCore;
 use rand_chacha::{rand_core::SeedableRng, ChaCha8Rng};
-use tch::{Device, Tensor};
+use tch::{Device, TchError, Tensor};
 use tessera_plugin_api::TimeInfo;
 
 use crate::config::Precision;
-use crate::model::Model;
+use crate::model::{Model, Role};
 use crate::optim::Optimizer;
+use crate::precision::AutocastGuard;
+use crate::time::{RunLength, Timestamp};
 
 /// A batch: named tensors (`input`, `target`, ...) on the training device.
 #[derive(Debug, Default)]
@@ -89,19 +93,119 @@ impl Batch {
     }
 }
 
-/// The host state methods act on during an event (Composer's `State`): the model, the
-/// optimizer, the batch, outputs and loss, the clock.
-pub struct State {
-    /// The training device; tensors handed back by methods must live there.
-    pub device: Device,
+/// A request a method made of the host that cannot be granted; the message says why.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{0}")]
+pub struct CallError(pub String);
+
+impl From<TchError> for CallError {
+    fn from(e: TchError) -> Self {
+        CallError(e.to_string())
+    }
+}
+
+/// The run's clock as methods see it: where training is and how long it runs.
+#[derive(Debug, Clone)]
+pub struct Clock {
+    /// The training clock (the one source of truth for the trainer too).
+    pub timestamp: Timestamp,
+    /// The run's length.
+    pub run: RunLength,
+    /// Whether the current event belongs to training (false during evaluation).
+    pub training: bool,
+}
+
+impl Clock {
+    /// The clock in the ABI's terms.
+    pub fn info(&self) -> TimeInfo {
+        let t = &self.timestamp;
+        TimeInfo {
+            epoch: t.epoch,
+            batch: t.batch,
+            sample: t.sample,
+            token: t.token,
+            batch_in_epoch: t.batch_in_epoch,
+            sample_in_epoch: t.sample_in_epoch,
+            token_in_epoch: t.token_in_epoch,
+            batches_per_epoch: self.run.batches_per_epoch,
+            max_batches: self.run.max_batches().unwrap_or(0),
+            elapsed_fraction: self.run.elapsed_fraction(t),
+            training: self.training,
+        }
+    }
+}
+
+/// The state at `init`: the model before the optimizer exists (so surgery may change its
+/// parameters freely), the clock, and what methods may log or draw.
+pub struct SetupState {
     /// The model.
     pub model: Model,
-    /// The optimizer; `None` until it is built right after `init`.
-    pub optimizer: Option<Optimizer>,
-    /// The run's precision (for extra forwards requested by methods).
+    /// The run's precision.
     pub precision: Precision,
-    /// Surgery is allowed (only during `init`).
-    pub surgery_allowed: bool,
+    /// The clock (at zero).
+    pub clock: Clock,
+    /// Metrics methods logged since the trainer last collected them.
+    pub metrics: Vec<(String, f64)>,
+    /// The learning rate the optimizer will start from.
+    pub initial_lr: f64,
+    /// Methods' scaling of the first step's rate, handed to the optimizer when it is built.
+    pub lr_scale: f64,
+    rng: ChaCha8Rng,
+}
+
+impl SetupState {
+    /// The set-up state of a run of `model`; `seed` fixes the methods' random stream.
+    pub fn new(model: Model, precision: Precision, run: RunLength, initial_lr: f64, seed: u64) -> Self {
+        SetupState {
+            model,
+            precision,
+            clock: Clock {
+                timestamp: Timestamp::default(),
+                run,
+                training: true,
+            },
+            metrics: Vec::new(),
+            initial_lr,
+            lr_scale: 1.0,
+            // A stream of its own, so methods drawing numbers never shift the data order.
+            rng: ChaCha8Rng::seed_from_u64(seed ^ 0x7e55_e4a0_0000_0001),
+        }
+    }
+}
+
+#[cfg(test)]
+impl SetupState {
+    /// A CPU set-up state over a tiny MLP (one epoch of 4 batches), for unit tests.
+    pub fn for_tests() -> SetupState {
+        let config = crate::config::ModelConfig {
+            name: crate::config::ModelName::Mlp,
+            hidden: vec![4],
+            width: None,
+            num_classes: 2,
+        };
+        let shape = crate::model::InputShape {
+            channels: 1,
+            height: 2,
+            width: 2,
+        };
+        let model = Model::build(&config, shape, 2, Device::Cpu).expect("tiny model");
+        let one_epoch = crate::time::Time::new(1, crate::time::TimeUnit::Epoch);
+        let run = RunLength::new(one_epoch, 4, 2).expect("a run length");
+        SetupState::new(model, Precision::Fp32, run, 0.1, 0)
+    }
+}
+
+/// The host state methods act on from `before_load` on (Composer's `State`): the model, the
+/// optimizer, the batch, outputs and loss, the clock. Complete from the moment it exists.
+pub struct RunState {
+    /// The model.
+    pub model: Model,
+    /// The optimizer (it owns the learning rate and the schedule).
+    pub optimizer: Optimizer,
+    /// The run's precision.
+    pub precision: Precision,
+    /// The clock.
+    pub clock: Clock,
     /// A method asked for one more forward/backward pass in this step.
     pub extra_pass_requested: bool,
     /// The index of the current forward/backward pass within the step.
@@ -116,22 +220,30 @@ pub struct State {
     pub output: Option<Tensor>,
     /// The loss of the current (micro)batch.
     pub loss: Option<Tensor>,
-    /// The training clock as methods see it.
-    pub time: TimeInfo,
     /// Metrics methods logged since the trainer last collected them.
     pub metrics: Vec<(String, f64)>,
     rng: ChaCha8Rng,
 }
 
-impl State {
-    /// A fresh state for `model`; `seed` fixes the methods' random stream.
-    pub fn new(model: Model, precision: Precision, seed: u64) -> State {
-        State {
-            device: model.params.device(),
+impl RunState {
+    /// The run state that follows `setup`, with the optimizer built over the model as surgery
+    /// left it (a rate scaling asked for at `init` applies to the first step).
+    pub fn new(setup: SetupState, mut optimizer: Optimizer) -> RunState {
+        let SetupState {
             model,
-            optimizer: None,
             precision,
-            surgery_allowed: false,
+            clock,
+            metrics,
+            lr_scale,
+            rng,
+            ..
+        } = setup;
+        optimizer.scale_lr(lr_scale);
+        RunState {
+            model,
+            optimizer,
+            precision,
+            clock,
             extra_pass_requested: false,
             pass_index: 0,
             checkpoint_pending: false,
@@ -139,29 +251,14 @@ impl State {
             batch: Batch::default(),
             output: None,
             loss: None,
-            time: TimeInfo::default(),
-            metrics: Vec::new(),
-            // A stream of its own, so methods drawing numbers never shift the data order.
-            rng: ChaCha8Rng::seed_from_u64(seed ^ 0x7e55_e4a0_0000_0001),
+            metrics,
+            rng,
         }
     }
 
-    /// A CPU state over a tiny MLP, for unit tests.
-    #[cfg(test)]
-    pub fn for_tests() -> State {
-        let config = crate::config::ModelConfig {
-            name: crate::config::ModelName::Mlp,
-            hidden: vec![4],
-            width: None,
-            num_classes: 2,
-        };
-        let shape = crate::model::InputShape {
-            channels: 1,
-            height: 2,
-            width: 2,
-        };
-        let model = Model::build(&config, shape, 2, Device::Cpu).expect("tiny model");
-        State::new(model, Precision::Fp32, 0)
+    /// The training device (the model's).
+    pub fn device(&self) -> Device {
+        self.model.params.device()
     }
 
     /// The methods' random stream (saved in checkpoints).
@@ -174,11 +271,6 @@ impl State {
         self.rng = rng;
     }
 
-    /// The next value of the methods' random stream.
-    pub fn next_u64(&mut self) -> u64 {
-        self.rng.next_u64()
-    }
-
     /// A shallow clone of the tensor named `key`: a batch entry, `output` or `loss`.
     pub fn tensor(&self, key: &str) -> Option<Tensor> {
         match key {
@@ -189,16 +281,16 @@ impl State {
     }
 
     /// A tensor handed back by a method must be defined and live on the training device.
-    fn check_device(&self, key: &str, value: &Tensor) -> Result<(), String> {
+    fn check_device(&self, key: &str, value: &Tensor) -> Result<(), CallError> {
         if !value.defined() {
-            return Err(format!("`{key}`: the tensor is undefined"));
+            return Err(CallError(format!("`{key}`: the tensor is undefined")));
         }
-        if value.device() != self.device {
-            return Err(format!(
+        if value.device() != self.device() {
+            return Err(CallError(format!(
                 "`{key}` is on {:?} but training runs on {:?}",
                 value.device(),
-                self.device
-            ));
+                self.device()
+            )));
         }
         Ok(())
     }
@@ -206,61 +298,61 @@ impl State {
     /// Replaces the tensor named `key`, after checking it fits: same device as training, a
     /// one-element floating loss, an output of unchanged shape, batch entries keeping the batch
     /// size. The error says what was expected.
-    pub fn set_tensor(&mut self, key: &str, value: Tensor) -> Result<(), String> {
+    pub fn set_tensor(&mut self, key: &str, value: Tensor) -> Result<(), CallError> {
         self.check_device(key, &value)?;
         match key {
             "loss" => {
                 if value.numel() != 1 || !value.is_floating_point() {
-                    return Err(format!(
+                    return Err(CallError(format!(
                         "`loss` must be a floating scalar, got shape {:?} of {:?}",
                         value.size(),
                         value.kind()
-                    ));
+                    )));
                 }
                 self.loss = Some(value);
             }
             "output" => {
                 let expected = self.output.as_ref().map(Tensor::size);
                 if expected.as_ref().is_some_and(|e| *e != value.size()) {
-                    return Err(format!(
+                    return Err(CallError(format!(
                         "`output` must keep its shape {:?}, got {:?}",
                         expected.unwrap_or_default(),
                         value.size()
-                    ));
+                    )));
                 }
                 self.output = Some(value);
             }
             _ => {
                 let Some(current) = self.batch.get(key) else {
-                    return Err(format!("the batch has no `{key}` (it has input, target)"));
+                    return Err(CallError(format!(
+                        "the batch has no `{key}` (it has {})",
+                        self.batch.keys().join(", ")
+                    )));
                 };
                 let (now, new) = (current.size(), value.size());
                 if now.first() != new.first() {
-                    return Err(format!(
+                    return Err(CallError(format!(
                         "`{key}` must keep the batch size {:?}, got shape {new:?}",
                         now.first().copied().unwrap_or(0)
-                    ));
+                    )));
                 }
                 self.batch.set(key, value);
             }
         }
         Ok(())
     }
-}
 
-/// What methods can ask of the host beyond reading and writing tensors (plugin-api 1.1).
-impl State {
     /// Replaces several batch tensors at once. Afterwards every batch tensor must share the
     /// first dimension (which may differ from before: methods may shrink or grow the batch).
-    pub fn set_batch(&mut self, entries: Vec<(String, Tensor)>) -> Result<(), String> {
+    pub fn set_batch(&mut self, entries: Vec<(String, Tensor)>) -> Result<(), CallError> {
         let mut batch = self.batch.shallow_clone();
         for (key, value) in entries {
             self.check_device(&key, &value)?;
             if batch.get(&key).is_none() {
-                return Err(format!(
+                return Err(CallError(format!(
                     "the batch has no `{key}` (it has {})",
                     batch.keys().join(", ")
-                ));
+                )));
             }
             batch.set(&key, value);
         }
@@ -271,54 +363,137 @@ impl State {
             .collect();
         let first = sizes.first().map(|(_, n)| *n).unwrap_or(0);
         if first <= 0 || sizes.iter().any(|(_, n)| *n != first) {
-            return Err(format!(
+            return Err(CallError(format!(
                 "batch tensors must share a non-empty first dimension, got {}",
                 sizes
                     .iter()
                     .map(|(k, n)| format!("{k}: {n}"))
                     .collect::<Vec<_>>()
                     .join(", ")
-            ));
+            )));
         }
         self.batch = batch;
         Ok(())
     }
 
-    /// Runs the model on `input` in training mode, under the run's precision.
-    pub fn forward(&self, input: &Tensor, grad: bool) -> Result<Tensor, String> {
+    /// Runs the model on `input` under the run's precision, in training mode or not. The one
+    /// forward of the host: the training step, evaluation and methods' extra forwards use it.
+    /// Gradients follow the caller's grad mode.
+    pub fn forward(&self, input: &Tensor, train: bool) -> Result<Tensor, TchError> {
+        let _autocast = AutocastGuard::new(self.precision, self.device());
+        self.model.forward(input, train)
+    }
+
+    /// A method's extra forward in training mode, with or without gradient.
+    pub fn extra_forward(&self, input: &Tensor, grad: bool) -> Result<Tensor, CallError> {
         self.check_device("input", input)?;
-        let _autocast = crate::precision::AutocastGuard::new(self.precision, self.device);
-        let run = || self.model.forward(input, true);
+        let run = || self.forward(input, true);
         let out = if grad { run() } else { tch::no_grad(run) };
-        out.map_err(|e| format!("forward failed: {e}"))
+        out.map_err(|e| CallError(format!("forward failed: {e}")))
     }
 
-    /// The training loss of `output` against `target`.
-    pub fn loss(
-        &self,
-        output: &Tensor,
-        target: &Tensor,
-        per_sample: bool,
-    ) -> Result<Tensor, String> {
-        let _autocast = crate::precision::AutocastGuard::new(self.precision, self.device);
+    /// The training loss of `output` against `target`, under the run's precision: the mean,
+    /// or one value per sample.
+    pub fn loss(&self, output: &Tensor, target: &Tensor, per_sample: bool) -> Result<Tensor, TchError> {
+        let _autocast = AutocastGuard::new(self.precision, self.device());
         crate::model::cross_entropy_with(output, target, per_sample)
-            .map_err(|e| format!("loss failed: {e}"))
+    }
+}
+
+/// The state an event is fired on: [`SetupState`] at `init`, [`RunState`] afterwards. What
+/// methods may ask for depends on it: surgery only at set-up, batches and the optimizer only
+/// in the run.
+pub enum Stage<'a> {
+    /// `init`.
+    Setup(&'a mut SetupState),
+    /// Every later event.
+    Run(&'a mut RunState),
+}
+
+impl Stage<'_> {
+    /// The model.
+    pub fn model(&self) -> &Model {
+        match self {
+            Stage::Setup(s) => &s.model,
+            Stage::Run(s) => &s.model,
+        }
     }
 
-    /// Freezes or unfreezes parameter `name`: `requires_grad` and optimizer membership.
-    pub fn set_trainable(&mut self, name: &str, trainable: bool) -> Result<(), String> {
+    /// The clock.
+    pub fn clock(&self) -> &Clock {
+        match self {
+            Stage::Setup(s) => &s.clock,
+            Stage::Run(s) => &s.clock,
+        }
+    }
+
+    /// Records a metric a method logged.
+    pub fn log_metric(&mut self, name: String, value: f64) {
+        match self {
+            Stage::Setup(s) => s.metrics.push((name, value)),
+            Stage::Run(s) => s.metrics.push((name, value)),
+        }
+    }
+
+    /// The next value of the methods' random stream.
+    pub fn next_u64(&mut self) -> u64 {
+        match self {
+            Stage::Setup(s) => s.rng.next_u64(),
+            Stage::Run(s) => s.rng.next_u64(),
+        }
+    }
+
+    /// The run state, or an error naming `what` was asked at `init`.
+    pub fn run(&mut self, what: &str) -> Result<&mut RunState, CallError> {
+        match self {
+            Stage::Run(s) => Ok(s),
+            Stage::Setup(_) => Err(CallError(format!(
+                "{what} is not available at `init`: there is no batch, output, loss or optimizer before training starts"
+            ))),
+        }
+    }
+
+    /// The model for surgery, which only `init` allows.
+    pub fn model_for_surgery(&mut self, what: &str) -> Result<&mut Model, CallError> {
+        match self {
+            Stage::Setup(s) => Ok(&mut s.model),
+            Stage::Run(_) => Err(CallError(format!(
+                "{what}: modules can only be replaced at `init`"
+            ))),
+        }
+    }
+
+    /// The learning rate of the next step.
+    pub fn lr(&self) -> f64 {
+        match self {
+            Stage::Setup(s) => s.initial_lr * s.lr_scale,
+            Stage::Run(s) => s.optimizer.lr(),
+        }
+    }
+
+    /// Scales the learning rate of the next step (see [`Optimizer::scale_lr`]).
+    pub fn scale_lr(&mut self, factor: f64) {
+        match self {
+            Stage::Setup(s) => s.lr_scale *= factor,
+            Stage::Run(s) => s.optimizer.scale_lr(factor),
+        }
+    }
+
+    /// Freezes or unfreezes parameter `name`: `requires_grad`, and in the run the optimizer's
+    /// membership (at `init` the optimizer, built afterwards, takes what requires a gradient).
+    pub fn set_trainable(&mut self, name: &str, trainable: bool) -> Result<(), CallError> {
         let entry = self
-            .model
+            .model()
             .params
             .get(name)
-            .ok_or_else(|| format!("the model has no parameter `{name}`"))?;
-        if entry.role != crate::model::Role::Parameter {
-            return Err(format!("`{name}` is a buffer, not a parameter"));
+            .ok_or_else(|| CallError(format!("the model has no parameter `{name}`")))?;
+        if entry.role != Role::Parameter {
+            return Err(CallError(format!("`{name}` is a buffer, not a parameter")));
         }
         let tensor = entry.tensor.shallow_clone();
         let _ = tensor.set_requires_grad(trainable);
-        if let Some(optimizer) = &mut self.optimizer {
-            optimizer.set_member(name, &tensor, trainable);
+        if let Stage::Run(s) = self {
+            s.optimizer.set_member(name, &tensor, trainable);
         }
         Ok(())
     }

@@ -12,6 +12,22 @@ pub enum Role {
     Buffer,
 }
 
+/// Saved weights that do not fit the model: every difference found (names, shapes, kinds).
+#[derive(Debug, thiserror::Error)]
+#[error("{} difference(s): {}{}", .0.len(), .0.iter().take(4).cloned().collect::<Vec<_>>().join("; "), if .0.len() > 4 { "; ..." } else { "" })]
+pub struct WeightsMismatch(pub Vec<String>);
+
+/// Restoring weights failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RestoreError {
+    /// The saved weights do not fit.
+    #[error(transparent)]
+    Mismatch(#[from] WeightsMismatch),
+    /// Copying them failed.
+    #[error("copying the weights: {0}")]
+    Copy(#[from] TchError),
+}
+
 /// One named tensor of the model.
 #[derive(Debug)]
 pub struct Entry {
@@ -122,5 +138,57 @@ impl ParamStore {
     /// Number of trainable scalars.
     pub fn num_trainable_scalars(&self) -> i64 {
         self.trainable().map(|e| e.tensor.numel() as i64).sum()
+    }
+
+    /// Shallow copies of every tensor with its name, in registration order (for checkpoints).
+    pub fn named_tensors(&self) -> Vec<(String, Tensor)> {
+        self.entries
+            .iter()
+            .map(|e| (e.name.clone(), e.tensor.shallow_clone()))
+            .collect()
+    }
+
+    /// Copies saved tensors into the model's. The names, shapes and kinds must match exactly
+    /// (no tensor missing, none extra); otherwise nothing is copied and the error lists the
+    /// differences.
+    pub fn restore(&self, saved: &[(String, Tensor)]) -> Result<(), RestoreError> {
+        let by_name: std::collections::HashMap<&str, &Tensor> =
+            saved.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        let mut problems = Vec::new();
+        for e in &self.entries {
+            match by_name.get(e.name.as_str()) {
+                None => problems.push(format!("`{}` is missing", e.name)),
+                Some(t) if t.size() != e.tensor.size() => problems.push(format!(
+                    "`{}` has shape {:?} in the checkpoint but {:?} in this model",
+                    e.name,
+                    t.size(),
+                    e.tensor.size()
+                )),
+                Some(t) if t.kind() != e.tensor.kind() => problems.push(format!(
+                    "`{}` is {:?} in the checkpoint but {:?} in this model",
+                    e.name,
+                    t.kind(),
+                    e.tensor.kind()
+                )),
+                Some(_) => {}
+            }
+        }
+        for (name, _) in saved {
+            if self.get(name).is_none() {
+                problems.push(format!("`{name}` is not in this model"));
+            }
+        }
+        if !problems.is_empty() {
+            return Err(WeightsMismatch(problems).into());
+        }
+        tch::no_grad(|| -> Result<(), TchError> {
+            for e in &self.entries {
+                if let Some(t) = by_name.get(e.name.as_str()) {
+                    e.tensor.shallow_clone().f_copy_(t)?;
+                }
+            }
+            Ok(())
+        })?;
+        Ok(())
     }
 }

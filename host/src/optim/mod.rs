@@ -3,9 +3,48 @@
 
 pub mod schedule;
 
+use serde::{Deserialize, Serialize};
 use tch::{TchError, Tensor};
 
 use crate::model::ParamStore;
+use crate::time::{RunLength, Timestamp};
+use schedule::Schedule;
+
+/// An optimizer state that does not fit the model or this optimizer.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct RestoreError(String);
+
+/// The optimizer's position: what, besides its state tensors, it needs to continue exactly.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Position {
+    /// `sgd` or `adamw`.
+    pub algorithm: String,
+    /// Learning rate of the next step.
+    pub lr: f64,
+    /// Learning rate at construction.
+    pub initial_lr: f64,
+    /// Steps taken.
+    pub steps: u64,
+    /// Names of the parameters it trains, in order.
+    pub members: Vec<String>,
+    /// The schedule's multiplier of `initial_lr` (absent in checkpoints of Tessera before 0.1:
+    /// then `lr / initial_lr`).
+    #[serde(default)]
+    pub lr_multiplier: Option<f64>,
+    /// Methods' pending scaling of the next step's rate (see [`Optimizer::scale_lr`]).
+    #[serde(default)]
+    pub lr_scale: Option<f64>,
+}
+
+/// The optimizer's whole state: its position and its state tensors, named
+/// `<param>.<buffer>` (`fc.weight.momentum_buffer`, `fc.weight.exp_avg`, ...).
+pub struct Snapshot {
+    /// The position.
+    pub position: Position,
+    /// The state tensors.
+    pub tensors: Vec<(String, Tensor)>,
+}
 
 /// SGD hyperparameters, with PyTorch's semantics.
 #[derive(Debug, Clone, PartialEq)]
@@ -50,18 +89,30 @@ struct Slot {
     state: Vec<Tensor>,
 }
 
-/// An optimizer over the trainable parameters of a [`ParamStore`].
+/// An optimizer over the trainable parameters of a [`ParamStore`]. It owns the learning rate:
+/// the rate of a step is `initial_lr × schedule multiplier × scale`, where the schedule sets the
+/// multiplier ([`Optimizer::schedule_step`]) and methods the scale ([`Optimizer::scale_lr`]).
 pub struct Optimizer {
     algorithm: Algorithm,
+    schedule: Schedule,
+    scale_schedule_ratio: f64,
     initial_lr: f64,
-    lr: f64,
+    lr_multiplier: f64,
+    lr_scale: f64,
     steps: u64,
     slots: Vec<Slot>,
 }
 
 impl Optimizer {
-    /// An optimizer over every parameter of `params` that requires a gradient.
-    pub fn new(algorithm: Algorithm, lr: f64, params: &ParamStore) -> Self {
+    /// An optimizer over every parameter of `params` that requires a gradient, starting at
+    /// rate `lr` and following `schedule` (stretched by `scale_schedule_ratio`).
+    pub fn new(
+        algorithm: Algorithm,
+        lr: f64,
+        schedule: Schedule,
+        scale_schedule_ratio: f64,
+        params: &ParamStore,
+    ) -> Self {
         let slots = params
             .trainable()
             .map(|e| Slot {
@@ -72,8 +123,11 @@ impl Optimizer {
             .collect();
         Optimizer {
             algorithm,
+            schedule,
+            scale_schedule_ratio,
             initial_lr: lr,
-            lr,
+            lr_multiplier: 1.0,
+            lr_scale: 1.0,
             steps: 0,
             slots,
         }
@@ -81,17 +135,27 @@ impl Optimizer {
 
     /// The learning rate the next step uses.
     pub fn lr(&self) -> f64 {
-        self.lr
+        self.initial_lr * self.lr_multiplier * self.lr_scale
+    }
+
+    /// Sets the schedule's multiplier for the clock at `t` of `run` (the trainer calls it before
+    /// the clock advances, as Composer steps its schedulers).
+    pub fn schedule_step(&mut self, t: &Timestamp, run: &RunLength) {
+        self.lr_multiplier = self
+            .schedule
+            .multiplier(t, run, self.scale_schedule_ratio);
+    }
+
+    /// Scales the rate of the next step by `factor` (a method's request: SWA, SAM, ...). The
+    /// scale lasts until that step is taken, whatever the schedule does meanwhile, and
+    /// compounds when several methods ask.
+    pub fn scale_lr(&mut self, factor: f64) {
+        self.lr_scale *= factor;
     }
 
     /// The learning rate given at construction (schedules multiply it).
     pub fn initial_lr(&self) -> f64 {
         self.initial_lr
-    }
-
-    /// Sets the learning rate of the next step.
-    pub fn set_lr(&mut self, lr: f64) {
-        self.lr = lr;
     }
 
     /// Steps taken so far.
@@ -131,22 +195,12 @@ impl Optimizer {
         }
     }
 
-    /// The optimizer's state tensors, named `<param>.<buffer>` (`fc.weight.momentum_buffer`,
-    /// `fc.weight.exp_avg`, `fc.weight.exp_avg_sq`), for checkpoints.
-    pub fn state_tensors(&self) -> Vec<(String, Tensor)> {
-        let names: &[&str] = match self.algorithm {
+    /// The names of the state buffers kept per parameter.
+    fn buffer_names(&self) -> &'static [&'static str] {
+        match self.algorithm {
             Algorithm::Sgd(_) => &["momentum_buffer"],
             Algorithm::AdamW(_) => &["exp_avg", "exp_avg_sq"],
-        };
-        self.slots
-            .iter()
-            .flat_map(|s| {
-                s.state
-                    .iter()
-                    .zip(names)
-                    .map(move |(t, n)| (format!("{}.{n}", s.name), t.shallow_clone()))
-            })
-            .collect()
+        }
     }
 
     /// The algorithm's name as written in checkpoints (`sgd`, `adamw`).
@@ -157,50 +211,60 @@ impl Optimizer {
         }
     }
 
-    /// The position written in checkpoints.
-    pub fn meta(&self) -> crate::checkpoint::OptimizerMeta {
-        crate::checkpoint::OptimizerMeta {
-            algorithm: self.algorithm_name().to_owned(),
-            lr: self.lr,
-            initial_lr: self.initial_lr,
-            steps: self.steps,
-            members: self.slots.iter().map(|s| s.name.clone()).collect(),
+    /// The whole state (shallow copies of the state tensors), for checkpoints.
+    pub fn snapshot(&self) -> Snapshot {
+        let names = self.buffer_names();
+        let tensors = self
+            .slots
+            .iter()
+            .flat_map(|s| {
+                s.state
+                    .iter()
+                    .zip(names)
+                    .map(move |(t, n)| (format!("{}.{n}", s.name), t.shallow_clone()))
+            })
+            .collect();
+        Snapshot {
+            position: Position {
+                algorithm: self.algorithm_name().to_owned(),
+                lr: self.lr(),
+                initial_lr: self.initial_lr,
+                steps: self.steps,
+                members: self.slots.iter().map(|s| s.name.clone()).collect(),
+                lr_multiplier: Some(self.lr_multiplier),
+                lr_scale: Some(self.lr_scale),
+            },
+            tensors,
         }
     }
 
-    /// Restores a position saved from [`Optimizer::state_tensors`] and [`Optimizer::meta`]: step count,
-    /// learning rates, parameter membership (`members`, looked up in `params`) and the state
-    /// tensors (copied, on the parameters' device). Fails naming what does not fit.
-    pub fn load_state(
-        &mut self,
-        meta: &crate::checkpoint::OptimizerMeta,
-        params: &ParamStore,
-        state: &[(String, Tensor)],
-    ) -> Result<(), String> {
-        let algorithm = meta.algorithm.as_str();
-        let members = &meta.members;
+    /// Restores a [`Snapshot`]: step count, learning rate, parameter membership (`members`,
+    /// looked up in `params`) and the state tensors (copied, on the parameters' device). Fails
+    /// naming what does not fit.
+    pub fn restore(&mut self, snapshot: &Snapshot, params: &ParamStore) -> Result<(), RestoreError> {
+        let fail = |m: String| Err(RestoreError(m));
+        let Snapshot { position, tensors } = snapshot;
+        let algorithm = position.algorithm.as_str();
+        let members = &position.members;
         if algorithm != self.algorithm_name() {
-            return Err(format!(
+            return fail(format!(
                 "the checkpoint's optimizer is {algorithm}, this run's is {}",
                 self.algorithm_name()
             ));
         }
-        let names: &[&str] = match self.algorithm {
-            Algorithm::Sgd(_) => &["momentum_buffer"],
-            Algorithm::AdamW(_) => &["exp_avg", "exp_avg_sq"],
-        };
+        let names = self.buffer_names();
         let mut slots = Vec::with_capacity(members.len());
         for name in members {
-            let entry = params
-                .get(name)
-                .ok_or_else(|| format!("the optimizer trains `{name}`, which this model lacks"))?;
+            let Some(entry) = params.get(name) else {
+                return fail(format!("the optimizer trains `{name}`, which this model lacks"));
+            };
             let mut buffers = Vec::new();
             for b in names {
                 let key = format!("{name}.{b}");
-                match state.iter().find(|(k, _)| *k == key) {
+                match tensors.iter().find(|(k, _)| *k == key) {
                     Some((_, t)) => {
                         if t.size() != entry.tensor.size() {
-                            return Err(format!(
+                            return fail(format!(
                                 "optimizer state `{key}` has shape {:?}, the parameter {:?}",
                                 t.size(),
                                 entry.tensor.size()
@@ -210,14 +274,14 @@ impl Optimizer {
                             .f_to_device(entry.tensor.device())
                             .and_then(|t| t.f_to_kind(entry.tensor.kind()))
                             .and_then(|t| t.f_detach_copy())
-                            .map_err(|e| format!("optimizer state `{key}`: {e}"))?;
+                            .map_err(|e| RestoreError(format!("optimizer state `{key}`: {e}")))?;
                         buffers.push(copy);
                     }
                     None => break,
                 }
             }
             if !buffers.is_empty() && buffers.len() != names.len() {
-                return Err(format!("optimizer state of `{name}` is incomplete"));
+                return fail(format!("optimizer state of `{name}` is incomplete"));
             }
             let _ = entry.tensor.shallow_clone().set_requires_grad(true);
             slots.push(Slot {
@@ -232,9 +296,14 @@ impl Optimizer {
             }
         }
         self.slots = slots;
-        self.steps = meta.steps;
-        self.lr = meta.lr;
-        self.initial_lr = meta.initial_lr;
+        self.steps = position.steps;
+        self.initial_lr = position.initial_lr;
+        self.lr_scale = position.lr_scale.unwrap_or(1.0);
+        self.lr_multiplier = match position.lr_multiplier {
+            Some(m) => m,
+            None if position.initial_lr != 0.0 => position.lr / position.initial_lr,
+            None => 1.0,
+        };
         Ok(())
     }
 
@@ -242,7 +311,9 @@ impl Optimizer {
     pub fn step(&mut self) -> Result<(), TchError> {
         let _guard = tch::no_grad_guard();
         self.steps += 1;
-        let lr = self.lr;
+        let lr = self.lr();
+        // A method's scaling was meant for this step only.
+        self.lr_scale = 1.0;
         match &self.algorithm {
             Algorithm::Sgd(h) => {
                 for slot in &mut self.slots {
@@ -356,7 +427,7 @@ mod tests {
             weight_decay: 0.1,
             decoupled_weight_decay: false,
         };
-        let mut opt = Optimizer::new(Algorithm::Sgd(h), 0.5, &store);
+        let mut opt = Optimizer::new(Algorithm::Sgd(h), 0.5, Schedule::default(), 1.0, &store);
         // step 1: d = g + wd p = [0.5+0.1, 1-0.2] = [0.6, 0.8]; buf = d; nesterov d + 0.9 buf
         set_grad(&p, &[0.5, 1.0]);
         opt.step().unwrap();
@@ -380,7 +451,7 @@ mod tests {
         for (g, e) in got.iter().zip(expect2) {
             assert!((g - e as f32).abs() < 1e-5, "{got:?} vs {expect2:?}");
         }
-        assert_eq!(opt.state_tensors()[0].0, "w.momentum_buffer");
+        assert_eq!(opt.snapshot().tensors[0].0, "w.momentum_buffer");
     }
 
     #[test]
@@ -391,7 +462,7 @@ mod tests {
             eps: 1e-8,
             weight_decay: 0.0,
         };
-        let mut opt = Optimizer::new(Algorithm::AdamW(h), 0.01, &store);
+        let mut opt = Optimizer::new(Algorithm::AdamW(h), 0.01, Schedule::default(), 1.0, &store);
         set_grad(&p, &[3.0, -0.5]);
         opt.step().unwrap();
         // The first bias-corrected Adam step is lr·sign(g).
@@ -400,6 +471,31 @@ mod tests {
             (got[0] - 0.99).abs() < 1e-6 && (got[1] - 1.01).abs() < 1e-6,
             "{got:?}"
         );
-        assert_eq!(opt.state_tensors().len(), 2);
+        assert_eq!(opt.snapshot().tensors.len(), 2);
+    }
+
+    #[test]
+    fn a_scaled_rate_is_used_by_the_next_step_only_and_survives_restore() {
+        let (store, p) = store_with(&[1.0]);
+        let h = Sgd {
+            momentum: 0.0,
+            dampening: 0.0,
+            nesterov: false,
+            weight_decay: 0.0,
+            decoupled_weight_decay: false,
+        };
+        let mut opt = Optimizer::new(Algorithm::Sgd(h.clone()), 0.5, Schedule::default(), 1.0, &store);
+        opt.scale_lr(0.5);
+        opt.scale_lr(0.5);
+        assert_eq!(opt.lr(), 0.125, "scales compound");
+        // A checkpoint taken now carries the pending scale.
+        let snapshot = opt.snapshot();
+        let mut restored = Optimizer::new(Algorithm::Sgd(h), 0.5, Schedule::default(), 1.0, &store);
+        restored.restore(&snapshot, &store).unwrap();
+        assert_eq!(restored.lr(), 0.125);
+        set_grad(&p, &[1.0]);
+        opt.step().unwrap();
+        assert!((values(&p)[0] - 0.875).abs() < 1e-7, "the step used 0.125");
+        assert_eq!(opt.lr(), 0.5, "the scale was for that step only");
     }
 }

@@ -1,4 +1,5 @@
-//! The host side of the ABI: the function table plugins call, over the engine's [`State`].
+//! The host side of the ABI: the function table plugins call, over the engine's [`Stage`]
+//! (the set-up state at `init`, the run state afterwards).
 
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -12,14 +13,14 @@ use tessera_plugin_api::abi::{
 };
 use tessera_plugin_api::TimeInfo;
 
-use crate::engine::{Event, State};
+use crate::engine::{CallError, Stage};
 use crate::model::{Attr, Role};
 
-/// A handle for one call into a plugin, over `state`. Valid while `state` is borrowed.
-pub fn handle(state: &mut State) -> HostHandle {
+/// A handle for one call into a plugin, over `stage`. Valid while `stage` is borrowed.
+pub fn handle(stage: &mut Stage<'_>) -> HostHandle {
     HostHandle {
         api: api(),
-        ctx: HostCtx(state as *mut State as *mut c_void),
+        ctx: HostCtx(stage as *mut Stage<'_> as *mut c_void),
     }
 }
 
@@ -52,12 +53,12 @@ fn api() -> HostApi_Ref {
     })
 }
 
-/// Runs `f` on the state behind `ctx`. A host panic must not unwind into plugin code, so it is
+/// Runs `f` on the stage behind `ctx`. A host panic must not unwind into plugin code, so it is
 /// caught here and the process aborts with a message (it would be a host bug).
-fn with_state<T>(ctx: HostCtx, f: impl FnOnce(&mut State) -> T) -> T {
-    // SAFETY: `ctx` was made by `handle` from a `&mut State` that outlives the plugin call, and
+fn with_state<T>(ctx: HostCtx, f: impl FnOnce(&mut Stage<'_>) -> T) -> T {
+    // SAFETY: `ctx` was made by `handle` from a `&mut Stage` that outlives the plugin call, and
     // plugins are called from one thread at a time.
-    let state = unsafe { &mut *(ctx.0 as *mut State) };
+    let state = unsafe { &mut *(ctx.0 as *mut Stage<'_>) };
     match catch_unwind(AssertUnwindSafe(|| f(state))) {
         Ok(v) => v,
         Err(_) => {
@@ -68,31 +69,33 @@ fn with_state<T>(ctx: HostCtx, f: impl FnOnce(&mut State) -> T) -> T {
 }
 
 extern "C" fn time(ctx: HostCtx) -> TimeInfo {
-    with_state(ctx, |s| s.time)
+    with_state(ctx, |s| s.clock().info())
 }
 
 extern "C" fn get_tensor(ctx: HostCtx, key: RStr<'_>) -> ROption<TensorHandle> {
-    with_state(ctx, |s| match s.tensor(key.as_str()) {
-        Some(t) => ROption::RSome(TensorHandle::from_tensor(t)),
-        None => ROption::RNone,
+    with_state(ctx, |s| match s.run("get_tensor").map(|r| r.tensor(key.as_str())) {
+        Ok(Some(t)) => ROption::RSome(TensorHandle::from_tensor(t)),
+        _ => ROption::RNone,
     })
 }
 
 extern "C" fn set_tensor(ctx: HostCtx, key: RStr<'_>, value: TensorHandle) -> RResult<(), RString> {
     // SAFETY: plugins make handles with `TensorHandle::from_tensor` and give up ownership.
     let value = unsafe { value.into_tensor() };
-    with_state(ctx, |s| match s.set_tensor(key.as_str(), value) {
-        Ok(()) => RResult::ROk(()),
-        Err(message) => RResult::RErr(RString::from(message)),
+    with_state(ctx, |s| {
+        result(
+            s.run("set_tensor")
+                .and_then(|r| r.set_tensor(key.as_str(), value)),
+        )
     })
 }
 
 extern "C" fn rng_u64(ctx: HostCtx) -> u64 {
-    with_state(ctx, State::next_u64)
+    with_state(ctx, |s| s.next_u64())
 }
 
 extern "C" fn log_metric(ctx: HostCtx, name: RStr<'_>, value: f64) {
-    with_state(ctx, |s| s.metrics.push((name.as_str().to_owned(), value)))
+    with_state(ctx, |s| s.log_metric(name.as_str().to_owned(), value))
 }
 
 extern "C" fn log(_ctx: HostCtx, level: u32, message: RStr<'_>) {
@@ -117,22 +120,25 @@ fn named(entries: RVec<NamedTensor>) -> Vec<(String, tch::Tensor)> {
         .collect()
 }
 
-fn result<T>(r: Result<T, String>) -> RResult<T, RString> {
+fn result<T>(r: Result<T, CallError>) -> RResult<T, RString> {
     match r {
         Ok(v) => RResult::ROk(v),
-        Err(e) => RResult::RErr(RString::from(e)),
+        Err(e) => RResult::RErr(RString::from(e.0)),
     }
 }
 
 extern "C" fn batch_keys(ctx: HostCtx) -> RVec<RString> {
-    with_state(ctx, |s| {
-        s.batch.keys().into_iter().map(RString::from).collect()
+    with_state(ctx, |s| match s.run("batch_keys") {
+        Ok(r) => r.batch.keys().into_iter().map(RString::from).collect(),
+        Err(_) => RVec::new(),
     })
 }
 
 extern "C" fn set_batch(ctx: HostCtx, entries: RVec<NamedTensor>) -> RResult<(), RString> {
     let entries = named(entries);
-    with_state(ctx, |s| result(s.set_batch(entries)))
+    with_state(ctx, |s| {
+        result(s.run("set_batch").and_then(|r| r.set_batch(entries)))
+    })
 }
 
 extern "C" fn forward(
@@ -142,7 +148,11 @@ extern "C" fn forward(
 ) -> RResult<TensorHandle, RString> {
     let input = owned(input);
     with_state(ctx, |s| {
-        result(s.forward(&input, grad).map(TensorHandle::from_tensor))
+        result(
+            s.run("forward")
+                .and_then(|r| r.extra_forward(&input, grad))
+                .map(TensorHandle::from_tensor),
+        )
     })
 }
 
@@ -155,7 +165,11 @@ extern "C" fn loss(
     let (output, target) = (owned(output), owned(target));
     with_state(ctx, |s| {
         result(
-            s.loss(&output, &target, per_sample)
+            s.run("loss")
+                .and_then(|r| {
+                    r.loss(&output, &target, per_sample)
+                        .map_err(|e| CallError(format!("loss failed: {e}")))
+                })
                 .map(TensorHandle::from_tensor),
         )
     })
@@ -163,7 +177,7 @@ extern "C" fn loss(
 
 extern "C" fn modules(ctx: HostCtx) -> RVec<ModuleInfo> {
     with_state(ctx, |s| {
-        s.model
+        s.model()
             .root
             .walk()
             .into_iter()
@@ -196,20 +210,19 @@ extern "C" fn replace_module(
 ) -> RResult<(), RString> {
     let tensors = named(tensors);
     with_state(ctx, |s| {
-        if !s.surgery_allowed {
-            return result(Err(format!(
-                "replace_module(`{path}`): modules can only be replaced at `{}`",
-                Event::INIT
-            )));
-        }
-        let layer = Box::new(super::PluginLayer::new(module));
-        result(s.model.replace_module(path.as_str(), layer, tensors))
+        let what = format!("replace_module(`{path}`)");
+        result(s.model_for_surgery(&what).and_then(|model| {
+            let layer = Box::new(super::PluginLayer::new(module));
+            model
+                .replace_module(path.as_str(), layer, tensors)
+                .map_err(CallError)
+        }))
     })
 }
 
 extern "C" fn parameters(ctx: HostCtx) -> RVec<ParamInfo> {
     with_state(ctx, |s| {
-        s.model
+        s.model()
             .params
             .entries()
             .iter()
@@ -224,7 +237,7 @@ extern "C" fn parameters(ctx: HostCtx) -> RVec<ParamInfo> {
 }
 
 extern "C" fn parameter(ctx: HostCtx, name: RStr<'_>) -> ROption<TensorHandle> {
-    with_state(ctx, |s| match s.model.params.get(name.as_str()) {
+    with_state(ctx, |s| match s.model().params.get(name.as_str()) {
         Some(e) => ROption::RSome(TensorHandle::from_tensor(e.tensor.shallow_clone())),
         None => ROption::RNone,
     })
@@ -235,35 +248,35 @@ extern "C" fn set_trainable(ctx: HostCtx, name: RStr<'_>, trainable: bool) -> RR
 }
 
 extern "C" fn lr(ctx: HostCtx) -> f64 {
-    with_state(ctx, |s| s.optimizer.as_ref().map(|o| o.lr()).unwrap_or(0.0))
+    with_state(ctx, |s| s.lr())
 }
 
 extern "C" fn scale_lr(ctx: HostCtx, factor: f64) {
-    with_state(ctx, |s| {
-        if let Some(o) = &mut s.optimizer {
-            let lr = o.lr() * factor;
-            o.set_lr(lr);
-        }
-    })
+    with_state(ctx, |s| s.scale_lr(factor))
 }
 
 extern "C" fn request_extra_pass(ctx: HostCtx) -> RResult<(), RString> {
     with_state(ctx, |s| {
-        if !s.in_train_batch {
-            return result(Err(format!(
-                "request_extra_pass: only possible during a train batch (up to `{}`)",
-                Event::AFTER_TRAIN_BATCH
-            )));
-        }
-        s.extra_pass_requested = true;
-        RResult::ROk(())
+        result(s.run("request_extra_pass").and_then(|r| {
+            if !r.in_train_batch {
+                return Err(CallError(format!(
+                    "request_extra_pass: only possible during a train batch (up to `{}`)",
+                    crate::engine::Event::AFTER_TRAIN_BATCH
+                )));
+            }
+            r.extra_pass_requested = true;
+            Ok(())
+        }))
     })
 }
 
 extern "C" fn pass_index(ctx: HostCtx) -> u32 {
-    with_state(ctx, |s| s.pass_index)
+    with_state(ctx, |s| s.run("pass_index").map_or(0, |r| r.pass_index))
 }
 
 extern "C" fn checkpoint_pending(ctx: HostCtx) -> bool {
-    with_state(ctx, |s| s.checkpoint_pending)
+    with_state(ctx, |s| {
+        s.run("checkpoint_pending")
+            .is_ok_and(|r| r.checkpoint_pending)
+    })
 }

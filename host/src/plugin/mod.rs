@@ -19,11 +19,10 @@ use abi_stable::abi_stability::abi_checking::{
 use abi_stable::library::{lib_header_from_path, LibraryError};
 use abi_stable::std_types::{RResult, RStr};
 use abi_stable::StableAbi;
-use sha2::{Digest, Sha256};
 use tessera_plugin_api::abi::{MethodBox, ModuleBox, PluginModule_Ref, TensorHandle};
 use tessera_plugin_api::{Event, Hook, API_VERSION, LIBTORCH_VERSION};
 
-use crate::engine::{Algorithm, MethodSnapshot, State};
+use crate::engine::{Algorithm, MethodError, MethodSnapshot, Stage};
 use crate::model::ExternalLayer;
 
 /// A module a plugin put into the model.
@@ -180,18 +179,6 @@ pub struct Plugin {
     module: PluginModule_Ref,
 }
 
-/// sha256 of a file, hex-encoded.
-pub fn sha256_file(path: &Path) -> std::io::Result<String> {
-    let mut hasher = Sha256::new();
-    let mut file = std::fs::File::open(path)?;
-    std::io::copy(&mut file, &mut hasher)?;
-    Ok(hasher
-        .finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect())
-}
-
 /// The folders searched for plugins: the configured ones, then those in `TESSERA_PLUGIN_PATH`
 /// (colon-separated).
 pub fn search_dirs(configured: &[PathBuf]) -> Vec<PathBuf> {
@@ -285,7 +272,7 @@ impl Plugin {
             path: path.to_owned(),
             reason: e.to_string(),
         })?;
-        let sha256 = sha256_file(&path).map_err(|e| PluginError::NotALibrary {
+        let sha256 = crate::files::sha256_file(&path).map_err(|e| PluginError::NotALibrary {
             path: path.clone(),
             reason: e.to_string(),
         })?;
@@ -416,6 +403,8 @@ impl Plugin {
         match (self.module.create())(RStr::from_str(settings_json)) {
             RResult::ROk(object) => Ok(PluginMethod {
                 name: self.name.clone(),
+                version: self.version.clone(),
+                settings: serde_json::from_str(settings_json).unwrap_or(serde_json::Value::Null),
                 hooks: self.hooks.clone(),
                 object,
             }),
@@ -431,6 +420,8 @@ impl Plugin {
 /// A method instance living in a plugin.
 pub struct PluginMethod {
     name: String,
+    version: String,
+    settings: serde_json::Value,
     hooks: Vec<Hook>,
     object: MethodBox,
 }
@@ -444,29 +435,34 @@ impl Algorithm for PluginMethod {
         self.hooks.clone()
     }
 
-    fn on_event(&mut self, event: Event, state: &mut State) -> Result<(), String> {
-        let handle = host_api::handle(state);
-        match self.object.on_event(event, handle) {
-            RResult::ROk(()) => Ok(()),
-            RResult::RErr(e) => Err(format!("{}: {}", e.kind.name(), e.message)),
-        }
+    fn version(&self) -> &str {
+        &self.version
     }
 
-    fn state(&self) -> Result<Option<MethodSnapshot>, String> {
-        match self.object.state() {
-            RResult::ROk(s) => {
-                let s = MethodSnapshot::from(s);
-                let empty = s.format_version == 0 && s.bytes.is_empty() && s.tensors.is_empty();
-                Ok((!empty).then_some(s))
-            }
-            RResult::RErr(e) => Err(format!("{}: {}", e.kind.name(), e.message)),
-        }
+    fn settings(&self) -> serde_json::Value {
+        self.settings.clone()
     }
 
-    fn load_state(&mut self, state: MethodSnapshot) -> Result<(), String> {
-        match self.object.load_state(state.into()) {
-            RResult::ROk(()) => Ok(()),
-            RResult::RErr(e) => Err(format!("{}: {}", e.kind.name(), e.message)),
-        }
+    fn on_event(&mut self, event: Event, stage: &mut Stage<'_>) -> Result<(), MethodError> {
+        let handle = host_api::handle(stage);
+        self.object.on_event(event, handle).into_result().map_err(reported)
     }
+
+    fn state(&self) -> Result<Option<MethodSnapshot>, MethodError> {
+        let s = MethodSnapshot::from(self.object.state().into_result().map_err(reported)?);
+        let empty = s.format_version == 0 && s.bytes.is_empty() && s.tensors.is_empty();
+        Ok((!empty).then_some(s))
+    }
+
+    fn load_state(&mut self, state: MethodSnapshot) -> Result<(), MethodError> {
+        self.object
+            .load_state(state.into())
+            .into_result()
+            .map_err(reported)
+    }
+}
+
+/// A plugin's error value as the engine reports it: its kind and message.
+fn reported(e: tessera_plugin_api::abi::PluginError) -> MethodError {
+    MethodError(format!("{}: {}", e.kind.name(), e.message))
 }

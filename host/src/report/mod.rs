@@ -8,27 +8,6 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-/// Writes `bytes` to `path` atomically: a temporary file in the same folder, fsync, rename.
-/// A crash leaves either the old file or the new one, never half of one.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir)?;
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "file".to_owned());
-    let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
-    {
-        let mut file = File::create(&tmp)?;
-        file.write_all(bytes)?;
-        file.sync_all()?;
-    }
-    std::fs::rename(&tmp, path)?;
-    if let Ok(d) = File::open(dir) {
-        let _ = d.sync_all();
-    }
-    Ok(())
-}
 
 /// One evaluation's results.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -103,6 +82,9 @@ pub struct RunRecord {
     pub last_checkpoint: Option<PathBuf>,
     /// Training steps skipped because the loss was NaN or infinite (`nonfinite_loss = "skip"`).
     pub skipped_steps: u64,
+    /// Samples the model trained on; fewer than `samples` (which counts every sample loaded,
+    /// as Composer's clock does) when a method such as selective backprop drops some.
+    pub trained_samples: u64,
 }
 
 /// Progress bar, log lines and the metrics file of one run.

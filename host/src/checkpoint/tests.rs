@@ -1,0 +1,233 @@
+//! Unit tests of the checkpoint format, parts, folder and retention.
+
+use std::path::{Path, PathBuf};
+
+use rand::RngCore;
+use rand_chacha::rand_core::SeedableRng;
+use tch::Tensor;
+
+use super::*;
+use crate::engine::{MethodRecord, MethodSnapshot};
+use crate::optim::{Position, Snapshot};
+use crate::time::Timestamp;
+
+fn sample() -> Checkpoint {
+    let parts = Parts {
+        run_name: "r".into(),
+        config: serde_json::json!({"seed": 1}),
+        clock: Clock {
+            timestamp: Timestamp {
+                batch: 7,
+                epoch: 1,
+                ..Default::default()
+            },
+            batches_per_epoch: 5,
+        },
+        model: vec![
+            (
+                "w".into(),
+                Tensor::from_slice(&[1.5f32, -2.0, 3.25]).view([3, 1]),
+            ),
+            ("n".into(), Tensor::from_slice(&[4i64])),
+        ],
+        optimizer: Snapshot {
+            position: Position {
+                algorithm: "sgd".into(),
+                lr: 0.1,
+                initial_lr: 0.2,
+                steps: 7,
+                members: vec!["w".into()],
+                lr_multiplier: Some(0.5),
+                lr_scale: Some(1.0),
+            },
+            tensors: vec![(
+                "w.momentum_buffer".into(),
+                Tensor::from_slice(&[0.5f32, 0.25, 0.0]).view([3, 1]),
+            )],
+        },
+        methods: vec![MethodRecord {
+            name: "x".into(),
+            version: "0.1.0".into(),
+            settings: serde_json::json!({"a": 1}),
+            snapshot: Some(MethodSnapshot {
+                format_version: 2,
+                bytes: vec![7, 8],
+                tensors: vec![
+                    ("z".into(), Tensor::from_slice(&[1.0f32])),
+                    ("a".into(), Tensor::from_slice(&[2.0f32])),
+                ],
+            }),
+        }],
+        disabled_methods: vec!["x".into()],
+        rng: rand_chacha::ChaCha8Rng::seed_from_u64(3),
+        trainer: TrainerMeta {
+            train_seconds: 1.5,
+            evals: vec![],
+            last_eval_batch: None,
+            running_batches: 2,
+            metrics_bytes: 10,
+            disabled: vec![],
+            skipped_steps: 0,
+            trained_samples: 3,
+        },
+        running_loss: Some(Tensor::from_slice(&[0.75f32])),
+    };
+    Checkpoint::from_parts(parts).unwrap()
+}
+
+fn temp_dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("tessera-ckpt-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+#[test]
+fn round_trip_is_exact() {
+    let c = sample();
+    let bytes = c.to_bytes().unwrap();
+    let back = Checkpoint::from_bytes(&bytes, Path::new("x.ckpt")).unwrap();
+    assert_eq!(back.meta, c.meta);
+    assert_eq!(back.tensors.len(), c.tensors.len());
+    for (name, t) in &c.tensors {
+        let b = back.tensor(name).unwrap();
+        assert_eq!(b.kind(), t.kind());
+        assert_eq!(b.size(), t.size());
+        assert!(b.equal(t), "{name}");
+    }
+}
+
+#[test]
+fn every_flipped_byte_or_truncation_is_detected() {
+    let bytes = sample().to_bytes().unwrap();
+    for i in (0..bytes.len()).step_by(7) {
+        let mut bad = bytes.clone();
+        bad[i] ^= 0x10;
+        let r = Checkpoint::from_bytes(&bad, Path::new("x.ckpt"));
+        assert!(r.is_err(), "flip at {i} of {} not detected", bytes.len());
+    }
+    for len in [0, 8, bytes.len() / 2, bytes.len() - 1] {
+        let e = Checkpoint::from_bytes(&bytes[..len], Path::new("x.ckpt"))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("x.ckpt") && e.contains("corrupt"), "{e}");
+    }
+}
+
+#[test]
+fn parts_round_trip_with_the_rng_mid_stream() {
+    let c = sample();
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(9);
+    for _ in 0..13 {
+        rng.next_u32();
+    }
+    let mut parts = c.into_parts().unwrap();
+    parts.rng = rng.clone();
+    let again = Checkpoint::from_parts(parts).unwrap();
+    let bytes = again.to_bytes().unwrap();
+    let parts = Checkpoint::from_bytes(&bytes, Path::new("x.ckpt"))
+        .unwrap()
+        .into_parts()
+        .unwrap();
+    let mut back = parts.rng;
+    for _ in 0..100 {
+        assert_eq!(rng.next_u64(), back.next_u64());
+    }
+    // Each part comes back under its own name, in the order given.
+    assert_eq!(parts.model.len(), 2);
+    assert_eq!(parts.model[0].0, "w");
+    assert_eq!(parts.optimizer.tensors[0].0, "w.momentum_buffer");
+    let m = &parts.methods[0];
+    assert_eq!(m.name, "x");
+    let s = m.snapshot.as_ref().unwrap();
+    assert_eq!(s.bytes, [7, 8]);
+    assert_eq!(
+        s.tensors.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
+        ["z", "a"],
+        "a method's tensors keep its order, not the file's"
+    );
+    assert_eq!(parts.disabled_methods, ["x"]);
+    assert!(parts.running_loss.is_some());
+}
+
+#[test]
+fn a_method_tensor_named_like_the_bytes_is_refused() {
+    let mut parts = sample().into_parts().unwrap();
+    let s = parts.methods[0].snapshot.as_mut().unwrap();
+    s.tensors.push(("__bytes__".into(), Tensor::from_slice(&[1u8])));
+    let e = Checkpoint::from_parts(parts).err().unwrap().to_string();
+    assert!(e.contains("reserved"), "{e}");
+}
+
+#[test]
+fn listing_latest_and_pruning() {
+    let dir = temp_dir("list");
+    let c = sample();
+    for (ep, ba) in [(0, 2), (0, 4), (1, 6)] {
+        let t = Timestamp {
+            epoch: ep,
+            batch: ba,
+            ..Default::default()
+        };
+        let p = dir.join(file_name(&t));
+        c.write(&p).unwrap();
+        update_latest(&dir, &p).unwrap();
+    }
+    std::fs::write(dir.join(".tmp-ep9-ba99.ckpt.1"), b"partial").unwrap();
+    let names: Vec<String> = list(&dir)
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, ["ep1-ba6.ckpt", "ep0-ba4.ckpt", "ep0-ba2.ckpt"]);
+    assert_eq!(
+        std::fs::read_link(dir.join(LATEST)).unwrap(),
+        Path::new("ep1-ba6.ckpt")
+    );
+    // A truncated newest file is skipped in favour of the previous one.
+    let newest = dir.join("ep1-ba6.ckpt");
+    let bytes = std::fs::read(&newest).unwrap();
+    std::fs::write(&newest, &bytes[..bytes.len() / 3]).unwrap();
+    let (path, _) = latest_good(&dir).unwrap();
+    assert_eq!(path, dir.join("ep0-ba4.ckpt"));
+    let deleted = prune(&dir, 1, &newest);
+    assert_eq!(deleted.len(), 2);
+    remove_stale_temporaries(&dir);
+    assert!(!dir.join(".tmp-ep9-ba99.ckpt.1").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Hostile inputs and the fuzzer's seeds: every file reads or fails naming itself; the
+/// seeds (real checkpoints) read.
+#[test]
+fn fuzz_regressions_and_seed_corpus() {
+    let mut checked = 0;
+    for (folder, path) in crate::test_support::files_in(&[
+        "tests/fuzz_regressions/checkpoint",
+        "fuzz/corpus/checkpoint",
+    ]) {
+        let bytes = std::fs::read(&path).unwrap();
+        let seed = folder.ends_with("fuzz/corpus/checkpoint")
+            && path.extension().is_some_and(|e| e == "ckpt");
+        match Checkpoint::from_bytes(&bytes, &path) {
+            Ok(_) => assert!(
+                !folder.ends_with("tests/fuzz_regressions/checkpoint"),
+                "{path:?} was read"
+            ),
+            Err(e) => {
+                assert!(!seed, "seed {path:?}: {e}");
+                let name = path.display().to_string();
+                assert!(e.to_string().contains(&name), "{e}");
+            }
+        }
+        checked += 1;
+    }
+    assert!(checked >= 6, "only {checked} files checked");
+}
+
+#[test]
+fn names_parse() {
+    assert_eq!(parse_file_name("ep3-ba120.ckpt"), Some((3, 120)));
+    assert_eq!(parse_file_name("latest.ckpt"), None);
+    assert_eq!(parse_file_name("ep3-ba120.ckpt.partial"), None);
+}

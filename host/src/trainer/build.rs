@@ -1,0 +1,347 @@
+//! Building a run from its config: device, data, model, methods, optimizer, schedule.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{bail, Context as _};
+use tch::Device;
+use tessera_plugin_api::LIBTORCH_VERSION;
+
+use crate::checkpoint::{self};
+use crate::config::{self, Config, OptimizerConfig};
+use crate::data::{self, ImageDataset, Loader, LoaderOptions, Transform};
+use crate::engine::{Algorithm, Engine, Event, RunState, SetupState, Stage};
+use crate::model::{InputShape, Model};
+use crate::optim::{self, Optimizer};
+use crate::plugin::Plugin;
+use crate::report::{PluginRecord, Reporter};
+use crate::time::RunLength;
+
+use super::resume::{find_resume_checkpoint, same_folder};
+use super::Trainer;
+
+impl Trainer {
+    /// Builds a run from `config`: data, model, methods (plugins named in the config, then
+    /// `extra` built-in methods), then — after `init`, where surgery may change the model — the
+    /// optimizer with its schedule; resumes from a checkpoint when asked. Fires `init`,
+    /// `before_load`, `after_load`.
+    pub fn new(config: Config, extra: Vec<Box<dyn Algorithm>>) -> anyhow::Result<Trainer> {
+        let started = Instant::now();
+        let device = resolve_device(config.train.device)?;
+        tch::manual_seed(config.seed as i64);
+        if config.train.threads > 0 {
+            tch::set_num_threads(config.train.threads as i32);
+        }
+        let (train_loader, eval_loader) = build_loaders(&config)?;
+        let (c, h, w) = train_loader.sample_shape();
+        let input = InputShape {
+            channels: c as i64,
+            height: h as i64,
+            width: w as i64,
+        };
+        let model = Model::build(
+            &config.model,
+            input,
+            config.model.num_classes as i64,
+            device,
+        )
+        .context("building the model")?;
+        let run = RunLength::new(
+            config.train.max_duration,
+            train_loader.batches_per_epoch(),
+            config.data.batch_size as u64,
+        )?
+        .scaled(config.train.scale_schedule_ratio)?;
+        config
+            .scheduler
+            .check(&run, config.train.scale_schedule_ratio)
+            .map_err(|e| anyhow::anyhow!("[scheduler]: {e}"))?;
+        let (mut engine, plugins) = load_methods(&config, extra)?;
+
+        // Set-up: surgery at `init` happens before the optimizer exists, so the optimizer
+        // simply sees the parameters as surgery left them.
+        let mut setup = SetupState::new(
+            model,
+            config.train.precision,
+            run,
+            initial_lr(&config),
+            config.seed,
+        );
+        engine.fire(Event::INIT, &mut Stage::Setup(&mut setup))?;
+        let optimizer = build_optimizer(&config, &setup.model);
+        let state = RunState::new(setup, optimizer);
+
+        let read_started = Instant::now();
+        let resume = find_resume_checkpoint(&config.checkpoint)?;
+        let read_ms = read_started.elapsed().as_secs_f64() * 1e3;
+        prepare_checkpoint_folder(&config.checkpoint, resume.is_some())?;
+        // Metrics continue where the checkpoint left them when it belongs to this run.
+        let metrics_at = resume
+            .as_ref()
+            .filter(|(path, _)| same_folder(path, &config.checkpoint.folder))
+            .map(|(_, c)| c.meta.trainer.metrics_bytes);
+        let reporter = Reporter::resume(&config.run_dir(), config.train.progress, metrics_at)
+            .with_context(|| format!("creating the run folder {}", config.run_dir().display()))?;
+        let mut trainer = Trainer {
+            engine,
+            state,
+            train_loader,
+            eval_loader,
+            reporter,
+            plugins,
+            evals: Vec::new(),
+            last_eval_batch: None,
+            running_loss: None,
+            running_batches: 0,
+            train_seconds: 0.0,
+            started,
+            config,
+            stop: None,
+            last_checkpoint_batch: None,
+            last_checkpoint: None,
+            resumed_from: None,
+            skipped_steps: 0,
+            trained_samples: 0,
+            quiet_metrics: resume.is_some(),
+        };
+        if trainer.quiet_metrics {
+            trainer.state.metrics.clear();
+        }
+        trainer.fire(Event::BEFORE_LOAD)?;
+        if let Some((path, c)) = resume {
+            let applied = Instant::now();
+            trainer
+                .apply_checkpoint(&path, c)
+                .with_context(|| format!("resuming from {}", path.display()))?;
+            let t = trainer.timestamp();
+            tracing::info!(
+                "resumed from {} at epoch {}, batch {} (read and verified in {read_ms:.0} ms, restored in {:.0} ms)",
+                path.display(),
+                t.epoch,
+                t.batch,
+                applied.elapsed().as_secs_f64() * 1e3
+            );
+        }
+        trainer.fire(Event::AFTER_LOAD)?;
+        trainer.quiet_metrics = false;
+        Ok(trainer)
+    }
+}
+
+/// The training and evaluation loaders of the configured data.
+fn build_loaders(config: &Config) -> anyhow::Result<(Loader, Loader)> {
+    let (train_set, test_set) = load_datasets(config)?;
+    let d = &config.data;
+    let train_loader = Loader::new(
+        Arc::new(train_set),
+        Arc::new(transforms_of(&d.transforms, true)),
+        LoaderOptions {
+            batch_size: d.batch_size,
+            shuffle: d.shuffle,
+            drop_last: d.drop_last,
+            seed: config.seed,
+            workers: d.workers,
+            prefetch: d.prefetch,
+        },
+    )?;
+    let eval_loader = Loader::new(
+        Arc::new(test_set),
+        Arc::new(transforms_of(&d.transforms, false)),
+        LoaderOptions {
+            batch_size: d.eval_batch_size,
+            shuffle: false,
+            drop_last: false,
+            seed: config.seed,
+            workers: d.workers.min(1),
+            prefetch: d.prefetch,
+        },
+    )?;
+    Ok((train_loader, eval_loader))
+}
+
+/// Loads the plugins listed under `[[algorithms]]` and makes their methods, followed by the
+/// `extra` built-in ones; returns the engine and what the run record says of each plugin.
+fn load_methods(
+    config: &Config,
+    extra: Vec<Box<dyn Algorithm>>,
+) -> anyhow::Result<(Engine, Vec<PluginRecord>)> {
+    let dirs = crate::plugin::search_dirs(&config.plugins.dirs);
+    let mut algorithms: Vec<(Box<dyn Algorithm>, config::OnError)> = Vec::new();
+    let mut plugins = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    for a in &config.algorithms {
+        if !seen.insert(a.plugin.clone()) {
+            bail!(
+                "trainer.toml line {}: plugin `{}` is listed twice",
+                a.line,
+                a.plugin
+            );
+        }
+        let plugin = Plugin::load_named(&a.plugin, &dirs, a.sha256.as_deref())
+            .with_context(|| format!("[[algorithms]] at line {}", a.line))?;
+        let method = plugin
+            .create(&a.settings_json())
+            .with_context(|| format!("[[algorithms]] at line {}", a.line))?;
+        tracing::info!(
+            "loaded plugin {} {} ({})",
+            plugin.name,
+            plugin.version,
+            plugin.path.display()
+        );
+        plugins.push(PluginRecord {
+            name: plugin.name.clone(),
+            version: plugin.version.clone(),
+            path: plugin.path.clone(),
+            sha256: plugin.sha256.clone(),
+            settings: serde_json::Value::Object(a.settings.clone()),
+        });
+        algorithms.push((Box::new(method), a.on_error));
+    }
+    algorithms.extend(extra.into_iter().map(|a| (a, config::OnError::Stop)));
+    Ok((Engine::new(algorithms), plugins))
+}
+
+/// Clears temporaries of interrupted writes and makes sure a fresh run (`resuming` false,
+/// no autoresume) never silently replaces an earlier run's checkpoints: that is an error,
+/// unless `checkpoint.overwrite` says to delete them.
+fn prepare_checkpoint_folder(ck: &config::CheckpointConfig, resuming: bool) -> anyhow::Result<()> {
+    if ck.save {
+        checkpoint::remove_stale_temporaries(&ck.folder);
+    }
+    let earlier = checkpoint::list(&ck.folder);
+    if !ck.save || resuming || ck.autoresume || earlier.is_empty() {
+        return Ok(());
+    }
+    if !ck.overwrite {
+        bail!(
+            "{} already holds {} checkpoint(s) of an earlier run (newest: {}); set checkpoint.autoresume = true to continue it, checkpoint.overwrite = true to start over (deleting them), or choose another run_name",
+            ck.folder.display(),
+            earlier.len(),
+            earlier[0].display()
+        );
+    }
+    let mut stale = earlier.clone();
+    stale.push(ck.folder.join(checkpoint::LATEST));
+    for old in stale.iter().filter(|p| p.symlink_metadata().is_ok()) {
+        std::fs::remove_file(old)
+            .with_context(|| format!("checkpoint.overwrite: deleting {}", old.display()))?;
+    }
+    tracing::info!(
+        "checkpoint.overwrite: deleted {} checkpoint(s) of an earlier run in {}",
+        earlier.len(),
+        ck.folder.display()
+    );
+    Ok(())
+}
+
+/// The libtorch device for a configured one; fails when CUDA is asked for but unusable.
+pub fn resolve_device(device: config::Device) -> anyhow::Result<Device> {
+    Ok(match device {
+        config::Device::Auto => Device::cuda_if_available(),
+        config::Device::Cpu => Device::Cpu,
+        config::Device::Cuda(i) => {
+            let n = tch::Cuda::device_count();
+            if !tch::Cuda::is_available() || i as i64 >= n {
+                bail!(
+                    "device = \"cuda:{i}\" but {} CUDA device(s) are usable (libtorch {LIBTORCH_VERSION}{})",
+                    if tch::Cuda::is_available() { n } else { 0 },
+                    if env!("TESSERA_LIBTORCH_HAS_CUDA") == "1" { ", built with CUDA" } else { ", built without CUDA" }
+                );
+            }
+            Device::Cuda(i)
+        }
+    })
+}
+
+pub(super) fn transforms_of(cfg: &config::TransformsConfig, train: bool) -> Vec<Transform> {
+    let mut out = Vec::new();
+    if train {
+        if let Some(c) = &cfg.random_crop {
+            out.push(Transform::RandomCrop(data::RandomCrop {
+                size: c.size,
+                padding: c.padding,
+            }));
+        }
+        if let Some(f) = &cfg.horizontal_flip {
+            out.push(Transform::HorizontalFlip(data::HorizontalFlip { p: f.p }));
+        }
+    }
+    if let Some(n) = &cfg.normalize {
+        out.push(Transform::Normalize(data::Normalize {
+            mean: n.mean.iter().map(|&v| v as f32).collect(),
+            std: n.std.iter().map(|&v| v as f32).collect(),
+        }));
+    }
+    out
+}
+
+/// Loads (fetching when allowed) the train and test sets named in the config.
+pub fn load_datasets(cfg: &Config) -> anyhow::Result<(ImageDataset, ImageDataset)> {
+    let d = &cfg.data;
+    if let Some(s) = &d.synthetic {
+        let train = ImageDataset::synthetic(
+            cfg.seed, s.samples, s.channels, s.height, s.width, s.classes,
+        )?;
+        let test = ImageDataset::synthetic(
+            cfg.seed.wrapping_add(1),
+            s.eval_samples,
+            s.channels,
+            s.height,
+            s.width,
+            s.classes,
+        )?;
+        return Ok((train, test));
+    }
+    let name = d.dataset.as_str();
+    let root = d.data_dir.clone().unwrap_or_else(data::default_cache_root);
+    if d.fetch {
+        data::fetch(name, &root).with_context(|| format!("fetching dataset `{name}`"))?;
+    }
+    let split = data::load(name, &root).with_context(|| {
+        format!(
+            "loading dataset `{name}` from {} (run `tessera data fetch {name}` first, or set data.fetch = true)",
+            root.display()
+        )
+    })?;
+    Ok((split.train, split.test))
+}
+
+/// The configured learning rate.
+fn initial_lr(config: &Config) -> f64 {
+    match &config.optimizer {
+        OptimizerConfig::Sgd(s) => s.lr,
+        OptimizerConfig::AdamW(a) => a.lr,
+    }
+}
+
+/// The configured optimizer over the model's trainable parameters, with the schedule.
+fn build_optimizer(config: &Config, model: &Model) -> Optimizer {
+    let schedule = config.scheduler.clone();
+    let ssr = config.train.scale_schedule_ratio;
+    match &config.optimizer {
+        OptimizerConfig::Sgd(s) => Optimizer::new(
+            optim::Algorithm::Sgd(optim::Sgd {
+                momentum: s.momentum,
+                dampening: s.dampening,
+                nesterov: s.nesterov,
+                weight_decay: s.weight_decay,
+                decoupled_weight_decay: s.decoupled_weight_decay,
+            }),
+            s.lr,
+            schedule,
+            ssr,
+            &model.params,
+        ),
+        OptimizerConfig::AdamW(a) => Optimizer::new(
+            optim::Algorithm::AdamW(optim::AdamW {
+                betas: (a.betas[0], a.betas[1]),
+                eps: a.eps,
+                weight_decay: a.weight_decay,
+            }),
+            a.lr,
+            schedule,
+            ssr,
+            &model.params,
+        ),
+    }
+}

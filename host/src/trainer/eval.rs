@@ -1,0 +1,82 @@
+//! Evaluation over the test set, with its events.
+
+use std::time::Instant;
+
+use anyhow::Context as _;
+use tch::{Kind, Reduction, Tensor};
+
+use crate::engine::Event;
+use crate::report::EvalRecord;
+
+use super::Trainer;
+
+impl Trainer {
+    /// Runs evaluation over the test set, with its events.
+    pub fn evaluate(&mut self) -> anyhow::Result<EvalRecord> {
+        let started = Instant::now();
+        self.fire_as(Event::EVAL_BEFORE_ALL, false)?;
+        self.fire_as(Event::EVAL_START, false)?;
+        let _no_grad = tch::no_grad_guard();
+        let saved_batch = std::mem::take(&mut self.state.batch);
+        let mut correct = Tensor::f_zeros([], (Kind::Int64, self.state.device()))?;
+        let mut loss_sum = Tensor::f_zeros([], (Kind::Double, self.state.device()))?;
+        let mut samples = 0u64;
+        let limit = match self.config.train.eval_subset_batches {
+            0 => u64::MAX,
+            n => n as u64,
+        };
+        for (i, batch) in self.eval_loader.epoch(0, 0).enumerate() {
+            if i as u64 >= limit {
+                break;
+            }
+            let batch = batch?;
+            self.state.batch = self.device_batch(batch)?;
+            self.fire_as(Event::EVAL_BATCH_START, false)?;
+            self.fire_as(Event::EVAL_BEFORE_FORWARD, false)?;
+            let input = self
+                .state
+                .batch
+                .input()
+                .map(Tensor::shallow_clone)
+                .context("no input")?;
+            let output = self.state.forward(&input, false)?;
+            self.state.output = Some(output.shallow_clone());
+            self.fire_as(Event::EVAL_AFTER_FORWARD, false)?;
+            let target = self
+                .state
+                .batch
+                .target()
+                .map(Tensor::shallow_clone)
+                .context("no target")?;
+            let n = target.size().first().copied().unwrap_or(0);
+            let output = output.f_to_kind(Kind::Float)?;
+            let ce =
+                output.f_cross_entropy_loss::<Tensor>(&target, None, Reduction::Sum, -100, 0.0)?;
+            loss_sum = loss_sum.f_add(&ce.f_to_kind(Kind::Double)?)?;
+            let hits = output
+                .f_argmax(1, false)?
+                .f_eq_tensor(&target)?
+                .f_sum(Kind::Int64)?;
+            correct = correct.f_add(&hits)?;
+            samples += n as u64;
+            self.fire_as(Event::EVAL_BATCH_END, false)?;
+        }
+        let denom = samples.max(1) as f64;
+        let record = EvalRecord {
+            epoch: self.state.clock.timestamp.epoch,
+            batch: self.state.clock.timestamp.batch,
+            accuracy: correct.f_double_value(&[])? / denom,
+            cross_entropy: loss_sum.f_double_value(&[])? / denom,
+            samples,
+        };
+        self.state.batch = saved_batch;
+        self.state.output = None;
+        self.fire_as(Event::EVAL_END, false)?;
+        self.fire_as(Event::EVAL_AFTER_ALL, false)?;
+        self.reporter.eval(&record);
+        self.evals.push(record.clone());
+        self.last_eval_batch = Some(self.state.clock.timestamp.batch);
+        tracing::debug!("evaluation took {:.2}s", started.elapsed().as_secs_f64());
+        Ok(record)
+    }
+}

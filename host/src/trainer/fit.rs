@@ -1,0 +1,200 @@
+//! The training loop: epochs, logging and evaluation intervals, the end of a run.
+
+use std::time::Instant;
+
+use anyhow::{bail, Context as _};
+use serde_json::json;
+use tessera_plugin_api::LIBTORCH_VERSION;
+
+use crate::engine::{Event};
+use crate::files::write_atomic;
+use crate::report::RunRecord;
+use crate::time::{Time, TimeUnit, Timestamp};
+
+use super::{signal_name, FitSummary, Trainer};
+
+impl Trainer {
+    /// Runs the training loop to `max_duration`, evaluating at `eval_interval` and at the end,
+    /// and writes the run record.
+    pub fn fit(&mut self) -> anyhow::Result<FitSummary> {
+        self.fire(Event::FIT_START)?;
+        // A resumed run keeps the learning rate the checkpoint holds: the schedule is stepped
+        // before the clock advances, so the next step's rate is a function of the previous
+        // batch, not of the restored clock.
+        if self.resumed_from.is_none() {
+            self.set_scheduled_lr();
+        }
+        let log_every = self.config.train.log_interval;
+        let eval_every = self.config.train.eval_interval;
+        let max_epochs = match self.state.clock.run.max_duration.unit() {
+            TimeUnit::Epoch => self.state.clock.run.max_duration.count(),
+            _ => None,
+        };
+        let mut interrupted_by = None;
+        'fit: while !self.state.clock.run.reached(&self.state.clock.timestamp, &self.state.clock.run.max_duration) {
+            if self.state.clock.timestamp.epoch_in_iteration == 0 && self.state.clock.timestamp.batch_in_epoch == 0 {
+                self.fire(Event::ITERATION_START)?;
+            }
+            if self.state.clock.timestamp.batch_in_epoch == 0 {
+                self.fire(Event::EPOCH_START)?;
+            }
+            let epoch = self.state.clock.timestamp.epoch;
+            let start = self.state.clock.timestamp.batch_in_epoch;
+            self.reporter
+                .start_epoch(epoch, max_epochs, self.state.clock.run.batches_per_epoch, start);
+            let mut batches = self.train_loader.epoch(epoch, start);
+            let mut finished_early = false;
+            loop {
+                // Training time counts from the request for data to the end of the step.
+                let step_started = Instant::now();
+                self.fire(Event::BEFORE_DATALOADER)?;
+                let Some(host_batch) = batches.next() else {
+                    break;
+                };
+                let batch = self.device_batch(host_batch?)?;
+                let previous = self.step(batch, step_started)?;
+                if self.due(&log_every, &previous, Event::BATCH_END) {
+                    self.log_train_line()?;
+                }
+                if self.due(&eval_every, &previous, Event::BATCH_END) {
+                    self.evaluate()?;
+                }
+                self.checkpoint_event(Event::BATCH_CHECKPOINT, &previous)?;
+                if let Some(signal) = self.stop_requested() {
+                    interrupted_by = Some(signal);
+                    break 'fit;
+                }
+                if self.state.clock.run.reached(&self.state.clock.timestamp, &self.state.clock.run.max_duration) {
+                    finished_early = true;
+                    break;
+                }
+            }
+            drop(batches);
+            if !finished_early || self.state.clock.timestamp.batch_in_epoch == self.state.clock.run.batches_per_epoch {
+                let previous = self.state.clock.timestamp.clone();
+                self.state.clock.timestamp = self.state.clock.timestamp.to_next_epoch();
+                self.fire(Event::EPOCH_END)?;
+                self.log_train_line()?;
+                if self.due(&eval_every, &previous, Event::EPOCH_END) {
+                    self.evaluate()?;
+                }
+                self.checkpoint_event(Event::EPOCH_CHECKPOINT, &previous)?;
+            }
+            if self.state.clock.run.batches_per_epoch == 0 {
+                bail!("the training set gives no batch (batch_size larger than the set with drop_last = true?)");
+            }
+        }
+        if let Some(signal) = interrupted_by {
+            let name = signal_name(signal);
+            match &self.last_checkpoint {
+                Some(p) if self.last_checkpoint_batch == Some(self.state.clock.timestamp.batch) => {
+                    tracing::warn!(
+                        "{name}: stopped after batch {} with a checkpoint at {}; continue with checkpoint.autoresume = true",
+                        self.state.clock.timestamp.batch,
+                        p.display()
+                    )
+                }
+                _ => tracing::warn!(
+                    "{name}: stopped after batch {}; checkpoints are off (checkpoint.save = false), so this progress is not saved",
+                    self.state.clock.timestamp.batch
+                ),
+            }
+        } else {
+            self.fire(Event::FIT_END)?;
+            if self.last_eval_batch != Some(self.state.clock.timestamp.batch) {
+                self.evaluate()?;
+            }
+            self.log_train_line()?;
+        }
+        self.reporter.finish();
+        let mut record = self.run_record();
+        if let Some(signal) = interrupted_by {
+            record.status = format!("interrupted by {}", signal_name(signal));
+        }
+        let path = self.config.run_dir().join("run.json");
+        let text = serde_json::to_vec_pretty(&record)?;
+        write_atomic(&path, &text).with_context(|| format!("writing {}", path.display()))?;
+        Ok(FitSummary {
+            record,
+            interrupted_by,
+        })
+    }
+
+    pub(super) fn due(&self, interval: &Time, previous: &Timestamp, event: Event) -> bool {
+        let unit = interval.unit();
+        let at_epoch = unit == TimeUnit::Epoch;
+        if at_epoch != (event == Event::EPOCH_END) {
+            return false;
+        }
+        let (step_unit, every) = if interval.is_dur() {
+            match self.state.clock.run.resolve(interval, 1.0) {
+                Ok(t) => (t.unit(), t.count().unwrap_or(0)),
+                Err(_) => return false,
+            }
+        } else {
+            (unit, interval.count().unwrap_or(0))
+        };
+        if every == 0 {
+            return false;
+        }
+        match (previous.get(step_unit), self.state.clock.timestamp.get(step_unit)) {
+            (Some(before), Some(now)) => before / every != now / every,
+            _ => false,
+        }
+    }
+
+    pub(super) fn log_train_line(&mut self) -> anyhow::Result<()> {
+        let loss = match self.running_loss.take() {
+            Some(sum) => sum.f_double_value(&[])? / self.running_batches.max(1) as f64,
+            None => return Ok(()),
+        };
+        self.running_batches = 0;
+        let t = &self.state.clock.timestamp;
+        let line = json!({
+            "epoch": t.epoch,
+            "batch": t.batch,
+            "sample": t.sample,
+            "loss": loss,
+            "lr": self.state.optimizer.lr(),
+            "samples_per_second": if self.train_seconds > 0.0 { t.sample as f64 / self.train_seconds } else { 0.0 },
+        });
+        // Steps with a non-finite loss never reach the running loss: they stop the run or are
+        // skipped (`skip_nonfinite_step`), so the average is finite.
+        self.reporter.train_line(line);
+        Ok(())
+    }
+
+    pub(super) fn run_record(&self) -> RunRecord {
+        let wall_seconds = self.started.elapsed().as_secs_f64();
+        let t = &self.state.clock.timestamp;
+        RunRecord {
+            run_name: self.config.run_name.clone(),
+            tessera_version: env!("CARGO_PKG_VERSION").to_owned(),
+            libtorch_version: LIBTORCH_VERSION.to_owned(),
+            device: format!("{:?}", self.state.device()),
+            config: serde_json::to_value(&self.config).unwrap_or(serde_json::Value::Null),
+            plugins: self.plugins.clone(),
+            evals: self.evals.clone(),
+            epochs: t.epoch,
+            batches: t.batch,
+            samples: t.sample,
+            wall_seconds,
+            train_seconds: self.train_seconds,
+            samples_per_second: if self.train_seconds > 0.0 {
+                t.sample as f64 / self.train_seconds
+            } else {
+                0.0
+            },
+            estimated_cost_usd: self
+                .config
+                .usd_per_hour
+                .map(|usd| usd * wall_seconds / 3600.0),
+            final_accuracy: self.evals.last().map(|e| e.accuracy),
+            status: "completed".to_owned(),
+            resumed_from: self.resumed_from.clone(),
+            last_checkpoint: self.last_checkpoint.clone(),
+            skipped_steps: self.skipped_steps,
+            trained_samples: self.trained_samples,
+        }
+    }
+}

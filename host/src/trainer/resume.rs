@@ -1,0 +1,170 @@
+//! Writing checkpoints and resuming runs from them: the trainer hands each component's part to
+//! `checkpoint` and gives each part back to its component.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Context as _};
+
+use crate::checkpoint::{self, Checkpoint, Clock, Parts, TrainerMeta};
+use crate::config;
+use crate::engine::Event;
+use crate::time::Timestamp;
+
+use super::Trainer;
+
+impl Trainer {
+    /// Restores everything a checkpoint holds. Surgery already ran at `init`, so the model's
+    /// tensors are the ones the checkpoint names; anything that does not fit is an error that
+    /// says what differs.
+    pub(super) fn apply_checkpoint(&mut self, path: &Path, c: Checkpoint) -> anyhow::Result<()> {
+        let theirs = c.meta.config.get("model").map(|m| m.to_string()).unwrap_or_default();
+        let parts = c.into_parts()?;
+        if parts.clock.batches_per_epoch != self.state.clock.run.batches_per_epoch {
+            bail!(
+                "the checkpoint was written with {} batches per epoch, this run has {} (data.batch_size, drop_last or the dataset changed); the data position would not carry over",
+                parts.clock.batches_per_epoch,
+                self.state.clock.run.batches_per_epoch
+            );
+        }
+        if let Err(e) = self.state.model.params.restore(&parts.model) {
+            let ours = serde_json::to_string(&self.config.model).unwrap_or_default();
+            bail!("the checkpoint does not fit this model ({e}); it was written for model {theirs}, this run builds {ours}");
+        }
+        self.state
+            .optimizer
+            .restore(&parts.optimizer, &self.state.model.params)?;
+        self.engine
+            .restore(parts.methods, &parts.disabled_methods, self.state.device())?;
+        self.state.set_rng(parts.rng);
+        self.state.clock.timestamp = parts.clock.timestamp;
+        let t = parts.trainer;
+        self.train_seconds = t.train_seconds;
+        self.evals = t.evals;
+        self.last_eval_batch = t.last_eval_batch;
+        self.running_batches = t.running_batches;
+        self.skipped_steps = t.skipped_steps;
+        self.trained_samples = t.trained_samples;
+        self.running_loss = match parts.running_loss {
+            Some(l) => Some(l.f_to_device(self.state.device())?),
+            None => None,
+        };
+        self.last_checkpoint_batch = Some(self.state.clock.timestamp.batch);
+        self.resumed_from = Some(path.to_owned());
+        Ok(())
+    }
+
+    /// Writes a checkpoint of the current state to the checkpoint folder, points `latest` at it
+    /// and applies the retention policy (`checkpoint.keep`).
+    pub fn save_checkpoint(&mut self) -> anyhow::Result<PathBuf> {
+        let started = Instant::now();
+        let folder = self.config.checkpoint.folder.clone();
+        let path = folder.join(checkpoint::file_name(&self.state.clock.timestamp));
+        let metrics_bytes = self
+            .reporter
+            .flush()
+            .with_context(|| format!("writing {}", self.reporter.metrics_path().display()))?;
+        let parts = Parts {
+            run_name: self.config.run_name.clone(),
+            config: serde_json::to_value(&self.config)?,
+            clock: Clock {
+                timestamp: self.state.clock.timestamp.clone(),
+                batches_per_epoch: self.state.clock.run.batches_per_epoch,
+            },
+            model: self.state.model.params.named_tensors(),
+            optimizer: self.state.optimizer.snapshot(),
+            methods: self.engine.records()?,
+            disabled_methods: self.engine.disabled().iter().map(|s| s.to_string()).collect(),
+            rng: self.state.rng().clone(),
+            trainer: TrainerMeta {
+                train_seconds: self.train_seconds,
+                evals: self.evals.clone(),
+                last_eval_batch: self.last_eval_batch,
+                running_batches: self.running_batches,
+                metrics_bytes,
+                disabled: Vec::new(),
+                skipped_steps: self.skipped_steps,
+                trained_samples: self.trained_samples,
+            },
+            running_loss: self.running_loss.as_ref().map(|l| l.shallow_clone()),
+        };
+        let bytes = Checkpoint::from_parts(parts)?
+            .write(&path)
+            .context("writing a checkpoint")?;
+        checkpoint::update_latest(&folder, &path).with_context(|| {
+            format!(
+                "pointing {} at the new checkpoint",
+                folder.join(checkpoint::LATEST).display()
+            )
+        })?;
+        for old in checkpoint::prune(&folder, self.config.checkpoint.keep, &path) {
+            tracing::debug!("deleted old checkpoint {}", old.display());
+        }
+        self.last_checkpoint_batch = Some(self.state.clock.timestamp.batch);
+        self.last_checkpoint = Some(path.clone());
+        tracing::info!(
+            "checkpoint {} ({:.2} MB in {:.0} ms)",
+            path.display(),
+            bytes as f64 / 1e6,
+            started.elapsed().as_secs_f64() * 1e3
+        );
+        Ok(path)
+    }
+
+    /// Fires a `*_checkpoint` event, telling methods whether a checkpoint follows, and writes
+    /// it when due: at `checkpoint.interval`, at the end of training and when a stop was
+    /// requested.
+    pub(super) fn checkpoint_event(
+        &mut self,
+        event: Event,
+        previous: &Timestamp,
+    ) -> anyhow::Result<()> {
+        let ck = &self.config.checkpoint;
+        let interval_event = if event == Event::EPOCH_CHECKPOINT {
+            Event::EPOCH_END
+        } else {
+            Event::BATCH_END
+        };
+        let end = self.state.clock.run.reached(&self.state.clock.timestamp, &self.state.clock.run.max_duration);
+        let stop = event == Event::BATCH_CHECKPOINT && self.stop_requested().is_some();
+        let due = ck.save
+            && (self.due(&ck.interval, previous, interval_event)
+                || ((end || stop) && self.last_checkpoint_batch != Some(self.state.clock.timestamp.batch)));
+        self.state.checkpoint_pending = due;
+        let fired = self.fire(event);
+        self.state.checkpoint_pending = false;
+        fired?;
+        if due {
+            self.save_checkpoint()?;
+        }
+        Ok(())
+    }
+}
+
+/// The checkpoint a run starts from: `checkpoint.load` (must read), else with `autoresume` the
+/// newest good one in the folder (corrupt or partial ones are skipped with a warning).
+pub(super) fn find_resume_checkpoint(
+    ck: &config::CheckpointConfig,
+) -> anyhow::Result<Option<(PathBuf, Checkpoint)>> {
+    if let Some(path) = &ck.load {
+        let c = Checkpoint::read(path).context("checkpoint.load")?;
+        return Ok(Some((path.clone(), c)));
+    }
+    if !ck.autoresume {
+        return Ok(None);
+    }
+    let found = checkpoint::latest_good(&ck.folder);
+    if found.is_none() {
+        tracing::info!(
+            "autoresume: no usable checkpoint in {}; starting from the beginning",
+            ck.folder.display()
+        );
+    }
+    Ok(found)
+}
+
+/// Whether `file` lies directly in `folder` (comparing canonical paths when possible).
+pub(super) fn same_folder(file: &Path, folder: &Path) -> bool {
+    let canon = |p: &Path| p.canonicalize().unwrap_or_else(|_| p.to_owned());
+    file.parent().map(canon) == Some(canon(folder))
+}

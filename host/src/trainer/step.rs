@@ -1,0 +1,183 @@
+//! One training step: the batch events, microbatches, forward/backward, the optimizer step.
+
+use std::time::Instant;
+
+use anyhow::{bail, Context as _};
+use tch::Tensor;
+
+use crate::config::NonFiniteLoss;
+use crate::data::{self};
+use crate::engine::{Batch, Event};
+use crate::time::Timestamp;
+
+use super::Trainer;
+
+impl Trainer {
+    /// Steps the learning-rate schedule for the current clock.
+    pub(super) fn set_scheduled_lr(&mut self) {
+        self.state
+            .optimizer
+            .schedule_step(&self.state.clock.timestamp, &self.state.clock.run);
+    }
+
+    /// Moves a loader batch to the device as the state's batch.
+    pub(super) fn device_batch(&self, b: data::HostBatch) -> anyhow::Result<Batch> {
+        let [n, c, h, w] = b.input_shape.map(|v| v as i64);
+        let input = Tensor::f_from_slice(&b.input)?
+            .f_view([n, c, h, w])?
+            .f_to_device(self.state.device())?;
+        let target = Tensor::f_from_slice(&b.target)?.f_to_device(self.state.device())?;
+        Ok(Batch::new(input, target))
+    }
+
+    /// Trains one batch already in `state.batch`: `before_train_batch`, the microbatch loop
+    /// with its forward/loss/backward events, `after_train_batch` — repeated when a method asks
+    /// for an extra pass (SAM) — then the optimizer step.
+    pub fn train_batch(&mut self) -> anyhow::Result<()> {
+        const MAX_PASSES: u32 = 8;
+        self.state.pass_index = 0;
+        let mut first_pass_loss = None;
+        loop {
+            let loss = self.forward_backward()?;
+            if first_pass_loss.is_none() {
+                first_pass_loss = loss;
+            }
+            if !std::mem::take(&mut self.state.extra_pass_requested) {
+                break;
+            }
+            self.state.pass_index += 1;
+            if self.state.pass_index >= MAX_PASSES {
+                bail!(
+                    "methods asked for more than {MAX_PASSES} forward/backward passes in one step"
+                );
+            }
+        }
+        if let Some(loss) = &first_pass_loss {
+            let value = loss.f_double_value(&[])?;
+            if !value.is_finite() && self.skip_nonfinite_step(value)? {
+                return Ok(());
+            }
+        }
+        self.state.optimizer.step()?;
+        if let Some(loss) = first_pass_loss {
+            self.running_loss = Some(match self.running_loss.take() {
+                None => loss,
+                Some(sum) => sum.f_add(&loss)?,
+            });
+            self.running_batches += 1;
+        }
+        Ok(())
+    }
+
+    /// What to do about a non-finite training loss (`train.nonfinite_loss`): an error that stops
+    /// the run before the update, or `true` to skip the update (counted, logged).
+    fn skip_nonfinite_step(&mut self, value: f64) -> anyhow::Result<bool> {
+        let t = &self.state.clock.timestamp;
+        let (batch, epoch) = (t.batch + 1, t.epoch);
+        match self.config.train.nonfinite_loss {
+            NonFiniteLoss::Stop => {
+                let kept = match &self.last_checkpoint {
+                    Some(p) => format!("; the last checkpoint, {}, is intact", p.display()),
+                    None => String::new(),
+                };
+                bail!(
+                    "the training loss is {value} at batch {batch} (epoch {epoch}); stopped before the update{kept}. Lower the learning rate, check the data, or set train.nonfinite_loss = \"skip\" to skip such steps"
+                );
+            }
+            NonFiniteLoss::Skip => {
+                self.skipped_steps += 1;
+                tracing::warn!(
+                    "the training loss is {value} at batch {batch} (epoch {epoch}); skipping the update ({} skipped so far)",
+                    self.skipped_steps
+                );
+                self.state.optimizer.zero_grad();
+                self.state
+                    .metrics
+                    .push(("train/skipped_steps".to_owned(), self.skipped_steps as f64));
+                Ok(true)
+            }
+        }
+    }
+
+    /// One forward/backward pass over the batch, from `before_train_batch` to
+    /// `after_train_batch`; returns the batch loss (detached, on the device).
+    pub(super) fn forward_backward(&mut self) -> anyhow::Result<Option<Tensor>> {
+        self.state.in_train_batch = true;
+        self.fire(Event::BEFORE_TRAIN_BATCH)?;
+        self.state.optimizer.zero_grad();
+        let full = self.state.batch.shallow_clone();
+        let total = full.len();
+        if total == 0 {
+            bail!(
+                "a method emptied the batch at batch {}",
+                self.state.clock.timestamp.batch
+            );
+        }
+        let microbatch = (self.config.train.microbatch_size as i64).clamp(1, total);
+        let parts = full.split(microbatch)?;
+        let mut batch_loss: Option<Tensor> = None;
+        for part in parts {
+            let size = part.len();
+            self.state.batch = part;
+            self.fire(Event::BEFORE_FORWARD)?;
+            let input = self
+                .state
+                .batch
+                .input()
+                .map(Tensor::shallow_clone)
+                .context("the batch has no `input`")?;
+            let output = self.state.forward(&input, true)?;
+            self.state.output = Some(output);
+            self.fire(Event::AFTER_FORWARD)?;
+            self.fire(Event::BEFORE_LOSS)?;
+            let (output, target) = match (&self.state.output, self.state.batch.target()) {
+                (Some(o), Some(t)) => (o.shallow_clone(), t.shallow_clone()),
+                _ => bail!("the batch has no `target` or the model no output"),
+            };
+            let loss = self.state.loss(&output, &target, false)?;
+            self.state.loss = Some(loss);
+            self.fire(Event::AFTER_LOSS)?;
+            self.fire(Event::BEFORE_BACKWARD)?;
+            let loss = self.state.loss.as_ref().context("the loss was removed")?;
+            let weight = size as f64 / total as f64;
+            let scaled = loss.f_mul_scalar(weight)?;
+            scaled.f_backward()?;
+            let detached = scaled.f_detach()?;
+            batch_loss = Some(match batch_loss {
+                None => detached,
+                Some(sum) => sum.f_add(&detached)?,
+            });
+            self.fire(Event::AFTER_BACKWARD)?;
+        }
+        self.state.batch = full;
+        self.fire(Event::AFTER_TRAIN_BATCH)?;
+        self.state.in_train_batch = false;
+        Ok(batch_loss)
+    }
+
+    /// One training step on a batch already on the device, from `after_dataloader` to
+    /// `batch_end`: the batch's events, forward/backward over its microbatches, the optimizer
+    /// step, the schedule and the clock. `started` is when the step began (for wall-clock time
+    /// and throughput). Returns the timestamp before the step.
+    ///
+    /// The clock counts the batch as the loader gave it, as Composer does, even when a method
+    /// (selective backprop) trains on fewer samples; those are counted in `trained_samples`.
+    pub fn step(&mut self, batch: Batch, started: Instant) -> anyhow::Result<Timestamp> {
+        let samples = batch.len() as u64;
+        self.state.batch = batch;
+        self.fire(Event::AFTER_DATALOADER)?;
+        self.trained_samples += self.state.batch.len() as u64;
+        self.fire(Event::BATCH_START)?;
+        self.train_batch()?;
+        // As in Composer: the schedule is stepped before the clock advances.
+        self.set_scheduled_lr();
+        let previous = self.state.clock.timestamp.clone();
+        let seconds = started.elapsed().as_secs_f64();
+        self.train_seconds += seconds;
+        self.state.clock.timestamp = self.state.clock.timestamp.to_next_batch(samples, 0, seconds);
+        self.reporter
+            .batch_done(self.state.clock.timestamp.sample as f64 / self.train_seconds.max(1e-9));
+        self.fire(Event::BATCH_END)?;
+        Ok(previous)
+    }
+}
