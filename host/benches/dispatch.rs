@@ -51,8 +51,8 @@ fn main() {
 
     // 1. One hooked event through the ABI vs a native call.
     let mut state = {
-        let cfg = tessera::config::ModelConfig {
-            name: tessera::config::ModelName::Mlp,
+        let cfg = tessera::model::ModelConfig {
+            name: tessera::model::ModelName::Mlp,
             hidden: vec![4],
             width: None,
             num_classes: 2,
@@ -63,7 +63,7 @@ fn main() {
             width: 2,
         };
         let model = tessera::model::Model::build(&cfg, shape, 2, Device::Cpu).expect("model");
-        State::new(model, tessera::config::Precision::Fp32, 0)
+        State::new(model, tessera::precision::Precision::Fp32, 0)
     };
     let mut method = plugin.create("{}").expect("noop method");
     // Behind `black_box` the optimizer can neither devirtualize nor drop the call.

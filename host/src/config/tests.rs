@@ -1,7 +1,13 @@
 //! Tests of the `trainer.toml` loader.
 
 use super::*;
-use crate::time::TimeUnit;
+use crate::data::{Dataset, HorizontalFlip, Normalize, RandomCrop, SyntheticConfig, Transforms};
+use crate::device::Device;
+use crate::engine::OnError;
+use crate::model::{ModelConfig, ModelName};
+use crate::optim::{AdamW, Algorithm, Sgd};
+use crate::precision::Precision;
+use crate::time::{Time, TimeUnit};
 
 const MINIMAL: &str = r#"
 [data]
@@ -147,7 +153,7 @@ fn full_file() {
     assert_eq!(d.image_size(), (32, 32));
     assert_eq!(
         d.transforms,
-        TransformsConfig {
+        Transforms {
             normalize: Some(Normalize {
                 mean: vec![0.5, 0.5, 0.5],
                 std: vec![0.25]
@@ -170,9 +176,9 @@ fn full_file() {
     );
     assert_eq!(
         c.optimizer,
-        OptimizerConfig::AdamW(AdamWConfig {
+        Algorithm::AdamW(AdamW {
             lr: 3e-4,
-            betas: [0.8, 0.99],
+            betas: (0.8, 0.99),
             eps: 1e-6,
             weight_decay: 0.0
         })
@@ -246,13 +252,13 @@ fn defaults() {
         (128, 512, 2, 4)
     );
     assert_eq!(d.synthetic, None);
-    assert_eq!(d.transforms, TransformsConfig::default());
+    assert_eq!(d.transforms, Transforms::default());
     assert_eq!(c.model.width, Some(32));
     assert_eq!(c.model.num_classes, 10);
     assert!(c.model.hidden.is_empty());
-    assert_eq!(c.optimizer, OptimizerConfig::Sgd(SgdConfig::default()));
+    assert_eq!(c.optimizer, Algorithm::Sgd(Sgd::default()));
     assert_eq!(c.optimizer.lr(), 0.1);
-    assert_eq!(c.optimizer.weight_decay(), 0.0);
+    assert!(matches!(&c.optimizer, Algorithm::Sgd(s) if s.weight_decay == 0.0));
     let t = &c.train;
     assert_eq!(t.microbatch_size, 128);
     assert_eq!(t.precision, Precision::Fp32);
@@ -274,15 +280,15 @@ fn model_and_optimizer_defaults_by_name() {
     let c = ok(&MINIMAL.replace("\"cnn\"", "\"resnet56\""));
     assert_eq!(c.model.width, Some(16));
     let c = ok(&with("[optimizer]\nname = \"adamw\"\n"));
-    assert_eq!(c.optimizer, OptimizerConfig::AdamW(AdamWConfig::default()));
-    assert_eq!(c.optimizer.weight_decay(), 0.01);
+    assert_eq!(c.optimizer, Algorithm::AdamW(AdamW::default()));
+    assert!(matches!(&c.optimizer, Algorithm::AdamW(a) if a.weight_decay == 0.01));
     let c = ok(&with("[optimizer]\nlr = 1\nnesterov = true\n"));
     assert_eq!(
         c.optimizer,
-        OptimizerConfig::Sgd(SgdConfig {
+        Algorithm::Sgd(Sgd {
             lr: 1.0,
             nesterov: true,
-            ..SgdConfig::default()
+            ..Sgd::default()
         })
     );
     let c = ok(&with("[data.synthetic]\n").replace("fashion-mnist", "synthetic"));
@@ -1295,7 +1301,7 @@ fn overrides_create_missing_tables() {
         c.data.transforms.horizontal_flip,
         Some(HorizontalFlip { p: 0.3 })
     );
-    assert_eq!(c.optimizer, OptimizerConfig::AdamW(AdamWConfig::default()));
+    assert_eq!(c.optimizer, Algorithm::AdamW(AdamW::default()));
     assert_eq!(c.plugins.dirs, vec![PathBuf::from("/base/dir/p")]);
     assert_eq!(c.algorithms.len(), 2);
     assert_eq!(c.algorithms[0].plugin, "cutout");

@@ -5,9 +5,9 @@ use rand_chacha::{rand_core::SeedableRng, ChaCha8Rng};
 use tch::{Device, Tensor};
 use tessera_plugin_api::TimeInfo;
 
-use crate::config::Precision;
 use crate::model::Model;
 use crate::optim::Optimizer;
+use crate::precision::Precision;
 
 /// A batch: named tensors (`input`, `target`, ...) on the training device.
 #[derive(Debug, Default)]
@@ -149,8 +149,8 @@ impl State {
     /// A CPU state over a tiny MLP, for unit tests.
     #[cfg(test)]
     pub fn for_tests() -> State {
-        let config = crate::config::ModelConfig {
-            name: crate::config::ModelName::Mlp,
+        let config = crate::model::ModelConfig {
+            name: crate::model::ModelName::Mlp,
             hidden: vec![4],
             width: None,
             num_classes: 2,

@@ -3,44 +3,94 @@
 
 pub mod schedule;
 
+use serde::Serialize;
 use tch::{TchError, Tensor};
 
 use crate::model::ParamStore;
 
-/// SGD hyperparameters, with PyTorch's semantics.
-#[derive(Debug, Clone, PartialEq)]
+/// SGD hyperparameters, with PyTorch's semantics (`[optimizer] name = "sgd"`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Sgd {
-    /// Momentum factor (0 disables momentum).
+    /// Learning rate, > 0 (default 0.1); schedules multiply it.
+    pub lr: f64,
+    /// Momentum factor, in [0, 1); 0 disables momentum (default 0.9).
     pub momentum: f64,
-    /// Dampening of the momentum.
-    pub dampening: f64,
-    /// Nesterov momentum.
+    /// Nesterov momentum (default false); needs momentum > 0 and dampening 0.
     pub nesterov: bool,
-    /// Weight decay.
+    /// Dampening of the momentum, in [0, 1] (default 0).
+    pub dampening: f64,
+    /// Weight decay, >= 0 (default 0).
     pub weight_decay: f64,
     /// Decay weights directly instead of through the gradient; scaled by `lr / initial_lr` as
-    /// in Composer's `DecoupledSGDW`.
+    /// in Composer's `DecoupledSGDW` (default false).
     pub decoupled_weight_decay: bool,
 }
 
-/// AdamW hyperparameters, with PyTorch's `torch.optim.AdamW` semantics.
-#[derive(Debug, Clone, PartialEq)]
+impl Default for Sgd {
+    fn default() -> Self {
+        Sgd {
+            lr: 0.1,
+            momentum: 0.9,
+            nesterov: false,
+            dampening: 0.0,
+            weight_decay: 0.0,
+            decoupled_weight_decay: false,
+        }
+    }
+}
+
+/// AdamW hyperparameters, with PyTorch's `torch.optim.AdamW` semantics
+/// (`[optimizer] name = "adamw"`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct AdamW {
-    /// Exponential decay rates of the first and second moments.
+    /// Learning rate, > 0 (default 0.001); schedules multiply it.
+    pub lr: f64,
+    /// Exponential decay rates of the first and second moments, each in [0, 1)
+    /// (default `[0.9, 0.999]`).
     pub betas: (f64, f64),
-    /// Added to the denominator.
+    /// Added to the denominator, > 0 (default 1e-8).
     pub eps: f64,
-    /// Decoupled weight decay: `p ← p·(1 − lr·wd)`.
+    /// Decoupled weight decay: `p ← p·(1 − lr·wd)`, >= 0 (default 0.01).
     pub weight_decay: f64,
 }
 
-/// Which algorithm an [`Optimizer`] runs.
-#[derive(Debug, Clone, PartialEq)]
+impl Default for AdamW {
+    fn default() -> Self {
+        AdamW {
+            lr: 1e-3,
+            betas: (0.9, 0.999),
+            eps: 1e-8,
+            weight_decay: 0.01,
+        }
+    }
+}
+
+/// Which algorithm an [`Optimizer`] runs (`[optimizer]`, tagged by `name`; default SGD).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "name")]
 pub enum Algorithm {
     /// Stochastic gradient descent.
+    #[serde(rename = "sgd")]
     Sgd(Sgd),
     /// Adam with decoupled weight decay.
+    #[serde(rename = "adamw")]
     AdamW(AdamW),
+}
+
+impl Default for Algorithm {
+    fn default() -> Self {
+        Algorithm::Sgd(Sgd::default())
+    }
+}
+
+impl Algorithm {
+    /// The base learning rate.
+    pub fn lr(&self) -> f64 {
+        match self {
+            Algorithm::Sgd(h) => h.lr,
+            Algorithm::AdamW(h) => h.lr,
+        }
+    }
 }
 
 struct Slot {
@@ -60,8 +110,10 @@ pub struct Optimizer {
 }
 
 impl Optimizer {
-    /// An optimizer over every parameter of `params` that requires a gradient.
-    pub fn new(algorithm: Algorithm, lr: f64, params: &ParamStore) -> Self {
+    /// An optimizer over every parameter of `params` that requires a gradient, starting at the
+    /// algorithm's learning rate.
+    pub fn new(algorithm: Algorithm, params: &ParamStore) -> Self {
+        let lr = algorithm.lr();
         let slots = params
             .trainable()
             .map(|e| Slot {
@@ -350,13 +402,14 @@ mod tests {
     fn sgd_momentum_nesterov_matches_pytorch_formula() {
         let (store, p) = store_with(&[1.0, -2.0]);
         let h = Sgd {
+            lr: 0.5,
             momentum: 0.9,
             dampening: 0.0,
             nesterov: true,
             weight_decay: 0.1,
             decoupled_weight_decay: false,
         };
-        let mut opt = Optimizer::new(Algorithm::Sgd(h), 0.5, &store);
+        let mut opt = Optimizer::new(Algorithm::Sgd(h), &store);
         // step 1: d = g + wd p = [0.5+0.1, 1-0.2] = [0.6, 0.8]; buf = d; nesterov d + 0.9 buf
         set_grad(&p, &[0.5, 1.0]);
         opt.step().unwrap();
@@ -387,11 +440,12 @@ mod tests {
     fn adamw_first_step_moves_by_lr() {
         let (store, p) = store_with(&[1.0, 1.0]);
         let h = AdamW {
+            lr: 0.01,
             betas: (0.9, 0.999),
             eps: 1e-8,
             weight_decay: 0.0,
         };
-        let mut opt = Optimizer::new(Algorithm::AdamW(h), 0.01, &store);
+        let mut opt = Optimizer::new(Algorithm::AdamW(h), &store);
         set_grad(&p, &[3.0, -0.5]);
         opt.step().unwrap();
         // The first bias-corrected Adam step is lr·sign(g).

@@ -13,56 +13,15 @@ use tch::{Device, Kind, Reduction, Tensor};
 use tessera_plugin_api::{TimeInfo, LIBTORCH_VERSION};
 
 use crate::checkpoint::{self, Checkpoint, Meta, MethodMeta, TrainerMeta};
-use crate::config::{self, Config, NonFiniteLoss, OptimizerConfig};
-use crate::data::{self, ImageDataset, Loader, LoaderOptions, Transform};
-use crate::engine::{Algorithm, Batch, Engine, Event, MethodSnapshot, State};
-use crate::model::{cross_entropy, InputShape, Model};
-use crate::optim::{self, schedule::Schedule, Optimizer};
+use crate::config::{self, Config};
+use crate::data::{self, ImageDataset, Loader, LoaderOptions};
+use crate::engine::{Algorithm, Batch, Engine, Event, MethodSnapshot, OnError, State};
+use crate::model::{cross_entropy, InputShape, Model, NonFiniteLoss};
+use crate::optim::{schedule::Schedule, Optimizer};
 use crate::plugin::Plugin;
 use crate::precision::AutocastGuard;
 use crate::report::{write_atomic, EvalRecord, PluginRecord, Reporter, RunRecord};
 use crate::time::{RunLength, Time, TimeUnit, Timestamp};
-
-/// The libtorch device for a configured one; fails when CUDA is asked for but unusable.
-pub fn resolve_device(device: config::Device) -> anyhow::Result<Device> {
-    Ok(match device {
-        config::Device::Auto => Device::cuda_if_available(),
-        config::Device::Cpu => Device::Cpu,
-        config::Device::Cuda(i) => {
-            let n = tch::Cuda::device_count();
-            if !tch::Cuda::is_available() || i as i64 >= n {
-                bail!(
-                    "device = \"cuda:{i}\" but {} CUDA device(s) are usable (libtorch {LIBTORCH_VERSION}{})",
-                    if tch::Cuda::is_available() { n } else { 0 },
-                    if env!("TESSERA_LIBTORCH_HAS_CUDA") == "1" { ", built with CUDA" } else { ", built without CUDA" }
-                );
-            }
-            Device::Cuda(i)
-        }
-    })
-}
-
-fn transforms_of(cfg: &config::TransformsConfig, train: bool) -> Vec<Transform> {
-    let mut out = Vec::new();
-    if train {
-        if let Some(c) = &cfg.random_crop {
-            out.push(Transform::RandomCrop(data::RandomCrop {
-                size: c.size,
-                padding: c.padding,
-            }));
-        }
-        if let Some(f) = &cfg.horizontal_flip {
-            out.push(Transform::HorizontalFlip(data::HorizontalFlip { p: f.p }));
-        }
-    }
-    if let Some(n) = &cfg.normalize {
-        out.push(Transform::Normalize(data::Normalize {
-            mean: n.mean.iter().map(|&v| v as f32).collect(),
-            std: n.std.iter().map(|&v| v as f32).collect(),
-        }));
-    }
-    out
-}
 
 /// Loads (fetching when allowed) the train and test sets named in the config.
 pub fn load_datasets(cfg: &Config) -> anyhow::Result<(ImageDataset, ImageDataset)> {
@@ -149,7 +108,7 @@ impl Trainer {
     /// `after_load`.
     pub fn new(config: Config, extra: Vec<Box<dyn Algorithm>>) -> anyhow::Result<Trainer> {
         let started = Instant::now();
-        let device = resolve_device(config.train.device)?;
+        let device = config.train.device.resolve()?;
         tch::manual_seed(config.seed as i64);
         if config.train.threads > 0 {
             tch::set_num_threads(config.train.threads as i32);
@@ -159,7 +118,7 @@ impl Trainer {
         let d = &config.data;
         let train_loader = Loader::new(
             Arc::new(train_set),
-            Arc::new(transforms_of(&d.transforms, true)),
+            Arc::new(d.transforms.pipeline(true)),
             LoaderOptions {
                 batch_size: d.batch_size,
                 shuffle: d.shuffle,
@@ -171,7 +130,7 @@ impl Trainer {
         )?;
         let eval_loader = Loader::new(
             Arc::new(test_set),
-            Arc::new(transforms_of(&d.transforms, false)),
+            Arc::new(d.transforms.pipeline(false)),
             LoaderOptions {
                 batch_size: d.eval_batch_size,
                 shuffle: false,
@@ -207,7 +166,7 @@ impl Trainer {
             .map_err(|e| anyhow::anyhow!("[scheduler]: {e}"))?;
 
         let dirs = crate::plugin::search_dirs(&config.plugins.dirs);
-        let mut algorithms: Vec<(Box<dyn Algorithm>, config::OnError)> = Vec::new();
+        let mut algorithms: Vec<(Box<dyn Algorithm>, OnError)> = Vec::new();
         let mut plugins = Vec::new();
         let mut seen = std::collections::BTreeSet::new();
         for a in &config.algorithms {
@@ -238,7 +197,7 @@ impl Trainer {
             });
             algorithms.push((Box::new(method), a.on_error));
         }
-        algorithms.extend(extra.into_iter().map(|a| (a, config::OnError::Stop)));
+        algorithms.extend(extra.into_iter().map(|a| (a, OnError::Stop)));
         let engine = Engine::new(algorithms);
         let state = State::new(model, config.train.precision, config.seed);
 
@@ -251,7 +210,10 @@ impl Trainer {
         engine.fire(Event::INIT, &mut state)?;
         state.surgery_allowed = false;
         // The optimizer is built after INIT so that it sees any parameters surgery created.
-        state.optimizer = Some(build_optimizer(&config, &state.model));
+        state.optimizer = Some(Optimizer::new(
+            config.optimizer.clone(),
+            &state.model.params,
+        ));
 
         let read_started = Instant::now();
         let resume = find_resume_checkpoint(&config.checkpoint)?;
@@ -1184,29 +1146,4 @@ fn find_resume_checkpoint(
 fn same_folder(file: &Path, folder: &Path) -> bool {
     let canon = |p: &Path| p.canonicalize().unwrap_or_else(|_| p.to_owned());
     file.parent().map(canon) == Some(canon(folder))
-}
-
-fn build_optimizer(config: &Config, model: &Model) -> Optimizer {
-    match &config.optimizer {
-        OptimizerConfig::Sgd(s) => Optimizer::new(
-            optim::Algorithm::Sgd(optim::Sgd {
-                momentum: s.momentum,
-                dampening: s.dampening,
-                nesterov: s.nesterov,
-                weight_decay: s.weight_decay,
-                decoupled_weight_decay: s.decoupled_weight_decay,
-            }),
-            s.lr,
-            &model.params,
-        ),
-        OptimizerConfig::AdamW(a) => Optimizer::new(
-            optim::Algorithm::AdamW(optim::AdamW {
-                betas: (a.betas[0], a.betas[1]),
-                eps: a.eps,
-                weight_decay: a.weight_decay,
-            }),
-            a.lr,
-            &model.params,
-        ),
-    }
 }
