@@ -20,6 +20,7 @@
 mod algorithms;
 mod checkpoint;
 mod data;
+mod de;
 mod error;
 mod model;
 mod optimizer;

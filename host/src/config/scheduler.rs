@@ -1,129 +1,104 @@
-//! `[scheduler]`: the learning-rate schedule.
+//! `[scheduler]`: the learning-rate schedule, read with [`Schedule`]'s own serde format
+//! (its defaults live there) through the located tree.
 
-use super::error::{ConfigError, ErrorKind, Location};
-use super::reader::{quote_list, Tbl};
-use super::tree::{Node, Val};
+use serde::Deserialize;
+
+use super::de::{DeError, NodeDe};
+use super::error::{ConfigError, ErrorKind};
+use super::reader::{quote_list, suggest, Tbl};
+use super::tree::{Node, Table, Val};
 use crate::optim::schedule::Schedule;
 
-/// The first `` `word` `` quoted in a serde message after `marker`.
-fn quoted_after<'m>(message: &'m str, marker: &str) -> Option<&'m str> {
-    let rest = &message[message.find(marker)? + marker.len()..];
-    let rest = rest.strip_prefix('`')?;
-    rest.split('`').next()
-}
-
-/// Whether a serde message quotes a value of `node` (or of its items).
-fn mentions(node: &Node, msg: &str) -> bool {
-    let forms = match &node.val {
-        Val::Str(v) | Val::Datetime(v) => vec![format!("{v:?}")],
-        Val::Int(i) => vec![format!("`{i}`"), format!("number {i}")],
-        Val::Float(f) => vec![format!("`{f}`"), format!("number {f}")],
-        Val::Bool(b) => vec![format!("`{b}`")],
-        Val::Array(items) => return items.iter().any(|n| mentions(n, msg)),
-        Val::Table(t) => return t.entries.iter().any(|e| mentions(&e.node, msg)),
-    };
-    forms.iter().any(|f| msg.contains(f.as_str()))
-}
-
 pub(super) fn read(top: &Tbl<'_>) -> Result<Schedule, ConfigError> {
-    use serde::Deserialize;
     let Some(entry) = top.entry("scheduler") else {
-        let mut t = toml::map::Map::new();
-        t.insert("name".into(), toml::Value::String("constant".into()));
-        return Schedule::deserialize(toml::Value::Table(t)).map_err(|e| {
-            ConfigError::new(
-                top.file,
-                Location::Unknown,
-                "scheduler",
-                ErrorKind::InvalidValue,
-                format!("the default schedule is rejected: {}", e.message()),
-            )
-        });
+        return Ok(Schedule::default());
     };
     let s = Tbl::open(top.file, top.base, "scheduler", &entry.node, None)?;
-    let one_line = |m: &str| m.lines().map(str::trim).collect::<Vec<_>>().join(" ");
-    let schedule = Schedule::deserialize(super::tree::to_toml(&entry.node)).map_err(|e| {
-        let msg = one_line(e.message());
-        if let Some(k) = quoted_after(&msg, "unknown field ") {
-            s.err_key(
-                k,
-                ErrorKind::UnknownKey,
-                format!("unknown key for this schedule: {msg}"),
-            )
-        } else if let Some(k) = quoted_after(&msg, "missing field ") {
-            if k == "name" {
-                s.missing(k, "the schedule's name")
-            } else {
-                let name = match s.entry("name").map(|e| &e.node.val) {
-                    Some(Val::Str(n)) => format!("schedule {n:?}"),
-                    _ => "this schedule".to_string(),
-                };
-                ConfigError::new(
-                    top.file,
-                    s.loc.clone(),
-                    s.key(k),
-                    ErrorKind::MissingKey,
-                    format!("missing required key in `scheduler`; {name} needs it"),
-                )
-            }
-        } else if let Some(v) = quoted_after(&msg, "unknown variant ") {
-            let names: Vec<&str> = msg
-                .split_once("expected")
-                .map(|(_, rest)| rest.split('`').skip(1).step_by(2).collect())
+    let schedule =
+        Schedule::deserialize(NodeDe(&entry.node)).map_err(|e| located(&s, &entry.node, e))?;
+    schedule
+        .validate()
+        .map_err(|e| s.err(e.field, ErrorKind::InvalidValue, e.to_string()))?;
+    Ok(schedule)
+}
+
+/// `e` as an error at the key it is about.
+fn located(s: &Tbl<'_>, node: &Node, e: DeError) -> ConfigError {
+    let schedule = match s.entry("name").map(|e| &e.node.val) {
+        Some(Val::Str(n)) => format!("schedule {n:?}"),
+        _ => "this schedule".to_string(),
+    };
+    match e {
+        DeError::UnknownField { field, expected } => {
+            let hint = suggest(&field, expected)
+                .map(|h| format!("did you mean `{h}`? "))
                 .unwrap_or_default();
-            let hint = super::reader::suggest(v, &names)
+            s.err_key(
+                &field,
+                ErrorKind::UnknownKey,
+                format!(
+                    "unknown key for this schedule; {hint}valid keys for {schedule}: name, {}",
+                    expected.join(", ")
+                ),
+            )
+        }
+        DeError::MissingField("name") => s.missing("name", "the schedule's name"),
+        DeError::MissingField(field) => ConfigError::new(
+            s.file,
+            s.loc.clone(),
+            s.key(field),
+            ErrorKind::MissingKey,
+            format!("missing required key in `scheduler`; {schedule} needs it"),
+        ),
+        DeError::UnknownVariant { variant, expected } => {
+            let hint = suggest(&variant, expected)
                 .map(|h| format!(" (did you mean {h:?}?)"))
                 .unwrap_or_default();
             s.err(
                 "name",
                 ErrorKind::InvalidValue,
                 format!(
-                    "unknown schedule {v:?}{hint}; expected {}",
-                    quote_list(&names)
+                    "unknown schedule {variant:?}{hint}; expected {}",
+                    quote_list(expected)
                 ),
             )
-        } else {
-            // Point at the first key the message quotes, else at the first
-            // value it quotes, else at the table.
-            let key = msg
-                .split('`')
-                .skip(1)
-                .step_by(2)
-                .find(|k| s.entry(k).is_some())
-                .map(str::to_string)
-                .or_else(|| {
-                    s.table
-                        .entries
-                        .iter()
-                        .find(|e| e.key != "name" && mentions(&e.node, &msg))
-                        .map(|e| e.key.clone())
-                });
-            match key {
-                Some(k) => s.err(&k, ErrorKind::InvalidValue, msg.clone()),
-                None => ConfigError::new(
-                    top.file,
-                    s.loc.clone(),
-                    "scheduler",
-                    ErrorKind::InvalidValue,
-                    msg.clone(),
-                ),
-            }
         }
-    })?;
-    schedule.validate().map_err(|msg| {
-        let key = msg
-            .split(|c: char| !(c.is_alphanumeric() || c == '_'))
-            .find(|k| !k.is_empty() && k != &"name" && s.entry(k).is_some());
-        match key {
-            Some(k) => s.err(k, ErrorKind::InvalidValue, msg.clone()),
+        DeError::Other(message) => match culprit(node, &DeError::Other(message.clone())) {
+            Some(key) => s.err(&key, ErrorKind::InvalidValue, message),
             None => ConfigError::new(
-                top.file,
+                s.file,
                 s.loc.clone(),
                 "scheduler",
                 ErrorKind::InvalidValue,
-                msg.clone(),
+                message,
             ),
-        }
-    })?;
-    Ok(schedule)
+        },
+    }
+}
+
+/// The key a value error is about: the first key whose removal changes the error (serde
+/// stops at the first bad value, and reports missing keys only after every present one).
+fn culprit(node: &Node, error: &DeError) -> Option<String> {
+    let Val::Table(table) = &node.val else {
+        return None;
+    };
+    table
+        .entries
+        .iter()
+        .filter(|e| e.key != "name")
+        .find(|entry| {
+            let without = Node {
+                val: Val::Table(Table {
+                    entries: table
+                        .entries
+                        .iter()
+                        .filter(|e| e.key != entry.key)
+                        .cloned()
+                        .collect(),
+                }),
+                loc: node.loc.clone(),
+            };
+            Schedule::deserialize(NodeDe(&without)).err().as_ref() != Some(error)
+        })
+        .map(|e| e.key.clone())
 }
