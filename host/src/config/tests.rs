@@ -1529,3 +1529,90 @@ fn fuzz_regressions_and_seed_corpus() {
     }
     assert!(checked >= 10, "only {checked} files checked");
 }
+
+/// Every key the reader knows (each section's `KEYS`, and each schedule's fields as serde
+/// reports them) is mentioned in its table's part of `docs/trainer-reference.toml`.
+#[test]
+fn reference_documents_every_key() {
+    use super::de::{DeError, NodeDe};
+    use super::section::Section;
+    use crate::optim::schedule::Schedule;
+    use serde::Deserialize;
+
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../docs/trainer-reference.toml"
+    ))
+    .unwrap();
+    // The text of each table, commented-out headers included; "" is the top level.
+    let mut parts: Vec<(String, String)> = vec![(String::new(), String::new())];
+    for line in text.lines() {
+        let bare = line.trim_start_matches(['#', ' ']);
+        let name = bare.trim_start_matches('[').trim_end_matches(']');
+        if bare.starts_with('[')
+            && bare.ends_with(']')
+            && name
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || "_.".contains(c))
+        {
+            parts.push((name.to_string(), String::new()));
+        } else if let Some((_, part)) = parts.last_mut() {
+            part.push_str(line);
+            part.push('\n');
+        }
+    }
+    let headers: Vec<&str> = parts.iter().map(|(n, _)| n.as_str()).collect();
+    let mentions = |table: &str, key: &str| {
+        let word = |c: char| c.is_ascii_alphanumeric() || c == '_';
+        parts.iter().filter(|(n, _)| n == table).any(|(_, part)| {
+            part.match_indices(key).any(|(i, _)| {
+                !part[..i].ends_with(word) && !part[i + key.len()..].starts_with(word)
+            })
+        })
+    };
+    let probe = |toml: &str| {
+        let map = tree::SourceMap::new(toml);
+        let doc = toml_edit::ImDocument::parse(toml).unwrap();
+        Schedule::deserialize(NodeDe(&tree::from_document(&doc, &map))).err()
+    };
+    let Some(DeError::UnknownVariant {
+        expected: names, ..
+    }) = probe("name = \"?\"")
+    else {
+        panic!("no schedule names");
+    };
+    let mut tables: Vec<(&str, &[&str])> = vec![
+        ("", Config::KEYS),
+        ("data", DataConfig::KEYS),
+        ("data.synthetic", SyntheticConfig::KEYS),
+        ("data.transforms", Transforms::KEYS),
+        ("data.transforms", Normalize::KEYS),
+        ("data.transforms", RandomCrop::KEYS),
+        ("data.transforms", HorizontalFlip::KEYS),
+        ("model", ModelConfig::KEYS),
+        ("optimizer", Sgd::KEYS),
+        ("optimizer", AdamW::KEYS),
+        ("train", TrainConfig::KEYS),
+        ("checkpoint", CheckpointConfig::KEYS),
+        ("plugins", PluginsConfig::KEYS),
+        ("algorithms", &["plugin", "sha256", "on_error"]),
+        ("scheduler", names),
+    ];
+    for name in names {
+        let Some(DeError::UnknownField { expected, .. }) =
+            probe(&format!("name = {name:?}\n\"?\" = 1"))
+        else {
+            panic!("no fields for schedule {name}");
+        };
+        tables.push(("scheduler", expected));
+    }
+    for (table, keys) in tables {
+        for key in keys {
+            let sub = tree::join(table, key);
+            assert!(
+                mentions(table, key) || headers.contains(&sub.as_str()),
+                "docs/trainer-reference.toml does not document `{sub}`"
+            );
+        }
+    }
+}
