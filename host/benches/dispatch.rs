@@ -51,8 +51,8 @@ fn main() {
 
     // 1. One hooked event through the ABI vs a native call.
     let mut setup = {
-        let cfg = tessera::config::ModelConfig {
-            name: tessera::config::ModelName::Mlp,
+        let cfg = tessera::model::ModelConfig {
+            name: tessera::model::ModelName::Mlp,
             hidden: vec![4],
             width: None,
             num_classes: 2,
@@ -65,7 +65,7 @@ fn main() {
         let model = tessera::model::Model::build(&cfg, shape, 2, Device::Cpu).expect("model");
         let one_epoch = tessera::time::Time::new(1, tessera::time::TimeUnit::Epoch);
         let run = tessera::time::RunLength::new(one_epoch, 1, 1).expect("run length");
-        SetupState::new(model, tessera::config::Precision::Fp32, run, 0.1, 0)
+        SetupState::new(model, tessera::precision::Precision::Fp32, run, 0.1, 0)
     };
     let mut state = Stage::Setup(&mut setup);
     let mut method = plugin.create("{}").expect("noop method");

@@ -22,8 +22,8 @@ use serde_json::{json, Value};
 use tch::{Device, Tensor};
 
 use crate::checkpoint::{blob_of, Blob, Checkpoint};
-use crate::config::{ModelConfig, ModelName};
 use crate::model::{InputShape, Model, Role};
+use crate::model::{ModelConfig, ModelName};
 
 /// Metadata key of the model's configuration (JSON).
 pub const MODEL_KEY: &str = "tessera.model";

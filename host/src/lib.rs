@@ -3,12 +3,13 @@
 //! One folder per concern: `config` (trainer.toml), `time` (Time, Timestamp, durations),
 //! `checkpoint` (saving and resuming runs), `data` (datasets, loaders, transforms, fetching), `model` (module tree and zoo), `optim`
 //! (optimizers, schedules), `engine` (events and dispatch), `plugin` (loading plugins, the
-//! host side of the ABI), `precision` (autocast), `trainer` (the loops), `report` (progress, metrics, run records),
+//! host side of the ABI), `precision` (autocast), `device` (where to train), `trainer` (the loops), `report` (progress, metrics, run records),
 //! `scaffold` (`tessera new-plugin`), `export` (`tessera export`: weights for PyTorch).
 
 pub mod checkpoint;
 pub mod config;
 pub mod data;
+pub mod device;
 pub mod engine;
 pub mod export;
 pub mod files;

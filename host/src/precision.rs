@@ -1,9 +1,39 @@
 //! Mixed precision (`fp32`, `amp_bf16`): autocast on CPU or CUDA through a small C++ shim (tch's own `autocast`
 //! drives CUDA only).
 
+use serde::Serialize;
 use tch::Device;
 
-use crate::config::Precision;
+/// Numeric precision of training (`train.precision`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Precision {
+    /// Plain 32-bit floats (default).
+    #[default]
+    Fp32,
+    /// Automatic mixed precision with bfloat16.
+    AmpBf16,
+}
+
+impl Precision {
+    /// Every precision with the name used in `trainer.toml`.
+    pub const CHOICES: [(&'static str, Precision); 2] =
+        [("fp32", Precision::Fp32), ("amp_bf16", Precision::AmpBf16)];
+
+    /// The name used in `trainer.toml`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Precision::Fp32 => "fp32",
+            Precision::AmpBf16 => "amp_bf16",
+        }
+    }
+}
+
+impl std::fmt::Display for Precision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 extern "C" {
     fn tessera_autocast_set(device: i32, enabled: i32, dtype: i32) -> i32;

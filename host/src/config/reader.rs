@@ -1,8 +1,18 @@
 //! Typed, located reads from one table of the tree: every failure becomes a
 //! [`ConfigError`] that names the dotted key and where it was written.
 
+use std::fmt::Display;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
 use super::error::{ConfigError, ErrorKind, Location};
 use super::tree::{fmt_float, join, Entry, Node, Table, Val};
+use crate::time::Time;
+
+/// Units that count training progress.
+pub(crate) const COUNT_UNITS: &[&str] = &["ep", "ba", "sp", "tok", "iter"];
+/// Count units plus `dur`, a fraction of `max_duration`.
+pub(crate) const INTERVAL_UNITS: &[&str] = &["ep", "ba", "sp", "tok", "iter", "dur"];
 
 /// Bounds of a float setting; `(value, inclusive)`.
 #[derive(Debug, Clone, Copy)]
@@ -77,6 +87,8 @@ impl Bounds {
 /// A table being read, with its dotted path and location.
 pub(crate) struct Tbl<'a> {
     pub file: &'a str,
+    /// The folder relative paths resolve against.
+    pub base: &'a Path,
     pub path: String,
     pub table: &'a Table,
     pub loc: Location,
@@ -123,6 +135,7 @@ impl<'a> Tbl<'a> {
     /// `allowed = None` accepts any key.
     pub fn open(
         file: &'a str,
+        base: &'a Path,
         path: &str,
         node: &'a Node,
         allowed: Option<&[&str]>,
@@ -138,6 +151,7 @@ impl<'a> Tbl<'a> {
         };
         let tbl = Tbl {
             file,
+            base,
             path: path.to_string(),
             table,
             loc: node.loc.clone(),
@@ -232,7 +246,7 @@ impl<'a> Tbl<'a> {
     /// A sub-table, if present.
     pub fn sub(&self, key: &str, allowed: Option<&[&str]>) -> Result<Option<Tbl<'a>>, ConfigError> {
         match self.entry(key) {
-            Some(e) => Tbl::open(self.file, &self.key(key), &e.node, allowed).map(Some),
+            Some(e) => Tbl::open(self.file, self.base, &self.key(key), &e.node, allowed).map(Some),
             None => Ok(None),
         }
     }
@@ -255,6 +269,75 @@ impl<'a> Tbl<'a> {
                 _ => Err(self.wrong_type(key, &e.node, "a string")),
             },
         }
+    }
+
+    /// A path, resolved against the file's folder.
+    pub fn path(&self, key: &str) -> Result<Option<PathBuf>, ConfigError> {
+        Ok(self.string(key)?.map(|p| self.base.join(p)))
+    }
+
+    /// A list of paths, each resolved against the file's folder.
+    pub fn path_list(&self, key: &str) -> Result<Option<Vec<PathBuf>>, ConfigError> {
+        Ok(self
+            .string_list(key)?
+            .map(|l| l.into_iter().map(|p| self.base.join(p)).collect()))
+    }
+
+    /// A string parsed by `T::from_str`, whose error says what is allowed; `expected`
+    /// describes the accepted forms for a value of the wrong type.
+    pub fn parse<T: FromStr>(&self, key: &str, expected: &str) -> Result<Option<T>, ConfigError>
+    where
+        T::Err: Display,
+    {
+        let Some(e) = self.entry(key) else {
+            return Ok(None);
+        };
+        let Val::Str(s) = &e.node.val else {
+            return Err(self.wrong_type(key, &e.node, expected));
+        };
+        s.parse::<T>()
+            .map(Some)
+            .map_err(|m| self.err(key, ErrorKind::InvalidValue, m.to_string()))
+    }
+
+    /// A duration string greater than zero in one of `units`.
+    pub fn time(&self, key: &str, units: &[&str]) -> Result<Option<Time>, ConfigError> {
+        let Some(entry) = self.entry(key) else {
+            return Ok(None);
+        };
+        let examples = "such as \"3ep\", \"500ba\" or \"0.5dur\"";
+        let Val::Str(s) = &entry.node.val else {
+            return Err(self.err(
+                key,
+                ErrorKind::WrongType,
+                format!(
+                    "expected a duration string {examples}, got {}",
+                    entry.node.val.describe()
+                ),
+            ));
+        };
+        let time = s
+            .parse::<Time>()
+            .map_err(|e| self.err(key, ErrorKind::InvalidValue, e.to_string()))?;
+        let unit = time.unit().suffix();
+        if !units.contains(&unit) {
+            return Err(self.err(
+                key,
+                ErrorKind::InvalidValue,
+                format!(
+                    "unit {unit:?} is not allowed here; use {}",
+                    quote_list(units)
+                ),
+            ));
+        }
+        if time.value_f64() <= 0.0 {
+            return Err(self.err(
+                key,
+                ErrorKind::InvalidValue,
+                format!("must be greater than zero, got {s:?}"),
+            ));
+        }
+        Ok(Some(time))
     }
 
     fn uint_of(&self, key: &str, node: &Node, min: u64) -> Result<usize, ConfigError> {

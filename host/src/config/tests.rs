@@ -1,7 +1,13 @@
 //! Tests of the `trainer.toml` loader.
 
 use super::*;
-use crate::time::TimeUnit;
+use crate::data::{Dataset, HorizontalFlip, Normalize, RandomCrop, SyntheticConfig, Transforms};
+use crate::device::Device;
+use crate::engine::OnError;
+use crate::model::{ModelConfig, ModelName};
+use crate::optim::{AdamW, Algorithm, Sgd};
+use crate::precision::Precision;
+use crate::time::{Time, TimeUnit};
 
 const MINIMAL: &str = r#"
 [data]
@@ -147,7 +153,7 @@ fn full_file() {
     assert_eq!(d.image_size(), (32, 32));
     assert_eq!(
         d.transforms,
-        TransformsConfig {
+        Transforms {
             normalize: Some(Normalize {
                 mean: vec![0.5, 0.5, 0.5],
                 std: vec![0.25]
@@ -170,9 +176,9 @@ fn full_file() {
     );
     assert_eq!(
         c.optimizer,
-        OptimizerConfig::AdamW(AdamWConfig {
+        Algorithm::AdamW(AdamW {
             lr: 3e-4,
-            betas: [0.8, 0.99],
+            betas: (0.8, 0.99),
             eps: 1e-6,
             weight_decay: 0.0
         })
@@ -246,13 +252,13 @@ fn defaults() {
         (128, 512, 2, 4)
     );
     assert_eq!(d.synthetic, None);
-    assert_eq!(d.transforms, TransformsConfig::default());
+    assert_eq!(d.transforms, Transforms::default());
     assert_eq!(c.model.width, Some(32));
     assert_eq!(c.model.num_classes, 10);
     assert!(c.model.hidden.is_empty());
-    assert_eq!(c.optimizer, OptimizerConfig::Sgd(SgdConfig::default()));
+    assert_eq!(c.optimizer, Algorithm::Sgd(Sgd::default()));
     assert_eq!(c.optimizer.lr(), 0.1);
-    assert_eq!(c.optimizer.weight_decay(), 0.0);
+    assert!(matches!(&c.optimizer, Algorithm::Sgd(s) if s.weight_decay == 0.0));
     let t = &c.train;
     assert_eq!(t.microbatch_size, 128);
     assert_eq!(t.precision, Precision::Fp32);
@@ -274,15 +280,15 @@ fn model_and_optimizer_defaults_by_name() {
     let c = ok(&MINIMAL.replace("\"cnn\"", "\"resnet56\""));
     assert_eq!(c.model.width, Some(16));
     let c = ok(&with("[optimizer]\nname = \"adamw\"\n"));
-    assert_eq!(c.optimizer, OptimizerConfig::AdamW(AdamWConfig::default()));
-    assert_eq!(c.optimizer.weight_decay(), 0.01);
+    assert_eq!(c.optimizer, Algorithm::AdamW(AdamW::default()));
+    assert!(matches!(&c.optimizer, Algorithm::AdamW(a) if a.weight_decay == 0.01));
     let c = ok(&with("[optimizer]\nlr = 1\nnesterov = true\n"));
     assert_eq!(
         c.optimizer,
-        OptimizerConfig::Sgd(SgdConfig {
+        Algorithm::Sgd(Sgd {
             lr: 1.0,
             nesterov: true,
-            ..SgdConfig::default()
+            ..Sgd::default()
         })
     );
     let c = ok(&with("[data.synthetic]\n").replace("fashion-mnist", "synthetic"));
@@ -1295,7 +1301,7 @@ fn overrides_create_missing_tables() {
         c.data.transforms.horizontal_flip,
         Some(HorizontalFlip { p: 0.3 })
     );
-    assert_eq!(c.optimizer, OptimizerConfig::AdamW(AdamWConfig::default()));
+    assert_eq!(c.optimizer, Algorithm::AdamW(AdamW::default()));
     assert_eq!(c.plugins.dirs, vec![PathBuf::from("/base/dir/p")]);
     assert_eq!(c.algorithms.len(), 2);
     assert_eq!(c.algorithms[0].plugin, "cutout");
@@ -1522,4 +1528,91 @@ fn fuzz_regressions_and_seed_corpus() {
         checked += 1;
     }
     assert!(checked >= 10, "only {checked} files checked");
+}
+
+/// Every key the reader knows (each section's `KEYS`, and each schedule's fields as serde
+/// reports them) is mentioned in its table's part of `docs/trainer-reference.toml`.
+#[test]
+fn reference_documents_every_key() {
+    use super::de::{DeError, NodeDe};
+    use super::section::Section;
+    use crate::optim::schedule::Schedule;
+    use serde::Deserialize;
+
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../docs/trainer-reference.toml"
+    ))
+    .unwrap();
+    // The text of each table, commented-out headers included; "" is the top level.
+    let mut parts: Vec<(String, String)> = vec![(String::new(), String::new())];
+    for line in text.lines() {
+        let bare = line.trim_start_matches(['#', ' ']);
+        let name = bare.trim_start_matches('[').trim_end_matches(']');
+        if bare.starts_with('[')
+            && bare.ends_with(']')
+            && name
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || "_.".contains(c))
+        {
+            parts.push((name.to_string(), String::new()));
+        } else if let Some((_, part)) = parts.last_mut() {
+            part.push_str(line);
+            part.push('\n');
+        }
+    }
+    let headers: Vec<&str> = parts.iter().map(|(n, _)| n.as_str()).collect();
+    let mentions = |table: &str, key: &str| {
+        let word = |c: char| c.is_ascii_alphanumeric() || c == '_';
+        parts.iter().filter(|(n, _)| n == table).any(|(_, part)| {
+            part.match_indices(key).any(|(i, _)| {
+                !part[..i].ends_with(word) && !part[i + key.len()..].starts_with(word)
+            })
+        })
+    };
+    let probe = |toml: &str| {
+        let map = tree::SourceMap::new(toml);
+        let doc = toml_edit::ImDocument::parse(toml).unwrap();
+        Schedule::deserialize(NodeDe(&tree::from_document(&doc, &map))).err()
+    };
+    let Some(DeError::UnknownVariant {
+        expected: names, ..
+    }) = probe("name = \"?\"")
+    else {
+        panic!("no schedule names");
+    };
+    let mut tables: Vec<(&str, &[&str])> = vec![
+        ("", Config::KEYS),
+        ("data", DataConfig::KEYS),
+        ("data.synthetic", SyntheticConfig::KEYS),
+        ("data.transforms", Transforms::KEYS),
+        ("data.transforms", Normalize::KEYS),
+        ("data.transforms", RandomCrop::KEYS),
+        ("data.transforms", HorizontalFlip::KEYS),
+        ("model", ModelConfig::KEYS),
+        ("optimizer", Sgd::KEYS),
+        ("optimizer", AdamW::KEYS),
+        ("train", TrainConfig::KEYS),
+        ("checkpoint", CheckpointConfig::KEYS),
+        ("plugins", PluginsConfig::KEYS),
+        ("algorithms", &["plugin", "sha256", "on_error"]),
+        ("scheduler", names),
+    ];
+    for name in names {
+        let Some(DeError::UnknownField { expected, .. }) =
+            probe(&format!("name = {name:?}\n\"?\" = 1"))
+        else {
+            panic!("no fields for schedule {name}");
+        };
+        tables.push(("scheduler", expected));
+    }
+    for (table, keys) in tables {
+        for key in keys {
+            let sub = tree::join(table, key);
+            assert!(
+                mentions(table, key) || headers.contains(&sub.as_str()),
+                "docs/trainer-reference.toml does not document `{sub}`"
+            );
+        }
+    }
 }

@@ -398,27 +398,6 @@ fn set_path(
     }
 }
 
-/// Converts a tree to a `toml::Value` (for types deserialized with serde).
-pub(crate) fn to_toml(node: &Node) -> toml::Value {
-    match &node.val {
-        Val::Str(s) => toml::Value::String(s.clone()),
-        Val::Int(i) => toml::Value::Integer(*i),
-        Val::Float(f) => toml::Value::Float(*f),
-        Val::Bool(b) => toml::Value::Boolean(*b),
-        Val::Datetime(d) => match d.parse::<toml::value::Datetime>() {
-            Ok(d) => toml::Value::Datetime(d),
-            Err(_) => toml::Value::String(d.clone()),
-        },
-        Val::Array(items) => toml::Value::Array(items.iter().map(to_toml).collect()),
-        Val::Table(t) => toml::Value::Table(
-            t.entries
-                .iter()
-                .map(|e| (e.key.clone(), to_toml(&e.node)))
-                .collect(),
-        ),
-    }
-}
-
 /// Converts a tree to JSON, keeping integers as integers. On failure returns
 /// the dotted sub-path (relative to `node`), its location and a message.
 pub(crate) fn to_json(node: &Node) -> Result<serde_json::Value, (String, Location, String)> {

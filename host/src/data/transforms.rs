@@ -6,7 +6,7 @@
 //! function of (seed, epoch, position).
 
 use rand::Rng;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 /// One image being transformed: channel-major `f32` pixels and their shape.
 #[derive(Debug, Clone, PartialEq)]
@@ -39,8 +39,7 @@ impl Sample {
 }
 
 /// Per-channel `(x - mean) / std`; a single mean or std value applies to every channel.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Normalize {
     /// Mean per channel, or one value for all.
     pub mean: Vec<f32>,
@@ -50,32 +49,64 @@ pub struct Normalize {
 
 /// A random `size`×`size` crop after zero padding of `padding` pixels on every side, like
 /// torchvision's `RandomCrop(size, padding)`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct RandomCrop {
-    /// Side of the square output.
+    /// Side of the square output (default: the image side, for square images).
     pub size: usize,
-    /// Zero padding added on each side before cropping.
-    #[serde(default)]
+    /// Zero padding added on each side before cropping (default 0).
     pub padding: usize,
 }
 
+impl RandomCrop {
+    /// A `size`×`size` crop without padding.
+    pub fn new(size: usize) -> RandomCrop {
+        RandomCrop { size, padding: 0 }
+    }
+}
+
 /// Mirrors the image left–right with probability `p`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct HorizontalFlip {
-    /// Probability of flipping, in [0, 1].
-    #[serde(default = "half")]
+    /// Probability of flipping, in [0, 1] (default 0.5).
     pub p: f64,
 }
 
-fn half() -> f64 {
-    0.5
+impl Default for HorizontalFlip {
+    fn default() -> Self {
+        HorizontalFlip { p: 0.5 }
+    }
 }
 
-/// A per-sample transform. In TOML: `{ kind = "random_crop", size = 32, padding = 4 }`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
+/// The train-time transforms of a run (`[data.transforms]`), each at most once. They run
+/// `random_crop`, then `horizontal_flip`, then `normalize`; evaluation uses only `normalize`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Transforms {
+    /// Per-channel normalization.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub normalize: Option<Normalize>,
+    /// Pad then crop at a random position.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub random_crop: Option<RandomCrop>,
+    /// Mirror left-right at random.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub horizontal_flip: Option<HorizontalFlip>,
+}
+
+impl Transforms {
+    /// The transforms to run, in order: for training (`train`) or for evaluation.
+    pub fn pipeline(&self, train: bool) -> Vec<Transform> {
+        let mut out = Vec::new();
+        if train {
+            out.extend(self.random_crop.clone().map(Transform::RandomCrop));
+            out.extend(self.horizontal_flip.clone().map(Transform::HorizontalFlip));
+        }
+        out.extend(self.normalize.clone().map(Transform::Normalize));
+        out
+    }
+}
+
+/// A per-sample transform.
+#[derive(Debug, Clone, PartialEq)]
 pub enum Transform {
     /// See [`Normalize`].
     Normalize(Normalize),
@@ -401,31 +432,28 @@ mod tests {
     }
 
     #[test]
-    fn parses_from_toml() {
-        #[derive(Deserialize)]
-        struct Config {
-            transforms: Vec<Transform>,
-        }
-        let text = r#"
-            transforms = [
-              { kind = "random_crop", size = 32, padding = 4 },
-              { kind = "horizontal_flip" },
-              { kind = "normalize", mean = [0.286], std = [0.353] },
-            ]
-        "#;
-        let config: Config = toml::from_str(text).unwrap();
+    fn pipeline_orders_crop_flip_normalize_and_eval_only_normalizes() {
+        let normalize = Normalize {
+            mean: vec![0.5],
+            std: vec![0.25],
+        };
+        let t = Transforms {
+            normalize: Some(normalize.clone()),
+            random_crop: Some(RandomCrop {
+                size: 28,
+                padding: 2,
+            }),
+            horizontal_flip: Some(HorizontalFlip::default()),
+        };
         assert_eq!(
-            config.transforms,
+            t.pipeline(true),
             vec![
-                crop(32, 4),
+                crop(28, 2),
                 Transform::HorizontalFlip(HorizontalFlip { p: 0.5 }),
-                Transform::Normalize(Normalize {
-                    mean: vec![0.286],
-                    std: vec![0.353]
-                }),
+                Transform::Normalize(normalize.clone()),
             ]
         );
-        let bad = r#"transforms = [{ kind = "random_crop", size = 32, pading = 4 }]"#;
-        assert!(toml::from_str::<Config>(bad).is_err());
+        assert_eq!(t.pipeline(false), vec![Transform::Normalize(normalize)]);
+        assert_eq!(Transforms::default().pipeline(true), vec![]);
     }
 }

@@ -11,7 +11,22 @@ mod state;
 pub use state::{Batch, CallError, Clock, RunState, SetupState, Stage};
 pub use tessera_plugin_api::{Event, Hook};
 
-use crate::config::OnError;
+/// What to do when a method fails during training (`on_error` of an `[[algorithms]]` entry).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnError {
+    /// Stop training with the error (default).
+    #[default]
+    Stop,
+    /// Disable the method and keep training.
+    Disable,
+}
+
+impl OnError {
+    /// Every policy with the name used in `trainer.toml`.
+    pub const CHOICES: [(&'static str, OnError); 2] =
+        [("stop", OnError::Stop), ("disable", OnError::Disable)];
+}
 
 /// A method the engine can run.
 pub trait Algorithm: Send {

@@ -7,7 +7,7 @@ use rand_chacha::{rand_core::SeedableRng, ChaCha8Rng};
 use tch::{Device, TchError, Tensor};
 use tessera_plugin_api::TimeInfo;
 
-use crate::config::Precision;
+use crate::precision::Precision;
 use crate::model::{Model, Role};
 use crate::optim::Optimizer;
 use crate::precision::AutocastGuard;
@@ -177,8 +177,8 @@ impl SetupState {
 impl SetupState {
     /// A CPU set-up state over a tiny MLP (one epoch of 4 batches), for unit tests.
     pub fn for_tests() -> SetupState {
-        let config = crate::config::ModelConfig {
-            name: crate::config::ModelName::Mlp,
+        let config = crate::model::ModelConfig {
+            name: crate::model::ModelName::Mlp,
             hidden: vec![4],
             width: None,
             num_classes: 2,

@@ -3,6 +3,24 @@
 
 use tch::{Kind, Reduction, TchError, Tensor};
 
+/// What to do when the training loss is NaN or infinite (`train.nonfinite_loss`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NonFiniteLoss {
+    /// Stop the run with an error before the update; checkpoints already written stay as they
+    /// are (default).
+    #[default]
+    Stop,
+    /// Skip the update (the weights do not change), warn, and go on with the next batch.
+    Skip,
+}
+
+impl NonFiniteLoss {
+    /// Every policy with the name used in `trainer.toml`.
+    pub const CHOICES: [(&'static str, NonFiniteLoss); 2] =
+        [("stop", NonFiniteLoss::Stop), ("skip", NonFiniteLoss::Skip)];
+}
+
 /// Cross-entropy of `logits` (N, C) against index targets (N) or probability targets (N, C):
 /// the mean over samples, or one value per sample (shape (N,)) when `per_sample` is set.
 pub fn cross_entropy_with(

@@ -5,19 +5,19 @@
 mod loss;
 mod module;
 mod params;
+mod spec;
 
-pub use loss::{cross_entropy, cross_entropy_with};
+pub use loss::{cross_entropy, cross_entropy_with, NonFiniteLoss};
 
 pub use module::{Attr, ExternalLayer, Layer, Module, ModuleInfo};
 pub use params::{Entry, ParamStore, Role};
+pub use spec::{ModelConfig, ModelName};
 
 use tch::{
     nn::init::{FanInOut, NonLinearity, NormalOrUniform},
     nn::Init,
     Device, TchError, Tensor,
 };
-
-use crate::config::{ModelConfig, ModelName};
 
 /// A model: its module tree and the store holding its tensors.
 #[derive(Debug)]
@@ -52,13 +52,9 @@ impl Model {
         };
         let root = match config.name {
             ModelName::Mlp => b.mlp(input, &config.hidden, num_classes)?,
-            ModelName::Cnn => b.cnn(input, config.width.unwrap_or(32) as i64, num_classes)?,
-            ModelName::Resnet20 => {
-                b.resnet(input, 20, config.width.unwrap_or(16) as i64, num_classes)?
-            }
-            ModelName::Resnet56 => {
-                b.resnet(input, 56, config.width.unwrap_or(16) as i64, num_classes)?
-            }
+            ModelName::Cnn => b.cnn(input, config.base_width(), num_classes)?,
+            ModelName::Resnet20 => b.resnet(input, 20, config.base_width(), num_classes)?,
+            ModelName::Resnet56 => b.resnet(input, 56, config.base_width(), num_classes)?,
         };
         Ok(Model {
             root,
@@ -421,7 +417,6 @@ impl Builder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::ModelConfig;
 
     fn config(name: ModelName) -> ModelConfig {
         ModelConfig {

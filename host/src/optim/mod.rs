@@ -46,40 +46,89 @@ pub struct Snapshot {
     pub tensors: Vec<(String, Tensor)>,
 }
 
-/// SGD hyperparameters, with PyTorch's semantics.
-#[derive(Debug, Clone, PartialEq)]
+/// SGD hyperparameters, with PyTorch's semantics (`[optimizer] name = "sgd"`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Sgd {
-    /// Momentum factor (0 disables momentum).
+    /// Learning rate, > 0 (default 0.1); schedules multiply it.
+    pub lr: f64,
+    /// Momentum factor, in [0, 1); 0 disables momentum (default 0.9).
     pub momentum: f64,
-    /// Dampening of the momentum.
-    pub dampening: f64,
-    /// Nesterov momentum.
+    /// Nesterov momentum (default false); needs momentum > 0 and dampening 0.
     pub nesterov: bool,
-    /// Weight decay.
+    /// Dampening of the momentum, in [0, 1] (default 0).
+    pub dampening: f64,
+    /// Weight decay, >= 0 (default 0).
     pub weight_decay: f64,
     /// Decay weights directly instead of through the gradient; scaled by `lr / initial_lr` as
-    /// in Composer's `DecoupledSGDW`.
+    /// in Composer's `DecoupledSGDW` (default false).
     pub decoupled_weight_decay: bool,
 }
 
-/// AdamW hyperparameters, with PyTorch's `torch.optim.AdamW` semantics.
-#[derive(Debug, Clone, PartialEq)]
+impl Default for Sgd {
+    fn default() -> Self {
+        Sgd {
+            lr: 0.1,
+            momentum: 0.9,
+            nesterov: false,
+            dampening: 0.0,
+            weight_decay: 0.0,
+            decoupled_weight_decay: false,
+        }
+    }
+}
+
+/// AdamW hyperparameters, with PyTorch's `torch.optim.AdamW` semantics
+/// (`[optimizer] name = "adamw"`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct AdamW {
-    /// Exponential decay rates of the first and second moments.
+    /// Learning rate, > 0 (default 0.001); schedules multiply it.
+    pub lr: f64,
+    /// Exponential decay rates of the first and second moments, each in [0, 1)
+    /// (default `[0.9, 0.999]`).
     pub betas: (f64, f64),
-    /// Added to the denominator.
+    /// Added to the denominator, > 0 (default 1e-8).
     pub eps: f64,
-    /// Decoupled weight decay: `p ← p·(1 − lr·wd)`.
+    /// Decoupled weight decay: `p ← p·(1 − lr·wd)`, >= 0 (default 0.01).
     pub weight_decay: f64,
 }
 
-/// Which algorithm an [`Optimizer`] runs.
-#[derive(Debug, Clone, PartialEq)]
+impl Default for AdamW {
+    fn default() -> Self {
+        AdamW {
+            lr: 1e-3,
+            betas: (0.9, 0.999),
+            eps: 1e-8,
+            weight_decay: 0.01,
+        }
+    }
+}
+
+/// Which algorithm an [`Optimizer`] runs (`[optimizer]`, tagged by `name`; default SGD).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "name")]
 pub enum Algorithm {
     /// Stochastic gradient descent.
+    #[serde(rename = "sgd")]
     Sgd(Sgd),
     /// Adam with decoupled weight decay.
+    #[serde(rename = "adamw")]
     AdamW(AdamW),
+}
+
+impl Default for Algorithm {
+    fn default() -> Self {
+        Algorithm::Sgd(Sgd::default())
+    }
+}
+
+impl Algorithm {
+    /// The base learning rate.
+    pub fn lr(&self) -> f64 {
+        match self {
+            Algorithm::Sgd(h) => h.lr,
+            Algorithm::AdamW(h) => h.lr,
+        }
+    }
 }
 
 struct Slot {
@@ -104,15 +153,15 @@ pub struct Optimizer {
 }
 
 impl Optimizer {
-    /// An optimizer over every parameter of `params` that requires a gradient, starting at
-    /// rate `lr` and following `schedule` (stretched by `scale_schedule_ratio`).
+    /// An optimizer over every parameter of `params` that requires a gradient, starting at the
+    /// algorithm's learning rate and following `schedule` (stretched by `scale_schedule_ratio`).
     pub fn new(
         algorithm: Algorithm,
-        lr: f64,
         schedule: Schedule,
         scale_schedule_ratio: f64,
         params: &ParamStore,
     ) -> Self {
+        let lr = algorithm.lr();
         let slots = params
             .trainable()
             .map(|e| Slot {
@@ -421,13 +470,14 @@ mod tests {
     fn sgd_momentum_nesterov_matches_pytorch_formula() {
         let (store, p) = store_with(&[1.0, -2.0]);
         let h = Sgd {
+            lr: 0.5,
             momentum: 0.9,
             dampening: 0.0,
             nesterov: true,
             weight_decay: 0.1,
             decoupled_weight_decay: false,
         };
-        let mut opt = Optimizer::new(Algorithm::Sgd(h), 0.5, Schedule::default(), 1.0, &store);
+        let mut opt = Optimizer::new(Algorithm::Sgd(h), Schedule::default(), 1.0, &store);
         // step 1: d = g + wd p = [0.5+0.1, 1-0.2] = [0.6, 0.8]; buf = d; nesterov d + 0.9 buf
         set_grad(&p, &[0.5, 1.0]);
         opt.step().unwrap();
@@ -458,11 +508,12 @@ mod tests {
     fn adamw_first_step_moves_by_lr() {
         let (store, p) = store_with(&[1.0, 1.0]);
         let h = AdamW {
+            lr: 0.01,
             betas: (0.9, 0.999),
             eps: 1e-8,
             weight_decay: 0.0,
         };
-        let mut opt = Optimizer::new(Algorithm::AdamW(h), 0.01, Schedule::default(), 1.0, &store);
+        let mut opt = Optimizer::new(Algorithm::AdamW(h), Schedule::default(), 1.0, &store);
         set_grad(&p, &[3.0, -0.5]);
         opt.step().unwrap();
         // The first bias-corrected Adam step is lr·sign(g).
@@ -478,19 +529,20 @@ mod tests {
     fn a_scaled_rate_is_used_by_the_next_step_only_and_survives_restore() {
         let (store, p) = store_with(&[1.0]);
         let h = Sgd {
+            lr: 0.5,
             momentum: 0.0,
             dampening: 0.0,
             nesterov: false,
             weight_decay: 0.0,
             decoupled_weight_decay: false,
         };
-        let mut opt = Optimizer::new(Algorithm::Sgd(h.clone()), 0.5, Schedule::default(), 1.0, &store);
+        let mut opt = Optimizer::new(Algorithm::Sgd(h.clone()), Schedule::default(), 1.0, &store);
         opt.scale_lr(0.5);
         opt.scale_lr(0.5);
         assert_eq!(opt.lr(), 0.125, "scales compound");
         // A checkpoint taken now carries the pending scale.
         let snapshot = opt.snapshot();
-        let mut restored = Optimizer::new(Algorithm::Sgd(h), 0.5, Schedule::default(), 1.0, &store);
+        let mut restored = Optimizer::new(Algorithm::Sgd(h), Schedule::default(), 1.0, &store);
         restored.restore(&snapshot, &store).unwrap();
         assert_eq!(restored.lr(), 0.125);
         set_grad(&p, &[1.0]);

@@ -152,6 +152,18 @@ pub enum Schedule {
     },
 }
 
+/// A schedule value out of range, found by [`Schedule::validate`].
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("schedule {schedule}: {message}")]
+pub struct InvalidSchedule {
+    /// The schedule's `name`.
+    pub schedule: &'static str,
+    /// The offending field.
+    pub field: &'static str,
+    /// What is wrong, naming the field.
+    pub message: String,
+}
+
 impl Default for Schedule {
     /// `constant` with α = 1: the learning rate is never changed.
     fn default() -> Self {
@@ -293,42 +305,62 @@ impl Schedule {
     /// Checks the schedule's own values, without a run: finite multipliers ≥ 0 and
     /// `gamma` ≥ 0; no wall-clock (`sec`) times; a non-zero `step_size`; a non-zero `t_max`
     /// for `linear` and `cosine`; `t_warmup` ≤ `t_max` when both are in the same unit.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), InvalidSchedule> {
         let name = self.name();
-        let fail = |msg: String| Err(format!("schedule {name}: {msg}"));
+        let fail = |field: &'static str, message: String| {
+            Err(InvalidSchedule {
+                schedule: name,
+                field,
+                message,
+            })
+        };
         for (field, value) in self.factors() {
             if !value.is_finite() || value < 0.0 {
-                return fail(format!("{field} must be a finite number ≥ 0, got {value}"));
+                return fail(
+                    field,
+                    format!("{field} must be a finite number ≥ 0, got {value}"),
+                );
             }
         }
         for (field, t) in self.times() {
             if t.unit() == TimeUnit::Second {
-                return fail(format!(
-                    "{field} = \"{t}\": wall-clock time (sec) is not a schedule unit; use ba, \
+                return fail(
+                    field,
+                    format!(
+                        "{field} = \"{t}\": wall-clock time (sec) is not a schedule unit; use ba, \
                      ep, sp, tok or dur"
-                ));
+                    ),
+                );
             }
             if t.fraction().is_some_and(|f| !f.is_finite() || f < 0.0) {
-                return fail(format!("{field} = \"{t}\" must be a non-negative fraction"));
+                return fail(
+                    field,
+                    format!("{field} = \"{t}\" must be a non-negative fraction"),
+                );
             }
         }
         let zero = |t: &Time| t.value_f64() == 0.0;
         match self {
             Schedule::Step { step_size, .. } if zero(step_size) => {
-                return fail(format!(
-                    "step_size = \"{step_size}\" must be greater than zero"
-                ))
+                return fail(
+                    "step_size",
+                    format!("step_size = \"{step_size}\" must be greater than zero"),
+                )
             }
             Schedule::Linear { t_max, .. } | Schedule::Cosine { t_max, .. } if zero(t_max) => {
-                return fail(format!("t_max = \"{t_max}\" must be greater than zero"))
+                return fail(
+                    "t_max",
+                    format!("t_max = \"{t_max}\" must be greater than zero"),
+                )
             }
             _ => {}
         }
         if let Some((t_warmup, t_max)) = self.warmup_and_max() {
             if t_warmup.unit() == t_max.unit() && t_warmup.value_f64() > t_max.value_f64() {
-                return fail(format!(
-                    "t_warmup = \"{t_warmup}\" is longer than t_max = \"{t_max}\""
-                ));
+                return fail(
+                    "t_warmup",
+                    format!("t_warmup = \"{t_warmup}\" is longer than t_max = \"{t_max}\""),
+                );
             }
         }
         Ok(())
@@ -341,7 +373,7 @@ impl Schedule {
     /// schedule covers the whole run. `run` is the SSR-scaled run, as for
     /// [`Schedule::multiplier`].
     pub fn check(&self, run: &RunLength, scale_schedule_ratio: f64) -> Result<(), String> {
-        self.validate()?;
+        self.validate().map_err(|e| e.to_string())?;
         let ssr = scale_schedule_ratio;
         if !(ssr.is_finite() && ssr > 0.0) {
             return Err(format!(
@@ -931,6 +963,7 @@ mod tests {
         let msg = parse("name = \"step\"\nstep_size = \"1ep\"\ngamma = -0.1")
             .validate()
             .err()
+            .map(|e| e.to_string())
             .unwrap_or_default();
         assert!(msg.contains("step") && msg.contains("gamma"), "{msg}");
         let good = [

@@ -4,15 +4,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context as _};
-use tch::Device;
-use tessera_plugin_api::LIBTORCH_VERSION;
 
-use crate::checkpoint::{self};
-use crate::config::{self, Config, OptimizerConfig};
-use crate::data::{self, ImageDataset, Loader, LoaderOptions, Transform};
-use crate::engine::{Algorithm, Engine, Event, RunState, SetupState, Stage};
+use crate::checkpoint;
+use crate::config::{self, Config};
+use crate::data::{self, ImageDataset, Loader, LoaderOptions};
+use crate::engine::{Algorithm, Engine, Event, OnError, RunState, SetupState, Stage};
 use crate::model::{InputShape, Model};
-use crate::optim::{self, Optimizer};
+use crate::optim::Optimizer;
 use crate::plugin::Plugin;
 use crate::report::{PluginRecord, Reporter};
 use crate::time::RunLength;
@@ -27,7 +25,7 @@ impl Trainer {
     /// `before_load`, `after_load`.
     pub fn new(config: Config, extra: Vec<Box<dyn Algorithm>>) -> anyhow::Result<Trainer> {
         let started = Instant::now();
-        let device = resolve_device(config.train.device)?;
+        let device = config.train.device.resolve()?;
         tch::manual_seed(config.seed as i64);
         if config.train.threads > 0 {
             tch::set_num_threads(config.train.threads as i32);
@@ -64,11 +62,16 @@ impl Trainer {
             model,
             config.train.precision,
             run,
-            initial_lr(&config),
+            config.optimizer.lr(),
             config.seed,
         );
         engine.fire(Event::INIT, &mut Stage::Setup(&mut setup))?;
-        let optimizer = build_optimizer(&config, &setup.model);
+        let optimizer = Optimizer::new(
+            config.optimizer.clone(),
+            config.scheduler.clone(),
+            config.train.scale_schedule_ratio,
+            &setup.model.params,
+        );
         let state = RunState::new(setup, optimizer);
 
         let read_started = Instant::now();
@@ -134,7 +137,7 @@ fn build_loaders(config: &Config) -> anyhow::Result<(Loader, Loader)> {
     let d = &config.data;
     let train_loader = Loader::new(
         Arc::new(train_set),
-        Arc::new(transforms_of(&d.transforms, true)),
+        Arc::new(d.transforms.pipeline(true)),
         LoaderOptions {
             batch_size: d.batch_size,
             shuffle: d.shuffle,
@@ -146,7 +149,7 @@ fn build_loaders(config: &Config) -> anyhow::Result<(Loader, Loader)> {
     )?;
     let eval_loader = Loader::new(
         Arc::new(test_set),
-        Arc::new(transforms_of(&d.transforms, false)),
+        Arc::new(d.transforms.pipeline(false)),
         LoaderOptions {
             batch_size: d.eval_batch_size,
             shuffle: false,
@@ -166,7 +169,7 @@ fn load_methods(
     extra: Vec<Box<dyn Algorithm>>,
 ) -> anyhow::Result<(Engine, Vec<PluginRecord>)> {
     let dirs = crate::plugin::search_dirs(&config.plugins.dirs);
-    let mut algorithms: Vec<(Box<dyn Algorithm>, config::OnError)> = Vec::new();
+    let mut algorithms: Vec<(Box<dyn Algorithm>, OnError)> = Vec::new();
     let mut plugins = Vec::new();
     let mut seen = std::collections::BTreeSet::new();
     for a in &config.algorithms {
@@ -197,7 +200,7 @@ fn load_methods(
         });
         algorithms.push((Box::new(method), a.on_error));
     }
-    algorithms.extend(extra.into_iter().map(|a| (a, config::OnError::Stop)));
+    algorithms.extend(extra.into_iter().map(|a| (a, OnError::Stop)));
     Ok((Engine::new(algorithms), plugins))
 }
 
@@ -234,47 +237,6 @@ fn prepare_checkpoint_folder(ck: &config::CheckpointConfig, resuming: bool) -> a
     Ok(())
 }
 
-/// The libtorch device for a configured one; fails when CUDA is asked for but unusable.
-pub fn resolve_device(device: config::Device) -> anyhow::Result<Device> {
-    Ok(match device {
-        config::Device::Auto => Device::cuda_if_available(),
-        config::Device::Cpu => Device::Cpu,
-        config::Device::Cuda(i) => {
-            let n = tch::Cuda::device_count();
-            if !tch::Cuda::is_available() || i as i64 >= n {
-                bail!(
-                    "device = \"cuda:{i}\" but {} CUDA device(s) are usable (libtorch {LIBTORCH_VERSION}{})",
-                    if tch::Cuda::is_available() { n } else { 0 },
-                    if env!("TESSERA_LIBTORCH_HAS_CUDA") == "1" { ", built with CUDA" } else { ", built without CUDA" }
-                );
-            }
-            Device::Cuda(i)
-        }
-    })
-}
-
-pub(super) fn transforms_of(cfg: &config::TransformsConfig, train: bool) -> Vec<Transform> {
-    let mut out = Vec::new();
-    if train {
-        if let Some(c) = &cfg.random_crop {
-            out.push(Transform::RandomCrop(data::RandomCrop {
-                size: c.size,
-                padding: c.padding,
-            }));
-        }
-        if let Some(f) = &cfg.horizontal_flip {
-            out.push(Transform::HorizontalFlip(data::HorizontalFlip { p: f.p }));
-        }
-    }
-    if let Some(n) = &cfg.normalize {
-        out.push(Transform::Normalize(data::Normalize {
-            mean: n.mean.iter().map(|&v| v as f32).collect(),
-            std: n.std.iter().map(|&v| v as f32).collect(),
-        }));
-    }
-    out
-}
-
 /// Loads (fetching when allowed) the train and test sets named in the config.
 pub fn load_datasets(cfg: &Config) -> anyhow::Result<(ImageDataset, ImageDataset)> {
     let d = &cfg.data;
@@ -306,42 +268,3 @@ pub fn load_datasets(cfg: &Config) -> anyhow::Result<(ImageDataset, ImageDataset
     Ok((split.train, split.test))
 }
 
-/// The configured learning rate.
-fn initial_lr(config: &Config) -> f64 {
-    match &config.optimizer {
-        OptimizerConfig::Sgd(s) => s.lr,
-        OptimizerConfig::AdamW(a) => a.lr,
-    }
-}
-
-/// The configured optimizer over the model's trainable parameters, with the schedule.
-fn build_optimizer(config: &Config, model: &Model) -> Optimizer {
-    let schedule = config.scheduler.clone();
-    let ssr = config.train.scale_schedule_ratio;
-    match &config.optimizer {
-        OptimizerConfig::Sgd(s) => Optimizer::new(
-            optim::Algorithm::Sgd(optim::Sgd {
-                momentum: s.momentum,
-                dampening: s.dampening,
-                nesterov: s.nesterov,
-                weight_decay: s.weight_decay,
-                decoupled_weight_decay: s.decoupled_weight_decay,
-            }),
-            s.lr,
-            schedule,
-            ssr,
-            &model.params,
-        ),
-        OptimizerConfig::AdamW(a) => Optimizer::new(
-            optim::Algorithm::AdamW(optim::AdamW {
-                betas: (a.betas[0], a.betas[1]),
-                eps: a.eps,
-                weight_decay: a.weight_decay,
-            }),
-            a.lr,
-            schedule,
-            ssr,
-            &model.params,
-        ),
-    }
-}

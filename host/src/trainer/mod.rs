@@ -22,7 +22,7 @@ mod fit;
 mod resume;
 mod step;
 
-pub use build::{load_datasets, resolve_device};
+pub use build::load_datasets;
 
 /// A summary of a finished `fit`.
 #[derive(Debug, Clone)]

@@ -5,7 +5,7 @@ use std::time::Instant;
 use anyhow::{bail, Context as _};
 use tch::Tensor;
 
-use crate::config::NonFiniteLoss;
+use crate::model::NonFiniteLoss;
 use crate::data::{self};
 use crate::engine::{Batch, Event};
 use crate::time::Timestamp;

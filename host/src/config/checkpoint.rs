@@ -1,0 +1,72 @@
+//! `[checkpoint]` and `[plugins]`.
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use super::error::ConfigError;
+use super::reader::{Tbl, INTERVAL_UNITS};
+use super::section::section;
+use crate::time::{Time, TimeUnit};
+
+/// `[checkpoint]`
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CheckpointConfig {
+    /// Write checkpoints (default true).
+    pub save: bool,
+    /// How often, in a count unit or `dur` (default `1ep`); also at the end of training.
+    pub interval: Time,
+    /// Keep only the newest N checkpoints; 0 keeps all (default 0).
+    pub keep: usize,
+    /// Folder of the checkpoints (default `<run folder>/checkpoints`); relative paths resolve
+    /// against the file's folder.
+    pub folder: PathBuf,
+    /// Continue from the newest good checkpoint in `folder` when there is one (default false).
+    pub autoresume: bool,
+    /// Start over when `folder` already holds checkpoints and the run does not resume: delete
+    /// them (default false: refuse, so an earlier run's checkpoints are never lost by mistake).
+    pub overwrite: bool,
+    /// Start from this checkpoint file (weights, optimizer, clock, method states).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub load: Option<PathBuf>,
+}
+
+section!(CheckpointConfig {
+    save: bool(),
+    interval: time(INTERVAL_UNITS),
+    keep: uint(0),
+    folder: path(),
+    autoresume: bool(),
+    overwrite: bool(),
+    load: path(),
+});
+
+impl CheckpointConfig {
+    /// Every setting at its default, for the run folder `run_dir`.
+    fn new(run_dir: &Path) -> CheckpointConfig {
+        CheckpointConfig {
+            save: true,
+            interval: Time::new(1, TimeUnit::Epoch),
+            keep: 0,
+            folder: run_dir.join("checkpoints"),
+            autoresume: false,
+            overwrite: false,
+            load: None,
+        }
+    }
+}
+
+pub(super) fn read(top: &Tbl<'_>, run_dir: &Path) -> Result<CheckpointConfig, ConfigError> {
+    Ok(top
+        .section("checkpoint", || CheckpointConfig::new(run_dir))?
+        .unwrap_or_else(|| CheckpointConfig::new(run_dir)))
+}
+
+/// `[plugins]`
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct PluginsConfig {
+    /// Folders searched for plugin libraries, resolved against the file's folder.
+    pub dirs: Vec<PathBuf>,
+}
+
+section!(PluginsConfig { dirs: path_list() });

@@ -1,0 +1,210 @@
+//! `[data]`: the dataset, the loader settings and `[data.transforms]`.
+
+use std::path::PathBuf;
+
+use serde::Serialize;
+
+use super::error::{ConfigError, ErrorKind};
+use super::reader::{quote_list, Bounds, Tbl};
+use super::required_table;
+use super::section::{section, Section};
+use crate::data::{
+    Dataset, DatasetShape, HorizontalFlip, Normalize, RandomCrop, SyntheticConfig, Transforms,
+};
+
+/// `[data]`
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DataConfig {
+    /// Which dataset.
+    pub dataset: Dataset,
+    /// Dataset cache root, resolved against the file's folder; `None` = the loader's default.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data_dir: Option<PathBuf>,
+    /// Fetch a missing registry dataset (default true).
+    pub fetch: bool,
+    /// Training batch size (default 128, >= 1).
+    pub batch_size: usize,
+    /// Evaluation batch size (default 512, >= 1).
+    pub eval_batch_size: usize,
+    /// Loader threads; 0 loads in the training thread (default 2).
+    pub workers: usize,
+    /// Batches queued per worker (default 4, >= 1).
+    pub prefetch: usize,
+    /// Drop the last incomplete training batch (default true).
+    pub drop_last: bool,
+    /// Shuffle the training set each epoch (default true).
+    pub shuffle: bool,
+    /// Shape of the synthetic dataset; `Some` exactly when `dataset` is `synthetic`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub synthetic: Option<SyntheticConfig>,
+    /// Train-time transforms.
+    pub transforms: Transforms,
+    /// The dataset's image shape and classes (from `synthetic` or the registry's pinned facts).
+    #[serde(skip)]
+    shape: DatasetShape,
+}
+
+section!(DataConfig {
+    dataset,
+    data_dir: path(),
+    fetch: bool(),
+    batch_size: uint(1),
+    eval_batch_size: uint(1),
+    workers: uint(0),
+    prefetch: uint(1),
+    drop_last: bool(),
+    shuffle: bool(),
+    synthetic,
+    transforms,
+});
+
+impl DataConfig {
+    /// Image channels of the dataset.
+    pub fn channels(&self) -> usize {
+        self.shape.channels
+    }
+
+    /// Image `(height, width)` of the dataset.
+    pub fn image_size(&self) -> (usize, usize) {
+        (self.shape.height, self.shape.width)
+    }
+
+    /// Number of classes of the dataset.
+    pub fn num_classes(&self) -> usize {
+        self.shape.classes
+    }
+}
+
+section!(SyntheticConfig {
+    samples: uint(1),
+    eval_samples: uint(1),
+    channels: uint(1),
+    height: uint(1),
+    width: uint(1),
+    classes: uint(1),
+});
+
+section!(Transforms {
+    normalize,
+    random_crop,
+    horizontal_flip,
+});
+
+section!(Normalize { mean, std });
+
+section!(RandomCrop {
+    size: uint(1),
+    padding: uint(0),
+});
+
+section!(HorizontalFlip {
+    p: float(Bounds::UNIT),
+});
+
+pub(super) fn read(top: &Tbl<'_>) -> Result<DataConfig, ConfigError> {
+    let d = required_table(top, "data", DataConfig::KEYS, "`dataset`")?;
+    let names: Vec<&str> = Dataset::CHOICES.iter().map(|(n, _)| *n).collect();
+    let dataset = d
+        .choice("dataset", "dataset", &Dataset::CHOICES)?
+        .ok_or_else(|| d.missing("dataset", &quote_list(&names)))?;
+
+    let synthetic = match dataset {
+        Dataset::Synthetic => Some(
+            d.section("synthetic", SyntheticConfig::default)?
+                .unwrap_or_default(),
+        ),
+        _ => {
+            d.reject(
+                "synthetic",
+                &format!(
+                    "[data.synthetic] only applies to dataset = \"synthetic\", not {:?}",
+                    dataset.as_str()
+                ),
+            )?;
+            None
+        }
+    };
+    let shape = match &synthetic {
+        Some(s) => s.shape(),
+        None => dataset.registry_shape().ok_or_else(|| {
+            d.err(
+                "dataset",
+                ErrorKind::InvalidValue,
+                format!("no image shape is known for dataset {:?}", dataset.as_str()),
+            )
+        })?,
+    };
+
+    let data = DataConfig {
+        dataset,
+        data_dir: None,
+        fetch: true,
+        batch_size: 128,
+        eval_batch_size: 512,
+        workers: 2,
+        prefetch: 4,
+        drop_last: true,
+        shuffle: true,
+        synthetic,
+        transforms: Transforms::default(),
+        shape,
+    }
+    .read_keys(&d)?;
+    let transforms = match d.sub("transforms", Some(Transforms::KEYS))? {
+        Some(t) => read_transforms(&t, &data)?,
+        None => Transforms::default(),
+    };
+    Ok(DataConfig { transforms, ..data })
+}
+
+fn read_transforms(t: &Tbl<'_>, data: &DataConfig) -> Result<Transforms, ConfigError> {
+    let channels = data.channels();
+    let mut out = Transforms::default();
+    if let Some(n) = t.sub("normalize", Some(Normalize::KEYS))? {
+        let mean = n
+            .float_list("mean", Bounds::ANY)?
+            .ok_or_else(|| n.missing("mean", "a number or a list of 1 or C numbers"))?;
+        let std = n
+            .float_list("std", Bounds::POSITIVE)?
+            .ok_or_else(|| n.missing("std", "a number or a list of 1 or C numbers, each > 0"))?;
+        for (key, list) in [("mean", &mean), ("std", &std)] {
+            if list.len() != 1 && list.len() != channels {
+                return Err(n.err(
+                    key,
+                    ErrorKind::InvalidValue,
+                    format!(
+                        "must have 1 value or one per channel ({channels} for {}), got {}",
+                        data.dataset,
+                        list.len()
+                    ),
+                ));
+            }
+        }
+        let to_f32 = |l: Vec<f64>| l.into_iter().map(|v| v as f32).collect();
+        out.normalize = Some(Normalize {
+            mean: to_f32(mean),
+            std: to_f32(std),
+        });
+    }
+    if let Some(c) = t.sub("random_crop", Some(RandomCrop::KEYS))? {
+        let (h, w) = data.image_size();
+        if h != w && c.entry("size").is_none() {
+            return Err(c.missing("size", "the crop side (the images are not square)"));
+        }
+        let crop = RandomCrop::new(h).read_keys(&c)?;
+        let limit = h.min(w).saturating_add(crop.padding.saturating_mul(2));
+        if crop.size > limit {
+            return Err(c.err(
+                "size",
+                ErrorKind::InvalidValue,
+                format!(
+                    "must be <= {limit} (the {h}x{w} image plus 2 x padding {}), got {}",
+                    crop.padding, crop.size
+                ),
+            ));
+        }
+        out.random_crop = Some(crop);
+    }
+    out.horizontal_flip = t.section("horizontal_flip", HorizontalFlip::default)?;
+    Ok(out)
+}

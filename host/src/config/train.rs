@@ -1,0 +1,89 @@
+//! `[train]`: how long and how to train.
+
+use serde::Serialize;
+
+use super::data::DataConfig;
+use super::error::{ConfigError, ErrorKind};
+use super::reader::{quote_list, Bounds, Tbl, COUNT_UNITS, INTERVAL_UNITS};
+use super::required_table;
+use super::section::{section, Section};
+use crate::device::Device;
+use crate::model::NonFiniteLoss;
+use crate::precision::Precision;
+use crate::time::{Time, TimeUnit};
+
+/// `[train]`
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TrainConfig {
+    /// How long to train, in a count unit (ep, ba, sp, tok, iter).
+    pub max_duration: Time,
+    /// Samples per forward/backward pass (default: `data.batch_size`); <= batch size.
+    pub microbatch_size: usize,
+    /// Numeric precision (default fp32).
+    pub precision: Precision,
+    /// Device (default auto).
+    pub device: Device,
+    /// Multiplies `max_duration` and the schedule's times, > 0 (default 1).
+    pub scale_schedule_ratio: f64,
+    /// How often to evaluate, in a count unit or `dur` (default `1ep`); also at the end.
+    pub eval_interval: Time,
+    /// Evaluate on at most this many batches; 0 = all (default 0).
+    pub eval_subset_batches: usize,
+    /// libtorch intra-op threads; 0 = all cores (default 0).
+    pub threads: usize,
+    /// How often a metrics line is written, in a count unit or `dur` (default `50ba`).
+    pub log_interval: Time,
+    /// Progress bar when stderr is a terminal (default true).
+    pub progress: bool,
+    /// What to do when the loss is NaN or infinite (default stop).
+    pub nonfinite_loss: NonFiniteLoss,
+}
+
+section!(TrainConfig {
+    max_duration,
+    microbatch_size: uint(1),
+    precision: choice("precision", &Precision::CHOICES),
+    device: parse::<Device>("\"auto\", \"cpu\", \"cuda\" or \"cuda:N\""),
+    scale_schedule_ratio: float(Bounds::POSITIVE),
+    eval_interval: time(INTERVAL_UNITS),
+    eval_subset_batches: uint(0),
+    threads: uint(0),
+    log_interval: time(INTERVAL_UNITS),
+    progress: bool(),
+    nonfinite_loss: choice("nonfinite_loss", &NonFiniteLoss::CHOICES),
+});
+
+pub(super) fn read(top: &Tbl<'_>, data: &DataConfig) -> Result<TrainConfig, ConfigError> {
+    let t = required_table(top, "train", TrainConfig::KEYS, "`max_duration`")?;
+    let max_duration = t.time("max_duration", COUNT_UNITS)?.ok_or_else(|| {
+        t.missing(
+            "max_duration",
+            &format!("a duration such as \"3ep\", in {}", quote_list(COUNT_UNITS)),
+        )
+    })?;
+    let train = TrainConfig {
+        max_duration,
+        microbatch_size: data.batch_size,
+        precision: Precision::default(),
+        device: Device::default(),
+        scale_schedule_ratio: 1.0,
+        eval_interval: Time::new(1, TimeUnit::Epoch),
+        eval_subset_batches: 0,
+        threads: 0,
+        log_interval: Time::new(50, TimeUnit::Batch),
+        progress: true,
+        nonfinite_loss: NonFiniteLoss::default(),
+    }
+    .read_keys(&t)?;
+    if train.microbatch_size > data.batch_size {
+        return Err(t.err(
+            "microbatch_size",
+            ErrorKind::InvalidValue,
+            format!(
+                "must be <= data.batch_size ({}), got {}",
+                data.batch_size, train.microbatch_size
+            ),
+        ));
+    }
+    Ok(train)
+}

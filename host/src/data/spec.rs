@@ -1,0 +1,128 @@
+//! Which dataset to train on (`[data] dataset`) and the facts the rest of the run needs about it:
+//! image shape and class count.
+
+use std::fmt;
+
+use serde::Serialize;
+
+/// A dataset the trainer knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub enum Dataset {
+    /// Fashion-MNIST (28x28 grey, 10 classes).
+    #[serde(rename = "fashion-mnist")]
+    FashionMnist,
+    /// MNIST digits (28x28 grey, 10 classes).
+    #[serde(rename = "mnist")]
+    Mnist,
+    /// Random images generated in memory, shaped by a [`SyntheticConfig`].
+    #[serde(rename = "synthetic")]
+    Synthetic,
+}
+
+impl Dataset {
+    /// Every dataset with the name used in `trainer.toml`.
+    pub const CHOICES: [(&'static str, Dataset); 3] = [
+        ("fashion-mnist", Dataset::FashionMnist),
+        ("mnist", Dataset::Mnist),
+        ("synthetic", Dataset::Synthetic),
+    ];
+
+    /// The name used in `trainer.toml` (and by [`fetch`](super::fetch()) for registry datasets).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Dataset::FashionMnist => "fashion-mnist",
+            Dataset::Mnist => "mnist",
+            Dataset::Synthetic => "synthetic",
+        }
+    }
+
+    /// Whether the dataset is downloaded from a registry (not generated).
+    pub fn is_registry(self) -> bool {
+        !matches!(self, Dataset::Synthetic)
+    }
+
+    /// The pinned shape of a registry dataset ([`super::fetch`] knows it); `None` for
+    /// `synthetic`, whose shape is its [`SyntheticConfig`].
+    pub fn registry_shape(self) -> Option<DatasetShape> {
+        super::fetch::registry_shape(self.as_str())
+    }
+}
+
+impl fmt::Display for Dataset {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The shape of a dataset's images and its number of classes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DatasetShape {
+    /// Image channels.
+    pub channels: usize,
+    /// Image height.
+    pub height: usize,
+    /// Image width.
+    pub width: usize,
+    /// Number of classes.
+    pub classes: usize,
+}
+
+/// `[data.synthetic]`: shape of a generated dataset (every value >= 1).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SyntheticConfig {
+    /// Training samples (default 1024).
+    pub samples: usize,
+    /// Evaluation samples (default 256).
+    pub eval_samples: usize,
+    /// Image channels (default 1).
+    pub channels: usize,
+    /// Image height (default 28).
+    pub height: usize,
+    /// Image width (default 28).
+    pub width: usize,
+    /// Classes (default 10).
+    pub classes: usize,
+}
+
+impl Default for SyntheticConfig {
+    fn default() -> Self {
+        SyntheticConfig {
+            samples: 1024,
+            eval_samples: 256,
+            channels: 1,
+            height: 28,
+            width: 28,
+            classes: 10,
+        }
+    }
+}
+
+impl SyntheticConfig {
+    /// The shape of the generated images and their class count.
+    pub fn shape(&self) -> DatasetShape {
+        DatasetShape {
+            channels: self.channels,
+            height: self.height,
+            width: self.width,
+            classes: self.classes,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_registry_dataset_has_a_pinned_shape() {
+        for (name, d) in Dataset::CHOICES {
+            assert_eq!(d.as_str(), name);
+            assert_eq!(d.registry_shape().is_some(), d.is_registry(), "{name}");
+        }
+        let fashion = Dataset::FashionMnist.registry_shape();
+        assert_eq!(
+            fashion.map(|s| (s.channels, s.height, s.width, s.classes)),
+            Some((1, 28, 28, 10))
+        );
+    }
+}

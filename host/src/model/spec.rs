@@ -1,0 +1,88 @@
+//! Which model to build: the architecture and its sizes (`[model]` in `trainer.toml`).
+
+use serde::Serialize;
+
+/// A model architecture (`[model] name`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ModelName {
+    /// Multi-layer perceptron.
+    Mlp,
+    /// Small convolutional network.
+    Cnn,
+    /// ResNet-20 (CIFAR style).
+    Resnet20,
+    /// ResNet-56 (CIFAR style).
+    Resnet56,
+}
+
+impl ModelName {
+    /// Every architecture with the name used in `trainer.toml`.
+    pub const CHOICES: [(&'static str, ModelName); 4] = [
+        ("mlp", ModelName::Mlp),
+        ("cnn", ModelName::Cnn),
+        ("resnet20", ModelName::Resnet20),
+        ("resnet56", ModelName::Resnet56),
+    ];
+
+    /// The name used in `trainer.toml`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ModelName::Mlp => "mlp",
+            ModelName::Cnn => "cnn",
+            ModelName::Resnet20 => "resnet20",
+            ModelName::Resnet56 => "resnet56",
+        }
+    }
+
+    /// The base width when none is given: 32 for cnn, 16 for the resnets, `None` for mlp
+    /// (which has hidden widths instead).
+    pub fn default_width(self) -> Option<usize> {
+        match self {
+            ModelName::Mlp => None,
+            ModelName::Cnn => Some(32),
+            ModelName::Resnet20 | ModelName::Resnet56 => Some(16),
+        }
+    }
+}
+
+impl std::fmt::Display for ModelName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Which model to build (`[model]`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ModelConfig {
+    /// Architecture.
+    pub name: ModelName,
+    /// Hidden layer widths; mlp only (default `[256, 128]`), empty for other models.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub hidden: Vec<usize>,
+    /// Base width: `Some` for cnn and the resnets ([`ModelName::default_width`]), `None` for mlp.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub width: Option<usize>,
+    /// Output classes.
+    pub num_classes: usize,
+}
+
+impl ModelConfig {
+    /// Model `name` for `num_classes` classes, every other setting at its default.
+    pub fn new(name: ModelName, num_classes: usize) -> ModelConfig {
+        ModelConfig {
+            name,
+            hidden: match name {
+                ModelName::Mlp => vec![256, 128],
+                _ => Vec::new(),
+            },
+            width: name.default_width(),
+            num_classes,
+        }
+    }
+
+    /// The base width used to build: the given one, else the architecture's default.
+    pub(crate) fn base_width(&self) -> i64 {
+        self.width.or(self.name.default_width()).unwrap_or_default() as i64
+    }
+}
