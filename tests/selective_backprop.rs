@@ -61,8 +61,10 @@ fn active_from_the_start_halves_every_batch() {
     );
     let record = run_record(&dir, "sb");
     assert_eq!(record["batches"], 3, "{record:#}");
-    // The host counts samples after `after_dataloader`: 3 batches of 32, not 3 of 64.
-    assert_eq!(record["samples"], 3 * 32, "{record:#}");
+    // The clock counts the loaded batch, as Composer does (3 of 64); the model trained on
+    // 3 batches of 32.
+    assert_eq!(record["samples"], 3 * 64, "{record:#}");
+    assert_eq!(record["trained_samples"], 3 * 32, "{record:#}");
     assert_eq!(record["plugins"][0]["name"], "selective_backprop");
     assert_eq!(record["plugins"][0]["settings"]["keep"], 0.5);
     for loss in train_losses(&run) {
@@ -87,7 +89,8 @@ fn interrupt_and_downsampled_scoring() {
     let run = run_dir(&dir, "sbi");
     assert_eq!(kept(&run), vec![(0, 16.0), (2, 16.0)], "{}", out.dump());
     let record = run_record(&dir, "sbi");
-    assert_eq!(record["samples"], 16 + 64 + 16, "{record:#}");
+    assert_eq!(record["samples"], 3 * 64, "{record:#}");
+    assert_eq!(record["trained_samples"], 16 + 64 + 16, "{record:#}");
 }
 
 #[test]
@@ -100,7 +103,9 @@ fn outside_its_window_it_changes_nothing() {
         .write_to(&dir);
     train(&dir, &[], &[]).assert_success();
     assert_eq!(kept(&run_dir(&dir, "sbw")), vec![(2, 32.0)]);
-    assert_eq!(run_record(&dir, "sbw")["samples"], 64 + 64 + 32);
+    let record = run_record(&dir, "sbw");
+    assert_eq!(record["samples"], 3 * 64, "{record:#}");
+    assert_eq!(record["trained_samples"], 64 + 64 + 32, "{record:#}");
 }
 
 /// A CPU run with CutOut and SelectiveBackprop listed in `order`; returns the per-batch losses,
@@ -125,7 +130,7 @@ fn with_cutout(order: [&str; 2]) -> (Vec<f64>, Vec<(u64, f64)>, Value) {
     out.assert_success();
     let run = run_dir(&dir, "sbc");
     let record = run_record(&dir, "sbc");
-    assert_eq!(record["samples"], 3 * 32, "{record:#}");
+    assert_eq!(record["trained_samples"], 3 * 32, "{record:#}");
     let last = record["evals"]
         .as_array()
         .and_then(|e| e.last())
