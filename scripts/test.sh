@@ -6,6 +6,22 @@ cd "$(dirname "$0")/.."
 LIBTORCH="$(./scripts/ensure-libtorch.sh)"
 export LIBTORCH
 
+echo "== PyTorch for the export comparison (tests/export.rs)"
+# The torch wheel that provides libtorch is also the Python package: its folder goes on
+# PYTHONPATH. With your own LIBTORCH (not the wheel), the wheel is installed into the cache too.
+PYTHON=${PYTHON:-python3}
+TESSERA_TORCH_PYTHONPATH="$(dirname "$LIBTORCH")"
+if ! PYTHONPATH="$TESSERA_TORCH_PYTHONPATH" "$PYTHON" -c "import torch" 2>/dev/null; then
+  TESSERA_TORCH_PYTHONPATH="$(dirname "$(LIBTORCH='' ./scripts/ensure-libtorch.sh)")"
+fi
+if ! PYTHONPATH="$TESSERA_TORCH_PYTHONPATH" "$PYTHON" -W ignore -c "import torch"; then
+  echo "error: \`import torch\` fails with PYTHONPATH=$TESSERA_TORCH_PYTHONPATH ($PYTHON)" >&2
+  exit 1
+fi
+export TESSERA_TORCH_PYTHONPATH
+# The PyTorch comparison must run: a failing `import torch` is a test failure, not a skip.
+export TESSERA_REQUIRE_PYTORCH=1
+
 echo "== build (release: tests, demo and benchmarks share one build of libtorch's wrapper)"
 cargo build --release --workspace --all-targets
 echo "== data"

@@ -47,10 +47,34 @@ fn six_plugins_train_together() {
     assert_eq!(record["samples"], 3 * 64, "{record:#}");
     assert_eq!(record["trained_samples"], 3 * 32, "{record:#}");
     let eval = &record["evals"][0];
-    let accuracy = eval["accuracy"].as_f64().expect("accuracy");
-    assert!((0.0..=1.0).contains(&accuracy), "{record:#}");
+    assert!(eval["accuracy"].is_f64(), "{record:#}");
     assert!(
         eval["cross_entropy"].as_f64().expect("ce").is_finite(),
         "{record:#}"
     );
+}
+
+#[test]
+fn six_plugins_learn_together() {
+    // The same six methods on the small CNN (blurpool replaces its max-pools), long enough to
+    // learn: selective backprop trains on half of each batch and the evaluation uses EMA weights.
+    let dir = TempDir::new("all-six-learn");
+    let mut toml = TrainerToml::new("all-six-learn")
+        .algorithm("blurpool", "")
+        .algorithm(
+            "selective_backprop",
+            "start = 0.0\nend = 1.0\ninterrupt = 0",
+        )
+        .algorithm("cutout", "length = 0.25")
+        .algorithm("label_smoothing", "smoothing = 0.1")
+        .algorithm("sam", "rho = 0.05")
+        .algorithm("ema", "half_life = \"2ba\"");
+    toml.max_duration = "40ba".to_owned();
+    toml.write_to(&dir);
+    train(&dir, &[], &[]).assert_success();
+    let record = read_json(&run_dir(&dir, "all-six-learn").join("run.json"));
+    assert_eq!(record["batches"], 40, "{record:#}");
+    // Measured: 0.458 after 40 batches (0.210 after 20); 0.102 with a learning rate of 1e-9 (a
+    // step that does nothing).
+    assert_learned(&record, 0.3);
 }

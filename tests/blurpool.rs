@@ -41,16 +41,18 @@ fn counts(lines: &[Value]) -> (f64, f64) {
     (pools[0], convs[0])
 }
 
-/// Training ran its 3 batches with finite losses and was evaluated; returns the batch losses.
-fn check_trained(record: &Value, lines: &[Value]) -> Vec<f64> {
-    assert_eq!(record["batches"], 3, "{record:#}");
-    let accuracy = record["final_accuracy"].as_f64().expect("final_accuracy");
-    assert!((0.0..=1.0).contains(&accuracy), "{record:#}");
+/// Training ran its `batches` with finite losses and was evaluated; returns the batch losses.
+fn check_trained(record: &Value, lines: &[Value], batches: usize) -> Vec<f64> {
+    assert_eq!(record["batches"], batches, "{record:#}");
+    assert!(
+        record["final_accuracy"].is_f64(),
+        "no evaluation: {record:#}"
+    );
     let losses: Vec<f64> = lines_of_kind(lines, "train")
         .iter()
         .map(|l| l["data"]["loss"].as_f64().expect("a loss"))
         .collect();
-    assert_eq!(losses.len(), 3, "{lines:?}");
+    assert_eq!(losses.len(), batches, "{lines:?}");
     assert!(
         losses.iter().all(|l| l.is_finite() && *l > 0.0),
         "{losses:?}"
@@ -73,13 +75,13 @@ fn resnet20_gets_blur_convs_and_trains() {
     let plugins = record["plugins"].as_array().expect("plugins");
     assert_eq!(plugins.len(), 1);
     assert_eq!(plugins[0]["name"], "blurpool");
-    let losses = check_trained(&record, &lines);
+    let losses = check_trained(&record, &lines, 3);
 
     // The surgery changed the forward: the same seed without the plugin gives another first
     // loss (the weights are copied, so only the blur can make the difference).
     let (_, base_record, base_lines) = run("blurpool-resnet-base", &base);
     assert!(method_metric(&base_lines, "blurpool/num_blurconv_layers").is_empty());
-    let base_losses = check_trained(&base_record, &base_lines);
+    let base_losses = check_trained(&base_record, &base_lines, 3);
     assert!(
         (losses[0] - base_losses[0]).abs() > 1e-6,
         "blurpool {losses:?} vs none {base_losses:?}"
@@ -96,15 +98,20 @@ fn blur_last_and_min_channels_on_resnet20() {
     assert_eq!(counts(&lines), (0.0, 2.0));
     assert!(stderr.contains("blur_first = false"), "{stderr}");
     assert_eq!(record["plugins"][0]["settings"]["min_channels"], 32);
-    check_trained(&record, &lines);
+    check_trained(&record, &lines, 3);
 }
 
 #[test]
-fn cnn_max_pools_become_blur_max_pools() {
-    let toml = TrainerToml::new("cnn").algorithm("blurpool", "");
+fn cnn_max_pools_become_blur_max_pools_and_it_learns() {
+    let mut toml = TrainerToml::new("cnn").algorithm("blurpool", "");
+    toml.max_duration = "20ba".to_owned();
     let (_, record, lines) = run("blurpool-cnn", &toml);
     assert_eq!(counts(&lines), (2.0, 0.0));
-    check_trained(&record, &lines);
+    check_trained(&record, &lines, 20);
+    // Measured: 0.700 after 20 batches; 0.102 with a learning rate of 1e-9 (a step that does
+    // nothing). The ResNet-20 runs above are too short to learn measurably (BatchNorm's running
+    // statistics lag); tests/blurpool_model.rs checks their forward against the functional form.
+    assert_learned(&record, 0.5);
 
     let toml = TrainerToml::new("cnn-keep").algorithm("blurpool", "replace_maxpools = false");
     let (stderr, record, lines) = run("blurpool-cnn-keep", &toml);
@@ -113,7 +120,7 @@ fn cnn_max_pools_become_blur_max_pools() {
         stderr.contains("blurpool did not change any layers"),
         "{stderr}"
     );
-    check_trained(&record, &lines);
+    check_trained(&record, &lines, 3);
 }
 
 #[test]
@@ -127,7 +134,7 @@ fn a_model_without_candidates_warns_and_trains() {
         .find(|l| l.contains("blurpool did not change any layers"))
         .unwrap_or_else(|| panic!("no warning:\n{stderr}"));
     assert!(warning.contains("WARN"), "{warning}");
-    check_trained(&record, &lines);
+    check_trained(&record, &lines, 3);
 }
 
 #[test]

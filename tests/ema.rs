@@ -84,8 +84,8 @@ fn run(label: &str, ema_settings: Option<&str>) -> Run {
         "{:#}",
         run.record
     );
-    for (_, ce, acc) in &evals {
-        assert!(ce.is_finite() && *ce > 0.0 && (0.0..=1.0).contains(acc));
+    for (_, ce, _) in &evals {
+        assert!(ce.is_finite() && *ce > 0.0, "{evals:?}");
     }
     assert_eq!(run.train_losses().len(), 4, "{:?}", run.lines);
     run
@@ -178,4 +178,19 @@ fn invalid_settings_stop_the_run_with_the_setting_named() {
         let out = train(&dir, &[], &[]);
         out.assert_failure(&["plugin `ema`", "invalid settings", fragment]);
     }
+}
+
+#[test]
+fn evaluation_with_the_ema_weights_shows_learning() {
+    // The final evaluation runs on the EMA weights (half-life 2 batches).
+    let dir = TempDir::new("ema-learns");
+    let mut toml = TrainerToml::new("learns").algorithm("ema", "half_life = \"2ba\"");
+    toml.max_duration = "20ba".to_owned();
+    toml.write_to(&dir);
+    train(&dir, &[], &[]).assert_success();
+    let record = read_json(&run_dir(&dir, "learns").join("run.json"));
+    assert_eq!(record["batches"], 20, "{record:#}");
+    // Measured: 0.688 after 20 batches; 0.088 with a learning rate of 1e-9 (a step that does
+    // nothing).
+    assert_learned(&record, 0.45);
 }

@@ -4,9 +4,10 @@
 //! (`scripts/pytorch_models.py`) and whose eval-mode output it compares with Tessera's.
 //!
 //! The PyTorch side needs `import torch` to work with `PYTHONPATH` set to the folder holding the
-//! torch wheel (the parent of `$LIBTORCH`, else of `~/.cache/tessera/torch-2.13.0/torch`). When
-//! it does not, the comparison is skipped with a printed notice (set `TESSERA_REQUIRE_PYTORCH=1`
-//! to make that a failure); every other check still runs.
+//! torch wheel (`$TESSERA_TORCH_PYTHONPATH`, else the parent of `$LIBTORCH`, else of
+//! `~/.cache/tessera/torch-2.13.0/torch`). `scripts/test.sh` (what CI runs) sets that up and sets
+//! `TESSERA_REQUIRE_PYTORCH=1`, so there a failing `import torch` fails the test. Run by hand
+//! without it, the comparison is skipped with a printed notice; every other check still runs.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -123,8 +124,12 @@ fn model_from_checkpoint(cfg: &config::Config, ckpt: &Checkpoint) -> Model {
     model
 }
 
-/// `PYTHONPATH` for the torch wheel next to libtorch.
+/// `PYTHONPATH` for the torch wheel: `$TESSERA_TORCH_PYTHONPATH`, else the folder holding
+/// libtorch (the wheel's `torch/`).
 fn torch_pythonpath() -> PathBuf {
+    if let Some(dir) = std::env::var_os("TESSERA_TORCH_PYTHONPATH").filter(|v| !v.is_empty()) {
+        return PathBuf::from(dir);
+    }
     let libtorch = std::env::var_os("LIBTORCH")
         .filter(|v| !v.is_empty())
         .map(PathBuf::from)

@@ -47,7 +47,6 @@ fn check_run(dir: &TempDir, run_name: &str, batches: u64, plugins: &[&str]) -> V
     assert!(!evals.is_empty(), "no evaluation in {record:#}");
     let last = evals.last().expect("an eval");
     let accuracy = last["accuracy"].as_f64().expect("accuracy");
-    assert!((0.0..=1.0).contains(&accuracy), "accuracy {accuracy}");
     let ce = last["cross_entropy"].as_f64().expect("cross_entropy");
     assert!(ce.is_finite() && ce > 0.0, "cross-entropy {ce}");
     assert_eq!(last["batch"], batches, "{last:#}");
@@ -74,16 +73,17 @@ fn check_run(dir: &TempDir, run_name: &str, batches: u64, plugins: &[&str]) -> V
 }
 
 #[test]
-fn trains_three_batches_with_both_plugins() {
+fn trains_and_learns_with_both_plugins() {
     let dir = TempDir::new("train");
     // Pinning the right sha256 must load the plugin.
     let sha = sha256_hex(&plugin_path("label_smoothing"));
-    let toml = TrainerToml::new("both")
+    let mut toml = TrainerToml::new("both")
         .algorithm(
             "label_smoothing",
             &format!("sha256 = \"{sha}\"\nsmoothing = 0.1"),
         )
         .algorithm("cutout", "num_holes = 1\nlength = 0.25");
+    toml.max_duration = "20ba".to_owned();
     toml.write_to(&dir);
     let out = train(&dir, &[], &[]);
     out.assert_success();
@@ -94,7 +94,10 @@ fn trains_three_batches_with_both_plugins() {
         out.dump()
     );
     assert!(out.stderr.contains("run both: acc "), "{}", out.dump());
-    let record = check_run(&dir, "both", 3, &["label_smoothing", "cutout"]);
+    let record = check_run(&dir, "both", 20, &["label_smoothing", "cutout"]);
+    // Measured: 0.736 after 20 batches; 0.090 with a learning rate of 1e-9 (a step that does
+    // nothing).
+    assert_learned(&record, 0.5);
     assert_eq!(record["plugins"][0]["settings"]["smoothing"], 0.1);
     assert_eq!(record["plugins"][1]["settings"]["length"], 0.25);
 }

@@ -72,6 +72,10 @@ enum DataCommand {
         /// Cache folder (default: $TESSERA_DATA or ~/.cache/tessera/data).
         #[arg(long)]
         dir: Option<PathBuf>,
+        /// Download again even when the cached files verify (a damaged cache is fetched again
+        /// without it).
+        #[arg(long)]
+        force: bool,
     },
 }
 
@@ -189,11 +193,15 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             );
         }
         Command::Data {
-            command: DataCommand::Fetch { name, dir },
+            command: DataCommand::Fetch { name, dir, force },
         } => {
             let root = dir.unwrap_or_else(data::default_cache_root);
             let started = std::time::Instant::now();
-            let path = data::fetch(&name, &root)?;
+            let path = if force {
+                data::fetch_again(&name, &root)?
+            } else {
+                data::fetch(&name, &root)?
+            };
             eprintln!(
                 "{name}: verified in {} ({:.1}s)",
                 path.display(),

@@ -1,8 +1,11 @@
 //! Precision and device settings, end to end on a tiny synthetic run.
 
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
+use tch::Kind;
 use tessera::config;
+use tessera::engine::{Algorithm, Event, Hook, State};
 use tessera::trainer::Trainer;
 
 fn dir(tag: &str) -> PathBuf {
@@ -40,16 +43,39 @@ progress = false
     )
 }
 
-#[test]
-fn amp_bf16_trains_with_finite_loss_and_fp32_weights() {
-    let d = dir("bf16");
+/// Records the dtype of the model's output at every training and evaluation forward.
+struct OutputKinds(Arc<Mutex<Vec<(Event, Kind)>>>);
+
+impl Algorithm for OutputKinds {
+    fn name(&self) -> &str {
+        "output_kinds"
+    }
+    fn hooks(&self) -> Vec<Hook> {
+        vec![
+            Hook::at(Event::AFTER_FORWARD),
+            Hook::at(Event::EVAL_AFTER_FORWARD),
+        ]
+    }
+    fn on_event(&mut self, event: Event, state: &mut State) -> Result<(), String> {
+        let output = state
+            .tensor("output")
+            .ok_or("no output after the forward")?;
+        self.0.lock().unwrap().push((event, output.kind()));
+        Ok(())
+    }
+}
+
+/// Trains the tiny cnn at `precision`; returns the trainer and the output dtypes it saw.
+fn train_cnn(tag: &str, precision: &str) -> (Trainer, Vec<(Event, Kind)>) {
+    let d = dir(tag);
     let cfg = config::from_str(
-        &config_text(&d, "cnn", r#"precision = "amp_bf16""#),
+        &config_text(&d, "cnn", &format!("precision = \"{precision}\"")),
         &d,
         "t.toml",
     )
     .unwrap();
-    let mut trainer = Trainer::new(cfg, Vec::new()).unwrap();
+    let kinds = Arc::new(Mutex::new(Vec::new()));
+    let mut trainer = Trainer::new(cfg, vec![Box::new(OutputKinds(kinds.clone()))]).unwrap();
     let summary = trainer.fit().unwrap();
     let eval = summary
         .record
@@ -57,27 +83,56 @@ fn amp_bf16_trains_with_finite_loss_and_fp32_weights() {
         .last()
         .expect("an evaluation at the end");
     assert!(eval.cross_entropy.is_finite(), "{eval:?}");
+    let _ = std::fs::remove_dir_all(&d);
+    let kinds = kinds.lock().unwrap().clone();
+    (trainer, kinds)
+}
+
+/// Every forward of training (4 batches) and evaluation produced an output of `kind`.
+fn assert_outputs(kinds: &[(Event, Kind)], kind: Kind) {
+    for event in [Event::AFTER_FORWARD, Event::EVAL_AFTER_FORWARD] {
+        let seen: Vec<Kind> = kinds
+            .iter()
+            .filter(|(e, _)| *e == event)
+            .map(|(_, k)| *k)
+            .collect();
+        assert!(!seen.is_empty(), "no {event:?} in {kinds:?}");
+        assert!(seen.iter().all(|k| *k == kind), "{event:?}: {seen:?}");
+    }
+}
+
+#[test]
+fn amp_bf16_computes_in_bf16_and_keeps_fp32_weights() {
+    // Under bf16 autocast the model's convolutions and linear layers compute in bf16, so the
+    // output the trainer hands to methods (training and evaluation) is bf16; in fp32 it is fp32.
+    let (trainer, kinds) = train_cnn("bf16", "amp_bf16");
+    assert_outputs(&kinds, Kind::BFloat16);
+    let (_, kinds) = train_cnn("fp32", "fp32");
+    assert_outputs(&kinds, Kind::Float);
     // Autocast computes in bf16 but the weights stay fp32 (BatchNorm's int64 counters stay
     // int64).
     for e in trainer.model().params.entries() {
         let want = if e.name.ends_with(".num_batches_tracked") {
-            tch::Kind::Int64
+            Kind::Int64
         } else {
-            tch::Kind::Float
+            Kind::Float
         };
         assert_eq!(e.tensor.kind(), want, "{}", e.name);
     }
-    let _ = std::fs::remove_dir_all(&d);
 }
 
 #[test]
 fn a_missing_cuda_device_is_a_clear_error() {
-    if tch::Cuda::is_available() {
-        return; // this machine has a GPU: the case below cannot be produced
-    }
+    // One past the last usable device (cuda:0 without CUDA) never exists.
+    let usable = if tch::Cuda::is_available() {
+        tch::Cuda::device_count()
+    } else {
+        0
+    };
+    let device = format!("cuda:{usable}");
     let d = dir("cuda");
     let cfg = config::from_str(
-        &config_text(&d, "mlp", r#"device = "cuda:3""#),
+        &config_text(&d, "mlp", &format!("device = \"{device}\"")),
         &d,
         "t.toml",
     )
@@ -87,7 +142,9 @@ fn a_missing_cuda_device_is_a_clear_error() {
         .expect("refused")
         .to_string();
     assert!(
-        err.contains("cuda:3") && err.contains("CUDA device"),
+        err.contains(&format!(
+            "device = \"{device}\" but {usable} CUDA device(s) are usable"
+        )),
         "{err}"
     );
 }

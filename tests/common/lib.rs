@@ -107,6 +107,29 @@ pub fn require_fashion_mnist() {
     );
 }
 
+/// Chance accuracy on Fashion-MNIST's 10 balanced classes.
+pub const CHANCE_ACCURACY: f64 = 0.1;
+
+/// Asserts that a finished run learned: its `final_accuracy` (on the 500 test images of
+/// [`TrainerToml`]'s evaluation) is at least `min_accuracy`. Each caller picks the bound from
+/// measured runs, far above what a run whose step does nothing reaches (about chance) and far
+/// below what its real run reaches.
+pub fn assert_learned(record: &Value, min_accuracy: f64) {
+    assert!(
+        min_accuracy >= 2.0 * CHANCE_ACCURACY,
+        "a bound of {min_accuracy} does not tell learning from chance ({CHANCE_ACCURACY})"
+    );
+    let accuracy = record["final_accuracy"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("no final_accuracy in {record:#}"));
+    assert!(
+        accuracy >= min_accuracy,
+        "final accuracy {accuracy} after {} batches is below {min_accuracy}: the run did not \
+         learn (chance is {CHANCE_ACCURACY})",
+        record["batches"]
+    );
+}
+
 /// A fresh temporary folder, removed when dropped — unless the test is failing, in which case
 /// it is kept (and its path printed) for inspection.
 pub struct TempDir {

@@ -14,7 +14,7 @@ pub mod transforms;
 use std::path::PathBuf;
 
 pub use dataset::{ImageDataset, Split};
-pub use fetch::{default_cache_root, fetch, known_datasets, load, registry_shape};
+pub use fetch::{default_cache_root, fetch, fetch_again, known_datasets, load, registry_shape};
 pub use idx::{read_images, read_labels, Images};
 pub use loader::{EpochIter, HostBatch, Loader, LoaderOptions};
 pub use spec::{Dataset, DatasetShape, SyntheticConfig};

@@ -21,36 +21,39 @@ impl NonFiniteLoss {
         [("stop", NonFiniteLoss::Stop), ("skip", NonFiniteLoss::Skip)];
 }
 
-/// Cross-entropy of `logits` (N, C) against index targets (N) or probability targets (N, C):
-/// the mean over samples, or one value per sample (shape (N,)) when `per_sample` is set.
+/// Cross-entropy of `logits` (N, C, ...) against index targets (N, ...) or probability targets
+/// (same shape as `logits`): the mean, or one value per sample (shape (N, ...)) when
+/// `per_sample` is set.
+///
+/// For probability targets the mean is Composer's `soft_cross_entropy`: the per-sample losses
+/// `−Σ_c t·log_softmax(x)` averaged and re-weighted by `numel / Σ t`, i.e. their sum divided by
+/// the total target probability, so targets whose rows do not sum to one (a zero row for an
+/// ignored sample, scaled targets) weigh as Composer weighs them. Per-sample losses are not
+/// re-weighted (Composer's `reduction = "none"`).
 pub fn cross_entropy_with(
     logits: &Tensor,
     target: &Tensor,
     per_sample: bool,
 ) -> Result<Tensor, TchError> {
-    let losses = if target.is_floating_point() {
-        let log_probs = logits.f_log_softmax(1, Kind::Float)?;
-        log_probs
-            .f_mul(target)?
-            .f_sum_dim_intlist(1, false, Kind::Float)?
-            .f_neg()?
-    } else {
+    if !target.is_floating_point() {
         let reduction = if per_sample {
             Reduction::None
         } else {
             Reduction::Mean
         };
-        let loss = logits.f_cross_entropy_loss::<Tensor>(target, None, reduction, -100, 0.0)?;
-        if !per_sample {
-            return Ok(loss);
-        }
-        loss
-    };
-    if per_sample {
-        Ok(losses)
-    } else {
-        losses.f_mean(Kind::Float)
+        return logits.f_cross_entropy_loss::<Tensor>(target, None, reduction, -100, 0.0);
     }
+    let losses = logits
+        .f_log_softmax(1, Kind::Float)?
+        .f_mul(target)?
+        .f_sum_dim_intlist(1, false, Kind::Float)?
+        .f_neg()?;
+    if per_sample {
+        return Ok(losses);
+    }
+    losses
+        .f_sum(Kind::Float)?
+        .f_div(&target.f_sum(Kind::Float)?)
 }
 
 /// The mean cross-entropy (see [`cross_entropy_with`]).
@@ -73,5 +76,50 @@ mod tests {
             let mean = cross_entropy(&logits, target).unwrap().double_value(&[]);
             assert!((each.mean(Kind::Float).double_value(&[]) - mean).abs() < 1e-6);
         }
+    }
+
+    /// Three samples of four classes with probability targets (the second row all zero).
+    fn soft_case() -> (Tensor, Tensor) {
+        let logits = Tensor::from_slice(&[
+            2.0f32, 0.5, -1.0, 0.0, //
+            0.3, 1.0, 3.0, -2.0, //
+            -0.5, 0.0, 0.25, 1.5,
+        ])
+        .view([3, 4]);
+        let target = Tensor::from_slice(&[
+            0.7f32, 0.1, 0.1, 0.1, //
+            0.0, 0.0, 0.0, 0.0, //
+            0.05, 0.05, 0.1, 0.8,
+        ])
+        .view([3, 4]);
+        (logits, target)
+    }
+
+    #[test]
+    fn soft_targets_are_reweighted_by_their_total_probability_as_composer_does() {
+        // Composer's soft_cross_entropy: mean(per-sample) · numel / Σt. Scaling every target
+        // leaves the mean unchanged (the per-sample losses scale with it) ...
+        let (logits, target) = soft_case();
+        let mean = cross_entropy(&logits, &target).unwrap().double_value(&[]);
+        let scaled = cross_entropy(&logits, &(&target * 0.5))
+            .unwrap()
+            .double_value(&[]);
+        assert!((scaled - mean).abs() < 1e-6 * mean, "{scaled} vs {mean}");
+        let each = cross_entropy_with(&logits, &(&target * 0.5), true).unwrap();
+        let whole = cross_entropy_with(&logits, &target, true).unwrap();
+        assert!(each.allclose(&(&whole * 0.5), 1e-6, 1e-7, false));
+        // ... and a sample without probability (an all-zero row) does not count in the mean:
+        // it equals the mean over the other samples alone.
+        let rows = Tensor::from_slice(&[0i64, 2]);
+        let others = cross_entropy(
+            &logits.index_select(0, &rows),
+            &target.index_select(0, &rows),
+        )
+        .unwrap()
+        .double_value(&[]);
+        assert!((others - mean).abs() < 1e-6 * mean, "{others} vs {mean}");
+        // The plain mean of the per-sample losses (no re-weighting) is different here.
+        let plain = whole.mean(Kind::Float).double_value(&[]);
+        assert!((plain - mean).abs() > 0.1 * mean, "{plain} vs {mean}");
     }
 }

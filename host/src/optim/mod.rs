@@ -444,6 +444,9 @@ fn adamw_update(slot: &mut Slot, h: &AdamW, lr: f64, step: u64) -> Result<(), Tc
 }
 
 #[cfg(test)]
+mod pytorch_steps;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use tch::{nn::Init, Device, Kind};

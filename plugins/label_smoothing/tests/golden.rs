@@ -14,21 +14,14 @@ const CASE: &str = "label_smoothing";
 const RTOL: f64 = 1e-6;
 const ATOL: f64 = 1e-7;
 
-/// Composer's `soft_cross_entropy(input, target)` for probability targets, reduction `mean`
-/// (`composer/loss/loss.py`): `mean(−Σ_c t·log_softmax(x, 1))`, re-weighted by
-/// `numel / Σ t` for targets whose total probability is not one per example.
+/// The loss of `logits` against the smoothed probability targets: PyTorch's cross-entropy with
+/// probability targets (mean of `−Σ_c t·log_softmax(x, 1)`). The host's training loss
+/// (`host/src/model/loss.rs`, tested against these golden losses in `tests/loss.rs`) divides the
+/// sum by `Σ t` as Composer's `soft_cross_entropy` does, which is this mean here: smoothed rows sum
+/// to one (checked below).
 fn soft_cross_entropy(logits: &Tensor, target: &Tensor) -> Tensor {
     assert_eq!(logits.size(), target.size(), "soft CE needs dense targets");
-    let xentropy = (target * logits.log_softmax(1, Kind::Float))
-        .neg()
-        .sum_dim_intlist(1, false, Kind::Float);
-    let num_examples = xentropy.numel() as f64;
-    let total_prob = target.sum(Kind::Float);
-    assert!(
-        total_prob.double_value(&[]) > 0.0,
-        "no target has probability"
-    );
-    xentropy.mean(Kind::Float) * (total_prob.reciprocal() * num_examples)
+    logits.cross_entropy_loss::<Tensor>(target, None, Reduction::Mean, -100, 0.0)
 }
 
 /// An output key split into (kind, variant, smoothing): `loss_kdim/s=0.1` → (loss, kdim, 0.1).
