@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use tch::Kind;
 use tessera::config;
-use tessera::engine::{Algorithm, Event, Hook, State};
+use tessera::engine::{Algorithm, Event, Hook, MethodError, Stage};
 use tessera::trainer::Trainer;
 
 fn dir(tag: &str) -> PathBuf {
@@ -56,10 +56,11 @@ impl Algorithm for OutputKinds {
             Hook::at(Event::EVAL_AFTER_FORWARD),
         ]
     }
-    fn on_event(&mut self, event: Event, state: &mut State) -> Result<(), String> {
-        let output = state
+    fn on_event(&mut self, event: Event, stage: &mut Stage<'_>) -> Result<(), MethodError> {
+        let output = stage
+            .run("output")?
             .tensor("output")
-            .ok_or("no output after the forward")?;
+            .ok_or_else(|| MethodError("no output after the forward".into()))?;
         self.0.lock().unwrap().push((event, output.kind()));
         Ok(())
     }

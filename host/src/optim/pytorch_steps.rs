@@ -7,6 +7,7 @@ use serde_json::Value;
 use tch::nn::Init;
 use tch::{Device, Kind, Tensor};
 
+use super::schedule::Schedule;
 use super::{AdamW, Algorithm, Optimizer, Sgd};
 use crate::model::ParamStore;
 
@@ -39,6 +40,7 @@ fn algorithm(case: &Value, name: &str) -> Algorithm {
             let betas = h["betas"].as_array().expect("betas");
             assert_eq!(betas.len(), 2, "{name}: betas");
             Algorithm::AdamW(AdamW {
+                lr: case["lr"][0].as_f64().expect("lr"),
                 betas: (
                     betas[0].as_f64().expect("beta1"),
                     betas[1].as_f64().expect("beta2"),
@@ -48,6 +50,7 @@ fn algorithm(case: &Value, name: &str) -> Algorithm {
             })
         }
         Some("sgd") => Algorithm::Sgd(Sgd {
+            lr: case["lr"][0].as_f64().expect("lr"),
             momentum: number(h, "momentum", name),
             dampening: number(h, "dampening", name),
             nesterov: h["nesterov"]
@@ -92,14 +95,15 @@ fn several_steps_match_pytorch() {
             .unwrap();
         tch::no_grad(|| p.shallow_clone().copy_(&Tensor::from_slice(&initial)));
         let lr_of = |i: usize| case["lr"][i].as_f64().expect("lr");
-        let mut opt = Optimizer::new(algorithm(case, name), lr_of(0), &store);
+        let mut opt = Optimizer::new(algorithm(case, name), Schedule::default(), 1.0, &store);
         for (i, want) in want.iter().enumerate() {
             opt.zero_grad();
             // d(Σ p·g)/dp = g exactly.
             (&p * Tensor::from_slice(&grads[i]))
                 .sum(Kind::Float)
                 .backward();
-            opt.set_lr(lr_of(i));
+            // The case's rate for this step, as a method would set it.
+            opt.scale_lr(lr_of(i) / opt.lr());
             opt.step().unwrap();
             let got = Vec::<f32>::try_from(p.detach()).unwrap();
             for (j, (g, w)) in got.iter().zip(want).enumerate() {
