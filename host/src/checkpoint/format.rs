@@ -229,7 +229,10 @@ impl Checkpoint {
 
 /// Sleeps for [`PAUSE_ENV`] milliseconds when it is set (see there).
 fn pause_for_tests() {
-    if let Some(ms) = std::env::var(PAUSE_ENV).ok().and_then(|v| v.parse::<u64>().ok()) {
+    if let Some(ms) = std::env::var(PAUSE_ENV)
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
         std::thread::sleep(std::time::Duration::from_millis(ms));
     }
 }

@@ -120,7 +120,10 @@ fn rng_from_meta(m: &RngMeta) -> Result<ChaCha8Rng, CheckpointError> {
     for (i, b) in seed.iter_mut().enumerate() {
         *b = u8::from_str_radix(&m.seed[2 * i..2 * i + 2], 16).map_err(|_| bad("seed", &m.seed))?;
     }
-    let word_pos: u128 = m.word_pos.parse().map_err(|_| bad("position", &m.word_pos))?;
+    let word_pos: u128 = m
+        .word_pos
+        .parse()
+        .map_err(|_| bad("position", &m.word_pos))?;
     let mut rng = ChaCha8Rng::from_seed(seed);
     rng.set_stream(m.stream);
     rng.set_word_pos(word_pos);
@@ -207,7 +210,10 @@ impl Checkpoint {
             if let Some(s) = m.snapshot {
                 let prefix = format!("{METHOD}{}/", meta.name);
                 meta.format_version = s.format_version;
-                tensors.push((prefixed(&prefix, METHOD_BYTES), Tensor::from_slice(&s.bytes)));
+                tensors.push((
+                    prefixed(&prefix, METHOD_BYTES),
+                    Tensor::from_slice(&s.bytes),
+                ));
                 for (n, t) in s.tensors {
                     if n == METHOD_BYTES {
                         return Err(CheckpointError::Part(format!(
@@ -277,12 +283,14 @@ impl Checkpoint {
                     })?;
                 }
                 for n in &m.tensors {
-                    let t = method_tensors.remove(&format!("{prefix}{n}")).ok_or_else(|| {
-                        CheckpointError::Part(format!(
-                            "method `{}`: state tensor `{n}` is missing",
-                            m.name
-                        ))
-                    })?;
+                    let t = method_tensors
+                        .remove(&format!("{prefix}{n}"))
+                        .ok_or_else(|| {
+                            CheckpointError::Part(format!(
+                                "method `{}`: state tensor `{n}` is missing",
+                                m.name
+                            ))
+                        })?;
                     s.tensors.push((n.clone(), t));
                 }
                 Some(s)

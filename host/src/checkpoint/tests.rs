@@ -144,7 +144,10 @@ fn parts_round_trip_with_the_rng_mid_stream() {
     let s = m.snapshot.as_ref().unwrap();
     assert_eq!(s.bytes, [7, 8]);
     assert_eq!(
-        s.tensors.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
+        s.tensors
+            .iter()
+            .map(|(n, _)| n.as_str())
+            .collect::<Vec<_>>(),
         ["z", "a"],
         "a method's tensors keep its order, not the file's"
     );
@@ -156,7 +159,8 @@ fn parts_round_trip_with_the_rng_mid_stream() {
 fn a_method_tensor_named_like_the_bytes_is_refused() {
     let mut parts = sample().into_parts().unwrap();
     let s = parts.methods[0].snapshot.as_mut().unwrap();
-    s.tensors.push(("__bytes__".into(), Tensor::from_slice(&[1u8])));
+    s.tensors
+        .push(("__bytes__".into(), Tensor::from_slice(&[1u8])));
     let e = Checkpoint::from_parts(parts).err().unwrap().to_string();
     assert!(e.contains("reserved"), "{e}");
 }

@@ -355,7 +355,6 @@ fn cache_problem(spec: &DatasetSpec, dir: &Path) -> Option<String> {
     None
 }
 
-
 /// A uniquely named folder inside the cache root, removed on drop (also on error paths).
 struct TempFolder {
     path: PathBuf,

@@ -116,33 +116,48 @@ pub enum Transform {
     HorizontalFlip(HorizontalFlip),
 }
 
+/// A transform whose settings are invalid or do not fit the image; the message names the
+/// transform and the setting.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{0}")]
+pub struct TransformError(pub String);
+
 impl Transform {
     /// Checks the settings on their own (no image shape needed).
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), TransformError> {
         match self {
             Transform::Normalize(n) => {
                 if n.mean.is_empty() || n.std.is_empty() {
-                    return Err("normalize: `mean` and `std` need at least one value each".into());
+                    return Err(TransformError(
+                        "normalize: `mean` and `std` need at least one value each".into(),
+                    ));
                 }
                 if let Some(m) = n.mean.iter().find(|m| !m.is_finite()) {
-                    return Err(format!("normalize: `mean` value {m} is not finite"));
+                    return Err(TransformError(format!(
+                        "normalize: `mean` value {m} is not finite"
+                    )));
                 }
                 if let Some(s) = n.std.iter().find(|s| !(s.is_finite() && **s > 0.0)) {
-                    return Err(format!(
+                    return Err(TransformError(format!(
                         "normalize: `std` value {s} must be finite and positive"
-                    ));
+                    )));
                 }
                 Ok(())
             }
             Transform::RandomCrop(c) => {
                 if c.size == 0 {
-                    return Err("random_crop: `size` must be at least 1".into());
+                    return Err(TransformError(
+                        "random_crop: `size` must be at least 1".into(),
+                    ));
                 }
                 Ok(())
             }
             Transform::HorizontalFlip(f) => {
                 if !(0.0..=1.0).contains(&f.p) {
-                    return Err(format!("horizontal_flip: `p` = {} must be in [0, 1]", f.p));
+                    return Err(TransformError(format!(
+                        "horizontal_flip: `p` = {} must be in [0, 1]",
+                        f.p
+                    )));
                 }
                 Ok(())
             }
@@ -153,17 +168,17 @@ impl Transform {
     pub fn output_shape(
         &self,
         shape: (usize, usize, usize),
-    ) -> Result<(usize, usize, usize), String> {
+    ) -> Result<(usize, usize, usize), TransformError> {
         self.validate()?;
         let (channels, height, width) = shape;
         match self {
             Transform::Normalize(n) => {
                 for (name, values) in [("mean", &n.mean), ("std", &n.std)] {
                     if values.len() != 1 && values.len() != channels {
-                        return Err(format!(
+                        return Err(TransformError(format!(
                             "normalize: `{name}` has {} values but the image has {channels} channel(s); give 1 or {channels}",
                             values.len()
-                        ));
+                        )));
                     }
                 }
                 Ok(shape)
@@ -172,10 +187,10 @@ impl Transform {
                 let padded_h = height.saturating_add(c.padding.saturating_mul(2));
                 let padded_w = width.saturating_add(c.padding.saturating_mul(2));
                 if c.size > padded_h || c.size > padded_w {
-                    return Err(format!(
+                    return Err(TransformError(format!(
                         "random_crop: `size` {} is larger than the padded image {padded_h}×{padded_w} ({height}×{width} plus `padding` {} per side)",
                         c.size, c.padding
-                    ));
+                    )));
                 }
                 Ok((channels, c.size, c.size))
             }
@@ -186,16 +201,16 @@ impl Transform {
     /// Applies the transform to `sample` in place, drawing any randomness from `rng`.
     ///
     /// Fails (without touching the sample) when the settings are invalid or do not fit its shape.
-    pub fn apply(&self, sample: &mut Sample, rng: &mut impl Rng) -> Result<(), String> {
+    pub fn apply(&self, sample: &mut Sample, rng: &mut impl Rng) -> Result<(), TransformError> {
         self.output_shape(sample.shape())?;
         if sample.data.len() != sample.channels * sample.height * sample.width {
-            return Err(format!(
+            return Err(TransformError(format!(
                 "sample buffer holds {} values but its shape is {}×{}×{}",
                 sample.data.len(),
                 sample.channels,
                 sample.height,
                 sample.width
-            ));
+            )));
         }
         match self {
             Transform::Normalize(n) => normalize(n, sample),
@@ -349,7 +364,7 @@ mod tests {
         assert_eq!(s.shape(), (1, 20, 20));
         let msg = crop(40, 4).apply(&mut s, &mut rng).unwrap_err();
         assert!(
-            msg.contains("random_crop") && msg.contains("`size` 40"),
+            msg.0.contains("random_crop") && msg.0.contains("`size` 40"),
             "{msg}"
         );
         assert_eq!(
@@ -357,7 +372,7 @@ mod tests {
             (1, 20, 20),
             "a failed apply leaves the sample alone"
         );
-        assert!(crop(0, 0).validate().unwrap_err().contains("`size`"));
+        assert!(crop(0, 0).validate().unwrap_err().0.contains("`size`"));
     }
 
     #[test]
@@ -385,7 +400,7 @@ mod tests {
             mean: vec![0.0],
             std: vec![0.0],
         });
-        assert!(bad_std.validate().unwrap_err().contains("`std`"));
+        assert!(bad_std.validate().unwrap_err().0.contains("`std`"));
         let wrong_channels = Transform::Normalize(Normalize {
             mean: vec![0.1, 0.2],
             std: vec![1.0],
@@ -394,7 +409,7 @@ mod tests {
             .apply(&mut ramp(3, 2, 2), &mut rng)
             .unwrap_err();
         assert!(
-            msg.contains("`mean` has 2 values") && msg.contains("3 channel"),
+            msg.0.contains("`mean` has 2 values") && msg.0.contains("3 channel"),
             "{msg}"
         );
         let empty = Transform::Normalize(Normalize {
@@ -409,7 +424,7 @@ mod tests {
         let msg = Transform::HorizontalFlip(HorizontalFlip { p: 1.5 })
             .validate()
             .unwrap_err();
-        assert!(msg.contains("`p`"), "{msg}");
+        assert!(msg.0.contains("`p`"), "{msg}");
         assert!(Transform::HorizontalFlip(HorizontalFlip { p: f64::NAN })
             .validate()
             .is_err());
@@ -427,7 +442,7 @@ mod tests {
         let flip = Transform::HorizontalFlip(HorizontalFlip { p: 1.0 });
         assert!(flip
             .apply(&mut s, &mut rng)
-            .unwrap_err()
+            .unwrap_err().0
             .contains("holds 5"));
     }
 

@@ -256,7 +256,11 @@ impl Engine {
         device: tch::Device,
     ) -> Result<(), RestoreError> {
         for record in &records {
-            if !self.entries.iter().any(|e| e.algorithm.name() == record.name) {
+            if !self
+                .entries
+                .iter()
+                .any(|e| e.algorithm.name() == record.name)
+            {
                 if record.snapshot.is_some() {
                     return Err(RestoreError::MissingMethod(record.name.clone()));
                 }
@@ -294,10 +298,12 @@ impl Engine {
                 continue;
             };
             for (_, t) in &mut snapshot.tensors {
-                *t = t.f_to_device(device).map_err(|source| RestoreError::Device {
-                    method: record.name.clone(),
-                    source,
-                })?;
+                *t = t
+                    .f_to_device(device)
+                    .map_err(|source| RestoreError::Device {
+                        method: record.name.clone(),
+                        source,
+                    })?;
             }
             entry
                 .algorithm

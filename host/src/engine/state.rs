@@ -7,10 +7,10 @@ use rand_chacha::{rand_core::SeedableRng, ChaCha8Rng};
 use tch::{Device, TchError, Tensor};
 use tessera_plugin_api::TimeInfo;
 
-use crate::precision::Precision;
 use crate::model::{Model, Role};
 use crate::optim::Optimizer;
 use crate::precision::AutocastGuard;
+use crate::precision::Precision;
 use crate::time::{RunLength, Timestamp};
 
 /// A batch: named tensors (`input`, `target`, ...) on the training device.
@@ -155,7 +155,13 @@ pub struct SetupState {
 
 impl SetupState {
     /// The set-up state of a run of `model`; `seed` fixes the methods' random stream.
-    pub fn new(model: Model, precision: Precision, run: RunLength, initial_lr: f64, seed: u64) -> Self {
+    pub fn new(
+        model: Model,
+        precision: Precision,
+        run: RunLength,
+        initial_lr: f64,
+        seed: u64,
+    ) -> Self {
         SetupState {
             model,
             precision,
@@ -394,7 +400,12 @@ impl RunState {
 
     /// The training loss of `output` against `target`, under the run's precision: the mean,
     /// or one value per sample.
-    pub fn loss(&self, output: &Tensor, target: &Tensor, per_sample: bool) -> Result<Tensor, TchError> {
+    pub fn loss(
+        &self,
+        output: &Tensor,
+        target: &Tensor,
+        per_sample: bool,
+    ) -> Result<Tensor, TchError> {
         let _autocast = AutocastGuard::new(self.precision, self.device());
         crate::model::cross_entropy_with(output, target, per_sample)
     }

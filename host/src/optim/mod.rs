@@ -190,9 +190,7 @@ impl Optimizer {
     /// Sets the schedule's multiplier for the clock at `t` of `run` (the trainer calls it before
     /// the clock advances, as Composer steps its schedulers).
     pub fn schedule_step(&mut self, t: &Timestamp, run: &RunLength) {
-        self.lr_multiplier = self
-            .schedule
-            .multiplier(t, run, self.scale_schedule_ratio);
+        self.lr_multiplier = self.schedule.multiplier(t, run, self.scale_schedule_ratio);
     }
 
     /// Scales the rate of the next step by `factor` (a method's request: SWA, SAM, ...). The
@@ -290,7 +288,11 @@ impl Optimizer {
     /// Restores a [`Snapshot`]: step count, learning rate, parameter membership (`members`,
     /// looked up in `params`) and the state tensors (copied, on the parameters' device). Fails
     /// naming what does not fit.
-    pub fn restore(&mut self, snapshot: &Snapshot, params: &ParamStore) -> Result<(), RestoreError> {
+    pub fn restore(
+        &mut self,
+        snapshot: &Snapshot,
+        params: &ParamStore,
+    ) -> Result<(), RestoreError> {
         let fail = |m: String| Err(RestoreError(m));
         let Snapshot { position, tensors } = snapshot;
         let algorithm = position.algorithm.as_str();
@@ -305,7 +307,9 @@ impl Optimizer {
         let mut slots = Vec::with_capacity(members.len());
         for name in members {
             let Some(entry) = params.get(name) else {
-                return fail(format!("the optimizer trains `{name}`, which this model lacks"));
+                return fail(format!(
+                    "the optimizer trains `{name}`, which this model lacks"
+                ));
             };
             let mut buffers = Vec::new();
             for b in names {

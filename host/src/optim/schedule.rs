@@ -24,7 +24,7 @@ use std::f64::consts::PI;
 
 use serde::{Deserialize, Serialize};
 
-use crate::time::{RunLength, Time, TimeUnit, Timestamp};
+use crate::time::{RunLength, Time, TimeError, TimeUnit, Timestamp};
 
 fn one() -> f64 {
     1.0
@@ -164,6 +164,64 @@ pub struct InvalidSchedule {
     pub message: String,
 }
 
+/// A schedule that cannot be evaluated for a run.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ScheduleError {
+    /// A value out of range ([`Schedule::validate`]).
+    #[error(transparent)]
+    Invalid(#[from] InvalidSchedule),
+    /// A time that cannot be resolved for this run.
+    #[error(transparent)]
+    Time(#[from] TimeError),
+    /// `scale_schedule_ratio` is not a positive number.
+    #[error("scale_schedule_ratio must be a positive number, got {0}")]
+    Ratio(f64),
+    /// A length that resolves to zero steps (Composer divides by it).
+    #[error("{field} {time} resolves to {resolved}; it must be at least 1")]
+    ZeroLength {
+        /// `t_max` or `step_size`.
+        field: &'static str,
+        /// The configured time.
+        time: Time,
+        /// What it resolves to for this run.
+        resolved: Time,
+    },
+    /// `t_warmup` and `t_max` resolve to different units.
+    #[error(
+        "t_warmup {t_warmup} ({warmup}) and t_max {t_max} ({max}) must resolve to the same unit"
+    )]
+    Units {
+        /// The configured warmup.
+        t_warmup: Time,
+        /// It, resolved.
+        warmup: Time,
+        /// The configured length.
+        t_max: Time,
+        /// It, resolved.
+        max: Time,
+    },
+    /// The resolved times do not cover the run as they must; the message says how.
+    #[error("{0}")]
+    Coverage(String),
+    /// One of the above, in schedule `name`.
+    #[error("schedule {name}: {source}")]
+    In {
+        /// The schedule's `name`.
+        name: &'static str,
+        /// What is wrong.
+        source: Box<ScheduleError>,
+    },
+}
+
+impl ScheduleError {
+    fn in_schedule(self, name: &'static str) -> ScheduleError {
+        ScheduleError::In {
+            name,
+            source: Box::new(self),
+        }
+    }
+}
+
 impl Default for Schedule {
     /// `constant` with α = 1: the learning rate is never changed.
     fn default() -> Self {
@@ -229,9 +287,9 @@ impl Schedule {
         now: &Timestamp,
         run: &RunLength,
         scale_schedule_ratio: f64,
-    ) -> Result<f64, String> {
+    ) -> Result<f64, ScheduleError> {
         let ssr = scale_schedule_ratio;
-        let resolve = |t: &Time, ssr: f64| run.resolve(t, ssr).map_err(|e| e.to_string());
+        let resolve = |t: &Time, ssr: f64| run.resolve(t, ssr);
         match self {
             Schedule::Constant { alpha, t_max } => {
                 let t_max = resolve(t_max, ssr)?;
@@ -241,9 +299,11 @@ impl Schedule {
                 let step = resolve(step_size, ssr)?;
                 let size = count(&step);
                 if size == 0 {
-                    return Err(format!(
-                        "step_size {step_size} resolves to {step}; it must be at least 1"
-                    ));
+                    return Err(ScheduleError::ZeroLength {
+                        field: "step_size",
+                        time: *step_size,
+                        resolved: step,
+                    });
                 }
                 let steps = current(now, step.unit()) / size;
                 Ok(gamma.powf(steps as f64))
@@ -372,42 +432,42 @@ impl Schedule {
     /// as Composer checks) `t_max` ≥ `max_duration` whenever the units are comparable, so the
     /// schedule covers the whole run. `run` is the SSR-scaled run, as for
     /// [`Schedule::multiplier`].
-    pub fn check(&self, run: &RunLength, scale_schedule_ratio: f64) -> Result<(), String> {
-        self.validate().map_err(|e| e.to_string())?;
+    pub fn check(&self, run: &RunLength, scale_schedule_ratio: f64) -> Result<(), ScheduleError> {
+        self.validate()?;
         let ssr = scale_schedule_ratio;
         if !(ssr.is_finite() && ssr > 0.0) {
-            return Err(format!(
-                "scale_schedule_ratio must be a positive number, got {ssr}"
-            ));
+            return Err(ScheduleError::Ratio(ssr));
         }
-        run.validate().map_err(|e| e.to_string())?;
+        run.validate()?;
         let name = self.name();
         self.try_multiplier(&Timestamp::default(), run, ssr)
-            .map_err(|e| format!("schedule {name}: {e}"))?;
+            .map_err(|e| e.in_schedule(name))?;
         let Some((t_warmup, t_max)) = self.warmup_and_max() else {
             return Ok(());
         };
         let resolve = |t: &Time, ssr: f64| {
             run.resolve(t, ssr)
-                .map_err(|e| format!("schedule {name}: {e}"))
+                .map_err(|e| ScheduleError::from(e).in_schedule(name))
         };
         let warmup = resolve(t_warmup, 1.0)?;
         let max = resolve(t_max, ssr)?;
         if warmup.unit() == max.unit() && count(&warmup) > count(&max) {
-            return Err(format!(
-                "schedule {name}: t_warmup = \"{t_warmup}\" ({warmup}) is longer than t_max = \
-                 \"{t_max}\" ({max}) for max_duration {} and scale_schedule_ratio {ssr}",
+            return Err(ScheduleError::Coverage(format!(
+                "t_warmup = \"{t_warmup}\" ({warmup}) is longer than t_max = \"{t_max}\" \
+                 ({max}) for max_duration {} and scale_schedule_ratio {ssr}",
                 run.max_duration
-            ));
+            ))
+            .in_schedule(name));
         }
         if let Some(needed) = run.to_unit(&run.max_duration, max.unit()) {
             if count(&max) < needed {
-                return Err(format!(
-                    "schedule {name}: t_max = \"{t_max}\" ({max}) is shorter than max_duration \
-                     {} ({needed}{}); the learning rate would not be defined for the whole run",
+                return Err(ScheduleError::Coverage(format!(
+                    "t_max = \"{t_max}\" ({max}) is shorter than max_duration {} \
+                     ({needed}{}); the learning rate would not be defined for the whole run",
                     run.max_duration,
                     max.unit()
-                ));
+                ))
+                .in_schedule(name));
             }
         }
         Ok(())
@@ -481,12 +541,14 @@ impl Schedule {
 }
 
 /// `current / resolved` in the resolved time's unit; errors when `resolved` is zero.
-fn fraction_of(now: &Timestamp, original: &Time, resolved: &Time) -> Result<f64, String> {
+fn fraction_of(now: &Timestamp, original: &Time, resolved: &Time) -> Result<f64, ScheduleError> {
     let total = count(resolved);
     if total == 0 {
-        return Err(format!(
-            "t_max {original} resolves to {resolved}; it must be at least 1"
-        ));
+        return Err(ScheduleError::ZeroLength {
+            field: "t_max",
+            time: *original,
+            resolved: *resolved,
+        });
     }
     Ok(current(now, resolved.unit()) as f64 / total as f64)
 }
@@ -498,10 +560,10 @@ fn multistep(
     now: &Timestamp,
     run: &RunLength,
     ssr: f64,
-) -> Result<f64, String> {
+) -> Result<f64, ScheduleError> {
     let mut factor = 1.0;
     for milestone in milestones {
-        let m = run.resolve(milestone, ssr).map_err(|e| e.to_string())?;
+        let m = run.resolve(milestone, ssr)?;
         if now.reached(&m) {
             factor *= gamma;
         }
@@ -533,14 +595,16 @@ fn warmup_then(
     run: &RunLength,
     ssr: f64,
     decay: impl Fn(f64) -> f64,
-) -> Result<f64, String> {
-    let warmup = run.resolve(t_warmup, 1.0).map_err(|e| e.to_string())?;
-    let max = run.resolve(t_max, ssr).map_err(|e| e.to_string())?;
+) -> Result<f64, ScheduleError> {
+    let warmup = run.resolve(t_warmup, 1.0)?;
+    let max = run.resolve(t_max, ssr)?;
     if warmup.unit() != max.unit() {
-        return Err(format!(
-            "t_warmup {t_warmup} ({warmup}) and t_max {t_max} ({max}) must resolve to the same \
-             unit"
-        ));
+        return Err(ScheduleError::Units {
+            t_warmup: *t_warmup,
+            warmup,
+            t_max: *t_max,
+            max,
+        });
     }
     if let Some(alpha) = warmup_value(&warmup, peak, now) {
         return Ok(alpha);
@@ -987,7 +1051,7 @@ mod tests {
         assert_eq!(s.multiplier(&Timestamp::default(), &r, 1.0), 1.0);
         // t_max shorter than max_duration (Composer checks this for warmup schedules).
         let s = parse("name = \"linear_with_warmup\"\nt_warmup = \"10ba\"\nt_max = \"500ba\"");
-        let msg = s.check(&r, 1.0).err().unwrap_or_default();
+        let msg = s.check(&r, 1.0).err().map(|e| e.to_string()).unwrap_or_default();
         assert!(msg.contains("shorter than max_duration"), "{msg}");
         let r_ep = run("10ep", 100, 32);
         let s = parse("name = \"cosine_with_warmup\"\nt_warmup = \"1ep\"\nt_max = \"9ep\"");

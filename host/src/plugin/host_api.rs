@@ -73,9 +73,11 @@ extern "C" fn time(ctx: HostCtx) -> TimeInfo {
 }
 
 extern "C" fn get_tensor(ctx: HostCtx, key: RStr<'_>) -> ROption<TensorHandle> {
-    with_state(ctx, |s| match s.run("get_tensor").map(|r| r.tensor(key.as_str())) {
-        Ok(Some(t)) => ROption::RSome(TensorHandle::from_tensor(t)),
-        _ => ROption::RNone,
+    with_state(ctx, |s| {
+        match s.run("get_tensor").map(|r| r.tensor(key.as_str())) {
+            Ok(Some(t)) => ROption::RSome(TensorHandle::from_tensor(t)),
+            _ => ROption::RNone,
+        }
     })
 }
 

@@ -445,7 +445,10 @@ impl Algorithm for PluginMethod {
 
     fn on_event(&mut self, event: Event, stage: &mut Stage<'_>) -> Result<(), MethodError> {
         let handle = host_api::handle(stage);
-        self.object.on_event(event, handle).into_result().map_err(reported)
+        self.object
+            .on_event(event, handle)
+            .into_result()
+            .map_err(reported)
     }
 
     fn state(&self) -> Result<Option<MethodSnapshot>, MethodError> {

@@ -5,9 +5,9 @@ use std::time::Instant;
 use anyhow::{bail, Context as _};
 use tch::Tensor;
 
-use crate::model::NonFiniteLoss;
 use crate::data::{self};
 use crate::engine::{Batch, Event};
+use crate::model::NonFiniteLoss;
 use crate::time::Timestamp;
 
 use super::Trainer;
@@ -174,7 +174,11 @@ impl Trainer {
         let previous = self.state.clock.timestamp.clone();
         let seconds = started.elapsed().as_secs_f64();
         self.train_seconds += seconds;
-        self.state.clock.timestamp = self.state.clock.timestamp.to_next_batch(samples, 0, seconds);
+        self.state.clock.timestamp = self
+            .state
+            .clock
+            .timestamp
+            .to_next_batch(samples, 0, seconds);
         self.reporter
             .batch_done(self.state.clock.timestamp.sample as f64 / self.train_seconds.max(1e-9));
         self.fire(Event::BATCH_END)?;
