@@ -5,11 +5,9 @@
 
 use tessera_tests::*;
 
-#[test]
-fn six_plugins_train_together() {
-    let dir = TempDir::new("all-six");
-    let mut toml = TrainerToml::new("all-six")
-        .algorithm("blurpool", "")
+/// `toml` with the six plugins.
+fn with_six_plugins(toml: TrainerToml) -> TrainerToml {
+    toml.algorithm("blurpool", "")
         .algorithm(
             "selective_backprop",
             "start = 0.0\nend = 1.0\ninterrupt = 0",
@@ -17,7 +15,13 @@ fn six_plugins_train_together() {
         .algorithm("cutout", "length = 0.25")
         .algorithm("label_smoothing", "smoothing = 0.1")
         .algorithm("sam", "rho = 0.05")
-        .algorithm("ema", "half_life = \"2ba\"");
+        .algorithm("ema", "half_life = \"2ba\"")
+}
+
+#[test]
+fn six_plugins_train_together() {
+    let dir = TempDir::new("all-six");
+    let mut toml = with_six_plugins(TrainerToml::new("all-six"));
     toml.model = "name = \"resnet20\"".to_owned();
     toml.write_to(&dir);
     let out = train(&dir, &[], &[]);
@@ -58,22 +62,8 @@ fn six_plugins_train_together() {
 fn six_plugins_learn_together() {
     // The same six methods on the small CNN (blurpool replaces its max-pools), long enough to
     // learn: selective backprop trains on half of each batch and the evaluation uses EMA weights.
-    let dir = TempDir::new("all-six-learn");
-    let mut toml = TrainerToml::new("all-six-learn")
-        .algorithm("blurpool", "")
-        .algorithm(
-            "selective_backprop",
-            "start = 0.0\nend = 1.0\ninterrupt = 0",
-        )
-        .algorithm("cutout", "length = 0.25")
-        .algorithm("label_smoothing", "smoothing = 0.1")
-        .algorithm("sam", "rho = 0.05")
-        .algorithm("ema", "half_life = \"2ba\"");
-    toml.max_duration = "40ba".to_owned();
-    toml.write_to(&dir);
-    train(&dir, &[], &[]).assert_success();
-    let record = read_json(&run_dir(&dir, "all-six-learn").join("run.json"));
-    assert_eq!(record["batches"], 40, "{record:#}");
+    let toml = with_six_plugins(TrainerToml::new("all-six-learn"));
+    let record = train_batches("all-six-learn", toml, 40);
     // Measured: 0.458 after 40 batches (0.210 after 20); 0.102 with a learning rate of 1e-9 (a
     // step that does nothing).
     assert_learned(&record, 0.3);

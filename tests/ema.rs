@@ -183,13 +183,8 @@ fn invalid_settings_stop_the_run_with_the_setting_named() {
 #[test]
 fn evaluation_with_the_ema_weights_shows_learning() {
     // The final evaluation runs on the EMA weights (half-life 2 batches).
-    let dir = TempDir::new("ema-learns");
-    let mut toml = TrainerToml::new("learns").algorithm("ema", "half_life = \"2ba\"");
-    toml.max_duration = "20ba".to_owned();
-    toml.write_to(&dir);
-    train(&dir, &[], &[]).assert_success();
-    let record = read_json(&run_dir(&dir, "learns").join("run.json"));
-    assert_eq!(record["batches"], 20, "{record:#}");
+    let toml = TrainerToml::new("learns").algorithm("ema", "half_life = \"2ba\"");
+    let record = train_batches("ema-learns", toml, 20);
     // Measured: 0.688 after 20 batches; 0.088 with a learning rate of 1e-9 (a step that does
     // nothing).
     assert_learned(&record, 0.45);

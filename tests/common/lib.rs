@@ -130,6 +130,18 @@ pub fn assert_learned(record: &Value, min_accuracy: f64) {
     );
 }
 
+/// Trains `toml` for `batches` batches in a fresh folder; returns its run.json after checking
+/// that the run succeeded and trained that many batches.
+pub fn train_batches(label: &str, mut toml: TrainerToml, batches: u64) -> Value {
+    let dir = TempDir::new(label);
+    toml.max_duration = format!("{batches}ba");
+    toml.write_to(&dir);
+    train(&dir, &[], &[]).assert_success();
+    let record = read_json(&run_dir(&dir, &toml.run_name).join("run.json"));
+    assert_eq!(record["batches"], batches, "{record:#}");
+    record
+}
+
 /// A fresh temporary folder, removed when dropped — unless the test is failing, in which case
 /// it is kept (and its path printed) for inspection.
 pub struct TempDir {
