@@ -442,7 +442,8 @@ mod tests {
         let flip = Transform::HorizontalFlip(HorizontalFlip { p: 1.0 });
         assert!(flip
             .apply(&mut s, &mut rng)
-            .unwrap_err().0
+            .unwrap_err()
+            .0
             .contains("holds 5"));
     }
 

@@ -1051,7 +1051,11 @@ mod tests {
         assert_eq!(s.multiplier(&Timestamp::default(), &r, 1.0), 1.0);
         // t_max shorter than max_duration (Composer checks this for warmup schedules).
         let s = parse("name = \"linear_with_warmup\"\nt_warmup = \"10ba\"\nt_max = \"500ba\"");
-        let msg = s.check(&r, 1.0).err().map(|e| e.to_string()).unwrap_or_default();
+        let msg = s
+            .check(&r, 1.0)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
         assert!(msg.contains("shorter than max_duration"), "{msg}");
         let r_ep = run("10ep", 100, 32);
         let s = parse("name = \"cosine_with_warmup\"\nt_warmup = \"1ep\"\nt_max = \"9ep\"");
