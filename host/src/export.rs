@@ -17,11 +17,10 @@
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
-use anyhow::{anyhow, bail, Context as _};
 use serde_json::{json, Value};
-use tch::{Device, Tensor};
+use tch::{Device, TchError, Tensor};
 
-use crate::checkpoint::{blob_of, Blob, Checkpoint};
+use crate::checkpoint::{blob_of, Blob, Checkpoint, CheckpointError};
 use crate::model::{InputShape, Model, Role};
 use crate::model::{ModelConfig, ModelName};
 
@@ -33,6 +32,59 @@ pub const INPUT_KEY: &str = "tessera.input";
 pub const VERSION_KEY: &str = "tessera.version";
 
 /// What [`export`] wrote.
+/// A model configuration stored in a checkpoint that cannot be read back.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{0}")]
+pub struct SavedConfigError(String);
+
+/// Why an export wrote nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum ExportError {
+    /// `--to` names the checkpoint itself or a folder.
+    #[error("{0}")]
+    Target(String),
+    /// The checkpoint cannot be read or verified.
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    /// The checkpoint's stored config does not describe a zoo model.
+    #[error("{path}: reading the {part}'s config: {source}")]
+    Config {
+        /// The checkpoint.
+        path: PathBuf,
+        /// `model` or `data`.
+        part: &'static str,
+        /// What is wrong.
+        source: SavedConfigError,
+    },
+    /// The reference model cannot be built.
+    #[error("building a {model} to check the checkpoint against: {source}")]
+    Build {
+        /// The model's name.
+        model: &'static str,
+        /// libtorch's error.
+        source: TchError,
+    },
+    /// The checkpoint's tensors are not those of the plain zoo model.
+    #[error("{path}: {message}")]
+    NotPlain {
+        /// The checkpoint.
+        path: PathBuf,
+        /// Which tensor differs, and how.
+        message: String,
+    },
+    /// Writing the file failed.
+    #[error("writing {path}: {source}")]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// Serializing the weights failed.
+    #[error("serializing the weights: {0}")]
+    Serialize(String),
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExportSummary {
     /// The file written.
@@ -47,11 +99,12 @@ pub struct ExportSummary {
 }
 
 /// The `[model]` section of a resolved config (its JSON form) as a [`ModelConfig`].
-pub fn model_config_of(model: &Value) -> anyhow::Result<ModelConfig> {
+pub fn model_config_of(model: &Value) -> Result<ModelConfig, SavedConfigError> {
+    let fail = |m: String| SavedConfigError(m);
     let name = model
         .get("name")
         .and_then(Value::as_str)
-        .ok_or_else(|| anyhow!("the checkpoint's config has no model name"))?;
+        .ok_or_else(|| fail("the checkpoint's config has no model name".into()))?;
     let name = [
         ModelName::Mlp,
         ModelName::Cnn,
@@ -60,19 +113,19 @@ pub fn model_config_of(model: &Value) -> anyhow::Result<ModelConfig> {
     ]
     .into_iter()
     .find(|m| m.as_str() == name)
-    .ok_or_else(|| anyhow!("unknown model `{name}` in the checkpoint's config"))?;
+    .ok_or_else(|| fail(format!("unknown model `{name}` in the checkpoint's config")))?;
     let uint = |v: &Value, what: &str| {
         v.as_u64()
             .map(|n| n as usize)
-            .ok_or_else(|| anyhow!("model.{what} is not a non-negative integer: {v}"))
+            .ok_or_else(|| fail(format!("model.{what} is not a non-negative integer: {v}")))
     };
     let hidden = match model.get("hidden") {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::Array(items)) => items
             .iter()
             .map(|v| uint(v, "hidden"))
-            .collect::<anyhow::Result<_>>()?,
-        Some(other) => bail!("model.hidden is not a list: {other}"),
+            .collect::<Result<_, _>>()?,
+        Some(other) => return Err(fail(format!("model.hidden is not a list: {other}"))),
     };
     let width = match model.get("width") {
         None | Some(Value::Null) => None,
@@ -81,7 +134,7 @@ pub fn model_config_of(model: &Value) -> anyhow::Result<ModelConfig> {
     let num_classes = uint(
         model
             .get("num_classes")
-            .ok_or_else(|| anyhow!("the checkpoint's config has no model.num_classes"))?,
+            .ok_or_else(|| fail("the checkpoint's config has no model.num_classes".into()))?,
         "num_classes",
     )?;
     Ok(ModelConfig {
@@ -94,13 +147,14 @@ pub fn model_config_of(model: &Value) -> anyhow::Result<ModelConfig> {
 
 /// The input shape a run's model was built for, from the `[data]` section of its resolved
 /// config (JSON form): the synthetic shape, else the registry datasets' 1x28x28.
-pub fn input_shape_of(data: &Value) -> anyhow::Result<InputShape> {
+pub fn input_shape_of(data: &Value) -> Result<InputShape, SavedConfigError> {
+    let fail = |m: String| SavedConfigError(m);
     if let Some(s) = data.get("synthetic").filter(|s| !s.is_null()) {
         let dim = |key: &str| {
             s.get(key)
                 .and_then(Value::as_i64)
                 .filter(|&v| v > 0)
-                .ok_or_else(|| anyhow!("data.synthetic.{key} is missing or not positive"))
+                .ok_or_else(|| fail(format!("data.synthetic.{key} is missing or not positive")))
         };
         return Ok(InputShape {
             channels: dim("channels")?,
@@ -109,13 +163,17 @@ pub fn input_shape_of(data: &Value) -> anyhow::Result<InputShape> {
         });
     }
     match data.get("dataset").and_then(Value::as_str) {
-        Some("fashion-mnist" | "mnist") => Ok(InputShape {
-            channels: 1,
-            height: 28,
-            width: 28,
-        }),
-        Some(other) => bail!("unknown dataset `{other}` in the checkpoint's config"),
-        None => bail!("the checkpoint's config has no data.dataset"),
+        Some(name) => match crate::data::registry_shape(name) {
+            Some(shape) => Ok(InputShape {
+                channels: shape.channels as i64,
+                height: shape.height as i64,
+                width: shape.width as i64,
+            }),
+            None => Err(fail(format!(
+                "unknown dataset `{name}` in the checkpoint's config"
+            ))),
+        },
+        None => Err(fail("the checkpoint's config has no data.dataset".into())),
     }
 }
 
@@ -143,29 +201,37 @@ fn same_file(a: &Path, b: &Path) -> bool {
 /// Fails, writing nothing, when `to` is the checkpoint itself or a folder, when the checkpoint
 /// cannot be read or verified, and when its model tensors are not exactly those of the zoo
 /// model its config names (a model changed by surgery, a missing or misshapen tensor).
-pub fn export(checkpoint: &Path, to: &Path) -> anyhow::Result<ExportSummary> {
+pub fn export(checkpoint: &Path, to: &Path) -> Result<ExportSummary, ExportError> {
     if same_file(checkpoint, to) {
-        bail!(
+        return Err(ExportError::Target(format!(
             "refusing to export {} onto itself (--to {} is that file): give another --to file",
             checkpoint.display(),
             to.display()
-        );
+        )));
     }
     if to.is_dir() {
-        bail!("{} is a folder: give a file name to --to", to.display());
+        return Err(ExportError::Target(format!(
+            "{} is a folder: give a file name to --to",
+            to.display()
+        )));
     }
+    let not_plain = |message: String| ExportError::NotPlain {
+        path: checkpoint.to_owned(),
+        message,
+    };
+    let config_error = |part: &'static str| {
+        move |source| ExportError::Config {
+            path: checkpoint.to_owned(),
+            part,
+            source,
+        }
+    };
     let ckpt = Checkpoint::read(checkpoint)?;
     let config = &ckpt.meta.config;
-    let model_json = config.get("model").ok_or_else(|| {
-        anyhow!(
-            "{}: the checkpoint's config has no [model]",
-            checkpoint.display()
-        )
-    })?;
-    let model_config = model_config_of(model_json)
-        .with_context(|| format!("{}: reading the model's config", checkpoint.display()))?;
-    let input = input_shape_of(config.get("data").unwrap_or(&Value::Null))
-        .with_context(|| format!("{}: reading the data's config", checkpoint.display()))?;
+    let model_json = config.get("model").unwrap_or(&Value::Null);
+    let model_config = model_config_of(model_json).map_err(config_error("model"))?;
+    let input =
+        input_shape_of(config.get("data").unwrap_or(&Value::Null)).map_err(config_error("data"))?;
     let name = model_config.name;
     // A fresh model of the same configuration: the names, shapes, kinds and roles to expect.
     let reference = Model::build(
@@ -174,7 +240,10 @@ pub fn export(checkpoint: &Path, to: &Path) -> anyhow::Result<ExportSummary> {
         model_config.num_classes as i64,
         Device::Cpu,
     )
-    .with_context(|| format!("building a {name} to check the checkpoint against"))?;
+    .map_err(|source| ExportError::Build {
+        model: name.as_str(),
+        source,
+    })?;
 
     let saved: HashMap<&str, &Tensor> = ckpt.with_prefix("model/").collect();
     let expected: BTreeSet<&str> = reference
@@ -196,50 +265,44 @@ pub fn export(checkpoint: &Path, to: &Path) -> anyhow::Result<ExportSummary> {
         .collect();
     unknown.sort_unstable();
     if let Some(first) = unknown.first() {
-        bail!(
-            "{}: tensor `{first}` is not part of a plain {name} model{changed_by}; the model was \
+        return Err(not_plain(format!(
+            "tensor `{first}` is not part of a plain {name} model{changed_by}; the model was \
              changed (e.g. by a method's surgery) and only the zoo's unmodified models can be \
              exported{}",
-            checkpoint.display(),
             if unknown.len() > 1 {
                 format!(" ({} such tensors)", unknown.len())
             } else {
                 String::new()
             }
-        );
+        )));
     }
 
     let mut blobs: Vec<(String, Blob)> = Vec::with_capacity(expected.len());
     let mut parameters = 0i64;
     for entry in reference.params.entries() {
         let t = saved.get(entry.name.as_str()).ok_or_else(|| {
-            anyhow!(
-                "{}: the checkpoint lacks tensor `{}` of a plain {name} model{changed_by}",
-                checkpoint.display(),
+            not_plain(format!(
+                "the checkpoint lacks tensor `{}` of a plain {name} model{changed_by}",
                 entry.name
-            )
+            ))
         })?;
         if t.size() != entry.tensor.size() || t.kind() != entry.tensor.kind() {
-            bail!(
-                "{}: tensor `{}` is {:?} {:?}, but a plain {name} model has {:?} {:?}",
-                checkpoint.display(),
+            return Err(not_plain(format!(
+                "tensor `{}` is {:?} {:?}, but a plain {name} model has {:?} {:?}",
                 entry.name,
                 t.kind(),
                 t.size(),
                 entry.tensor.kind(),
                 entry.tensor.size()
-            );
+            )));
         }
         if entry.role == Role::Parameter {
             parameters += t.numel() as i64;
         }
-        blobs.push((
-            entry.name.clone(),
-            blob_of(&entry.name, t).context("exporting")?,
-        ));
+        blobs.push((entry.name.clone(), blob_of(&entry.name, t)?));
     }
 
-    let model_text = serde_json::to_string(model_json)?;
+    let model_text = model_json.to_string();
     let input_text = json!({
         "channels": input.channels,
         "height": input.height,
@@ -254,8 +317,11 @@ pub fn export(checkpoint: &Path, to: &Path) -> anyhow::Result<ExportSummary> {
     ]);
     let bytes =
         safetensors::tensor::serialize(blobs.iter().map(|(n, b)| (n.as_str(), b)), &Some(metadata))
-            .map_err(|e| anyhow!("serializing the weights: {e}"))?;
-    crate::files::write_atomic(to, &bytes).with_context(|| format!("writing {}", to.display()))?;
+            .map_err(|e| ExportError::Serialize(e.to_string()))?;
+    crate::files::write_atomic(to, &bytes).map_err(|source| ExportError::Write {
+        path: to.to_owned(),
+        source,
+    })?;
     Ok(ExportSummary {
         path: to.to_owned(),
         tensors: blobs.len(),
