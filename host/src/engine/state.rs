@@ -3,7 +3,7 @@
 use rand::RngCore;
 use rand_chacha::{rand_core::SeedableRng, ChaCha8Rng};
 use tch::{Device, Tensor};
-use tessera_plugin_api::TimeInfo;
+use tessera_plugin_api::{keys, TimeInfo};
 
 use crate::config::Precision;
 use crate::model::Model;
@@ -19,7 +19,7 @@ impl Batch {
     /// A batch of an input and a target.
     pub fn new(input: Tensor, target: Tensor) -> Batch {
         Batch {
-            entries: vec![("input".into(), input), ("target".into(), target)],
+            entries: vec![(keys::INPUT.into(), input), (keys::TARGET.into(), target)],
         }
     }
 
@@ -30,12 +30,12 @@ impl Batch {
 
     /// The input tensor.
     pub fn input(&self) -> Option<&Tensor> {
-        self.get("input")
+        self.get(keys::INPUT)
     }
 
     /// The target tensor.
     pub fn target(&self) -> Option<&Tensor> {
-        self.get("target")
+        self.get(keys::TARGET)
     }
 
     /// The names of the batch's tensors.
@@ -182,8 +182,8 @@ impl State {
     /// A shallow clone of the tensor named `key`: a batch entry, `output` or `loss`.
     pub fn tensor(&self, key: &str) -> Option<Tensor> {
         match key {
-            "output" => self.output.as_ref().map(Tensor::shallow_clone),
-            "loss" => self.loss.as_ref().map(Tensor::shallow_clone),
+            keys::OUTPUT => self.output.as_ref().map(Tensor::shallow_clone),
+            keys::LOSS => self.loss.as_ref().map(Tensor::shallow_clone),
             _ => self.batch.get(key).map(Tensor::shallow_clone),
         }
     }
@@ -209,7 +209,7 @@ impl State {
     pub fn set_tensor(&mut self, key: &str, value: Tensor) -> Result<(), String> {
         self.check_device(key, &value)?;
         match key {
-            "loss" => {
+            keys::LOSS => {
                 if value.numel() != 1 || !value.is_floating_point() {
                     return Err(format!(
                         "`loss` must be a floating scalar, got shape {:?} of {:?}",
@@ -219,7 +219,7 @@ impl State {
                 }
                 self.loss = Some(value);
             }
-            "output" => {
+            keys::OUTPUT => {
                 let expected = self.output.as_ref().map(Tensor::size);
                 if expected.as_ref().is_some_and(|e| *e != value.size()) {
                     return Err(format!(
@@ -286,7 +286,7 @@ impl State {
 
     /// Runs the model on `input` in training mode, under the run's precision.
     pub fn forward(&self, input: &Tensor, grad: bool) -> Result<Tensor, String> {
-        self.check_device("input", input)?;
+        self.check_device(keys::INPUT, input)?;
         let _autocast = crate::precision::AutocastGuard::new(self.precision, self.device);
         let run = || self.model.forward(input, true);
         let out = if grad { run() } else { tch::no_grad(run) };
