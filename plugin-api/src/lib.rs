@@ -61,7 +61,7 @@
 //! crate-type = ["cdylib", "rlib"]
 //!
 //! [dependencies]
-//! tessera-plugin-api = "1"
+//! tessera-plugin-api = "1.2"
 //! tch = "=0.26.0"
 //! ```
 //!
@@ -89,7 +89,7 @@
 //!   passes, method state in checkpoints.
 //! - **1.2** (no change to the ABI's layout): the batch key constants ([`keys`]), time strings
 //!   ([`time`]), and [`abi::TensorHandle`] freeing its tensor when dropped; the golden-file
-//!   helpers of the `testing` feature ([`testing::golden`]).
+//!   helpers of the `testing` feature (`testing::golden`).
 #![warn(missing_docs)]
 
 pub mod abi;

@@ -3,7 +3,7 @@
 //!
 //! ```toml
 //! [dev-dependencies]
-//! tessera-plugin-api = { version = "1", features = ["testing"] }
+//! tessera-plugin-api = { version = "1.2", features = ["testing"] }
 //! ```
 //!
 //! ```no_run
