@@ -1,6 +1,7 @@
 //! Records which libtorch this crate is compiled against, so that the host can refuse a plugin
 //! built for another one, and re-exports the libtorch library folder to dependents (as
-//! `DEP_TESSERA_PLUGIN_API_LIBTORCH_LIB`) so their build scripts can set an rpath.
+//! `DEP_TESSERA_PLUGIN_API_LIBTORCH_LIB`) so their build scripts can set an rpath; this crate's
+//! own tests get that rpath too.
 use std::path::Path;
 
 fn main() {
@@ -9,6 +10,9 @@ fn main() {
     let version = libtorch_version(Path::new(&lib)).unwrap_or_else(|| "unknown".to_owned());
     println!("cargo:rustc-env=TESSERA_LIBTORCH_VERSION={version}");
     println!("cargo:libtorch_lib={lib}");
+    if !lib.is_empty() {
+        println!("cargo:rustc-link-arg=-Wl,-rpath,{lib}");
+    }
 }
 
 /// The version of the libtorch in `lib/..`: `build-version` in a libtorch zip, `version.py` in a

@@ -11,7 +11,7 @@ use tessera::config;
 use tessera::model::{Attr, ExternalLayer, InputShape, Model};
 use tessera::trainer::Trainer;
 use tessera_plugin_api::tch::{self, Device, Kind, TchError, Tensor};
-use tessera_tests::golden::{assert_close, Golden};
+use tessera_plugin_api::testing::golden::{assert_close, Golden};
 use tessera_tests::{target_dir, toml_string, TempDir};
 
 /// The blurpool settings of this test; `min_channels = 16` keeps the stem conv (3 channels)

@@ -1,4 +1,4 @@
-// The golden helpers link libtorch (through tessera-plugin-api): give the test executables an
+// The test executables link libtorch (through tessera-plugin-api and the host): give them an
 // rpath so they run without LD_LIBRARY_PATH.
 fn main() {
     if let Ok(lib) = std::env::var("DEP_TESSERA_PLUGIN_API_LIBTORCH_LIB") {

@@ -161,7 +161,7 @@ fn invalid_settings_stop_the_run_with_the_setting_named() {
     for (settings, fragment) in [
         (
             "half_life = \"2xx\"",
-            "setting `half_life`: unknown unit `xx`",
+            "setting `half_life`: invalid time \"2xx\": it does not end in a known unit",
         ),
         (
             "half_life = \"2ba\"\nsmoothing = 0.9",

@@ -7,7 +7,7 @@
 
 use tessera::model::cross_entropy;
 use tessera_plugin_api::tch::Tensor;
-use tessera_tests::golden::{assert_close, Golden};
+use tessera_plugin_api::testing::golden::{assert_close, Golden};
 
 const CASE: &str = "label_smoothing";
 const RTOL: f64 = 1e-6;
@@ -74,7 +74,7 @@ fn host_loss_on_index_targets_is_the_unsmoothed_golden_loss() {
         .find(|k| {
             split_loss_key(k).is_some_and(|(variant, params)| {
                 variant.is_none()
-                    && tessera_tests::golden::parse_params(params)
+                    && tessera_plugin_api::testing::golden::parse_params(params)
                         .get("s")
                         .and_then(|s| s.parse::<f64>().ok())
                         == Some(0.0)

@@ -7,49 +7,9 @@
 //! reused, and needs the `LIBTORCH` the workspace was built with: run the suite through
 //! `scripts/test.sh`, which exports it.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 
 use tessera_tests::*;
-
-fn libtorch() -> String {
-    std::env::var("LIBTORCH")
-        .ok()
-        .filter(|v| !v.is_empty())
-        .unwrap_or_else(|| {
-            panic!(
-                "LIBTORCH is not set: this test builds a plugin crate against the workspace's \
-                 libtorch; run the suite with scripts/test.sh (it exports LIBTORCH)"
-            )
-        })
-}
-
-/// `cargo <args>` in `dir`, sharing the workspace's target folder; panics with the output on
-/// failure and returns cargo's stderr (its progress lines).
-fn cargo(dir: &Path, args: &[&str], libtorch: &str) -> String {
-    let workspace_target = target_dir()
-        .parent()
-        .expect("target/release has a parent")
-        .to_owned();
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let out = Command::new(&cargo)
-        .args(args)
-        .current_dir(dir)
-        .env("CARGO_TARGET_DIR", &workspace_target)
-        .env("LIBTORCH", libtorch)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {cargo:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "`cargo {}` in {} failed ({}):\n--- stdout ---\n{}\n--- stderr ---\n{}",
-        args.join(" "),
-        dir.display(),
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
 
 /// The values of metric `name` in run `run`'s metrics file.
 fn metric(dir: &TempDir, run: &str, name: &str) -> Vec<f64> {
@@ -63,7 +23,6 @@ fn metric(dir: &TempDir, run: &str, name: &str) -> Vec<f64> {
 
 #[test]
 fn a_new_plugin_builds_outside_the_workspace_and_trains() {
-    let libtorch = libtorch();
     require_fashion_mnist();
     let bin = tessera_bin();
     let sha_before = sha256_hex(&bin);
@@ -91,8 +50,8 @@ fn a_new_plugin_builds_outside_the_workspace_and_trains() {
     }
 
     // Its own unit tests (on the test host), then the release build.
-    cargo(&krate, &["test", "--release", "--quiet"], &libtorch);
-    let progress = cargo(&krate, &["build", "--release"], &libtorch);
+    cargo(&krate, &["test", "--release", "--quiet"], &[]);
+    let progress = cargo(&krate, &["build", "--release"], &[]).stderr;
     assert!(
         !progress.contains("Compiling torch-sys") && !progress.contains("Compiling tch "),
         "building the new plugin rebuilt libtorch's bindings instead of reusing the workspace's \

@@ -1,64 +1,163 @@
-//! A plugin built against an older minor version of `tessera-plugin-api` (kept as a binary
-//! fixture in `fixtures/plugin-api-1.0.0/`) loads and runs in the current host, next to
-//! plugins built against the current interface, whichever is loaded first.
+//! Plugins built against older minor versions of `tessera-plugin-api` (kept as binary fixtures
+//! in `fixtures/plugin-api-<version>/`) load and run in the current host, next to plugins built
+//! against the current interface, whichever is loaded first, and their method state survives a
+//! checkpoint and a resume.
 
 use std::path::PathBuf;
 
+use serde_json::Value;
 use tessera_tests::*;
 
-fn old_plugins() -> PathBuf {
-    PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/fixtures/plugin-api-1.0.0"
-    ))
+/// Each fixture folder's interface version and the plugins it holds, with their settings.
+const FIXTURES: &[(&str, &[(&str, &str)])] = &[
+    ("1.0.0", &[("label_smoothing", "smoothing = 0.1")]),
+    (
+        "1.1.0",
+        &[
+            ("blurpool", "min_channels = 1"),
+            (
+                "selective_backprop",
+                "start = 0.0\nend = 1.0\nkeep = 0.5\ninterrupt = 0",
+            ),
+            ("ema", "half_life = \"2ba\""),
+        ],
+    ),
+];
+
+/// The plugin built against the current interface that runs beside the old ones.
+const CURRENT: (&str, &str) = ("cutout", "num_holes = 1\nlength = 0.25");
+
+fn fixture_dir(version: &str) -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures"))
+        .join(format!("plugin-api-{version}"))
+}
+
+/// Every fixture folder, then the target folder (the first match wins, so the old builds are
+/// the ones loaded).
+fn plugin_dirs() -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = FIXTURES.iter().map(|(v, _)| fixture_dir(v)).collect();
+    dirs.push(target_dir());
+    dirs
 }
 
 #[test]
-fn the_fixture_really_is_built_against_1_0_0() {
+fn the_fixtures_really_are_built_against_their_versions() {
     let dir = TempDir::new("compat-inspect");
-    let file = old_plugins().join("liblabel_smoothing.so");
-    let out = tessera(
-        &["plugins", "inspect", &file.to_string_lossy()],
-        dir.path(),
-        &[],
-    );
-    out.assert_success();
-    assert!(out.stdout.contains("plugin-api: 1.0.0"), "{}", out.dump());
+    for (version, plugins) in FIXTURES {
+        for (name, _) in *plugins {
+            let file = fixture_dir(version).join(format!("lib{name}.so"));
+            let out = tessera(
+                &["plugins", "inspect", &file.to_string_lossy()],
+                dir.path(),
+                &[],
+            );
+            out.assert_success();
+            assert!(
+                out.stdout.contains(&format!("plugin-api: {version}")),
+                "{}",
+                out.dump()
+            );
+        }
+    }
 }
 
-fn train_with(order: &[&str], tag: &str) {
-    let dir = TempDir::new(tag);
+/// A config with every fixture plugin and the current one, in `order` (`true`: old ones first).
+fn config(tag: &str, old_first: bool) -> TrainerToml {
     let mut toml = TrainerToml::new(tag);
-    toml.plugin_dirs = vec![old_plugins(), target_dir()];
-    for plugin in order {
-        toml = match *plugin {
-            "label_smoothing" => toml.algorithm("label_smoothing", "smoothing = 0.1"),
-            other => toml.algorithm(other, "length = 0.25"),
-        };
+    toml.plugin_dirs = plugin_dirs();
+    let old = FIXTURES.iter().flat_map(|(_, plugins)| plugins.iter());
+    let mut entries: Vec<&(&str, &str)> = old.collect();
+    if old_first {
+        entries.push(&CURRENT);
+    } else {
+        entries.insert(0, &CURRENT);
     }
-    toml.write_to(&dir);
+    for (name, settings) in entries {
+        toml = toml.algorithm(name, settings);
+    }
+    toml
+}
+
+/// Checks that each fixture plugin of the run was loaded from its fixture folder.
+fn assert_loaded_from_fixtures(record: &Value) {
+    let plugins = record["plugins"].as_array().expect("plugins");
+    for (version, names) in FIXTURES {
+        let folder = std::fs::canonicalize(fixture_dir(version)).expect("fixture dir");
+        for (name, _) in *names {
+            let plugin = plugins
+                .iter()
+                .find(|p| p["name"] == *name)
+                .unwrap_or_else(|| panic!("{name} is not in the run record: {record:#}"));
+            let path = PathBuf::from(plugin["path"].as_str().expect("path"));
+            assert!(path.starts_with(&folder), "{name}: {path:?}");
+        }
+    }
+}
+
+fn train_with(old_first: bool, tag: &str) {
+    let dir = TempDir::new(tag);
+    config(tag, old_first).write_to(&dir);
     let out = train(&dir, &[], &[]);
     out.assert_success();
     let record = read_json(&run_dir(&dir, tag).join("run.json"));
-    let plugins = record["plugins"].as_array().expect("plugins");
-    let smoothing = plugins
-        .iter()
-        .find(|p| p["name"] == "label_smoothing")
-        .expect("label_smoothing in the run record");
-    let path = PathBuf::from(smoothing["path"].as_str().expect("path"));
-    assert!(
-        path.starts_with(std::fs::canonicalize(old_plugins()).expect("fixture dir")),
-        "{path:?}"
-    );
+    assert_loaded_from_fixtures(&record);
     assert_eq!(record["batches"], 3);
 }
 
 #[test]
-fn an_older_plugin_runs_beside_a_current_one_loaded_after_it() {
-    train_with(&["label_smoothing", "cutout"], "compat-old-first");
+fn older_plugins_run_beside_a_current_one_loaded_after_them() {
+    train_with(true, "compat-old-first");
 }
 
 #[test]
-fn an_older_plugin_runs_beside_a_current_one_loaded_before_it() {
-    train_with(&["cutout", "label_smoothing"], "compat-new-first");
+fn older_plugins_run_beside_a_current_one_loaded_before_them() {
+    train_with(false, "compat-new-first");
+}
+
+/// The old EMA's state (its shadow weights, handed across as tensors) goes into a checkpoint
+/// and comes back on resume: the resumed run evaluates and trains exactly as the straight one.
+#[test]
+fn older_plugins_state_survives_a_checkpoint_and_a_resume() {
+    let dir = TempDir::new("compat-resume");
+    let write = |run: &str| {
+        let mut toml = config(run, true);
+        toml.max_duration = "4ba".into();
+        dir.write(
+            "trainer.toml",
+            &format!("{}\n[checkpoint]\ninterval = \"2ba\"\n", toml.render()),
+        );
+    };
+    let every_2 = "train.eval_interval=2ba";
+    write("straight");
+    train(&dir, &[every_2], &[]).assert_success();
+    write("resumed");
+    train(&dir, &[every_2, "train.max_duration=2ba"], &[]).assert_success();
+    let out = train(&dir, &[every_2, "checkpoint.autoresume=true"], &[]);
+    out.assert_success();
+    assert!(out.stderr.contains("resumed from"), "{}", out.dump());
+
+    let record = |run: &str| read_json(&run_dir(&dir, run).join("run.json"));
+    let (straight, resumed) = (record("straight"), record("resumed"));
+    assert_loaded_from_fixtures(&resumed);
+    assert_eq!(resumed["batches"], 4, "{resumed:#}");
+    assert_eq!(straight["evals"], resumed["evals"]);
+    // The training losses (selective backprop's and BlurPool's doing) and what EMA logged.
+    let lines = |run: &str| -> (Vec<Value>, Vec<Value>) {
+        let lines = read_jsonl(&run_dir(&dir, run).join("metrics.jsonl"));
+        let losses = lines_of_kind(&lines, "train")
+            .iter()
+            .map(|l| l["data"]["loss"].clone())
+            .collect();
+        let ema = lines_of_kind(&lines, "method")
+            .into_iter()
+            .filter(|l| l["name"].as_str().is_some_and(|n| n.starts_with("ema/")))
+            .cloned()
+            .collect();
+        (losses, ema)
+    };
+    let (losses, ema) = lines("straight");
+    assert_eq!(losses.len(), 4, "{losses:?}");
+    let distances = ema.iter().filter(|l| l["name"] == "ema/distance").count();
+    assert_eq!(distances, 2, "EMA swapped in at both evaluations: {ema:?}");
+    assert_eq!((losses, ema), lines("resumed"));
 }

@@ -298,7 +298,9 @@ const LIB_RS: &str = r##"//! `{{name}}`: an example Tessera method. After each t
 //! `{{name}}/input_abs_mean`. Replace it with your own method.
 
 use tessera_plugin_api::tch::Tensor;
-use tessera_plugin_api::{export_plugin, Context, Error, Event, Hook, Method, Plugin, Settings};
+use tessera_plugin_api::{
+    export_plugin, keys, Context, Error, Event, Hook, Method, Plugin, Settings,
+};
 
 /// Multiplies every training input by a constant.
 pub struct ScaleInput {
@@ -318,11 +320,11 @@ impl Method for ScaleInput {
             return Ok(());
         }
         let input = ctx
-            .tensor("input")
+            .tensor(keys::INPUT)
             .ok_or_else(|| Error::from("the batch has no `input`"))?;
         let scaled = self.scale(&input)?;
         let abs_mean = scaled.f_abs()?.f_mean(scaled.kind())?.f_double_value(&[])?;
-        ctx.set_tensor("input", scaled)?;
+        ctx.set_tensor(keys::INPUT, scaled)?;
         ctx.log_metric(&format!("{}/input_abs_mean", Self::NAME), abs_mean);
         Ok(())
     }
@@ -365,10 +367,10 @@ mod tests {
     fn scales_the_input_and_logs_a_metric() {
         let mut m = method(r#"{"factor": 0.5}"#).unwrap();
         let input = Tensor::full([2, 1, 4, 4], -2.0, FLOAT_CPU);
-        let mut host = TestHost::new(RandomSource::Seeded(0)).with("input", &input);
+        let mut host = TestHost::new(RandomSource::Seeded(0)).with(keys::INPUT, &input);
         host.fire(&mut m, Event::AFTER_DATALOADER).unwrap();
         let expected = Tensor::full([2, 1, 4, 4], -1.0, FLOAT_CPU);
-        assert!(host.get("input").allclose(&expected, 0.0, 0.0, false));
+        assert!(host.get(keys::INPUT).allclose(&expected, 0.0, 0.0, false));
         assert_eq!(
             host.metrics,
             vec![("{{name}}/input_abs_mean".to_owned(), 1.0)]

@@ -220,8 +220,16 @@ pub struct PluginError {
 
 /// An owned libtorch tensor (`at::Tensor*`, tch's `C_tensor*`) crossing the boundary.
 ///
-/// Whoever receives a handle owns it and must free it exactly once, normally by turning it into
-/// a `tch::Tensor` with [`TensorHandle::into_tensor`].
+/// # Ownership
+/// A handle owns its tensor: turning it into a `tch::Tensor` with [`TensorHandle::into_tensor`]
+/// hands the tensor on, and dropping it unconverted frees the tensor (since plugin-api 1.2;
+/// before, such a tensor leaked). At every crossing the *receiver* owns what it is given, as it
+/// always did: a function owns the handles passed to it as arguments (`set_tensor`, `forward`,
+/// `loss`, `set_batch`, `replace_module`, `load_state`, a plugin module's `forward`), and its
+/// caller owns the handles it returns (`get_tensor`, `parameter`, `forward`, `loss`, `state`, a
+/// plugin module's `forward`). The layout is unchanged (one pointer): a plugin built against an
+/// older 1.x converts every handle it receives and never frees one it gave away, so it and a
+/// 1.2 host (or the other way round) free each tensor exactly once.
 #[repr(transparent)]
 #[derive(StableAbi, Debug)]
 pub struct TensorHandle(*mut c_void);
@@ -235,11 +243,23 @@ impl TensorHandle {
 
     /// Takes ownership of the tensor behind the handle.
     ///
-    /// # Safety
-    /// The handle must come from [`TensorHandle::from_tensor`] (on either side of the boundary,
-    /// with the same libtorch) and must not have been converted before.
-    pub unsafe fn into_tensor(self) -> tch::Tensor {
-        tch::Tensor::from_ptr(self.0 as *mut torch_sys::C_tensor)
+    /// Safe since plugin-api 1.2: a handle can only be made by [`TensorHandle::from_tensor`] (on
+    /// either side of the boundary, with the same libtorch; the host checks the version), and
+    /// converting consumes it.
+    pub fn into_tensor(self) -> tch::Tensor {
+        let handle = std::mem::ManuallyDrop::new(self);
+        // SAFETY: the pointer came from `from_tensor`, which gave up its ownership, and the
+        // handle is consumed here without running `Drop`, so the tensor has one owner again.
+        unsafe { tch::Tensor::from_ptr(handle.0 as *mut torch_sys::C_tensor) }
+    }
+}
+
+impl Drop for TensorHandle {
+    /// Frees the tensor of a handle that was never converted.
+    fn drop(&mut self) {
+        // SAFETY: as in `into_tensor`; `drop` runs at most once and only when `into_tensor` did
+        // not take the handle. The tensor is freed at the end of this scope.
+        let _tensor = unsafe { tch::Tensor::from_ptr(self.0 as *mut torch_sys::C_tensor) };
     }
 }
 
@@ -493,4 +513,65 @@ impl RootModule for PluginModule_Ref {
     const BASE_NAME: &'static str = "tessera_plugin";
     const NAME: &'static str = "tessera_plugin";
     const VERSION_STRINGS: VersionStrings = package_version_strings!();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TensorHandle;
+    use tch::{Device, Kind, Tensor};
+
+    /// 256 MiB: far above glibc's mmap threshold, so freeing it returns the pages at once.
+    const BYTES: i64 = 256 << 20;
+
+    /// This process's resident memory in bytes (`VmRSS` of `/proc/self/status`).
+    fn resident() -> i64 {
+        let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+        let kib: i64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("a VmRSS line in kB");
+        kib * 1024
+    }
+
+    /// A tensor of `BYTES` ones (written, so resident).
+    fn big() -> Tensor {
+        Tensor::ones([BYTES / 4], (Kind::Float, Device::Cpu))
+    }
+
+    #[test]
+    fn a_dropped_handle_frees_its_tensor() {
+        let base = resident();
+        let handle = TensorHandle::from_tensor(big());
+        let held = resident();
+        assert!(
+            held - base > BYTES * 3 / 4,
+            "the tensor is not resident: {base} → {held}"
+        );
+        drop(handle);
+        let freed = resident();
+        assert!(
+            held - freed > BYTES * 3 / 4,
+            "dropping the handle did not free its tensor: {held} → {freed} bytes resident"
+        );
+
+        // A handle holds one reference: dropping one made from a shallow clone leaves the
+        // original's storage alone.
+        let original = big();
+        drop(TensorHandle::from_tensor(original.shallow_clone()));
+        assert!(resident() - freed > BYTES * 3 / 4);
+        assert_eq!(
+            original.sum(Kind::Double).double_value(&[]),
+            (BYTES / 4) as f64
+        );
+        drop(original);
+
+        // Converting hands the tensor on instead of freeing it.
+        let tensor = TensorHandle::from_tensor(big()).into_tensor();
+        assert!(resident() - freed > BYTES * 3 / 4);
+        assert_eq!(
+            tensor.sum(Kind::Double).double_value(&[]),
+            (BYTES / 4) as f64
+        );
+    }
 }

@@ -21,7 +21,7 @@
 //! ## A complete plugin
 //!
 //! ```no_run
-//! use tessera_plugin_api::{export_plugin, Context, Error, Event, Hook, Method, Plugin};
+//! use tessera_plugin_api::{export_plugin, keys, Context, Error, Event, Hook, Method, Plugin};
 //!
 //! /// Multiplies every training input by a constant.
 //! pub struct ScaleInput {
@@ -30,8 +30,8 @@
 //!
 //! impl Method for ScaleInput {
 //!     fn on_event(&mut self, _event: Event, ctx: &mut Context<'_>) -> Result<(), Error> {
-//!         let input = ctx.tensor("input").ok_or("the batch has no `input`")?;
-//!         ctx.set_tensor("input", input.f_mul_scalar(self.factor)?)
+//!         let input = ctx.tensor(keys::INPUT).ok_or("the batch has no `input`")?;
+//!         ctx.set_tensor(keys::INPUT, input.f_mul_scalar(self.factor)?)
 //!     }
 //! }
 //!
@@ -61,14 +61,16 @@
 //! crate-type = ["cdylib", "rlib"]
 //!
 //! [dependencies]
-//! tessera-plugin-api = "1"
+//! tessera-plugin-api = "1.2"
 //! tch = "=0.26.0"
 //! ```
 //!
 //! ## Rules
 //! - **Tensors** come to you as owned `tch::Tensor`s that share storage with the host's
-//!   ([`Context::tensor`]); give a new one back with [`Context::set_tensor`]. Autograd works
-//!   across the boundary: host and plugin share one libtorch.
+//!   ([`Context::tensor`], named by the constants in [`keys`]); give a new one back with
+//!   [`Context::set_tensor`]. Autograd works across the boundary: host and plugin share one
+//!   libtorch. Across the ABI a tensor travels as an owned [`abi::TensorHandle`]; whoever holds
+//!   one frees its tensor by dropping it, so the safe layer needs no `unsafe` to receive one.
 //! - **libtorch**: a plugin must be built against exactly the host's libtorch version (the host
 //!   checks and refuses a mismatch). Use the same `LIBTORCH` you built `tessera` with.
 //! - **Errors, not panics**: return [`Error`]; prefer tch's `f_` methods, which return errors.
@@ -77,12 +79,24 @@
 //! - **Randomness** comes from the host ([`Context::rng_u64`]) so a seed fixes the whole run.
 //! - **Ordering**: at each event methods run by descending [`Hook::priority`], then in
 //!   `trainer.toml` order, reversed at `after_*` events.
+//! - **Times** in settings (`"100ba"`, `"2ep"`, `"0.5dur"`) are read with [`Time::parse`], the
+//!   host's own grammar, and compared with the clock by [`Time::reached`].
+//!
+//! ## Versions
+//! - **1.0**: events, batch tensors, random numbers, metrics, logging.
+//! - **1.1** (appended to the host's function table): batch keys and whole-batch replacement,
+//!   the model's forward and loss, module tree and surgery, parameters, the learning rate, extra
+//!   passes, method state in checkpoints.
+//! - **1.2** (no change to the ABI's layout): the batch key constants ([`keys`]), time strings
+//!   ([`time`]), and [`abi::TensorHandle`] freeing its tensor when dropped; the golden-file
+//!   helpers of the `testing` feature (`testing::golden`).
 #![warn(missing_docs)]
 
 pub mod abi;
 mod settings;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod time;
 
 use std::marker::PhantomData;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -99,9 +113,25 @@ use abi::{
     ModuleObject_TO, NamedTensor, PluginError, PluginInfo, PluginModule, PluginModule_Ref,
     TensorHandle,
 };
+pub use time::{Time, TimeError, TimeUnit};
 
 /// The version of this interface crate; plugins report it and the host checks it.
 pub const API_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// The names of the tensors the host shares at events (plugin-api 1.2): use them with
+/// [`Context::tensor`], [`Context::set_tensor`] and [`Context::set_batch`] instead of spelling
+/// the strings.
+pub mod keys {
+    /// The batch's model input (images: `(N, C, H, W)`); a batch entry.
+    pub const INPUT: &str = "input";
+    /// The batch's labels (class indices `(N)` or probabilities `(N, C)`); a batch entry.
+    pub const TARGET: &str = "target";
+    /// The model's output for the current microbatch, set from `after_forward` on.
+    pub const OUTPUT: &str = "output";
+    /// The training loss of the current microbatch (a floating scalar), set from `after_loss`
+    /// on.
+    pub const LOSS: &str = "loss";
+}
 
 /// The libtorch version this crate (and so the plugin or host using it) was compiled against.
 pub const LIBTORCH_VERSION: &str = env!("TESSERA_LIBTORCH_VERSION");
@@ -197,13 +227,12 @@ impl Context<'_> {
         (self.host.api.time())(self.host.ctx)
     }
 
-    /// The tensor named `key`: a batch entry (`"input"`, `"target"`), the model `"output"` or
-    /// the `"loss"`. It shares storage with the host's tensor. `None` if there is no such tensor
-    /// at this event.
+    /// The tensor named `key`: a batch entry ([`keys::INPUT`], [`keys::TARGET`]), the model
+    /// [`keys::OUTPUT`] or the [`keys::LOSS`]. It shares storage with the host's tensor. `None`
+    /// if there is no such tensor at this event.
     pub fn tensor(&self, key: &str) -> Option<tch::Tensor> {
         let handle = (self.host.api.get_tensor())(self.host.ctx, RStr::from_str(key));
-        // SAFETY: the host hands out a fresh owned handle made by `TensorHandle::from_tensor`.
-        handle.into_option().map(|h| unsafe { h.into_tensor() })
+        handle.into_option().map(TensorHandle::into_tensor)
     }
 
     /// Replaces the tensor named `key`. The host refuses a tensor on another device, or one
@@ -294,8 +323,7 @@ impl Context<'_> {
     pub fn forward(&mut self, input: &tch::Tensor, grad: bool) -> Result<tch::Tensor, Error> {
         let f = self.host_fn(self.host.api.forward(), "forward")?;
         let handle = TensorHandle::from_tensor(input.shallow_clone());
-        // SAFETY: the host returns an owned handle made by `TensorHandle::from_tensor`.
-        host_result(f(self.host.ctx, handle, grad)).map(|h| unsafe { h.into_tensor() })
+        host_result(f(self.host.ctx, handle, grad)).map(TensorHandle::into_tensor)
     }
 
     /// The run's training loss of `output` against `target`: per sample (`(N,)`) or reduced.
@@ -310,8 +338,7 @@ impl Context<'_> {
             TensorHandle::from_tensor(output.shallow_clone()),
             TensorHandle::from_tensor(target.shallow_clone()),
         );
-        // SAFETY: as in `forward`.
-        host_result(f(self.host.ctx, o, t, per_sample)).map(|h| unsafe { h.into_tensor() })
+        host_result(f(self.host.ctx, o, t, per_sample)).map(TensorHandle::into_tensor)
     }
 
     /// The model's module tree, depth first.
@@ -355,10 +382,9 @@ impl Context<'_> {
     /// `tch::no_grad` to change the model.
     pub fn parameter(&self, name: &str) -> Result<Option<tch::Tensor>, Error> {
         let f = self.host_fn(self.host.api.parameter(), "parameter")?;
-        // SAFETY: as in `tensor`.
         Ok(f(self.host.ctx, RStr::from_str(name))
             .into_option()
-            .map(|h| unsafe { h.into_tensor() }))
+            .map(TensorHandle::into_tensor))
     }
 
     /// Freezes (`false`) or unfreezes a parameter: gradient and optimizer membership together.
@@ -439,8 +465,7 @@ impl<M: Module> ModuleObject for ModuleAdapter<M> {
     }
 
     fn forward(&self, input: TensorHandle, train: bool) -> RResult<TensorHandle, PluginError> {
-        // SAFETY: the host gives an owned handle made by `TensorHandle::from_tensor`.
-        let input = unsafe { input.into_tensor() };
+        let input = input.into_tensor();
         guard(|| self.0.forward(&input, train))
             .map(TensorHandle::from_tensor)
             .map_err(PluginError::from)
@@ -502,11 +527,10 @@ impl From<MethodState> for State {
         State {
             format_version: s.format_version,
             bytes: s.blob.into_vec(),
-            // SAFETY: handles in a `MethodState` are owned, made by `TensorHandle::from_tensor`.
             tensors: s
                 .tensors
                 .into_iter()
-                .map(|n| (n.name.into_string(), unsafe { n.tensor.into_tensor() }))
+                .map(|n| (n.name.into_string(), n.tensor.into_tensor()))
                 .collect(),
         }
     }

@@ -3,22 +3,26 @@
 //!
 //! ```toml
 //! [dev-dependencies]
-//! tessera-plugin-api = { version = "1", features = ["testing"] }
+//! tessera-plugin-api = { version = "1.2", features = ["testing"] }
 //! ```
 //!
 //! ```no_run
-//! # use tessera_plugin_api::{testing::{TestHost, RandomSource}, Event, Settings, tch::Tensor};
+//! # use tessera_plugin_api::{keys, testing::{TestHost, RandomSource}, Event, Settings, tch::Tensor};
 //! # fn demo<P: tessera_plugin_api::Plugin>() {
 //! let mut method = tessera_plugin_api::boxed_method::<P>(&Settings::from_json("{}").unwrap()).unwrap();
-//! let mut host = TestHost::new(RandomSource::Seeded(0)).with("input", &Tensor::zeros([2, 1, 4, 4], tessera_plugin_api::tch::kind::FLOAT_CPU));
+//! let mut host = TestHost::new(RandomSource::Seeded(0)).with(keys::INPUT, &Tensor::zeros([2, 1, 4, 4], tessera_plugin_api::tch::kind::FLOAT_CPU));
 //! host.fire(&mut method, Event::AFTER_DATALOADER).unwrap();
-//! let out = host.get("input");
+//! let out = host.get(keys::INPUT);
 //! # }
 //! ```
 //!
 //! The test host keeps named tensors in a map and accepts whatever a method sets (the real
 //! host also checks devices and shapes), hands out random numbers from a seed or a script, and
 //! records metrics.
+//!
+//! [`golden`] (plugin-api 1.2) reads reference outputs ("golden files") and compares tensors, so
+//! a plugin's tests need nothing but this crate; [`settings`] and [`default_settings_json`] make
+//! the settings a test creates a method with.
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::c_void;
@@ -34,7 +38,33 @@ use crate::abi::{
     HostApi, HostApi_Ref, HostCtx, HostHandle, MethodBox, ModuleBox, ModuleInfo, NamedTensor,
     ParamInfo, TensorHandle,
 };
-use crate::{Event, TimeInfo};
+use crate::{Event, Settings, TimeInfo};
+
+pub mod golden;
+
+/// Settings from JSON text; panics (this is test code) naming the text when it is not a JSON
+/// object.
+pub fn settings(json: &str) -> Settings {
+    Settings::from_json(json).unwrap_or_else(|e| panic!("settings {json}: {e}"))
+}
+
+/// A plugin's `DEFAULT_SETTINGS` TOML text (flat `key = value` lines, `#` comments) as settings
+/// JSON, so a test can create a method exactly as documented; panics on any other line.
+pub fn default_settings_json(toml: &str) -> String {
+    let mut map = serde_json::Map::new();
+    for line in toml.lines().map(str::trim) {
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let (k, v) = line
+            .split_once('=')
+            .unwrap_or_else(|| panic!("DEFAULT_SETTINGS line `{line}` is not `key = value`"));
+        let value: serde_json::Value = serde_json::from_str(v.trim())
+            .unwrap_or_else(|e| panic!("DEFAULT_SETTINGS value `{v}`: {e}"));
+        map.insert(k.trim().to_owned(), value);
+    }
+    serde_json::Value::Object(map).to_string()
+}
 
 /// Where the test host's random numbers come from.
 pub enum RandomSource {
@@ -184,9 +214,9 @@ extern "C" fn get_tensor(ctx: HostCtx, key: RStr<'_>) -> ROption<TensorHandle> {
 }
 
 extern "C" fn set_tensor(ctx: HostCtx, key: RStr<'_>, value: TensorHandle) -> RResult<(), RString> {
-    // SAFETY: the plugin made the handle with `TensorHandle::from_tensor` and gave it up.
-    let value = unsafe { value.into_tensor() };
-    host(ctx).tensors.insert(key.as_str().to_owned(), value);
+    host(ctx)
+        .tensors
+        .insert(key.as_str().to_owned(), value.into_tensor());
     RResult::ROk(())
 }
 
@@ -223,31 +253,26 @@ extern "C" fn batch_keys(ctx: HostCtx) -> RVec<RString> {
 extern "C" fn set_batch(ctx: HostCtx, entries: RVec<NamedTensor>) -> RResult<(), RString> {
     let h = host(ctx);
     for n in entries {
-        // SAFETY: as in `set_tensor`.
-        let t = unsafe { n.tensor.into_tensor() };
-        h.tensors.insert(n.name.into_string(), t);
+        h.tensors
+            .insert(n.name.into_string(), n.tensor.into_tensor());
     }
     RResult::ROk(())
 }
 
 extern "C" fn forward(
     _ctx: HostCtx,
-    input: TensorHandle,
+    _input: TensorHandle,
     _grad: bool,
 ) -> RResult<TensorHandle, RString> {
-    // SAFETY: as in `set_tensor`; dropped at once.
-    drop(unsafe { input.into_tensor() });
     unsupported("forward")
 }
 
 extern "C" fn loss(
     _ctx: HostCtx,
-    output: TensorHandle,
-    target: TensorHandle,
+    _output: TensorHandle,
+    _target: TensorHandle,
     _per_sample: bool,
 ) -> RResult<TensorHandle, RString> {
-    // SAFETY: as in `set_tensor`; dropped at once.
-    drop(unsafe { (output.into_tensor(), target.into_tensor()) });
     unsupported("loss")
 }
 
@@ -259,12 +284,8 @@ extern "C" fn replace_module(
     _ctx: HostCtx,
     _path: RStr<'_>,
     _module: ModuleBox,
-    tensors: RVec<NamedTensor>,
+    _tensors: RVec<NamedTensor>,
 ) -> RResult<(), RString> {
-    for n in tensors {
-        // SAFETY: as in `set_tensor`; dropped at once.
-        drop(unsafe { n.tensor.into_tensor() });
-    }
     unsupported("replace_module")
 }
 

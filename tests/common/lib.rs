@@ -11,8 +11,6 @@
 //! respected). Every training run writes into a fresh temporary folder; the binary is run
 //! without `LD_LIBRARY_PATH`, so the tests also prove that its rpath finds libtorch.
 
-pub mod golden;
-
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
@@ -540,6 +538,67 @@ pub fn copy_foreign_shared_library(dest: &Path) {
             dest.display()
         )
     });
+}
+
+/// The `LIBTORCH` the workspace was built with; panics with a hint when it is not set.
+pub fn libtorch() -> String {
+    std::env::var("LIBTORCH")
+        .ok()
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| {
+            panic!(
+                "LIBTORCH is not set: this test builds a plugin crate against the workspace's \
+                 libtorch; run the suite with scripts/test.sh (it exports LIBTORCH)"
+            )
+        })
+}
+
+/// What a successful `cargo` command printed.
+pub struct CargoOutput {
+    /// Standard output (test results).
+    pub stdout: String,
+    /// Standard error (cargo's progress lines).
+    pub stderr: String,
+}
+
+/// `cargo <args>` in `dir` with `env` added, sharing the workspace's target folder, so that a
+/// crate built outside the workspace reuses its build of libtorch's bindings (torch-sys, tch),
+/// and with the workspace's [`libtorch`]. Panics with the output on failure.
+pub fn cargo(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> CargoOutput {
+    let out = cargo_command(dir, args, env)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run cargo: {e}"));
+    let output = CargoOutput {
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    };
+    assert!(
+        out.status.success(),
+        "`cargo {}` in {} failed ({}):\n--- stdout ---\n{}\n--- stderr ---\n{}",
+        args.join(" "),
+        dir.display(),
+        out.status,
+        output.stdout,
+        output.stderr
+    );
+    output
+}
+
+/// The command [`cargo`] runs, for a test that expects it to fail.
+pub fn cargo_command(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Command {
+    let workspace_target = target_dir()
+        .parent()
+        .expect("target/release has a parent")
+        .to_owned();
+    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cmd.args(args)
+        .current_dir(dir)
+        .env("CARGO_TARGET_DIR", &workspace_target)
+        .env("LIBTORCH", libtorch());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd
 }
 
 /// The `kind == "eval"` / `"train"` / `"method"` lines of a metrics file.

@@ -5,7 +5,7 @@
 use rand::RngCore;
 use rand_chacha::{rand_core::SeedableRng, ChaCha8Rng};
 use tch::{Device, TchError, Tensor};
-use tessera_plugin_api::TimeInfo;
+use tessera_plugin_api::{keys, TimeInfo};
 
 use crate::model::{Model, Role};
 use crate::optim::Optimizer;
@@ -23,7 +23,7 @@ impl Batch {
     /// A batch of an input and a target.
     pub fn new(input: Tensor, target: Tensor) -> Batch {
         Batch {
-            entries: vec![("input".into(), input), ("target".into(), target)],
+            entries: vec![(keys::INPUT.into(), input), (keys::TARGET.into(), target)],
         }
     }
 
@@ -34,12 +34,12 @@ impl Batch {
 
     /// The input tensor.
     pub fn input(&self) -> Option<&Tensor> {
-        self.get("input")
+        self.get(keys::INPUT)
     }
 
     /// The target tensor.
     pub fn target(&self) -> Option<&Tensor> {
-        self.get("target")
+        self.get(keys::TARGET)
     }
 
     /// The names of the batch's tensors.
@@ -280,8 +280,8 @@ impl RunState {
     /// A shallow clone of the tensor named `key`: a batch entry, `output` or `loss`.
     pub fn tensor(&self, key: &str) -> Option<Tensor> {
         match key {
-            "output" => self.output.as_ref().map(Tensor::shallow_clone),
-            "loss" => self.loss.as_ref().map(Tensor::shallow_clone),
+            keys::OUTPUT => self.output.as_ref().map(Tensor::shallow_clone),
+            keys::LOSS => self.loss.as_ref().map(Tensor::shallow_clone),
             _ => self.batch.get(key).map(Tensor::shallow_clone),
         }
     }
@@ -307,7 +307,7 @@ impl RunState {
     pub fn set_tensor(&mut self, key: &str, value: Tensor) -> Result<(), CallError> {
         self.check_device(key, &value)?;
         match key {
-            "loss" => {
+            keys::LOSS => {
                 if value.numel() != 1 || !value.is_floating_point() {
                     return Err(CallError(format!(
                         "`loss` must be a floating scalar, got shape {:?} of {:?}",
@@ -317,7 +317,7 @@ impl RunState {
                 }
                 self.loss = Some(value);
             }
-            "output" => {
+            keys::OUTPUT => {
                 let expected = self.output.as_ref().map(Tensor::size);
                 if expected.as_ref().is_some_and(|e| *e != value.size()) {
                     return Err(CallError(format!(
@@ -392,7 +392,7 @@ impl RunState {
 
     /// A method's extra forward in training mode, with or without gradient.
     pub fn extra_forward(&self, input: &Tensor, grad: bool) -> Result<Tensor, CallError> {
-        self.check_device("input", input)?;
+        self.check_device(keys::INPUT, input)?;
         let run = || self.forward(input, true);
         let out = if grad { run() } else { tch::no_grad(run) };
         out.map_err(|e| CallError(format!("forward failed: {e}")))

@@ -82,8 +82,7 @@ extern "C" fn get_tensor(ctx: HostCtx, key: RStr<'_>) -> ROption<TensorHandle> {
 }
 
 extern "C" fn set_tensor(ctx: HostCtx, key: RStr<'_>, value: TensorHandle) -> RResult<(), RString> {
-    // SAFETY: plugins make handles with `TensorHandle::from_tensor` and give up ownership.
-    let value = unsafe { value.into_tensor() };
+    let value = value.into_tensor();
     with_state(ctx, |s| {
         result(
             s.run("set_tensor")
@@ -110,15 +109,10 @@ extern "C" fn log(_ctx: HostCtx, level: u32, message: RStr<'_>) {
     }
 }
 
-fn owned(handle: TensorHandle) -> tch::Tensor {
-    // SAFETY: plugins make handles with `TensorHandle::from_tensor` and give up ownership.
-    unsafe { handle.into_tensor() }
-}
-
 fn named(entries: RVec<NamedTensor>) -> Vec<(String, tch::Tensor)> {
     entries
         .into_iter()
-        .map(|n| (n.name.into_string(), owned(n.tensor)))
+        .map(|n| (n.name.into_string(), n.tensor.into_tensor()))
         .collect()
 }
 
@@ -148,7 +142,7 @@ extern "C" fn forward(
     input: TensorHandle,
     grad: bool,
 ) -> RResult<TensorHandle, RString> {
-    let input = owned(input);
+    let input = input.into_tensor();
     with_state(ctx, |s| {
         result(
             s.run("forward")
@@ -164,7 +158,7 @@ extern "C" fn loss(
     target: TensorHandle,
     per_sample: bool,
 ) -> RResult<TensorHandle, RString> {
-    let (output, target) = (owned(output), owned(target));
+    let (output, target) = (output.into_tensor(), target.into_tensor());
     with_state(ctx, |s| {
         result(
             s.run("loss")

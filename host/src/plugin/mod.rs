@@ -59,8 +59,7 @@ impl ExternalLayer for PluginLayer {
     fn forward(&self, xs: &tch::Tensor, train: bool) -> Result<tch::Tensor, tch::TchError> {
         let input = TensorHandle::from_tensor(xs.shallow_clone());
         match self.module.forward(input, train) {
-            // SAFETY: the plugin returns an owned handle made by `TensorHandle::from_tensor`.
-            RResult::ROk(out) => Ok(unsafe { out.into_tensor() }),
+            RResult::ROk(out) => Ok(out.into_tensor()),
             RResult::RErr(e) => Err(tch::TchError::Torch(format!(
                 "plugin module `{}`: {}: {}",
                 self.module.kind(),

@@ -17,9 +17,10 @@ use blurpool::{
 use serde_json::Value;
 use tessera_plugin_api::abi::{Attribute, ModuleInfo};
 use tessera_plugin_api::tch::{Device, Kind, Tensor};
+use tessera_plugin_api::testing::golden::{assert_close, Golden};
+use tessera_plugin_api::testing::{default_settings_json, settings};
 use tessera_plugin_api::testing::{RandomSource, TestHost};
 use tessera_plugin_api::{boxed_method, Error, ErrorKind, Event, Hook, Module, Plugin};
-use tessera_tests::golden::{assert_close, default_settings_json, settings, Golden};
 
 const CASE: &str = "blurpool";
 const RTOL: f64 = 1e-5;

@@ -1,14 +1,9 @@
-//! CutOut (DeVries & Taylor 2017, arXiv:1708.04552), as Composer's `CutOut`: after the
-//! dataloader, `num_holes` square holes of side `int(min(H, W)·length)` are zeroed in every
-//! training image, the same holes for the whole batch.
-//!
-//! Composer's quirks are kept: a hole spans `[c − L//2, c + L//2)` (so its side is `2·(L//2)`),
-//! clipped at the borders; the row centre is drawn before the column centre; with
-//! `uniform_sampling` centres range over `[−L//2, side + L//2)` with Python's floor division.
-//! Random draws come from the host's seeded stream.
+#![doc = include_str!("../README.md")]
 
 use tessera_plugin_api::tch::{TchError, Tensor};
-use tessera_plugin_api::{export_plugin, Context, Error, Event, Hook, Method, Plugin, Settings};
+use tessera_plugin_api::{
+    export_plugin, keys, Context, Error, Event, Hook, Method, Plugin, Settings,
+};
 
 /// Hole side in pixels for a `height × width` image: `int(min(H, W) · length)`.
 pub fn hole_length(height: i64, width: i64, length: f64) -> i64 {
@@ -104,7 +99,7 @@ impl CutOut {
 
 impl Method for CutOut {
     fn on_event(&mut self, _event: Event, ctx: &mut Context<'_>) -> Result<(), Error> {
-        let input = ctx.tensor("input").ok_or("the batch has no `input`")?;
+        let input = ctx.tensor(keys::INPUT).ok_or("the batch has no `input`")?;
         let size = input.size();
         if size.len() < 3 {
             return Err(
@@ -115,7 +110,7 @@ impl Method for CutOut {
         let length = hole_length(height, width, self.length);
         let centres = self.draw_centres(ctx, height, width, length);
         let out = cutout_batch(&input, &centres, length)?;
-        ctx.set_tensor("input", out)
+        ctx.set_tensor(keys::INPUT, out)
     }
 }
 

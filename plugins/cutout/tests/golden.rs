@@ -9,9 +9,10 @@ use std::collections::VecDeque;
 use cutout::{centre_range, cutout_batch, cutout_mask, hole_length, zero_hole, CutOut};
 use serde_json::Value;
 use tessera_plugin_api::tch::{Device, Kind, Tensor};
+use tessera_plugin_api::testing::golden::Golden;
+use tessera_plugin_api::testing::{default_settings_json, settings};
 use tessera_plugin_api::testing::{splitmix64, RandomSource, TestHost};
-use tessera_plugin_api::{boxed_method, ErrorKind, Event, Hook, Plugin};
-use tessera_tests::golden::{default_settings_json, settings, Golden};
+use tessera_plugin_api::{boxed_method, keys, ErrorKind, Event, Hook, Plugin};
 
 const CASE: &str = "cutout";
 
@@ -57,7 +58,7 @@ fn runs(g: &Golden) -> Vec<Run> {
                 key,
             };
             // The key repeats the settings: out/holes=..,length=..,uniform=..,seed=..
-            let params = tessera_tests::golden::parse_params(
+            let params = tessera_plugin_api::testing::golden::parse_params(
                 run.key
                     .split_once('/')
                     .unwrap_or_else(|| panic!("run key `{}` has no `/`", run.key))
@@ -246,8 +247,8 @@ fn method_reproduces_the_runs_from_the_recorded_draws() {
             let draws = scripted_draws(&run, h, w, len);
             let expected_draws = draws.len();
             let mut host = TestHost::new(RandomSource::Scripted(draws))
-                .with("input", x)
-                .with("target", &Tensor::from_slice(&[0i64]));
+                .with(keys::INPUT, x)
+                .with(keys::TARGET, &Tensor::from_slice(&[0i64]));
             host.fire(&mut method, Event::AFTER_DATALOADER)
                 .unwrap_or_else(|e| panic!("{what}: {e}"));
             assert_eq!(
@@ -256,10 +257,10 @@ fn method_reproduces_the_runs_from_the_recorded_draws() {
             );
             assert_eq!(host.draws, expected_draws, "{what}: draws");
             assert!(
-                host.get("input").equal(g.tensor(&run.key)),
+                host.get(keys::INPUT).equal(g.tensor(&run.key)),
                 "{what}: output"
             );
-            assert!(host.get("target").equal(&Tensor::from_slice(&[0i64])));
+            assert!(host.get(keys::TARGET).equal(&Tensor::from_slice(&[0i64])));
         }
     }
 }
@@ -403,13 +404,13 @@ fn method_keeps_the_invariants_with_the_hosts_rng() {
         let mut method = boxed_method::<CutOut>(&settings(&config)).unwrap();
         let mut host = TestHost::new(RandomSource::Seeded(i as u64));
         for step in 0..10 {
-            host.tensors.insert("input".to_owned(), x.copy());
+            host.tensors.insert(keys::INPUT.to_owned(), x.copy());
             let before = host.draws;
             host.fire(&mut method, Event::AFTER_DATALOADER).unwrap();
             // Two uniform draws per hole (rejection makes more astronomically unlikely).
             assert_eq!(host.draws - before, 2 * holes as usize, "{config}: draws");
             let what = format!("{config} step {step}");
-            check_invariants(&what, x, host.get("input"), holes, len, None);
+            check_invariants(&what, x, host.get(keys::INPUT), holes, len, None);
         }
     }
 }
@@ -489,7 +490,7 @@ fn method_rejects_batches_without_images() {
     let mut host = TestHost::new(RandomSource::Seeded(1));
     let err = host.fire(&mut method, Event::AFTER_DATALOADER).unwrap_err();
     assert!(err.contains("input"), "{err}");
-    let mut host = TestHost::new(RandomSource::Seeded(1)).with("input", &images(&[4, 8], 0));
+    let mut host = TestHost::new(RandomSource::Seeded(1)).with(keys::INPUT, &images(&[4, 8], 0));
     let err = host.fire(&mut method, Event::AFTER_DATALOADER).unwrap_err();
     assert!(err.contains("(N, C, H, W)"), "{err}");
 }

@@ -11,9 +11,10 @@ use std::collections::BTreeMap;
 use ema::{compute_ema, smoothing_from_half_life, Ema, EmaConfig, Time};
 use tessera_plugin_api::abi::MethodState;
 use tessera_plugin_api::tch::{Kind, Tensor};
+use tessera_plugin_api::testing::golden::Golden;
+use tessera_plugin_api::testing::settings;
 use tessera_plugin_api::testing::{RandomSource, TestHost};
 use tessera_plugin_api::{boxed_method, Event, State};
-use tessera_tests::golden::{settings, Golden};
 
 const CASE: &str = "ema";
 
@@ -177,14 +178,8 @@ fn smoothing_and_interval_from_settings_match_composer() {
         // The invariant the case states: s = 2^(−interval / half_life).
         let kw: serde_json::Value = serde_json::from_str(kwargs).unwrap();
         if let Some(h) = kw["half_life"].as_str() {
-            let h = match Time::parse("half_life", h).unwrap() {
-                Time::Batches(n) | Time::Epochs(n) => n,
-                Time::Duration(_) => panic!("{kwargs}"),
-            };
-            let i = match config.update_interval {
-                Time::Batches(n) | Time::Epochs(n) => n,
-                Time::Duration(_) => panic!("{kwargs}"),
-            };
+            let h = Time::parse(h).unwrap().count().expect(kwargs);
+            let i = config.update_interval.count().expect(kwargs);
             assert_eq!(config.smoothing, smoothing_from_half_life(i, h), "{kwargs}");
         }
     }

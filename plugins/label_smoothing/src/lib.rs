@@ -1,11 +1,9 @@
-//! Label smoothing (Szegedy et al. 2015, arXiv:1512.00567), as Composer's `LabelSmoothing`:
-//! before the loss, index targets become `onehot(y)·(1 − ε) + ε/K`; after the loss the original
-//! targets are put back, so metrics and later methods see them unchanged.
-//!
-//! The pure function [`smooth_labels`] is usable from Rust directly (the crate is also an rlib).
+#![doc = include_str!("../README.md")]
 
 use tessera_plugin_api::tch::{Kind, TchError, Tensor};
-use tessera_plugin_api::{export_plugin, Context, Error, Event, Hook, Method, Plugin, Settings};
+use tessera_plugin_api::{
+    export_plugin, keys, Context, Error, Event, Hook, Method, Plugin, Settings,
+};
 
 /// Composer's `smooth_labels` (`composer/algorithms/label_smoothing/label_smoothing.py`).
 ///
@@ -90,15 +88,17 @@ impl Method for LabelSmoothing {
         match event {
             Event::BEFORE_LOSS => {
                 let output = ctx
-                    .tensor("output")
+                    .tensor(keys::OUTPUT)
                     .ok_or("no model output at before_loss")?;
-                let target = ctx.tensor("target").ok_or("the batch has no `target`")?;
+                let target = ctx
+                    .tensor(keys::TARGET)
+                    .ok_or("the batch has no `target`")?;
                 let smoothed = smooth_labels(&output, &target, self.smoothing)?;
                 self.original_target = Some(target);
-                ctx.set_tensor("target", smoothed)
+                ctx.set_tensor(keys::TARGET, smoothed)
             }
             Event::AFTER_LOSS => match self.original_target.take() {
-                Some(target) => ctx.set_tensor("target", target),
+                Some(target) => ctx.set_tensor(keys::TARGET, target),
                 None => Ok(()),
             },
             _ => Ok(()),

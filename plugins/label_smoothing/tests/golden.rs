@@ -6,9 +6,10 @@
 
 use label_smoothing::{smooth_labels, LabelSmoothing};
 use tessera_plugin_api::tch::{Kind, Reduction, Tensor};
+use tessera_plugin_api::testing::golden::{assert_close, Golden};
+use tessera_plugin_api::testing::{default_settings_json, settings};
 use tessera_plugin_api::testing::{RandomSource, TestHost};
-use tessera_plugin_api::{boxed_method, ErrorKind, Event, Hook, Plugin};
-use tessera_tests::golden::{assert_close, default_settings_json, settings, Golden};
+use tessera_plugin_api::{boxed_method, keys, ErrorKind, Event, Hook, Plugin};
 
 const CASE: &str = "label_smoothing";
 const RTOL: f64 = 1e-6;
@@ -29,7 +30,7 @@ fn parse_key(key: &str) -> (String, Option<String>, f64) {
     let (head, params) = key
         .split_once('/')
         .unwrap_or_else(|| panic!("output `{key}` has no `/s=<smoothing>` part"));
-    let params = tessera_tests::golden::parse_params(params);
+    let params = tessera_plugin_api::testing::golden::parse_params(params);
     let s = params
         .get("s")
         .unwrap_or_else(|| panic!("output `{key}` names no smoothing `s=`"))
@@ -222,12 +223,12 @@ fn method_smooths_before_the_loss_and_restores_after() {
             boxed_method::<LabelSmoothing>(&settings(&format!(r#"{{"smoothing": {s}}}"#)))
                 .unwrap_or_else(|e| panic!("smoothing {s}: {e}"));
         let mut host = TestHost::new(RandomSource::Seeded(0))
-            .with("output", logits)
-            .with("target", target);
+            .with(keys::OUTPUT, logits)
+            .with(keys::TARGET, target);
         host.fire(&mut method, Event::BEFORE_LOSS).unwrap();
-        assert_close(&key, host.get("target"), g.tensor(&key), RTOL, ATOL);
+        assert_close(&key, host.get(keys::TARGET), g.tensor(&key), RTOL, ATOL);
         host.fire(&mut method, Event::AFTER_LOSS).unwrap();
-        let restored = host.get("target");
+        let restored = host.get(keys::TARGET);
         assert_eq!(restored.kind(), target.kind(), "{key}: restored kind");
         assert!(
             restored.equal(target),
@@ -235,7 +236,7 @@ fn method_smooths_before_the_loss_and_restores_after() {
         );
         // A second AFTER_LOSS without BEFORE_LOSS leaves the target alone.
         host.fire(&mut method, Event::AFTER_LOSS).unwrap();
-        assert!(host.get("target").equal(target));
+        assert!(host.get(keys::TARGET).equal(target));
         assert_eq!(host.draws, 0, "label smoothing draws no random numbers");
         checked += 1;
     }
@@ -253,10 +254,10 @@ fn defaults_match_default_settings_and_the_golden_case() {
     let run = |json: &str| {
         let mut method = boxed_method::<LabelSmoothing>(&settings(json)).unwrap();
         let mut host = TestHost::new(RandomSource::Seeded(0))
-            .with("output", logits)
-            .with("target", target);
+            .with(keys::OUTPUT, logits)
+            .with(keys::TARGET, target);
         host.fire(&mut method, Event::BEFORE_LOSS).unwrap();
-        host.get("target").copy()
+        host.get(keys::TARGET).copy()
     };
     let empty = run("{}");
     assert!(
@@ -315,12 +316,12 @@ fn settings_are_validated() {
 fn method_reports_missing_tensors() {
     let mut method = boxed_method::<LabelSmoothing>(&settings("{}")).unwrap();
     let logits = Tensor::zeros([2, 3], (Kind::Float, tessera_plugin_api::tch::Device::Cpu));
-    let mut host = TestHost::new(RandomSource::Seeded(0)).with("output", &logits);
+    let mut host = TestHost::new(RandomSource::Seeded(0)).with(keys::OUTPUT, &logits);
     let err = host.fire(&mut method, Event::BEFORE_LOSS).unwrap_err();
     assert!(err.contains("target"), "{err}");
     let mut method = boxed_method::<LabelSmoothing>(&settings("{}")).unwrap();
     let mut host =
-        TestHost::new(RandomSource::Seeded(0)).with("target", &Tensor::from_slice(&[0i64, 1]));
+        TestHost::new(RandomSource::Seeded(0)).with(keys::TARGET, &Tensor::from_slice(&[0i64, 1]));
     let err = host.fire(&mut method, Event::BEFORE_LOSS).unwrap_err();
     assert!(err.contains("output"), "{err}");
 }

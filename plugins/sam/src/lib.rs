@@ -1,17 +1,4 @@
-//! SAM, sharpness-aware minimization (Foret et al. 2021, arXiv:2010.01412), as Composer's
-//! `SAMOptimizer`: on a SAM step the gradient `g` at the weights `w` gives the ascent step
-//! `e(w) = rho · g / (‖g‖₂ + epsilon)` (one L2 norm over every trainable parameter's gradient);
-//! the model is moved to `w + e(w)`, forward and backward run again, the weights go back to `w`
-//! and the optimizer steps at `w` with the gradient computed at `w + e(w)`.
-//!
-//! In Tessera the two passes are the host's extra pass ([`Context::request_extra_pass`]):
-//! at the first `after_train_batch` (pass 0) the method perturbs the weights and asks for a
-//! second pass; at the second `after_train_batch` (pass 1) it takes the perturbation back off.
-//! As in Composer, SAM runs on the steps where `(step + 1) % interval == 0` (`step` counting the
-//! method's optimizer steps from 0); the other steps are plain single-pass steps. The loss the
-//! run reports for a SAM step is the first pass's (the loss at `w`), as Composer's
-//! `SAMOptimizer.step` returns it.
-
+#![doc = include_str!("../README.md")]
 #![warn(missing_docs)]
 
 use tessera_plugin_api::tch::{self, Kind, TchError, Tensor};

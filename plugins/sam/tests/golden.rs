@@ -15,9 +15,10 @@ use std::collections::HashMap;
 use sam::{global_grad_norm, is_sam_step, sam_perturbation, shift_in_place, Sam};
 use tessera_plugin_api::abi::MethodBox;
 use tessera_plugin_api::tch::Tensor;
+use tessera_plugin_api::testing::golden::{assert_close, Golden};
+use tessera_plugin_api::testing::{default_settings_json, settings};
 use tessera_plugin_api::testing::{RandomSource, TestHost};
 use tessera_plugin_api::{boxed_method, Event, Plugin};
-use tessera_tests::golden::{assert_close, default_settings_json, settings, Golden};
 
 const CASE: &str = "sam";
 const RTOL: f64 = 1e-5;

@@ -6,9 +6,10 @@ use std::collections::HashMap;
 use sam::{sam_perturbation, Sam, PRIORITY};
 use tessera_plugin_api::abi::MethodBox;
 use tessera_plugin_api::tch::Tensor;
+use tessera_plugin_api::testing::golden::assert_close;
+use tessera_plugin_api::testing::settings;
 use tessera_plugin_api::testing::{RandomSource, TestHost};
 use tessera_plugin_api::{boxed_method, ErrorKind, Event, Hook, Plugin};
-use tessera_tests::golden::{assert_close, settings};
 
 fn method(json: &str) -> MethodBox {
     boxed_method::<Sam>(&settings(json)).expect("valid settings")

@@ -1,22 +1,9 @@
-//! Selective Backprop (Jiang et al. 2019, arXiv:1910.00762), as Composer's `SelectiveBackprop`:
-//! after the dataloader, on the batches [`should_selective_backprop`] picks, an extra no-grad
-//! forward pass (on a linearly downsampled input when `scale_factor < 1`) scores every sample by
-//! its loss, and the batch shrinks to `int(keep · N)` samples drawn without replacement with
-//! probability `∝ ((r + 0.5)/N)^(1/keep − 1)` by loss rank `r` (ascending), so hard samples are
-//! kept more often.
-//!
-//! Kept from Composer: the schedule (`start ≤ t < end`, interrupted every `interrupt` batches of
-//! the epoch), the probabilities (bit for bit, including numpy's pairwise sum in the
-//! normalisation), the draw order of the kept samples, the model staying in training mode for
-//! the scoring pass, and `keep ≥ 1` disabling the method. Changed: the samples are drawn from the
-//! host's seeded stream (successive weighted sampling without replacement, the distribution
-//! numpy's `choice(replace=False, p=...)` samples from, not numpy's numbers); at least one sample
-//! is always kept; and the method runs FIRST among the `after_dataloader` methods (priority
-//! [`PRIORITY`]) so that other batch transforms only pay for the samples it keeps — Composer
-//! meant that too, but its FILO pass puts it last.
+#![doc = include_str!("../README.md")]
 
 use tessera_plugin_api::tch::{Kind, TchError, Tensor};
-use tessera_plugin_api::{export_plugin, Context, Error, Event, Hook, Method, Plugin, Settings};
+use tessera_plugin_api::{
+    export_plugin, keys, Context, Error, Event, Hook, Method, Plugin, Settings,
+};
 
 /// The method's priority at `after_dataloader`: high, so it runs before the other batch
 /// transforms there whatever the `trainer.toml` order.
@@ -232,8 +219,10 @@ impl Method for SelectiveBackprop {
         {
             return Ok(());
         }
-        let input = ctx.tensor("input").ok_or("the batch has no `input`")?;
-        let target = ctx.tensor("target").ok_or("the batch has no `target`")?;
+        let input = ctx.tensor(keys::INPUT).ok_or("the batch has no `input`")?;
+        let target = ctx
+            .tensor(keys::TARGET)
+            .ok_or("the batch has no `target`")?;
         let idx = {
             let host = std::cell::RefCell::new(&mut *ctx);
             select_using_loss(
@@ -250,11 +239,11 @@ impl Method for SelectiveBackprop {
         let idx = Tensor::f_from_slice(&idx)?.f_to_device(input.device())?;
         // Every batch tensor shrinks alike: `input`, `target` (Composer's pair), then any other.
         let mut entries = vec![
-            ("input".to_owned(), input.f_index_select(0, &idx)?),
-            ("target".to_owned(), target.f_index_select(0, &idx)?),
+            (keys::INPUT.to_owned(), input.f_index_select(0, &idx)?),
+            (keys::TARGET.to_owned(), target.f_index_select(0, &idx)?),
         ];
         for key in ctx.batch_keys()? {
-            if key != "input" && key != "target" {
+            if key != keys::INPUT && key != keys::TARGET {
                 if let Some(t) = ctx.tensor(&key) {
                     let shrunk = t.f_index_select(0, &idx.f_to_device(t.device())?)?;
                     entries.push((key, shrunk));

@@ -16,9 +16,10 @@ use selective_backprop::{
 };
 use serde_json::Value;
 use tessera_plugin_api::tch::{Kind, Tensor};
+use tessera_plugin_api::testing::golden::{parse_params, Golden};
+use tessera_plugin_api::testing::{default_settings_json, settings};
 use tessera_plugin_api::testing::{splitmix64, RandomSource, TestHost};
-use tessera_plugin_api::{boxed_method, Error, ErrorKind, Event, Plugin};
-use tessera_tests::golden::{default_settings_json, parse_params, settings, Golden};
+use tessera_plugin_api::{boxed_method, keys, Error, ErrorKind, Event, Plugin};
 
 const CASE: &str = "selective_backprop";
 
@@ -268,7 +269,7 @@ fn scaled_model_input_matches_torch_interpolate() {
     let want = g.tensor(name);
     let ours = downsample(input, scale).expect("downsample");
     assert_eq!(ours.kind(), want.kind());
-    tessera_tests::golden::assert_close(name, &ours, want, 1e-6, 1e-6);
+    tessera_plugin_api::testing::golden::assert_close(name, &ours, want, 1e-6, 1e-6);
     // And select_using_loss feeds exactly that to the model, keeping full-size samples.
     let n = input.size()[0];
     let seen = RefCell::new(None);
@@ -286,7 +287,7 @@ fn scaled_model_input_matches_torch_interpolate() {
     )
     .expect("select_using_loss");
     let seen = seen.into_inner().expect("the model was called");
-    tessera_tests::golden::assert_close("model input", &seen, want, 1e-6, 1e-6);
+    tessera_plugin_api::testing::golden::assert_close("model input", &seen, want, 1e-6, 1e-6);
     assert_eq!(idx.len(), n_select(0.5, n as usize));
 }
 
@@ -348,12 +349,12 @@ fn method_leaves_inactive_batches_alone() {
     ] {
         let mut method = boxed_method::<SelectiveBackprop>(&settings(json)).unwrap();
         let mut host = TestHost::new(RandomSource::Seeded(0))
-            .with("input", &x)
-            .with("target", &y);
+            .with(keys::INPUT, &x)
+            .with(keys::TARGET, &y);
         host.fire(&mut method, Event::AFTER_DATALOADER)
             .unwrap_or_else(|e| panic!("{json}: {e}"));
-        assert!(host.get("input").equal(&x), "{json}");
-        assert!(host.get("target").equal(&y), "{json}");
+        assert!(host.get(keys::INPUT).equal(&x), "{json}");
+        assert!(host.get(keys::TARGET).equal(&y), "{json}");
         assert_eq!(host.draws, 0, "{json}");
         assert!(host.metrics.is_empty(), "{json}");
     }
@@ -368,13 +369,13 @@ fn method_scores_active_batches_with_the_hosts_model() {
     let json = r#"{"start": 0.0, "end": 1.0, "interrupt": 0}"#;
     let mut method = boxed_method::<SelectiveBackprop>(&settings(json)).unwrap();
     let mut host = TestHost::new(RandomSource::Seeded(0))
-        .with("input", &x)
-        .with("target", &y);
+        .with(keys::INPUT, &x)
+        .with(keys::TARGET, &y);
     let err = host
         .fire(&mut method, Event::AFTER_DATALOADER)
         .expect_err("the test host has no model");
     assert!(err.contains("forward"), "{err}");
-    assert!(host.get("input").equal(&x));
+    assert!(host.get(keys::INPUT).equal(&x));
 }
 
 #[test]

@@ -1,22 +1,32 @@
-//! Composer's golden outputs (`shared/golden/`, beside the repository): loading a case's JSON
-//! description and its tensors, and comparing results. Used by the plugin crates' golden tests.
+//! Reference outputs ("golden files") for a plugin's tests: a case is `<case>.json` (what was
+//! run, each tensor's role, shape and dtype, scalar results) next to `<case>.safetensors` (the
+//! tensors), as written by the scripts of `shared/golden/` from Composer's own code.
+//!
+//! The folder is `$TESSERA_GOLDEN_DIR`, else `shared/golden` beside the repository that holds
+//! this crate. Everything here panics with a message naming the file or tensor (it is test code).
+//!
+//! ```no_run
+//! use tessera_plugin_api::testing::golden::{assert_close, Golden};
+//!
+//! let g = Golden::load("label_smoothing");
+//! for name in g.names_with_role("output") {
+//!     let want = g.tensor(&name);
+//!     assert_close(&name, &want.copy(), want, 1e-6, 1e-6);
+//! }
+//! ```
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use serde_json::Value;
-use tessera_plugin_api::tch::{Kind, Tensor};
-use tessera_plugin_api::Settings;
-
-// ------------------------------------------------------------------------------------------
-// Golden files
-// ------------------------------------------------------------------------------------------
+use tch::{Kind, Tensor};
 
 /// The folder of Composer's golden outputs: `$TESSERA_GOLDEN_DIR`, else the repository's
 /// sibling `shared/golden`. Panics with instructions when `<case>.json` is not there.
 pub fn golden_dir(case: &str) -> PathBuf {
     let dir = match std::env::var_os("TESSERA_GOLDEN_DIR") {
         Some(dir) => PathBuf::from(dir),
+        // This crate's folder is `<repository>/plugin-api`.
         None => PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/golden")),
     };
     for ext in ["json", "safetensors"] {
@@ -34,7 +44,9 @@ pub fn golden_dir(case: &str) -> PathBuf {
 
 /// One golden case: its JSON description and its tensors by name.
 pub struct Golden {
+    /// The case's description (`<case>.json`): parameters, tensor roles, results.
     pub json: Value,
+    /// The case's tensors (`<case>.safetensors`) by name.
     pub tensors: BTreeMap<String, Tensor>,
 }
 
@@ -154,26 +166,4 @@ pub fn assert_close(what: &str, got: &Tensor, want: &Tensor, rtol: f64, atol: f6
         "{what}: max |got − want| = {:e} exceeds {rtol:e}·|want| + {atol:e}",
         err.max().double_value(&[])
     );
-}
-
-/// The `DEFAULT_SETTINGS` TOML text (flat `key = value` lines) as settings JSON.
-pub fn default_settings_json(toml: &str) -> String {
-    let mut map = serde_json::Map::new();
-    for line in toml.lines().map(str::trim) {
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let (k, v) = line
-            .split_once('=')
-            .unwrap_or_else(|| panic!("DEFAULT_SETTINGS line `{line}` is not `key = value`"));
-        let value: Value = serde_json::from_str(v.trim())
-            .unwrap_or_else(|e| panic!("DEFAULT_SETTINGS value `{v}`: {e}"));
-        map.insert(k.trim().to_owned(), value);
-    }
-    Value::Object(map).to_string()
-}
-
-/// Settings from JSON text.
-pub fn settings(json: &str) -> Settings {
-    Settings::from_json(json).unwrap_or_else(|e| panic!("settings {json}: {e}"))
 }
