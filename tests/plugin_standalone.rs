@@ -15,6 +15,49 @@ use toml_edit::{DocumentMut, InlineTable, Item, Value};
 /// The plugin copied out; its golden case has the same name.
 const PLUGIN: &str = "label_smoothing";
 
+/// Undoes, when dropped, what building the copied crate in the shared target folder left there:
+/// its own builds of the plugin (and of crates it resolves with other features) in
+/// `target/release/deps`, which rustdoc would otherwise find beside the workspace's (two `tch`
+/// candidates break the workspace's doc tests), and the plugin's `.so`, which it overwrote.
+struct SharedTargetGuard {
+    deps: PathBuf,
+    before: std::collections::HashSet<std::ffi::OsString>,
+    library: PathBuf,
+    saved_library: Option<Vec<u8>>,
+}
+
+impl SharedTargetGuard {
+    fn new() -> Self {
+        let deps = target_dir().join("deps");
+        let before = std::fs::read_dir(&deps)
+            .map(|d| d.filter_map(Result::ok).map(|e| e.file_name()).collect())
+            .unwrap_or_default();
+        let library = target_dir().join(format!("lib{PLUGIN}.so"));
+        let saved_library = std::fs::read(&library).ok();
+        SharedTargetGuard {
+            deps,
+            before,
+            library,
+            saved_library,
+        }
+    }
+}
+
+impl Drop for SharedTargetGuard {
+    fn drop(&mut self) {
+        if let Ok(entries) = std::fs::read_dir(&self.deps) {
+            for e in entries.filter_map(Result::ok) {
+                if !self.before.contains(&e.file_name()) {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
+        if let Some(bytes) = &self.saved_library {
+            let _ = std::fs::write(&self.library, bytes);
+        }
+    }
+}
+
 fn repository() -> PathBuf {
     PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
 }
@@ -125,6 +168,7 @@ fn passed(stdout: &str) -> Vec<usize> {
 #[test]
 fn a_plugin_folder_copied_out_of_the_repository_builds_and_passes_its_tests() {
     let root = repository();
+    let _restore = SharedTargetGuard::new();
     let tmp = TempDir::new("standalone-plugin");
     let krate = tmp.join(PLUGIN);
     copy_dir(&root.join("plugins").join(PLUGIN), &krate);

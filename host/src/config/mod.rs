@@ -13,7 +13,7 @@
 //! ```
 //!
 //! Config sits on top of the domain modules: each table is read into the type of the module
-//! that uses it (`optim::Algorithm`, `data::Transforms`, `model::ModelConfig`, ...), which
+//! that uses it (`optim::Rule`, `data::Transforms`, `model::ModelConfig`, ...), which
 //! holds the defaults. One file per table; `section!` names each key once.
 //! `docs/trainer-reference.toml` documents every key.
 
@@ -41,7 +41,7 @@ pub use error::{ConfigError, ErrorKind, Location};
 pub use train::TrainConfig;
 
 use crate::model::ModelConfig;
-use crate::optim::{schedule::Schedule, Algorithm};
+use crate::optim::{schedule::Schedule, Rule};
 use reader::{Bounds, Tbl};
 use section::{section, Section};
 use serde::Serialize;
@@ -65,7 +65,7 @@ pub struct Config {
     /// `[model]`
     pub model: ModelConfig,
     /// `[optimizer]` (default SGD).
-    pub optimizer: Algorithm,
+    pub optimizer: Rule,
     /// `[scheduler]` (default `{ name = "constant" }`).
     pub scheduler: Schedule,
     /// `[train]`

@@ -1,10 +1,10 @@
-//! `[optimizer]`, tagged by `name`: read into [`optim::Algorithm`](Algorithm).
+//! `[optimizer]`, tagged by `name`: read into [`optim::Rule`](Rule).
 
 use super::error::{ConfigError, ErrorKind};
 use super::reader::{Bounds, Tbl};
 use super::section::{section, Section};
 use super::tree::Val;
-use crate::optim::{AdamW, Algorithm, Sgd};
+use crate::optim::{AdamW, Rule, Sgd};
 
 section!(Sgd {
     lr: float(Bounds::POSITIVE),
@@ -34,7 +34,7 @@ const OPTIMIZERS: [(&str, Name, &[&str]); 2] = [
     ("adamw", Name::AdamW, AdamW::KEYS),
 ];
 
-pub(super) fn read(top: &Tbl<'_>) -> Result<Algorithm, ConfigError> {
+pub(super) fn read(top: &Tbl<'_>) -> Result<Rule, ConfigError> {
     let mut keys = vec!["name"];
     for key in OPTIMIZERS.iter().flat_map(|(_, _, k)| k.iter()) {
         if !keys.contains(key) {
@@ -42,17 +42,17 @@ pub(super) fn read(top: &Tbl<'_>) -> Result<Algorithm, ConfigError> {
         }
     }
     let Some(o) = top.sub("optimizer", Some(&keys))? else {
-        return Ok(Algorithm::default());
+        return Ok(Rule::default());
     };
     let names = OPTIMIZERS.map(|(label, name, _)| (label, name));
     let start = match o.choice("name", "optimizer", &names)? {
-        Some(Name::Sgd) => Algorithm::Sgd(Sgd::default()),
-        Some(Name::AdamW) => Algorithm::AdamW(AdamW::default()),
-        None => Algorithm::default(),
+        Some(Name::Sgd) => Rule::Sgd(Sgd::default()),
+        Some(Name::AdamW) => Rule::AdamW(AdamW::default()),
+        None => Rule::default(),
     };
     let (label, own) = match start {
-        Algorithm::Sgd(_) => ("sgd", Sgd::KEYS),
-        Algorithm::AdamW(_) => ("adamw", AdamW::KEYS),
+        Rule::Sgd(_) => ("sgd", Sgd::KEYS),
+        Rule::AdamW(_) => ("adamw", AdamW::KEYS),
     };
     for (other_label, _, other) in OPTIMIZERS.iter().filter(|(l, _, _)| *l != label) {
         for key in other.iter().filter(|k| !own.contains(k)) {
@@ -66,7 +66,7 @@ pub(super) fn read(top: &Tbl<'_>) -> Result<Algorithm, ConfigError> {
         }
     }
     Ok(match start {
-        Algorithm::Sgd(start) => {
+        Rule::Sgd(start) => {
             let c = start.read_keys(&o)?;
             if c.nesterov && (c.momentum <= 0.0 || c.dampening != 0.0) {
                 return Err(o.err(
@@ -78,9 +78,9 @@ pub(super) fn read(top: &Tbl<'_>) -> Result<Algorithm, ConfigError> {
                     ),
                 ));
             }
-            Algorithm::Sgd(c)
+            Rule::Sgd(c)
         }
-        Algorithm::AdamW(start) => {
+        Rule::AdamW(start) => {
             let mut c = start.read_keys(&o)?;
             if let Some(b) = o.float_list("betas", Bounds::UNIT_OPEN)? {
                 c.betas = match b.as_slice() {
@@ -102,7 +102,7 @@ pub(super) fn read(top: &Tbl<'_>) -> Result<Algorithm, ConfigError> {
                     }
                 };
             }
-            Algorithm::AdamW(c)
+            Rule::AdamW(c)
         }
     })
 }

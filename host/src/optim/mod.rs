@@ -103,10 +103,11 @@ impl Default for AdamW {
     }
 }
 
-/// Which algorithm an [`Optimizer`] runs (`[optimizer]`, tagged by `name`; default SGD).
+/// The update rule an [`Optimizer`] runs, with its hyperparameters (`[optimizer]`, tagged by
+/// `name`; default SGD).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "name")]
-pub enum Algorithm {
+pub enum Rule {
     /// Stochastic gradient descent.
     #[serde(rename = "sgd")]
     Sgd(Sgd),
@@ -115,18 +116,18 @@ pub enum Algorithm {
     AdamW(AdamW),
 }
 
-impl Default for Algorithm {
+impl Default for Rule {
     fn default() -> Self {
-        Algorithm::Sgd(Sgd::default())
+        Rule::Sgd(Sgd::default())
     }
 }
 
-impl Algorithm {
+impl Rule {
     /// The base learning rate.
     pub fn lr(&self) -> f64 {
         match self {
-            Algorithm::Sgd(h) => h.lr,
-            Algorithm::AdamW(h) => h.lr,
+            Rule::Sgd(h) => h.lr,
+            Rule::AdamW(h) => h.lr,
         }
     }
 }
@@ -142,7 +143,7 @@ struct Slot {
 /// the rate of a step is `initial_lr × schedule multiplier × scale`, where the schedule sets the
 /// multiplier ([`Optimizer::schedule_step`]) and methods the scale ([`Optimizer::scale_lr`]).
 pub struct Optimizer {
-    algorithm: Algorithm,
+    algorithm: Rule,
     schedule: Schedule,
     scale_schedule_ratio: f64,
     initial_lr: f64,
@@ -156,7 +157,7 @@ impl Optimizer {
     /// An optimizer over every parameter of `params` that requires a gradient, starting at the
     /// algorithm's learning rate and following `schedule` (stretched by `scale_schedule_ratio`).
     pub fn new(
-        algorithm: Algorithm,
+        algorithm: Rule,
         schedule: Schedule,
         scale_schedule_ratio: f64,
         params: &ParamStore,
@@ -245,16 +246,16 @@ impl Optimizer {
     /// The names of the state buffers kept per parameter.
     fn buffer_names(&self) -> &'static [&'static str] {
         match self.algorithm {
-            Algorithm::Sgd(_) => &["momentum_buffer"],
-            Algorithm::AdamW(_) => &["exp_avg", "exp_avg_sq"],
+            Rule::Sgd(_) => &["momentum_buffer"],
+            Rule::AdamW(_) => &["exp_avg", "exp_avg_sq"],
         }
     }
 
     /// The algorithm's name as written in checkpoints (`sgd`, `adamw`).
     pub fn algorithm_name(&self) -> &'static str {
         match self.algorithm {
-            Algorithm::Sgd(_) => "sgd",
-            Algorithm::AdamW(_) => "adamw",
+            Rule::Sgd(_) => "sgd",
+            Rule::AdamW(_) => "adamw",
         }
     }
 
@@ -368,12 +369,12 @@ impl Optimizer {
         // A method's scaling was meant for this step only.
         self.lr_scale = 1.0;
         match &self.algorithm {
-            Algorithm::Sgd(h) => {
+            Rule::Sgd(h) => {
                 for slot in &mut self.slots {
                     sgd_update(slot, h, lr, self.initial_lr)?;
                 }
             }
-            Algorithm::AdamW(h) => {
+            Rule::AdamW(h) => {
                 for slot in &mut self.slots {
                     adamw_update(slot, h, lr, self.steps)?;
                 }
@@ -484,7 +485,7 @@ mod tests {
             weight_decay: 0.1,
             decoupled_weight_decay: false,
         };
-        let mut opt = Optimizer::new(Algorithm::Sgd(h), Schedule::default(), 1.0, &store);
+        let mut opt = Optimizer::new(Rule::Sgd(h), Schedule::default(), 1.0, &store);
         // step 1: d = g + wd p = [0.5+0.1, 1-0.2] = [0.6, 0.8]; buf = d; nesterov d + 0.9 buf
         set_grad(&p, &[0.5, 1.0]);
         opt.step().unwrap();
@@ -520,7 +521,7 @@ mod tests {
             eps: 1e-8,
             weight_decay: 0.0,
         };
-        let mut opt = Optimizer::new(Algorithm::AdamW(h), Schedule::default(), 1.0, &store);
+        let mut opt = Optimizer::new(Rule::AdamW(h), Schedule::default(), 1.0, &store);
         set_grad(&p, &[3.0, -0.5]);
         opt.step().unwrap();
         // The first bias-corrected Adam step is lr·sign(g).
@@ -543,13 +544,13 @@ mod tests {
             weight_decay: 0.0,
             decoupled_weight_decay: false,
         };
-        let mut opt = Optimizer::new(Algorithm::Sgd(h.clone()), Schedule::default(), 1.0, &store);
+        let mut opt = Optimizer::new(Rule::Sgd(h.clone()), Schedule::default(), 1.0, &store);
         opt.scale_lr(0.5);
         opt.scale_lr(0.5);
         assert_eq!(opt.lr(), 0.125, "scales compound");
         // A checkpoint taken now carries the pending scale.
         let snapshot = opt.snapshot();
-        let mut restored = Optimizer::new(Algorithm::Sgd(h), Schedule::default(), 1.0, &store);
+        let mut restored = Optimizer::new(Rule::Sgd(h), Schedule::default(), 1.0, &store);
         restored.restore(&snapshot, &store).unwrap();
         assert_eq!(restored.lr(), 0.125);
         set_grad(&p, &[1.0]);

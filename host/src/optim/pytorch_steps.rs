@@ -8,7 +8,7 @@ use tch::nn::Init;
 use tch::{Device, Kind, Tensor};
 
 use super::schedule::Schedule;
-use super::{AdamW, Algorithm, Optimizer, Sgd};
+use super::{AdamW, Optimizer, Rule, Sgd};
 use crate::model::ParamStore;
 
 /// Relative and absolute tolerance: the same float32 operations, possibly fused or ordered
@@ -33,13 +33,13 @@ fn number(v: &Value, key: &str, case: &str) -> f64 {
         .unwrap_or_else(|| panic!("{case}: hyperparameter `{key}` is not a number"))
 }
 
-fn algorithm(case: &Value, name: &str) -> Algorithm {
+fn algorithm(case: &Value, name: &str) -> Rule {
     let h = &case["hyperparameters"];
     match case["optimizer"].as_str() {
         Some("adamw") => {
             let betas = h["betas"].as_array().expect("betas");
             assert_eq!(betas.len(), 2, "{name}: betas");
-            Algorithm::AdamW(AdamW {
+            Rule::AdamW(AdamW {
                 lr: case["lr"][0].as_f64().expect("lr"),
                 betas: (
                     betas[0].as_f64().expect("beta1"),
@@ -49,7 +49,7 @@ fn algorithm(case: &Value, name: &str) -> Algorithm {
                 weight_decay: number(h, "weight_decay", name),
             })
         }
-        Some("sgd") => Algorithm::Sgd(Sgd {
+        Some("sgd") => Rule::Sgd(Sgd {
             lr: case["lr"][0].as_f64().expect("lr"),
             momentum: number(h, "momentum", name),
             dampening: number(h, "dampening", name),

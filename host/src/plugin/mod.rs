@@ -72,7 +72,7 @@ impl ExternalLayer for PluginLayer {
 
 /// Why a plugin could not be used.
 #[derive(Debug, thiserror::Error)]
-pub enum PluginError {
+pub enum LoadError {
     /// No file for the plugin in any folder.
     #[error("plugin `{name}` not found; looked for {candidates} in: {dirs}")]
     NotFound {
@@ -194,7 +194,7 @@ fn file_names(name: &str) -> [String; 2] {
 }
 
 /// Finds the file of plugin `name` in `dirs` (first match wins).
-pub fn find(name: &str, dirs: &[PathBuf]) -> Result<PathBuf, PluginError> {
+pub fn find(name: &str, dirs: &[PathBuf]) -> Result<PathBuf, LoadError> {
     let candidates = file_names(name);
     for dir in dirs {
         for file in &candidates {
@@ -204,7 +204,7 @@ pub fn find(name: &str, dirs: &[PathBuf]) -> Result<PathBuf, PluginError> {
             }
         }
     }
-    Err(PluginError::NotFound {
+    Err(LoadError::NotFound {
         name: name.to_owned(),
         candidates: candidates.join(" or "),
         dirs: if dirs.is_empty() {
@@ -265,19 +265,19 @@ fn condense_layout_error(text: &str) -> String {
 impl Plugin {
     /// Loads and checks the plugin file at `path`. `pinned_sha256`, when given, is checked
     /// before the file is opened as a library (so none of its code runs on a mismatch).
-    pub fn load(path: &Path, pinned_sha256: Option<&str>) -> Result<Plugin, PluginError> {
+    pub fn load(path: &Path, pinned_sha256: Option<&str>) -> Result<Plugin, LoadError> {
         // An absolute path makes dlopen load exactly this file, never search for it.
-        let path = std::fs::canonicalize(path).map_err(|e| PluginError::NotALibrary {
+        let path = std::fs::canonicalize(path).map_err(|e| LoadError::NotALibrary {
             path: path.to_owned(),
             reason: e.to_string(),
         })?;
-        let sha256 = crate::files::sha256_file(&path).map_err(|e| PluginError::NotALibrary {
+        let sha256 = crate::files::sha256_file(&path).map_err(|e| LoadError::NotALibrary {
             path: path.clone(),
             reason: e.to_string(),
         })?;
         if let Some(expected) = pinned_sha256 {
             if !expected.eq_ignore_ascii_case(&sha256) {
-                return Err(PluginError::Sha256Mismatch {
+                return Err(LoadError::Sha256Mismatch {
                     path,
                     expected: expected.to_owned(),
                     actual: sha256,
@@ -285,22 +285,22 @@ impl Plugin {
             }
         }
         let header = lib_header_from_path(&path).map_err(|e| match e {
-            LibraryError::GetSymbolError { .. } => PluginError::NotAPlugin { path: path.clone() },
-            LibraryError::OpenError { err, .. } => PluginError::NotALibrary {
+            LibraryError::GetSymbolError { .. } => LoadError::NotAPlugin { path: path.clone() },
+            LibraryError::OpenError { err, .. } => LoadError::NotALibrary {
                 path: path.clone(),
                 reason: err.to_string(),
             },
-            LibraryError::InvalidAbiHeader(h) => PluginError::Layout {
+            LibraryError::InvalidAbiHeader(h) => LoadError::Layout {
                 path: path.clone(),
                 summary: format!("built with an incompatible abi_stable ({h:?})"),
             },
-            other => PluginError::NotALibrary {
+            other => LoadError::NotALibrary {
                 path: path.clone(),
                 reason: other.to_string(),
             },
         })?;
         let required_major = API_VERSION.split('.').next().unwrap_or("1").to_owned();
-        let api_mismatch = |found: String| PluginError::ApiVersion {
+        let api_mismatch = |found: String| LoadError::ApiVersion {
             path: path.clone(),
             found,
             required: required_major.clone(),
@@ -330,7 +330,7 @@ impl Plugin {
                 });
                 if !older_is_compatible {
                     tracing::debug!("{}: abi_stable's full report:\n{err}", path.display());
-                    return Err(PluginError::Layout {
+                    return Err(LoadError::Layout {
                         path: path.clone(),
                         summary: condense_layout_error(&err.to_string()),
                     });
@@ -338,7 +338,7 @@ impl Plugin {
                 // SAFETY: the layout was checked above, in the direction that fits an older
                 // plugin; the version check still runs inside.
                 unsafe { header.init_root_module_with_unchecked_layout::<PluginModule_Ref>() }
-                    .map_err(|e| PluginError::NotALibrary {
+                    .map_err(|e| LoadError::NotALibrary {
                         path: path.clone(),
                         reason: e.to_string(),
                     })?
@@ -347,7 +347,7 @@ impl Plugin {
                 return Err(api_mismatch(actual_version.to_string()))
             }
             Err(other) => {
-                return Err(PluginError::NotALibrary {
+                return Err(LoadError::NotALibrary {
                     path: path.clone(),
                     reason: other.to_string(),
                 })
@@ -360,7 +360,7 @@ impl Plugin {
         }
         let libtorch_version = info.libtorch_version.to_string();
         if libtorch_version != LIBTORCH_VERSION {
-            return Err(PluginError::LibtorchVersion {
+            return Err(LoadError::LibtorchVersion {
                 path,
                 found: libtorch_version,
             });
@@ -384,11 +384,11 @@ impl Plugin {
         name: &str,
         dirs: &[PathBuf],
         pinned_sha256: Option<&str>,
-    ) -> Result<Plugin, PluginError> {
+    ) -> Result<Plugin, LoadError> {
         let path = find(name, dirs)?;
         let plugin = Plugin::load(&path, pinned_sha256)?;
         if plugin.name != name {
-            return Err(PluginError::NameMismatch {
+            return Err(LoadError::NameMismatch {
                 path: plugin.path,
                 expected: name.to_owned(),
                 found: plugin.name,
@@ -398,7 +398,7 @@ impl Plugin {
     }
 
     /// Creates a method instance from its settings (a JSON object).
-    pub fn create(&self, settings_json: &str) -> Result<PluginMethod, PluginError> {
+    pub fn create(&self, settings_json: &str) -> Result<PluginMethod, LoadError> {
         match (self.module.create())(RStr::from_str(settings_json)) {
             RResult::ROk(object) => Ok(PluginMethod {
                 name: self.name.clone(),
@@ -407,7 +407,7 @@ impl Plugin {
                 hooks: self.hooks.clone(),
                 object,
             }),
-            RResult::RErr(e) => Err(PluginError::Create {
+            RResult::RErr(e) => Err(LoadError::Create {
                 name: self.name.clone(),
                 path: self.path.clone(),
                 message: format!("{}: {}", e.kind.name(), e.message),

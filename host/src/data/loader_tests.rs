@@ -1,0 +1,248 @@
+//! Unit tests of `loader`.
+use super::super::transforms::{HorizontalFlip, Normalize, RandomCrop};
+use super::*;
+use std::collections::HashSet;
+use std::sync::atomic::AtomicUsize;
+use std::time::{Duration, Instant};
+
+fn dataset(n: usize) -> Arc<ImageDataset> {
+    Arc::new(ImageDataset::synthetic(11, n, 1, 6, 6, 4).unwrap())
+}
+
+fn augment() -> Arc<Vec<Transform>> {
+    Arc::new(vec![
+        Transform::RandomCrop(RandomCrop {
+            size: 6,
+            padding: 2,
+        }),
+        Transform::HorizontalFlip(HorizontalFlip { p: 0.5 }),
+        Transform::Normalize(Normalize {
+            mean: vec![0.5],
+            std: vec![0.25],
+        }),
+    ])
+}
+
+fn loader(n: usize, batch_size: usize, workers: usize, drop_last: bool) -> Loader {
+    let options = LoaderOptions {
+        batch_size,
+        shuffle: true,
+        drop_last,
+        seed: 42,
+        workers,
+        prefetch: 2,
+    };
+    Loader::new(dataset(n), augment(), options).unwrap()
+}
+
+fn collect(loader: &Loader, epoch: u64, start: u64) -> Vec<HostBatch> {
+    loader
+        .epoch(epoch, start)
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap()
+}
+
+#[test]
+fn identical_for_any_worker_count() {
+    let reference = collect(&loader(53, 8, 0, false), 3, 0);
+    assert_eq!(reference.len(), 7);
+    for workers in [1, 3, 16] {
+        assert_eq!(
+            collect(&loader(53, 8, workers, false), 3, 0),
+            reference,
+            "{workers} workers"
+        );
+    }
+}
+
+#[test]
+fn resume_yields_the_tail_of_a_full_pass() {
+    for workers in [0, 2] {
+        let l = loader(53, 8, workers, false);
+        let full = collect(&l, 1, 0);
+        for start in [0, 1, 4, 6] {
+            assert_eq!(
+                collect(&l, 1, start),
+                full[start as usize..],
+                "start {start}"
+            );
+        }
+        assert!(collect(&l, 1, 7).is_empty());
+        assert!(collect(&l, 1, 100).is_empty());
+    }
+}
+
+#[test]
+fn every_sample_once_per_epoch_with_indices_and_shapes() {
+    // Without transforms each sample's pixels identify it.
+    let ds = Arc::new(
+        ImageDataset::new(
+            1,
+            1,
+            2,
+            (0..100u8).collect(),
+            (0..50).map(|i| i % 3).collect(),
+            3,
+        )
+        .unwrap(),
+    );
+    let options = LoaderOptions {
+        workers: 2,
+        ..LoaderOptions::new(7)
+    };
+    let l = Loader::new(ds, Arc::new(vec![]), options).unwrap();
+    let batches = collect(&l, 0, 0);
+    let mut seen = HashSet::new();
+    for (i, b) in batches.iter().enumerate() {
+        assert_eq!(b.index, i as u64);
+        let size = if i < 7 { 7 } else { 1 };
+        assert_eq!(b.input_shape, [size, 1, 1, 2]);
+        assert_eq!(b.input.len(), size * 2);
+        assert_eq!(b.target.len(), size);
+        for (pixels, &label) in b.input.chunks(2).zip(&b.target) {
+            let sample = (pixels[0] * 255.0).round() as i64 / 2;
+            assert_eq!(label, sample % 3);
+            assert!(seen.insert(sample));
+        }
+    }
+    assert_eq!(seen.len(), 50);
+}
+
+#[test]
+fn drop_last_behaviour() {
+    let keep = loader(53, 8, 0, false);
+    let drop = loader(53, 8, 0, true);
+    assert_eq!((keep.batches_per_epoch(), drop.batches_per_epoch()), (7, 6));
+    let kept = collect(&keep, 0, 0);
+    assert_eq!(kept.last().unwrap().input_shape[0], 5);
+    let dropped = collect(&drop, 0, 0);
+    assert_eq!(dropped.len(), 6);
+    assert!(dropped.iter().all(|b| b.input_shape[0] == 8));
+    assert_eq!(dropped[..], kept[..6]);
+    assert_eq!(loader(48, 8, 0, true).batches_per_epoch(), 6);
+    assert_eq!(loader(48, 8, 0, false).batches_per_epoch(), 6);
+    assert_eq!(loader(5, 8, 0, true).batches_per_epoch(), 0);
+}
+
+#[test]
+fn epochs_differ_and_repeat() {
+    let l = loader(40, 10, 1, false);
+    let e0 = collect(&l, 0, 0);
+    assert_eq!(collect(&l, 0, 0), e0);
+    let e1 = collect(&l, 1, 0);
+    assert_ne!(e0[0].target, e1[0].target);
+    assert_ne!(e0[0].input, e1[0].input);
+    let other_seed = Loader::new(
+        dataset(40),
+        augment(),
+        LoaderOptions {
+            seed: 43,
+            ..l.options().clone()
+        },
+    )
+    .unwrap();
+    assert_ne!(collect(&other_seed, 0, 0)[0].input, e0[0].input);
+}
+
+#[test]
+fn no_shuffle_keeps_order() {
+    let options = LoaderOptions {
+        shuffle: false,
+        ..LoaderOptions::new(4)
+    };
+    let l = Loader::new(dataset(10), Arc::new(vec![]), options).unwrap();
+    let targets: Vec<i64> = collect(&l, 5, 0)
+        .into_iter()
+        .flat_map(|b| b.target)
+        .collect();
+    assert_eq!(targets, (0..10).map(|i| i % 4).collect::<Vec<_>>());
+}
+
+#[test]
+fn output_shape_follows_transforms() {
+    let transforms = Arc::new(vec![Transform::RandomCrop(RandomCrop {
+        size: 8,
+        padding: 1,
+    })]);
+    let l = Loader::new(dataset(9), transforms, LoaderOptions::new(4)).unwrap();
+    assert_eq!(l.sample_shape(), (1, 8, 8));
+    let b = collect(&l, 0, 0);
+    assert_eq!(b[0].input_shape, [4, 1, 8, 8]);
+    assert_eq!(b[2].input_shape, [1, 1, 8, 8]);
+}
+
+#[test]
+fn invalid_settings_rejected() {
+    let msg = Loader::new(dataset(4), Arc::new(vec![]), LoaderOptions::new(0))
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("batch_size"), "{msg}");
+    let options = LoaderOptions {
+        prefetch: 0,
+        ..LoaderOptions::new(2)
+    };
+    assert!(Loader::new(dataset(4), Arc::new(vec![]), options).is_err());
+    let too_big = Arc::new(vec![Transform::RandomCrop(RandomCrop {
+        size: 99,
+        padding: 0,
+    })]);
+    let msg = Loader::new(dataset(4), too_big, LoaderOptions::new(2))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("transform 0") && msg.contains("random_crop"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn worker_panic_is_an_error_not_a_hang() {
+    let producer: Producer = Arc::new(|batch| {
+        if batch == 5 {
+            panic!("boom at five");
+        }
+        Ok(HostBatch {
+            input: vec![],
+            input_shape: [0, 1, 1, 1],
+            target: vec![],
+            index: batch,
+        })
+    });
+    for workers in [0, 1, 3] {
+        let results: Vec<_> = EpochIter::new(Arc::clone(&producer), 2, 10, workers, 1).collect();
+        assert_eq!(
+            results.len(),
+            4,
+            "{workers} workers: 2, 3, 4, then the error"
+        );
+        assert!(results[..3].iter().all(Result::is_ok));
+        let msg = results[3].as_ref().unwrap_err().to_string();
+        assert!(
+            msg.contains("batch 5") && msg.contains("boom at five"),
+            "{msg}"
+        );
+    }
+}
+
+#[test]
+fn dropping_the_iterator_stops_workers_promptly() {
+    let made = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&made);
+    let producer: Producer = Arc::new(move |batch| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_millis(2));
+        Ok(HostBatch {
+            input: vec![0.0; 16],
+            input_shape: [1, 1, 4, 4],
+            target: vec![0],
+            index: batch,
+        })
+    });
+    let mut iter = EpochIter::new(producer, 0, 1_000_000, 3, 1);
+    assert_eq!(iter.next().unwrap().unwrap().index, 0);
+    let started = Instant::now();
+    drop(iter);
+    assert!(started.elapsed() < Duration::from_secs(2));
+    // Each worker holds at most one queued batch, one blocked in send and one in progress.
+    assert!(made.load(Ordering::SeqCst) <= 1 + 3 * 3, "{made:?}");
+}
