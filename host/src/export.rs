@@ -22,6 +22,7 @@ use serde_json::{json, Value};
 use tch::{Device, Tensor};
 
 use crate::checkpoint::{blob_of, Blob, Checkpoint};
+use crate::files::same_file;
 use crate::model::{InputShape, Model, Role};
 use crate::model::{ModelConfig, ModelName};
 
@@ -116,24 +117,6 @@ pub fn input_shape_of(data: &Value) -> anyhow::Result<InputShape> {
         }),
         Some(other) => bail!("unknown dataset `{other}` in the checkpoint's config"),
         None => bail!("the checkpoint's config has no data.dataset"),
-    }
-}
-
-/// Whether `a` and `b` name the same file (following links; `b` need not exist).
-fn same_file(a: &Path, b: &Path) -> bool {
-    let canonical = |p: &Path| -> Option<PathBuf> {
-        if let Ok(c) = std::fs::canonicalize(p) {
-            return Some(c);
-        }
-        let parent = match p.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d,
-            _ => Path::new("."),
-        };
-        Some(std::fs::canonicalize(parent).ok()?.join(p.file_name()?))
-    };
-    match (canonical(a), canonical(b)) {
-        (Some(x), Some(y)) => x == y,
-        _ => a == b,
     }
 }
 
