@@ -73,7 +73,10 @@ fn eval_and_predict_reproduce_the_run() {
     // The checkpoint evaluates exactly as the run's final evaluation (500 test images).
     let result = eval_json(&dir, &[ckpt_arg]);
     for key in ["accuracy", "cross_entropy", "samples", "epoch", "batch"] {
-        assert_eq!(result[key], last[key], "{key}: {result:#} vs run.json {last:#}");
+        assert_eq!(
+            result[key], last[key],
+            "{key}: {result:#} vs run.json {last:#}"
+        );
     }
     assert_eq!(result["checkpoint"], Value::from(ckpt_arg));
 
@@ -113,7 +116,11 @@ fn eval_and_predict_reproduce_the_run() {
     );
     out.assert_success();
     let lines = read_jsonl(&predictions);
-    assert_eq!(Value::from(lines.len()), full["samples"], "one line per test sample");
+    assert_eq!(
+        Value::from(lines.len()),
+        full["samples"],
+        "one line per test sample"
+    );
     assert_eq!(Value::from(accuracy_of(&lines)), full["accuracy"]);
     // The evaluation's 500 images are the first 500 lines.
     let subset = last["samples"].as_u64().unwrap() as usize;
@@ -133,7 +140,11 @@ fn eval_and_predict_reproduce_the_run() {
     }
 
     // No training, no checkpoint, no metrics line: the run folder is as it was.
-    assert_eq!(contents(&run), before, "eval and predict changed the run folder");
+    assert_eq!(
+        contents(&run),
+        before,
+        "eval and predict changed the run folder"
+    );
 }
 
 #[test]
@@ -156,8 +167,7 @@ fn bad_paths_are_errors_naming_the_file() {
     tessera(&["eval", corrupt], dir.path(), &[]).assert_failure(&[corrupt, "corrupt"]);
     let bad_toml = dir.write("bad.toml", "[train]\nmax_duration = 3\n");
     let bad_toml = bad_toml.to_str().unwrap();
-    tessera(&["predict", bad_toml, "--to", "p.jsonl"], dir.path(), &[])
-        .assert_failure(&[bad_toml]);
+    tessera(&["predict", bad_toml, "--to", "p.jsonl"], dir.path(), &[]).assert_failure(&[bad_toml]);
 
     // A good checkpoint, but predictions aimed at a folder or at the checkpoint itself.
     trained(&dir, "errors");
@@ -166,7 +176,10 @@ fn bad_paths_are_errors_naming_the_file() {
     let bytes = std::fs::read(ckpt).unwrap();
     tessera(&["predict", ckpt, "--to", folder], dir.path(), &[])
         .assert_failure(&[folder, "is a folder"]);
-    tessera(&["predict", ckpt, "--to", ckpt], dir.path(), &[])
-        .assert_failure(&["refusing", ckpt]);
-    assert_eq!(std::fs::read(ckpt).unwrap(), bytes, "the checkpoint is untouched");
+    tessera(&["predict", ckpt, "--to", ckpt], dir.path(), &[]).assert_failure(&["refusing", ckpt]);
+    assert_eq!(
+        std::fs::read(ckpt).unwrap(),
+        bytes,
+        "the checkpoint is untouched"
+    );
 }

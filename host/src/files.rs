@@ -136,8 +136,15 @@ mod tests {
         let path = dir.join("a.json");
         write_atomic(&path, b"one").unwrap();
         write_atomic_then(&path, b"two", || {
-            assert!(temporary_for(&path).is_file(), "the temporary file is written first");
-            assert_eq!(std::fs::read(&path).unwrap(), b"one", "the old file is intact");
+            assert!(
+                temporary_for(&path).is_file(),
+                "the temporary file is written first"
+            );
+            assert_eq!(
+                std::fs::read(&path).unwrap(),
+                b"one",
+                "the old file is intact"
+            );
         })
         .unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), b"two");

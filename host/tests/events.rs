@@ -191,9 +191,8 @@ fn event_counts_match_composer() {
 fn iterations_end_after_their_epochs() {
     let dir = std::env::temp_dir().join(format!("tessera-iterations-{}", std::process::id()));
     let (epochs, per_iteration) = (4u64, 2u64);
-    let more = format!(
-        "iteration_length = \"{per_iteration}ep\"\n[checkpoint]\ninterval = \"1iter\""
-    );
+    let more =
+        format!("iteration_length = \"{per_iteration}ep\"\n[checkpoint]\ninterval = \"1iter\"");
     let cfg = synthetic_config(&dir, epochs, 64, 16, 16, 16, &more);
     let folder = cfg.checkpoint.folder.clone();
     let (counter, seen, order) = counter();
@@ -211,7 +210,10 @@ fn iterations_end_after_their_epochs() {
         assert_eq!(trainer.engine().count(event), count, "{event}");
     }
     let t = trainer.timestamp();
-    assert_eq!((t.iteration, t.epoch, t.epoch_in_iteration), (iterations, epochs, 0));
+    assert_eq!(
+        (t.iteration, t.epoch, t.epoch_in_iteration),
+        (iterations, epochs, 0)
+    );
 
     let order = order.lock().unwrap();
     let end = order
@@ -248,7 +250,11 @@ fn standalone_eval_and_predict_events() {
     let cfg = synthetic_config(&dir, 1, samples, batch, batch, eval_samples, "");
     let mut trainer = Trainer::new(cfg.clone(), Vec::new()).expect("trainer");
     let summary = trainer.fit().expect("fit");
-    let last = summary.record.last_checkpoint.clone().expect("a checkpoint");
+    let last = summary
+        .record
+        .last_checkpoint
+        .clone()
+        .expect("a checkpoint");
     let final_eval = summary.record.evals.last().cloned().expect("an evaluation");
     let bytes = std::fs::read(&last).unwrap();
 
@@ -257,7 +263,10 @@ fn standalone_eval_and_predict_events() {
     let (counter, seen, order) = counter();
     let mut standalone = Trainer::standalone(cfg, vec![counter]).expect("standalone trainer");
     let record = standalone.eval_standalone().expect("eval");
-    assert_eq!(record, final_eval, "the checkpoint evaluates as the run's final evaluation");
+    assert_eq!(
+        record, final_eval,
+        "the checkpoint evaluates as the run's final evaluation"
+    );
     let predictions = dir.join("predictions.jsonl");
     let predicted = standalone.predict(&predictions).expect("predict");
     assert_eq!(predicted.samples, eval_samples as u64);
@@ -310,7 +319,14 @@ fn standalone_eval_and_predict_events() {
     assert_eq!(predict_part.last(), Some(&Event::PREDICT_END));
     assert_eq!(predict_part.len(), 2 + 4 * batches as usize);
 
-    assert!(standalone.fit().is_err(), "a standalone trainer does not train");
-    assert_eq!(std::fs::read(&last).unwrap(), bytes, "the checkpoint is untouched");
+    assert!(
+        standalone.fit().is_err(),
+        "a standalone trainer does not train"
+    );
+    assert_eq!(
+        std::fs::read(&last).unwrap(),
+        bytes,
+        "the checkpoint is untouched"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

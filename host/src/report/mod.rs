@@ -8,7 +8,6 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-
 /// One evaluation's results.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct EvalRecord {

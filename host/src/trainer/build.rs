@@ -290,4 +290,3 @@ pub fn load_datasets(cfg: &Config) -> anyhow::Result<(ImageDataset, ImageDataset
     })?;
     Ok((split.train, split.test))
 }
-

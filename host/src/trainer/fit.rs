@@ -6,7 +6,7 @@ use anyhow::{bail, Context as _};
 use serde_json::json;
 use tessera_plugin_api::LIBTORCH_VERSION;
 
-use crate::engine::{Event};
+use crate::engine::Event;
 use crate::files::write_atomic;
 use crate::report::RunRecord;
 use crate::time::{Time, TimeUnit, Timestamp};
@@ -34,8 +34,13 @@ impl Trainer {
             _ => None,
         };
         let mut interrupted_by = None;
-        'fit: while !self.state.clock.run.reached(&self.state.clock.timestamp, &self.state.clock.run.max_duration) {
-            if self.state.clock.timestamp.epoch_in_iteration == 0 && self.state.clock.timestamp.batch_in_epoch == 0 {
+        'fit: while !self.state.clock.run.reached(
+            &self.state.clock.timestamp,
+            &self.state.clock.run.max_duration,
+        ) {
+            if self.state.clock.timestamp.epoch_in_iteration == 0
+                && self.state.clock.timestamp.batch_in_epoch == 0
+            {
                 self.fire(Event::ITERATION_START)?;
             }
             if self.state.clock.timestamp.batch_in_epoch == 0 {
@@ -43,8 +48,12 @@ impl Trainer {
             }
             let epoch = self.state.clock.timestamp.epoch;
             let start = self.state.clock.timestamp.batch_in_epoch;
-            self.reporter
-                .start_epoch(epoch, max_epochs, self.state.clock.run.batches_per_epoch, start);
+            self.reporter.start_epoch(
+                epoch,
+                max_epochs,
+                self.state.clock.run.batches_per_epoch,
+                start,
+            );
             let mut batches = self.train_loader.epoch(epoch, start);
             let mut finished_early = false;
             loop {
@@ -67,13 +76,19 @@ impl Trainer {
                     interrupted_by = Some(signal);
                     break 'fit;
                 }
-                if self.state.clock.run.reached(&self.state.clock.timestamp, &self.state.clock.run.max_duration) {
+                if self.state.clock.run.reached(
+                    &self.state.clock.timestamp,
+                    &self.state.clock.run.max_duration,
+                ) {
                     finished_early = true;
                     break;
                 }
             }
             drop(batches);
-            if !finished_early || self.state.clock.timestamp.batch_in_epoch == self.state.clock.run.batches_per_epoch {
+            if !finished_early
+                || self.state.clock.timestamp.batch_in_epoch
+                    == self.state.clock.run.batches_per_epoch
+            {
                 let previous = self.state.clock.timestamp.clone();
                 self.state.clock.timestamp = self.state.clock.timestamp.to_next_epoch();
                 self.fire(Event::EPOCH_END)?;
@@ -162,7 +177,10 @@ impl Trainer {
         if every == 0 {
             return false;
         }
-        match (previous.get(step_unit), self.state.clock.timestamp.get(step_unit)) {
+        match (
+            previous.get(step_unit),
+            self.state.clock.timestamp.get(step_unit),
+        ) {
             (Some(before), Some(now)) => before / every != now / every,
             _ => false,
         }

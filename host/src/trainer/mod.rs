@@ -144,7 +144,8 @@ impl Trainer {
         if !self.state.metrics.is_empty() {
             let metrics = std::mem::take(&mut self.state.metrics);
             if !self.quiet_metrics {
-                self.reporter.method_metrics(self.state.clock.timestamp.batch, &metrics);
+                self.reporter
+                    .method_metrics(self.state.clock.timestamp.batch, &metrics);
             }
         }
         Ok(())

@@ -18,7 +18,12 @@ impl Trainer {
     /// tensors are the ones the checkpoint names; anything that does not fit is an error that
     /// says what differs.
     pub(super) fn apply_checkpoint(&mut self, path: &Path, c: Checkpoint) -> anyhow::Result<()> {
-        let theirs = c.meta.config.get("model").map(|m| m.to_string()).unwrap_or_default();
+        let theirs = c
+            .meta
+            .config
+            .get("model")
+            .map(|m| m.to_string())
+            .unwrap_or_default();
         let parts = c.into_parts()?;
         // The data position matters only to a run that goes on training.
         if self.purpose == Purpose::Fit
@@ -77,7 +82,12 @@ impl Trainer {
             model: self.state.model.params.named_tensors(),
             optimizer: self.state.optimizer.snapshot(),
             methods: self.engine.records()?,
-            disabled_methods: self.engine.disabled().iter().map(|s| s.to_string()).collect(),
+            disabled_methods: self
+                .engine
+                .disabled()
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
             rng: self.state.rng().clone(),
             trainer: TrainerMeta {
                 train_seconds: self.train_seconds,
@@ -128,11 +138,15 @@ impl Trainer {
             Event::ITERATION_CHECKPOINT => Event::ITERATION_END,
             _ => Event::BATCH_END,
         };
-        let end = self.state.clock.run.reached(&self.state.clock.timestamp, &self.state.clock.run.max_duration);
+        let end = self.state.clock.run.reached(
+            &self.state.clock.timestamp,
+            &self.state.clock.run.max_duration,
+        );
         let stop = event == Event::BATCH_CHECKPOINT && self.stop_requested().is_some();
         let due = ck.save
             && (self.due(&ck.interval, previous, interval_event)
-                || ((end || stop) && self.last_checkpoint_batch != Some(self.state.clock.timestamp.batch)));
+                || ((end || stop)
+                    && self.last_checkpoint_batch != Some(self.state.clock.timestamp.batch)));
         self.state.checkpoint_pending = due;
         let fired = self.fire(event);
         self.state.checkpoint_pending = false;

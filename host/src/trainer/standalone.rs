@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context as _};
 use serde_json::{json, Value};
-use tch::{Kind, Tensor};
+use tch::{Device::Cpu, Kind, Tensor};
 
 use crate::checkpoint::{self, Checkpoint};
 use crate::config::{self, Config};
@@ -161,17 +161,18 @@ impl Trainer {
                 .as_ref()
                 .context("a method removed the output")?
                 .f_to_kind(Kind::Float)?;
-            let predicted = Vec::<i64>::try_from(output.f_argmax(1, false)?)?;
-            let probabilities = output.f_softmax(1, Kind::Float)?.f_to_device(tch::Device::Cpu)?;
+            let predicted = Vec::<i64>::try_from(output.f_argmax(1, false)?.f_to_device(Cpu)?)?;
+            let probabilities = output.f_softmax(1, Kind::Float)?.f_to_device(Cpu)?;
             let classes = probabilities.size().get(1).copied().unwrap_or(0) as usize;
             let probabilities = Vec::<f32>::try_from(probabilities.f_flatten(0, -1)?)?;
             let targets = match self.state.batch.target() {
-                Some(t) => Vec::<i64>::try_from(t)?,
+                Some(t) => Vec::<i64>::try_from(t.f_to_device(Cpu)?)?,
                 None => bail!("the batch has no `target`"),
             };
             for (i, (&p, &t)) in predicted.iter().zip(&targets).enumerate() {
                 let row = &probabilities[i * classes..(i + 1) * classes];
-                let line = json!({"index": samples, "predicted": p, "target": t, "probabilities": row});
+                let line =
+                    json!({"index": samples, "predicted": p, "target": t, "probabilities": row});
                 writeln!(lines, "{line}")?;
                 samples += 1;
                 correct += u64::from(p == t);
