@@ -240,6 +240,60 @@ fn iterations_end_after_their_epochs() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A checkpoint written at the `epoch_checkpoint` that ends an iteration precedes
+/// `iteration_end`: the run resumed from it ends that iteration first, and ends where the run
+/// that never stopped ends.
+#[test]
+fn a_resumed_run_ends_the_iteration_its_checkpoint_preceded() {
+    let base = std::env::temp_dir().join(format!("tessera-iter-resume-{}", std::process::id()));
+    let more = "iteration_length = \"2ep\"\n[checkpoint]\ninterval = \"1ep\"";
+    let straight_cfg = synthetic_config(&base.join("a"), 4, 64, 16, 16, 16, more);
+    let boundary = straight_cfg.checkpoint.folder.join("ep2-ba8.ckpt");
+    let mut straight = Trainer::new(straight_cfg, Vec::new()).expect("trainer");
+    straight.fit().expect("fit");
+
+    let mut cfg = synthetic_config(&base.join("b"), 4, 64, 16, 16, 16, more);
+    cfg.checkpoint.load = Some(boundary);
+    let (counter, seen, order) = counter();
+    let mut resumed = Trainer::new(cfg, vec![counter]).expect("trainer");
+    resumed.fit().expect("fit");
+    let seen = seen.lock().unwrap();
+    for (event, count) in [
+        (Event::ITERATION_END, 2),
+        (Event::ITERATION_START, 1),
+        (Event::EPOCH_START, 2),
+    ] {
+        assert_eq!(seen.get(&event).copied().unwrap_or(0), count, "{event}");
+    }
+    let order = order.lock().unwrap();
+    let fit_start = order.iter().position(|e| *e == Event::FIT_START).unwrap();
+    assert_eq!(
+        &order[fit_start..fit_start + 5],
+        &[
+            Event::FIT_START,
+            Event::ITERATION_END,
+            Event::ITERATION_CHECKPOINT,
+            Event::ITERATION_START,
+            Event::EPOCH_START
+        ]
+    );
+    let counters = |t: &tessera::time::Timestamp| {
+        let c = (
+            t.iteration,
+            t.epoch,
+            t.epoch_in_iteration,
+            t.batch,
+            t.sample,
+        );
+        (c, t.batch_in_epoch)
+    };
+    assert_eq!(
+        counters(resumed.timestamp()),
+        counters(straight.timestamp())
+    );
+    let _ = std::fs::remove_dir_all(&base);
+}
+
 /// `tessera eval` and `tessera predict` on a trained run's checkpoint: the set-up events, then
 /// the evaluation loop inside `eval_standalone_*`, and the predict loop, and nothing of
 /// training; the evaluation gives the run's final accuracy again.

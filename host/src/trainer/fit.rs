@@ -34,6 +34,9 @@ impl Trainer {
             _ => None,
         };
         let mut interrupted_by = None;
+        // A checkpoint written at `epoch_checkpoint` comes before its iteration's end: a run
+        // resumed from it ends that iteration first.
+        self.end_iteration_when_due()?;
         'fit: while !self.state.clock.run.reached(
             &self.state.clock.timestamp,
             &self.state.clock.run.max_duration,
