@@ -21,6 +21,7 @@ use serde_json::{json, Value};
 use tch::{Device, TchError, Tensor};
 
 use crate::checkpoint::{blob_of, Blob, Checkpoint, CheckpointError};
+use crate::files::same_file;
 use crate::model::{InputShape, Model, Role};
 use crate::model::{ModelConfig, ModelName};
 
@@ -174,24 +175,6 @@ pub fn input_shape_of(data: &Value) -> Result<InputShape, SavedConfigError> {
             ))),
         },
         None => Err(fail("the checkpoint's config has no data.dataset".into())),
-    }
-}
-
-/// Whether `a` and `b` name the same file (following links; `b` need not exist).
-fn same_file(a: &Path, b: &Path) -> bool {
-    let canonical = |p: &Path| -> Option<PathBuf> {
-        if let Ok(c) = std::fs::canonicalize(p) {
-            return Some(c);
-        }
-        let parent = match p.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d,
-            _ => Path::new("."),
-        };
-        Some(std::fs::canonicalize(parent).ok()?.join(p.file_name()?))
-    };
-    match (canonical(a), canonical(b)) {
-        (Some(x), Some(y)) => x == y,
-        _ => a == b,
     }
 }
 

@@ -1,13 +1,14 @@
 //! The `tessera` command line.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::Arc;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use tessera::{config, data, export, plugin, scaffold, trainer::Trainer};
+use tessera::trainer::{self, Trainer};
+use tessera::{config, data, export, plugin, scaffold};
 use tessera_plugin_api::{API_VERSION, LIBTORCH_VERSION};
 
 #[derive(Parser)]
@@ -15,7 +16,7 @@ use tessera_plugin_api::{API_VERSION, LIBTORCH_VERSION};
     name = "tessera",
     about = "A fast deep-learning trainer whose speed-up methods are binary plugins",
     disable_version_flag = true,
-    after_help = "Examples:\n  tessera data fetch fashion-mnist\n  tessera train examples/fashion-mnist/trainer.toml\n  tessera train trainer.toml --set optimizer.lr=0.05 --set train.max_duration=1ep\n  tessera plugins list --dir target/release\n  tessera new-plugin my_method\n  tessera export runs/demo/checkpoints/latest.ckpt --to model.safetensors"
+    after_help = "Examples:\n  tessera data fetch fashion-mnist\n  tessera train examples/fashion-mnist/trainer.toml\n  tessera train trainer.toml --set optimizer.lr=0.05 --set train.max_duration=1ep\n  tessera plugins list --dir target/release\n  tessera new-plugin my_method\n  tessera eval runs/demo/checkpoints/latest.ckpt\n  tessera predict runs/demo/checkpoints/latest.ckpt --to predictions.jsonl\n  tessera export runs/demo/checkpoints/latest.ckpt --to model.safetensors"
 )]
 struct Cli {
     /// Print the version, the libtorch version and whether CUDA is usable.
@@ -32,6 +33,34 @@ enum Command {
         /// The trainer.toml file.
         config: PathBuf,
         /// Override a setting: `--set optimizer.lr=0.05` (repeatable).
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        overrides: Vec<String>,
+    },
+    /// Evaluate a model on the test set, without training: a checkpoint's (rebuilt from the
+    /// config it records) or a trainer.toml's (the checkpoint it loads, else a fresh model).
+    /// Prints accuracy and cross-entropy; writes nothing else unless --to is given.
+    Eval {
+        /// A checkpoint (`.ckpt`) or a trainer.toml.
+        path: PathBuf,
+        /// Print the result as JSON on stdout instead of a sentence.
+        #[arg(long)]
+        json: bool,
+        /// Also write the result as JSON to this file (atomically).
+        #[arg(long)]
+        to: Option<PathBuf>,
+        /// Override a setting: `--set data.eval_batch_size=1000` (repeatable).
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        overrides: Vec<String>,
+    },
+    /// Predict every test sample with a checkpoint's or a trainer.toml's model and write the
+    /// predictions as JSON Lines (index, predicted class, target, class probabilities).
+    Predict {
+        /// A checkpoint (`.ckpt`) or a trainer.toml.
+        path: PathBuf,
+        /// The predictions file to write (atomically).
+        #[arg(long)]
+        to: PathBuf,
+        /// Override a setting (repeatable).
         #[arg(long = "set", value_name = "KEY=VALUE")]
         overrides: Vec<String>,
     },
@@ -169,7 +198,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 eprintln!(
                     "run {}: interrupted by {} after batch {}{}",
                     summary.record.run_name,
-                    tessera::trainer::signal_name(signal),
+                    trainer::signal_name(signal),
                     summary.record.batches,
                     match &summary.record.last_checkpoint {
                         Some(p) => format!("; checkpoint {}", p.display()),
@@ -190,6 +219,58 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             eprintln!(
                 "run {}: {acc} in {:.1}s ({:.0} samples/s){cost}",
                 r.run_name, r.wall_seconds, r.samples_per_second
+            );
+        }
+        Command::Eval {
+            path,
+            json,
+            to,
+            overrides,
+        } => {
+            let cfg = trainer::standalone_config(&path, &overrides)?;
+            let mut trainer = Trainer::standalone(cfg, Vec::new())?;
+            let r = trainer.eval_standalone()?;
+            let model = trainer.resumed_from().map(Path::to_owned);
+            let result = serde_json::json!({
+                "source": path,
+                "checkpoint": model,
+                "epoch": r.epoch,
+                "batch": r.batch,
+                "accuracy": r.accuracy,
+                "cross_entropy": r.cross_entropy,
+                "samples": r.samples,
+            });
+            if let Some(to) = &to {
+                let text = serde_json::to_vec_pretty(&result)?;
+                tessera::files::write_atomic(to, &text)
+                    .with_context(|| format!("writing {}", to.display()))?;
+            }
+            if json {
+                println!("{result}");
+            } else {
+                let what = match &model {
+                    Some(c) => format!("{} (epoch {}, batch {})", c.display(), r.epoch, r.batch),
+                    None => "the freshly initialised model".to_owned(),
+                };
+                println!(
+                    "{what}: accuracy {:.4}, cross-entropy {:.4} on {} test samples",
+                    r.accuracy, r.cross_entropy, r.samples
+                );
+            }
+        }
+        Command::Predict {
+            path,
+            to,
+            overrides,
+        } => {
+            let cfg = trainer::standalone_config(&path, &overrides)?;
+            let mut trainer = Trainer::standalone(cfg, Vec::new())?;
+            let s = trainer.predict(&to)?;
+            eprintln!(
+                "wrote {} predictions to {} (accuracy {:.4})",
+                s.samples,
+                s.path.display(),
+                s.accuracy
             );
         }
         Command::Data {

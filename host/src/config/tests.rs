@@ -1616,3 +1616,37 @@ fn reference_documents_every_key() {
         }
     }
 }
+
+#[test]
+fn iteration_length_in_epochs_and_iter_durations_need_it() {
+    assert_eq!(ok(MINIMAL).train.iteration_length, None);
+    let two = MINIMAL.replace("\"3ep\"\n", "\"3ep\"\niteration_length = \"2ep\"\n");
+    assert_eq!(
+        ok(&two).train.iteration_length,
+        Some(Time::new(2, TimeUnit::Epoch))
+    );
+    let two_iterations = two.replace("\"3ep\"", "\"2iter\"");
+    assert_eq!(
+        ok(&two_iterations).train.max_duration,
+        Time::new(2, TimeUnit::Iteration)
+    );
+    use ErrorKind::InvalidValue;
+    check(vec![
+        case(
+            "iteration in batches",
+            MINIMAL.replace("\"3ep\"\n", "\"3ep\"\niteration_length = \"100ba\"\n"),
+            InvalidValue,
+            "train.iteration_length",
+            Some(10),
+            "unit \"ba\" is not allowed here; use \"ep\"",
+        ),
+        case(
+            "iter without a length",
+            MINIMAL.replace("\"3ep\"", "\"2iter\""),
+            InvalidValue,
+            "train.max_duration",
+            Some(9),
+            "train.iteration_length is set",
+        ),
+    ]);
+}

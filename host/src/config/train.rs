@@ -37,6 +37,10 @@ pub struct TrainConfig {
     pub progress: bool,
     /// What to do when the loss is NaN or infinite (default stop).
     pub nonfinite_loss: NonFiniteLoss,
+    /// Epochs per iteration (Composer's `iteration_length`); `None` (default): the run is one
+    /// iteration, so `iteration_end`/`iteration_checkpoint` never fire.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub iteration_length: Option<Time>,
 }
 
 section!(TrainConfig {
@@ -51,6 +55,7 @@ section!(TrainConfig {
     log_interval: time(INTERVAL_UNITS),
     progress: bool(),
     nonfinite_loss: choice("nonfinite_loss", &NonFiniteLoss::CHOICES),
+    iteration_length: time(&["ep"]),
 });
 
 pub(super) fn read(top: &Tbl<'_>, data: &DataConfig) -> Result<TrainConfig, ConfigError> {
@@ -73,8 +78,20 @@ pub(super) fn read(top: &Tbl<'_>, data: &DataConfig) -> Result<TrainConfig, Conf
         log_interval: Time::new(50, TimeUnit::Batch),
         progress: true,
         nonfinite_loss: NonFiniteLoss::default(),
+        iteration_length: None,
     }
     .read_keys(&t)?;
+    if train.max_duration.unit() == TimeUnit::Iteration && train.iteration_length.is_none() {
+        return Err(t.err(
+            "max_duration",
+            ErrorKind::InvalidValue,
+            format!(
+                "{:?} counts iterations, but a run is one endless iteration unless \
+                 train.iteration_length is set (e.g. iteration_length = \"2ep\")",
+                train.max_duration.to_string()
+            ),
+        ));
+    }
     if train.microbatch_size > data.batch_size {
         return Err(t.err(
             "microbatch_size",

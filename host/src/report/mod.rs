@@ -88,7 +88,7 @@ pub struct RunRecord {
 
 /// Progress bar, log lines and the metrics file of one run.
 pub struct Reporter {
-    metrics: BufWriter<File>,
+    metrics: BufWriter<Box<dyn Write + Send>>,
     bar: Option<ProgressBar>,
     metrics_path: PathBuf,
     last_loss: Option<f64>,
@@ -133,7 +133,7 @@ impl Reporter {
             }
             (None, _) => (File::create(&metrics_path)?, 0),
         };
-        let metrics = BufWriter::new(file);
+        let metrics = BufWriter::new(Box::new(file) as Box<dyn Write + Send>);
         let bar = (progress && std::io::stderr().is_terminal()).then(|| {
             let bar = ProgressBar::new(0);
             bar.set_style(
@@ -150,6 +150,20 @@ impl Reporter {
             last_accuracy: None,
             written,
         })
+    }
+
+    /// A reporter that writes no file and shows no bar (for `tessera eval` and `tessera
+    /// predict`, which must leave the run folder as it is): method metrics are dropped,
+    /// evaluations only logged.
+    pub fn discard() -> Reporter {
+        Reporter {
+            metrics: BufWriter::new(Box::new(std::io::sink())),
+            bar: None,
+            metrics_path: PathBuf::new(),
+            last_loss: None,
+            last_accuracy: None,
+            written: 0,
+        }
     }
 
     /// Flushes the metrics file and returns its length (recorded in checkpoints).

@@ -16,7 +16,7 @@ use crate::report::{PluginRecord, Reporter};
 use crate::time::RunLength;
 
 use super::resume::{find_resume_checkpoint, same_folder};
-use super::Trainer;
+use super::{Purpose, Trainer};
 
 impl Trainer {
     /// Builds a run from `config`: data, model, methods (plugins named in the config, then
@@ -24,6 +24,17 @@ impl Trainer {
     /// optimizer with its schedule; resumes from a checkpoint when asked. Fires `init`,
     /// `before_load`, `after_load`.
     pub fn new(config: Config, extra: Vec<Box<dyn Algorithm>>) -> anyhow::Result<Trainer> {
+        Trainer::build(config, extra, Purpose::Fit)
+    }
+
+    /// [`Trainer::new`] for `purpose`: a standalone trainer starts from the checkpoint the
+    /// config names (`checkpoint.load`, autoresume) but neither prepares the checkpoint folder
+    /// nor opens the run's metrics file.
+    pub(super) fn build(
+        config: Config,
+        extra: Vec<Box<dyn Algorithm>>,
+        purpose: Purpose,
+    ) -> anyhow::Result<Trainer> {
         let started = Instant::now();
         let device = config.train.device.resolve()?;
         tch::manual_seed(config.seed as i64);
@@ -77,14 +88,21 @@ impl Trainer {
         let read_started = Instant::now();
         let resume = find_resume_checkpoint(&config.checkpoint)?;
         let read_ms = read_started.elapsed().as_secs_f64() * 1e3;
-        prepare_checkpoint_folder(&config.checkpoint, resume.is_some())?;
-        // Metrics continue where the checkpoint left them when it belongs to this run.
-        let metrics_at = resume
-            .as_ref()
-            .filter(|(path, _)| same_folder(path, &config.checkpoint.folder))
-            .map(|(_, c)| c.meta.trainer.metrics_bytes);
-        let reporter = Reporter::resume(&config.run_dir(), config.train.progress, metrics_at)
-            .with_context(|| format!("creating the run folder {}", config.run_dir().display()))?;
+        let reporter = match purpose {
+            Purpose::Fit => {
+                prepare_checkpoint_folder(&config.checkpoint, resume.is_some())?;
+                // Metrics continue where the checkpoint left them when it belongs to this run.
+                let metrics_at = resume
+                    .as_ref()
+                    .filter(|(path, _)| same_folder(path, &config.checkpoint.folder))
+                    .map(|(_, c)| c.meta.trainer.metrics_bytes);
+                Reporter::resume(&config.run_dir(), config.train.progress, metrics_at)
+                    .with_context(|| {
+                        format!("creating the run folder {}", config.run_dir().display())
+                    })?
+            }
+            Purpose::Standalone => Reporter::discard(),
+        };
         let mut trainer = Trainer {
             engine,
             state,
@@ -106,6 +124,7 @@ impl Trainer {
             skipped_steps: 0,
             trained_samples: 0,
             quiet_metrics: resume.is_some(),
+            purpose,
         };
         if trainer.quiet_metrics {
             trainer.state.metrics.clear();
@@ -118,7 +137,11 @@ impl Trainer {
                 .with_context(|| format!("resuming from {}", path.display()))?;
             let t = trainer.timestamp();
             tracing::info!(
-                "resumed from {} at epoch {}, batch {} (read and verified in {read_ms:.0} ms, restored in {:.0} ms)",
+                "{} {} at epoch {}, batch {} (read and verified in {read_ms:.0} ms, restored in {:.0} ms)",
+                match purpose {
+                    Purpose::Fit => "resumed from",
+                    Purpose::Standalone => "loaded",
+                },
                 path.display(),
                 t.epoch,
                 t.batch,

@@ -11,10 +11,23 @@ use crate::report::EvalRecord;
 use super::Trainer;
 
 impl Trainer {
-    /// Runs evaluation over the test set, with its events.
+    /// Runs evaluation over the test set during training: the evaluation loop inside
+    /// `eval_before_all`/`eval_after_all`, recorded in the metrics and the run record.
     pub fn evaluate(&mut self) -> anyhow::Result<EvalRecord> {
         let started = Instant::now();
         self.fire_as(Event::EVAL_BEFORE_ALL, false)?;
+        let record = self.eval_loop()?;
+        self.fire_as(Event::EVAL_AFTER_ALL, false)?;
+        self.reporter.eval(&record);
+        self.evals.push(record.clone());
+        self.last_eval_batch = Some(self.state.clock.timestamp.batch);
+        tracing::debug!("evaluation took {:.2}s", started.elapsed().as_secs_f64());
+        Ok(record)
+    }
+
+    /// The evaluation loop (Composer's `_eval_loop`): `eval_start`, each test batch with its
+    /// events, `eval_end`; at most `train.eval_subset_batches` batches.
+    pub(super) fn eval_loop(&mut self) -> anyhow::Result<EvalRecord> {
         self.fire_as(Event::EVAL_START, false)?;
         let _no_grad = tch::no_grad_guard();
         let saved_batch = std::mem::take(&mut self.state.batch);
@@ -72,11 +85,6 @@ impl Trainer {
         self.state.batch = saved_batch;
         self.state.output = None;
         self.fire_as(Event::EVAL_END, false)?;
-        self.fire_as(Event::EVAL_AFTER_ALL, false)?;
-        self.reporter.eval(&record);
-        self.evals.push(record.clone());
-        self.last_eval_batch = Some(self.state.clock.timestamp.batch);
-        tracing::debug!("evaluation took {:.2}s", started.elapsed().as_secs_f64());
         Ok(record)
     }
 }

@@ -11,12 +11,15 @@ use crate::files::write_atomic;
 use crate::report::RunRecord;
 use crate::time::{Time, TimeUnit, Timestamp};
 
-use super::{signal_name, FitSummary, Trainer};
+use super::{signal_name, FitSummary, Purpose, Trainer};
 
 impl Trainer {
     /// Runs the training loop to `max_duration`, evaluating at `eval_interval` and at the end,
     /// and writes the run record.
     pub fn fit(&mut self) -> anyhow::Result<FitSummary> {
+        if self.purpose == Purpose::Standalone {
+            bail!("this trainer was built to evaluate or predict (Trainer::standalone); build one with Trainer::new to train");
+        }
         self.fire(Event::FIT_START)?;
         // A resumed run keeps the learning rate the checkpoint holds: the schedule is stepped
         // before the clock advances, so the next step's rate is a function of the previous
@@ -31,6 +34,9 @@ impl Trainer {
             _ => None,
         };
         let mut interrupted_by = None;
+        // A checkpoint written at `epoch_checkpoint` comes before its iteration's end: a run
+        // resumed from it ends that iteration first.
+        self.end_iteration_when_due()?;
         'fit: while !self.state.clock.run.reached(
             &self.state.clock.timestamp,
             &self.state.clock.run.max_duration,
@@ -94,6 +100,7 @@ impl Trainer {
                     self.evaluate()?;
                 }
                 self.checkpoint_event(Event::EPOCH_CHECKPOINT, &previous)?;
+                self.end_iteration_when_due()?;
             }
             if self.state.clock.run.batches_per_epoch == 0 {
                 bail!("the training set gives no batch (batch_size larger than the set with drop_last = true?)");
@@ -135,10 +142,31 @@ impl Trainer {
         })
     }
 
+    /// After an epoch: when the iteration's epochs (`train.iteration_length`) are done,
+    /// advances the clock to the next iteration and fires `iteration_end` and
+    /// `iteration_checkpoint`, as Composer does. Without an iteration length the run is one
+    /// iteration and neither fires.
+    fn end_iteration_when_due(&mut self) -> anyhow::Result<()> {
+        let Some(length) = self.config.train.iteration_length.and_then(|l| l.count()) else {
+            return Ok(());
+        };
+        if self.state.clock.timestamp.epoch_in_iteration < length {
+            return Ok(());
+        }
+        let previous = self.state.clock.timestamp.clone();
+        self.state.clock.timestamp = previous.to_next_iteration();
+        self.fire(Event::ITERATION_END)?;
+        self.checkpoint_event(Event::ITERATION_CHECKPOINT, &previous)
+    }
+
     pub(super) fn due(&self, interval: &Time, previous: &Timestamp, event: Event) -> bool {
         let unit = interval.unit();
-        let at_epoch = unit == TimeUnit::Epoch;
-        if at_epoch != (event == Event::EPOCH_END) {
+        let at = match unit {
+            TimeUnit::Epoch => Event::EPOCH_END,
+            TimeUnit::Iteration => Event::ITERATION_END,
+            _ => Event::BATCH_END,
+        };
+        if at != event {
             return false;
         }
         let (step_unit, every) = if interval.is_dur() {

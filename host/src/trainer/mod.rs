@@ -20,9 +20,11 @@ mod build;
 mod eval;
 mod fit;
 mod resume;
+mod standalone;
 mod step;
 
 pub use build::load_datasets;
+pub use standalone::{standalone_config, PredictSummary};
 
 /// A summary of a finished `fit`.
 #[derive(Debug, Clone)]
@@ -70,6 +72,16 @@ pub struct Trainer {
     /// Drop method metrics (while a resumed run replays `init`..`after_load`, whose metrics
     /// the original run already wrote).
     quiet_metrics: bool,
+    purpose: Purpose,
+}
+
+/// What a trainer was built for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Purpose {
+    /// Training (`Trainer::new`).
+    Fit,
+    /// Evaluating or predicting without training (`Trainer::standalone`).
+    Standalone,
 }
 
 impl Trainer {

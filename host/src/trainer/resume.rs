@@ -11,7 +11,7 @@ use crate::config;
 use crate::engine::Event;
 use crate::time::Timestamp;
 
-use super::Trainer;
+use super::{Purpose, Trainer};
 
 impl Trainer {
     /// Restores everything a checkpoint holds. Surgery already ran at `init`, so the model's
@@ -25,7 +25,10 @@ impl Trainer {
             .map(|m| m.to_string())
             .unwrap_or_default();
         let parts = c.into_parts()?;
-        if parts.clock.batches_per_epoch != self.state.clock.run.batches_per_epoch {
+        // The data position matters only to a run that goes on training.
+        if self.purpose == Purpose::Fit
+            && parts.clock.batches_per_epoch != self.state.clock.run.batches_per_epoch
+        {
             bail!(
                 "the checkpoint was written with {} batches per epoch, this run has {} (data.batch_size, drop_last or the dataset changed); the data position would not carry over",
                 parts.clock.batches_per_epoch,
@@ -130,10 +133,10 @@ impl Trainer {
         previous: &Timestamp,
     ) -> anyhow::Result<()> {
         let ck = &self.config.checkpoint;
-        let interval_event = if event == Event::EPOCH_CHECKPOINT {
-            Event::EPOCH_END
-        } else {
-            Event::BATCH_END
+        let interval_event = match event {
+            Event::EPOCH_CHECKPOINT => Event::EPOCH_END,
+            Event::ITERATION_CHECKPOINT => Event::ITERATION_END,
+            _ => Event::BATCH_END,
         };
         let end = self.state.clock.run.reached(
             &self.state.clock.timestamp,

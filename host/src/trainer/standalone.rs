@@ -1,0 +1,240 @@
+//! `tessera eval` and `tessera predict`: a run's model evaluated on, or applied to, the test set
+//! without training, as Composer's `Trainer.eval` (the evaluation loop inside
+//! `eval_standalone_start`/`eval_standalone_end`) and `Trainer.predict` (`predict_start`, per
+//! batch `predict_batch_start`, `predict_before_forward`, the forward,
+//! `predict_after_forward`, `predict_batch_end`, then `predict_end`).
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context as _};
+use serde_json::{json, Value};
+use tch::{Device::Cpu, Kind, Tensor};
+
+use crate::checkpoint::{self, Checkpoint};
+use crate::config::{self, Config};
+use crate::engine::{Algorithm, Event};
+use crate::files::{same_file, write_atomic};
+use crate::report::EvalRecord;
+
+use super::{Purpose, Trainer};
+
+/// What [`Trainer::predict`] wrote.
+#[derive(Debug, Clone)]
+pub struct PredictSummary {
+    /// The predictions file.
+    pub path: PathBuf,
+    /// Samples predicted (lines written).
+    pub samples: u64,
+    /// The share of predictions equal to the target.
+    pub accuracy: f64,
+}
+
+/// The configuration `tessera eval` and `tessera predict` run with, `overrides` applied:
+/// - a checkpoint (`.ckpt`): the config recorded in it, set to load that checkpoint (its
+///   weights and method states) and nothing else (`checkpoint.autoresume` off);
+/// - a `trainer.toml`: that config, whose `checkpoint.load` or `checkpoint.autoresume` say
+///   which checkpoint to load, if any (else the model is freshly initialised).
+pub fn standalone_config(path: &Path, overrides: &[String]) -> anyhow::Result<Config> {
+    let advice = "give a checkpoint (.ckpt) or a trainer.toml";
+    if path.is_dir() {
+        bail!("{} is a folder; {advice}", path.display());
+    }
+    if !path.exists() {
+        bail!("{}: no such file; {advice}", path.display());
+    }
+    match path.extension().and_then(|e| e.to_str()) {
+        Some(checkpoint::EXTENSION) => recorded_config(path, overrides),
+        Some("toml") => Ok(config::load(path, overrides)?),
+        _ => bail!(
+            "{}: neither a checkpoint (.ckpt) nor a trainer.toml (.toml); {advice}",
+            path.display()
+        ),
+    }
+}
+
+/// The config recorded in the checkpoint at `path`, read again as a `trainer.toml` (so it is
+/// validated and `--set` works as for training), set to load that checkpoint.
+fn recorded_config(path: &Path, overrides: &[String]) -> anyhow::Result<Config> {
+    let recorded = Checkpoint::read(path)?.meta.config;
+    let text = toml::to_string(&as_toml_tree(recorded)).with_context(|| {
+        format!(
+            "{}: the recorded config cannot be written as TOML",
+            path.display()
+        )
+    })?;
+    let source = format!("{} (its recorded config)", path.display());
+    // Recorded paths are already resolved (absolute, or relative to the working folder).
+    let mut config = config::from_str_with_overrides(&text, Path::new(""), &source, overrides)?;
+    config.checkpoint.load = Some(path.to_owned());
+    config.checkpoint.autoresume = false;
+    Ok(config)
+}
+
+/// The recorded (serialized) config in the shape of a `trainer.toml`: without nulls (TOML has
+/// none; absent means default), and with each `[[algorithms]]` entry's `settings` inline and
+/// its source `line` dropped.
+fn as_toml_tree(value: Value) -> Value {
+    match value {
+        Value::Object(map) => Value::Object(
+            map.into_iter()
+                .filter(|(_, v)| !v.is_null())
+                .map(|(k, v)| {
+                    let v = match (k.as_str(), v) {
+                        ("algorithms", Value::Array(entries)) => {
+                            Value::Array(entries.into_iter().map(inline_settings).collect())
+                        }
+                        (_, v) => v,
+                    };
+                    (k, as_toml_tree(v))
+                })
+                .collect(),
+        ),
+        Value::Array(items) => Value::Array(items.into_iter().map(as_toml_tree).collect()),
+        other => other,
+    }
+}
+
+fn inline_settings(entry: Value) -> Value {
+    let Value::Object(mut map) = entry else {
+        return entry;
+    };
+    map.remove("line");
+    if let Some(Value::Object(settings)) = map.remove("settings") {
+        map.extend(settings);
+    }
+    Value::Object(map)
+}
+
+impl Trainer {
+    /// A trainer that evaluates or predicts without training: built as [`Trainer::new`] builds
+    /// one (plugins, `init` with its surgery, `before_load`, the checkpoint the config names,
+    /// `after_load`), but it prepares no checkpoint folder, writes no metrics file and refuses
+    /// to [`fit`](Trainer::fit).
+    pub fn standalone(config: Config, extra: Vec<Box<dyn Algorithm>>) -> anyhow::Result<Trainer> {
+        Trainer::build(config, extra, Purpose::Standalone)
+    }
+
+    /// Evaluates the model on the test set (Composer's `Trainer.eval`): the evaluation loop
+    /// inside `eval_standalone_start`/`eval_standalone_end`. Nothing is recorded or written.
+    pub fn eval_standalone(&mut self) -> anyhow::Result<EvalRecord> {
+        self.fire_as(Event::EVAL_STANDALONE_START, false)?;
+        let record = self.eval_loop()?;
+        self.fire_as(Event::EVAL_STANDALONE_END, false)?;
+        Ok(record)
+    }
+
+    /// Predicts every sample of the test set (Composer's `Trainer.predict`) and writes the
+    /// predictions to `to` atomically as JSON Lines, one line per sample in test-set order:
+    /// `{"index": i, "predicted": class, "target": class, "probabilities": [p0, p1, ...]}`
+    /// (probabilities are the softmax of the model output, as `f32`).
+    pub fn predict(&mut self, to: &Path) -> anyhow::Result<PredictSummary> {
+        if to.is_dir() {
+            bail!("{} is a folder: give a file name to --to", to.display());
+        }
+        if let Some(source) = self.resumed_from.as_deref().filter(|s| same_file(s, to)) {
+            bail!(
+                "refusing to write predictions onto the checkpoint {} (--to {}): give another file",
+                source.display(),
+                to.display()
+            );
+        }
+        let _no_grad = tch::no_grad_guard();
+        self.fire_as(Event::PREDICT_START, false)?;
+        let mut lines = String::new();
+        let (mut samples, mut correct) = (0u64, 0u64);
+        for batch in self.eval_loader.epoch(0, 0) {
+            self.state.batch = self.device_batch(batch?)?;
+            self.fire_as(Event::PREDICT_BATCH_START, false)?;
+            self.fire_as(Event::PREDICT_BEFORE_FORWARD, false)?;
+            let input = self
+                .state
+                .batch
+                .input()
+                .map(Tensor::shallow_clone)
+                .context("the batch has no `input`")?;
+            self.state.output = Some(self.state.forward(&input, false)?);
+            self.fire_as(Event::PREDICT_AFTER_FORWARD, false)?;
+            let output = self
+                .state
+                .output
+                .as_ref()
+                .context("a method removed the output")?
+                .f_to_kind(Kind::Float)?;
+            let predicted = Vec::<i64>::try_from(output.f_argmax(1, false)?.f_to_device(Cpu)?)?;
+            let probabilities = output.f_softmax(1, Kind::Float)?.f_to_device(Cpu)?;
+            let classes = probabilities.size().get(1).copied().unwrap_or(0) as usize;
+            let probabilities = Vec::<f32>::try_from(probabilities.f_flatten(0, -1)?)?;
+            let targets = match self.state.batch.target() {
+                Some(t) => Vec::<i64>::try_from(t.f_to_device(Cpu)?)?,
+                None => bail!("the batch has no `target`"),
+            };
+            for (i, (&p, &t)) in predicted.iter().zip(&targets).enumerate() {
+                let row = &probabilities[i * classes..(i + 1) * classes];
+                let line =
+                    json!({"index": samples, "predicted": p, "target": t, "probabilities": row});
+                writeln!(lines, "{line}")?;
+                samples += 1;
+                correct += u64::from(p == t);
+            }
+            self.fire_as(Event::PREDICT_BATCH_END, false)?;
+        }
+        self.state.batch = Default::default();
+        self.state.output = None;
+        self.fire_as(Event::PREDICT_END, false)?;
+        write_atomic(to, lines.as_bytes()).with_context(|| format!("writing {}", to.display()))?;
+        Ok(PredictSummary {
+            path: to.to_owned(),
+            samples,
+            accuracy: correct as f64 / samples.max(1) as f64,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recorded_config_reads_back_as_the_same_config() {
+        let text = r#"
+run_name = "recorded"
+output_dir = "/tmp/tessera-recorded"
+seed = 7
+[data]
+dataset = "synthetic"
+batch_size = 16
+[data.synthetic]
+samples = 64
+eval_samples = 32
+channels = 1
+height = 8
+width = 8
+classes = 4
+[model]
+name = "mlp"
+hidden = [16]
+[optimizer]
+name = "adamw"
+lr = 0.01
+[scheduler]
+name = "cosine_with_warmup"
+t_warmup = "0.1dur"
+[train]
+max_duration = "4ep"
+iteration_length = "2ep"
+precision = "amp_bf16"
+[[algorithms]]
+plugin = "label_smoothing"
+on_error = "disable"
+smoothing = 0.1
+"#;
+        let original = config::from_str(text, Path::new("/base"), "recorded.toml").unwrap();
+        let recorded = serde_json::to_value(&original).unwrap();
+        let again = toml::to_string(&as_toml_tree(recorded)).unwrap();
+        let mut read = config::from_str(&again, Path::new(""), "again").unwrap();
+        // The entry's line is where it stands in the file read.
+        read.algorithms[0].line = original.algorithms[0].line;
+        assert_eq!(read, original, "{again}");
+    }
+}
