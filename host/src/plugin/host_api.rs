@@ -202,8 +202,8 @@ extern "C" fn replace_module(
                 Event::INIT
             )));
         }
-        let layer = Box::new(super::PluginLayer::new(module));
-        result(s.model.replace_module(path.as_str(), layer, tensors))
+        let layer = Box::new(super::PluginLayer::new(module, tensors));
+        result(s.model.replace_module(path.as_str(), layer))
     })
 }
 
