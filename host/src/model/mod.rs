@@ -48,25 +48,14 @@ impl Model {
     ) -> Result<Model, TchError> {
         let mut params = ParamStore::new(device);
         let store = &mut params;
+        let resnet_width = config.width.unwrap_or(16) as i64;
         let root = match config.name {
             ModelName::Mlp => zoo::mlp(store, input, &config.hidden, num_classes)?,
             ModelName::Cnn => {
                 zoo::cnn(store, input, config.width.unwrap_or(32) as i64, num_classes)?
             }
-            ModelName::Resnet20 => zoo::resnet(
-                store,
-                input,
-                20,
-                config.width.unwrap_or(16) as i64,
-                num_classes,
-            )?,
-            ModelName::Resnet56 => zoo::resnet(
-                store,
-                input,
-                56,
-                config.width.unwrap_or(16) as i64,
-                num_classes,
-            )?,
+            ModelName::Resnet20 => zoo::resnet(store, input, 20, resnet_width, num_classes)?,
+            ModelName::Resnet56 => zoo::resnet(store, input, 56, resnet_width, num_classes)?,
         };
         Ok(Model {
             root: Box::new(root),
