@@ -8,7 +8,7 @@
 //! stride and channels) is swapped for a layer calling `blur_conv2d` on that conv's weights.
 
 use tessera::config;
-use tessera::model::{Attr, ExternalLayer, InputShape, Model};
+use tessera::model::{Attr, InputShape, Layer, Model};
 use tessera::trainer::Trainer;
 use tessera_plugin_api::tch::{self, Device, Kind, TchError, Tensor};
 use tessera_plugin_api::testing::golden::{assert_close, Golden};
@@ -65,12 +65,9 @@ struct FunctionalBlurConv {
     blur_first: bool,
 }
 
-impl ExternalLayer for FunctionalBlurConv {
-    fn kind(&self) -> String {
-        "functional_blur_conv2d".to_owned()
-    }
-    fn attrs(&self) -> Vec<(String, f64)> {
-        Vec::new()
+impl Layer for FunctionalBlurConv {
+    fn kind(&self) -> &str {
+        "functional_blur_conv2d"
     }
     fn forward(&self, xs: &Tensor, _train: bool) -> Result<Tensor, TchError> {
         blurpool::blur_conv2d(
@@ -158,7 +155,7 @@ fn functional_reference(
             blur_first,
         };
         model
-            .replace_module(path, Box::new(layer), Vec::new())
+            .replace_module(path, Box::new(layer))
             .unwrap_or_else(|e| panic!("replacing `{path}`: {e}"));
         replaced.push(path.clone());
     }

@@ -1,29 +1,28 @@
-//! Models: the module tree ([`Module`]), the named parameter store ([`ParamStore`]) and the
-//! model zoo (MLP, small CNN, CIFAR-style ResNet-20/56). Names follow PyTorch conventions so
-//! weights map 1:1 to a PyTorch `state_dict`.
+//! Models: the layers ([`layers`], every one a [`Layer`]), the module tree they form
+//! ([`ModuleInfo`], paths and surgery), the named parameter store ([`ParamStore`]) and the model
+//! zoo (MLP, small CNN, CIFAR-style ResNet-20/56). Names follow PyTorch conventions so weights
+//! map 1:1 to a PyTorch `state_dict`.
 
+pub mod layers;
 mod loss;
-mod module;
 mod params;
 mod spec;
+mod tree;
+mod zoo;
 
+pub use layers::{Attr, Layer};
 pub use loss::{cross_entropy, cross_entropy_with, NonFiniteLoss};
-
-pub use module::{Attr, ExternalLayer, Layer, Module, ModuleInfo};
 pub use params::{Entry, ParamStore, Role};
 pub use spec::{ModelConfig, ModelName};
+pub use tree::ModuleInfo;
 
-use tch::{
-    nn::init::{FanInOut, NonLinearity, NormalOrUniform},
-    nn::Init,
-    Device, TchError, Tensor,
-};
+use tch::{Device, TchError, Tensor};
 
 /// A model: its module tree and the store holding its tensors.
 #[derive(Debug)]
 pub struct Model {
     /// The root of the module tree.
-    pub root: Module,
+    pub root: Box<dyn Layer>,
     /// Parameters and buffers by name.
     pub params: ParamStore,
 }
@@ -47,18 +46,17 @@ impl Model {
         num_classes: i64,
         device: Device,
     ) -> Result<Model, TchError> {
-        let mut b = Builder {
-            params: ParamStore::new(device),
-        };
+        let mut params = ParamStore::new(device);
+        let store = &mut params;
         let root = match config.name {
-            ModelName::Mlp => b.mlp(input, &config.hidden, num_classes)?,
-            ModelName::Cnn => b.cnn(input, config.base_width(), num_classes)?,
-            ModelName::Resnet20 => b.resnet(input, 20, config.base_width(), num_classes)?,
-            ModelName::Resnet56 => b.resnet(input, 56, config.base_width(), num_classes)?,
+            ModelName::Mlp => zoo::mlp(store, input, &config.hidden, num_classes)?,
+            ModelName::Cnn => zoo::cnn(store, input, config.base_width(), num_classes)?,
+            ModelName::Resnet20 => zoo::resnet(store, input, 20, config.base_width(), num_classes)?,
+            ModelName::Resnet56 => zoo::resnet(store, input, 56, config.base_width(), num_classes)?,
         };
         Ok(Model {
-            root,
-            params: b.params,
+            root: Box::new(root),
+            params,
         })
     }
 
@@ -67,350 +65,33 @@ impl Model {
         self.root.forward(xs, train)
     }
 
-    /// Surgery: replaces the module at `path` by `layer`. The old module's tensors (its whole
-    /// subtree's) leave the store; `tensors`, named relative to `path`, join it.
-    pub fn replace_module(
-        &mut self,
-        path: &str,
-        layer: Box<dyn ExternalLayer>,
-        tensors: Vec<(String, Tensor)>,
-    ) -> Result<(), String> {
+    /// Surgery: replaces the layer at `path` by `layer`. The old layer's tensors (its whole
+    /// subtree's) leave the store; the new layer's join it, named under `path`.
+    pub fn replace_module(&mut self, path: &str, layer: Box<dyn Layer>) -> Result<(), String> {
         if path.is_empty() {
             return Err("the root module cannot be replaced".to_owned());
         }
         let device = self.params.device();
-        let mut full = Vec::with_capacity(tensors.len());
-        for (name, tensor) in tensors {
+        let tensors = layer.named_tensors();
+        for (name, tensor) in &tensors {
             if tensor.device() != device {
                 return Err(format!(
                     "tensor `{name}` is on {:?} but the model is on {device:?}",
                     tensor.device()
                 ));
             }
-            full.push((format!("{path}.{name}"), tensor));
         }
-        let names: Vec<String> = full.iter().map(|(n, _)| n.clone()).collect();
-        let old = self.root.replace(path, Module::external(layer, names))?;
+        let old = self.root.replace(path, layer)?;
         let old_names: Vec<String> = old
             .walk_at(path)
             .into_iter()
             .flat_map(|i| i.tensors)
             .collect();
         self.params.remove(&old_names);
-        for (name, tensor) in full {
-            self.params.insert(name, tensor)?;
+        for (name, tensor) in tensors {
+            self.params.insert(tree::join(path, &name), tensor)?;
         }
         Ok(())
-    }
-}
-
-// PyTorch's default init for conv and linear layers: kaiming_uniform(a = sqrt(5)) for weights,
-// uniform(±1/sqrt(fan_in)) for biases. Convolutions in ResNets use He (fan_out) normal init,
-// as torchvision does.
-const TORCH_DEFAULT_WEIGHT: Init = Init::Kaiming {
-    dist: NormalOrUniform::Uniform,
-    fan: FanInOut::FanIn,
-    non_linearity: NonLinearity::ExplicitGain(0.577_350_269_189_625_8), // gain sqrt(2/(1+5)) = 1/sqrt(3)
-};
-const RESNET_CONV: Init = Init::Kaiming {
-    dist: NormalOrUniform::Normal,
-    fan: FanInOut::FanOut,
-    non_linearity: NonLinearity::ReLU,
-};
-
-struct Builder {
-    params: ParamStore,
-}
-
-fn join(prefix: &str, name: &str) -> String {
-    if prefix.is_empty() {
-        name.to_owned()
-    } else {
-        format!("{prefix}.{name}")
-    }
-}
-
-impl Builder {
-    #[allow(clippy::too_many_arguments)]
-    fn conv(
-        &mut self,
-        path: &str,
-        cin: i64,
-        cout: i64,
-        kernel: i64,
-        stride: i64,
-        padding: i64,
-        bias: bool,
-        init: Init,
-    ) -> Result<Module, TchError> {
-        let weight =
-            self.params
-                .parameter(join(path, "weight"), &[cout, cin, kernel, kernel], init)?;
-        let bias = if bias {
-            let bound = 1.0 / ((cin * kernel * kernel) as f64).sqrt();
-            Some(self.params.parameter(
-                join(path, "bias"),
-                &[cout],
-                Init::Uniform {
-                    lo: -bound,
-                    up: bound,
-                },
-            )?)
-        } else {
-            None
-        };
-        Ok(Module::new(
-            "conv2d",
-            Layer::Conv2d {
-                weight,
-                bias,
-                stride,
-                padding,
-                groups: 1,
-            },
-        )
-        .attr("in_channels", Attr::Int(cin))
-        .attr("out_channels", Attr::Int(cout))
-        .attr("kernel_size", Attr::Int(kernel))
-        .attr("stride", Attr::Int(stride))
-        .attr("padding", Attr::Int(padding))
-        .attr("groups", Attr::Int(1)))
-    }
-
-    fn batch_norm(&mut self, path: &str, channels: i64) -> Result<Module, TchError> {
-        let weight = self
-            .params
-            .parameter(join(path, "weight"), &[channels], Init::Const(1.0))?;
-        let bias = self
-            .params
-            .parameter(join(path, "bias"), &[channels], Init::Const(0.0))?;
-        let running_mean = self
-            .params
-            .buffer(join(path, "running_mean"), &[channels], 0.0)?;
-        let running_var = self
-            .params
-            .buffer(join(path, "running_var"), &[channels], 1.0)?;
-        let num_batches_tracked = self
-            .params
-            .buffer_int64(join(path, "num_batches_tracked"), 0)?;
-        Ok(Module::new(
-            "batch_norm2d",
-            Layer::BatchNorm2d {
-                weight,
-                bias,
-                running_mean,
-                running_var,
-                num_batches_tracked,
-                momentum: 0.1,
-                eps: 1e-5,
-            },
-        )
-        .attr("num_features", Attr::Int(channels)))
-    }
-
-    fn linear(&mut self, path: &str, fin: i64, fout: i64) -> Result<Module, TchError> {
-        let weight =
-            self.params
-                .parameter(join(path, "weight"), &[fout, fin], TORCH_DEFAULT_WEIGHT)?;
-        let bound = 1.0 / (fin as f64).sqrt();
-        let bias = self.params.parameter(
-            join(path, "bias"),
-            &[fout],
-            Init::Uniform {
-                lo: -bound,
-                up: bound,
-            },
-        )?;
-        Ok(Module::new(
-            "linear",
-            Layer::Linear {
-                weight,
-                bias: Some(bias),
-            },
-        )
-        .attr("in_features", Attr::Int(fin))
-        .attr("out_features", Attr::Int(fout)))
-    }
-
-    fn max_pool(kernel: i64, stride: i64) -> Module {
-        Module::new("max_pool2d", Layer::MaxPool2d { kernel, stride })
-            .attr("kernel_size", Attr::Int(kernel))
-            .attr("stride", Attr::Int(stride))
-    }
-
-    fn relu() -> Module {
-        Module::new("relu", Layer::Relu)
-    }
-
-    /// `flatten → (linear → relu)* → linear`, as `layers.N`.
-    fn mlp(
-        &mut self,
-        input: InputShape,
-        hidden: &[usize],
-        classes: i64,
-    ) -> Result<Module, TchError> {
-        let mut root = Module::new("sequential", Layer::Sequential)
-            .child("flatten", Module::new("flatten", Layer::Flatten));
-        let mut fin = input.channels * input.height * input.width;
-        let mut layers = Module::new("sequential", Layer::Sequential);
-        let mut index = 0;
-        for &h in hidden {
-            let h = h as i64;
-            layers = layers.child(
-                index.to_string(),
-                self.linear(&format!("layers.{index}"), fin, h)?,
-            );
-            layers = layers.child((index + 1).to_string(), Self::relu());
-            index += 2;
-            fin = h;
-        }
-        layers = layers.child(
-            index.to_string(),
-            self.linear(&format!("layers.{index}"), fin, classes)?,
-        );
-        root = root.child("layers", layers);
-        Ok(root)
-    }
-
-    /// Two conv-BN-ReLU-maxpool stages, then a hidden linear layer: a small, fast CNN that
-    /// reaches ~91% on Fashion-MNIST in a few epochs.
-    fn cnn(&mut self, input: InputShape, width: i64, classes: i64) -> Result<Module, TchError> {
-        let c1 = width;
-        let c2 = 2 * width;
-        let mut features = Module::new("sequential", Layer::Sequential);
-        features = features.child(
-            "0",
-            self.conv(
-                "features.0",
-                input.channels,
-                c1,
-                3,
-                1,
-                1,
-                false,
-                TORCH_DEFAULT_WEIGHT,
-            )?,
-        );
-        features = features.child("1", self.batch_norm("features.1", c1)?);
-        features = features.child("2", Self::relu());
-        features = features.child("3", Builder::max_pool(2, 2));
-        features = features.child(
-            "4",
-            self.conv("features.4", c1, c2, 3, 1, 1, false, TORCH_DEFAULT_WEIGHT)?,
-        );
-        features = features.child("5", self.batch_norm("features.5", c2)?);
-        features = features.child("6", Self::relu());
-        features = features.child("7", Builder::max_pool(2, 2));
-        let flat = c2 * (input.height / 4) * (input.width / 4);
-        let hidden = 4 * width;
-        let classifier = Module::new("sequential", Layer::Sequential)
-            .child("0", Module::new("flatten", Layer::Flatten))
-            .child("1", self.linear("classifier.1", flat, hidden)?)
-            .child("2", Self::relu())
-            .child("3", self.linear("classifier.3", hidden, classes)?);
-        Ok(Module::new("sequential", Layer::Sequential)
-            .child("features", features)
-            .child("classifier", classifier))
-    }
-
-    fn basic_block(
-        &mut self,
-        path: &str,
-        cin: i64,
-        cout: i64,
-        stride: i64,
-    ) -> Result<Module, TchError> {
-        let mut block = Module::new("residual_block", Layer::BasicBlock)
-            .attr("in_channels", Attr::Int(cin))
-            .attr("out_channels", Attr::Int(cout))
-            .attr("stride", Attr::Int(stride))
-            .child(
-                "conv1",
-                self.conv(
-                    &join(path, "conv1"),
-                    cin,
-                    cout,
-                    3,
-                    stride,
-                    1,
-                    false,
-                    RESNET_CONV,
-                )?,
-            )
-            .child("bn1", self.batch_norm(&join(path, "bn1"), cout)?)
-            .child(
-                "conv2",
-                self.conv(
-                    &join(path, "conv2"),
-                    cout,
-                    cout,
-                    3,
-                    1,
-                    1,
-                    false,
-                    RESNET_CONV,
-                )?,
-            )
-            .child("bn2", self.batch_norm(&join(path, "bn2"), cout)?);
-        if stride != 1 || cin != cout {
-            // Projection shortcut (option B of the ResNet paper): 1x1 conv + BN.
-            let shortcut = Module::new("sequential", Layer::Sequential)
-                .child(
-                    "0",
-                    self.conv(
-                        &join(path, "shortcut.0"),
-                        cin,
-                        cout,
-                        1,
-                        stride,
-                        0,
-                        false,
-                        RESNET_CONV,
-                    )?,
-                )
-                .child("1", self.batch_norm(&join(path, "shortcut.1"), cout)?);
-            block = block.child("shortcut", shortcut);
-        }
-        Ok(block)
-    }
-
-    /// CIFAR-style ResNet (He et al. 2016, §4.2): depth = 6n + 2, three stages of n basic
-    /// blocks with widths w, 2w, 4w, global average pooling and a linear classifier `fc`.
-    fn resnet(
-        &mut self,
-        input: InputShape,
-        depth: usize,
-        width: i64,
-        classes: i64,
-    ) -> Result<Module, TchError> {
-        let n = (depth - 2) / 6;
-        let mut root = Module::new("sequential", Layer::Sequential)
-            .attr("depth", Attr::Int(depth as i64))
-            .child(
-                "conv1",
-                self.conv("conv1", input.channels, width, 3, 1, 1, false, RESNET_CONV)?,
-            )
-            .child("bn1", self.batch_norm("bn1", width)?)
-            .child("relu", Self::relu());
-        let mut cin = width;
-        for stage in 0..3 {
-            let cout = width << stage;
-            let mut layer = Module::new("sequential", Layer::Sequential);
-            for i in 0..n {
-                let stride = if stage > 0 && i == 0 { 2 } else { 1 };
-                let path = format!("layer{}.{i}", stage + 1);
-                layer = layer.child(i.to_string(), self.basic_block(&path, cin, cout, stride)?);
-                cin = cout;
-            }
-            root = root.child(format!("layer{}", stage + 1), layer);
-        }
-        root = root
-            .child(
-                "avgpool",
-                Module::new("global_avg_pool", Layer::GlobalAvgPool),
-            )
-            .child("fc", self.linear("fc", cin, classes)?);
-        Ok(root)
     }
 }
 
@@ -522,5 +203,124 @@ mod tests {
         let m = Model::build(&config(ModelName::Cnn), shape(1), 10, Device::Cpu).unwrap();
         let x = Tensor::randn([2, 3, 28, 28], (tch::Kind::Float, Device::Cpu));
         assert!(m.forward(&x, true).is_err());
+    }
+}
+
+#[cfg(test)]
+mod surgery_tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use super::*;
+
+    /// A layer from outside the zoo, as a plugin's would be: multiplies by a held tensor and
+    /// counts its forwards.
+    #[derive(Debug)]
+    struct Scale {
+        factor: Tensor,
+        forwards: Arc<AtomicUsize>,
+    }
+
+    impl Layer for Scale {
+        fn kind(&self) -> &str {
+            "scale"
+        }
+
+        fn attrs(&self) -> Vec<(&str, Attr)> {
+            vec![("factor", Attr::Float(2.0))]
+        }
+
+        fn tensors(&self) -> Vec<(&str, &Tensor)> {
+            vec![("factor", &self.factor)]
+        }
+
+        fn forward(&self, xs: &Tensor, _train: bool) -> Result<Tensor, TchError> {
+            self.forwards.fetch_add(1, Ordering::SeqCst);
+            xs.f_mul(&self.factor)
+        }
+    }
+
+    fn resnet20() -> Model {
+        let config = ModelConfig {
+            name: ModelName::Resnet20,
+            hidden: Vec::new(),
+            width: None,
+            num_classes: 10,
+        };
+        let input = InputShape {
+            channels: 3,
+            height: 8,
+            width: 8,
+        };
+        Model::build(&config, input, 10, Device::Cpu).unwrap()
+    }
+
+    fn scale(forwards: &Arc<AtomicUsize>) -> Box<dyn Layer> {
+        Box::new(Scale {
+            factor: Tensor::from(2.0f32),
+            forwards: Arc::clone(forwards),
+        })
+    }
+
+    #[test]
+    fn a_layer_from_outside_replaces_a_block_child_in_the_tree_store_and_forward() {
+        let mut m = resnet20();
+        let forwards = Arc::new(AtomicUsize::new(0));
+        m.replace_module("layer1.0.conv1", scale(&forwards))
+            .unwrap();
+        let node = m
+            .root
+            .walk()
+            .into_iter()
+            .find(|i| i.path == "layer1.0.conv1")
+            .unwrap();
+        assert_eq!(node.kind, "scale");
+        assert_eq!(node.attrs.get("factor"), Some(&Attr::Float(2.0)));
+        assert_eq!(node.tensors, ["layer1.0.conv1.factor"]);
+        assert!(m.params.get("layer1.0.conv1.weight").is_none());
+        let factor = m.params.get("layer1.0.conv1.factor").unwrap();
+        assert_eq!(factor.role, Role::Buffer);
+        let x = Tensor::randn([2, 3, 8, 8], (tch::Kind::Float, Device::Cpu));
+        assert_eq!(m.forward(&x, true).unwrap().size(), [2, 10]);
+        assert_eq!(m.forward(&x, false).unwrap().size(), [2, 10]);
+        assert_eq!(forwards.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn replacing_a_subtree_removes_all_its_tensors() {
+        let mut m = resnet20();
+        let before = m.params.entries().len();
+        let forwards = Arc::new(AtomicUsize::new(0));
+        m.replace_module("layer2.0", scale(&forwards)).unwrap();
+        // conv1, bn1, conv2, bn2 and the projection shortcut (conv + bn): 3 convs, 3 BNs of 5.
+        assert_eq!(m.params.entries().len(), before - 18 + 1);
+        assert!(m
+            .params
+            .entries()
+            .iter()
+            .all(|e| !e.name.starts_with("layer2.0.") || e.name == "layer2.0.factor"));
+        let paths: Vec<String> = m.root.walk().into_iter().map(|i| i.path).collect();
+        assert!(paths.contains(&"layer2.0".to_owned()));
+        assert!(!paths.iter().any(|p| p.starts_with("layer2.0.")));
+    }
+
+    #[test]
+    fn surgery_refuses_the_root_and_unknown_paths_without_changing_the_model() {
+        let mut m = resnet20();
+        let forwards = Arc::new(AtomicUsize::new(0));
+        let before = m.root.walk();
+        for (path, message) in [
+            ("", "the root module cannot be replaced"),
+            ("layer9.0", "no module at `layer9`"),
+            ("layer1.7", "no module at `layer1.7`"),
+            ("layer1.0.shortcut", "no module at `layer1.0.shortcut`"),
+        ] {
+            assert_eq!(
+                m.replace_module(path, scale(&forwards)).unwrap_err(),
+                message
+            );
+        }
+        assert_eq!(m.root.walk(), before);
+        assert!(m.params.get("layer1.0.conv1.weight").is_some());
     }
 }

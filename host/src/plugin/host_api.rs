@@ -208,9 +208,9 @@ extern "C" fn replace_module(
     with_state(ctx, |s| {
         let what = format!("replace_module(`{path}`)");
         result(s.model_for_surgery(&what).and_then(|model| {
-            let layer = Box::new(super::PluginLayer::new(module));
+            let layer = Box::new(super::PluginLayer::new(module, tensors));
             model
-                .replace_module(path.as_str(), layer, tensors)
+                .replace_module(path.as_str(), layer)
                 .map_err(CallError)
         }))
     })

@@ -23,36 +23,56 @@ use tessera_plugin_api::abi::{MethodBox, ModuleBox, PluginModule_Ref, TensorHand
 use tessera_plugin_api::{Event, Hook, API_VERSION, LIBTORCH_VERSION};
 
 use crate::engine::{Algorithm, MethodError, MethodSnapshot, Stage};
-use crate::model::ExternalLayer;
+use crate::model::{Attr, Layer};
 
-/// A module a plugin put into the model.
+/// A module a plugin put into the model by surgery, with the tensors it registered.
 pub struct PluginLayer {
     module: ModuleBox,
+    kind: String,
+    attrs: Vec<(String, f64)>,
+    tensors: Vec<(String, tch::Tensor)>,
 }
 
 impl PluginLayer {
-    /// Wraps a plugin's module.
-    pub fn new(module: ModuleBox) -> PluginLayer {
-        PluginLayer { module }
+    /// Wraps a plugin's module holding `tensors` (named relative to the module).
+    pub fn new(module: ModuleBox, tensors: Vec<(String, tch::Tensor)>) -> PluginLayer {
+        let kind = module.kind().into_string();
+        let attrs = module
+            .attrs()
+            .into_iter()
+            .map(|a| (a.key.into_string(), a.value))
+            .collect();
+        PluginLayer {
+            module,
+            kind,
+            attrs,
+            tensors,
+        }
     }
 }
 
 impl std::fmt::Debug for PluginLayer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "PluginLayer({})", self.module.kind())
+        write!(f, "PluginLayer({})", self.kind)
     }
 }
 
-impl ExternalLayer for PluginLayer {
-    fn kind(&self) -> String {
-        self.module.kind().into_string()
+impl Layer for PluginLayer {
+    fn kind(&self) -> &str {
+        &self.kind
     }
 
-    fn attrs(&self) -> Vec<(String, f64)> {
-        self.module
-            .attrs()
-            .into_iter()
-            .map(|a| (a.key.into_string(), a.value))
+    fn attrs(&self) -> Vec<(&str, Attr)> {
+        self.attrs
+            .iter()
+            .map(|(key, value)| (key.as_str(), Attr::Float(*value)))
+            .collect()
+    }
+
+    fn tensors(&self) -> Vec<(&str, &tch::Tensor)> {
+        self.tensors
+            .iter()
+            .map(|(name, tensor)| (name.as_str(), tensor))
             .collect()
     }
 
@@ -62,7 +82,7 @@ impl ExternalLayer for PluginLayer {
             RResult::ROk(out) => Ok(out.into_tensor()),
             RResult::RErr(e) => Err(tch::TchError::Torch(format!(
                 "plugin module `{}`: {}: {}",
-                self.module.kind(),
+                self.kind,
                 e.kind.name(),
                 e.message
             ))),

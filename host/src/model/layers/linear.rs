@@ -1,0 +1,67 @@
+//! Affine map (PyTorch `Linear`).
+
+use tch::{TchError, Tensor};
+
+use super::init::{torch_default_bias, TORCH_DEFAULT_WEIGHT};
+use super::{Attr, Layer};
+use crate::model::{tree::join, ParamStore};
+
+/// `xs · weightᵀ + bias`.
+#[derive(Debug)]
+pub struct Linear {
+    /// `(out, in)`.
+    weight: Tensor,
+    /// `(out)`.
+    bias: Tensor,
+    in_features: i64,
+    out_features: i64,
+}
+
+impl Linear {
+    /// A linear layer whose tensors join `store` as `{path}.weight` and `{path}.bias`, with
+    /// PyTorch's default init.
+    pub fn new(
+        store: &mut ParamStore,
+        path: &str,
+        in_features: i64,
+        out_features: i64,
+    ) -> Result<Linear, TchError> {
+        let weight = store.parameter(
+            join(path, "weight"),
+            &[out_features, in_features],
+            TORCH_DEFAULT_WEIGHT,
+        )?;
+        let bias = store.parameter(
+            join(path, "bias"),
+            &[out_features],
+            torch_default_bias(in_features),
+        )?;
+        Ok(Linear {
+            weight,
+            bias,
+            in_features,
+            out_features,
+        })
+    }
+}
+
+impl Layer for Linear {
+    fn kind(&self) -> &str {
+        "linear"
+    }
+
+    fn attrs(&self) -> Vec<(&str, Attr)> {
+        vec![
+            ("in_features", Attr::Int(self.in_features)),
+            ("out_features", Attr::Int(self.out_features)),
+        ]
+    }
+
+    fn tensors(&self) -> Vec<(&str, &Tensor)> {
+        vec![("weight", &self.weight), ("bias", &self.bias)]
+    }
+
+    fn forward(&self, xs: &Tensor, _train: bool) -> Result<Tensor, TchError> {
+        xs.f_linear(&self.weight, Some(&self.bias))
+    }
+}

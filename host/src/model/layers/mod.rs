@@ -1,0 +1,78 @@
+//! The layers a model is made of, one concept a file (as candle-nn's are). Every layer — built
+//! in or put in by a plugin's surgery — implements [`Layer`]: the module tree, surgery, the
+//! forward pass and the parameter store see nothing else.
+
+mod activation;
+mod batch_norm;
+mod conv2d;
+mod flatten;
+pub mod init;
+mod linear;
+mod pooling;
+mod residual_block;
+mod sequential;
+
+use std::fmt;
+
+use tch::{TchError, Tensor};
+
+pub use activation::Relu;
+pub use batch_norm::BatchNorm2d;
+pub use conv2d::{Conv2d, Conv2dConfig};
+pub use flatten::Flatten;
+pub use linear::Linear;
+pub use pooling::{GlobalAvgPool, MaxPool2d};
+pub use residual_block::ResidualBlock;
+pub use sequential::Sequential;
+
+/// An attribute value of a layer (`stride = 2`, `out_channels = 16`).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Attr {
+    /// An integer.
+    Int(i64),
+    /// A float.
+    Float(f64),
+    /// A boolean.
+    Bool(bool),
+}
+
+impl fmt::Display for Attr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Attr::Int(v) => write!(f, "{v}"),
+            Attr::Float(v) => write!(f, "{v}"),
+            Attr::Bool(v) => write!(f, "{v}"),
+        }
+    }
+}
+
+/// A node of the model: what it computes and what the module tree shows of it.
+pub trait Layer: Send + fmt::Debug {
+    /// The kind shown in the module tree (`conv2d`, `batch_norm2d`, `residual_block`, ...).
+    fn kind(&self) -> &str;
+
+    /// The attributes shown in the module tree (`stride`, `out_channels`, ...).
+    fn attrs(&self) -> Vec<(&str, Attr)> {
+        Vec::new()
+    }
+
+    /// The tensors the layer holds itself (not its children's), named relative to the layer,
+    /// in PyTorch's `state_dict` order (`weight`, `bias`, ...).
+    fn tensors(&self) -> Vec<(&str, &Tensor)> {
+        Vec::new()
+    }
+
+    /// The named children of a container, in order.
+    fn children(&self) -> Vec<(&str, &dyn Layer)> {
+        Vec::new()
+    }
+
+    /// The child named `name`, for surgery to replace it.
+    fn child_mut(&mut self, _name: &str) -> Option<&mut Box<dyn Layer>> {
+        None
+    }
+
+    /// Runs the layer on `xs`; `train` selects training behaviour (BatchNorm batch statistics).
+    /// Shape errors come back as errors, never as panics.
+    fn forward(&self, xs: &Tensor, train: bool) -> Result<Tensor, TchError>;
+}

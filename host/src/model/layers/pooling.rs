@@ -1,0 +1,59 @@
+//! Pooling over the spatial dimensions.
+
+use tch::{TchError, Tensor};
+
+use super::{Attr, Layer};
+
+/// Max pooling with a square window, no padding (PyTorch `MaxPool2d`).
+#[derive(Debug)]
+pub struct MaxPool2d {
+    kernel_size: i64,
+    stride: i64,
+}
+
+impl MaxPool2d {
+    /// A `kernel_size` × `kernel_size` window moved by `stride`.
+    pub fn new(kernel_size: i64, stride: i64) -> MaxPool2d {
+        MaxPool2d {
+            kernel_size,
+            stride,
+        }
+    }
+}
+
+impl Layer for MaxPool2d {
+    fn kind(&self) -> &str {
+        "max_pool2d"
+    }
+
+    fn attrs(&self) -> Vec<(&str, Attr)> {
+        vec![
+            ("kernel_size", Attr::Int(self.kernel_size)),
+            ("stride", Attr::Int(self.stride)),
+        ]
+    }
+
+    fn forward(&self, xs: &Tensor, _train: bool) -> Result<Tensor, TchError> {
+        xs.f_max_pool2d(
+            [self.kernel_size, self.kernel_size],
+            [self.stride, self.stride],
+            [0, 0],
+            [1, 1],
+            false,
+        )
+    }
+}
+
+/// Mean over the spatial dimensions, then flatten: `(N, C, H, W) -> (N, C)`.
+#[derive(Debug)]
+pub struct GlobalAvgPool;
+
+impl Layer for GlobalAvgPool {
+    fn kind(&self) -> &str {
+        "global_avg_pool"
+    }
+
+    fn forward(&self, xs: &Tensor, _train: bool) -> Result<Tensor, TchError> {
+        xs.f_mean_dim(&[-2i64, -1][..], false, None)
+    }
+}

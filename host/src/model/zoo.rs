@@ -1,0 +1,130 @@
+//! The model zoo: MLP, a small CNN and CIFAR-style ResNets, named as their PyTorch
+//! counterparts so weights map 1:1 to a PyTorch `state_dict`.
+
+use tch::nn::init::{FanInOut, NonLinearity, NormalOrUniform};
+use tch::nn::Init;
+use tch::TchError;
+
+use super::layers::init::TORCH_DEFAULT_WEIGHT;
+use super::layers::{
+    Attr, BatchNorm2d, Conv2d, Conv2dConfig, Flatten, GlobalAvgPool, Linear, MaxPool2d, Relu,
+    ResidualBlock, Sequential,
+};
+use super::{InputShape, ParamStore};
+
+/// Convolutions in ResNets use He (fan_out) normal init, as torchvision does.
+const RESNET_CONV: Init = Init::Kaiming {
+    dist: NormalOrUniform::Normal,
+    fan: FanInOut::FanOut,
+    non_linearity: NonLinearity::ReLU,
+};
+
+/// A 3×3 convolution with padding 1 and no bias.
+fn conv3x3(
+    store: &mut ParamStore,
+    path: &str,
+    in_channels: i64,
+    out_channels: i64,
+    init: Init,
+) -> Result<Conv2d, TchError> {
+    let config = Conv2dConfig {
+        padding: 1,
+        bias: false,
+        ..Conv2dConfig::default()
+    };
+    Conv2d::new(store, path, in_channels, out_channels, 3, config, init)
+}
+
+/// `flatten → (linear → relu)* → linear`, as `layers.N`.
+pub fn mlp(
+    store: &mut ParamStore,
+    input: InputShape,
+    hidden: &[usize],
+    classes: i64,
+) -> Result<Sequential, TchError> {
+    let mut fin = input.channels * input.height * input.width;
+    let mut layers = Sequential::new();
+    let mut index = 0;
+    for &h in hidden {
+        let h = h as i64;
+        let linear = Linear::new(store, &format!("layers.{index}"), fin, h)?;
+        layers = layers
+            .add(index.to_string(), linear)
+            .add((index + 1).to_string(), Relu);
+        index += 2;
+        fin = h;
+    }
+    let last = Linear::new(store, &format!("layers.{index}"), fin, classes)?;
+    layers = layers.add(index.to_string(), last);
+    Ok(Sequential::new()
+        .add("flatten", Flatten)
+        .add("layers", layers))
+}
+
+/// Two conv-BN-ReLU-maxpool stages, then a hidden linear layer: a small, fast CNN that
+/// reaches ~91% on Fashion-MNIST in a few epochs.
+pub fn cnn(
+    store: &mut ParamStore,
+    input: InputShape,
+    width: i64,
+    classes: i64,
+) -> Result<Sequential, TchError> {
+    let c1 = width;
+    let c2 = 2 * width;
+    let init = TORCH_DEFAULT_WEIGHT;
+    let features = Sequential::new()
+        .add("0", conv3x3(store, "features.0", input.channels, c1, init)?)
+        .add("1", BatchNorm2d::new(store, "features.1", c1)?)
+        .add("2", Relu)
+        .add("3", MaxPool2d::new(2, 2))
+        .add("4", conv3x3(store, "features.4", c1, c2, init)?)
+        .add("5", BatchNorm2d::new(store, "features.5", c2)?)
+        .add("6", Relu)
+        .add("7", MaxPool2d::new(2, 2));
+    let flat = c2 * (input.height / 4) * (input.width / 4);
+    let hidden = 4 * width;
+    let classifier = Sequential::new()
+        .add("0", Flatten)
+        .add("1", Linear::new(store, "classifier.1", flat, hidden)?)
+        .add("2", Relu)
+        .add("3", Linear::new(store, "classifier.3", hidden, classes)?);
+    Ok(Sequential::new()
+        .add("features", features)
+        .add("classifier", classifier))
+}
+
+/// CIFAR-style ResNet (He et al. 2016, §4.2): depth = 6n + 2, three stages of n basic
+/// blocks with widths w, 2w, 4w, global average pooling and a linear classifier `fc`.
+pub fn resnet(
+    store: &mut ParamStore,
+    input: InputShape,
+    depth: usize,
+    width: i64,
+    classes: i64,
+) -> Result<Sequential, TchError> {
+    let n = (depth - 2) / 6;
+    let mut root = Sequential::new()
+        .attr("depth", Attr::Int(depth as i64))
+        .add(
+            "conv1",
+            conv3x3(store, "conv1", input.channels, width, RESNET_CONV)?,
+        )
+        .add("bn1", BatchNorm2d::new(store, "bn1", width)?)
+        .add("relu", Relu);
+    let mut cin = width;
+    for stage in 0..3 {
+        let cout = width << stage;
+        let mut layer = Sequential::new();
+        for i in 0..n {
+            let stride = if stage > 0 && i == 0 { 2 } else { 1 };
+            let path = format!("layer{}.{i}", stage + 1);
+            let block = ResidualBlock::new(store, &path, cin, cout, stride, RESNET_CONV)?;
+            layer = layer.add(i.to_string(), block);
+            cin = cout;
+        }
+        root = root.add(format!("layer{}", stage + 1), layer);
+    }
+    Ok(root
+        .add("avgpool", GlobalAvgPool)
+        .add("fc", Linear::new(store, "fc", cin, classes)?))
+}
