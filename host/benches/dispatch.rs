@@ -11,13 +11,13 @@ use std::time::Instant;
 
 use tch::{Device, Kind, Tensor};
 use tessera::engine::{Algorithm, Batch, Event, Hook, MethodError, SetupState, Stage};
-use tessera::plugin::Plugin;
+use tessera::plugin::LoadedPlugin;
 use tessera::trainer::Trainer;
 
 mod common;
 use common::{env_usize, median, resnet20_trainer, BATCH};
 
-fn noop_plugin() -> Plugin {
+fn noop_plugin() -> LoadedPlugin {
     let exe = std::env::current_exe().expect("bench path");
     // target/release/deps/dispatch-… → target/release
     let dir: PathBuf = exe
@@ -25,7 +25,7 @@ fn noop_plugin() -> Plugin {
         .and_then(|d| d.parent())
         .map(PathBuf::from)
         .expect("target dir");
-    Plugin::load_named("noop_plugin", &[dir], None)
+    LoadedPlugin::load_named("noop_plugin", &[dir], None)
         .expect("libnoop_plugin.so: run `cargo build --release --workspace` first")
 }
 

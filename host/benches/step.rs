@@ -138,7 +138,15 @@ fn copy_weights(trainer: &tessera::trainer::Trainer, vs: &mut nn::VarStore) {
     let theirs = vs.variables();
     let _guard = tch::no_grad_guard();
     let mut copied = 0;
-    for e in trainer.model().params.entries() {
+    // tch's BatchNorm keeps no `num_batches_tracked` counter (it only matters with momentum
+    // `None`, which neither model uses).
+    for e in trainer
+        .model()
+        .params
+        .entries()
+        .iter()
+        .filter(|e| !e.name.ends_with(".num_batches_tracked"))
+    {
         let name = baseline_name(&e.name);
         let mut target = theirs
             .get(&name)

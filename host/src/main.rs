@@ -137,7 +137,7 @@ fn version_text() -> String {
     )
 }
 
-fn print_plugin(p: &plugin::Plugin) {
+fn print_plugin(p: &plugin::LoadedPlugin) {
     let events: Vec<String> = p
         .hooks
         .iter()
@@ -304,7 +304,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 );
             }
             for file in files {
-                match plugin::Plugin::load(&file, None) {
+                match plugin::LoadedPlugin::load(&file, None) {
                     Ok(p) => print_plugin(&p),
                     Err(e) => println!("{}: skipped: {e}", file.display()),
                 }
@@ -313,7 +313,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Plugins {
             command: PluginsCommand::Inspect { file },
         } => {
-            let p = plugin::Plugin::load(&file, None)
+            let p = plugin::LoadedPlugin::load(&file, None)
                 .with_context(|| format!("inspecting {}", file.display()))?;
             print_plugin(&p);
             println!("  default settings:");

@@ -1,5 +1,5 @@
 //! Models: the layers ([`layers`], every one a [`Layer`]), the module tree they form
-//! ([`ModuleInfo`], paths and surgery), the named parameter store ([`ParamStore`]) and the model
+//! ([`LayerInfo`], paths and surgery), the named parameter store ([`ParamStore`]) and the model
 //! zoo (MLP, small CNN, CIFAR-style ResNet-20/56). Names follow PyTorch conventions so weights
 //! map 1:1 to a PyTorch `state_dict`.
 
@@ -14,7 +14,7 @@ pub use layers::{Attr, Layer};
 pub use loss::{cross_entropy, cross_entropy_with, NonFiniteLoss};
 pub use params::{Entry, ParamStore, Role};
 pub use spec::{ModelConfig, ModelName};
-pub use tree::ModuleInfo;
+pub use tree::{LayerInfo, SurgeryError};
 
 use tch::{Device, TchError, Tensor};
 
@@ -67,18 +67,24 @@ impl Model {
 
     /// Surgery: replaces the layer at `path` by `layer`. The old layer's tensors (its whole
     /// subtree's) leave the store; the new layer's join it, named under `path`.
-    pub fn replace_module(&mut self, path: &str, layer: Box<dyn Layer>) -> Result<(), String> {
+    pub fn replace_module(
+        &mut self,
+        path: &str,
+        layer: Box<dyn Layer>,
+    ) -> Result<(), SurgeryError> {
         if path.is_empty() {
-            return Err("the root module cannot be replaced".to_owned());
+            return Err(SurgeryError(
+                "the root module cannot be replaced".to_owned(),
+            ));
         }
         let device = self.params.device();
         let tensors = layer.named_tensors();
         for (name, tensor) in &tensors {
             if tensor.device() != device {
-                return Err(format!(
+                return Err(SurgeryError(format!(
                     "tensor `{name}` is on {:?} but the model is on {device:?}",
                     tensor.device()
-                ));
+                )));
             }
         }
         let old = self.root.replace(path, layer)?;
@@ -316,7 +322,7 @@ mod surgery_tests {
             ("layer1.0.shortcut", "no module at `layer1.0.shortcut`"),
         ] {
             assert_eq!(
-                m.replace_module(path, scale(&forwards)).unwrap_err(),
+                m.replace_module(path, scale(&forwards)).unwrap_err().0,
                 message
             );
         }

@@ -90,9 +90,11 @@ impl ParamStore {
 
     /// Adds an existing tensor: a parameter when it requires a gradient, else a buffer. Fails
     /// when the name is taken.
-    pub fn insert(&mut self, name: String, tensor: Tensor) -> Result<(), String> {
+    pub fn insert(&mut self, name: String, tensor: Tensor) -> Result<(), super::SurgeryError> {
         if self.get(&name).is_some() {
-            return Err(format!("the model already has a tensor named `{name}`"));
+            return Err(super::SurgeryError(format!(
+                "the model already has a tensor named `{name}`"
+            )));
         }
         let role = if tensor.requires_grad() {
             Role::Parameter

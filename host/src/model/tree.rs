@@ -7,9 +7,15 @@ use tch::Tensor;
 
 use super::layers::{Attr, Layer};
 
+/// Surgery that cannot be done: the path, the device or a name does not fit; the message says
+/// which.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{0}")]
+pub struct SurgeryError(pub String);
+
 /// A layer as listed by `<dyn Layer>::walk`.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ModuleInfo {
+pub struct LayerInfo {
     /// Dotted path from the root (`""` for the root).
     pub path: String,
     /// The layer's kind.
@@ -39,15 +45,15 @@ fn visit(layer: &dyn Layer, path: &str, visit_one: &mut dyn FnMut(&str, &dyn Lay
 
 impl dyn Layer {
     /// Every layer, depth first, with its path.
-    pub fn walk(&self) -> Vec<ModuleInfo> {
+    pub fn walk(&self) -> Vec<LayerInfo> {
         self.walk_at("")
     }
 
     /// Every layer, depth first, with paths prefixed as if this layer were at `path`.
-    pub fn walk_at(&self, path: &str) -> Vec<ModuleInfo> {
+    pub fn walk_at(&self, path: &str) -> Vec<LayerInfo> {
         let mut out = Vec::new();
         visit(self, path, &mut |path, layer| {
-            out.push(ModuleInfo {
+            out.push(LayerInfo {
                 path: path.to_owned(),
                 kind: layer.kind().to_owned(),
                 attrs: layer
@@ -77,7 +83,11 @@ impl dyn Layer {
     }
 
     /// Replaces the layer at the dotted `path` (not the root) by `new`, returning the old one.
-    pub fn replace(&mut self, path: &str, new: Box<dyn Layer>) -> Result<Box<dyn Layer>, String> {
+    pub fn replace(
+        &mut self,
+        path: &str,
+        new: Box<dyn Layer>,
+    ) -> Result<Box<dyn Layer>, SurgeryError> {
         let (parent_path, name) = match path.rsplit_once('.') {
             Some((p, n)) => (Some(p), n),
             None => (None, path),
@@ -85,12 +95,12 @@ impl dyn Layer {
         let parent = match parent_path {
             Some(p) => self
                 .find_mut(p)
-                .ok_or_else(|| format!("no module at `{p}`"))?,
+                .ok_or_else(|| SurgeryError(format!("no module at `{p}`")))?,
             None => self,
         };
         let slot = parent
             .child_mut(name)
-            .ok_or_else(|| format!("no module at `{path}`"))?;
+            .ok_or_else(|| SurgeryError(format!("no module at `{path}`")))?;
         Ok(std::mem::replace(slot, new))
     }
 

@@ -211,7 +211,7 @@ extern "C" fn replace_module(
             let layer = Box::new(super::PluginLayer::new(module, tensors));
             model
                 .replace_module(path.as_str(), layer)
-                .map_err(CallError)
+                .map_err(|e| CallError(e.0))
         }))
     })
 }

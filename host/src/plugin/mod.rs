@@ -176,7 +176,7 @@ pub enum LoadError {
 }
 
 /// A plugin that passed every load-time check.
-pub struct Plugin {
+pub struct LoadedPlugin {
     /// The file it was loaded from.
     pub path: PathBuf,
     /// sha256 of the file, hex.
@@ -282,10 +282,10 @@ fn condense_layout_error(text: &str) -> String {
     }
 }
 
-impl Plugin {
+impl LoadedPlugin {
     /// Loads and checks the plugin file at `path`. `pinned_sha256`, when given, is checked
     /// before the file is opened as a library (so none of its code runs on a mismatch).
-    pub fn load(path: &Path, pinned_sha256: Option<&str>) -> Result<Plugin, LoadError> {
+    pub fn load(path: &Path, pinned_sha256: Option<&str>) -> Result<LoadedPlugin, LoadError> {
         // An absolute path makes dlopen load exactly this file, never search for it.
         let path = std::fs::canonicalize(path).map_err(|e| LoadError::NotALibrary {
             path: path.to_owned(),
@@ -385,7 +385,7 @@ impl Plugin {
                 found: libtorch_version,
             });
         }
-        Ok(Plugin {
+        Ok(LoadedPlugin {
             path,
             sha256,
             name: info.name.to_string(),
@@ -404,9 +404,9 @@ impl Plugin {
         name: &str,
         dirs: &[PathBuf],
         pinned_sha256: Option<&str>,
-    ) -> Result<Plugin, LoadError> {
+    ) -> Result<LoadedPlugin, LoadError> {
         let path = find(name, dirs)?;
-        let plugin = Plugin::load(&path, pinned_sha256)?;
+        let plugin = LoadedPlugin::load(&path, pinned_sha256)?;
         if plugin.name != name {
             return Err(LoadError::NameMismatch {
                 path: plugin.path,

@@ -11,7 +11,7 @@ use crate::data::{self, ImageDataset, Loader, LoaderOptions};
 use crate::engine::{Algorithm, Engine, Event, OnError, RunState, SetupState, Stage};
 use crate::model::{InputShape, Model};
 use crate::optim::Optimizer;
-use crate::plugin::Plugin;
+use crate::plugin::LoadedPlugin;
 use crate::report::{PluginRecord, Reporter};
 use crate::time::RunLength;
 
@@ -203,7 +203,7 @@ fn load_methods(
                 a.plugin
             );
         }
-        let plugin = Plugin::load_named(&a.plugin, &dirs, a.sha256.as_deref())
+        let plugin = LoadedPlugin::load_named(&a.plugin, &dirs, a.sha256.as_deref())
             .with_context(|| format!("[[algorithms]] at line {}", a.line))?;
         let method = plugin
             .create(&a.settings_json())

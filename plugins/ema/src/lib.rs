@@ -42,6 +42,7 @@ impl Plugin for Ema {
             at(Event::EVAL_END, RESTORE_PRIORITY),
             at(Event::BATCH_CHECKPOINT, SWAP_PRIORITY),
             at(Event::EPOCH_CHECKPOINT, SWAP_PRIORITY),
+            at(Event::ITERATION_CHECKPOINT, SWAP_PRIORITY),
         ]
     }
 

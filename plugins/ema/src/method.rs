@@ -268,7 +268,7 @@ impl Method for Ema {
                 ctx.log_metric("ema/swapped_in", 0.0);
                 Ok(())
             }
-            Event::BATCH_CHECKPOINT | Event::EPOCH_CHECKPOINT => {
+            Event::BATCH_CHECKPOINT | Event::EPOCH_CHECKPOINT | Event::ITERATION_CHECKPOINT => {
                 if self.started && !self.swapped_in && ctx.checkpoint_pending()? {
                     self.swap_in(ctx)?;
                 }

@@ -359,12 +359,20 @@ fn checkpoint_swap_protocol() {
     assert!(!e[0].1.equal(&w[0].1), "the average should lag the weights");
 
     // No checkpoint due: nothing happens.
-    for event in [Event::BATCH_CHECKPOINT, Event::EPOCH_CHECKPOINT] {
+    for event in [
+        Event::BATCH_CHECKPOINT,
+        Event::EPOCH_CHECKPOINT,
+        Event::ITERATION_CHECKPOINT,
+    ] {
         h.fire(&mut m, event).unwrap();
         assert_model(&h, &w, "no checkpoint pending");
     }
     // A checkpoint is written now: the model holds the EMA weights, the state the training ones.
-    for event in [Event::BATCH_CHECKPOINT, Event::EPOCH_CHECKPOINT] {
+    for event in [
+        Event::BATCH_CHECKPOINT,
+        Event::EPOCH_CHECKPOINT,
+        Event::ITERATION_CHECKPOINT,
+    ] {
         h.checkpoint_pending = true;
         h.fire(&mut m, event).unwrap();
         assert_model(&h, &e, "checkpoint swaps the EMA weights in");
