@@ -3,8 +3,6 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{bail, Context as _};
-
 use crate::checkpoint;
 use crate::config::{self, Config};
 use crate::data::{self, ImageDataset, Loader, LoaderOptions};
@@ -15,6 +13,7 @@ use crate::plugin::LoadedPlugin;
 use crate::report::{PluginRecord, Reporter};
 use crate::time::RunLength;
 
+use super::error::{fail, Context as _, Result};
 use super::resume::{find_resume_checkpoint, same_folder};
 use super::{Purpose, Trainer};
 
@@ -23,7 +22,7 @@ impl Trainer {
     /// `extra` built-in methods), then — after `init`, where surgery may change the model — the
     /// optimizer with its schedule; resumes from a checkpoint when asked. Fires `init`,
     /// `before_load`, `after_load`.
-    pub fn new(config: Config, extra: Vec<Box<dyn Algorithm>>) -> anyhow::Result<Trainer> {
+    pub fn new(config: Config, extra: Vec<Box<dyn Algorithm>>) -> Result<Trainer> {
         Trainer::build(config, extra, Purpose::Fit)
     }
 
@@ -34,7 +33,7 @@ impl Trainer {
         config: Config,
         extra: Vec<Box<dyn Algorithm>>,
         purpose: Purpose,
-    ) -> anyhow::Result<Trainer> {
+    ) -> Result<Trainer> {
         let started = Instant::now();
         let device = config.train.device.resolve()?;
         tch::manual_seed(config.seed as i64);
@@ -64,7 +63,7 @@ impl Trainer {
         config
             .scheduler
             .check(&run, config.train.scale_schedule_ratio)
-            .map_err(|e| anyhow::anyhow!("[scheduler]: {e}"))?;
+            .context("[scheduler]")?;
         let (mut engine, plugins) = load_methods(&config, extra)?;
 
         // Set-up: surgery at `init` happens before the optimizer exists, so the optimizer
@@ -155,7 +154,7 @@ impl Trainer {
 }
 
 /// The training and evaluation loaders of the configured data.
-fn build_loaders(config: &Config) -> anyhow::Result<(Loader, Loader)> {
+fn build_loaders(config: &Config) -> Result<(Loader, Loader)> {
     let (train_set, test_set) = load_datasets(config)?;
     let d = &config.data;
     let train_loader = Loader::new(
@@ -190,14 +189,14 @@ fn build_loaders(config: &Config) -> anyhow::Result<(Loader, Loader)> {
 fn load_methods(
     config: &Config,
     extra: Vec<Box<dyn Algorithm>>,
-) -> anyhow::Result<(Engine, Vec<PluginRecord>)> {
+) -> Result<(Engine, Vec<PluginRecord>)> {
     let dirs = crate::plugin::search_dirs(&config.plugins.dirs);
     let mut algorithms: Vec<(Box<dyn Algorithm>, OnError)> = Vec::new();
     let mut plugins = Vec::new();
     let mut seen = std::collections::BTreeSet::new();
     for a in &config.algorithms {
         if !seen.insert(a.plugin.clone()) {
-            bail!(
+            fail!(
                 "trainer.toml line {}: plugin `{}` is listed twice",
                 a.line,
                 a.plugin
@@ -230,7 +229,7 @@ fn load_methods(
 /// Clears temporaries of interrupted writes and makes sure a fresh run (`resuming` false,
 /// no autoresume) never silently replaces an earlier run's checkpoints: that is an error,
 /// unless `checkpoint.overwrite` says to delete them.
-fn prepare_checkpoint_folder(ck: &config::CheckpointConfig, resuming: bool) -> anyhow::Result<()> {
+fn prepare_checkpoint_folder(ck: &config::CheckpointConfig, resuming: bool) -> Result<()> {
     if ck.save {
         checkpoint::remove_stale_temporaries(&ck.folder);
     }
@@ -239,7 +238,7 @@ fn prepare_checkpoint_folder(ck: &config::CheckpointConfig, resuming: bool) -> a
         return Ok(());
     }
     if !ck.overwrite {
-        bail!(
+        fail!(
             "{} already holds {} checkpoint(s) of an earlier run (newest: {}); set checkpoint.autoresume = true to continue it, checkpoint.overwrite = true to start over (deleting them), or choose another run_name",
             ck.folder.display(),
             earlier.len(),
@@ -261,7 +260,7 @@ fn prepare_checkpoint_folder(ck: &config::CheckpointConfig, resuming: bool) -> a
 }
 
 /// Loads (fetching when allowed) the train and test sets named in the config.
-pub fn load_datasets(cfg: &Config) -> anyhow::Result<(ImageDataset, ImageDataset)> {
+pub fn load_datasets(cfg: &Config) -> Result<(ImageDataset, ImageDataset)> {
     let d = &cfg.data;
     if let Some(s) = &d.synthetic {
         let train = ImageDataset::synthetic(

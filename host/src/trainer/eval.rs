@@ -2,18 +2,18 @@
 
 use std::time::Instant;
 
-use anyhow::Context as _;
 use tch::{Kind, Reduction, Tensor};
 
 use crate::engine::Event;
 use crate::report::EvalRecord;
 
+use super::error::{Context as _, Result};
 use super::Trainer;
 
 impl Trainer {
     /// Runs evaluation over the test set during training: the evaluation loop inside
     /// `eval_before_all`/`eval_after_all`, recorded in the metrics and the run record.
-    pub fn evaluate(&mut self) -> anyhow::Result<EvalRecord> {
+    pub fn evaluate(&mut self) -> Result<EvalRecord> {
         let started = Instant::now();
         self.fire_as(Event::EVAL_BEFORE_ALL, false)?;
         let record = self.eval_loop()?;
@@ -27,7 +27,7 @@ impl Trainer {
 
     /// The evaluation loop (Composer's `_eval_loop`): `eval_start`, each test batch with its
     /// events, `eval_end`; at most `train.eval_subset_batches` batches.
-    pub(super) fn eval_loop(&mut self) -> anyhow::Result<EvalRecord> {
+    pub(super) fn eval_loop(&mut self) -> Result<EvalRecord> {
         self.fire_as(Event::EVAL_START, false)?;
         let _no_grad = tch::no_grad_guard();
         let saved_batch = std::mem::take(&mut self.state.batch);

@@ -2,7 +2,6 @@
 
 use std::time::Instant;
 
-use anyhow::{bail, Context as _};
 use serde_json::json;
 use tessera_plugin_api::LIBTORCH_VERSION;
 
@@ -11,14 +10,15 @@ use crate::files::write_atomic;
 use crate::report::RunRecord;
 use crate::time::{Time, TimeUnit, Timestamp};
 
+use super::error::{fail, Context as _, Result};
 use super::{signal_name, FitSummary, Purpose, Trainer};
 
 impl Trainer {
     /// Runs the training loop to `max_duration`, evaluating at `eval_interval` and at the end,
     /// and writes the run record.
-    pub fn fit(&mut self) -> anyhow::Result<FitSummary> {
+    pub fn fit(&mut self) -> Result<FitSummary> {
         if self.purpose == Purpose::Standalone {
-            bail!("this trainer was built to evaluate or predict (Trainer::standalone); build one with Trainer::new to train");
+            fail!("this trainer was built to evaluate or predict (Trainer::standalone); build one with Trainer::new to train");
         }
         self.fire(Event::FIT_START)?;
         // A resumed run keeps the learning rate the checkpoint holds: the schedule is stepped
@@ -103,7 +103,7 @@ impl Trainer {
                 self.end_iteration_when_due()?;
             }
             if self.state.clock.run.batches_per_epoch == 0 {
-                bail!("the training set gives no batch (batch_size larger than the set with drop_last = true?)");
+                fail!("the training set gives no batch (batch_size larger than the set with drop_last = true?)");
             }
         }
         if let Some(signal) = interrupted_by {
@@ -146,7 +146,7 @@ impl Trainer {
     /// advances the clock to the next iteration and fires `iteration_end` and
     /// `iteration_checkpoint`, as Composer does. Without an iteration length the run is one
     /// iteration and neither fires.
-    fn end_iteration_when_due(&mut self) -> anyhow::Result<()> {
+    fn end_iteration_when_due(&mut self) -> Result<()> {
         let Some(length) = self.config.train.iteration_length.and_then(|l| l.count()) else {
             return Ok(());
         };
@@ -189,7 +189,7 @@ impl Trainer {
         }
     }
 
-    pub(super) fn log_train_line(&mut self) -> anyhow::Result<()> {
+    pub(super) fn log_train_line(&mut self) -> Result<()> {
         let loss = match self.running_loss.take() {
             Some(sum) => sum.f_double_value(&[])? / self.running_batches.max(1) as f64,
             None => return Ok(()),

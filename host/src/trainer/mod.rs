@@ -17,6 +17,7 @@ use crate::report::{EvalRecord, PluginRecord, Reporter, RunRecord};
 use crate::time::Timestamp;
 
 mod build;
+mod error;
 mod eval;
 mod fit;
 mod resume;
@@ -24,6 +25,7 @@ mod standalone;
 mod step;
 
 pub use build::load_datasets;
+pub use error::{Result, TrainError};
 pub use standalone::{standalone_config, PredictSummary};
 
 /// A summary of a finished `fit`.
@@ -138,7 +140,7 @@ impl Trainer {
         &self.evals
     }
 
-    fn fire_as(&mut self, event: Event, training: bool) -> anyhow::Result<()> {
+    fn fire_as(&mut self, event: Event, training: bool) -> Result<()> {
         self.state.clock.training = training;
         self.engine.fire(event, &mut Stage::Run(&mut self.state))?;
         if !self.state.metrics.is_empty() {
@@ -151,7 +153,7 @@ impl Trainer {
         Ok(())
     }
 
-    fn fire(&mut self, event: Event) -> anyhow::Result<()> {
+    fn fire(&mut self, event: Event) -> Result<()> {
         self.fire_as(event, true)
     }
 }

@@ -4,20 +4,19 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use anyhow::{bail, Context as _};
-
 use crate::checkpoint::{self, Checkpoint, Clock, Parts, TrainerMeta};
 use crate::config;
 use crate::engine::Event;
 use crate::time::Timestamp;
 
+use super::error::{fail, Context as _, Result};
 use super::{Purpose, Trainer};
 
 impl Trainer {
     /// Restores everything a checkpoint holds. Surgery already ran at `init`, so the model's
     /// tensors are the ones the checkpoint names; anything that does not fit is an error that
     /// says what differs.
-    pub(super) fn apply_checkpoint(&mut self, path: &Path, c: Checkpoint) -> anyhow::Result<()> {
+    pub(super) fn apply_checkpoint(&mut self, path: &Path, c: Checkpoint) -> Result<()> {
         let theirs = c
             .meta
             .config
@@ -29,7 +28,7 @@ impl Trainer {
         if self.purpose == Purpose::Fit
             && parts.clock.batches_per_epoch != self.state.clock.run.batches_per_epoch
         {
-            bail!(
+            fail!(
                 "the checkpoint was written with {} batches per epoch, this run has {} (data.batch_size, drop_last or the dataset changed); the data position would not carry over",
                 parts.clock.batches_per_epoch,
                 self.state.clock.run.batches_per_epoch
@@ -37,7 +36,7 @@ impl Trainer {
         }
         if let Err(e) = self.state.model.params.restore(&parts.model) {
             let ours = serde_json::to_string(&self.config.model).unwrap_or_default();
-            bail!("the checkpoint does not fit this model ({e}); it was written for model {theirs}, this run builds {ours}");
+            fail!("the checkpoint does not fit this model ({e}); it was written for model {theirs}, this run builds {ours}");
         }
         self.state
             .optimizer
@@ -64,7 +63,7 @@ impl Trainer {
 
     /// Writes a checkpoint of the current state to the checkpoint folder, points `latest` at it
     /// and applies the retention policy (`checkpoint.keep`).
-    pub fn save_checkpoint(&mut self) -> anyhow::Result<PathBuf> {
+    pub fn save_checkpoint(&mut self) -> Result<PathBuf> {
         let started = Instant::now();
         let folder = self.config.checkpoint.folder.clone();
         let path = folder.join(checkpoint::file_name(&self.state.clock.timestamp));
@@ -127,11 +126,7 @@ impl Trainer {
     /// Fires a `*_checkpoint` event, telling methods whether a checkpoint follows, and writes
     /// it when due: at `checkpoint.interval`, at the end of training and when a stop was
     /// requested.
-    pub(super) fn checkpoint_event(
-        &mut self,
-        event: Event,
-        previous: &Timestamp,
-    ) -> anyhow::Result<()> {
+    pub(super) fn checkpoint_event(&mut self, event: Event, previous: &Timestamp) -> Result<()> {
         let ck = &self.config.checkpoint;
         let interval_event = match event {
             Event::EPOCH_CHECKPOINT => Event::EPOCH_END,
@@ -162,7 +157,7 @@ impl Trainer {
 /// newest good one in the folder (corrupt or partial ones are skipped with a warning).
 pub(super) fn find_resume_checkpoint(
     ck: &config::CheckpointConfig,
-) -> anyhow::Result<Option<(PathBuf, Checkpoint)>> {
+) -> Result<Option<(PathBuf, Checkpoint)>> {
     if let Some(path) = &ck.load {
         let c = Checkpoint::read(path).context("checkpoint.load")?;
         return Ok(Some((path.clone(), c)));

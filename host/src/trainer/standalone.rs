@@ -4,10 +4,8 @@
 //! batch `predict_batch_start`, `predict_before_forward`, the forward,
 //! `predict_after_forward`, `predict_batch_end`, then `predict_end`).
 
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context as _};
 use serde_json::{json, Value};
 use tch::{Device::Cpu, Kind, Tensor};
 
@@ -17,6 +15,7 @@ use crate::engine::{Algorithm, Event};
 use crate::files::{same_file, write_atomic};
 use crate::report::EvalRecord;
 
+use super::error::{fail, Context as _, Result};
 use super::{Purpose, Trainer};
 
 /// What [`Trainer::predict`] wrote.
@@ -35,18 +34,18 @@ pub struct PredictSummary {
 ///   weights and method states) and nothing else (`checkpoint.autoresume` off);
 /// - a `trainer.toml`: that config, whose `checkpoint.load` or `checkpoint.autoresume` say
 ///   which checkpoint to load, if any (else the model is freshly initialised).
-pub fn standalone_config(path: &Path, overrides: &[String]) -> anyhow::Result<Config> {
+pub fn standalone_config(path: &Path, overrides: &[String]) -> Result<Config> {
     let advice = "give a checkpoint (.ckpt) or a trainer.toml";
     if path.is_dir() {
-        bail!("{} is a folder; {advice}", path.display());
+        fail!("{} is a folder; {advice}", path.display());
     }
     if !path.exists() {
-        bail!("{}: no such file; {advice}", path.display());
+        fail!("{}: no such file; {advice}", path.display());
     }
     match path.extension().and_then(|e| e.to_str()) {
         Some(checkpoint::EXTENSION) => recorded_config(path, overrides),
         Some("toml") => Ok(config::load(path, overrides)?),
-        _ => bail!(
+        _ => fail!(
             "{}: neither a checkpoint (.ckpt) nor a trainer.toml (.toml); {advice}",
             path.display()
         ),
@@ -55,7 +54,7 @@ pub fn standalone_config(path: &Path, overrides: &[String]) -> anyhow::Result<Co
 
 /// The config recorded in the checkpoint at `path`, read again as a `trainer.toml` (so it is
 /// validated and `--set` works as for training), set to load that checkpoint.
-fn recorded_config(path: &Path, overrides: &[String]) -> anyhow::Result<Config> {
+fn recorded_config(path: &Path, overrides: &[String]) -> Result<Config> {
     let recorded = Checkpoint::read(path)?.meta.config;
     let text = toml::to_string(&as_toml_tree(recorded)).with_context(|| {
         format!(
@@ -111,13 +110,13 @@ impl Trainer {
     /// one (plugins, `init` with its surgery, `before_load`, the checkpoint the config names,
     /// `after_load`), but it prepares no checkpoint folder, writes no metrics file and refuses
     /// to [`fit`](Trainer::fit).
-    pub fn standalone(config: Config, extra: Vec<Box<dyn Algorithm>>) -> anyhow::Result<Trainer> {
+    pub fn standalone(config: Config, extra: Vec<Box<dyn Algorithm>>) -> Result<Trainer> {
         Trainer::build(config, extra, Purpose::Standalone)
     }
 
     /// Evaluates the model on the test set (Composer's `Trainer.eval`): the evaluation loop
     /// inside `eval_standalone_start`/`eval_standalone_end`. Nothing is recorded or written.
-    pub fn eval_standalone(&mut self) -> anyhow::Result<EvalRecord> {
+    pub fn eval_standalone(&mut self) -> Result<EvalRecord> {
         self.fire_as(Event::EVAL_STANDALONE_START, false)?;
         let record = self.eval_loop()?;
         self.fire_as(Event::EVAL_STANDALONE_END, false)?;
@@ -128,12 +127,12 @@ impl Trainer {
     /// predictions to `to` atomically as JSON Lines, one line per sample in test-set order:
     /// `{"index": i, "predicted": class, "target": class, "probabilities": [p0, p1, ...]}`
     /// (probabilities are the softmax of the model output, as `f32`).
-    pub fn predict(&mut self, to: &Path) -> anyhow::Result<PredictSummary> {
+    pub fn predict(&mut self, to: &Path) -> Result<PredictSummary> {
         if to.is_dir() {
-            bail!("{} is a folder: give a file name to --to", to.display());
+            fail!("{} is a folder: give a file name to --to", to.display());
         }
         if let Some(source) = self.resumed_from.as_deref().filter(|s| same_file(s, to)) {
-            bail!(
+            fail!(
                 "refusing to write predictions onto the checkpoint {} (--to {}): give another file",
                 source.display(),
                 to.display()
@@ -167,13 +166,14 @@ impl Trainer {
             let probabilities = Vec::<f32>::try_from(probabilities.f_flatten(0, -1)?)?;
             let targets = match self.state.batch.target() {
                 Some(t) => Vec::<i64>::try_from(t.f_to_device(Cpu)?)?,
-                None => bail!("the batch has no `target`"),
+                None => fail!("the batch has no `target`"),
             };
             for (i, (&p, &t)) in predicted.iter().zip(&targets).enumerate() {
                 let row = &probabilities[i * classes..(i + 1) * classes];
                 let line =
                     json!({"index": samples, "predicted": p, "target": t, "probabilities": row});
-                writeln!(lines, "{line}")?;
+                lines.push_str(&line.to_string());
+                lines.push('\n');
                 samples += 1;
                 correct += u64::from(p == t);
             }

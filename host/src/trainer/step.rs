@@ -2,7 +2,6 @@
 
 use std::time::Instant;
 
-use anyhow::{bail, Context as _};
 use tch::Tensor;
 
 use crate::data::{self};
@@ -10,6 +9,7 @@ use crate::engine::{Batch, Event};
 use crate::model::NonFiniteLoss;
 use crate::time::Timestamp;
 
+use super::error::{fail, Context as _, Result};
 use super::Trainer;
 
 impl Trainer {
@@ -21,7 +21,7 @@ impl Trainer {
     }
 
     /// Moves a loader batch to the device as the state's batch.
-    pub(super) fn device_batch(&self, b: data::HostBatch) -> anyhow::Result<Batch> {
+    pub(super) fn device_batch(&self, b: data::HostBatch) -> Result<Batch> {
         let [n, c, h, w] = b.input_shape.map(|v| v as i64);
         let input = Tensor::f_from_slice(&b.input)?
             .f_view([n, c, h, w])?
@@ -33,7 +33,7 @@ impl Trainer {
     /// Trains one batch already in `state.batch`: `before_train_batch`, the microbatch loop
     /// with its forward/loss/backward events, `after_train_batch` — repeated when a method asks
     /// for an extra pass (SAM) — then the optimizer step.
-    pub fn train_batch(&mut self) -> anyhow::Result<()> {
+    pub fn train_batch(&mut self) -> Result<()> {
         const MAX_PASSES: u32 = 8;
         self.state.pass_index = 0;
         let mut first_pass_loss = None;
@@ -47,7 +47,7 @@ impl Trainer {
             }
             self.state.pass_index += 1;
             if self.state.pass_index >= MAX_PASSES {
-                bail!(
+                fail!(
                     "methods asked for more than {MAX_PASSES} forward/backward passes in one step"
                 );
             }
@@ -71,7 +71,7 @@ impl Trainer {
 
     /// What to do about a non-finite training loss (`train.nonfinite_loss`): an error that stops
     /// the run before the update, or `true` to skip the update (counted, logged).
-    fn skip_nonfinite_step(&mut self, value: f64) -> anyhow::Result<bool> {
+    fn skip_nonfinite_step(&mut self, value: f64) -> Result<bool> {
         let t = &self.state.clock.timestamp;
         let (batch, epoch) = (t.batch + 1, t.epoch);
         match self.config.train.nonfinite_loss {
@@ -80,7 +80,7 @@ impl Trainer {
                     Some(p) => format!("; the last checkpoint, {}, is intact", p.display()),
                     None => String::new(),
                 };
-                bail!(
+                fail!(
                     "the training loss is {value} at batch {batch} (epoch {epoch}); stopped before the update{kept}. Lower the learning rate, check the data, or set train.nonfinite_loss = \"skip\" to skip such steps"
                 );
             }
@@ -101,14 +101,14 @@ impl Trainer {
 
     /// One forward/backward pass over the batch, from `before_train_batch` to
     /// `after_train_batch`; returns the batch loss (detached, on the device).
-    pub(super) fn forward_backward(&mut self) -> anyhow::Result<Option<Tensor>> {
+    pub(super) fn forward_backward(&mut self) -> Result<Option<Tensor>> {
         self.state.in_train_batch = true;
         self.fire(Event::BEFORE_TRAIN_BATCH)?;
         self.state.optimizer.zero_grad();
         let full = self.state.batch.shallow_clone();
         let total = full.len();
         if total == 0 {
-            bail!(
+            fail!(
                 "a method emptied the batch at batch {}",
                 self.state.clock.timestamp.batch
             );
@@ -132,7 +132,7 @@ impl Trainer {
             self.fire(Event::BEFORE_LOSS)?;
             let (output, target) = match (&self.state.output, self.state.batch.target()) {
                 (Some(o), Some(t)) => (o.shallow_clone(), t.shallow_clone()),
-                _ => bail!("the batch has no `target` or the model no output"),
+                _ => fail!("the batch has no `target` or the model no output"),
             };
             let loss = self.state.loss(&output, &target, false)?;
             self.state.loss = Some(loss);
@@ -162,7 +162,7 @@ impl Trainer {
     ///
     /// The clock counts the batch as the loader gave it, as Composer does, even when a method
     /// (selective backprop) trains on fewer samples; those are counted in `trained_samples`.
-    pub fn step(&mut self, batch: Batch, started: Instant) -> anyhow::Result<Timestamp> {
+    pub fn step(&mut self, batch: Batch, started: Instant) -> Result<Timestamp> {
         let samples = batch.len() as u64;
         self.state.batch = batch;
         self.fire(Event::AFTER_DATALOADER)?;
