@@ -265,9 +265,25 @@ fn kill_9_while_writing_a_checkpoint_leaves_the_previous_one_usable() {
     train(&dir, &[], &[]).assert_success();
 
     dir.write("trainer.toml", &with_checkpoints(&config_a("torn"), ""));
-    // Every write pauses 1.5 s between writing the temporary file and renaming it.
-    let child = spawn(&dir, &[(checkpoint::PAUSE_ENV, "1500")]);
+    // The checkpoint is larger than a pipe holds (64 KiB on Linux unless the writer asks for
+    // more, which the trainer does not), so the writer below blocks in the middle of it.
+    let size = std::fs::metadata(ckpt_dir(&dir, "straight").join("ep0-ba4.ckpt"))
+        .expect("the straight run's ep0-ba4")
+        .len();
+    assert!(size > 2 * 65536, "ep0-ba4.ckpt has only {size} bytes");
+    let child = spawn(&dir, &[]);
     let folder = ckpt_dir(&dir, "torn");
+    // The write of ep0-ba4 goes through `.tmp-ep0-ba4.ckpt.<pid>`. A FIFO put there first (the
+    // process needs seconds to reach batch 4) holds the write where the test wants it: the
+    // writer blocks until the test opens the other end, then again once the pipe is full, in
+    // the middle of the checkpoint's bytes; no hook in the trainer is needed.
+    std::fs::create_dir_all(&folder).expect("create the checkpoint folder");
+    let fifo = folder.join(format!(".tmp-ep0-ba4.ckpt.{}", child.id()));
+    let made = Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("run mkfifo");
+    assert!(made.success(), "mkfifo {}", fifo.display());
     let temporary = || {
         std::fs::read_dir(&folder)
             .map(|d| {
@@ -279,10 +295,30 @@ fn kill_9_while_writing_a_checkpoint_leaves_the_previous_one_usable() {
             })
             .unwrap_or(false)
     };
-    wait_for("the write of ep0-ba4", Duration::from_secs(120), temporary);
+    let (opened, reader) = std::sync::mpsc::channel();
+    let reading = fifo.clone();
+    std::thread::spawn(move || {
+        // Blocks until the trainer opens the temporary file for writing.
+        let mut pipe = std::fs::File::open(&reading).expect("open the FIFO");
+        let mut first = vec![0u8; 4096];
+        let got = std::io::Read::read(&mut pipe, &mut first).expect("read the FIFO");
+        let _ = opened.send(got);
+        // Keep the read end open, unread: the writer blocks on the full pipe until killed.
+        std::thread::sleep(Duration::from_secs(600));
+        drop(pipe);
+    });
+    let got = reader
+        .recv_timeout(Duration::from_secs(120))
+        .expect("the trainer started writing ep0-ba4");
+    assert!(got > 0, "the checkpoint's first bytes came through");
     signal(&child, "-KILL");
-    let (status, _) = finish(child);
-    assert!(!status.success());
+    let (status, stderr) = finish(child);
+    // Killed in the middle of the write, not stopped by an error of its own.
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(9),
+        "{status:?}: {stderr}"
+    );
     assert_eq!(
         names(&folder),
         ["ep0-ba2.ckpt"],

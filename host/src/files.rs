@@ -29,9 +29,9 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     write_atomic_then(path, bytes, || {})
 }
 
-/// [`write_atomic`], running `before_rename` once the temporary file is complete and synced
-/// (the checkpoint writer uses it to let a test kill the process in the middle of a write).
-pub fn write_atomic_then(
+/// [`write_atomic`], running `before_rename` once the temporary file is complete and synced (the
+/// unit test looks at the folder there).
+fn write_atomic_then(
     path: &Path,
     bytes: &[u8],
     before_rename: impl FnOnce(),

@@ -395,7 +395,6 @@ pub fn tessera_command(args: &[&str], cwd: &Path, env: &[(&str, &str)]) -> Comma
         .env_remove("TESSERA_FAKE_LIBTORCH_VERSION")
         .env_remove("TESSERA_FAKE_SLEEP_MS")
         .env_remove("TESSERA_FAKE_NAN_AT_BATCH")
-        .env_remove("TESSERA_TEST_PAUSE_IN_CHECKPOINT_WRITE_MS")
         .env_remove("TESSERA_LOG")
         .env("NO_COLOR", "1")
         .stdin(Stdio::null())

@@ -9,13 +9,10 @@ use sha2::{Digest, Sha256};
 use tch::{Device, Kind, Tensor};
 
 use super::{Checkpoint, CheckpointError, Meta, FORMAT_VERSION};
-use crate::files::{hex, write_atomic_then};
+use crate::files::{hex, write_atomic};
 
 const META_KEY: &str = "tessera.checkpoint";
 const CHECKSUM_KEY: &str = "tessera.sha256";
-/// Fault injection for tests: milliseconds to sleep after the temporary file is written and
-/// before it is renamed, so a test can kill the process in the middle of a write.
-pub const PAUSE_ENV: &str = "TESSERA_TEST_PAUSE_IN_CHECKPOINT_WRITE_MS";
 
 /// A tensor as little-endian bytes on the CPU, ready for safetensors (also used by
 /// `tessera export`).
@@ -219,20 +216,10 @@ impl Checkpoint {
     /// Writes the checkpoint to `path` atomically; returns the number of bytes written.
     pub fn write(&self, path: &Path) -> Result<u64, CheckpointError> {
         let bytes = self.to_bytes()?;
-        write_atomic_then(path, &bytes, pause_for_tests).map_err(|source| CheckpointError::Io {
+        write_atomic(path, &bytes).map_err(|source| CheckpointError::Io {
             path: path.to_owned(),
             source,
         })?;
         Ok(bytes.len() as u64)
-    }
-}
-
-/// Sleeps for [`PAUSE_ENV`] milliseconds when it is set (see there).
-fn pause_for_tests() {
-    if let Some(ms) = std::env::var(PAUSE_ENV)
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-    {
-        std::thread::sleep(std::time::Duration::from_millis(ms));
     }
 }

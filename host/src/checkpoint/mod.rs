@@ -29,7 +29,6 @@ mod tests;
 pub use folder::{
     file_name, latest_good, list, parse_file_name, remove_stale_temporaries, update_latest,
 };
-pub use format::PAUSE_ENV;
 pub(crate) use format::{blob_of, Blob};
 pub use parts::{Clock, Meta, MethodMeta, Parts, RngMeta, TrainerMeta};
 pub use retention::prune;
