@@ -1,4 +1,5 @@
-//! The time-string grammar (Composer's `Time.from_timestring`).
+//! The time-string grammar (Composer's `Time.from_timestring`), implemented once, in
+//! `tessera_plugin_api::Time::parse` (methods' settings use it too); the host converts its result.
 //!
 //! Two forms are accepted, tried in this order:
 //!
@@ -18,195 +19,38 @@
 //! read exactly rather than through a float.
 
 use super::{Time, TimeError, TimeUnit};
+use tessera_plugin_api as api;
 
 /// Parses a time string; see the module documentation for the grammar.
 pub(super) fn parse_time(input: &str) -> Result<Time, TimeError> {
-    let s = input.trim();
-    if s.is_empty() {
-        return Err(TimeError::Empty);
-    }
-    if let Some(seconds) = parse_wall_clock(s, input)? {
-        return Ok(Time::new(seconds, TimeUnit::Second));
-    }
-    let Some((number, unit)) = split_unit(s) else {
-        let reason = if TimeUnit::from_suffix(s).is_some() {
-            "the number before the unit is missing"
-        } else {
-            "it does not end in a known unit"
-        };
-        return Err(invalid(input, reason));
-    };
-    parse_number(number, unit, input)
-}
-
-fn invalid(input: &str, reason: impl Into<String>) -> TimeError {
-    TimeError::Invalid {
-        input: input.to_string(),
-        reason: reason.into(),
-    }
-}
-
-/// Reads `XhYmZs`. `Ok(None)` means "not this form", so the caller tries the unit form.
-fn parse_wall_clock(s: &str, input: &str) -> Result<Option<u64>, TimeError> {
-    const PARTS: [(u8, u64); 3] = [(b'h', 3600), (b'm', 60), (b's', 1)];
-    let bytes = s.as_bytes();
-    let mut pos = 0;
-    let mut next_part = 0;
-    let mut total: u64 = 0;
-    while pos < bytes.len() {
-        let start = pos;
-        while pos < bytes.len() && bytes[pos].is_ascii_digit() {
-            pos += 1;
-        }
-        if pos == start || pos == bytes.len() {
-            return Ok(None);
-        }
-        let letter = bytes[pos].to_ascii_lowercase();
-        let Some(offset) = PARTS[next_part..].iter().position(|(c, _)| *c == letter) else {
-            return Ok(None);
-        };
-        let (_, factor) = PARTS[next_part + offset];
-        next_part += offset + 1;
-        let digits = &s[start..pos];
-        let value = digits
-            .parse::<u64>()
-            .ok()
-            .and_then(|v| v.checked_mul(factor))
-            .and_then(|v| v.checked_add(total));
-        total = match value {
-            Some(v) => v,
-            None => return Err(invalid(input, "the wall-clock time is too large")),
-        };
-        pos += 1;
-    }
-    Ok(Some(total))
-}
-
-/// Splits `"<number><unit>"`; `None` if no unit suffix follows a non-empty number part.
-fn split_unit(s: &str) -> Option<(&str, TimeUnit)> {
-    TimeUnit::ALL.into_iter().find_map(|unit| {
-        let suffix = unit.suffix();
-        let cut = s.len().checked_sub(suffix.len())?;
-        if cut == 0 || !s.is_char_boundary(cut) {
-            return None;
-        }
-        let (number, tail) = s.split_at(cut);
-        tail.eq_ignore_ascii_case(suffix).then_some((number, unit))
+    let parsed = api::Time::parse(input).map_err(|e| match e {
+        api::TimeError::Empty => TimeError::Empty,
+        api::TimeError::Invalid { input, reason } => TimeError::Invalid { input, reason },
+        api::TimeError::NotInteger { input, unit } => TimeError::NotInteger {
+            input,
+            unit: unit_of(unit),
+        },
+        api::TimeError::Negative { input } => TimeError::Negative { input },
+    })?;
+    let unit = unit_of(parsed.unit());
+    Ok(match parsed.count() {
+        Some(count) => Time::new(count, unit),
+        // Only `dur` times are fractions.
+        None => Time::dur(parsed.fraction().unwrap_or_default()),
     })
 }
 
-/// The number part, checked against Python's float grammar with underscores removed.
-struct Number {
-    cleaned: String,
-    /// True when the number is a plain run of digits (no fraction, no exponent).
-    integer: bool,
-}
-
-fn check_number_syntax(number: &str, input: &str) -> Result<Number, TimeError> {
-    let bad = || {
-        invalid(
-            input,
-            format!("{number:?} is not a number (write e.g. 2, 0.5, 1e6 or 4_000)"),
-        )
-    };
-    let bytes = number.as_bytes();
-    let mut cleaned = String::with_capacity(number.len());
-    let mut integer = true;
-    let mut seen_digit = false;
-    let mut seen_dot = false;
-    let mut seen_exp = false;
-    let mut exp_digits = false;
-    for (i, &b) in bytes.iter().enumerate() {
-        let prev = i.checked_sub(1).map(|j| bytes[j]);
-        match b {
-            b'0'..=b'9' => {
-                if seen_exp {
-                    exp_digits = true;
-                } else {
-                    seen_digit = true;
-                }
-                cleaned.push(char::from(b));
-            }
-            b'_' => {
-                let next = bytes.get(i + 1);
-                let between_digits = prev.is_some_and(|p| p.is_ascii_digit())
-                    && next.is_some_and(|n| n.is_ascii_digit());
-                if !between_digits {
-                    return Err(bad());
-                }
-            }
-            b'+' | b'-' => {
-                let at_start = i == 0;
-                let after_exp = matches!(prev, Some(b'e' | b'E'));
-                if !(at_start || after_exp) {
-                    return Err(bad());
-                }
-                if b == b'-' && at_start {
-                    return Err(TimeError::Negative {
-                        input: input.to_string(),
-                    });
-                }
-                cleaned.push(char::from(b));
-            }
-            b'.' => {
-                if seen_dot || seen_exp {
-                    return Err(bad());
-                }
-                seen_dot = true;
-                integer = false;
-                cleaned.push('.');
-            }
-            b'e' | b'E' => {
-                if seen_exp || !seen_digit {
-                    return Err(bad());
-                }
-                seen_exp = true;
-                integer = false;
-                cleaned.push('e');
-            }
-            _ => return Err(bad()),
-        }
+/// The host's name of a plugin-api unit (the same seven units).
+fn unit_of(unit: api::TimeUnit) -> TimeUnit {
+    match unit {
+        api::TimeUnit::Iteration => TimeUnit::Iteration,
+        api::TimeUnit::Epoch => TimeUnit::Epoch,
+        api::TimeUnit::Batch => TimeUnit::Batch,
+        api::TimeUnit::Sample => TimeUnit::Sample,
+        api::TimeUnit::Token => TimeUnit::Token,
+        api::TimeUnit::Duration => TimeUnit::Duration,
+        api::TimeUnit::Second => TimeUnit::Second,
     }
-    if !seen_digit || (seen_exp && !exp_digits) {
-        return Err(bad());
-    }
-    Ok(Number { cleaned, integer })
-}
-
-fn parse_number(number: &str, unit: TimeUnit, input: &str) -> Result<Time, TimeError> {
-    let Number { cleaned, integer } = check_number_syntax(number.trim(), input)?;
-    let too_large = || invalid(input, "the value is too large");
-    if integer && unit.is_count() {
-        let digits = cleaned.strip_prefix('+').unwrap_or(&cleaned);
-        let count = digits.parse::<u64>().map_err(|_| too_large())?;
-        return Ok(Time::new(count, unit));
-    }
-    let value: f64 = cleaned
-        .parse()
-        .map_err(|_| invalid(input, format!("{number:?} is not a number")))?;
-    if !value.is_finite() {
-        return Err(too_large());
-    }
-    if value < 0.0 {
-        return Err(TimeError::Negative {
-            input: input.to_string(),
-        });
-    }
-    if !unit.is_count() {
-        return Ok(Time::dur(value));
-    }
-    if value.fract() != 0.0 {
-        return Err(TimeError::NotInteger {
-            input: input.to_string(),
-            unit,
-        });
-    }
-    // 2^64 is exactly representable; anything at or above it does not fit.
-    if value >= 18_446_744_073_709_551_616.0 {
-        return Err(too_large());
-    }
-    // Truncation is exact here: `value` is a whole number below 2^64.
-    Ok(Time::new(value as u64, unit))
 }
 
 #[cfg(test)]
