@@ -65,12 +65,6 @@ pub enum TimeError {
         /// The string as given.
         input: String,
     },
-    /// A unit name that is not one of the seven suffixes.
-    #[error("unknown time unit {input:?}: valid units are iter, ep, ba, sp, tok, dur, sec")]
-    UnknownUnit {
-        /// The string as given.
-        input: String,
-    },
     /// `max_duration` (or the dataloader facts next to it) cannot describe a run.
     #[error("invalid max_duration {max_duration}: {reason}")]
     InvalidMaxDuration {

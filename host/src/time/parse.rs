@@ -18,7 +18,7 @@
 //! whitespace is ignored; `inf`/`nan` are rejected; integers without a fraction or exponent are
 //! read exactly rather than through a float.
 
-use super::{Time, TimeError, TimeUnit};
+use super::{Time, TimeError};
 use tessera_plugin_api as api;
 
 /// Parses a time string; see the module documentation for the grammar.
@@ -26,13 +26,10 @@ pub(super) fn parse_time(input: &str) -> Result<Time, TimeError> {
     let parsed = api::Time::parse(input).map_err(|e| match e {
         api::TimeError::Empty => TimeError::Empty,
         api::TimeError::Invalid { input, reason } => TimeError::Invalid { input, reason },
-        api::TimeError::NotInteger { input, unit } => TimeError::NotInteger {
-            input,
-            unit: unit_of(unit),
-        },
+        api::TimeError::NotInteger { input, unit } => TimeError::NotInteger { input, unit },
         api::TimeError::Negative { input } => TimeError::Negative { input },
     })?;
-    let unit = unit_of(parsed.unit());
+    let unit = parsed.unit();
     Ok(match parsed.count() {
         Some(count) => Time::new(count, unit),
         // Only `dur` times are fractions.
@@ -40,22 +37,10 @@ pub(super) fn parse_time(input: &str) -> Result<Time, TimeError> {
     })
 }
 
-/// The host's name of a plugin-api unit (the same seven units).
-fn unit_of(unit: api::TimeUnit) -> TimeUnit {
-    match unit {
-        api::TimeUnit::Iteration => TimeUnit::Iteration,
-        api::TimeUnit::Epoch => TimeUnit::Epoch,
-        api::TimeUnit::Batch => TimeUnit::Batch,
-        api::TimeUnit::Sample => TimeUnit::Sample,
-        api::TimeUnit::Token => TimeUnit::Token,
-        api::TimeUnit::Duration => TimeUnit::Duration,
-        api::TimeUnit::Second => TimeUnit::Second,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::time::TimeUnit;
 
     fn ok(s: &str) -> Time {
         match parse_time(s) {
