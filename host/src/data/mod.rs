@@ -5,6 +5,7 @@
 //! on worker threads ([`Loader`]). The trainer turns [`HostBatch`]es into tensors.
 
 pub mod dataset;
+mod download;
 pub mod fetch;
 pub mod idx;
 pub mod loader;
