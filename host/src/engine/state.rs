@@ -390,6 +390,18 @@ impl RunState {
         self.model.forward(input, train)
     }
 
+    /// Runs the model on the batch's `input` (as [`RunState::forward`] does) and keeps the result
+    /// as `output`.
+    pub fn forward_batch(&mut self, train: bool) -> Result<(), CallError> {
+        let input = self
+            .batch
+            .input()
+            .map(Tensor::shallow_clone)
+            .ok_or_else(|| CallError(format!("the batch has no `{}`", keys::INPUT)))?;
+        self.output = Some(self.forward(&input, train)?);
+        Ok(())
+    }
+
     /// A method's extra forward in training mode, with or without gradient.
     pub fn extra_forward(&self, input: &Tensor, grad: bool) -> Result<Tensor, CallError> {
         self.check_device(keys::INPUT, input)?;

@@ -42,6 +42,9 @@ pub enum TrainError {
     /// A plugin cannot be loaded or refused its settings.
     #[error(transparent)]
     Plugin(#[from] LoadError),
+    /// The state refused a request (a batch without `input`, a tensor on the wrong device).
+    #[error(transparent)]
+    State(#[from] crate::engine::CallError),
     /// A method failed at an event.
     #[error(transparent)]
     Method(#[from] EngineError),

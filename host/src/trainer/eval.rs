@@ -3,6 +3,7 @@
 use std::time::Instant;
 
 use tch::{Kind, Reduction, Tensor};
+use tessera_plugin_api::keys;
 
 use crate::engine::Event;
 use crate::report::EvalRecord;
@@ -46,14 +47,9 @@ impl Trainer {
             self.state.batch = self.device_batch(batch)?;
             self.fire_as(Event::EVAL_BATCH_START, false)?;
             self.fire_as(Event::EVAL_BEFORE_FORWARD, false)?;
-            let input = self
-                .state
-                .batch
-                .input()
-                .map(Tensor::shallow_clone)
-                .context("no input")?;
-            let output = self.state.forward(&input, false)?;
-            self.state.output = Some(output.shallow_clone());
+            self.state.forward_batch(false)?;
+            // The metrics use the model's own output, whatever a method does to it afterwards.
+            let output = self.state.tensor(keys::OUTPUT).context("no output")?;
             self.fire_as(Event::EVAL_AFTER_FORWARD, false)?;
             let target = self
                 .state

@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
-use tch::{Device::Cpu, Kind, Tensor};
+use tch::{Device::Cpu, Kind};
 
 use crate::checkpoint::{self, Checkpoint};
 use crate::config::{self, Config};
@@ -146,13 +146,7 @@ impl Trainer {
             self.state.batch = self.device_batch(batch?)?;
             self.fire_as(Event::PREDICT_BATCH_START, false)?;
             self.fire_as(Event::PREDICT_BEFORE_FORWARD, false)?;
-            let input = self
-                .state
-                .batch
-                .input()
-                .map(Tensor::shallow_clone)
-                .context("the batch has no `input`")?;
-            self.state.output = Some(self.state.forward(&input, false)?);
+            self.state.forward_batch(false)?;
             self.fire_as(Event::PREDICT_AFTER_FORWARD, false)?;
             let output = self
                 .state

@@ -120,14 +120,7 @@ impl Trainer {
             let size = part.len();
             self.state.batch = part;
             self.fire(Event::BEFORE_FORWARD)?;
-            let input = self
-                .state
-                .batch
-                .input()
-                .map(Tensor::shallow_clone)
-                .context("the batch has no `input`")?;
-            let output = self.state.forward(&input, true)?;
-            self.state.output = Some(output);
+            self.state.forward_batch(true)?;
             self.fire(Event::AFTER_FORWARD)?;
             self.fire(Event::BEFORE_LOSS)?;
             let (output, target) = match (&self.state.output, self.state.batch.target()) {
