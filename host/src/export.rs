@@ -23,7 +23,6 @@ use tch::{Device, TchError, Tensor};
 use crate::checkpoint::{blob_of, Blob, Checkpoint, CheckpointError};
 use crate::files::same_file;
 use crate::model::{InputShape, Model, Role};
-use crate::model::{ModelConfig, ModelName};
 
 /// Metadata key of the model's configuration (JSON).
 pub const MODEL_KEY: &str = "tessera.model";
@@ -33,11 +32,6 @@ pub const INPUT_KEY: &str = "tessera.input";
 pub const VERSION_KEY: &str = "tessera.version";
 
 /// What [`export`] wrote.
-/// A model configuration stored in a checkpoint that cannot be read back.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("{0}")]
-pub struct SavedConfigError(String);
-
 /// Why an export wrote nothing.
 #[derive(Debug, thiserror::Error)]
 pub enum ExportError {
@@ -47,16 +41,9 @@ pub enum ExportError {
     /// The checkpoint cannot be read or verified.
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
-    /// The checkpoint's stored config does not describe a zoo model.
-    #[error("{path}: reading the {part}'s config: {source}")]
-    Config {
-        /// The checkpoint.
-        path: PathBuf,
-        /// `model` or `data`.
-        part: &'static str,
-        /// What is wrong.
-        source: SavedConfigError,
-    },
+    /// The checkpoint's recorded config cannot be read back.
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
     /// The reference model cannot be built.
     #[error("building a {model} to check the checkpoint against: {source}")]
     Build {
@@ -99,85 +86,6 @@ pub struct ExportSummary {
     pub bytes: u64,
 }
 
-/// The `[model]` section of a resolved config (its JSON form) as a [`ModelConfig`].
-pub fn model_config_of(model: &Value) -> Result<ModelConfig, SavedConfigError> {
-    let fail = |m: String| SavedConfigError(m);
-    let name = model
-        .get("name")
-        .and_then(Value::as_str)
-        .ok_or_else(|| fail("the checkpoint's config has no model name".into()))?;
-    let name = [
-        ModelName::Mlp,
-        ModelName::Cnn,
-        ModelName::Resnet20,
-        ModelName::Resnet56,
-    ]
-    .into_iter()
-    .find(|m| m.as_str() == name)
-    .ok_or_else(|| fail(format!("unknown model `{name}` in the checkpoint's config")))?;
-    let uint = |v: &Value, what: &str| {
-        v.as_u64()
-            .map(|n| n as usize)
-            .ok_or_else(|| fail(format!("model.{what} is not a non-negative integer: {v}")))
-    };
-    let hidden = match model.get("hidden") {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::Array(items)) => items
-            .iter()
-            .map(|v| uint(v, "hidden"))
-            .collect::<Result<_, _>>()?,
-        Some(other) => return Err(fail(format!("model.hidden is not a list: {other}"))),
-    };
-    let width = match model.get("width") {
-        None | Some(Value::Null) => None,
-        Some(v) => Some(uint(v, "width")?),
-    };
-    let num_classes = uint(
-        model
-            .get("num_classes")
-            .ok_or_else(|| fail("the checkpoint's config has no model.num_classes".into()))?,
-        "num_classes",
-    )?;
-    Ok(ModelConfig {
-        name,
-        hidden,
-        width,
-        num_classes,
-    })
-}
-
-/// The input shape a run's model was built for, from the `[data]` section of its resolved
-/// config (JSON form): the synthetic shape, else the registry datasets' 1x28x28.
-pub fn input_shape_of(data: &Value) -> Result<InputShape, SavedConfigError> {
-    let fail = |m: String| SavedConfigError(m);
-    if let Some(s) = data.get("synthetic").filter(|s| !s.is_null()) {
-        let dim = |key: &str| {
-            s.get(key)
-                .and_then(Value::as_i64)
-                .filter(|&v| v > 0)
-                .ok_or_else(|| fail(format!("data.synthetic.{key} is missing or not positive")))
-        };
-        return Ok(InputShape {
-            channels: dim("channels")?,
-            height: dim("height")?,
-            width: dim("width")?,
-        });
-    }
-    match data.get("dataset").and_then(Value::as_str) {
-        Some(name) => match crate::data::registry_shape(name) {
-            Some(shape) => Ok(InputShape {
-                channels: shape.channels as i64,
-                height: shape.height as i64,
-                width: shape.width as i64,
-            }),
-            None => Err(fail(format!(
-                "unknown dataset `{name}` in the checkpoint's config"
-            ))),
-        },
-        None => Err(fail("the checkpoint's config has no data.dataset".into())),
-    }
-}
-
 /// Writes the model of the checkpoint at `checkpoint` to `to` as a plain safetensors file
 /// (atomically: temporary file in the same folder, fsync, rename).
 ///
@@ -202,23 +110,21 @@ pub fn export(checkpoint: &Path, to: &Path) -> Result<ExportSummary, ExportError
         path: checkpoint.to_owned(),
         message,
     };
-    let config_error = |part: &'static str| {
-        move |source| ExportError::Config {
-            path: checkpoint.to_owned(),
-            part,
-            source,
-        }
-    };
     let ckpt = Checkpoint::read(checkpoint)?;
-    let config = &ckpt.meta.config;
-    let model_json = config.get("model").unwrap_or(&Value::Null);
-    let model_config = model_config_of(model_json).map_err(config_error("model"))?;
-    let input =
-        input_shape_of(config.get("data").unwrap_or(&Value::Null)).map_err(config_error("data"))?;
+    let source = format!("{} (its recorded config)", checkpoint.display());
+    let config = crate::config::from_recorded(&ckpt.meta.config, &source, &[])?;
+    let model_config = &config.model;
+    let (height, width) = config.data.image_size();
+    let input = InputShape {
+        channels: config.data.channels() as i64,
+        height: height as i64,
+        width: width as i64,
+    };
+    let model_json = ckpt.meta.config.get("model").unwrap_or(&Value::Null);
     let name = model_config.name;
     // A fresh model of the same configuration: the names, shapes, kinds and roles to expect.
     let reference = Model::build(
-        &model_config,
+        model_config,
         input,
         model_config.num_classes as i64,
         Device::Cpu,
@@ -316,47 +222,6 @@ pub fn export(checkpoint: &Path, to: &Path) -> Result<ExportSummary, ExportError
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn model_config_reads_the_serialized_form() {
-        for (name, cfg) in [
-            (
-                ModelName::Mlp,
-                ModelConfig {
-                    name: ModelName::Mlp,
-                    hidden: vec![32, 16],
-                    width: None,
-                    num_classes: 10,
-                },
-            ),
-            (
-                ModelName::Resnet20,
-                ModelConfig {
-                    name: ModelName::Resnet20,
-                    hidden: Vec::new(),
-                    width: Some(4),
-                    num_classes: 3,
-                },
-            ),
-        ] {
-            let json = serde_json::to_value(&cfg).unwrap();
-            let back = model_config_of(&json).unwrap();
-            assert_eq!(back, cfg, "{name:?}: {json}");
-        }
-        let e = model_config_of(&json!({"name": "vgg", "num_classes": 2})).unwrap_err();
-        assert!(e.to_string().contains("vgg"), "{e}");
-    }
-
-    #[test]
-    fn input_shape_from_data_config() {
-        let s = input_shape_of(&json!({"dataset": "synthetic", "synthetic": {
-            "samples": 8, "eval_samples": 4, "channels": 3, "height": 8, "width": 12, "classes": 4}}))
-        .unwrap();
-        assert_eq!((s.channels, s.height, s.width), (3, 8, 12));
-        let s = input_shape_of(&json!({"dataset": "fashion-mnist"})).unwrap();
-        assert_eq!((s.channels, s.height, s.width), (1, 28, 28));
-        assert!(input_shape_of(&json!({})).is_err());
-    }
 
     #[test]
     fn the_checkpoint_itself_is_the_same_file() {

@@ -25,6 +25,7 @@ mod error;
 mod model;
 mod optimizer;
 mod reader;
+mod recorded;
 mod scheduler;
 mod section;
 mod syntax;
@@ -38,6 +39,7 @@ pub use algorithms::AlgorithmConfig;
 pub use checkpoint::{CheckpointConfig, PluginsConfig};
 pub use data::DataConfig;
 pub use error::{ConfigError, ErrorKind, Location};
+pub use recorded::from_recorded;
 pub use train::TrainConfig;
 
 use crate::model::ModelConfig;

@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use serde_json::{json, Value};
+use serde_json::json;
 use tch::{Device::Cpu, Kind};
 
 use crate::checkpoint::{self, Checkpoint};
@@ -56,53 +56,11 @@ pub fn standalone_config(path: &Path, overrides: &[String]) -> Result<Config> {
 /// validated and `--set` works as for training), set to load that checkpoint.
 fn recorded_config(path: &Path, overrides: &[String]) -> Result<Config> {
     let recorded = Checkpoint::read(path)?.meta.config;
-    let text = toml::to_string(&as_toml_tree(recorded)).with_context(|| {
-        format!(
-            "{}: the recorded config cannot be written as TOML",
-            path.display()
-        )
-    })?;
     let source = format!("{} (its recorded config)", path.display());
-    // Recorded paths are already resolved (absolute, or relative to the working folder).
-    let mut config = config::from_str_with_overrides(&text, Path::new(""), &source, overrides)?;
+    let mut config = config::from_recorded(&recorded, &source, overrides)?;
     config.checkpoint.load = Some(path.to_owned());
     config.checkpoint.autoresume = false;
     Ok(config)
-}
-
-/// The recorded (serialized) config in the shape of a `trainer.toml`: without nulls (TOML has
-/// none; absent means default), and with each `[[algorithms]]` entry's `settings` inline and
-/// its source `line` dropped.
-fn as_toml_tree(value: Value) -> Value {
-    match value {
-        Value::Object(map) => Value::Object(
-            map.into_iter()
-                .filter(|(_, v)| !v.is_null())
-                .map(|(k, v)| {
-                    let v = match (k.as_str(), v) {
-                        ("algorithms", Value::Array(entries)) => {
-                            Value::Array(entries.into_iter().map(inline_settings).collect())
-                        }
-                        (_, v) => v,
-                    };
-                    (k, as_toml_tree(v))
-                })
-                .collect(),
-        ),
-        Value::Array(items) => Value::Array(items.into_iter().map(as_toml_tree).collect()),
-        other => other,
-    }
-}
-
-fn inline_settings(entry: Value) -> Value {
-    let Value::Object(mut map) = entry else {
-        return entry;
-    };
-    map.remove("line");
-    if let Some(Value::Object(settings)) = map.remove("settings") {
-        map.extend(settings);
-    }
-    Value::Object(map)
 }
 
 impl Trainer {
@@ -182,53 +140,5 @@ impl Trainer {
             samples,
             accuracy: correct as f64 / samples.max(1) as f64,
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn recorded_config_reads_back_as_the_same_config() {
-        let text = r#"
-run_name = "recorded"
-output_dir = "/tmp/tessera-recorded"
-seed = 7
-[data]
-dataset = "synthetic"
-batch_size = 16
-[data.synthetic]
-samples = 64
-eval_samples = 32
-channels = 1
-height = 8
-width = 8
-classes = 4
-[model]
-name = "mlp"
-hidden = [16]
-[optimizer]
-name = "adamw"
-lr = 0.01
-[scheduler]
-name = "cosine_with_warmup"
-t_warmup = "0.1dur"
-[train]
-max_duration = "4ep"
-iteration_length = "2ep"
-precision = "amp_bf16"
-[[algorithms]]
-plugin = "label_smoothing"
-on_error = "disable"
-smoothing = 0.1
-"#;
-        let original = config::from_str(text, Path::new("/base"), "recorded.toml").unwrap();
-        let recorded = serde_json::to_value(&original).unwrap();
-        let again = toml::to_string(&as_toml_tree(recorded)).unwrap();
-        let mut read = config::from_str(&again, Path::new(""), "again").unwrap();
-        // The entry's line is where it stands in the file read.
-        read.algorithms[0].line = original.algorithms[0].line;
-        assert_eq!(read, original, "{again}");
     }
 }
