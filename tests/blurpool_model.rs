@@ -8,7 +8,7 @@
 //! stride and channels) is swapped for a layer calling `blur_conv2d` on that conv's weights.
 
 use tessera::config;
-use tessera::model::{Attr, InputShape, Layer, Model};
+use tessera::model::{Attr, Layer, Model};
 use tessera::trainer::Trainer;
 use tessera_plugin_api::tch::{self, Device, Kind, TchError, Tensor};
 use tessera_plugin_api::testing::golden::{assert_close, Golden};
@@ -91,12 +91,7 @@ fn int(attrs: &std::collections::BTreeMap<String, Attr>, key: &str, path: &str) 
 /// The plain ResNet-20 of `cfg` with `blurred`'s weights and buffers (the surgery moved a
 /// replaced conv's `<path>.weight` to `<path>.conv.weight`).
 fn plain_with_weights_of(cfg: &config::Config, blurred: &Model) -> Model {
-    let (height, width) = cfg.data.image_size();
-    let input = InputShape {
-        channels: cfg.data.channels() as i64,
-        height: height as i64,
-        width: width as i64,
-    };
+    let input = cfg.data.input_shape();
     let plain = Model::build(&cfg.model, input, cfg.model.num_classes as i64, Device::Cpu)
         .expect("the model builds");
     for e in plain.params.entries() {

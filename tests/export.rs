@@ -16,7 +16,7 @@ use std::process::Command;
 use serde_json::Value;
 use tessera::checkpoint::Checkpoint;
 use tessera::config;
-use tessera::model::{InputShape, Model};
+use tessera::model::Model;
 use tessera_plugin_api::tch::{self, Device, Kind, Tensor};
 use tessera_tests::*;
 
@@ -107,12 +107,7 @@ fn safetensors_header(path: &Path) -> (BTreeSet<String>, Value) {
 
 /// The model of `cfg` with the checkpoint's weights and buffers.
 fn model_from_checkpoint(cfg: &config::Config, ckpt: &Checkpoint) -> Model {
-    let (height, width) = cfg.data.image_size();
-    let input = InputShape {
-        channels: cfg.data.channels() as i64,
-        height: height as i64,
-        width: width as i64,
-    };
+    let input = cfg.data.input_shape();
     let model = Model::build(&cfg.model, input, cfg.model.num_classes as i64, Device::Cpu)
         .expect("the model builds");
     for e in model.params.entries() {

@@ -22,7 +22,7 @@ use tch::{Device, TchError, Tensor};
 
 use crate::checkpoint::{blob_of, Blob, Checkpoint, CheckpointError};
 use crate::files::same_file;
-use crate::model::{InputShape, Model, Role};
+use crate::model::{Model, Role};
 
 /// Metadata key of the model's configuration (JSON).
 pub const MODEL_KEY: &str = "tessera.model";
@@ -114,12 +114,7 @@ pub fn export(checkpoint: &Path, to: &Path) -> Result<ExportSummary, ExportError
     let source = format!("{} (its recorded config)", checkpoint.display());
     let config = crate::config::from_recorded(&ckpt.meta.config, &source, &[])?;
     let model_config = &config.model;
-    let (height, width) = config.data.image_size();
-    let input = InputShape {
-        channels: config.data.channels() as i64,
-        height: height as i64,
-        width: width as i64,
-    };
+    let input = config.data.input_shape();
     let model_json = ckpt.meta.config.get("model").unwrap_or(&Value::Null);
     let name = model_config.name;
     // A fresh model of the same configuration: the names, shapes, kinds and roles to expect.

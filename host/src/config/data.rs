@@ -69,6 +69,16 @@ impl DataConfig {
         (self.shape.height, self.shape.width)
     }
 
+    /// The shape of one image of the dataset, as the model zoo takes it (before transforms
+    /// that resize, such as a random crop).
+    pub fn input_shape(&self) -> crate::model::InputShape {
+        crate::model::InputShape {
+            channels: self.shape.channels as i64,
+            height: self.shape.height as i64,
+            width: self.shape.width as i64,
+        }
+    }
+
     /// Number of classes of the dataset.
     pub fn num_classes(&self) -> usize {
         self.shape.classes
