@@ -30,7 +30,7 @@ pub use folder::{
     file_name, latest_good, list, parse_file_name, remove_stale_temporaries, update_latest,
 };
 pub(crate) use format::{blob_of, Blob};
-pub use parts::{Clock, Meta, MethodMeta, Parts, RngMeta, TrainerMeta};
+pub use parts::{Meta, MethodMeta, Parts, RngMeta, SavedClock, TrainerMeta};
 pub use retention::prune;
 
 /// Version of the checkpoint layout this build writes and reads.

@@ -133,7 +133,7 @@ fn rng_from_meta(m: &RngMeta) -> Result<ChaCha8Rng, CheckpointError> {
 /// The clock: where the run is, and how long its epochs are (the data position is
 /// `timestamp.epoch`, `timestamp.batch_in_epoch`).
 #[derive(Debug, Clone, PartialEq)]
-pub struct Clock {
+pub struct SavedClock {
     /// The training clock.
     pub timestamp: Timestamp,
     /// Batches per epoch of the run.
@@ -147,7 +147,7 @@ pub struct Parts {
     /// The resolved configuration.
     pub config: serde_json::Value,
     /// The clock.
-    pub clock: Clock,
+    pub clock: SavedClock,
     /// The model's weights and buffers by (PyTorch) name.
     pub model: Vec<(String, Tensor)>,
     /// The optimizer's position and state tensors.
@@ -308,7 +308,7 @@ impl Checkpoint {
         Ok(Parts {
             run_name: meta.run_name,
             config: meta.config,
-            clock: Clock {
+            clock: SavedClock {
                 timestamp: meta.timestamp,
                 batches_per_epoch: meta.batches_per_epoch,
             },

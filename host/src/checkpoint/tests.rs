@@ -15,7 +15,7 @@ fn sample() -> Checkpoint {
     let parts = Parts {
         run_name: "r".into(),
         config: serde_json::json!({"seed": 1}),
-        clock: Clock {
+        clock: SavedClock {
             timestamp: Timestamp {
                 batch: 7,
                 epoch: 1,

@@ -71,7 +71,7 @@ pub struct MethodRecord {
 
 /// The methods' records do not fit this run's methods.
 #[derive(Debug, thiserror::Error)]
-pub enum RestoreError {
+pub enum MethodStatesError {
     /// The checkpoint holds the state of a method this run does not load.
     #[error("the checkpoint holds the state of method `{0}`, which this run does not load; add it to [[algorithms]] to continue this run")]
     MissingMethod(String),
@@ -254,7 +254,7 @@ impl Engine {
         records: Vec<MethodRecord>,
         disabled: &[String],
         device: tch::Device,
-    ) -> Result<(), RestoreError> {
+    ) -> Result<(), MethodStatesError> {
         for record in &records {
             if !self
                 .entries
@@ -262,7 +262,7 @@ impl Engine {
                 .any(|e| e.algorithm.name() == record.name)
             {
                 if record.snapshot.is_some() {
-                    return Err(RestoreError::MissingMethod(record.name.clone()));
+                    return Err(MethodStatesError::MissingMethod(record.name.clone()));
                 }
                 tracing::warn!(
                     "method `{}` ran before the checkpoint but is not in this run",
@@ -300,7 +300,7 @@ impl Engine {
             for (_, t) in &mut snapshot.tensors {
                 *t = t
                     .f_to_device(device)
-                    .map_err(|source| RestoreError::Device {
+                    .map_err(|source| MethodStatesError::Device {
                         method: record.name.clone(),
                         source,
                     })?;
@@ -308,7 +308,7 @@ impl Engine {
             entry
                 .algorithm
                 .load_state(snapshot)
-                .map_err(|e| RestoreError::Refused {
+                .map_err(|e| MethodStatesError::Refused {
                     method: record.name.clone(),
                     message: e.0,
                 })?;
@@ -319,11 +319,6 @@ impl Engine {
             }
         }
         Ok(())
-    }
-
-    /// The names of the methods, in configuration order.
-    pub fn names(&self) -> Vec<&str> {
-        self.entries.iter().map(|e| e.algorithm.name()).collect()
     }
 
     /// Names of the methods that were disabled after an error.

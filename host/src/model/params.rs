@@ -19,7 +19,7 @@ pub struct WeightsMismatch(pub Vec<String>);
 
 /// Restoring weights failed.
 #[derive(Debug, thiserror::Error)]
-pub enum RestoreError {
+pub enum WeightsError {
     /// The saved weights do not fit.
     #[error(transparent)]
     Mismatch(#[from] WeightsMismatch),
@@ -153,7 +153,7 @@ impl ParamStore {
     /// Copies saved tensors into the model's. The names, shapes and kinds must match exactly
     /// (no tensor missing, none extra); otherwise nothing is copied and the error lists the
     /// differences.
-    pub fn restore(&self, saved: &[(String, Tensor)]) -> Result<(), RestoreError> {
+    pub fn restore(&self, saved: &[(String, Tensor)]) -> Result<(), WeightsError> {
         let by_name: std::collections::HashMap<&str, &Tensor> =
             saved.iter().map(|(n, t)| (n.as_str(), t)).collect();
         let mut problems = Vec::new();

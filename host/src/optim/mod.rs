@@ -13,7 +13,7 @@ use schedule::Schedule;
 /// An optimizer state that does not fit the model or this optimizer.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
-pub struct RestoreError(String);
+pub struct OptimizerStateError(String);
 
 /// The optimizer's position: what, besides its state tensors, it needs to continue exactly.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -293,8 +293,8 @@ impl Optimizer {
         &mut self,
         snapshot: &Snapshot,
         params: &ParamStore,
-    ) -> Result<(), RestoreError> {
-        let fail = |m: String| Err(RestoreError(m));
+    ) -> Result<(), OptimizerStateError> {
+        let fail = |m: String| Err(OptimizerStateError(m));
         let Snapshot { position, tensors } = snapshot;
         let algorithm = position.algorithm.as_str();
         let members = &position.members;
@@ -328,7 +328,9 @@ impl Optimizer {
                             .f_to_device(entry.tensor.device())
                             .and_then(|t| t.f_to_kind(entry.tensor.kind()))
                             .and_then(|t| t.f_detach_copy())
-                            .map_err(|e| RestoreError(format!("optimizer state `{key}`: {e}")))?;
+                            .map_err(|e| {
+                                OptimizerStateError(format!("optimizer state `{key}`: {e}"))
+                            })?;
                         buffers.push(copy);
                     }
                     None => break,

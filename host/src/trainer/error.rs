@@ -50,10 +50,10 @@ pub enum TrainError {
     Method(#[from] EngineError),
     /// The methods' saved states do not fit this run's methods.
     #[error(transparent)]
-    MethodStates(#[from] crate::engine::RestoreError),
+    MethodStates(#[from] crate::engine::MethodStatesError),
     /// The optimizer's saved state does not fit.
     #[error(transparent)]
-    Optimizer(#[from] crate::optim::RestoreError),
+    Optimizer(#[from] crate::optim::OptimizerStateError),
     /// A checkpoint cannot be read or written.
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),

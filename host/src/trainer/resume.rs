@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use crate::checkpoint::{self, Checkpoint, Clock, Parts, TrainerMeta};
+use crate::checkpoint::{self, Checkpoint, Parts, SavedClock, TrainerMeta};
 use crate::config;
 use crate::engine::Event;
 use crate::time::Timestamp;
@@ -74,7 +74,7 @@ impl Trainer {
         let parts = Parts {
             run_name: self.config.run_name.clone(),
             config: serde_json::to_value(&self.config)?,
-            clock: Clock {
+            clock: SavedClock {
                 timestamp: self.state.clock.timestamp.clone(),
                 batches_per_epoch: self.state.clock.run.batches_per_epoch,
             },
