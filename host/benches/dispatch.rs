@@ -45,6 +45,7 @@ impl Algorithm for NativeNoop {
 }
 
 fn main() {
+    tessera::memory::tune_for_training();
     let calls = env_usize("CALLS", 2_000_000);
     let plugin = noop_plugin();
     let dir = std::env::temp_dir().join(format!("tessera-dispatch-{}", std::process::id()));

@@ -163,6 +163,7 @@ fn copy_weights(trainer: &tessera::trainer::Trainer, vs: &mut nn::VarStore) {
 }
 
 fn main() {
+    tessera::memory::tune_for_training();
     let rounds = env_usize("ROUNDS", 6);
     let steps = env_usize("STEPS", 5);
     let dir = std::env::temp_dir().join(format!("tessera-bench-{}", std::process::id()));

@@ -4,7 +4,8 @@
 //! `checkpoint` (saving and resuming runs), `data` (datasets, loaders, transforms, fetching), `model` (module tree and zoo), `optim`
 //! (optimizers, schedules), `engine` (events and dispatch), `plugin` (loading plugins, the
 //! host side of the ABI), `precision` (autocast), `device` (where to train), `trainer` (the loops), `report` (progress, metrics, run records),
-//! `scaffold` (`tessera new-plugin`), `export` (`tessera export`: weights for PyTorch).
+//! `scaffold` (`tessera new-plugin`), `export` (`tessera export`: weights for PyTorch), `memory` (the C allocator's settings for
+//! training).
 
 pub mod checkpoint;
 pub mod config;
@@ -13,6 +14,7 @@ pub mod device;
 pub mod engine;
 pub mod export;
 pub mod files;
+pub mod memory;
 pub mod model;
 pub mod optim;
 pub mod plugin;

@@ -357,6 +357,8 @@ fn main() -> ExitCode {
         .with_target(false)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    let tuning = tessera::memory::tune_for_training();
+    tracing::debug!("C allocator: {tuning:?}");
     let cli = Cli::parse();
     match run(cli) {
         Ok(code) => code,

@@ -1,4 +1,6 @@
 //! Shared by the benchmarks: the ResNet-20 trainer they time and small statistics helpers.
+// Each benchmark uses part of this module.
+#![allow(dead_code)]
 
 use std::path::Path;
 
