@@ -11,7 +11,9 @@ libtorch threads. The PyTorch loop is what a user would write: the uint8 images 
 shuffled index per epoch, float conversion and normalization per batch, `torch.optim.SGD`.
 
 Environment: ROUNDS (3), THREADS (2), MODELS (cnn,resnet20,mlp), TESSERA (the binary),
-DATA (the Fashion-MNIST cache folder).
+DATA (the Fashion-MNIST cache folder), DEVICE (cpu; `cuda` trains both on the GPU: the batch is
+moved there each step, as a user's loop does, and the clock stops after a CUDA synchronize),
+SCALE (1: multiplies the number of batches, for a GPU where 150 batches take a second).
 """
 
 import json
@@ -44,14 +46,19 @@ def read_idx(path):
     return torch.frombuffer(bytearray(data[4 + 4 * dims :]), dtype=torch.uint8).view(shape)
 
 
-def pytorch_run(name, data_dir, threads):
+def batches_of(name):
+    return MODELS[name][2] * int(os.environ.get("SCALE", "1"))
+
+
+def pytorch_run(name, data_dir, threads, device):
     """Samples per second of a plain PyTorch training loop."""
-    config, batch, batches = MODELS[name]
+    config, batch, _ = MODELS[name]
+    batches = batches_of(name)
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     images = read_idx(data_dir / "train-images-idx3-ubyte").unsqueeze(1)
     labels = read_idx(data_dir / "train-labels-idx1-ubyte").long()
-    model = pytorch_models.build(config, (1, 28, 28))
+    model = pytorch_models.build(config, (1, 28, 28)).to(device)
     model.train()
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     loss_fn = torch.nn.CrossEntropyLoss()
@@ -62,13 +69,15 @@ def pytorch_run(name, data_dir, threads):
         order = torch.randperm(images.shape[0])
         for i in range(min(per_epoch, batches - done)):
             index = order[i * batch : (i + 1) * batch]
-            x = (images[index].float() / 255.0 - MEAN) / STD
-            y = labels[index]
+            x = ((images[index].float() / 255.0 - MEAN) / STD).to(device)
+            y = labels[index].to(device)
             optimizer.zero_grad()
             loss = loss_fn(model(x), y)
             loss.backward()
             optimizer.step()
             done += 1
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
     seconds = time.perf_counter() - started
     return batches * batch / seconds
 
@@ -94,6 +103,7 @@ momentum = {momentum}
 [train]
 max_duration = "{batches}ba"
 threads = {threads}
+device = "{device}"
 eval_interval = "{batches}ba"
 eval_subset_batches = 1
 log_interval = "{batches}ba"
@@ -103,9 +113,10 @@ save = false
 """
 
 
-def tessera_run(name, tessera, data_dir, threads, work):
+def tessera_run(name, tessera, data_dir, threads, device, work):
     """Samples per second of `tessera train` (run.json's samples / train_seconds)."""
-    config, batch, batches = MODELS[name]
+    config, batch, _ = MODELS[name]
+    batches = batches_of(name)
     model = "\n".join(
         f"{k} = {json.dumps(v)}" for k, v in config.items() if k != "num_classes"
     )
@@ -121,6 +132,7 @@ def tessera_run(name, tessera, data_dir, threads, work):
         momentum=MOMENTUM,
         batches=batches,
         threads=threads,
+        device=device,
     )
     path = Path(work) / f"{name}.toml"
     path.write_text(toml)
@@ -136,26 +148,28 @@ def tessera_run(name, tessera, data_dir, threads, work):
 def main():
     rounds = int(os.environ.get("ROUNDS", "3"))
     threads = int(os.environ.get("THREADS", "2"))
+    device = os.environ.get("DEVICE", "cpu")
     names = os.environ.get("MODELS", "cnn,resnet20,mlp").split(",")
     tessera = os.environ.get("TESSERA", "target/release/tessera")
     data_dir = Path(
         os.environ.get("DATA", Path.home() / ".cache/tessera/data/fashion-mnist")
     )
     print(
-        f"torch {torch.__version__}, {threads} threads, {rounds} rounds, alternating; "
+        f"torch {torch.__version__}, {device}, {threads} threads, {rounds} rounds, alternating; "
         "samples/s of the training loop"
     )
     with tempfile.TemporaryDirectory() as work:
         for name in names:
-            _, batch, batches = MODELS[name]
+            _, batch, _ = MODELS[name]
+            batches = batches_of(name)
             runs = {"tessera": [], "pytorch": []}
             for r in range(rounds):
                 order = ["tessera", "pytorch"] if r % 2 == 0 else ["pytorch", "tessera"]
                 for side in order:
                     if side == "tessera":
-                        sps = tessera_run(name, tessera, data_dir, threads, work)
+                        sps = tessera_run(name, tessera, data_dir, threads, device, work)
                     else:
-                        sps = pytorch_run(name, data_dir, threads)
+                        sps = pytorch_run(name, data_dir, threads, device)
                     runs[side].append(sps)
             t, p = statistics.median(runs["tessera"]), statistics.median(runs["pytorch"])
             print(

@@ -2,12 +2,13 @@
 # Prints the path of a libtorch 2.13.0 usable by tch 0.26, installing it when missing.
 #
 # - If LIBTORCH is set, it is used as is (the user's own libtorch).
-# - Otherwise the PyPI wheel torch==2.13.0 is installed with pip into a cache folder outside the
+# - Otherwise the PyPI wheel torch==2.13.0 (or torch==$TESSERA_TORCH_VERSION, for a build against
+#   another libtorch: scripts/build-for-torch.sh) is installed with pip into a cache folder outside the
 #   repository ($TESSERA_CACHE, default ~/.cache/tessera), once; later builds, CI and other
 #   checkouts reuse it. The install goes to a temporary folder that is renamed when complete, so an
 #   interrupted install is never mistaken for a good one.
 set -euo pipefail
-TORCH_VERSION=2.13.0
+TORCH_VERSION=${TESSERA_TORCH_VERSION:-2.13.0}
 if [ -n "${LIBTORCH:-}" ]; then
   if [ ! -d "$LIBTORCH/lib" ] || [ ! -d "$LIBTORCH/include" ]; then
     echo "LIBTORCH=$LIBTORCH has no lib/ and include/ folders: point it at an unpacked libtorch" >&2

@@ -15,7 +15,10 @@ fn version_names_tessera_libtorch_and_cuda() {
         out.dump()
     );
     assert!(
-        lines.iter().any(|l| l.starts_with("libtorch 2.13.0")),
+        lines.iter().any(|l| l.starts_with(&format!(
+            "libtorch {}",
+            tessera_plugin_api::LIBTORCH_VERSION
+        ))),
         "{}",
         out.dump()
     );
@@ -77,8 +80,9 @@ fn plugins_list_shows_both_plugins() {
         );
         assert!(
             block.contains(&format!(
-                "  plugin-api: {}, libtorch 2.13.0",
-                tessera_plugin_api::API_VERSION
+                "  plugin-api: {}, libtorch {}",
+                tessera_plugin_api::API_VERSION,
+                tessera_plugin_api::LIBTORCH_VERSION
             )),
             "{block}"
         );

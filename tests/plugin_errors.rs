@@ -180,8 +180,9 @@ fn a_plugin_for_another_libtorch_is_refused() {
         &[("TESSERA_FAKE_LIBTORCH_VERSION", "2.12.0")],
         &[
             &format!(
-                "{}: built against libtorch 2.12.0, but this tessera runs libtorch 2.13.0",
-                shown(&so)
+                "{}: built against libtorch 2.12.0, but this tessera runs libtorch {}",
+                shown(&so),
+                tessera_plugin_api::LIBTORCH_VERSION
             ),
             "rebuild the plugin with the same LIBTORCH",
         ],

@@ -15,10 +15,9 @@ fn check_run(dir: &TempDir, run_name: &str, batches: u64, plugins: &[&str]) -> V
     let record = read_json(&run.join("run.json"));
     assert_eq!(record["run_name"], run_name, "{record:#}");
     assert_eq!(record["tessera_version"], VERSION, "{record:#}");
-    assert!(
-        record["libtorch_version"]
-            .as_str()
-            .is_some_and(|v| v.starts_with("2.13.0")),
+    assert_eq!(
+        record["libtorch_version"],
+        tessera_plugin_api::LIBTORCH_VERSION,
         "{record:#}"
     );
     assert_eq!(record["batches"], batches, "{record:#}");
