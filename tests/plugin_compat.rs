@@ -22,6 +22,7 @@ const FIXTURES: &[(&str, &[(&str, &str)])] = &[
             ("ema", "half_life = \"2ba\""),
         ],
     ),
+    ("1.2.0", &[("sam", "rho = 0.05")]),
 ];
 
 /// The plugin built against the current interface that runs beside the old ones.

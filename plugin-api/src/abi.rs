@@ -364,6 +364,51 @@ pub struct HostApi {
     pub pass_index: extern "C" fn(HostCtx) -> u32,
     /// Whether a checkpoint will be written at the current `*_checkpoint` event.
     pub checkpoint_pending: extern "C" fn(HostCtx) -> bool,
+
+    // ---- 1.3: appended; accessors return `None` in an older host ----
+    /// The results of the latest evaluation over the test set (from `eval_end` on; none before
+    /// the first evaluation).
+    pub eval_results: extern "C" fn(HostCtx) -> ROption<EvalResults>,
+    /// Asks the run to stop, as Composer's `State.stop_training()`: the run's length becomes the
+    /// batches done so far, so the loop ends after the current event's batch (or epoch), and the
+    /// run ends normally (`fit_end`, a final checkpoint when checkpoints are on). `reason` goes to
+    /// the log and the run record. Not at `init`.
+    pub request_stop: extern "C" fn(HostCtx, reason: RStr<'_>) -> RResult<(), RString>,
+}
+
+/// One value of an evaluation (`accuracy`, `cross_entropy`).
+#[repr(C)]
+#[derive(StableAbi, Clone, Debug, PartialEq)]
+pub struct Metric {
+    /// The metric's name.
+    pub name: RString,
+    /// Its value.
+    pub value: f64,
+}
+
+/// The results of one evaluation over the test set.
+#[repr(C)]
+#[derive(StableAbi, Clone, Debug, PartialEq)]
+pub struct EvalResults {
+    /// The epoch count when the evaluation ran.
+    pub epoch: u64,
+    /// The batch count when the evaluation ran.
+    pub batch: u64,
+    /// Samples evaluated.
+    pub samples: u64,
+    /// The metrics: `accuracy` (fraction of correct top-1 predictions) and `cross_entropy`
+    /// (mean over samples), and any a later host adds.
+    pub metrics: RVec<Metric>,
+}
+
+impl EvalResults {
+    /// The value of the metric `name`, if the host reported it.
+    pub fn metric(&self, name: &str) -> Option<f64> {
+        self.metrics
+            .iter()
+            .find(|m| m.name.as_str() == name)
+            .map(|m| m.value)
+    }
 }
 
 /// A tensor with a name (an owned handle).

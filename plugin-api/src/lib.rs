@@ -106,7 +106,7 @@ use abi_stable::std_types::{RResult, RStr, RString, RVec};
 pub use settings::Settings;
 pub use tch;
 
-pub use abi::{Attribute, ModuleInfo, ParamInfo};
+pub use abi::{Attribute, EvalResults, Metric, ModuleInfo, ParamInfo};
 pub use abi::{ErrorKind, Event, Hook, TimeInfo};
 use abi::{
     HostHandle, MethodBox, MethodObject, MethodObject_TO, MethodState, ModuleBox, ModuleObject,
@@ -287,10 +287,14 @@ impl Context<'_> {
     // ---- plugin-api 1.1 ----
 
     fn host_fn<F>(&self, f: Option<F>, what: &str) -> Result<F, Error> {
+        self.host_fn_since(f, what, "1.1")
+    }
+
+    fn host_fn_since<F>(&self, f: Option<F>, what: &str, version: &str) -> Result<F, Error> {
         f.ok_or_else(|| {
             Error::new(
                 ErrorKind::HOST,
-                format!("this tessera is too old for `{what}` (it needs plugin-api 1.1)"),
+                format!("this tessera is too old for `{what}` (it needs plugin-api {version})"),
             )
         })
     }
@@ -423,6 +427,26 @@ impl Context<'_> {
     pub fn checkpoint_pending(&self) -> Result<bool, Error> {
         let f = self.host_fn(self.host.api.checkpoint_pending(), "checkpoint_pending")?;
         Ok(f(self.host.ctx))
+    }
+
+    // ---- plugin-api 1.3 ----
+
+    /// The results of the latest evaluation over the test set, `None` before the first one. At
+    /// `eval_end` they are the evaluation that just ran. Read a metric with
+    /// [`EvalResults::metric`].
+    pub fn eval_results(&self) -> Result<Option<EvalResults>, Error> {
+        let f = self.host_fn_since(self.host.api.eval_results(), "eval_results", "1.3")?;
+        Ok(f(self.host.ctx).into_option())
+    }
+
+    /// Asks the run to stop (Composer's `State.stop_training()`): its length becomes the
+    /// batches done so far, so training ends after the current batch — or, asked at an epoch's
+    /// evaluation, after that epoch — and the run finishes normally (`fit_end`, a final
+    /// checkpoint when checkpoints are on, `run.json` status `stopped early: <reason>`).
+    /// Not possible at `init`.
+    pub fn request_stop(&mut self, reason: &str) -> Result<(), Error> {
+        let f = self.host_fn_since(self.host.api.request_stop(), "request_stop", "1.3")?;
+        host_result(f(self.host.ctx, RStr::from_str(reason)))
     }
 }
 

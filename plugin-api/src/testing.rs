@@ -3,7 +3,7 @@
 //!
 //! ```toml
 //! [dev-dependencies]
-//! tessera-plugin-api = { version = "1.2", features = ["testing"] }
+//! tessera-plugin-api = { version = "1.3", features = ["testing"] }
 //! ```
 //!
 //! ```no_run
@@ -35,8 +35,8 @@ use tch::Tensor;
 use abi_stable::std_types::RVec;
 
 use crate::abi::{
-    HostApi, HostApi_Ref, HostCtx, HostHandle, MethodBox, ModuleBox, ModuleInfo, NamedTensor,
-    ParamInfo, TensorHandle,
+    EvalResults, HostApi, HostApi_Ref, HostCtx, HostHandle, MethodBox, Metric, ModuleBox,
+    ModuleInfo, NamedTensor, ParamInfo, TensorHandle,
 };
 use crate::{Event, Settings, TimeInfo};
 
@@ -106,6 +106,10 @@ pub struct TestHost {
     pub pass_index: u32,
     /// Reported by `checkpoint_pending`.
     pub checkpoint_pending: bool,
+    /// Reported by `eval_results` (1.3).
+    pub eval_results: Option<EvalResults>,
+    /// The reason of the last `request_stop` (1.3).
+    pub stop_requested: Option<String>,
 }
 
 impl TestHost {
@@ -122,7 +126,27 @@ impl TestHost {
             extra_pass_requested: false,
             pass_index: 0,
             checkpoint_pending: false,
+            eval_results: None,
+            stop_requested: None,
         }
+    }
+
+    /// Sets the evaluation results `eval_results` reports: `metrics` as (name, value) pairs, at
+    /// batch `batch` (builder style).
+    pub fn with_eval(mut self, batch: u64, metrics: &[(&str, f64)]) -> TestHost {
+        self.eval_results = Some(EvalResults {
+            epoch: 0,
+            batch,
+            samples: 0,
+            metrics: metrics
+                .iter()
+                .map(|(name, value)| Metric {
+                    name: (*name).into(),
+                    value: *value,
+                })
+                .collect(),
+        });
+        self
     }
 
     /// Adds a copy of `t` under `key` (builder style).
@@ -189,6 +213,8 @@ fn api() -> HostApi_Ref {
             request_extra_pass,
             pass_index,
             checkpoint_pending,
+            eval_results,
+            request_stop,
         }
         .leak_into_prefix()
     })
@@ -339,4 +365,13 @@ extern "C" fn pass_index(ctx: HostCtx) -> u32 {
 
 extern "C" fn checkpoint_pending(ctx: HostCtx) -> bool {
     host(ctx).checkpoint_pending
+}
+
+extern "C" fn eval_results(ctx: HostCtx) -> ROption<EvalResults> {
+    host(ctx).eval_results.clone().into()
+}
+
+extern "C" fn request_stop(ctx: HostCtx, reason: RStr<'_>) -> RResult<(), RString> {
+    host(ctx).stop_requested = Some(reason.as_str().to_owned());
+    RResult::ROk(())
 }

@@ -11,7 +11,8 @@ use crate::model::{Model, Role};
 use crate::optim::Optimizer;
 use crate::precision::AutocastGuard;
 use crate::precision::Precision;
-use crate::time::{RunLength, Timestamp};
+use crate::report::EvalRecord;
+use crate::time::{RunLength, Time, TimeUnit, Timestamp};
 
 /// A batch: named tensors (`input`, `target`, ...) on the training device.
 #[derive(Debug, Default)]
@@ -228,6 +229,10 @@ pub struct RunState {
     pub loss: Option<Tensor>,
     /// Metrics methods logged since the trainer last collected them.
     pub metrics: Vec<(String, f64)>,
+    /// The latest evaluation's results (set before `eval_end` fires).
+    pub last_eval: Option<EvalRecord>,
+    /// Why a method stopped the run (`request_stop`), if one did.
+    pub stop_reason: Option<String>,
     rng: ChaCha8Rng,
 }
 
@@ -258,7 +263,21 @@ impl RunState {
             output: None,
             loss: None,
             metrics,
+            last_eval: None,
+            stop_reason: None,
             rng,
+        }
+    }
+
+    /// Stops the run as Composer's `State.stop_training()` does: its length becomes the batches
+    /// done so far, so the loop ends after the current batch (or the epoch whose evaluation
+    /// asked) and the run finishes normally. The first reason is the one recorded.
+    pub fn request_stop(&mut self, reason: String) {
+        let done = self.clock.timestamp.batch;
+        self.clock.run.max_duration = Time::new(done, TimeUnit::Batch);
+        if self.stop_reason.is_none() {
+            tracing::info!("stopping after batch {done}: {reason}");
+            self.stop_reason = Some(reason);
         }
     }
 

@@ -8,8 +8,8 @@ use std::sync::OnceLock;
 use abi_stable::prefix_type::PrefixTypeTrait;
 use abi_stable::std_types::{ROption, RResult, RStr, RString, RVec};
 use tessera_plugin_api::abi::{
-    Attribute, HostApi, HostApi_Ref, HostCtx, HostHandle, ModuleBox, ModuleInfo, NamedTensor,
-    ParamInfo, TensorHandle,
+    Attribute, EvalResults, HostApi, HostApi_Ref, HostCtx, HostHandle, Metric, ModuleBox,
+    ModuleInfo, NamedTensor, ParamInfo, TensorHandle,
 };
 use tessera_plugin_api::TimeInfo;
 
@@ -48,6 +48,8 @@ fn api() -> HostApi_Ref {
             request_extra_pass,
             pass_index,
             checkpoint_pending,
+            eval_results,
+            request_stop,
         }
         .leak_into_prefix()
     })
@@ -274,5 +276,34 @@ extern "C" fn checkpoint_pending(ctx: HostCtx) -> bool {
     with_state(ctx, |s| {
         s.run("checkpoint_pending")
             .is_ok_and(|r| r.checkpoint_pending)
+    })
+}
+
+extern "C" fn eval_results(ctx: HostCtx) -> ROption<EvalResults> {
+    with_state(ctx, |s| {
+        let Ok(Some(e)) = s.run("eval_results").map(|r| r.last_eval.as_ref()) else {
+            return ROption::RNone;
+        };
+        let metric = |name: &str, value: f64| Metric {
+            name: name.into(),
+            value,
+        };
+        ROption::RSome(EvalResults {
+            epoch: e.epoch,
+            batch: e.batch,
+            samples: e.samples,
+            metrics: RVec::from(vec![
+                metric("accuracy", e.accuracy),
+                metric("cross_entropy", e.cross_entropy),
+            ]),
+        })
+    })
+}
+
+extern "C" fn request_stop(ctx: HostCtx, reason: RStr<'_>) -> RResult<(), RString> {
+    with_state(ctx, |s| {
+        result(s.run("request_stop").map(|r| {
+            r.request_stop(reason.as_str().to_owned());
+        }))
     })
 }

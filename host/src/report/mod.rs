@@ -71,7 +71,8 @@ pub struct RunRecord {
     pub estimated_cost_usd: Option<f64>,
     /// Accuracy of the last evaluation.
     pub final_accuracy: Option<f64>,
-    /// `completed`, or `interrupted by SIGINT`/`SIGTERM` (a checkpoint was written).
+    /// `completed`, `interrupted by SIGINT`/`SIGTERM` (a checkpoint was written), or
+    /// `stopped early: <reason>` when a method asked the run to stop (`request_stop`).
     pub status: String,
     /// The checkpoint this run continued from.
     #[serde(skip_serializing_if = "Option::is_none")]

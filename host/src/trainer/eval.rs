@@ -80,6 +80,7 @@ impl Trainer {
         };
         self.state.batch = saved_batch;
         self.state.output = None;
+        self.state.last_eval = Some(record.clone());
         self.fire_as(Event::EVAL_END, false)?;
         Ok(record)
     }

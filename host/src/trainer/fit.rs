@@ -132,6 +132,8 @@ impl Trainer {
         let mut record = self.run_record();
         if let Some(signal) = interrupted_by {
             record.status = format!("interrupted by {}", signal_name(signal));
+        } else if let Some(reason) = &self.state.stop_reason {
+            record.status = format!("stopped early: {reason}");
         }
         let path = self.config.run_dir().join("run.json");
         let text = serde_json::to_vec_pretty(&record)?;
