@@ -180,7 +180,28 @@ def build(model_config, input_shape=None):
         width = int(model_config.get("width") or 16)
         depth = 20 if name == "resnet20" else 56
         return CifarResNet(channels, depth, width, classes)
+    if name in ("resnet18", "resnet50"):
+        return _torchvision_resnet(name, channels, int(model_config.get("width") or 64), classes)
     raise ValueError(f"unknown Tessera model {name!r}")
+
+
+def _torchvision_resnet(name, channels, width, classes):
+    """torchvision's own `resnet18`/`resnet50` (not a twin): the reference Tessera's ImageNet
+    ResNets are named after. torchvision fixes the width at 64 and the stem at 3 channels; for
+    other input channels its `conv1` is swapped for one with the same name and shape rules."""
+    try:
+        import torchvision
+    except ImportError as e:
+        raise ValueError(
+            f"model {name!r} is checked against torchvision, which cannot be imported ({e}); "
+            "scripts/ensure-torchvision.sh installs it"
+        ) from e
+    if width != 64:
+        raise ValueError(f"torchvision's {name} has width 64, this model has {width}")
+    model = getattr(torchvision.models, name)(num_classes=classes)
+    if channels != 3:
+        model.conv1 = nn.Conv2d(channels, width, 7, stride=2, padding=3, bias=False)
+    return model
 
 
 _DTYPES = {

@@ -18,6 +18,12 @@ if ! PYTHONPATH="$TESSERA_TORCH_PYTHONPATH" "$PYTHON" -W ignore -c "import torch
   echo "error: \`import torch\` fails with PYTHONPATH=$TESSERA_TORCH_PYTHONPATH ($PYTHON)" >&2
   exit 1
 fi
+# torchvision for the same torch, beside it: the exported ResNet-18/50 load into its models.
+TESSERA_TORCH_PYTHONPATH="$TESSERA_TORCH_PYTHONPATH:$(./scripts/ensure-torchvision.sh)"
+if ! PYTHONPATH="$TESSERA_TORCH_PYTHONPATH" "$PYTHON" -W ignore -c "import torchvision"; then
+  echo "error: \`import torchvision\` fails with PYTHONPATH=$TESSERA_TORCH_PYTHONPATH ($PYTHON)" >&2
+  exit 1
+fi
 export TESSERA_TORCH_PYTHONPATH
 # The PyTorch comparison must run: a failing `import torch` is a test failure, not a skip.
 export TESSERA_REQUIRE_PYTORCH=1

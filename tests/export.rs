@@ -281,6 +281,12 @@ fn export_and_compare(label: &str, model: &str, channels: u32, height: u32, widt
         .find_map(|l| l.split("max_abs_diff=").nth(1))
         .and_then(|rest| rest.split_whitespace().next())
         .unwrap_or_else(|| panic!("no max_abs_diff in:\n{text}"));
+    if label.starts_with("resnet") && !label.starts_with("resnet20") {
+        assert!(
+            text.contains("into torchvision.models.resnet.ResNet"),
+            "{label} was not checked against torchvision's model:\n{text}"
+        );
+    }
     println!("{label}: PyTorch vs Tessera eval output, max abs difference {diff}");
     eprintln!("{label}: {}", text.trim());
 
@@ -309,6 +315,22 @@ fn cnn_exports_and_matches_pytorch() {
 #[test]
 fn resnet20_exports_and_matches_pytorch() {
     export_and_compare("resnet20", "name = \"resnet20\"\nwidth = 4", 3, 12, 12);
+}
+
+/// The ImageNet ResNets load into torchvision's own models (`strict=True`) and compute the
+/// same outputs; the checker names the class it loaded into.
+fn torchvision_resnet(name: &str) {
+    export_and_compare(name, &format!("name = \"{name}\""), 3, 32, 32);
+}
+
+#[test]
+fn resnet18_exports_and_loads_into_torchvision() {
+    torchvision_resnet("resnet18");
+}
+
+#[test]
+fn resnet50_exports_and_loads_into_torchvision() {
+    torchvision_resnet("resnet50");
 }
 
 #[test]

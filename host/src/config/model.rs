@@ -23,7 +23,7 @@ pub(super) fn read(top: &Tbl<'_>, data: &DataConfig) -> Result<ModelConfig, Conf
     if name == ModelName::Mlp {
         m.reject(
             "width",
-            "`width` applies to models \"cnn\", \"resnet20\" and \"resnet56\", not \"mlp\" (use `hidden`)",
+            "`width` applies to models \"cnn\" and the resnets, not \"mlp\" (use `hidden`)",
         )?;
     } else {
         m.reject(

@@ -53,6 +53,20 @@ impl Model {
             ModelName::Cnn => zoo::cnn(store, input, config.base_width(), num_classes)?,
             ModelName::Resnet20 => zoo::resnet(store, input, 20, config.base_width(), num_classes)?,
             ModelName::Resnet56 => zoo::resnet(store, input, 56, config.base_width(), num_classes)?,
+            ModelName::Resnet18 => zoo::imagenet_resnet(
+                store,
+                input,
+                zoo::ImagenetDepth::Resnet18,
+                config.base_width(),
+                num_classes,
+            )?,
+            ModelName::Resnet50 => zoo::imagenet_resnet(
+                store,
+                input,
+                zoo::ImagenetDepth::Resnet50,
+                config.base_width(),
+                num_classes,
+            )?,
         };
         Ok(Model {
             root: Box::new(root),
@@ -146,12 +160,46 @@ mod tests {
     }
 
     #[test]
+    fn imagenet_resnets_have_torchvision_names_and_blocks() {
+        let r18 = Model::build(&config(ModelName::Resnet18), shape(3), 10, Device::Cpu).unwrap();
+        let r50 = Model::build(&config(ModelName::Resnet50), shape(3), 10, Device::Cpu).unwrap();
+        let names = |m: &Model| -> Vec<String> {
+            m.params.entries().iter().map(|e| e.name.clone()).collect()
+        };
+        let (n18, n50) = (names(&r18), names(&r50));
+        for n in [
+            "conv1.weight",
+            "bn1.running_mean",
+            "layer2.0.downsample.0.weight",
+            "fc.bias",
+        ] {
+            assert!(n18.iter().any(|x| x == n), "resnet18 lacks {n}");
+        }
+        // 64 -> 64 at stride 1: no projection in resnet18's first block, one in resnet50's.
+        assert!(!n18.iter().any(|x| x.starts_with("layer1.0.downsample")));
+        for n in [
+            "layer1.0.downsample.1.weight",
+            "layer4.2.conv3.weight",
+            "layer3.5.bn3.bias",
+        ] {
+            assert!(n50.iter().any(|x| x == n), "resnet50 lacks {n}");
+        }
+        let count = |m: &Model, kind: &str| m.root.walk().iter().filter(|i| i.kind == kind).count();
+        assert_eq!(count(&r18, "residual_block"), 8);
+        assert_eq!(count(&r50, "bottleneck_block"), 16);
+        let fc = r50.params.get("fc.weight").unwrap().tensor.size();
+        assert_eq!(fc, [10, 2048]);
+    }
+
+    #[test]
     fn every_model_runs_on_one_and_three_channels() {
         for name in [
             ModelName::Mlp,
             ModelName::Cnn,
             ModelName::Resnet20,
             ModelName::Resnet56,
+            ModelName::Resnet18,
+            ModelName::Resnet50,
         ] {
             for c in [1, 3] {
                 let m = Model::build(&config(name), shape(c), 10, Device::Cpu).unwrap();

@@ -14,15 +14,21 @@ pub enum ModelName {
     Resnet20,
     /// ResNet-56 (CIFAR style).
     Resnet56,
+    /// ResNet-18 (ImageNet style, torchvision's `resnet18` names).
+    Resnet18,
+    /// ResNet-50 (ImageNet style, torchvision's `resnet50` names).
+    Resnet50,
 }
 
 impl ModelName {
     /// Every architecture with the name used in `trainer.toml`.
-    pub const CHOICES: [(&'static str, ModelName); 4] = [
+    pub const CHOICES: [(&'static str, ModelName); 6] = [
         ("mlp", ModelName::Mlp),
         ("cnn", ModelName::Cnn),
         ("resnet20", ModelName::Resnet20),
         ("resnet56", ModelName::Resnet56),
+        ("resnet18", ModelName::Resnet18),
+        ("resnet50", ModelName::Resnet50),
     ];
 
     /// The name used in `trainer.toml`.
@@ -32,16 +38,19 @@ impl ModelName {
             ModelName::Cnn => "cnn",
             ModelName::Resnet20 => "resnet20",
             ModelName::Resnet56 => "resnet56",
+            ModelName::Resnet18 => "resnet18",
+            ModelName::Resnet50 => "resnet50",
         }
     }
 
-    /// The base width when none is given: 32 for cnn, 16 for the resnets, `None` for mlp
-    /// (which has hidden widths instead).
+    /// The base width when none is given: 32 for cnn, 16 for the CIFAR resnets, 64 for the
+    /// ImageNet ones (torchvision's), `None` for mlp (which has hidden widths instead).
     pub fn default_width(self) -> Option<usize> {
         match self {
             ModelName::Mlp => None,
             ModelName::Cnn => Some(32),
             ModelName::Resnet20 | ModelName::Resnet56 => Some(16),
+            ModelName::Resnet18 | ModelName::Resnet50 => Some(64),
         }
     }
 }

@@ -1,5 +1,5 @@
-//! The model zoo: MLP, a small CNN and CIFAR-style ResNets, named as their PyTorch
-//! counterparts so weights map 1:1 to a PyTorch `state_dict`.
+//! The model zoo: MLP, a small CNN, CIFAR-style ResNets and torchvision's ImageNet ResNets,
+//! named as their PyTorch counterparts so weights map 1:1 to a PyTorch `state_dict`.
 
 use tch::nn::init::{FanInOut, NonLinearity, NormalOrUniform};
 use tch::nn::Init;
@@ -7,8 +7,8 @@ use tch::TchError;
 
 use super::layers::init::TORCH_DEFAULT_WEIGHT;
 use super::layers::{
-    Attr, BatchNorm2d, Conv2d, Conv2dConfig, Flatten, GlobalAvgPool, Linear, MaxPool2d, Relu,
-    ResidualBlock, Sequential,
+    Attr, BatchNorm2d, Bottleneck, Conv2d, Conv2dConfig, Flatten, GlobalAvgPool, Linear, MaxPool2d,
+    Relu, ResidualBlock, Sequential, EXPANSION,
 };
 use super::{InputShape, ParamStore};
 
@@ -121,6 +121,73 @@ pub fn resnet(
             let block = ResidualBlock::new(store, &path, cin, cout, stride, RESNET_CONV)?;
             layer = layer.add(i.to_string(), block);
             cin = cout;
+        }
+        root = root.add(format!("layer{}", stage + 1), layer);
+    }
+    Ok(root
+        .add("avgpool", GlobalAvgPool)
+        .add("fc", Linear::new(store, "fc", cin, classes)?))
+}
+
+/// The ImageNet ResNets of the zoo.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ImagenetDepth {
+    /// Basic blocks `[2, 2, 2, 2]`.
+    Resnet18,
+    /// Bottleneck blocks `[3, 4, 6, 3]`.
+    Resnet50,
+}
+
+/// torchvision's ResNet (`torchvision.models.resnet18/50`, He et al. 2016, with the stride of
+/// a bottleneck on its 3×3 convolution, "v1.5"): a 7×7 stride-2 stem `conv1`-`bn1`-`relu`,
+/// `maxpool` (3, stride 2, padding 1), four stages `layer1`..`layer4` of widths w, 2w, 4w, 8w
+/// (stride 2 from the second), global average pooling and `fc`. Parameter names, shapes and
+/// initialisation (He normal fan-out for convolutions, BatchNorm 1/0, PyTorch's default for
+/// `fc`) are torchvision's, so with `width = 64` and 3 input channels the exported weights
+/// load into `torchvision.models.resnet18/50(num_classes=...)` with `strict=True`; other widths
+/// and channel counts scale the same architecture.
+pub fn imagenet_resnet(
+    store: &mut ParamStore,
+    input: InputShape,
+    depth: ImagenetDepth,
+    width: i64,
+    classes: i64,
+) -> Result<Sequential, TchError> {
+    let (blocks, bottleneck) = match depth {
+        ImagenetDepth::Resnet18 => ([2, 2, 2, 2], false),
+        ImagenetDepth::Resnet50 => ([3, 4, 6, 3], true),
+    };
+    let stem = Conv2dConfig {
+        stride: 2,
+        padding: 3,
+        bias: false,
+        ..Conv2dConfig::default()
+    };
+    let mut root = Sequential::new()
+        .add(
+            "conv1",
+            Conv2d::new(store, "conv1", input.channels, width, 7, stem, RESNET_CONV)?,
+        )
+        .add("bn1", BatchNorm2d::new(store, "bn1", width)?)
+        .add("relu", Relu)
+        .add("maxpool", MaxPool2d::padded(3, 2, 1));
+    let mut cin = width;
+    for (stage, &n) in blocks.iter().enumerate() {
+        let planes = width << stage;
+        let mut layer = Sequential::new();
+        for i in 0..n {
+            let stride = if stage > 0 && i == 0 { 2 } else { 1 };
+            let path = format!("layer{}.{i}", stage + 1);
+            layer = if bottleneck {
+                let block = Bottleneck::new(store, &path, cin, planes, stride, RESNET_CONV)?;
+                cin = planes * EXPANSION;
+                layer.add(i.to_string(), block)
+            } else {
+                let block =
+                    ResidualBlock::torchvision(store, &path, cin, planes, stride, RESNET_CONV)?;
+                cin = planes;
+                layer.add(i.to_string(), block)
+            };
         }
         root = root.add(format!("layer{}", stage + 1), layer);
     }

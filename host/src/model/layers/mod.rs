@@ -4,6 +4,7 @@
 
 mod activation;
 mod batch_norm;
+mod bottleneck;
 mod conv2d;
 mod flatten;
 pub mod init;
@@ -18,6 +19,7 @@ use tch::{TchError, Tensor};
 
 pub use activation::Relu;
 pub use batch_norm::BatchNorm2d;
+pub use bottleneck::{Bottleneck, EXPANSION};
 pub use conv2d::{Conv2d, Conv2dConfig};
 pub use flatten::Flatten;
 pub use linear::Linear;

@@ -4,19 +4,27 @@ use tch::{TchError, Tensor};
 
 use super::{Attr, Layer};
 
-/// Max pooling with a square window, no padding (PyTorch `MaxPool2d`).
+/// Max pooling with a square window (PyTorch `MaxPool2d`).
 #[derive(Debug)]
 pub struct MaxPool2d {
     kernel_size: i64,
     stride: i64,
+    padding: i64,
 }
 
 impl MaxPool2d {
-    /// A `kernel_size` × `kernel_size` window moved by `stride`.
+    /// A `kernel_size` × `kernel_size` window moved by `stride`, no padding.
     pub fn new(kernel_size: i64, stride: i64) -> MaxPool2d {
+        MaxPool2d::padded(kernel_size, stride, 0)
+    }
+
+    /// The same with `padding` (implicit −∞) on every side, as torchvision's ResNet stem
+    /// (`MaxPool2d(3, 2, 1)`).
+    pub fn padded(kernel_size: i64, stride: i64, padding: i64) -> MaxPool2d {
         MaxPool2d {
             kernel_size,
             stride,
+            padding,
         }
     }
 }
@@ -30,6 +38,7 @@ impl Layer for MaxPool2d {
         vec![
             ("kernel_size", Attr::Int(self.kernel_size)),
             ("stride", Attr::Int(self.stride)),
+            ("padding", Attr::Int(self.padding)),
         ]
     }
 
@@ -37,7 +46,7 @@ impl Layer for MaxPool2d {
         xs.f_max_pool2d(
             [self.kernel_size, self.kernel_size],
             [self.stride, self.stride],
-            [0, 0],
+            [self.padding, self.padding],
             [1, 1],
             false,
         )

@@ -8,7 +8,9 @@ use crate::model::{tree::join, ParamStore};
 
 /// `relu(bn2(conv2(relu(bn1(conv1(x))))) + shortcut(x))`, where the shortcut is the identity
 /// or, when the block changes the stride or the width, a projection (1×1 conv + batch norm,
-/// option B of the paper). Its children can be replaced by surgery like any other layer.
+/// option B of the paper). Its children can be replaced by surgery like any other layer. The
+/// projection is the child `shortcut` in the CIFAR ResNets and `downsample` in torchvision's
+/// (`ResidualBlock::torchvision`), so each model keeps its PyTorch names.
 #[derive(Debug)]
 pub struct ResidualBlock {
     in_channels: i64,
@@ -19,6 +21,35 @@ pub struct ResidualBlock {
     conv2: Box<dyn Layer>,
     bn2: Box<dyn Layer>,
     shortcut: Option<Box<dyn Layer>>,
+    shortcut_name: &'static str,
+}
+
+/// The projection shortcut at `path`: `0` a 1×1 convolution with `stride`, `1` batch norm.
+pub(super) fn projection(
+    store: &mut ParamStore,
+    path: &str,
+    in_channels: i64,
+    out_channels: i64,
+    stride: i64,
+    init: Init,
+) -> Result<Sequential, TchError> {
+    let config = Conv2dConfig {
+        stride,
+        padding: 0,
+        bias: false,
+        ..Conv2dConfig::default()
+    };
+    let conv = Conv2d::new(
+        store,
+        &join(path, "0"),
+        in_channels,
+        out_channels,
+        1,
+        config,
+        init,
+    )?;
+    let bn = BatchNorm2d::new(store, &join(path, "1"), out_channels)?;
+    Ok(Sequential::new().add("0", conv).add("1", bn))
 }
 
 impl ResidualBlock {
@@ -32,6 +63,46 @@ impl ResidualBlock {
         out_channels: i64,
         stride: i64,
         init: Init,
+    ) -> Result<ResidualBlock, TchError> {
+        Self::build(
+            store,
+            path,
+            in_channels,
+            out_channels,
+            stride,
+            init,
+            "shortcut",
+        )
+    }
+
+    /// torchvision's `BasicBlock`: the same, its projection named `downsample`.
+    pub fn torchvision(
+        store: &mut ParamStore,
+        path: &str,
+        in_channels: i64,
+        out_channels: i64,
+        stride: i64,
+        init: Init,
+    ) -> Result<ResidualBlock, TchError> {
+        Self::build(
+            store,
+            path,
+            in_channels,
+            out_channels,
+            stride,
+            init,
+            "downsample",
+        )
+    }
+
+    fn build(
+        store: &mut ParamStore,
+        path: &str,
+        in_channels: i64,
+        out_channels: i64,
+        stride: i64,
+        init: Init,
+        shortcut_name: &'static str,
     ) -> Result<ResidualBlock, TchError> {
         let conv = |stride, padding| Conv2dConfig {
             stride,
@@ -53,20 +124,8 @@ impl ResidualBlock {
         let conv2 = Conv2d::new(store, &join(path, "conv2"), cout, cout, 3, conv(1, 1), init)?;
         let bn2 = BatchNorm2d::new(store, &join(path, "bn2"), cout)?;
         let shortcut: Option<Box<dyn Layer>> = if stride != 1 || cin != cout {
-            let shortcut_path = join(path, "shortcut");
-            let projection = Conv2d::new(
-                store,
-                &join(&shortcut_path, "0"),
-                cin,
-                cout,
-                1,
-                conv(stride, 0),
-                init,
-            )?;
-            let bn = BatchNorm2d::new(store, &join(&shortcut_path, "1"), cout)?;
-            Some(Box::new(
-                Sequential::new().add("0", projection).add("1", bn),
-            ))
+            let path = join(path, shortcut_name);
+            Some(Box::new(projection(store, &path, cin, cout, stride, init)?))
         } else {
             None
         };
@@ -79,6 +138,7 @@ impl ResidualBlock {
             conv2: Box::new(conv2),
             bn2: Box::new(bn2),
             shortcut,
+            shortcut_name,
         })
     }
 }
@@ -104,7 +164,7 @@ impl Layer for ResidualBlock {
             ("bn2", self.bn2.as_ref()),
         ];
         if let Some(shortcut) = &self.shortcut {
-            children.push(("shortcut", shortcut.as_ref()));
+            children.push((self.shortcut_name, shortcut.as_ref()));
         }
         children
     }
@@ -115,7 +175,7 @@ impl Layer for ResidualBlock {
             "bn1" => Some(&mut self.bn1),
             "conv2" => Some(&mut self.conv2),
             "bn2" => Some(&mut self.bn2),
-            "shortcut" => self.shortcut.as_mut(),
+            n if n == self.shortcut_name => self.shortcut.as_mut(),
             _ => None,
         }
     }
