@@ -502,7 +502,74 @@ pub trait MethodObject: Send {
         let _ = state;
         RResult::ROk(())
     }
+
+    // ---- 1.3: appended with a default body ----
+    /// A per-sample transform for the training images, which the host runs on its loader's
+    /// worker threads; asked once, after the method is created. None by default.
+    fn sample_transform(&self) -> ROption<SampleTransformBox> {
+        ROption::RNone
+    }
 }
+
+/// One training image as a per-sample transform sees it (plugin-api 1.3): channel-major `f32`
+/// values in `[0, 1]` (pixel / 255, as torchvision's `ToTensor` gives), after the host's crop and
+/// flip and before its normalization.
+#[repr(C)]
+#[derive(StableAbi, Clone, Debug, PartialEq)]
+pub struct SampleBuf {
+    /// Channels.
+    pub channels: u32,
+    /// Rows.
+    pub height: u32,
+    /// Columns.
+    pub width: u32,
+    /// `channels × height × width` values.
+    pub data: RVec<f32>,
+}
+
+/// The host's random generator of one sample, opaque to plugins, valid during one `apply`.
+#[repr(transparent)]
+#[derive(StableAbi, Copy, Clone, Debug)]
+pub struct SampleRngState(pub *mut c_void);
+
+/// The random stream of one sample (plugin-api 1.3): a pure function of the run's seed, the
+/// epoch and the sample's position in it, so batches do not depend on the number of loader
+/// workers and a resumed run draws the same numbers.
+#[repr(C)]
+#[derive(StableAbi, Copy, Clone)]
+pub struct SampleRng {
+    /// The next 64 random bits.
+    pub next_u64: extern "C" fn(SampleRngState) -> u64,
+    /// The generator.
+    pub state: SampleRngState,
+}
+
+/// The output shape of a per-sample transform.
+#[repr(C)]
+#[derive(StableAbi, Copy, Clone, Debug, PartialEq, Eq)]
+pub struct SampleShape {
+    /// Channels.
+    pub channels: u32,
+    /// Rows.
+    pub height: u32,
+    /// Columns.
+    pub width: u32,
+}
+
+/// A per-sample transform a plugin provides (plugin-api 1.3), shared by the loader's worker
+/// threads.
+#[sabi_trait]
+pub trait SampleTransformObject: Send + Sync {
+    /// The shape it makes of an input of `shape` (the same for every sample), or why it cannot
+    /// run on it.
+    fn output_shape(&self, shape: SampleShape) -> RResult<SampleShape, PluginError>;
+    /// Transforms one sample, drawing any randomness from `rng`.
+    #[sabi(last_prefix_field)]
+    fn apply(&self, sample: SampleBuf, rng: SampleRng) -> RResult<SampleBuf, PluginError>;
+}
+
+/// An owned per-sample transform.
+pub type SampleTransformBox = SampleTransformObject_TO<'static, RBox<()>>;
 
 /// A method's own state in a checkpoint: bytes the method interprets plus named tensors.
 #[repr(C)]

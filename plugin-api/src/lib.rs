@@ -93,6 +93,7 @@
 #![warn(missing_docs)]
 
 pub mod abi;
+mod sample;
 mod settings;
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -102,7 +103,8 @@ use std::marker::PhantomData;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 pub use abi_stable;
-use abi_stable::std_types::{RResult, RStr, RString, RVec};
+use abi_stable::std_types::{ROption, RResult, RStr, RString, RVec};
+pub use sample::{Sample, SampleRandom, SampleTransform};
 pub use settings::Settings;
 pub use tch;
 
@@ -111,7 +113,7 @@ pub use abi::{ErrorKind, Event, Hook, TimeInfo};
 use abi::{
     HostHandle, MethodBox, MethodObject, MethodObject_TO, MethodState, ModuleBox, ModuleObject,
     ModuleObject_TO, NamedTensor, PluginError, PluginInfo, PluginModule, PluginModule_Ref,
-    TensorHandle,
+    SampleTransformBox, TensorHandle,
 };
 pub use time::{Time, TimeError, TimeUnit};
 
@@ -252,21 +254,12 @@ impl Context<'_> {
 
     /// A uniform integer in `0..n` (`n > 0`) from the host's stream, without modulo bias.
     pub fn rng_below(&mut self, n: u64) -> u64 {
-        if n <= 1 {
-            return 0;
-        }
-        let zone = u64::MAX - (u64::MAX % n);
-        loop {
-            let v = self.rng_u64();
-            if v < zone {
-                return v % n;
-            }
-        }
+        sample::uniform_below(n, || self.rng_u64())
     }
 
     /// A uniform float in `[0, 1)` from the host's stream.
     pub fn rng_f64(&mut self) -> f64 {
-        (self.rng_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+        sample::unit_f64(self.rng_u64())
     }
 
     /// Records a metric at the current timestamp.
@@ -516,6 +509,13 @@ pub trait Method: Send + 'static {
         let _ = state;
         Ok(())
     }
+
+    /// A transform of single training images for the host to run on its loader's worker
+    /// threads (plugin-api 1.3; see [`SampleTransform`]). Asked once, right after the method is
+    /// created. Default: none.
+    fn sample_transform(&self) -> Option<Box<dyn SampleTransform>> {
+        None
+    }
 }
 
 /// A method's own state in a checkpoint.
@@ -658,6 +658,15 @@ impl<M: Method> MethodObject for Adapter<M> {
         let state = State::from(state);
         guard(|| self.method.load_state(state))
             .map_err(PluginError::from)
+            .into()
+    }
+
+    fn sample_transform(&self) -> ROption<SampleTransformBox> {
+        // A panic here means no transform; the method's events still report it.
+        catch_unwind(AssertUnwindSafe(|| self.method.sample_transform()))
+            .ok()
+            .flatten()
+            .map(sample::sample_box)
             .into()
     }
 }

@@ -36,9 +36,9 @@ use abi_stable::std_types::RVec;
 
 use crate::abi::{
     EvalResults, HostApi, HostApi_Ref, HostCtx, HostHandle, MethodBox, Metric, ModuleBox,
-    ModuleInfo, NamedTensor, ParamInfo, TensorHandle,
+    ModuleInfo, NamedTensor, ParamInfo, SampleBuf, SampleRng, SampleRngState, TensorHandle,
 };
-use crate::{Event, Settings, TimeInfo};
+use crate::{Event, Sample, Settings, TimeInfo};
 
 pub mod golden;
 
@@ -246,16 +246,67 @@ extern "C" fn set_tensor(ctx: HostCtx, key: RStr<'_>, value: TensorHandle) -> RR
     RResult::ROk(())
 }
 
+impl RandomSource {
+    /// The next value; `None` when a scripted stream has run out.
+    pub fn next_u64(&mut self) -> Option<u64> {
+        match self {
+            RandomSource::Seeded(state) => Some(splitmix64(state)),
+            RandomSource::Scripted(values) => values.pop_front(),
+        }
+    }
+}
+
 extern "C" fn rng_u64(ctx: HostCtx) -> u64 {
     let h = host(ctx);
     h.draws += 1;
-    match &mut h.rng {
-        RandomSource::Seeded(state) => splitmix64(state),
-        RandomSource::Scripted(values) => values.pop_front().unwrap_or_else(|| {
-            h.overdrawn += 1;
-            0
-        }),
-    }
+    h.rng.next_u64().unwrap_or_else(|| {
+        h.overdrawn += 1;
+        0
+    })
+}
+
+/// Runs a method's per-sample transform (plugin-api 1.3) on a copy of `sample` through the ABI,
+/// as the host's loader does, drawing from `rng` (a scripted stream that runs out yields zeros).
+/// Errs when the method has no transform, or with the transform's error.
+pub fn apply_sample_transform(
+    method: &MethodBox,
+    sample: &Sample,
+    rng: &mut RandomSource,
+) -> Result<Sample, String> {
+    let transform = method
+        .sample_transform()
+        .into_option()
+        .ok_or("the method has no sample transform")?;
+    let dim = |v: usize| u32::try_from(v).map_err(|_| format!("dimension {v} is too large"));
+    let buf = SampleBuf {
+        channels: dim(sample.channels)?,
+        height: dim(sample.height)?,
+        width: dim(sample.width)?,
+        data: RVec::from(sample.data.clone()),
+    };
+    let state = SampleRngState(rng as *mut RandomSource as *mut c_void);
+    let out = transform
+        .apply(
+            buf,
+            SampleRng {
+                next_u64: sample_rng_next,
+                state,
+            },
+        )
+        .into_result()
+        .map_err(|e| e.message.into_string())?;
+    Ok(Sample {
+        channels: out.channels as usize,
+        height: out.height as usize,
+        width: out.width as usize,
+        data: out.data.into_vec(),
+    })
+}
+
+extern "C" fn sample_rng_next(state: SampleRngState) -> u64 {
+    // SAFETY: made by `apply_sample_transform` from a `&mut RandomSource` borrowed for the call.
+    let rng = unsafe { &mut *(state.0 as *mut RandomSource) };
+    rng.next_u64().unwrap_or(0)
 }
 
 extern "C" fn log_metric(ctx: HostCtx, name: RStr<'_>, value: f64) {

@@ -19,7 +19,9 @@ pub use fetch::{default_cache_root, fetch, fetch_again, known_datasets, load, re
 pub use idx::{read_images, read_labels, Images};
 pub use loader::{EpochIter, HostBatch, Loader, LoaderOptions};
 pub use spec::{Dataset, DatasetShape, SyntheticConfig};
-pub use transforms::{HorizontalFlip, Normalize, RandomCrop, Sample, Transform, Transforms};
+pub use transforms::{
+    HorizontalFlip, MethodTransform, Normalize, RandomCrop, Sample, SampleFn, Transform, Transforms,
+};
 
 /// Everything that can go wrong while reading, fetching or loading data.
 ///

@@ -5,7 +5,9 @@
 //! transform draws only from the generator it is handed, so the loader can make the draws a pure
 //! function of (seed, epoch, position).
 
-use rand::Rng;
+use std::sync::Arc;
+
+use rand::{Rng, RngCore};
 use serde::Serialize;
 
 /// One image being transformed: channel-major `f32` pixels and their shape.
@@ -114,6 +116,52 @@ pub enum Transform {
     RandomCrop(RandomCrop),
     /// See [`HorizontalFlip`].
     HorizontalFlip(HorizontalFlip),
+    /// A transform a method provides (a plugin's `sample_transform`).
+    Method(MethodTransform),
+}
+
+/// A per-sample transform implemented outside the host (a plugin's), run on the loader's
+/// worker threads.
+pub trait SampleFn: Send + Sync {
+    /// The (C, H, W) it makes of an input of `shape`, or why it cannot run on it.
+    fn output_shape(&self, shape: (usize, usize, usize)) -> Result<(usize, usize, usize), String>;
+    /// Transforms `sample`, drawing randomness from `rng`.
+    fn apply(&self, sample: &mut Sample, rng: &mut dyn RngCore) -> Result<(), String>;
+}
+
+/// A method's per-sample transform, with the method's name for messages.
+#[derive(Clone)]
+pub struct MethodTransform {
+    /// The method that provides it.
+    pub method: String,
+    /// The transform.
+    pub transform: Arc<dyn SampleFn>,
+}
+
+impl std::fmt::Debug for MethodTransform {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "MethodTransform({})", self.method)
+    }
+}
+
+impl PartialEq for MethodTransform {
+    fn eq(&self, other: &Self) -> bool {
+        self.method == other.method && Arc::ptr_eq(&self.transform, &other.transform)
+    }
+}
+
+impl Transforms {
+    /// The training pipeline with the methods' transforms inserted where Composer puts
+    /// RandAugment and AugMix: after the crop and flip, before the normalization.
+    pub fn train_pipeline_with(&self, methods: &[MethodTransform]) -> Vec<Transform> {
+        let mut out = self.pipeline(true);
+        let at = out
+            .iter()
+            .position(|t| matches!(t, Transform::Normalize(_)))
+            .unwrap_or(out.len());
+        out.splice(at..at, methods.iter().cloned().map(Transform::Method));
+        out
+    }
 }
 
 /// A transform whose settings are invalid or do not fit the image; the message names the
@@ -161,6 +209,7 @@ impl Transform {
                 }
                 Ok(())
             }
+            Transform::Method(_) => Ok(()),
         }
     }
 
@@ -195,6 +244,10 @@ impl Transform {
                 Ok((channels, c.size, c.size))
             }
             Transform::HorizontalFlip(_) => Ok(shape),
+            Transform::Method(m) => m
+                .transform
+                .output_shape(shape)
+                .map_err(|e| TransformError(format!("{}: {e}", m.method))),
         }
     }
 
@@ -202,6 +255,13 @@ impl Transform {
     ///
     /// Fails (without touching the sample) when the settings are invalid or do not fit its shape.
     pub fn apply(&self, sample: &mut Sample, rng: &mut impl Rng) -> Result<(), TransformError> {
+        if let Transform::Method(m) = self {
+            // The loader checked the shapes once; the method checks its own input.
+            return m
+                .transform
+                .apply(sample, rng)
+                .map_err(|e| TransformError(format!("{}: {e}", m.method)));
+        }
         self.output_shape(sample.shape())?;
         if sample.data.len() != sample.channels * sample.height * sample.width {
             return Err(TransformError(format!(
@@ -220,6 +280,7 @@ impl Transform {
                     flip(sample);
                 }
             }
+            Transform::Method(_) => {}
         }
         Ok(())
     }

@@ -8,8 +8,12 @@
 
 mod state;
 
+use std::sync::Arc;
+
 pub use state::{Batch, CallError, Clock, RunState, SetupState, Stage};
 pub use tessera_plugin_api::{Event, Hook};
+
+use crate::data::{MethodTransform, SampleFn};
 
 /// What to do when a method fails during training (`on_error` of an `[[algorithms]]` entry).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
@@ -53,6 +57,11 @@ pub trait Algorithm: Send {
     /// The settings it runs with, recorded in checkpoints (`null` for built-in methods).
     fn settings(&self) -> serde_json::Value {
         serde_json::Value::Null
+    }
+    /// A per-sample transform of the training images, run on the loader's worker threads
+    /// (RandAugment); asked once, before the loaders are built. None by default.
+    fn sample_transform(&self) -> Option<Arc<dyn SampleFn>> {
+        None
     }
 }
 
@@ -202,6 +211,21 @@ impl Engine {
             }
         }
         Ok(())
+    }
+
+    /// The methods' per-sample transforms, in method order.
+    pub fn sample_transforms(&self) -> Vec<MethodTransform> {
+        self.entries
+            .iter()
+            .filter_map(|e| {
+                e.algorithm
+                    .sample_transform()
+                    .map(|transform| MethodTransform {
+                        method: e.algorithm.name().to_owned(),
+                        transform,
+                    })
+            })
+            .collect()
     }
 
     /// How many times `event` has fired.

@@ -10,8 +10,10 @@
 //! working directory implicitly.
 
 mod host_api;
+mod sample;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use abi_stable::abi_stability::abi_checking::{
     check_layout_compatibility_with_globals, CheckingGlobals,
@@ -22,6 +24,7 @@ use abi_stable::StableAbi;
 use tessera_plugin_api::abi::{MethodBox, ModuleBox, PluginModule_Ref, TensorHandle};
 use tessera_plugin_api::{Event, Hook, API_VERSION, LIBTORCH_VERSION};
 
+use crate::data::SampleFn;
 use crate::engine::{Algorithm, MethodError, MethodSnapshot, Stage};
 use crate::model::{Attr, Layer};
 
@@ -481,6 +484,11 @@ impl Algorithm for PluginMethod {
             .load_state(state.into())
             .into_result()
             .map_err(reported)
+    }
+
+    fn sample_transform(&self) -> Option<Arc<dyn SampleFn>> {
+        let object = self.object.sample_transform().into_option()?;
+        Some(Arc::new(sample::PluginSampleTransform { object }))
     }
 }
 

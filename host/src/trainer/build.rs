@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use crate::checkpoint;
 use crate::config::{self, Config};
-use crate::data::{self, ImageDataset, Loader, LoaderOptions};
+use crate::data::{self, ImageDataset, Loader, LoaderOptions, MethodTransform};
 use crate::engine::{Algorithm, Engine, Event, OnError, RunState, SetupState, Stage};
 use crate::model::{InputShape, Model};
 use crate::optim::Optimizer;
@@ -40,7 +40,9 @@ impl Trainer {
         if config.train.threads > 0 {
             tch::set_num_threads(config.train.threads as i32);
         }
-        let (train_loader, eval_loader) = build_loaders(&config)?;
+        // Methods first: their per-sample transforms join the training loader.
+        let (mut engine, plugins) = load_methods(&config, extra)?;
+        let (train_loader, eval_loader) = build_loaders(&config, &engine.sample_transforms())?;
         let (c, h, w) = train_loader.sample_shape();
         let input = InputShape {
             channels: c as i64,
@@ -64,7 +66,6 @@ impl Trainer {
             .scheduler
             .check(&run, config.train.scale_schedule_ratio)
             .context("[scheduler]")?;
-        let (mut engine, plugins) = load_methods(&config, extra)?;
 
         // Set-up: surgery at `init` happens before the optimizer exists, so the optimizer
         // simply sees the parameters as surgery left them.
@@ -153,19 +154,29 @@ impl Trainer {
     }
 }
 
-/// The training and evaluation loaders of the configured data.
-fn build_loaders(config: &Config) -> Result<(Loader, Loader)> {
+/// The training and evaluation loaders of the configured data; the methods' per-sample
+/// transforms (`methods`) run in the training loader, on at least one worker thread.
+fn build_loaders(config: &Config, methods: &[MethodTransform]) -> Result<(Loader, Loader)> {
     let (train_set, test_set) = load_datasets(config)?;
     let d = &config.data;
+    let mut workers = d.workers;
+    if workers == 0 && !methods.is_empty() {
+        let names: Vec<&str> = methods.iter().map(|m| m.method.as_str()).collect();
+        tracing::info!(
+            "data.workers = 0, but {} transform(s) every training sample: making batches on 1 loader thread instead of the training thread (the batches are the same)",
+            names.join(", ")
+        );
+        workers = 1;
+    }
     let train_loader = Loader::new(
         Arc::new(train_set),
-        Arc::new(d.transforms.pipeline(true)),
+        Arc::new(d.transforms.train_pipeline_with(methods)),
         LoaderOptions {
             batch_size: d.batch_size,
             shuffle: d.shuffle,
             drop_last: d.drop_last,
             seed: config.seed,
-            workers: d.workers,
+            workers,
             prefetch: d.prefetch,
         },
     )?;
