@@ -61,7 +61,7 @@
 //! crate-type = ["cdylib", "rlib"]
 //!
 //! [dependencies]
-//! tessera-plugin-api = "1.2"
+//! tessera-plugin-api = "1.3"
 //! tch = "=0.26.0"
 //! ```
 //!
@@ -90,11 +90,18 @@
 //! - **1.2** (no change to the ABI's layout): the batch key constants ([`keys`]), time strings
 //!   ([`time`]), and [`abi::TensorHandle`] freeing its tensor when dropped; the golden-file
 //!   helpers of the `testing` feature (`testing::golden`).
+//! - **1.3** (appended): evaluation results and stopping the run ([`Context::eval_results`],
+//!   [`Context::request_stop`]); per-sample transforms run on the host's loader threads
+//!   ([`Method::sample_transform`], [`SampleTransform`]); Beta draws and permutations from the
+//!   host's stream ([`random`], [`Context::rng_beta`], [`Context::rng_permutation`]) and
+//!   Composer's one-hot targets ([`targets`]).
 #![warn(missing_docs)]
 
 pub mod abi;
+pub mod random;
 mod sample;
 mod settings;
+pub mod targets;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod time;
@@ -260,6 +267,17 @@ impl Context<'_> {
     /// A uniform float in `[0, 1)` from the host's stream.
     pub fn rng_f64(&mut self) -> f64 {
         sample::unit_f64(self.rng_u64())
+    }
+
+    /// A `Beta(a, b)` draw (`a, b > 0`) from the host's stream (see [`random::beta`]).
+    pub fn rng_beta(&mut self, a: f64, b: f64) -> f64 {
+        random::beta(a, b, &mut || self.rng_f64())
+    }
+
+    /// A uniformly random permutation of `0..n` from the host's stream (see
+    /// [`random::permutation`]).
+    pub fn rng_permutation(&mut self, n: usize) -> Vec<i64> {
+        random::permutation(n, &mut |k| self.rng_below(k))
     }
 
     /// Records a metric at the current timestamp.

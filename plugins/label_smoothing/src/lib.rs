@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
-use tessera_plugin_api::tch::{Kind, TchError, Tensor};
+use tessera_plugin_api::targets::ensure_one_hot;
+use tessera_plugin_api::tch::{TchError, Tensor};
 use tessera_plugin_api::{
     export_plugin, keys, Context, Error, Event, Hook, Method, Plugin, Settings,
 };
@@ -22,59 +23,11 @@ pub fn smooth_labels(
     targets: &Tensor,
     smoothing: f64,
 ) -> Result<Tensor, TchError> {
-    let logits_shape = logits.size();
-    let num_classes = *logits_shape.get(1).ok_or_else(|| {
-        TchError::Shape(format!(
-            "logits need a class dimension, got shape {logits_shape:?}"
-        ))
-    })?;
-    let dense = if targets.size() == logits_shape {
-        targets.f_to_kind(Kind::Float)?
-    } else if targets.dim() + 1 == logits_shape.len() {
-        one_hot_at_dim1(targets, num_classes)?
-    } else {
-        return Err(TchError::Shape(format!(
-            "targets of shape {:?} are neither class indices nor probabilities for logits of \
-             shape {logits_shape:?}",
-            targets.size()
-        )));
-    };
-    if dense.size() != logits_shape {
-        return Err(TchError::Shape(format!(
-            "targets of shape {:?} do not match logits of shape {logits_shape:?}",
-            targets.size()
-        )));
-    }
+    let dense = ensure_one_hot(logits, targets)?;
+    let num_classes = logits.size()[1];
     dense
         .f_mul_scalar(1.0 - smoothing)?
         .f_add_scalar(smoothing / num_classes as f64)
-}
-
-/// Composer's `_one_hot(targets, num_classes, dim=1)` as float32: negative indices give all-zero
-/// rows; indices `>= num_classes` are an error (raised by libtorch's `one_hot`).
-fn one_hot_at_dim1(targets: &Tensor, num_classes: i64) -> Result<Tensor, TchError> {
-    if !matches!(
-        targets.kind(),
-        Kind::Uint8 | Kind::Int8 | Kind::Int16 | Kind::Int | Kind::Int64
-    ) {
-        return Err(TchError::Kind(format!(
-            "index targets must be of an integer kind, got {:?}",
-            targets.kind()
-        )));
-    }
-    let index = targets.f_to_kind(Kind::Int64)?;
-    let kept = index.f_ge(0)?.f_unsqueeze(-1)?;
-    let one_hot = index
-        .f_clamp_min(0)?
-        .f_one_hot(num_classes)?
-        .f_mul(&kept)?
-        .f_to_kind(Kind::Float)?;
-    // one_hot appends the class dimension last; Composer's layout has it at dim 1.
-    if one_hot.dim() > 2 {
-        one_hot.f_movedim(&[-1i64][..], &[1i64][..])?.f_contiguous()
-    } else {
-        Ok(one_hot)
-    }
 }
 
 /// The label-smoothing method.
