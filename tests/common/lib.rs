@@ -20,6 +20,8 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+pub mod resume;
+
 /// The workspace version, which the host and both plugins share.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
