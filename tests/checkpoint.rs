@@ -4,17 +4,15 @@
 //! checkpoints are refused or skipped with messages that name them.
 
 use std::path::Path;
-use std::process::{Child, Command};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use tessera::checkpoint::{self, Checkpoint};
 use tessera_tests::resume::{
-    assert_continues, assert_same_checkpoint, assert_stop_and_resume_is_exact, ckpt_dir, metrics,
-    names, with_checkpoints,
+    assert_continues, assert_same_checkpoint, ckpt_dir, finish, metrics, names, signal, spawn,
+    train_straight, wait_for, with_checkpoints,
 };
-use tessera_tests::{
-    read_json, require_fashion_mnist, run_dir, tessera_command, train, TempDir, TrainerToml,
-};
+use tessera_tests::{read_json, run_dir, train, TempDir, TrainerToml};
 
 /// Methods whose state or randomness matter: EMA (shadow weights, swapped in at checkpoints),
 /// selective backprop and CutOut (host RNG), label smoothing, the fake plugin (a counter
@@ -47,43 +45,36 @@ fn config_b(run: &str) -> TrainerToml {
 #[test]
 fn stop_and_resume_equals_straight_run_bit_for_bit() {
     for (label, make) in [("a", config_a as fn(&str) -> TrainerToml), ("b", config_b)] {
-        assert_stop_and_resume_is_exact(&format!("resume-{label}"), make);
+        let dir = TempDir::new(&format!("resume-{label}"));
+        train_straight(&dir, &with_checkpoints(&make("straight"), ""));
+        // 4 batches, then the same run continued to 8 with autoresume.
+        dir.write("trainer.toml", &with_checkpoints(&make("resumed"), ""));
+        train(&dir, &["train.max_duration=4ba"], &[]).assert_success();
+        let out = train(&dir, &["checkpoint.autoresume=true"], &[]);
+        out.assert_success();
+        assert!(
+            out.stderr.contains("resumed from") && out.stderr.contains("ep0-ba4.ckpt"),
+            "{}",
+            out.dump()
+        );
+        assert_continues(&dir, "straight", "resumed", 4);
+        // The metrics file reads as if the run had never stopped (the 4-batch run's final
+        // evaluation, written after its last checkpoint, is gone).
+        assert_eq!(
+            metrics(&dir, "straight"),
+            metrics(&dir, "resumed"),
+            "config {label}"
+        );
+        let record = read_json(&run_dir(&dir, "resumed").join("run.json"));
+        assert_eq!(record["status"], "completed");
+        assert!(record["resumed_from"]
+            .as_str()
+            .is_some_and(|p| p.ends_with("ep0-ba4.ckpt")));
+        assert_eq!(
+            record["evals"],
+            read_json(&run_dir(&dir, "straight").join("run.json"))["evals"]
+        );
     }
-}
-
-/// Starts `tessera train trainer.toml` in `dir` without waiting.
-fn spawn(dir: &TempDir, env: &[(&str, &str)]) -> Child {
-    require_fashion_mnist();
-    let config = dir.join("trainer.toml");
-    let config = config.to_str().expect("a UTF-8 temp path");
-    tessera_command(&["train", config], dir.path(), env)
-        .spawn()
-        .expect("start tessera")
-}
-
-fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
-    let started = Instant::now();
-    while !done() {
-        assert!(started.elapsed() < timeout, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn finish(child: Child) -> (std::process::ExitStatus, String) {
-    let out = child.wait_with_output().expect("wait for tessera");
-    (
-        out.status,
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-fn signal(child: &Child, sig: &str) {
-    let ok = Command::new("kill")
-        .args([sig, &child.id().to_string()])
-        .status()
-        .expect("run kill")
-        .success();
-    assert!(ok, "kill {sig} failed");
 }
 
 #[test]

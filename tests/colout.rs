@@ -1,10 +1,10 @@
 //! The colout plugin through the real binary: 3 batches of Fashion-MNIST on ResNet-20 (global
 //! pooling, so it accepts the 23×23 images ColOut leaves of 28×28), compared with the same run
-//! without it; settings errors name the setting; a stopped and resumed run equals the straight
+//! without it; settings errors name the setting; a killed and resumed run equals the straight
 //! one bit for bit.
 
 use serde_json::Value;
-use tessera_tests::resume::assert_stop_and_resume_is_exact;
+use tessera_tests::resume::assert_killed_and_resumed_is_exact;
 use tessera_tests::*;
 
 fn resnet(label: &str) -> TrainerToml {
@@ -15,7 +15,7 @@ fn resnet(label: &str) -> TrainerToml {
 }
 
 /// The training loss of every batch of a 3-batch run with `colout` settings (none: no plugin).
-fn train_losses(label: &str, colout: Option<&str>) -> Vec<f64> {
+fn losses_with(label: &str, colout: Option<&str>) -> Vec<f64> {
     let dir = TempDir::new(label);
     let mut toml = resnet(label);
     if let Some(settings) = colout {
@@ -32,10 +32,7 @@ fn train_losses(label: &str, colout: Option<&str>) -> Vec<f64> {
         );
     }
     let lines = read_jsonl(&run_dir(&dir, label).join("metrics.jsonl"));
-    let losses: Vec<f64> = lines_of_kind(&lines, "train")
-        .iter()
-        .map(|l| l["data"]["loss"].as_f64().expect("loss"))
-        .collect();
+    let losses = train_losses(&lines);
     assert_eq!(losses.len(), 3, "{lines:?}");
     let record: Value = read_json(&run_dir(&dir, label).join("run.json"));
     assert_eq!(record["status"], "completed", "{record:#}");
@@ -44,14 +41,14 @@ fn train_losses(label: &str, colout: Option<&str>) -> Vec<f64> {
 
 #[test]
 fn colout_changes_training_and_dropping_nothing_does_not() {
-    let plain = train_losses("plain", None);
-    let colout = train_losses("colout", Some(""));
+    let plain = losses_with("plain", None);
+    let colout = losses_with("colout", Some(""));
     for (i, (c, p)) in colout.iter().zip(&plain).enumerate() {
         assert!(c.is_finite(), "{colout:?}");
         assert_ne!(c, p, "batch {i}: ColOut left the loss unchanged");
     }
     // p_row = p_col = 0 keeps every row and column: the very same run.
-    let none = train_losses("colout-none", Some("p_row = 0.0\np_col = 0.0"));
+    let none = losses_with("colout-none", Some("p_row = 0.0\np_col = 0.0"));
     assert_eq!(none, plain);
 }
 
@@ -95,8 +92,8 @@ fn invalid_settings_stop_the_run_with_the_setting_named() {
 }
 
 #[test]
-fn stop_and_resume_equals_straight_run_bit_for_bit() {
-    assert_stop_and_resume_is_exact("colout-resume", |run| {
+fn killed_and_resumed_run_equals_the_straight_run_bit_for_bit() {
+    assert_killed_and_resumed_is_exact("colout-resume", |run| {
         let mut toml = resnet(run).algorithm("colout", "p_row = 0.2\np_col = 0.1");
         toml.max_duration = "8ba".to_owned();
         toml

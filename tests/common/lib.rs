@@ -606,3 +606,25 @@ pub fn cargo_command(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Command
 pub fn lines_of_kind<'a>(lines: &'a [Value], kind: &str) -> Vec<&'a Value> {
     lines.iter().filter(|l| l["kind"] == kind).collect()
 }
+
+/// `(batch, value)` of every method metric `name` in a metrics file's lines, in order.
+pub fn method_metric(lines: &[Value], name: &str) -> Vec<(u64, f64)> {
+    lines_of_kind(lines, "method")
+        .iter()
+        .filter(|l| l["name"] == name)
+        .map(|l| {
+            (
+                l["batch"].as_u64().expect("batch"),
+                l["value"].as_f64().expect("value"),
+            )
+        })
+        .collect()
+}
+
+/// The training loss of every `train` line of a metrics file, in order.
+pub fn train_losses(lines: &[Value]) -> Vec<f64> {
+    lines_of_kind(lines, "train")
+        .iter()
+        .map(|l| l["data"]["loss"].as_f64().expect("loss"))
+        .collect()
+}

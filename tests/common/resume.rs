@@ -1,13 +1,19 @@
 //! Exact resume through the binary: a run stopped at a checkpoint and resumed writes the same
 //! checkpoints, bit for bit, and the same metrics as the uninterrupted run. Used by
-//! `tests/checkpoint.rs` and by the plugins' own resume tests.
+//! `tests/checkpoint.rs` and by the plugins' own resume tests
+//! ([`assert_killed_and_resumed_is_exact`]).
 
 use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tessera::checkpoint::{self, Checkpoint};
 
-use crate::{read_json, read_jsonl, run_dir, train, TempDir, TrainerToml};
+use crate::{
+    read_json, read_jsonl, require_fashion_mnist, run_dir, tessera_command, train, TempDir,
+    TrainerToml,
+};
 
 /// Checkpoints every 2 batches; logs every batch.
 pub fn with_checkpoints(toml: &TrainerToml, extra: &str) -> String {
@@ -115,17 +121,48 @@ pub fn assert_continues(dir: &TempDir, straight: &str, resumed: &str, from: u64)
     }
 }
 
-/// Trains `make`'s 8-batch run straight, checkpointing every 2 batches; then the same run
-/// stopped after 4 batches and continued with autoresume. The resumed run must write the same
-/// checkpoints from batch 4 on, bit for bit, the same metrics and evaluations, and record where
-/// it resumed from. `label` names the temporary folder.
-pub fn assert_stop_and_resume_is_exact(label: &str, make: impl Fn(&str) -> TrainerToml) {
-    let dir = TempDir::new(label);
-    // 8 batches straight.
-    dir.write("trainer.toml", &with_checkpoints(&make("straight"), ""));
-    train(&dir, &[], &[]).assert_success();
+/// Starts `tessera train trainer.toml` in `dir` without waiting.
+pub fn spawn(dir: &TempDir, env: &[(&str, &str)]) -> Child {
+    require_fashion_mnist();
+    let config = dir.join("trainer.toml");
+    let config = config.to_str().expect("a UTF-8 temp path");
+    tessera_command(&["train", config], dir.path(), env)
+        .spawn()
+        .expect("start tessera")
+}
+
+pub fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
+    let started = Instant::now();
+    while !done() {
+        assert!(started.elapsed() < timeout, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+pub fn finish(child: Child) -> (std::process::ExitStatus, String) {
+    let out = child.wait_with_output().expect("wait for tessera");
+    (
+        out.status,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+pub fn signal(child: &Child, sig: &str) {
+    let ok = Command::new("kill")
+        .args([sig, &child.id().to_string()])
+        .status()
+        .expect("run kill")
+        .success();
+    assert!(ok, "kill {sig} failed");
+}
+
+/// Trains the 8-batch run `config` (a `trainer.toml` with checkpoints every 2 batches, run
+/// name `straight`) in `dir`, checking it wrote its four checkpoints.
+pub fn train_straight(dir: &TempDir, config: &str) {
+    dir.write("trainer.toml", config);
+    train(dir, &[], &[]).assert_success();
     assert_eq!(
-        names(&ckpt_dir(&dir, "straight")),
+        names(&ckpt_dir(dir, "straight")),
         [
             "ep0-ba2.ckpt",
             "ep0-ba4.ckpt",
@@ -133,31 +170,49 @@ pub fn assert_stop_and_resume_is_exact(label: &str, make: impl Fn(&str) -> Train
             "ep0-ba8.ckpt"
         ]
     );
-    // 4 batches, then the same run continued to 8 with autoresume.
-    dir.write("trainer.toml", &with_checkpoints(&make("resumed"), ""));
-    train(&dir, &["train.max_duration=4ba"], &[]).assert_success();
+}
+
+/// Trains `make`'s 8-batch run straight, checkpointing every 2 batches; then the same run
+/// killed (`kill -9`) once its batch-4 checkpoint is written, and continued with autoresume.
+/// The continued run must write the straight run's later checkpoints bit for bit and the same
+/// metrics. Unlike stopping a shorter run, killing keeps `max_duration`, so methods on a
+/// schedule of the elapsed fraction see the same clock. Both runs also load `fake_plugin`,
+/// whose `TESSERA_FAKE_SLEEP_MS` slows the killed run enough to stop it mid-way. `label` names
+/// the temporary folder.
+pub fn assert_killed_and_resumed_is_exact(label: &str, make: impl Fn(&str) -> TrainerToml) {
+    let dir = TempDir::new(label);
+    let config = |run: &str| with_checkpoints(&make(run).algorithm("fake_plugin", ""), "");
+    train_straight(&dir, &config("straight"));
+    dir.write("trainer.toml", &config("killed"));
+    let child = spawn(&dir, &[("TESSERA_FAKE_SLEEP_MS", "400")]);
+    let folder = ckpt_dir(&dir, "killed");
+    wait_for("the batch-4 checkpoint", Duration::from_secs(120), || {
+        folder.join("ep0-ba4.ckpt").exists()
+    });
+    signal(&child, "-KILL");
+    let (status, _) = finish(child);
+    assert!(!status.success(), "the run finished before it was killed");
+    let before = names(&folder);
+    assert!(
+        !before.contains(&"ep0-ba8.ckpt".to_owned()),
+        "killed too late: {before:?}"
+    );
+    let from = before
+        .iter()
+        .filter_map(|n| checkpoint::parse_file_name(n).map(|(_, b)| b))
+        .max()
+        .expect("a checkpoint before the kill");
     let out = train(&dir, &["checkpoint.autoresume=true"], &[]);
     out.assert_success();
-    assert!(
-        out.stderr.contains("resumed from") && out.stderr.contains("ep0-ba4.ckpt"),
-        "{}",
-        out.dump()
-    );
-    assert_continues(&dir, "straight", "resumed", 4);
-    // The metrics file reads as if the run had never stopped (the 4-batch run's final
-    // evaluation, written after its last checkpoint, is gone).
+    assert!(out.stderr.contains("resumed from"), "{}", out.dump());
+    assert_continues(&dir, "straight", "killed", from);
     assert_eq!(
         metrics(&dir, "straight"),
-        metrics(&dir, "resumed"),
+        metrics(&dir, "killed"),
         "{label}"
     );
-    let record = read_json(&run_dir(&dir, "resumed").join("run.json"));
-    assert_eq!(record["status"], "completed");
-    assert!(record["resumed_from"]
-        .as_str()
-        .is_some_and(|p| p.ends_with("ep0-ba4.ckpt")));
     assert_eq!(
-        record["evals"],
+        read_json(&run_dir(&dir, "killed").join("run.json"))["evals"],
         read_json(&run_dir(&dir, "straight").join("run.json"))["evals"]
     );
 }
