@@ -3,24 +3,16 @@
 //! resumed produces the same checkpoints, bit for bit, as the uninterrupted run; bad
 //! checkpoints are refused or skipped with messages that name them.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
 
-use serde_json::Value;
 use tessera::checkpoint::{self, Checkpoint};
-use tessera_tests::{
-    read_json, read_jsonl, require_fashion_mnist, run_dir, tessera_command, train, TempDir,
-    TrainerToml,
+use tessera_tests::resume::{
+    assert_continues, assert_same_checkpoint, ckpt_dir, finish, metrics, names, signal, spawn,
+    train_straight, wait_for, with_checkpoints,
 };
-
-/// Checkpoints every 2 batches; logs every batch.
-fn with_checkpoints(toml: &TrainerToml, extra: &str) -> String {
-    format!(
-        "{}\n[checkpoint]\ninterval = \"2ba\"\n{extra}",
-        toml.render()
-    )
-}
+use tessera_tests::{read_json, run_dir, train, TempDir, TrainerToml};
 
 /// Methods whose state or randomness matter: EMA (shadow weights, swapped in at checkpoints),
 /// selective backprop and CutOut (host RNG), label smoothing, the fake plugin (a counter
@@ -50,120 +42,11 @@ fn config_b(run: &str) -> TrainerToml {
     t
 }
 
-fn ckpt_dir(dir: &TempDir, run: &str) -> PathBuf {
-    run_dir(dir, run).join("checkpoints")
-}
-
-fn names(folder: &Path) -> Vec<String> {
-    let mut v: Vec<String> = checkpoint::list(folder)
-        .iter()
-        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
-        .collect();
-    v.sort();
-    v
-}
-
-/// Every tensor equal bit for bit; the clock (without wall time), optimizer position, RNG,
-/// evaluations, method list and trainer counters equal.
-fn assert_same_checkpoint(a: &Path, b: &Path) {
-    let ca = Checkpoint::read(a).unwrap_or_else(|e| panic!("{e}"));
-    let cb = Checkpoint::read(b).unwrap_or_else(|e| panic!("{e}"));
-    let na: Vec<&str> = ca.tensors.iter().map(|(n, _)| n.as_str()).collect();
-    let nb: Vec<&str> = cb.tensors.iter().map(|(n, _)| n.as_str()).collect();
-    assert_eq!(
-        na,
-        nb,
-        "{} and {} hold different tensors",
-        a.display(),
-        b.display()
-    );
-    for ((name, ta), (_, tb)) in ca.tensors.iter().zip(&cb.tensors) {
-        assert_eq!(ta.kind(), tb.kind(), "{name}");
-        assert_eq!(ta.size(), tb.size(), "{name}");
-        // Bitwise: compare the raw bytes (NaN-safe, -0.0 vs 0.0 distinguished).
-        let bytes = |t: &tch::Tensor| {
-            let t = t.contiguous();
-            let mut v = vec![0u8; t.numel() * t.kind().elt_size_in_bytes()];
-            t.copy_data_u8(&mut v, t.numel());
-            v
-        };
-        assert!(
-            bytes(ta) == bytes(tb),
-            "tensor `{name}` differs between {} and {}",
-            a.display(),
-            b.display()
-        );
-    }
-    let clock = |c: &Checkpoint| {
-        let mut t = c.meta.timestamp.clone();
-        t.total_wall_seconds = 0.0;
-        t.epoch_wall_seconds = 0.0;
-        t.batch_wall_seconds = 0.0;
-        t
-    };
-    assert_eq!(clock(&ca), clock(&cb));
-    assert_eq!(ca.meta.optimizer, cb.meta.optimizer);
-    assert_eq!(ca.meta.rng, cb.meta.rng);
-    assert_eq!(ca.meta.methods, cb.meta.methods);
-    assert_eq!(ca.meta.trainer.evals, cb.meta.trainer.evals);
-    assert_eq!(
-        ca.meta.trainer.running_batches,
-        cb.meta.trainer.running_batches
-    );
-    assert_eq!(ca.meta.trainer.disabled, cb.meta.trainer.disabled);
-}
-
-/// The metrics file without timing fields.
-fn metrics(dir: &TempDir, run: &str) -> Vec<Value> {
-    let mut lines = read_jsonl(&run_dir(dir, run).join("metrics.jsonl"));
-    for l in &mut lines {
-        if let Some(d) = l.get_mut("data").and_then(Value::as_object_mut) {
-            d.remove("samples_per_second");
-        }
-    }
-    lines
-}
-
-/// Checkpoints of `resumed` from batch `from` on equal the straight run's.
-fn assert_continues(dir: &TempDir, straight: &str, resumed: &str, from: u64) {
-    let s = names(&ckpt_dir(dir, straight));
-    let r = names(&ckpt_dir(dir, resumed));
-    let later: Vec<&String> = s
-        .iter()
-        .filter(|n| checkpoint::parse_file_name(n).is_some_and(|(_, b)| b > from))
-        .collect();
-    assert!(
-        !later.is_empty(),
-        "no checkpoint after batch {from} in {s:?}"
-    );
-    for name in later {
-        assert!(
-            r.contains(name),
-            "the resumed run did not write {name}: {r:?}"
-        );
-        assert_same_checkpoint(
-            &ckpt_dir(dir, straight).join(name),
-            &ckpt_dir(dir, resumed).join(name),
-        );
-    }
-}
-
 #[test]
 fn stop_and_resume_equals_straight_run_bit_for_bit() {
     for (label, make) in [("a", config_a as fn(&str) -> TrainerToml), ("b", config_b)] {
         let dir = TempDir::new(&format!("resume-{label}"));
-        // 8 batches straight.
-        dir.write("trainer.toml", &with_checkpoints(&make("straight"), ""));
-        train(&dir, &[], &[]).assert_success();
-        assert_eq!(
-            names(&ckpt_dir(&dir, "straight")),
-            [
-                "ep0-ba2.ckpt",
-                "ep0-ba4.ckpt",
-                "ep0-ba6.ckpt",
-                "ep0-ba8.ckpt"
-            ]
-        );
+        train_straight(&dir, &with_checkpoints(&make("straight"), ""));
         // 4 batches, then the same run continued to 8 with autoresume.
         dir.write("trainer.toml", &with_checkpoints(&make("resumed"), ""));
         train(&dir, &["train.max_duration=4ba"], &[]).assert_success();
@@ -192,41 +75,6 @@ fn stop_and_resume_equals_straight_run_bit_for_bit() {
             read_json(&run_dir(&dir, "straight").join("run.json"))["evals"]
         );
     }
-}
-
-/// Starts `tessera train trainer.toml` in `dir` without waiting.
-fn spawn(dir: &TempDir, env: &[(&str, &str)]) -> Child {
-    require_fashion_mnist();
-    let config = dir.join("trainer.toml");
-    let config = config.to_str().expect("a UTF-8 temp path");
-    tessera_command(&["train", config], dir.path(), env)
-        .spawn()
-        .expect("start tessera")
-}
-
-fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
-    let started = Instant::now();
-    while !done() {
-        assert!(started.elapsed() < timeout, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn finish(child: Child) -> (std::process::ExitStatus, String) {
-    let out = child.wait_with_output().expect("wait for tessera");
-    (
-        out.status,
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-fn signal(child: &Child, sig: &str) {
-    let ok = Command::new("kill")
-        .args([sig, &child.id().to_string()])
-        .status()
-        .expect("run kill")
-        .success();
-    assert!(ok, "kill {sig} failed");
 }
 
 #[test]

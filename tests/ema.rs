@@ -35,24 +35,12 @@ impl Run {
 
     /// The training loss of every batch.
     fn train_losses(&self) -> Vec<f64> {
-        lines_of_kind(&self.lines, "train")
-            .iter()
-            .map(|l| l["data"]["loss"].as_f64().expect("loss"))
-            .collect()
+        train_losses(&self.lines)
     }
 
     /// `(batch, value)` of every logged method metric `name`, in order.
     fn metric(&self, name: &str) -> Vec<(u64, f64)> {
-        lines_of_kind(&self.lines, "method")
-            .iter()
-            .filter(|l| l["name"] == name)
-            .map(|l| {
-                (
-                    l["batch"].as_u64().expect("batch"),
-                    l["value"].as_f64().expect("value"),
-                )
-            })
-            .collect()
+        method_metric(&self.lines, name)
     }
 }
 

@@ -46,11 +46,8 @@ fn by_batch(lines: &[Value], name: &str) -> BTreeMap<u64, Vec<f64>> {
 }
 
 /// The reported training loss per batch.
-fn train_losses(lines: &[Value]) -> Vec<f64> {
-    let losses: Vec<f64> = lines_of_kind(lines, "train")
-        .iter()
-        .map(|l| l["data"]["loss"].as_f64().expect("loss"))
-        .collect();
+fn checked_losses(lines: &[Value]) -> Vec<f64> {
+    let losses = tessera_tests::train_losses(lines);
     assert_eq!(losses.len(), 3, "{lines:?}");
     for l in &losses {
         assert!(l.is_finite() && *l > 0.0, "{losses:?}");
@@ -81,7 +78,7 @@ fn every_step_runs_two_passes_with_interval_one() {
         "sam_interval1",
         sam_toml("sam1", "rho = 0.05\ninterval = 1"),
     );
-    train_losses(&lines);
+    checked_losses(&lines);
     let passes = by_batch(&lines, "sam/pass");
     let expected: BTreeMap<u64, Vec<f64>> = (0..3).map(|b| (b, vec![0.0, 1.0])).collect();
     assert_eq!(passes, expected);
@@ -96,7 +93,7 @@ fn every_step_runs_two_passes_with_interval_one() {
 #[test]
 fn only_every_second_step_runs_two_passes_with_interval_two() {
     let lines = run("sam_interval2", sam_toml("sam2", "interval = 2"));
-    train_losses(&lines);
+    checked_losses(&lines);
     let passes = by_batch(&lines, "sam/pass");
     let expected = BTreeMap::from([(0, vec![0.0]), (1, vec![0.0, 1.0]), (2, vec![0.0])]);
     assert_eq!(passes, expected, "SAM on steps where (step + 1) % 2 == 0");
@@ -105,8 +102,8 @@ fn only_every_second_step_runs_two_passes_with_interval_two() {
 
 #[test]
 fn sam_reports_the_first_pass_loss_and_changes_training() {
-    let plain = train_losses(&run("sam_plain", TrainerToml::new("plain")));
-    let sam = train_losses(&run("sam_rho", sam_toml("rho", "rho = 0.5")));
+    let plain = checked_losses(&run("sam_plain", TrainerToml::new("plain")));
+    let sam = checked_losses(&run("sam_rho", sam_toml("rho", "rho = 0.5")));
     let close = |a: f64, b: f64| (a - b).abs() <= 1e-5 * b.abs();
     // Batch 1's reported loss is the loss at w (the first pass), the same as without SAM.
     assert!(close(sam[0], plain[0]), "sam {sam:?} vs plain {plain:?}");
@@ -120,9 +117,9 @@ fn sam_reports_the_first_pass_loss_and_changes_training() {
 #[test]
 fn rho_zero_trains_like_the_base_optimizer() {
     // e(w) = 0: both passes see the same weights, so the optimizer steps with the same gradient.
-    let plain = train_losses(&run("sam_plain0", TrainerToml::new("plain0")));
+    let plain = checked_losses(&run("sam_plain0", TrainerToml::new("plain0")));
     let lines = run("sam_rho0", sam_toml("rho0", "rho = 0.0"));
-    let sam = train_losses(&lines);
+    let sam = checked_losses(&lines);
     for (s, p) in sam.iter().zip(&plain) {
         assert!(
             (s - p).abs() <= 1e-4 * p.abs(),

@@ -13,25 +13,12 @@ const ALWAYS: &str = "start = 0.0\nend = 1.0\nkeep = 0.5\ninterrupt = 0";
 /// `(batch, value)` of every `selective_backprop/kept` metric line.
 fn kept(run: &std::path::Path) -> Vec<(u64, f64)> {
     let lines = read_jsonl(&run.join("metrics.jsonl"));
-    lines_of_kind(&lines, "method")
-        .iter()
-        .filter(|l| l["name"] == "selective_backprop/kept")
-        .map(|l| {
-            (
-                l["batch"].as_u64().expect("batch"),
-                l["value"].as_f64().expect("value"),
-            )
-        })
-        .collect()
+    method_metric(&lines, "selective_backprop/kept")
 }
 
 /// The per-batch training losses of a run.
-fn train_losses(run: &std::path::Path) -> Vec<f64> {
-    let lines = read_jsonl(&run.join("metrics.jsonl"));
-    lines_of_kind(&lines, "train")
-        .iter()
-        .map(|l| l["data"]["loss"].as_f64().expect("loss"))
-        .collect()
+fn run_losses(run: &std::path::Path) -> Vec<f64> {
+    train_losses(&read_jsonl(&run.join("metrics.jsonl")))
 }
 
 fn run_record(dir: &TempDir, name: &str) -> Value {
@@ -67,7 +54,7 @@ fn active_from_the_start_halves_every_batch() {
     assert_eq!(record["trained_samples"], 3 * 32, "{record:#}");
     assert_eq!(record["plugins"][0]["name"], "selective_backprop");
     assert_eq!(record["plugins"][0]["settings"]["keep"], 0.5);
-    for loss in train_losses(&run) {
+    for loss in run_losses(&run) {
         assert!(loss.is_finite() && loss > 0.0, "loss {loss}");
     }
 }
@@ -136,7 +123,7 @@ fn with_cutout(order: [&str; 2]) -> (Vec<f64>, Vec<(u64, f64)>, Value) {
         .and_then(|e| e.last())
         .cloned()
         .unwrap_or_else(|| panic!("no eval in {record:#}"));
-    (train_losses(&run), kept(&run), last)
+    (run_losses(&run), kept(&run), last)
 }
 
 #[test]

@@ -20,6 +20,8 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+pub mod resume;
+
 /// The workspace version, which the host and both plugins share.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
@@ -603,4 +605,26 @@ pub fn cargo_command(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Command
 /// The `kind == "eval"` / `"train"` / `"method"` lines of a metrics file.
 pub fn lines_of_kind<'a>(lines: &'a [Value], kind: &str) -> Vec<&'a Value> {
     lines.iter().filter(|l| l["kind"] == kind).collect()
+}
+
+/// `(batch, value)` of every method metric `name` in a metrics file's lines, in order.
+pub fn method_metric(lines: &[Value], name: &str) -> Vec<(u64, f64)> {
+    lines_of_kind(lines, "method")
+        .iter()
+        .filter(|l| l["name"] == name)
+        .map(|l| {
+            (
+                l["batch"].as_u64().expect("batch"),
+                l["value"].as_f64().expect("value"),
+            )
+        })
+        .collect()
+}
+
+/// The training loss of every `train` line of a metrics file, in order.
+pub fn train_losses(lines: &[Value]) -> Vec<f64> {
+    lines_of_kind(lines, "train")
+        .iter()
+        .map(|l| l["data"]["loss"].as_f64().expect("loss"))
+        .collect()
 }

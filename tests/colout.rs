@@ -1,0 +1,101 @@
+//! The colout plugin through the real binary: 3 batches of Fashion-MNIST on ResNet-20 (global
+//! pooling, so it accepts the 23×23 images ColOut leaves of 28×28), compared with the same run
+//! without it; settings errors name the setting; a killed and resumed run equals the straight
+//! one bit for bit.
+
+use serde_json::Value;
+use tessera_tests::resume::assert_killed_and_resumed_is_exact;
+use tessera_tests::*;
+
+fn resnet(label: &str) -> TrainerToml {
+    let mut toml = TrainerToml::new(label);
+    toml.model = "name = \"resnet20\"\nwidth = 4".to_owned();
+    toml.device = Some("cpu".to_owned());
+    toml
+}
+
+/// The training loss of every batch of a 3-batch run with `colout` settings (none: no plugin).
+fn losses_with(label: &str, colout: Option<&str>) -> Vec<f64> {
+    let dir = TempDir::new(label);
+    let mut toml = resnet(label);
+    if let Some(settings) = colout {
+        toml = toml.algorithm("colout", settings);
+    }
+    toml.write_to(&dir);
+    let out = train(&dir, &[], &[]);
+    out.assert_success();
+    if colout.is_some() {
+        assert!(
+            out.stderr.contains("loaded plugin colout"),
+            "{}",
+            out.dump()
+        );
+    }
+    let lines = read_jsonl(&run_dir(&dir, label).join("metrics.jsonl"));
+    let losses = train_losses(&lines);
+    assert_eq!(losses.len(), 3, "{lines:?}");
+    let record: Value = read_json(&run_dir(&dir, label).join("run.json"));
+    assert_eq!(record["status"], "completed", "{record:#}");
+    losses
+}
+
+#[test]
+fn colout_changes_training_and_dropping_nothing_does_not() {
+    let plain = losses_with("plain", None);
+    let colout = losses_with("colout", Some(""));
+    for (i, (c, p)) in colout.iter().zip(&plain).enumerate() {
+        assert!(c.is_finite(), "{colout:?}");
+        assert_ne!(c, p, "batch {i}: ColOut left the loss unchanged");
+    }
+    // p_row = p_col = 0 keeps every row and column: the very same run.
+    let none = losses_with("colout-none", Some("p_row = 0.0\np_col = 0.0"));
+    assert_eq!(none, plain);
+}
+
+#[test]
+fn a_fixed_size_model_rejects_the_smaller_images() {
+    // The CNN's linear layer expects 28×28 inputs: ColOut's 23×23 reach it and the run stops.
+    let dir = TempDir::new("colout-cnn");
+    TrainerToml::new("cnn")
+        .algorithm("colout", "")
+        .write_to(&dir);
+    let out = train(&dir, &[], &[]);
+    assert!(!out.status.success(), "{}", out.dump());
+    // 16 channels × 5 × 5 = 400 features after two poolings of 23×23, where the classifier
+    // wants 16 × 7 × 7 = 784 (libtorch's message).
+    assert!(
+        out.stderr.contains("loaded plugin colout")
+            && out
+                .stderr
+                .contains("shapes cannot be multiplied (64x400 and 784x32)"),
+        "{}",
+        out.dump()
+    );
+}
+
+#[test]
+fn invalid_settings_stop_the_run_with_the_setting_named() {
+    let dir = TempDir::new("colout-bad");
+    for (settings, fragment) in [
+        ("p_row = 1.0", "`p_row` must be in [0, 1)"),
+        ("p_col = -0.5", "`p_col` must be in [0, 1)"),
+        ("batch = false", "`batch = false`"),
+        ("resize_target = \"yes\"", "`resize_target` must be"),
+        ("p_rows = 0.2", "`p_rows`"),
+    ] {
+        TrainerToml::new("bad")
+            .algorithm("colout", settings)
+            .write_to(&dir);
+        let out = train(&dir, &[], &[]);
+        out.assert_failure(&["plugin `colout`", "invalid settings", fragment]);
+    }
+}
+
+#[test]
+fn killed_and_resumed_run_equals_the_straight_run_bit_for_bit() {
+    assert_killed_and_resumed_is_exact("colout-resume", |run| {
+        let mut toml = resnet(run).algorithm("colout", "p_row = 0.2\np_col = 0.1");
+        toml.max_duration = "8ba".to_owned();
+        toml
+    });
+}

@@ -1,0 +1,218 @@
+//! Exact resume through the binary: a run stopped at a checkpoint and resumed writes the same
+//! checkpoints, bit for bit, and the same metrics as the uninterrupted run. Used by
+//! `tests/checkpoint.rs` and by the plugins' own resume tests
+//! ([`assert_killed_and_resumed_is_exact`]).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tessera::checkpoint::{self, Checkpoint};
+
+use crate::{
+    read_json, read_jsonl, require_fashion_mnist, run_dir, tessera_command, train, TempDir,
+    TrainerToml,
+};
+
+/// Checkpoints every 2 batches; logs every batch.
+pub fn with_checkpoints(toml: &TrainerToml, extra: &str) -> String {
+    format!(
+        "{}\n[checkpoint]\ninterval = \"2ba\"\n{extra}",
+        toml.render()
+    )
+}
+
+pub fn ckpt_dir(dir: &TempDir, run: &str) -> PathBuf {
+    run_dir(dir, run).join("checkpoints")
+}
+
+pub fn names(folder: &Path) -> Vec<String> {
+    let mut v: Vec<String> = checkpoint::list(folder)
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+/// Every tensor equal bit for bit; the clock (without wall time), optimizer position, RNG,
+/// evaluations, method list and trainer counters equal.
+pub fn assert_same_checkpoint(a: &Path, b: &Path) {
+    let ca = Checkpoint::read(a).unwrap_or_else(|e| panic!("{e}"));
+    let cb = Checkpoint::read(b).unwrap_or_else(|e| panic!("{e}"));
+    let na: Vec<&str> = ca.tensors.iter().map(|(n, _)| n.as_str()).collect();
+    let nb: Vec<&str> = cb.tensors.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        na,
+        nb,
+        "{} and {} hold different tensors",
+        a.display(),
+        b.display()
+    );
+    for ((name, ta), (_, tb)) in ca.tensors.iter().zip(&cb.tensors) {
+        assert_eq!(ta.kind(), tb.kind(), "{name}");
+        assert_eq!(ta.size(), tb.size(), "{name}");
+        // Bitwise: compare the raw bytes (NaN-safe, -0.0 vs 0.0 distinguished).
+        let bytes = |t: &tch::Tensor| {
+            let t = t.contiguous();
+            let mut v = vec![0u8; t.numel() * t.kind().elt_size_in_bytes()];
+            t.copy_data_u8(&mut v, t.numel());
+            v
+        };
+        assert!(
+            bytes(ta) == bytes(tb),
+            "tensor `{name}` differs between {} and {}",
+            a.display(),
+            b.display()
+        );
+    }
+    let clock = |c: &Checkpoint| {
+        let mut t = c.meta.timestamp.clone();
+        t.total_wall_seconds = 0.0;
+        t.epoch_wall_seconds = 0.0;
+        t.batch_wall_seconds = 0.0;
+        t
+    };
+    assert_eq!(clock(&ca), clock(&cb));
+    assert_eq!(ca.meta.optimizer, cb.meta.optimizer);
+    assert_eq!(ca.meta.rng, cb.meta.rng);
+    assert_eq!(ca.meta.methods, cb.meta.methods);
+    assert_eq!(ca.meta.trainer.evals, cb.meta.trainer.evals);
+    assert_eq!(
+        ca.meta.trainer.running_batches,
+        cb.meta.trainer.running_batches
+    );
+    assert_eq!(ca.meta.trainer.disabled, cb.meta.trainer.disabled);
+}
+
+/// The metrics file without timing fields.
+pub fn metrics(dir: &TempDir, run: &str) -> Vec<Value> {
+    let mut lines = read_jsonl(&run_dir(dir, run).join("metrics.jsonl"));
+    for l in &mut lines {
+        if let Some(d) = l.get_mut("data").and_then(Value::as_object_mut) {
+            d.remove("samples_per_second");
+        }
+    }
+    lines
+}
+
+/// Checkpoints of `resumed` from batch `from` on equal the straight run's.
+pub fn assert_continues(dir: &TempDir, straight: &str, resumed: &str, from: u64) {
+    let s = names(&ckpt_dir(dir, straight));
+    let r = names(&ckpt_dir(dir, resumed));
+    let later: Vec<&String> = s
+        .iter()
+        .filter(|n| checkpoint::parse_file_name(n).is_some_and(|(_, b)| b > from))
+        .collect();
+    assert!(
+        !later.is_empty(),
+        "no checkpoint after batch {from} in {s:?}"
+    );
+    for name in later {
+        assert!(
+            r.contains(name),
+            "the resumed run did not write {name}: {r:?}"
+        );
+        assert_same_checkpoint(
+            &ckpt_dir(dir, straight).join(name),
+            &ckpt_dir(dir, resumed).join(name),
+        );
+    }
+}
+
+/// Starts `tessera train trainer.toml` in `dir` without waiting.
+pub fn spawn(dir: &TempDir, env: &[(&str, &str)]) -> Child {
+    require_fashion_mnist();
+    let config = dir.join("trainer.toml");
+    let config = config.to_str().expect("a UTF-8 temp path");
+    tessera_command(&["train", config], dir.path(), env)
+        .spawn()
+        .expect("start tessera")
+}
+
+pub fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
+    let started = Instant::now();
+    while !done() {
+        assert!(started.elapsed() < timeout, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+pub fn finish(child: Child) -> (std::process::ExitStatus, String) {
+    let out = child.wait_with_output().expect("wait for tessera");
+    (
+        out.status,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+pub fn signal(child: &Child, sig: &str) {
+    let ok = Command::new("kill")
+        .args([sig, &child.id().to_string()])
+        .status()
+        .expect("run kill")
+        .success();
+    assert!(ok, "kill {sig} failed");
+}
+
+/// Trains the 8-batch run `config` (a `trainer.toml` with checkpoints every 2 batches, run
+/// name `straight`) in `dir`, checking it wrote its four checkpoints.
+pub fn train_straight(dir: &TempDir, config: &str) {
+    dir.write("trainer.toml", config);
+    train(dir, &[], &[]).assert_success();
+    assert_eq!(
+        names(&ckpt_dir(dir, "straight")),
+        [
+            "ep0-ba2.ckpt",
+            "ep0-ba4.ckpt",
+            "ep0-ba6.ckpt",
+            "ep0-ba8.ckpt"
+        ]
+    );
+}
+
+/// Trains `make`'s 8-batch run straight, checkpointing every 2 batches; then the same run
+/// killed (`kill -9`) once its batch-4 checkpoint is written, and continued with autoresume.
+/// The continued run must write the straight run's later checkpoints bit for bit and the same
+/// metrics. Unlike stopping a shorter run, killing keeps `max_duration`, so methods on a
+/// schedule of the elapsed fraction see the same clock. Both runs also load `fake_plugin`,
+/// whose `TESSERA_FAKE_SLEEP_MS` slows the killed run enough to stop it mid-way. `label` names
+/// the temporary folder.
+pub fn assert_killed_and_resumed_is_exact(label: &str, make: impl Fn(&str) -> TrainerToml) {
+    let dir = TempDir::new(label);
+    let config = |run: &str| with_checkpoints(&make(run).algorithm("fake_plugin", ""), "");
+    train_straight(&dir, &config("straight"));
+    dir.write("trainer.toml", &config("killed"));
+    let child = spawn(&dir, &[("TESSERA_FAKE_SLEEP_MS", "400")]);
+    let folder = ckpt_dir(&dir, "killed");
+    wait_for("the batch-4 checkpoint", Duration::from_secs(120), || {
+        folder.join("ep0-ba4.ckpt").exists()
+    });
+    signal(&child, "-KILL");
+    let (status, _) = finish(child);
+    assert!(!status.success(), "the run finished before it was killed");
+    let before = names(&folder);
+    assert!(
+        !before.contains(&"ep0-ba8.ckpt".to_owned()),
+        "killed too late: {before:?}"
+    );
+    let from = before
+        .iter()
+        .filter_map(|n| checkpoint::parse_file_name(n).map(|(_, b)| b))
+        .max()
+        .expect("a checkpoint before the kill");
+    let out = train(&dir, &["checkpoint.autoresume=true"], &[]);
+    out.assert_success();
+    assert!(out.stderr.contains("resumed from"), "{}", out.dump());
+    assert_continues(&dir, "straight", "killed", from);
+    assert_eq!(
+        metrics(&dir, "straight"),
+        metrics(&dir, "killed"),
+        "{label}"
+    );
+    assert_eq!(
+        read_json(&run_dir(&dir, "killed").join("run.json"))["evals"],
+        read_json(&run_dir(&dir, "straight").join("run.json"))["evals"]
+    );
+}
