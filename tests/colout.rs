@@ -79,7 +79,10 @@ fn invalid_settings_stop_the_run_with_the_setting_named() {
     for (settings, fragment) in [
         ("p_row = 1.0", "`p_row` must be in [0, 1)"),
         ("p_col = -0.5", "`p_col` must be in [0, 1)"),
-        ("batch = false", "`batch = false`"),
+        (
+            "batch = false\nresize_target = true",
+            "`resize_target = true` needs `batch = true`",
+        ),
         ("resize_target = \"yes\"", "`resize_target` must be"),
         ("p_rows = 0.2", "`p_rows`"),
     ] {
@@ -98,4 +101,19 @@ fn killed_and_resumed_run_equals_the_straight_run_bit_for_bit() {
         toml.max_duration = "8ba".to_owned();
         toml
     });
+}
+
+#[test]
+fn sample_wise_colout_runs_on_the_loader_and_differs_from_batch_wise() {
+    let sample = losses_with(
+        "colout-sample",
+        Some("batch = false\np_row = 0.2\np_col = 0.1"),
+    );
+    let batch = losses_with(
+        "colout-batch",
+        Some("batch = true\np_row = 0.2\np_col = 0.1"),
+    );
+    assert_ne!(sample, batch, "sample-wise ColOut drew the batch-wise rows");
+    let plain = losses_with("colout-sample-plain", None);
+    assert_ne!(sample, plain);
 }

@@ -2,7 +2,8 @@
 
 use tessera_plugin_api::tch::{TchError, Tensor};
 use tessera_plugin_api::{
-    export_plugin, keys, Context, Error, Event, Hook, Method, Plugin, Settings,
+    export_plugin, keys, Context, Error, Event, Hook, Method, Plugin, Sample, SampleRandom,
+    SampleTransform, Settings,
 };
 
 /// Rows (or columns) kept out of `size`: `int((1 − p) · size)`, truncated as Python's `int`.
@@ -79,12 +80,17 @@ pub fn colout_batch(
 /// random permutation (a partial Fisher–Yates shuffle, one draw per kept index), as Composer's
 /// `sorted(torch.randperm(size)[:keep])`. Keeping every index draws nothing.
 pub fn draw_kept(ctx: &mut Context<'_>, size: i64, keep: i64) -> Vec<i64> {
+    draw_kept_with(size, keep, &mut |n| ctx.rng_below(n))
+}
+
+/// [`draw_kept`] from any uniform source: `below(n)` is a uniform integer in `0..n`.
+pub fn draw_kept_with(size: i64, keep: i64, below: &mut dyn FnMut(u64) -> u64) -> Vec<i64> {
     let mut perm: Vec<i64> = (0..size).collect();
     if keep >= size {
         return perm;
     }
     for i in 0..keep.max(0) as usize {
-        let j = i + ctx.rng_below((size as usize - i) as u64) as usize;
+        let j = i + below((size as usize - i) as u64) as usize;
         perm.swap(i, j);
     }
     perm.truncate(keep.max(0) as usize);
@@ -92,15 +98,82 @@ pub fn draw_kept(ctx: &mut Context<'_>, size: i64, keep: i64) -> Vec<i64> {
     perm
 }
 
-/// The ColOut method (batch-wise).
+/// The kept rows and columns of a `height × width` image, or why none would be kept.
+fn kept_sizes(height: i64, width: i64, p_row: f64, p_col: f64) -> Result<(i64, i64), String> {
+    let (keep_rows, keep_cols) = (kept_count(height, p_row), kept_count(width, p_col));
+    if keep_rows == 0 || keep_cols == 0 {
+        return Err(format!(
+            "colout would keep {keep_rows} of {height} rows and {keep_cols} of {width} \
+             columns (p_row = {p_row}, p_col = {p_col}): lower them so every image keeps a pixel"
+        ));
+    }
+    Ok((keep_rows, keep_cols))
+}
+
+/// Sample-wise ColOut (`batch = false`, Composer's `ColOutTransform`): each training image
+/// keeps its own random rows and columns, drawn on the host's loader threads.
+pub struct ColOutSample {
+    /// Fraction of rows dropped.
+    pub p_row: f64,
+    /// Fraction of columns dropped.
+    pub p_col: f64,
+}
+
+impl SampleTransform for ColOutSample {
+    fn output_shape(
+        &self,
+        (c, h, w): (usize, usize, usize),
+    ) -> Result<(usize, usize, usize), Error> {
+        let (rows, cols) = kept_sizes(h as i64, w as i64, self.p_row, self.p_col)?;
+        Ok((c, rows as usize, cols as usize))
+    }
+
+    fn apply(&self, sample: &mut Sample, rng: &mut SampleRandom<'_>) -> Result<(), Error> {
+        let (c, h, w) = sample.shape();
+        let (keep_rows, keep_cols) = kept_sizes(h as i64, w as i64, self.p_row, self.p_col)?;
+        // Rows before columns, as Composer draws them.
+        let rows = draw_kept_with(h as i64, keep_rows, &mut |n| rng.below(n));
+        let cols = draw_kept_with(w as i64, keep_cols, &mut |n| rng.below(n));
+        let mut data = Vec::with_capacity(c * rows.len() * cols.len());
+        for ch in 0..c {
+            for &y in &rows {
+                data.extend(cols.iter().map(|&x| sample.at(ch, y as usize, x as usize)));
+            }
+        }
+        *sample = Sample {
+            channels: c,
+            height: rows.len(),
+            width: cols.len(),
+            data,
+        };
+        Ok(())
+    }
+}
+
+/// The ColOut method: batch-wise at `after_dataloader`, or sample-wise through a per-sample
+/// transform on the loader's threads.
 pub struct ColOut {
     p_row: f64,
     p_col: f64,
+    batch: bool,
     resize_target: ResizeTarget,
 }
 
 impl Method for ColOut {
+    fn sample_transform(&self) -> Option<Box<dyn SampleTransform>> {
+        (!self.batch).then(|| {
+            Box::new(ColOutSample {
+                p_row: self.p_row,
+                p_col: self.p_col,
+            }) as Box<dyn SampleTransform>
+        })
+    }
+
     fn on_event(&mut self, _event: Event, ctx: &mut Context<'_>) -> Result<(), Error> {
+        if !self.batch {
+            // Sample-wise: the loader already did it.
+            return Ok(());
+        }
         let input = ctx.tensor(keys::INPUT).ok_or("the batch has no `input`")?;
         let size = input.size();
         if size.len() < 3 {
@@ -109,18 +182,7 @@ impl Method for ColOut {
             );
         }
         let (height, width) = (size[size.len() - 2], size[size.len() - 1]);
-        let (keep_rows, keep_cols) = (
-            kept_count(height, self.p_row),
-            kept_count(width, self.p_col),
-        );
-        if keep_rows == 0 || keep_cols == 0 {
-            return Err(format!(
-                "colout would keep {keep_rows} of {height} rows and {keep_cols} of {width} \
-                 columns (p_row = {}, p_col = {}): lower them so every image keeps a pixel",
-                self.p_row, self.p_col
-            )
-            .into());
-        }
+        let (keep_rows, keep_cols) = kept_sizes(height, width, self.p_row, self.p_col)?;
         // Rows before columns, as Composer draws them.
         let rows = draw_kept(ctx, height, keep_rows);
         let cols = draw_kept(ctx, width, keep_cols);
@@ -165,13 +227,7 @@ impl Plugin for ColOut {
     fn create(settings: &Settings) -> Result<Self, Error> {
         let p_row = probability(settings, "p_row")?;
         let p_col = probability(settings, "p_col")?;
-        if !settings.bool_or("batch", true)? {
-            return Err(Error::config(
-                "`batch = false` (sample-wise ColOut, a per-image dataset transform in Composer) \
-                 is not supported yet: Tessera's plugin interface cannot run per-sample \
-                 transforms on the loader's threads. Use `batch = true` (the default)",
-            ));
-        }
+        let batch = settings.bool_or("batch", true)?;
         let resize_target = match settings.get_or("resize_target", serde_json::json!("auto"))? {
             serde_json::Value::Bool(true) => ResizeTarget::Always,
             serde_json::Value::Bool(false) => ResizeTarget::Never,
@@ -182,9 +238,16 @@ impl Plugin for ColOut {
                 )))
             }
         };
+        if !batch && resize_target == ResizeTarget::Always {
+            return Err(Error::config(
+                "`resize_target = true` needs `batch = true`: sample-wise ColOut sees only the \
+                 image (Tessera's loader has class-index targets), so there is no target to resize",
+            ));
+        }
         Ok(ColOut {
             p_row,
             p_col,
+            batch,
             resize_target,
         })
     }

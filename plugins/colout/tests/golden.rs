@@ -414,6 +414,7 @@ fn settings_are_validated() {
         r#"{"resize_target": "auto"}"#,
         r#"{"resize_target": true}"#,
         r#"{"resize_target": false}"#,
+        r#"{"batch": false}"#,
     ] {
         boxed_method::<ColOut>(&settings(ok)).unwrap_or_else(|e| panic!("{ok}: {e}"));
     }
@@ -422,8 +423,10 @@ fn settings_are_validated() {
         (r#"{"p_row": -0.1}"#, "`p_row` must be in [0, 1)"),
         (r#"{"p_col": 1.5}"#, "`p_col` must be in [0, 1)"),
         (r#"{"p_col": "a"}"#, "`p_col` must be a number"),
-        (r#"{"batch": false}"#, "`batch = false`"),
-        (r#"{"batch": false}"#, "per-sample transforms"),
+        (
+            r#"{"batch": false, "resize_target": true}"#,
+            "`resize_target = true` needs `batch = true`",
+        ),
         (r#"{"batch": "yes"}"#, "`batch` must be true or false"),
         (
             r#"{"resize_target": "yes"}"#,
@@ -463,4 +466,47 @@ fn method_rejects_batches_it_cannot_cut() {
     let err = host.fire(&mut method, Event::AFTER_DATALOADER).unwrap_err();
     assert!(err.contains("keep 0 of 1 rows"), "{err}");
     assert!(keep_rows_cols(&flat.view([32]), &[0], &[0]).is_err());
+}
+
+#[test]
+fn sample_wise_colout_keeps_its_own_sorted_rows_and_columns_per_image() {
+    use tessera_plugin_api::testing::apply_sample_transform;
+    use tessera_plugin_api::Sample;
+
+    let method =
+        boxed_method::<ColOut>(&settings(r#"{"batch": false, "p_row": 0.3, "p_col": 0.5}"#))
+            .unwrap();
+    // Values encode (channel, row, column), so the output says which pixels were kept.
+    let (c, h, w) = (2usize, 10usize, 8usize);
+    let data: Vec<f32> = (0..c * h * w).map(|i| i as f32).collect();
+    let sample = Sample {
+        channels: c,
+        height: h,
+        width: w,
+        data,
+    };
+    let mut seen = std::collections::BTreeSet::new();
+    for seed in 0..20u64 {
+        let mut rng = RandomSource::Seeded(seed);
+        let out = apply_sample_transform(&method, &sample, &mut rng).unwrap();
+        // int((1 - 0.3) * 10) = 7 rows, int((1 - 0.5) * 8) = 4 columns.
+        assert_eq!((out.channels, out.height, out.width), (c, 7, 4));
+        let rows: Vec<usize> = (0..7).map(|y| (out.at(0, y, 0) as usize / w) % h).collect();
+        let cols: Vec<usize> = (0..4).map(|x| out.at(0, 0, x) as usize % w).collect();
+        assert!(rows.windows(2).all(|p| p[0] < p[1]), "{rows:?}");
+        assert!(cols.windows(2).all(|p| p[0] < p[1]), "{cols:?}");
+        for ch in 0..c {
+            for (y, &r) in rows.iter().enumerate() {
+                for (x, &col) in cols.iter().enumerate() {
+                    assert_eq!(out.at(ch, y, x), ((ch * h + r) * w + col) as f32);
+                }
+            }
+        }
+        // The same stream gives the same draw.
+        let again =
+            apply_sample_transform(&method, &sample, &mut RandomSource::Seeded(seed)).unwrap();
+        assert_eq!(again, out);
+        seen.insert((rows, cols));
+    }
+    assert!(seen.len() > 10, "draws repeat: {}", seen.len());
 }
