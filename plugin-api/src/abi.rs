@@ -374,7 +374,62 @@ pub struct HostApi {
     /// run ends normally (`fit_end`, a final checkpoint when checkpoints are on). `reason` goes to
     /// the log and the run record. Not at `init`.
     pub request_stop: extern "C" fn(HostCtx, reason: RStr<'_>) -> RResult<(), RString>,
+    /// Wraps the module at `path` (only at `init`): `wrapper` runs in its place and calls the
+    /// original module, or any module inside it, through the [`InnerCall`] it is given. The
+    /// original stays in the model: as the child `inner_name` of the wrapper (its tensors
+    /// renamed `path.inner_name.*`), or, with an empty `inner_name`, transparently (its tensors
+    /// and children keep their names, the node shows the wrapper's kind). `tensors` are the
+    /// wrapper's own, named relative to `path`; those requiring a gradient are trained.
+    pub wrap_module: extern "C" fn(
+        HostCtx,
+        path: RStr<'_>,
+        wrapper: WrapperBox,
+        inner_name: RStr<'_>,
+        tensors: RVec<NamedTensor>,
+    ) -> RResult<(), RString>,
 }
+
+/// The wrapped module, as a wrapper's `forward` may call it (valid during that call).
+#[repr(transparent)]
+#[derive(StableAbi, Copy, Clone, Debug)]
+pub struct InnerCtx(pub *const c_void);
+
+/// How a wrapper calls the module it wraps (plugin-api 1.3).
+#[repr(C)]
+#[derive(StableAbi, Copy, Clone)]
+pub struct InnerCall {
+    /// Runs the wrapped module (`child` empty) or the module at the dotted path `child` inside
+    /// it (`conv1`, `downsample.0`) on `input`; consumes `input`.
+    pub call: extern "C" fn(
+        InnerCtx,
+        child: RStr<'_>,
+        input: TensorHandle,
+        train: bool,
+    ) -> RResult<TensorHandle, RString>,
+    /// The wrapped module.
+    pub ctx: InnerCtx,
+}
+
+/// A module that wraps one of the model's (plugin-api 1.3): StochasticDepth around a residual
+/// block, SqueezeExcite after a convolution, GhostBatchNorm around a batch norm.
+#[sabi_trait]
+pub trait WrapperObject: Send {
+    /// The kind shown in the module tree (`squeeze_excite_conv2d`).
+    fn kind(&self) -> RString;
+    /// Numeric attributes shown in the module tree (besides the wrapped module's).
+    fn attrs(&self) -> RVec<Attribute>;
+    /// Runs the wrapper; consumes `input`.
+    #[sabi(last_prefix_field)]
+    fn forward(
+        &self,
+        input: TensorHandle,
+        train: bool,
+        inner: InnerCall,
+    ) -> RResult<TensorHandle, PluginError>;
+}
+
+/// An owned wrapper.
+pub type WrapperBox = WrapperObject_TO<'static, RBox<()>>;
 
 /// One value of an evaluation (`accuracy`, `cross_entropy`).
 #[repr(C)]

@@ -105,6 +105,7 @@ pub mod targets;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod time;
+mod wrap;
 
 use std::marker::PhantomData;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -114,6 +115,7 @@ use abi_stable::std_types::{ROption, RResult, RStr, RString, RVec};
 pub use sample::{Sample, SampleRandom, SampleTransform};
 pub use settings::Settings;
 pub use tch;
+pub use wrap::{Inner, Wrapper};
 
 pub use abi::{Attribute, EvalResults, Metric, ModuleInfo, ParamInfo};
 pub use abi::{ErrorKind, Event, Hook, TimeInfo};
@@ -448,6 +450,39 @@ impl Context<'_> {
     pub fn eval_results(&self) -> Result<Option<EvalResults>, Error> {
         let f = self.host_fn_since(self.host.api.eval_results(), "eval_results", "1.3")?;
         Ok(f(self.host.ctx).into_option())
+    }
+
+    /// Wraps the module at `path` (only at `init`): `wrapper` runs in its place and calls the
+    /// original, or modules inside it, through the [`Inner`] its `forward` receives. The
+    /// original stays in the model — its parameters trained and saved as before — under
+    /// `inner_name` (`Some("batchnorm")`: `bn1.weight` becomes `bn1.batchnorm.weight`, as
+    /// Composer's `GhostBatchNorm2d` names it), or transparently (`None`: every name stays,
+    /// the node shows the wrapper's kind and both modules' attributes). `tensors` are the
+    /// wrapper's own (named relative to `path`): those that require a gradient are trained and
+    /// saved as parameters, the others saved as buffers. A resumed run replays the surgery at
+    /// `init` before loading the weights, as for [`Context::replace_module`].
+    pub fn wrap_module(
+        &mut self,
+        path: &str,
+        wrapper: impl Wrapper,
+        inner_name: Option<&str>,
+        tensors: Vec<(&str, tch::Tensor)>,
+    ) -> Result<(), Error> {
+        let f = self.host_fn_since(self.host.api.wrap_module(), "wrap_module", "1.3")?;
+        let tensors: RVec<NamedTensor> = tensors
+            .into_iter()
+            .map(|(name, t)| NamedTensor {
+                name: name.into(),
+                tensor: TensorHandle::from_tensor(t),
+            })
+            .collect();
+        host_result(f(
+            self.host.ctx,
+            RStr::from_str(path),
+            wrap::wrapper_box(wrapper),
+            RStr::from_str(inner_name.unwrap_or("")),
+            tensors,
+        ))
     }
 
     /// Asks the run to stop (Composer's `State.stop_training()`): its length becomes the

@@ -37,6 +37,7 @@ use abi_stable::std_types::RVec;
 use crate::abi::{
     EvalResults, HostApi, HostApi_Ref, HostCtx, HostHandle, MethodBox, Metric, ModuleBox,
     ModuleInfo, NamedTensor, ParamInfo, SampleBuf, SampleRng, SampleRngState, TensorHandle,
+    WrapperBox,
 };
 use crate::{Event, Sample, Settings, TimeInfo};
 
@@ -215,6 +216,7 @@ fn api() -> HostApi_Ref {
             checkpoint_pending,
             eval_results,
             request_stop,
+            wrap_module,
         }
         .leak_into_prefix()
     })
@@ -364,6 +366,16 @@ extern "C" fn replace_module(
     _tensors: RVec<NamedTensor>,
 ) -> RResult<(), RString> {
     unsupported("replace_module")
+}
+
+extern "C" fn wrap_module(
+    _ctx: HostCtx,
+    _path: RStr<'_>,
+    _wrapper: WrapperBox,
+    _inner_name: RStr<'_>,
+    _tensors: RVec<NamedTensor>,
+) -> RResult<(), RString> {
+    unsupported("wrap_module")
 }
 
 extern "C" fn parameters(ctx: HostCtx) -> RVec<ParamInfo> {

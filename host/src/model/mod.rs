@@ -113,6 +113,48 @@ impl Model {
         }
         Ok(())
     }
+
+    /// Surgery that keeps the module at `path`: `wrap` gets it and returns the layer that takes
+    /// its place (holding it). The wrapped module's tensors keep their names, or move under
+    /// `path.inner_name` when `inner_name` is given; `own` are the new layer's own tensors,
+    /// named relative to `path`.
+    pub fn wrap_module(
+        &mut self,
+        path: &str,
+        inner_name: Option<&str>,
+        own: &[(String, Tensor)],
+        wrap: impl FnOnce(Box<dyn Layer>) -> Box<dyn Layer>,
+    ) -> Result<(), SurgeryError> {
+        if path.is_empty() {
+            return Err(SurgeryError("the root module cannot be wrapped".to_owned()));
+        }
+        let device = self.params.device();
+        if let Some((name, t)) = own.iter().find(|(_, t)| t.device() != device) {
+            return Err(SurgeryError(format!(
+                "tensor `{name}` is on {:?} but the model is on {device:?}",
+                t.device()
+            )));
+        }
+        let own_names: Vec<String> = own.iter().map(|(n, _)| tree::join(path, n)).collect();
+        if let Some(taken) = own_names.iter().find(|n| self.params.get(n).is_some()) {
+            return Err(SurgeryError(format!(
+                "the model already has a tensor named `{taken}`"
+            )));
+        }
+        // A placeholder holds the slot while the wrapper is built around the module.
+        let inner = self.root.replace(path, Box::new(layers::Flatten))?;
+        if let Some(name) = inner_name {
+            if let Err(e) = self.params.rename_prefix(path, &tree::join(path, name)) {
+                self.root.replace(path, inner)?;
+                return Err(e);
+            }
+        }
+        self.root.replace(path, wrap(inner))?;
+        for (name, (_, tensor)) in own_names.into_iter().zip(own) {
+            self.params.insert(name, tensor.shallow_clone())?;
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -157,6 +199,110 @@ mod tests {
         // ~0.27M parameters, as in the paper.
         let n = m.params.num_trainable_scalars();
         assert!((260_000..280_000).contains(&n), "{n}");
+    }
+
+    /// A host-side wrapper for the tests of `Model::wrap_module`: doubles its inner's output.
+    #[derive(Debug)]
+    struct Doubler {
+        inner: Box<dyn Layer>,
+        name: &'static str,
+        scale: Tensor,
+    }
+
+    impl Layer for Doubler {
+        fn kind(&self) -> &str {
+            "doubler"
+        }
+        fn tensors(&self) -> Vec<(&str, &Tensor)> {
+            let mut t = if self.name.is_empty() {
+                self.inner.tensors()
+            } else {
+                Vec::new()
+            };
+            t.push(("scale", &self.scale));
+            t
+        }
+        fn children(&self) -> Vec<(&str, &dyn Layer)> {
+            if self.name.is_empty() {
+                self.inner.children()
+            } else {
+                vec![(self.name, self.inner.as_ref())]
+            }
+        }
+        fn forward(&self, xs: &Tensor, train: bool) -> Result<Tensor, TchError> {
+            self.inner.forward(xs, train)?.f_mul(&self.scale)
+        }
+    }
+
+    #[test]
+    fn wrapping_keeps_or_nests_the_wrapped_tensors_and_fails_cleanly() {
+        let mut m = Model::build(&config(ModelName::Cnn), shape(1), 10, Device::Cpu).unwrap();
+        let x = Tensor::randn([2, 1, 28, 28], (tch::Kind::Float, Device::Cpu));
+        let before = m.forward(&x, false).unwrap();
+        let count = m.params.entries().len();
+        let scale = || Tensor::from(2.0f32).set_requires_grad(true);
+        // Transparent: the layer's weight keeps its name; the wrapper's `scale` joins.
+        let s = scale();
+        m.wrap_module(
+            "classifier.3",
+            None,
+            &[("scale".to_owned(), s.shallow_clone())],
+            |inner| {
+                Box::new(Doubler {
+                    inner,
+                    name: "",
+                    scale: s,
+                })
+            },
+        )
+        .unwrap();
+        assert!(m.params.get("classifier.3.weight").is_some());
+        assert!(m.params.get("classifier.3.scale").is_some());
+        assert_eq!(m.params.entries().len(), count + 1);
+        let after = m.forward(&x, false).unwrap();
+        assert!(after.allclose(&(&before * 2.0), 1e-6, 1e-6, false));
+        let node = m.root.walk().into_iter().find(|i| i.path == "classifier.3");
+        assert_eq!(node.map(|i| i.kind), Some("doubler".to_owned()));
+        // Nested: the batch norm's tensors move under `bn`, in place and with their roles.
+        let s = scale();
+        m.wrap_module(
+            "features.1",
+            Some("bn"),
+            &[("scale".to_owned(), s.shallow_clone())],
+            |inner| {
+                Box::new(Doubler {
+                    inner,
+                    name: "bn",
+                    scale: s,
+                })
+            },
+        )
+        .unwrap();
+        assert!(m.params.get("features.1.weight").is_none());
+        let e = m.params.get("features.1.bn.running_mean").unwrap();
+        assert_eq!(e.role, Role::Buffer);
+        assert_eq!(
+            m.params.get("features.1.bn.weight").unwrap().role,
+            Role::Parameter
+        );
+        let names: Vec<String> = m.root.named_tensors().into_iter().map(|(n, _)| n).collect();
+        let store: Vec<String> = m.params.entries().iter().map(|e| e.name.clone()).collect();
+        let (mut a, mut b) = (names.clone(), store.clone());
+        a.sort();
+        b.sort();
+        assert_eq!(a, b, "the tree and the store agree on every name");
+        // A missing module or a taken name changes nothing.
+        let entries = m.params.entries().len();
+        let err = m
+            .wrap_module("features.9", None, &[], |inner| inner)
+            .unwrap_err();
+        assert!(err.0.contains("features.9"), "{}", err.0);
+        let taken = [("bn.weight".to_owned(), scale())];
+        let err = m
+            .wrap_module("features.1", None, &taken, |inner| inner)
+            .unwrap_err();
+        assert!(err.0.contains("features.1.bn.weight"), "{}", err.0);
+        assert_eq!(m.params.entries().len(), entries);
     }
 
     #[test]

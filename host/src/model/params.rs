@@ -105,6 +105,31 @@ impl ParamStore {
         Ok(())
     }
 
+    /// Renames every tensor under `from.` to the same name under `to.`, keeping its place and
+    /// role; returns how many were renamed. Fails, renaming nothing, when a new name is taken.
+    pub fn rename_prefix(&mut self, from: &str, to: &str) -> Result<usize, super::SurgeryError> {
+        let old = format!("{from}.");
+        let renamed: Vec<(usize, String)> = self
+            .entries
+            .iter()
+            .enumerate()
+            .filter_map(|(i, e)| {
+                e.name
+                    .strip_prefix(&old)
+                    .map(|rest| (i, format!("{to}.{rest}")))
+            })
+            .collect();
+        if let Some((_, taken)) = renamed.iter().find(|(_, n)| self.get(n).is_some()) {
+            return Err(super::SurgeryError(format!(
+                "the model already has a tensor named `{taken}`"
+            )));
+        }
+        for (i, name) in &renamed {
+            self.entries[*i].name = name.clone();
+        }
+        Ok(renamed.len())
+    }
+
     /// Removes the named tensors; returns how many there were.
     pub fn remove(&mut self, names: &[String]) -> usize {
         let before = self.entries.len();

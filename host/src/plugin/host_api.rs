@@ -9,7 +9,7 @@ use abi_stable::prefix_type::PrefixTypeTrait;
 use abi_stable::std_types::{ROption, RResult, RStr, RString, RVec};
 use tessera_plugin_api::abi::{
     Attribute, EvalResults, HostApi, HostApi_Ref, HostCtx, HostHandle, Metric, ModuleBox,
-    ModuleInfo, NamedTensor, ParamInfo, TensorHandle,
+    ModuleInfo, NamedTensor, ParamInfo, TensorHandle, WrapperBox,
 };
 use tessera_plugin_api::TimeInfo;
 
@@ -50,6 +50,7 @@ fn api() -> HostApi_Ref {
             checkpoint_pending,
             eval_results,
             request_stop,
+            wrap_module,
         }
         .leak_into_prefix()
     })
@@ -304,6 +305,37 @@ extern "C" fn request_stop(ctx: HostCtx, reason: RStr<'_>) -> RResult<(), RStrin
     with_state(ctx, |s| {
         result(s.run("request_stop").map(|r| {
             r.request_stop(reason.as_str().to_owned());
+        }))
+    })
+}
+
+extern "C" fn wrap_module(
+    ctx: HostCtx,
+    path: RStr<'_>,
+    wrapper: WrapperBox,
+    inner_name: RStr<'_>,
+    tensors: RVec<NamedTensor>,
+) -> RResult<(), RString> {
+    let tensors = named(tensors);
+    with_state(ctx, |s| {
+        let what = format!("wrap_module(`{path}`)");
+        result(s.model_for_surgery(&what).and_then(|model| {
+            let inner_name = inner_name.as_str();
+            let inner = (!inner_name.is_empty()).then_some(inner_name);
+            let own = tensors
+                .iter()
+                .map(|(n, t)| (n.clone(), t.shallow_clone()))
+                .collect::<Vec<_>>();
+            model
+                .wrap_module(path.as_str(), inner, &own, |layer| {
+                    Box::new(super::wrap::WrappedLayer::new(
+                        wrapper,
+                        layer,
+                        inner_name.to_owned(),
+                        tensors,
+                    ))
+                })
+                .map_err(|e| CallError(e.0))
         }))
     })
 }

@@ -11,6 +11,7 @@
 
 mod host_api;
 mod sample;
+mod wrap;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

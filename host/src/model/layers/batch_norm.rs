@@ -55,7 +55,11 @@ impl Layer for BatchNorm2d {
     }
 
     fn attrs(&self) -> Vec<(&str, Attr)> {
-        vec![("num_features", Attr::Int(self.num_features))]
+        vec![
+            ("num_features", Attr::Int(self.num_features)),
+            ("eps", Attr::Float(self.eps)),
+            ("momentum", Attr::Float(self.momentum)),
+        ]
     }
 
     fn tensors(&self) -> Vec<(&str, &Tensor)> {
