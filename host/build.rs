@@ -1,11 +1,12 @@
 //! Links the `tessera` binary so that it runs without `LD_LIBRARY_PATH` (rpath to libtorch) and
 //! with CUDA when the libtorch has it (`--no-as-needed` keeps `libtorch_cuda`, whose symbols are
-//! never referenced directly, so CUDA kernels get registered). Also compiles the small C++ shim
-//! for CPU/CUDA autocast.
+//! never referenced directly, so CUDA kernels get registered). Also compiles the small C++ shims
+//! for CPU/CUDA autocast and for resetting gradients to undefined.
 use std::path::PathBuf;
 
 fn main() {
     println!("cargo:rerun-if-changed=csrc/autocast.cpp");
+    println!("cargo:rerun-if-changed=csrc/grad.cpp");
     println!("cargo:rerun-if-env-changed=DEP_TCH_LIBTORCH_LIB");
     let lib = match std::env::var("DEP_TCH_LIBTORCH_LIB") {
         Ok(lib) => PathBuf::from(lib),
@@ -30,6 +31,7 @@ fn main() {
     cc::Build::new()
         .cpp(true)
         .file("csrc/autocast.cpp")
+        .file("csrc/grad.cpp")
         .include(root.join("include"))
         .include(root.join("include/torch/csrc/api/include"))
         .flag("-std=c++17")

@@ -10,6 +10,11 @@ use crate::model::ParamStore;
 use crate::time::{RunLength, Timestamp};
 use schedule::Schedule;
 
+extern "C" {
+    /// `host/csrc/grad.cpp`: resets an `at::Tensor`'s gradient to undefined.
+    fn tessera_reset_grad(tensor: *mut std::ffi::c_void) -> i32;
+}
+
 /// An optimizer state that does not fit the model or this optimizer.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
@@ -233,12 +238,21 @@ impl Optimizer {
         }
     }
 
-    /// Sets every gradient to zero.
+    /// Clears every gradient to undefined, as PyTorch's `zero_grad()` (`set_to_none=True`): the
+    /// next backward writes fresh gradients, and a parameter that gets none in a step (a
+    /// stochastic-depth block that was dropped) is skipped by [`Optimizer::step`] instead of
+    /// being stepped with zeros — and a resumed run, whose gradients start undefined, steps
+    /// exactly as the run that never stopped.
     pub fn zero_grad(&mut self) {
         for slot in &mut self.slots {
-            let mut grad = slot.param.grad();
-            if grad.defined() {
-                let _ = grad.f_zero_();
+            if slot.param.grad().defined() {
+                // SAFETY: `as_mut_ptr` is the `at::Tensor*` of a live tensor; the shim only
+                // resets its gradient slot.
+                let failed = unsafe { tessera_reset_grad(slot.param.as_mut_ptr().cast()) } != 0;
+                if failed {
+                    // Not expected; zeroing keeps the step correct for this parameter.
+                    let _ = slot.param.grad().f_zero_();
+                }
             }
         }
     }

@@ -1,0 +1,19 @@
+// Resetting a tensor's gradient to undefined (PyTorch's `param.grad = None`), which tch cannot
+// do: `Optimizer::zero_grad` uses it so that a parameter that gets no gradient in a step (a
+// block stochastic depth dropped, a frozen layer) is skipped by the optimizer, as in PyTorch
+// (`zero_grad(set_to_none=True)`, its default), instead of being stepped with zeros.
+#include <ATen/ATen.h>
+
+extern "C" {
+
+// `tensor` is a tch tensor's `at::Tensor*`. Returns 0, or -1 when libtorch threw.
+int tessera_reset_grad(void* tensor) {
+  try {
+    static_cast<at::Tensor*>(tensor)->mutable_grad().reset();
+    return 0;
+  } catch (...) {
+    return -1;
+  }
+}
+
+}
