@@ -51,6 +51,9 @@ pub fn sample_mask(p: f32, u: &[f32]) -> Vec<f32> {
     u.iter().map(|&v| (keep + v).floor()).collect()
 }
 
+/// A part of a block (its branch, its projection) as a function of the block's input.
+pub type Part<'a> = &'a mut dyn FnMut(&Tensor) -> Result<Tensor, Error>;
+
 /// This forward's decision for one block in training.
 #[derive(Debug)]
 pub enum Decision {
@@ -74,12 +77,12 @@ pub fn stochastic_bottleneck(
     train: bool,
     p: f32,
     decision: Option<&Decision>,
-    branch: &mut dyn FnMut(&Tensor) -> Result<Tensor, Error>,
-    downsample: Option<&mut dyn FnMut(&Tensor) -> Result<Tensor, Error>>,
+    branch: Part<'_>,
+    downsample: Option<Part<'_>>,
 ) -> Result<Tensor, Error> {
     let has_downsample = downsample.is_some();
     let mut identity = |x: &Tensor| -> Result<Tensor, Error> { Ok(x.shallow_clone()) };
-    let shortcut: &mut dyn FnMut(&Tensor) -> Result<Tensor, Error> = match downsample {
+    let shortcut: Part<'_> = match downsample {
         Some(d) => d,
         None => &mut identity,
     };
@@ -153,12 +156,11 @@ impl Wrapper for StochasticWrapper {
         let mut down = |x: &Tensor| -> Result<Tensor, Error> {
             inner.borrow_mut().child("downsample", x, train)
         };
-        let downsample: Option<&mut dyn FnMut(&Tensor) -> Result<Tensor, Error>> =
-            if self.has_downsample {
-                Some(&mut down)
-            } else {
-                None
-            };
+        let downsample: Option<Part<'_>> = if self.has_downsample {
+            Some(&mut down)
+        } else {
+            None
+        };
         stochastic_bottleneck(x, train, p, decision, &mut branch, downsample)
     }
 }

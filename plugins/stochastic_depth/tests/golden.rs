@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 
 use stochastic_depth::{
-    drop_rates, sample_mask, stochastic_bottleneck, targets, Decision, Distribution,
+    drop_rates, sample_mask, stochastic_bottleneck, targets, Decision, Distribution, Part,
     StochasticDepth,
 };
 use tessera_plugin_api::tch::Tensor;
@@ -91,12 +91,11 @@ fn net(g: &Golden, train: bool, rates: &[f32], decisions: &[Option<Decision>]) -
                 train,
             ))
         };
-        let downsample: Option<&mut dyn FnMut(&Tensor) -> Result<Tensor, Error>> =
-            if p.contains_key("downsample.0.weight") {
-                Some(&mut down)
-            } else {
-                None
-            };
+        let downsample: Option<Part<'_>> = if p.contains_key("downsample.0.weight") {
+            Some(&mut down)
+        } else {
+            None
+        };
         x = stochastic_bottleneck(
             &x,
             train,
