@@ -97,12 +97,15 @@ fn trains_on_an_exported_folder_identically_for_any_worker_count() {
         assert_eq!(record["config"]["data"]["dataset"], "folder", "{record:#}");
         let losses = train_losses(&run);
         assert_eq!(losses.len(), 7);
-        // The model sees the 10 classes: the evaluation covers all 80 validation images.
+        // The evaluation covers all 80 validation images (8 of each class).
         let evals = lines_of_kind(&read_jsonl(&run.join("metrics.jsonl")), "eval")
             .iter()
             .map(|l| l["data"].clone())
             .collect::<Vec<_>>();
         assert!(!evals.is_empty(), "no evaluation");
+        for eval in &evals {
+            assert_eq!(eval["samples"], 80, "{eval:#}");
+        }
         results.push((record, losses));
     }
     let (w0, w2) = (&results[0], &results[1]);
@@ -151,12 +154,15 @@ fn the_export_decodes_back_to_the_datasets_pixels() {
         }
         // The first 3 of each class were written.
         assert_eq!(per_class, [3; 10], "{part}");
+        // Named by the sample's index, zero-padded to the part's length.
         let first_of_class_0 = dataset.labels.iter().position(|&l| l == 0).unwrap();
-        assert!(images
-            .join(part)
-            .join(names[0])
-            .join(format!("{first_of_class_0:05}.png"))
-            .is_file());
+        let width = (dataset.len() - 1).to_string().len();
+        let file = format!("{first_of_class_0:0width$}.png");
+        assert!(
+            images.join(part).join(names[0]).join(&file).is_file(),
+            "{part}/{}/{file}",
+            names[0]
+        );
     }
 }
 
@@ -203,4 +209,58 @@ fn folder_errors_name_the_file_or_folder() {
     );
     let record = read_json(&run_dir(&dir, "bad-skip").join("run.json"));
     assert_eq!(record["samples"], 2 * 20, "{record:#}");
+}
+
+/// Tessera's decoding (channel conversion, `Resize(size)` + `CenterCrop(size)`) against
+/// torchvision's own on random images of several shapes (`scripts/folder_resize_reference.py`):
+/// the same crop of the same resize, within 1 of 255 per pixel (PIL rounds its bilinear filter in
+/// fixed point, the `image` crate in floating point).
+#[test]
+fn decoding_matches_torchvision_resize_and_centre_crop() {
+    if !python_can_import("torchvision", "image-folder decoding") {
+        return;
+    }
+    let dir = TempDir::new("folder-torchvision");
+    let out = python(&[
+        "scripts/folder_resize_reference.py",
+        dir.path().to_str().expect("a UTF-8 temp path"),
+    ])
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut compared = 0;
+    for entry in std::fs::read_dir(dir.path()).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "raw") {
+            continue;
+        }
+        let stem = path.file_stem().unwrap().to_str().unwrap().to_owned();
+        let [image, channels, size]: [usize; 3] = stem
+            .split('-')
+            .map(|p| p.parse().unwrap())
+            .collect::<Vec<_>>()
+            .try_into()
+            .unwrap();
+        let expected = std::fs::read(&path).unwrap();
+        let png = dir.join(&format!("{image}.png"));
+        let got = folder::decode(&png, channels, size).unwrap();
+        assert_eq!(got.len(), channels * size * size, "{stem}");
+        assert_eq!(expected.len(), got.len(), "{stem}");
+        let worst = expected
+            .iter()
+            .zip(&got)
+            .map(|(&a, &b)| a.abs_diff(b))
+            .max()
+            .unwrap();
+        assert!(
+            worst <= 1,
+            "{stem}: differs from torchvision by up to {worst}"
+        );
+        compared += 1;
+    }
+    assert_eq!(compared, 12, "6 images, 2 channel counts each");
 }

@@ -6,6 +6,10 @@ use std::borrow::Cow;
 use super::folder::ImageFolder;
 use super::{DataError, ImageDataset};
 
+/// One sample as read from a source: its C×H×W `u8` pixels (borrowed from memory or decoded)
+/// and its label.
+pub type RawSample<'a> = (Cow<'a, [u8]>, i64);
+
 /// Indexed samples of one shape with class labels, readable from any thread.
 ///
 /// [`read`](SampleSource::read) must be a pure function of the index (the loader's batches do
@@ -23,9 +27,9 @@ pub trait SampleSource: Send + Sync + std::fmt::Debug {
     /// The (C, H, W) of every sample.
     fn shape(&self) -> (usize, usize, usize);
 
-    /// The C×H×W `u8` pixels and the label of sample `index`; `Ok(None)` when the sample is to
-    /// be left out (an undecodable file skipped by setting).
-    fn read(&self, index: usize) -> Result<Option<(Cow<'_, [u8]>, i64)>, DataError>;
+    /// Sample `index`; `Ok(None)` when it is to be left out (an undecodable file skipped by
+    /// setting).
+    fn read(&self, index: usize) -> Result<Option<RawSample<'_>>, DataError>;
 }
 
 impl SampleSource for ImageDataset {
@@ -37,7 +41,7 @@ impl SampleSource for ImageDataset {
         (self.channels, self.height, self.width)
     }
 
-    fn read(&self, index: usize) -> Result<Option<(Cow<'_, [u8]>, i64)>, DataError> {
+    fn read(&self, index: usize) -> Result<Option<RawSample<'_>>, DataError> {
         let pixels = self.sample(index).ok_or_else(|| {
             DataError::Invalid(format!(
                 "sample {index} is outside the dataset of {}",
@@ -57,7 +61,7 @@ impl SampleSource for ImageFolder {
         ImageFolder::shape(self)
     }
 
-    fn read(&self, index: usize) -> Result<Option<(Cow<'_, [u8]>, i64)>, DataError> {
+    fn read(&self, index: usize) -> Result<Option<RawSample<'_>>, DataError> {
         Ok(self
             .load(index)?
             .map(|pixels| (Cow::Owned(pixels), self.labels()[index])))
