@@ -288,6 +288,22 @@ fn a_bad_file_stops_or_is_skipped_by_setting() {
         "5 files, 1 skipped"
     );
     assert_eq!(batches(2), reference);
+
+    // A batch of nothing but skipped files is an error, not an empty batch.
+    let options = LoaderOptions {
+        shuffle: false,
+        ..LoaderOptions::new(1)
+    };
+    let results: Vec<_> = Loader::new(Arc::clone(&train), Arc::new(Vec::new()), options)
+        .unwrap()
+        .epoch(0, 0)
+        .collect();
+    assert_eq!(results.len(), 5);
+    let msg = results[4].as_ref().unwrap_err().to_string();
+    assert!(
+        msg.contains("every sample of batch 4 was left out"),
+        "{msg}"
+    );
 }
 
 #[test]
