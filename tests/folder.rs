@@ -1,6 +1,7 @@
 //! Image folders through the binary: `tessera data export-folder` writes part of Fashion-MNIST as
 //! PNGs, `tessera train` trains on them with `dataset = "folder"`, identically for any worker
-//! count, and the exported files decode back to the dataset's own pixels.
+//! count and across a resume, the exported files decode back to the dataset's own pixels, and
+//! the decoding matches torchvision's.
 
 use std::path::Path;
 
@@ -111,6 +112,25 @@ fn trains_on_an_exported_folder_identically_for_any_worker_count() {
     let (w0, w2) = (&results[0], &results[1]);
     assert_eq!(w0.1, w2.1, "training losses differ between 0 and 2 workers");
     assert_eq!(w0.0["final_accuracy"], w2.0["final_accuracy"]);
+
+    // Stopped after 3 batches (a checkpoint at the end) and resumed mid-epoch: the same run.
+    folder_toml(&dir, &images, "resumed", "");
+    train(&dir, &["train.max_duration=3ba", "data.workers=2"], &[]).assert_success();
+    let out = train(
+        &dir,
+        &[
+            "train.max_duration=7ba",
+            "data.workers=2",
+            "checkpoint.autoresume=true",
+        ],
+        &[],
+    );
+    out.assert_success();
+    assert!(out.stderr.contains("resumed from"), "{}", out.dump());
+    let run = run_dir(&dir, "resumed");
+    assert_eq!(train_losses(&run), w0.1, "the resumed run differs");
+    let record = read_json(&run.join("run.json"));
+    assert_eq!(record["final_accuracy"], w0.0["final_accuracy"]);
 }
 
 #[test]

@@ -425,4 +425,17 @@ fn export_limits_per_class_and_names_classes_by_label() {
         .to_string();
     assert!(msg.contains("1 class names given for 3 classes"), "{msg}");
     assert!(!dir.0.join("few").exists() && !dir.0.join("zero").exists());
+
+    // An export that fails half-way (a class folder that cannot be made) leaves nothing behind:
+    // neither the folder nor its temporary.
+    let broken = dir.0.join("broken");
+    let msg = export(&split, Some(&["a", "b\0", "c"]), &broken, None)
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("partial"), "{msg}");
+    let left: Vec<_> = fs::read_dir(&dir.0)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, ["limited"]);
 }
