@@ -426,9 +426,10 @@ pub struct ExportSummary {
 /// (the first ones). Class folders are named `class_names` (in label order) when given, else by
 /// the zero-padded label. Folders read back in sorted name order: labels follow the names.
 ///
-/// The folder is written under a temporary name beside `dir` and renamed to `dir` only when
-/// complete, so an interrupted export never leaves something that looks finished. `dir` must
-/// not exist or be an empty folder.
+/// The folder is written under a temporary name beside `dir` (`.NAME.partial-PID-TIME`) and
+/// renamed to `dir` only when complete, so an interrupted export never leaves something that
+/// looks finished: a failed one removes its temporary, a killed one leaves it to be deleted by
+/// hand. `dir` must not exist or be an empty folder.
 pub fn export(
     split: &Split,
     class_names: Option<&[&str]>,
