@@ -47,7 +47,7 @@ impl Dataset {
         !matches!(self, Dataset::Synthetic | Dataset::Folder)
     }
 
-    /// The pinned shape of a registry dataset ([`super::fetch`] knows it); `None` for
+    /// The pinned shape of a registry dataset ([`super::fetch()`] knows it); `None` for
     /// `synthetic`, whose shape is its [`SyntheticConfig`], and `folder`, whose shape is its
     /// [`FolderConfig`](super::FolderConfig) and class folders.
     pub fn registry_shape(self) -> Option<DatasetShape> {
