@@ -11,7 +11,6 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use serde_json::Value;
 use tessera::checkpoint::Checkpoint;
@@ -19,14 +18,6 @@ use tessera::config;
 use tessera::model::Model;
 use tessera_plugin_api::tch::{self, Device, Kind, Tensor};
 use tessera_tests::*;
-
-/// The repository root.
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("tests/ has a parent")
-        .to_owned()
-}
 
 /// A `trainer.toml` for 4 batches of 16 synthetic `channels`x`height`x`width` images with
 /// checkpoints every 2 batches.
@@ -117,65 +108,6 @@ fn model_from_checkpoint(cfg: &config::Config, ckpt: &Checkpoint) -> Model {
         tch::no_grad(|| e.tensor.shallow_clone().copy_(saved));
     }
     model
-}
-
-/// `PYTHONPATH` for the torch wheel: `$TESSERA_TORCH_PYTHONPATH`, else the folder holding
-/// libtorch (the wheel's `torch/`).
-fn torch_pythonpath() -> PathBuf {
-    if let Some(dir) = std::env::var_os("TESSERA_TORCH_PYTHONPATH").filter(|v| !v.is_empty()) {
-        return PathBuf::from(dir);
-    }
-    let libtorch = std::env::var_os("LIBTORCH")
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            let cache = std::env::var_os("TESSERA_CACHE")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| {
-                    std::env::var_os("HOME")
-                        .map(PathBuf::from)
-                        .unwrap_or_default()
-                        .join(".cache")
-                        .join("tessera")
-                });
-            cache.join("torch-2.13.0").join("torch")
-        });
-    libtorch.parent().map(Path::to_owned).unwrap_or(libtorch)
-}
-
-fn python(args: &[&str]) -> Result<std::process::Output, String> {
-    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".to_owned());
-    Command::new(&python)
-        .args(args)
-        .current_dir(repo_root())
-        .env("PYTHONPATH", torch_pythonpath())
-        .env("PYTHONWARNINGS", "ignore")
-        .output()
-        .map_err(|e| format!("cannot run {python}: {e}"))
-}
-
-/// Whether `import torch` works; prints a notice (or fails, with TESSERA_REQUIRE_PYTORCH=1)
-/// when it does not.
-fn torch_available(what: &str) -> bool {
-    let why = match python(&["-c", "import torch"]) {
-        Ok(out) if out.status.success() => return true,
-        Ok(out) => {
-            let stderr = String::from_utf8_lossy(&out.stderr);
-            let last = stderr.lines().last().unwrap_or("").trim().to_owned();
-            format!("{}: {last}", out.status)
-        }
-        Err(e) => e,
-    };
-    let notice = format!(
-        "NOTICE: skipping the PyTorch comparison of {what}: `import torch` failed with \
-         PYTHONPATH={} ({why})",
-        torch_pythonpath().display()
-    );
-    if std::env::var_os("TESSERA_REQUIRE_PYTORCH").is_some_and(|v| v == "1") {
-        panic!("{notice} and TESSERA_REQUIRE_PYTORCH=1");
-    }
-    eprintln!("{notice}");
-    false
 }
 
 /// Runs scripts/check_export.py; returns (exit code, stdout + stderr).
@@ -271,7 +203,7 @@ fn export_and_compare(label: &str, model: &str, channels: u32, height: u32, widt
     Tensor::write_safetensors(&[("input", &input), ("output", &output)], &case)
         .expect("write the case file");
 
-    if !torch_available(label) {
+    if !python_can_import("torch", &format!("the export of {label}")) {
         return;
     }
     let (code, text) = check_export(&exported, &case);

@@ -628,3 +628,73 @@ pub fn train_losses(lines: &[Value]) -> Vec<f64> {
         .map(|l| l["data"]["loss"].as_f64().expect("loss"))
         .collect()
 }
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_owned()
+}
+
+/// `PYTHONPATH` for the torch wheel (and torchvision beside it): `$TESSERA_TORCH_PYTHONPATH`
+/// (`scripts/test.sh` sets it to both), else the folder holding libtorch (the wheel's `torch/`).
+pub fn torch_pythonpath() -> PathBuf {
+    if let Some(dir) = std::env::var_os("TESSERA_TORCH_PYTHONPATH").filter(|v| !v.is_empty()) {
+        return PathBuf::from(dir);
+    }
+    let libtorch = std::env::var_os("LIBTORCH")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let cache = std::env::var_os("TESSERA_CACHE")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| {
+                    std::env::var_os("HOME")
+                        .map(PathBuf::from)
+                        .unwrap_or_default()
+                        .join(".cache")
+                        .join("tessera")
+                });
+            cache.join("torch-2.13.0").join("torch")
+        });
+    libtorch.parent().map(Path::to_owned).unwrap_or(libtorch)
+}
+
+/// Runs `$PYTHON` (default `python3`) with `args` in the repository root, with
+/// [`torch_pythonpath`] as `PYTHONPATH`.
+pub fn python(args: &[&str]) -> Result<std::process::Output, String> {
+    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".to_owned());
+    Command::new(&python)
+        .args(args)
+        .current_dir(repo_root())
+        .env("PYTHONPATH", torch_pythonpath())
+        .env("PYTHONWARNINGS", "ignore")
+        .output()
+        .map_err(|e| format!("cannot run {python}: {e}"))
+}
+
+/// Whether `import <module>` works (`torch`, `torchvision`); prints a notice that the
+/// comparison `what` is skipped when it does not, or fails with TESSERA_REQUIRE_PYTORCH=1 (as
+/// `scripts/test.sh`, what CI runs, sets).
+pub fn python_can_import(module: &str, what: &str) -> bool {
+    let why = match python(&["-c", &format!("import {module}")]) {
+        Ok(out) if out.status.success() => return true,
+        Ok(out) => {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            let last = stderr.lines().last().unwrap_or("").trim().to_owned();
+            format!("{}: {last}", out.status)
+        }
+        Err(e) => e,
+    };
+    let notice = format!(
+        "NOTICE: skipping the PyTorch comparison of {what}: `import {module}` failed with \
+         PYTHONPATH={} ({why})",
+        torch_pythonpath().display()
+    );
+    if std::env::var_os("TESSERA_REQUIRE_PYTORCH").is_some_and(|v| v == "1") {
+        panic!("{notice} and TESSERA_REQUIRE_PYTORCH=1");
+    }
+    eprintln!("{notice}");
+    false
+}

@@ -9,7 +9,8 @@ use super::reader::{quote_list, Bounds, Tbl};
 use super::required_table;
 use super::section::{section, Section};
 use crate::data::{
-    Dataset, DatasetShape, HorizontalFlip, Normalize, RandomCrop, SyntheticConfig, Transforms,
+    folder, Dataset, DatasetShape, FolderConfig, HorizontalFlip, Normalize, OnBadFile, RandomCrop,
+    SyntheticConfig, Transforms,
 };
 
 /// `[data]`
@@ -18,9 +19,10 @@ pub struct DataConfig {
     /// Which dataset.
     pub dataset: Dataset,
     /// Dataset cache root, resolved against the file's folder; `None` = the loader's default.
+    /// For `folder`, the image folder itself (required).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub data_dir: Option<PathBuf>,
-    /// Fetch a missing registry dataset (default true).
+    /// Fetch a missing registry dataset (default true; no effect on `synthetic` and `folder`).
     pub fetch: bool,
     /// Training batch size (default 128, >= 1).
     pub batch_size: usize,
@@ -37,9 +39,13 @@ pub struct DataConfig {
     /// Shape of the synthetic dataset; `Some` exactly when `dataset` is `synthetic`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub synthetic: Option<SyntheticConfig>,
+    /// How an image folder's files become samples; `Some` exactly when `dataset` is `folder`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub folder: Option<FolderConfig>,
     /// Train-time transforms.
     pub transforms: Transforms,
-    /// The dataset's image shape and classes (from `synthetic` or the registry's pinned facts).
+    /// The dataset's image shape and classes (from `synthetic`, `folder` and the folder's
+    /// class folders, or the registry's pinned facts).
     #[serde(skip)]
     shape: DatasetShape,
 }
@@ -55,6 +61,7 @@ section!(DataConfig {
     drop_last: bool(),
     shuffle: bool(),
     synthetic,
+    folder,
     transforms,
 });
 
@@ -92,6 +99,12 @@ section!(SyntheticConfig {
     height: uint(1),
     width: uint(1),
     classes: uint(1),
+});
+
+section!(FolderConfig {
+    size,
+    channels: uint(1),
+    on_bad_file: choice("on_bad_file setting", &OnBadFile::CHOICES),
 });
 
 section!(Transforms {
@@ -134,9 +147,28 @@ pub(super) fn read(top: &Tbl<'_>) -> Result<DataConfig, ConfigError> {
             None
         }
     };
-    let shape = match &synthetic {
-        Some(s) => s.shape(),
-        None => dataset.registry_shape().ok_or_else(|| {
+    let folder = match dataset {
+        Dataset::Folder => Some(read_folder(&d)?),
+        _ => {
+            d.reject(
+                "folder",
+                &format!(
+                    "[data.folder] only applies to dataset = \"folder\", not {:?}",
+                    dataset.as_str()
+                ),
+            )?;
+            None
+        }
+    };
+    let shape = match (&synthetic, &folder) {
+        (Some(s), _) => s.shape(),
+        (_, Some((f, classes))) => DatasetShape {
+            channels: f.channels,
+            height: f.size,
+            width: f.size,
+            classes: *classes,
+        },
+        _ => dataset.registry_shape().ok_or_else(|| {
             d.err(
                 "dataset",
                 ErrorKind::InvalidValue,
@@ -156,6 +188,7 @@ pub(super) fn read(top: &Tbl<'_>) -> Result<DataConfig, ConfigError> {
         drop_last: true,
         shuffle: true,
         synthetic,
+        folder: folder.map(|(f, _)| f),
         transforms: Transforms::default(),
         shape,
     }
@@ -165,6 +198,47 @@ pub(super) fn read(top: &Tbl<'_>) -> Result<DataConfig, ConfigError> {
         None => Transforms::default(),
     };
     Ok(DataConfig { transforms, ..data })
+}
+
+/// `[data.folder]` (required with `data_dir` for `dataset = "folder"`) and the number of class
+/// folders in `data_dir/train`: the only look at the folder until the run starts.
+fn read_folder(d: &Tbl<'_>) -> Result<(FolderConfig, usize), ConfigError> {
+    let root = d.path("data_dir")?.ok_or_else(|| {
+        d.missing(
+            "data_dir",
+            "the image folder, holding train/CLASS/*.png and val/CLASS/*.png",
+        )
+    })?;
+    let f = d
+        .sub("folder", Some(FolderConfig::KEYS))?
+        .ok_or_else(|| d.missing("folder", "a [data.folder] table with the image `size`"))?;
+    let size = f.uint("size", 1)?.ok_or_else(|| {
+        f.missing(
+            "size",
+            "the side of the square samples: each image is resized (shorter side) and centre-cropped to it",
+        )
+    })?;
+    let config = FolderConfig::new(size).read_keys(&f)?;
+    if config.channels != 1 && config.channels != 3 {
+        return Err(f.err(
+            "channels",
+            ErrorKind::InvalidValue,
+            format!(
+                "must be 1 (luma) or 3 (RGB), got {}; every image is converted to it",
+                config.channels
+            ),
+        ));
+    }
+    if u32::try_from(config.size).is_err() {
+        return Err(f.err(
+            "size",
+            ErrorKind::InvalidValue,
+            format!("must be below 2^32, got {}", config.size),
+        ));
+    }
+    let classes = folder::class_names(&root)
+        .map_err(|e| d.err("data_dir", ErrorKind::InvalidValue, e.to_string()))?;
+    Ok((config, classes.len()))
 }
 
 fn read_transforms(t: &Tbl<'_>, data: &DataConfig) -> Result<Transforms, ConfigError> {

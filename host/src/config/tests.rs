@@ -731,7 +731,7 @@ fn wrong_types() {
             WrongType,
             "data.dataset",
             Some(3),
-            "expected one of \"fashion-mnist\", \"mnist\" or \"synthetic\"",
+            "expected one of \"fashion-mnist\", \"mnist\", \"synthetic\" or \"folder\"",
         ),
         case(
             "algorithms table",
@@ -1017,7 +1017,7 @@ fn unknown_names() {
             InvalidValue,
             "data.dataset",
             Some(3),
-            "unknown dataset \"cifar10\"; expected \"fashion-mnist\", \"mnist\" or \"synthetic\"",
+            "unknown dataset \"cifar10\"; expected \"fashion-mnist\", \"mnist\", \"synthetic\" or \"folder\"",
         ),
         case(
             "dataset typo",
@@ -1088,7 +1088,7 @@ fn missing_required() {
             MissingKey,
             "data.dataset",
             Some(2),
-            "expected \"fashion-mnist\", \"mnist\" or \"synthetic\"",
+            "expected \"fashion-mnist\", \"mnist\", \"synthetic\" or \"folder\"",
         ),
         case(
             "model name",
@@ -1647,6 +1647,103 @@ fn iteration_length_in_epochs_and_iter_durations_need_it() {
             "train.max_duration",
             Some(9),
             "train.iteration_length is set",
+        ),
+    ]);
+}
+
+#[test]
+fn folder_dataset() {
+    use crate::data::{FolderConfig, OnBadFile};
+    let dir = crate::data::idx::tests::TempDir::new("config-folder");
+    for class in ["b", "a", "c"] {
+        std::fs::create_dir_all(dir.0.join("train").join(class)).unwrap();
+    }
+    let data_dir = format!("data_dir = {:?}\n", dir.0.display().to_string());
+    let folder = |extra: &str| {
+        MINIMAL.replace(
+            "dataset = \"fashion-mnist\"\n",
+            &format!("dataset = \"folder\"\n{data_dir}{extra}"),
+        )
+    };
+    let c = ok(&folder("[data.folder]\nsize = 16\nchannels = 1\n"));
+    assert_eq!(c.data.dataset, Dataset::Folder);
+    assert_eq!(c.data.data_dir.as_deref(), Some(dir.0.as_path()));
+    assert_eq!(
+        c.data.folder,
+        Some(FolderConfig {
+            channels: 1,
+            ..FolderConfig::new(16)
+        })
+    );
+    assert_eq!((c.data.channels(), c.data.image_size()), (1, (16, 16)));
+    assert_eq!((c.data.num_classes(), c.model.num_classes), (3, 3));
+    let j = serde_json::to_value(&c).unwrap();
+    assert_eq!(j["data"]["folder"]["on_bad_file"], "stop");
+    let c = ok(&folder("[data.folder]\nsize = 8\non_bad_file = \"skip\"\n"));
+    let f = c.data.folder.unwrap();
+    assert_eq!((f.channels, f.on_bad_file), (3, OnBadFile::Skip));
+
+    use ErrorKind::{InvalidValue, MissingKey, UnknownKey};
+    let no_train = MINIMAL.replace(
+        "dataset = \"fashion-mnist\"\n",
+        "dataset = \"folder\"\ndata_dir = \"/nowhere\"\n[data.folder]\nsize = 8\n",
+    );
+    check(vec![
+        case(
+            "folder without data_dir",
+            MINIMAL.replace("\"fashion-mnist\"", "\"folder\""),
+            MissingKey,
+            "data.data_dir",
+            Some(2),
+            "the image folder",
+        ),
+        case(
+            "folder without [data.folder]",
+            folder(""),
+            MissingKey,
+            "data.folder",
+            Some(2),
+            "the image `size`",
+        ),
+        case(
+            "folder without size",
+            folder("[data.folder]\nchannels = 3\n"),
+            MissingKey,
+            "data.folder.size",
+            Some(5),
+            "resized (shorter side) and centre-cropped",
+        ),
+        case(
+            "two channels",
+            folder("[data.folder]\nsize = 8\nchannels = 2\n"),
+            InvalidValue,
+            "data.folder.channels",
+            Some(7),
+            "must be 1 (luma) or 3 (RGB), got 2",
+        ),
+        case(
+            "unknown on_bad_file",
+            folder("[data.folder]\nsize = 8\non_bad_file = \"ignore\"\n"),
+            InvalidValue,
+            "data.folder.on_bad_file",
+            Some(7),
+            "expected \"stop\" or \"skip\"",
+        ),
+        case(
+            "no train folder",
+            no_train,
+            InvalidValue,
+            "data.data_dir",
+            Some(4),
+            "/nowhere/train: no such folder",
+        ),
+        case(
+            "folder for fashion-mnist",
+            with("[data.folder]\nsize = 8\n"),
+            UnknownKey,
+            "data.folder",
+            Some(10),
+            "only applies to dataset = \"folder\"",
         ),
     ]);
 }

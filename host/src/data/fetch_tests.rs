@@ -97,6 +97,7 @@ fn a_cache_verifies_by_marker_sizes_and_sha256_and_names_a_damaged_file() {
     let spec = DatasetSpec {
         name: "stand-in",
         shape: IDX_28X28_10_CLASSES,
+        class_names: None,
         source: Source::PyPiSdist {
             requirement: "none",
         },

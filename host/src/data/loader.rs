@@ -19,7 +19,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
 use super::transforms::{Sample, Transform};
-use super::{DataError, ImageDataset};
+use super::{DataError, SampleSource};
 
 /// One batch in host memory, ready to become tensors.
 #[derive(Debug, Clone, PartialEq)]
@@ -27,7 +27,7 @@ pub struct HostBatch {
     /// B×C×H×W pixels after the transforms.
     pub input: Vec<f32>,
     /// `[B, C, H, W]`; B is smaller than the batch size only for the last batch when
-    /// `drop_last` is off.
+    /// `drop_last` is off, or when the source left samples out (skipped bad files).
     pub input_shape: [usize; 4],
     /// B class indices.
     pub target: Vec<i64>,
@@ -70,7 +70,7 @@ impl LoaderOptions {
 /// Serves the batches of a dataset, one epoch at a time.
 #[derive(Debug, Clone)]
 pub struct Loader {
-    dataset: Arc<ImageDataset>,
+    dataset: Arc<dyn SampleSource>,
     transforms: Arc<Vec<Transform>>,
     options: LoaderOptions,
     sample_shape: (usize, usize, usize),
@@ -81,7 +81,7 @@ type Producer = Arc<dyn Fn(u64) -> Result<HostBatch, DataError> + Send + Sync>;
 impl Loader {
     /// Builds a loader after checking the options and that the transforms fit the image shape.
     pub fn new(
-        dataset: Arc<ImageDataset>,
+        dataset: Arc<dyn SampleSource>,
         transforms: Arc<Vec<Transform>>,
         options: LoaderOptions,
     ) -> Result<Loader, DataError> {
@@ -101,7 +101,7 @@ impl Loader {
                 dataset.len()
             )));
         }
-        let mut shape = (dataset.channels, dataset.height, dataset.width);
+        let mut shape = dataset.shape();
         for (i, transform) in transforms.iter().enumerate() {
             shape = transform
                 .output_shape(shape)
@@ -150,7 +150,7 @@ impl Loader {
         let transform_key = key(self.options.seed, epoch, *b"transfrm");
         let producer: Producer = Arc::new(move |batch| {
             make_batch(
-                &dataset,
+                &*dataset,
                 &transforms,
                 &order,
                 batch_size,
@@ -190,7 +190,7 @@ fn key(seed: u64, epoch: u64, purpose: [u8; 8]) -> [u8; 32] {
 }
 
 fn make_batch(
-    dataset: &ImageDataset,
+    dataset: &dyn SampleSource,
     transforms: &[Transform],
     order: &[u32],
     batch_size: usize,
@@ -206,13 +206,12 @@ fn make_batch(
     let mut target = Vec::with_capacity(end - start);
     for (position, &index) in order.iter().enumerate().take(end).skip(start) {
         let index = index as usize;
-        let pixels = dataset.sample(index).ok_or_else(|| {
-            DataError::Invalid(format!(
-                "loader: sample {index} is outside the dataset of {}",
-                dataset.len()
-            ))
-        })?;
-        let mut sample = Sample::from_u8(pixels, dataset.channels, dataset.height, dataset.width);
+        // A sample the source leaves out (a skipped bad file) makes the batch shorter.
+        let Some((pixels, label)) = dataset.read(index)? else {
+            continue;
+        };
+        let (c, h, w) = dataset.shape();
+        let mut sample = Sample::from_u8(&pixels, c, h, w);
         let mut rng = ChaCha8Rng::from_seed(transform_key);
         rng.set_stream(position as u64);
         for (i, transform) in transforms.iter().enumerate() {
@@ -227,11 +226,16 @@ fn make_batch(
             )));
         }
         input.extend_from_slice(&sample.data);
-        target.push(dataset.labels[index]);
+        target.push(label);
+    }
+    if target.is_empty() && end > start {
+        return Err(DataError::Invalid(format!(
+            "loader: every sample of batch {batch} was left out (see the warnings above)"
+        )));
     }
     Ok(HostBatch {
         input,
-        input_shape: [end - start, channels, height, width],
+        input_shape: [target.len(), channels, height, width],
         target,
         index: batch,
     })

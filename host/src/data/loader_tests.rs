@@ -1,5 +1,6 @@
 //! Unit tests of `loader`.
 use super::super::transforms::{HorizontalFlip, Normalize, RandomCrop};
+use super::super::ImageDataset;
 use super::*;
 use std::collections::HashSet;
 use std::sync::atomic::AtomicUsize;

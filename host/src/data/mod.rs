@@ -1,23 +1,32 @@
 //! Datasets, the batch loader and per-sample transforms.
 //!
 //! Pure Rust: this module reads and fetches image datasets ([`idx`], [`mod@fetch`]), holds them in
-//! memory ([`ImageDataset`]), augments samples ([`Transform`]) and serves batches of `f32` pixels
-//! on worker threads ([`Loader`]). The trainer turns [`HostBatch`]es into tensors.
+//! memory ([`ImageDataset`]) or lists an image folder whose files are decoded on demand
+//! ([`ImageFolder`]), both read through a [`SampleSource`], augments samples ([`Transform`]) and
+//! serves batches of `f32` pixels on worker threads ([`Loader`]). The trainer turns
+//! [`HostBatch`]es into tensors.
 
 pub mod dataset;
 mod download;
 pub mod fetch;
+pub mod folder;
 pub mod idx;
 pub mod loader;
+pub mod source;
 pub mod spec;
 pub mod transforms;
 
 use std::path::PathBuf;
 
 pub use dataset::{ImageDataset, Split};
-pub use fetch::{default_cache_root, fetch, fetch_again, known_datasets, load, registry_shape};
+pub use fetch::{
+    default_cache_root, fetch, fetch_again, known_datasets, load, registry_class_names,
+    registry_shape,
+};
+pub use folder::{FolderConfig, ImageFolder, OnBadFile};
 pub use idx::{read_images, read_labels, Images};
 pub use loader::{EpochIter, HostBatch, Loader, LoaderOptions};
+pub use source::SampleSource;
 pub use spec::{Dataset, DatasetShape, SyntheticConfig};
 pub use transforms::{
     HorizontalFlip, MethodTransform, Normalize, RandomCrop, Sample, SampleFn, Transform, Transforms,

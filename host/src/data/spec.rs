@@ -17,14 +17,19 @@ pub enum Dataset {
     /// Random images generated in memory, shaped by a [`SyntheticConfig`].
     #[serde(rename = "synthetic")]
     Synthetic,
+    /// The user's images in an image folder (`train/CLASS/...`, `val/CLASS/...`), shaped by a
+    /// [`FolderConfig`](super::FolderConfig).
+    #[serde(rename = "folder")]
+    Folder,
 }
 
 impl Dataset {
     /// Every dataset with the name used in `trainer.toml`.
-    pub const CHOICES: [(&'static str, Dataset); 3] = [
+    pub const CHOICES: [(&'static str, Dataset); 4] = [
         ("fashion-mnist", Dataset::FashionMnist),
         ("mnist", Dataset::Mnist),
         ("synthetic", Dataset::Synthetic),
+        ("folder", Dataset::Folder),
     ];
 
     /// The name used in `trainer.toml` (and by [`fetch`](super::fetch()) for registry datasets).
@@ -33,16 +38,18 @@ impl Dataset {
             Dataset::FashionMnist => "fashion-mnist",
             Dataset::Mnist => "mnist",
             Dataset::Synthetic => "synthetic",
+            Dataset::Folder => "folder",
         }
     }
 
-    /// Whether the dataset is downloaded from a registry (not generated).
+    /// Whether the dataset is downloaded from a registry (not generated, not the user's).
     pub fn is_registry(self) -> bool {
-        !matches!(self, Dataset::Synthetic)
+        !matches!(self, Dataset::Synthetic | Dataset::Folder)
     }
 
-    /// The pinned shape of a registry dataset ([`super::fetch`] knows it); `None` for
-    /// `synthetic`, whose shape is its [`SyntheticConfig`].
+    /// The pinned shape of a registry dataset ([`super::fetch()`] knows it); `None` for
+    /// `synthetic`, whose shape is its [`SyntheticConfig`], and `folder`, whose shape is its
+    /// [`FolderConfig`](super::FolderConfig) and class folders.
     pub fn registry_shape(self) -> Option<DatasetShape> {
         super::fetch::registry_shape(self.as_str())
     }

@@ -5,7 +5,9 @@ use std::time::Instant;
 
 use crate::checkpoint;
 use crate::config::{self, Config};
-use crate::data::{self, ImageDataset, Loader, LoaderOptions, MethodTransform};
+use crate::data::{
+    self, ImageDataset, ImageFolder, Loader, LoaderOptions, MethodTransform, SampleSource,
+};
 use crate::engine::{Algorithm, Engine, Event, OnError, RunState, SetupState, Stage};
 use crate::model::{InputShape, Model};
 use crate::optim::Optimizer;
@@ -169,7 +171,7 @@ fn build_loaders(config: &Config, methods: &[MethodTransform]) -> Result<(Loader
         workers = 1;
     }
     let train_loader = Loader::new(
-        Arc::new(train_set),
+        train_set,
         Arc::new(d.transforms.train_pipeline_with(methods)),
         LoaderOptions {
             batch_size: d.batch_size,
@@ -181,7 +183,7 @@ fn build_loaders(config: &Config, methods: &[MethodTransform]) -> Result<(Loader
         },
     )?;
     let eval_loader = Loader::new(
-        Arc::new(test_set),
+        test_set,
         Arc::new(d.transforms.pipeline(false)),
         LoaderOptions {
             batch_size: d.eval_batch_size,
@@ -270,9 +272,23 @@ fn prepare_checkpoint_folder(ck: &config::CheckpointConfig, resuming: bool) -> R
     Ok(())
 }
 
-/// Loads (fetching when allowed) the train and test sets named in the config.
-pub fn load_datasets(cfg: &Config) -> Result<(ImageDataset, ImageDataset)> {
+/// The train and test sets named in the config: a registry dataset loaded (fetched when
+/// allowed), a synthetic one generated, or an image folder listed (its images are decoded by
+/// the loader).
+pub fn load_datasets(cfg: &Config) -> Result<(Arc<dyn SampleSource>, Arc<dyn SampleSource>)> {
     let d = &cfg.data;
+    if let (Some(f), Some(root)) = (&d.folder, &d.data_dir) {
+        let (train, val) = ImageFolder::open_split(root, f)
+            .with_context(|| format!("reading the image folder {}", root.display()))?;
+        tracing::info!(
+            "image folder {}: {} training and {} validation images of {} classes",
+            root.display(),
+            train.len(),
+            val.len(),
+            train.classes().len()
+        );
+        return Ok((Arc::new(train), Arc::new(val)));
+    }
     if let Some(s) = &d.synthetic {
         let train = ImageDataset::synthetic(
             cfg.seed, s.samples, s.channels, s.height, s.width, s.classes,
@@ -285,7 +301,7 @@ pub fn load_datasets(cfg: &Config) -> Result<(ImageDataset, ImageDataset)> {
             s.width,
             s.classes,
         )?;
-        return Ok((train, test));
+        return Ok((Arc::new(train), Arc::new(test)));
     }
     let name = d.dataset.as_str();
     let root = d.data_dir.clone().unwrap_or_else(data::default_cache_root);
@@ -298,5 +314,5 @@ pub fn load_datasets(cfg: &Config) -> Result<(ImageDataset, ImageDataset)> {
             root.display()
         )
     })?;
-    Ok((split.train, split.test))
+    Ok((Arc::new(split.train), Arc::new(split.test)))
 }
