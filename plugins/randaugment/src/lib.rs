@@ -148,9 +148,15 @@ impl Draws for SampleRandom<'_> {
 pub enum Op {
     AutoContrast,
     Equalize,
-    Posterize { bits: u32 },
-    Rotate { degrees: i64 },
-    Solarize { threshold: i64 },
+    Posterize {
+        bits: u32,
+    },
+    Rotate {
+        degrees: i64,
+    },
+    Solarize {
+        threshold: i64,
+    },
     /// `Image.transform(AFFINE, data, BILINEAR)` (shears and translations).
     Affine([f64; 6]),
     Color(f64),
@@ -194,9 +200,8 @@ pub fn draw_op(
     draws: &mut dyn Draws,
 ) -> Op {
     use Primitive as P;
-    let original = |draws: &mut dyn Draws| {
-        float_parameter(sample_level(severity, draws), 1.8) + 0.1
-    };
+    let original =
+        |draws: &mut dyn Draws| float_parameter(sample_level(severity, draws), 1.8) + 0.1;
     match primitive {
         P::AutoContrast => Op::AutoContrast,
         P::Equalize => Op::Equalize,
@@ -223,9 +228,17 @@ pub fn draw_op(
             })
         }
         P::TranslateX | P::TranslateY => {
-            let size = if primitive == P::TranslateX { width } else { height };
+            let size = if primitive == P::TranslateX {
+                width
+            } else {
+                height
+            };
             let pixels = int_parameter(sample_level(severity, draws), size as f64 / 3.0);
-            let v = if draws.random() > 0.5 { -pixels } else { pixels } as f64;
+            let v = if draws.random() > 0.5 {
+                -pixels
+            } else {
+                pixels
+            } as f64;
             Op::Affine(if primitive == P::TranslateX {
                 [1.0, 0.0, v, 0.0, 1.0, 0.0]
             } else {
@@ -359,8 +372,7 @@ impl Plugin for RandAugment {
     const VERSION: &'static str = env!("CARGO_PKG_VERSION");
     const DESCRIPTION: &'static str =
         "applies `depth` random Pillow-exact image operations to every training image";
-    const DEFAULT_SETTINGS: &'static str =
-        "severity = 9\ndepth = 2\naugmentation_set = \"all\"";
+    const DEFAULT_SETTINGS: &'static str = "severity = 9\ndepth = 2\naugmentation_set = \"all\"";
 
     fn hooks() -> Vec<Hook> {
         Vec::new()

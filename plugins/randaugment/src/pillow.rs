@@ -105,14 +105,13 @@ pub fn equalize(img: &mut Image) {
             };
             let mut n = step / 2;
             for (i, v) in lut.iter_mut().enumerate() {
-                if step == 0 {
-                    *v = i as u8;
-                } else {
-                    // n // step can reach 256 from the last value on; `Image.point` clips
-                    // the table's entries to a byte.
-                    *v = (n / step).min(255) as u8;
-                    n += h[i];
-                }
+                // n // step can reach 256 from the last value on; `Image.point` clips the
+                // table's entries to a byte. `step = 0` keeps the channel.
+                *v = match n.checked_div(step) {
+                    Some(q) => q.min(255) as u8,
+                    None => i as u8,
+                };
+                n += h[i];
             }
             lut
         })
@@ -233,7 +232,9 @@ fn blend(degenerate: &[u8], img: &mut [u8], factor: f64) {
 /// every channel). A grey image is its own greyscale: unchanged.
 pub fn color(img: &mut Image, factor: f64) {
     let luma = img.luma();
-    let degenerate: Vec<u8> = (0..img.channels).flat_map(|_| luma.iter().copied()).collect();
+    let degenerate: Vec<u8> = (0..img.channels)
+        .flat_map(|_| luma.iter().copied())
+        .collect();
     blend(&degenerate, &mut img.data, factor);
 }
 

@@ -48,7 +48,12 @@ struct Replay {
 impl Replay {
     fn new(calls: &Value, set: &[Primitive], what: String) -> Replay {
         Replay {
-            calls: calls.as_array().expect("numpy_calls").iter().cloned().collect(),
+            calls: calls
+                .as_array()
+                .expect("numpy_calls")
+                .iter()
+                .cloned()
+                .collect(),
             set: set.iter().map(|p| p.name()).collect(),
             what,
         }
@@ -173,7 +178,11 @@ fn assert_same_calls(got: &[(String, Vec<f64>)], want: &[(String, Vec<f64>)], wh
         assert_eq!(gn, wn, "{what}");
         assert_eq!(gv.len(), wv.len(), "{what}: {gn}");
         for (g, w) in gv.iter().zip(wv) {
-            let ok = if gn == "transform" { (g - w).abs() <= 1e-14 } else { g == w };
+            let ok = if gn == "transform" {
+                (g - w).abs() <= 1e-14
+            } else {
+                g == w
+            };
             assert!(ok, "{what}: {gn} {gv:?} vs {wv:?}");
         }
     }
@@ -199,8 +208,14 @@ fn differences(got: &Image, want: &Image) -> (usize, u8) {
 fn every_primitive_at_every_severity_matches_pillow_bytes() {
     let g = Golden::load(CASE);
     let input = image(&g, "image/0");
-    let records = g.json["results"]["primitives"].as_array().expect("primitives");
-    assert_eq!(records.len(), Primitive::ALL.len() * 3, "17 primitives × 3 severities");
+    let records = g.json["results"]["primitives"]
+        .as_array()
+        .expect("primitives");
+    assert_eq!(
+        records.len(),
+        Primitive::ALL.len() * 3,
+        "17 primitives × 3 severities"
+    );
     let mut failures = Vec::new();
     for r in records {
         let name = r["primitive"].as_str().expect("primitive");
@@ -250,16 +265,19 @@ fn the_magnitude_table_is_composers() {
 #[test]
 fn the_seeded_transform_runs_replay_exactly() {
     let g = Golden::load(CASE);
-    let runs = g.json["results"]["transforms"].as_array().expect("transforms");
+    let runs = g.json["results"]["transforms"]
+        .as_array()
+        .expect("transforms");
     assert!(!runs.is_empty());
     for run in runs {
         let severity = run["severity"].as_f64().expect("severity");
         let depth = run["depth"].as_u64().expect("depth");
         let set_name = run["augmentation_set"].as_str().expect("set");
         let set = augmentation_set(set_name).expect("a known set");
-        let listed: Vec<String> =
-            serde_json::from_value(g.json["hyperparameters"]["augmentation_sets"][set_name].clone())
-                .expect("the set's names");
+        let listed: Vec<String> = serde_json::from_value(
+            g.json["hyperparameters"]["augmentation_sets"][set_name].clone(),
+        )
+        .expect("the set's names");
         assert_eq!(set.iter().map(|p| p.name()).collect::<Vec<_>>(), listed);
         for trace in run["trace"].as_array().expect("trace") {
             let index = trace["image"].as_u64().expect("image index");
@@ -349,7 +367,12 @@ fn grey_images_behave_as_pillow_mode_l() {
             let (mut l, mut rgb) = (grey.clone(), grey_rgb.clone());
             apply_op(&mut l, &op).unwrap();
             apply_op(&mut rgb, &op).unwrap();
-            assert_eq!(rgb.data, l.data.repeat(3), "{} at {severity}: {op:?}", p.name());
+            assert_eq!(
+                rgb.data,
+                l.data.repeat(3),
+                "{} at {severity}: {op:?}",
+                p.name()
+            );
             if let Op::Color(_) = op {
                 assert_eq!(l, grey, "color changes no grey image");
             }
@@ -378,7 +401,10 @@ impl Draws for Unit<'_> {
 #[test]
 fn only_one_or_three_channels_are_accepted() {
     let m = method("{}");
-    let transform = m.sample_transform().into_option().expect("a sample transform");
+    let transform = m
+        .sample_transform()
+        .into_option()
+        .expect("a sample transform");
     let shape = |channels| SampleShape {
         channels,
         height: 4,
