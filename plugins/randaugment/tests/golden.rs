@@ -6,114 +6,20 @@
 //! full draw trace. The recorded draws are replayed through the crate's `Draws` (each call's kind
 //! and arguments checked), the Pillow parameters compared, and the output bytes must be equal.
 
-use std::collections::VecDeque;
-
-use randaugment::pillow::{rotate_matrix, Image};
-use randaugment::{
-    apply_op, augmentation_set, draw_op, float_parameter, int_parameter, randaugment_image,
-    to_image, to_sample, Draws, Op, Primitive, RandAugment,
+use augmentation_primitives::pillow::{rotate_matrix, Image};
+use augmentation_primitives::replay::{image, Replay};
+use augmentation_primitives::{
+    apply_op, augmentation_set, draw_op, float_parameter, int_parameter, to_image, to_sample,
+    Draws, Op, Primitive,
 };
+use randaugment::{randaugment_image, RandAugment};
 use serde_json::Value;
 use tessera_plugin_api::abi::SampleShape;
-use tessera_plugin_api::tch::Kind;
 use tessera_plugin_api::testing::golden::Golden;
 use tessera_plugin_api::testing::{apply_sample_transform, settings, RandomSource};
 use tessera_plugin_api::{boxed_method, ErrorKind, Sample};
 
 const CASE: &str = "randaugment";
-
-/// A golden (H, W, C) uint8 image as a channel-major [`Image`].
-fn image(g: &Golden, name: &str) -> Image {
-    let t = g.tensor(name);
-    assert_eq!(t.kind(), Kind::Uint8, "{name}");
-    let size = t.size();
-    let chw = t.permute([2, 0, 1]).contiguous().flatten(0, -1);
-    Image {
-        channels: size[2] as usize,
-        height: size[0] as usize,
-        width: size[1] as usize,
-        data: Vec::<u8>::try_from(&chw).expect("uint8 data"),
-    }
-}
-
-/// Replays numpy calls recorded as `[kind, args, value, ...]`, checking each call the crate
-/// makes against the record.
-struct Replay {
-    calls: VecDeque<Value>,
-    /// Names of the augmentation set `choice` picks from.
-    set: Vec<&'static str>,
-    what: String,
-}
-
-impl Replay {
-    fn new(calls: &Value, set: &[Primitive], what: String) -> Replay {
-        Replay {
-            calls: calls
-                .as_array()
-                .expect("numpy_calls")
-                .iter()
-                .cloned()
-                .collect(),
-            set: set.iter().map(|p| p.name()).collect(),
-            what,
-        }
-    }
-
-    fn next(&mut self, kind: &str) -> Value {
-        let call = self
-            .calls
-            .pop_front()
-            .unwrap_or_else(|| panic!("{}: a `{kind}` draw beyond the trace", self.what));
-        assert_eq!(call[0], kind, "{}: call {call}", self.what);
-        call
-    }
-
-    fn finish(&self) {
-        assert!(
-            self.calls.is_empty(),
-            "{}: recorded draws left over: {:?}",
-            self.what,
-            self.calls
-        );
-    }
-}
-
-impl Draws for Replay {
-    fn choice(&mut self, n: usize) -> usize {
-        let call = self.next("choice");
-        assert_eq!(call[1][0], format!("<{n} items>"), "{}", self.what);
-        let name = call[2].as_str().expect("choice value");
-        self.set
-            .iter()
-            .position(|p| *p == name)
-            .unwrap_or_else(|| panic!("{}: `{name}` is not in the set", self.what))
-    }
-
-    fn uniform(&mut self, low: f64, high: f64) -> f64 {
-        let call = self.next("uniform");
-        assert_eq!(
-            (call[1][0].as_f64(), call[1][1].as_f64()),
-            (Some(low), Some(high)),
-            "{}: uniform's bounds",
-            self.what
-        );
-        call[2].as_f64().expect("uniform value")
-    }
-
-    fn uniform_unit(&mut self) -> f64 {
-        let call = self.next("uniform");
-        assert!(
-            call[1][0].is_null() && call[1][1].is_null(),
-            "{}: expected uniform() without bounds, the record has {call}",
-            self.what
-        );
-        call[2].as_f64().expect("uniform value")
-    }
-
-    fn random(&mut self) -> f64 {
-        self.next("random")[2].as_f64().expect("random value")
-    }
-}
 
 /// The Pillow calls an op makes, as the golden JSON records them.
 fn pil_calls(op: &Op, width: usize, height: usize) -> Vec<(String, Vec<f64>)> {
@@ -207,7 +113,7 @@ fn differences(got: &Image, want: &Image) -> (usize, u8) {
 #[test]
 fn every_primitive_at_every_severity_matches_pillow_bytes() {
     let g = Golden::load(CASE);
-    let input = image(&g, "image/0");
+    let input = image(g.tensor("image/0"));
     let records = g.json["results"]["primitives"]
         .as_array()
         .expect("primitives");
@@ -232,7 +138,7 @@ fn every_primitive_at_every_severity_matches_pillow_bytes() {
         );
         let mut got = input.clone();
         apply_op(&mut got, &op).unwrap();
-        let want = image(&g, &format!("primitive/{name}/severity={severity}"));
+        let want = image(g.tensor(&format!("primitive/{name}/severity={severity}")));
         let (count, max) = differences(&got, &want);
         if count > 0 {
             failures.push(format!("{what}: {count} bytes differ, by up to {max}"));
@@ -282,7 +188,7 @@ fn the_seeded_transform_runs_replay_exactly() {
         for trace in run["trace"].as_array().expect("trace") {
             let index = trace["image"].as_u64().expect("image index");
             let what = format!("severity={severity},depth={depth},set={set_name}/image={index}");
-            let mut img = image(&g, &format!("image/{index}"));
+            let mut img = image(g.tensor(&format!("image/{index}")));
             // The draws and the Pillow calls, op by op.
             let mut replay = Replay::new(&trace["numpy_calls"], &set, what.clone());
             let mut calls = Vec::new();
@@ -302,7 +208,7 @@ fn the_seeded_transform_runs_replay_exactly() {
             let mut replay = Replay::new(&trace["numpy_calls"], &set, what.clone());
             randaugment_image(&mut img, severity, depth, &set, &mut replay).unwrap();
             replay.finish();
-            let want = image(&g, &format!("transform/{what}"));
+            let want = image(g.tensor(&format!("transform/{what}")));
             assert_eq!(differences(&img, &want), (0, 0), "{what}");
         }
     }
@@ -315,7 +221,7 @@ fn method(json: &str) -> tessera_plugin_api::abi::MethodBox {
 #[test]
 fn tesseras_draws_are_reproducible_and_stay_on_the_byte_grid() {
     let g = Golden::load(CASE);
-    let sample = to_sample(&image(&g, "image/0"));
+    let sample = to_sample(&image(g.tensor("image/0")));
     let run = |json: &str, seed: u64| {
         apply_sample_transform(&method(json), &sample, &mut RandomSource::Seeded(seed)).unwrap()
     };
@@ -339,7 +245,7 @@ fn tesseras_draws_are_reproducible_and_stay_on_the_byte_grid() {
 #[test]
 fn grey_images_behave_as_pillow_mode_l() {
     let g = Golden::load(CASE);
-    let rgb = image(&g, "image/1");
+    let rgb = image(g.tensor("image/1"));
     let n = rgb.height * rgb.width;
     let grey = Image {
         channels: 1,
@@ -395,6 +301,15 @@ impl Draws for Unit<'_> {
     }
     fn random(&mut self) -> f64 {
         (self.0)()
+    }
+    fn dirichlet(&mut self, _alpha: &[f64]) -> Vec<f64> {
+        unreachable!("no primitive draws a Dirichlet")
+    }
+    fn beta(&mut self, _a: f64, _b: f64) -> f64 {
+        unreachable!("no primitive draws a Beta")
+    }
+    fn randint(&mut self, _low: i64, _high: i64) -> i64 {
+        unreachable!("no primitive draws a randint")
     }
 }
 
