@@ -132,6 +132,20 @@ pub trait Draws {
     fn randint(&mut self, low: i64, high: i64) -> i64;
 }
 
+/// A `Dirichlet(alpha)` draw from uniforms in `[0, 1)`: Gamma draws (plugin-api's
+/// Marsaglia–Tsang) normalized to sum 1, from their logarithms, so that a small `alpha` cannot
+/// underflow every Gamma to 0 and divide 0 by 0.
+pub fn dirichlet(alpha: &[f64], uniform: &mut dyn FnMut() -> f64) -> Vec<f64> {
+    let logs: Vec<f64> = alpha
+        .iter()
+        .map(|&a| random::gamma_ln(a, uniform))
+        .collect();
+    let max = logs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let e: Vec<f64> = logs.iter().map(|l| (l - max).exp()).collect();
+    let sum: f64 = e.iter().sum();
+    e.iter().map(|x| x / sum).collect()
+}
+
 /// Tessera's draws: the host's per-sample stream, `choice` and `randint` uniform without bias,
 /// `uniform` as numpy computes it from a unit draw (`low + (high − low)·u`), Beta and Dirichlet
 /// from plugin-api's Gamma draws.
@@ -152,17 +166,8 @@ impl Draws for SampleRandom<'_> {
         self.f64()
     }
 
-    /// Normalized Gamma draws (plugin-api's Marsaglia–Tsang), normalized from their logarithms
-    /// so that small `alpha` cannot underflow every weight to 0.
     fn dirichlet(&mut self, alpha: &[f64]) -> Vec<f64> {
-        let logs: Vec<f64> = alpha
-            .iter()
-            .map(|&a| random::gamma_ln(a, &mut || self.f64()))
-            .collect();
-        let max = logs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        let e: Vec<f64> = logs.iter().map(|l| (l - max).exp()).collect();
-        let sum: f64 = e.iter().sum();
-        e.iter().map(|x| x / sum).collect()
+        dirichlet(alpha, &mut || self.f64())
     }
 
     fn beta(&mut self, a: f64, b: f64) -> f64 {
@@ -328,5 +333,43 @@ pub fn to_sample(img: &Image) -> Sample {
         height: img.height,
         width: img.width,
         data: img.data.iter().map(|&k| k as f32 / 255.0).collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_plugin_api::testing::splitmix64;
+
+    fn uniforms(seed: u64) -> impl FnMut() -> f64 {
+        let mut state = seed;
+        move || (splitmix64(&mut state) >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    #[test]
+    fn dirichlet_draws_have_the_dirichlet_moments() {
+        // Dir(α·1_k): each weight has mean 1/k and variance (k − 1)/(k²(kα + 1)). Composer's
+        // AugMix defaults (α = 1, k = 3) and the golden case's second setting (α = 0.5, k = 2).
+        let n = 4000;
+        for (alpha, k) in [(1.0, 3usize), (0.5, 2), (0.1, 4)] {
+            let mut u = uniforms(k as u64);
+            let draws: Vec<Vec<f64>> = (0..n).map(|_| dirichlet(&vec![alpha; k], &mut u)).collect();
+            let kf = k as f64;
+            let var = (kf - 1.0) / (kf * kf * (kf * alpha + 1.0));
+            let se = (var / n as f64).sqrt();
+            for i in 0..k {
+                let mean = draws.iter().map(|d| d[i]).sum::<f64>() / n as f64;
+                assert!(
+                    (mean - 1.0 / kf).abs() < 5.0 * se,
+                    "Dir({alpha}) weight {i}: mean {mean}, want {} ± {}",
+                    1.0 / kf,
+                    5.0 * se
+                );
+            }
+            for d in &draws {
+                assert!(d.iter().all(|w| (0.0..=1.0).contains(w)), "{d:?}");
+                assert!((d.iter().sum::<f64>() - 1.0).abs() < 1e-12, "{d:?}");
+            }
+        }
     }
 }

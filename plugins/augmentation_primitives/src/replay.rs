@@ -23,6 +23,22 @@ pub fn image(t: &Tensor) -> Image {
     }
 }
 
+/// How many bytes of two images of the same shape differ, and by how much at most.
+pub fn differences(got: &Image, want: &Image) -> (usize, u8) {
+    assert_eq!(
+        (got.channels, got.height, got.width),
+        (want.channels, want.height, want.width)
+    );
+    let diffs: Vec<u8> = got
+        .data
+        .iter()
+        .zip(&want.data)
+        .filter(|(a, b)| a != b)
+        .map(|(a, b)| a.abs_diff(*b))
+        .collect();
+    (diffs.len(), diffs.into_iter().max().unwrap_or(0))
+}
+
 /// Replays numpy calls recorded as `[kind, args, value, ...]`, checking each call the crate
 /// makes against the record.
 pub struct Replay {

@@ -7,7 +7,7 @@
 //! and arguments checked), the Pillow parameters compared, and the output bytes must be equal.
 
 use augmentation_primitives::pillow::{rotate_matrix, Image};
-use augmentation_primitives::replay::{image, Replay};
+use augmentation_primitives::replay::{differences, image, Replay};
 use augmentation_primitives::{
     apply_op, augmentation_set, draw_op, float_parameter, int_parameter, to_image, to_sample,
     Draws, Op, Primitive,
@@ -92,22 +92,6 @@ fn assert_same_calls(got: &[(String, Vec<f64>)], want: &[(String, Vec<f64>)], wh
             assert!(ok, "{what}: {gn} {gv:?} vs {wv:?}");
         }
     }
-}
-
-/// The indices and count of differing bytes.
-fn differences(got: &Image, want: &Image) -> (usize, u8) {
-    assert_eq!(
-        (got.channels, got.height, got.width),
-        (want.channels, want.height, want.width)
-    );
-    let diffs: Vec<u8> = got
-        .data
-        .iter()
-        .zip(&want.data)
-        .filter(|(a, b)| a != b)
-        .map(|(a, b)| a.abs_diff(*b))
-        .collect();
-    (diffs.len(), diffs.into_iter().max().unwrap_or(0))
 }
 
 #[test]
