@@ -3,7 +3,8 @@
 //! In-process (synthetic data, ResNet-20): after `init` every 4-d tensor of the model has
 //! channels-last strides and the same values as without the plugin, the rest is untouched;
 //! after training, the parameters are still channels-last, a checkpoint holds exactly the
-//! parameters' values (in PyTorch's usual NCHW order) and `tessera export` writes the same.
+//! parameters' values (in PyTorch's usual NCHW order) and `tessera export` writes the same;
+//! tensors made by another method's surgery at `init` (BlurPool's filters) are converted too.
 //!
 //! Through the binary (Fashion-MNIST, CPU): the method logs the number of channels-last tensors,
 //! training gives the losses of the run without it (the layout changes, the values do not), an
@@ -137,6 +138,34 @@ fn every_4d_tensor_is_channels_last_and_checkpoints_keep_the_values() {
         .iter()
         .zip(cl.model().params.entries());
     assert!(moved.into_iter().any(|(p, c)| !p.tensor.equal(&c.tensor)));
+}
+
+#[test]
+fn tensors_made_by_surgery_at_init_are_converted_too() {
+    // channels_last is listed first, but its low priority runs it after blurpool's surgery, so
+    // the blur filters blurpool creates at `init` (4-d buffers) are channels-last as well.
+    let dir = TempDir::new("cl-surgery");
+    let text = format!(
+        "{}[[algorithms]]\nplugin = \"blurpool\"\nmin_channels = 1\n",
+        synthetic_toml(true)
+    );
+    let cfg = config::from_str(&text, dir.path(), "trainer.toml").expect("the trainer.toml");
+    let trainer = Trainer::new(cfg, Vec::new()).expect("the trainer");
+    let entries = trainer.model().params.entries();
+    let filters: Vec<&str> = entries
+        .iter()
+        .filter(|e| e.name.ends_with("blur_filter"))
+        .map(|e| e.name.as_str())
+        .collect();
+    assert!(!filters.is_empty(), "blurpool made no blur_conv2d");
+    for e in entries.iter().filter(|e| e.tensor.dim() == 4) {
+        assert!(
+            channels_last::is_channels_last(&e.tensor),
+            "{}: strides {:?}",
+            e.name,
+            e.tensor.stride()
+        );
+    }
 }
 
 fn fashion(label: &str, with_plugin: bool) -> TrainerToml {
