@@ -84,6 +84,10 @@ pub struct ExportSummary {
     pub parameters: i64,
     /// Size of the file in bytes.
     pub bytes: u64,
+    /// The methods the run trained with (from the checkpoint): the weights are exported as
+    /// stored, so a method that changes how the model uses them at each forward (weight
+    /// standardization) is not applied to them.
+    pub methods: Vec<String>,
 }
 
 /// Writes the model of the checkpoint at `checkpoint` to `to` as a plain safetensors file
@@ -211,6 +215,7 @@ pub fn export(checkpoint: &Path, to: &Path) -> Result<ExportSummary, ExportError
         tensors: blobs.len(),
         parameters,
         bytes: bytes.len() as u64,
+        methods: methods.iter().map(|m| (*m).to_owned()).collect(),
     })
 }
 

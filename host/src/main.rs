@@ -369,6 +369,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 s.parameters,
                 s.path.display()
             );
+            if !s.methods.is_empty() {
+                tracing::warn!(
+                    "the run trained with {}: the weights are exported as stored; a method that changes how the model uses them at each forward (weight_standardization standardizes conv weights) is not applied — see its card",
+                    s.methods.join(", ")
+                );
+            }
         }
         Command::NewPlugin { name, dir } => {
             let dir = dir.unwrap_or_else(|| PathBuf::from(&name));
