@@ -611,6 +611,28 @@ pub struct SampleShape {
     pub width: u32,
 }
 
+impl SampleShape {
+    /// The shape `(channels, height, width)`; an error naming the dimension that does not fit
+    /// in a `u32`.
+    pub fn new((c, h, w): (usize, usize, usize)) -> Result<SampleShape, String> {
+        let dim = |v: usize| u32::try_from(v).map_err(|_| format!("dimension {v} is too large"));
+        Ok(SampleShape {
+            channels: dim(c)?,
+            height: dim(h)?,
+            width: dim(w)?,
+        })
+    }
+
+    /// The shape as `(channels, height, width)`.
+    pub fn dims(self) -> (usize, usize, usize) {
+        (
+            self.channels as usize,
+            self.height as usize,
+            self.width as usize,
+        )
+    }
+}
+
 /// A per-sample transform a plugin provides (plugin-api 1.3), shared by the loader's worker
 /// threads.
 #[sabi_trait]

@@ -101,25 +101,13 @@ pub trait SampleTransform: Send + Sync + 'static {
 /// Adapts a [`SampleTransform`] to the ABI, guarding every call.
 struct SampleAdapter(Box<dyn SampleTransform>);
 
-fn shape_of(s: SampleShape) -> (usize, usize, usize) {
-    (s.channels as usize, s.height as usize, s.width as usize)
-}
-
-fn abi_shape((c, h, w): (usize, usize, usize)) -> Result<SampleShape, Error> {
-    let dim = |v: usize| {
-        u32::try_from(v)
-            .map_err(|_| Error::new(ErrorKind::OTHER, format!("dimension {v} is too large")))
-    };
-    Ok(SampleShape {
-        channels: dim(c)?,
-        height: dim(h)?,
-        width: dim(w)?,
-    })
+fn abi_shape(shape: (usize, usize, usize)) -> Result<SampleShape, Error> {
+    SampleShape::new(shape).map_err(|e| Error::new(ErrorKind::OTHER, e))
 }
 
 impl SampleTransformObject for SampleAdapter {
     fn output_shape(&self, shape: SampleShape) -> RResult<SampleShape, PluginError> {
-        guard(|| abi_shape(self.0.output_shape(shape_of(shape))?))
+        guard(|| abi_shape(self.0.output_shape(shape.dims())?))
             .map_err(PluginError::from)
             .into()
     }

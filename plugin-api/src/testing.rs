@@ -36,8 +36,8 @@ use abi_stable::std_types::RVec;
 
 use crate::abi::{
     EvalResults, HostApi, HostApi_Ref, HostCtx, HostHandle, MethodBox, Metric, ModuleBox,
-    ModuleInfo, NamedTensor, ParamInfo, SampleBuf, SampleRng, SampleRngState, TensorHandle,
-    WrapperBox,
+    ModuleInfo, NamedTensor, ParamInfo, SampleBuf, SampleRng, SampleRngState, SampleShape,
+    TensorHandle, WrapperBox,
 };
 use crate::{Event, Sample, Settings, TimeInfo};
 
@@ -279,11 +279,11 @@ pub fn apply_sample_transform(
         .sample_transform()
         .into_option()
         .ok_or("the method has no sample transform")?;
-    let dim = |v: usize| u32::try_from(v).map_err(|_| format!("dimension {v} is too large"));
+    let shape = SampleShape::new(sample.shape())?;
     let buf = SampleBuf {
-        channels: dim(sample.channels)?,
-        height: dim(sample.height)?,
-        width: dim(sample.width)?,
+        channels: shape.channels,
+        height: shape.height,
+        width: shape.width,
         data: RVec::from(sample.data.clone()),
     };
     let state = SampleRngState(rng as *mut RandomSource as *mut c_void);

@@ -91,16 +91,8 @@ impl Model {
                 "the root module cannot be replaced".to_owned(),
             ));
         }
-        let device = self.params.device();
         let tensors = layer.named_tensors();
-        for (name, tensor) in &tensors {
-            if tensor.device() != device {
-                return Err(SurgeryError(format!(
-                    "tensor `{name}` is on {:?} but the model is on {device:?}",
-                    tensor.device()
-                )));
-            }
-        }
+        self.check_device(&tensors)?;
         let old = self.root.replace(path, layer)?;
         let old_names: Vec<String> = old
             .walk_at(path)
@@ -112,6 +104,18 @@ impl Model {
             self.params.insert(tree::join(path, &name), tensor)?;
         }
         Ok(())
+    }
+
+    /// Refuses surgery tensors that are not on the model's device, naming the first.
+    fn check_device(&self, tensors: &[(String, Tensor)]) -> Result<(), SurgeryError> {
+        let device = self.params.device();
+        match tensors.iter().find(|(_, t)| t.device() != device) {
+            Some((name, t)) => Err(SurgeryError(format!(
+                "tensor `{name}` is on {:?} but the model is on {device:?}",
+                t.device()
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// Surgery that keeps the module at `path`: `wrap` gets it and returns the layer that takes
@@ -128,13 +132,7 @@ impl Model {
         if path.is_empty() {
             return Err(SurgeryError("the root module cannot be wrapped".to_owned()));
         }
-        let device = self.params.device();
-        if let Some((name, t)) = own.iter().find(|(_, t)| t.device() != device) {
-            return Err(SurgeryError(format!(
-                "tensor `{name}` is on {:?} but the model is on {device:?}",
-                t.device()
-            )));
-        }
+        self.check_device(own)?;
         let own_names: Vec<String> = own.iter().map(|(n, _)| tree::join(path, n)).collect();
         if let Some(taken) = own_names.iter().find(|n| self.params.get(n).is_some()) {
             return Err(SurgeryError(format!(

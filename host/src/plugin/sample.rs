@@ -14,15 +14,6 @@ pub(super) struct PluginSampleTransform {
     pub(super) object: SampleTransformBox,
 }
 
-fn dims(shape: (usize, usize, usize)) -> Result<SampleShape, String> {
-    let dim = |v: usize| u32::try_from(v).map_err(|_| format!("dimension {v} is too large"));
-    Ok(SampleShape {
-        channels: dim(shape.0)?,
-        height: dim(shape.1)?,
-        width: dim(shape.2)?,
-    })
-}
-
 fn message(e: tessera_plugin_api::abi::PluginError) -> String {
     format!("{}: {}", e.kind.name(), e.message)
 }
@@ -39,18 +30,14 @@ impl SampleFn for PluginSampleTransform {
     fn output_shape(&self, shape: (usize, usize, usize)) -> Result<(usize, usize, usize), String> {
         let out = self
             .object
-            .output_shape(dims(shape)?)
+            .output_shape(SampleShape::new(shape)?)
             .into_result()
             .map_err(message)?;
-        Ok((
-            out.channels as usize,
-            out.height as usize,
-            out.width as usize,
-        ))
+        Ok(out.dims())
     }
 
     fn apply(&self, sample: &mut Sample, mut rng: &mut dyn RngCore) -> Result<(), String> {
-        let shape = dims(sample.shape())?;
+        let shape = SampleShape::new(sample.shape())?;
         let buf = SampleBuf {
             channels: shape.channels,
             height: shape.height,

@@ -222,10 +222,12 @@ impl StochasticDepth {
     }
 
     fn draw(&mut self, ctx: &mut Context<'_>) -> Result<(), Error> {
-        let n = ctx
-            .tensor(keys::INPUT)
+        let input = ctx.tensor(keys::INPUT);
+        let n = input
+            .as_ref()
             .and_then(|t| t.size().first().copied())
             .ok_or("stochastic_depth: the batch has no `input`")?;
+        let device = input.map_or(Device::Cpu, |t| t.device());
         let mut shared = self.shared.lock().map_err(|_| "state poisoned")?;
         let rates = shared.rates.clone();
         shared.decisions = rates
@@ -237,7 +239,6 @@ impl StochasticDepth {
                     StochasticMethod::Sample => {
                         let u: Vec<f32> = (0..n).map(|_| ctx.rng_f64() as f32).collect();
                         let mask = Tensor::f_from_slice(&sample_mask(p, &u))?;
-                        let device = ctx.tensor(keys::INPUT).map_or(Device::Cpu, |t| t.device());
                         Decision::Mask(mask.f_to_device(device)?.f_to_kind(Kind::Float)?)
                     }
                 }))
