@@ -48,6 +48,13 @@ def main(argv):
     model_config = json.loads(metadata["tessera.model"])
     input_shape = json.loads(metadata.get("tessera.input", "null"))
     model = pytorch_models.build(model_config, input_shape)
+    try:
+        pytorch_models.apply_modules(
+            model, json.loads(metadata.get("tessera.modules", "[]")), tensors
+        )
+    except (ValueError, KeyError) as e:
+        print(f"FAIL: building the plugin modules kept in the export: {e}")
+        return 1
 
     expected = model.state_dict()
     failures = []

@@ -14,7 +14,15 @@ or, step by step:
     tensors, metadata = pytorch_models.read_safetensors("model.safetensors")
     model = pytorch_models.build(json.loads(metadata["tessera.model"]),
                                  json.loads(metadata["tessera.input"]))
+    pytorch_models.apply_modules(model, json.loads(metadata.get("tessera.modules", "[]")), tensors)
     model.load_state_dict(tensors, strict=True)
+
+A model a method changed by surgery keeps some plugin modules in the export (listed in the
+`tessera.modules` metadata: path, kind, attributes); `apply_modules` puts their twins in place,
+with Composer's module names (BlurPool's `BlurConv2d`/`BlurMaxPool2d`, `SqueezeExciteConv2d`,
+Factorize's `FactorizedConv2d`/`FactorizedLinear`), so the state dict loads strictly.
+Train-time-only methods (weight standardization, Ghost BatchNorm, stochastic depth) are folded
+into plain modules by `tessera export` and need nothing here.
 """
 
 import json
@@ -30,6 +38,7 @@ __all__ = [
     "BasicBlock",
     "CifarResNet",
     "build",
+    "apply_modules",
     "read_safetensors",
     "load_exported",
 ]
@@ -204,6 +213,167 @@ def _torchvision_resnet(name, channels, width, classes):
     return model
 
 
+# ---- twins of the plugin modules that stay in an exported network ----------------------
+
+
+def blur_2d(x, stride, blur_filter):
+    """Composer's `blur_2d`: a depthwise 3x3 blur with "same" padding and `stride`; an input
+    too small for the filter comes back unchanged."""
+    channels, height, width = x.shape[1], x.shape[2], x.shape[3]
+    fh, fw = blur_filter.shape[2], blur_filter.shape[3]
+    padding = (fh // 2, fw // 2)
+    if height + 2 * padding[0] < fh or width + 2 * padding[1] < fw:
+        return x
+    if blur_filter.shape[0] == 1 and channels > 1:
+        blur_filter = blur_filter.repeat(channels, 1, 1, 1)
+    blur_filter = blur_filter.to(dtype=x.dtype, device=x.device)
+    return nn.functional.conv2d(x, blur_filter, stride=stride, padding=padding, groups=channels)
+
+
+class BlurConv2d(nn.Module):
+    """Composer's `BlurConv2d` (`blur_conv2d`): a conv with a blur before it (`blur_first`,
+    the conv keeping its stride) or after it (the conv at stride 1, the blur striding)."""
+
+    def __init__(self, attrs, bias):
+        super().__init__()
+        blur_first = bool(attrs["blur_first"])
+        channels = int(attrs["in_channels"] if blur_first else attrs["out_channels"])
+        self.blur_first = blur_first
+        self.blur_stride = int(attrs["blur_stride"])
+        self.conv = nn.Conv2d(
+            int(attrs["in_channels"]),
+            int(attrs["out_channels"]),
+            int(attrs["kernel_size"]),
+            stride=int(attrs["conv_stride"]),
+            padding=int(attrs["padding"]),
+            groups=int(attrs["groups"]),
+            bias=bias,
+        )
+        self.register_buffer("blur_filter", torch.zeros(channels, 1, 3, 3))
+
+    def forward(self, x):
+        if self.blur_first:
+            return self.conv(blur_2d(x, self.blur_stride, self.blur_filter))
+        return blur_2d(self.conv(x), self.blur_stride, self.blur_filter)
+
+
+class BlurMaxPool2d(nn.Module):
+    """Composer's `BlurMaxPool2d` (`blur_max_pool2d`): max-pool at stride 1, then a striding
+    blur."""
+
+    def __init__(self, attrs):
+        super().__init__()
+        self.kernel_size = int(attrs["kernel_size"])
+        self.stride = int(attrs["stride"])
+        self.padding = int(attrs["padding"])
+        self.register_buffer("filt2d", torch.zeros(1, 1, 3, 3))
+
+    def forward(self, x):
+        x = nn.functional.max_pool2d(x, self.kernel_size, stride=1, padding=self.padding)
+        return blur_2d(x, self.stride, self.filt2d)
+
+
+class SqueezeExcite2d(nn.Module):
+    """Composer's `SqueezeExcite2d`: pool, Linear, ReLU, Linear, sigmoid gate per channel."""
+
+    def __init__(self, channels, latent):
+        super().__init__()
+        self.pool_and_mlp = nn.Sequential(
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
+            nn.Linear(channels, latent, bias=False),
+            nn.ReLU(),
+            nn.Linear(latent, channels, bias=False),
+            nn.Sigmoid(),
+        )
+
+    def forward(self, x):
+        n, c = x.shape[0], x.shape[1]
+        return x * self.pool_and_mlp(x).view(n, c, 1, 1)
+
+
+class SqueezeExciteConv2d(nn.Module):
+    """Composer's `SqueezeExciteConv2d` (`squeeze_excite_conv2d`): the original conv, then
+    its gate."""
+
+    def __init__(self, conv, latent):
+        super().__init__()
+        self.conv = conv
+        self.se = SqueezeExcite2d(conv.out_channels, latent)
+
+    def forward(self, x):
+        return self.se(self.conv(x))
+
+
+class FactorizedConv2d(nn.Module):
+    """Composer's `FactorizedConv2d` (`factorized_conv2d`): a k x k conv to `latent` channels
+    without bias (the original stride and padding), then a 1x1 conv with bias."""
+
+    def __init__(self, conv, latent):
+        super().__init__()
+        self.module0 = nn.Conv2d(
+            conv.in_channels,
+            latent,
+            conv.kernel_size,
+            stride=conv.stride,
+            padding=conv.padding,
+            bias=False,
+        )
+        self.module1 = nn.Conv2d(latent, conv.out_channels, 1, bias=True)
+
+    def forward(self, x):
+        return self.module1(self.module0(x))
+
+
+class FactorizedLinear(nn.Module):
+    """Composer's `FactorizedLinear` (`factorized_linear`): Linear to `latent` without bias,
+    then Linear with bias."""
+
+    def __init__(self, linear, latent):
+        super().__init__()
+        self.module0 = nn.Linear(linear.in_features, latent, bias=False)
+        self.module1 = nn.Linear(latent, linear.out_features, bias=True)
+
+    def forward(self, x):
+        return self.module1(self.module0(x))
+
+
+def _set_submodule(model, path, module):
+    parent, _, name = path.rpartition(".")
+    owner = model.get_submodule(parent) if parent else model
+    setattr(owner, name, module)
+
+
+def apply_modules(model, modules, tensors):
+    """Puts the twin of every plugin module kept in an export (`modules`: the `tessera.modules`
+    metadata, a list of `{"path", "kind", "attrs"}`) in place in `model`, built by `build`.
+    `tensors` (the exported state dict) gives the shapes the attributes do not (gate and latent
+    widths, biases). Raises ValueError for a kind without a twin here."""
+    for m in modules:
+        path, kind, attrs = m["path"], m["kind"], m.get("attrs", {})
+        if kind == "blur_conv2d":
+            twin = BlurConv2d(attrs, bias=f"{path}.conv.bias" in tensors)
+        elif kind == "blur_max_pool2d":
+            twin = BlurMaxPool2d(attrs)
+        elif kind == "squeeze_excite_conv2d":
+            latent = tensors[f"{path}.se.pool_and_mlp.2.weight"].shape[0]
+            twin = SqueezeExciteConv2d(model.get_submodule(path), latent)
+        elif kind == "factorized_conv2d":
+            latent = tensors[f"{path}.module0.weight"].shape[0]
+            twin = FactorizedConv2d(model.get_submodule(path), latent)
+        elif kind == "factorized_linear":
+            latent = tensors[f"{path}.module0.weight"].shape[0]
+            twin = FactorizedLinear(model.get_submodule(path), latent)
+        else:
+            raise ValueError(
+                f"the export keeps a plugin module of kind {kind!r} at {path!r}, which "
+                "scripts/pytorch_models.py has no twin for: build it yourself and load the "
+                "tensors under that path"
+            )
+        _set_submodule(model, path, twin)
+    return model
+
+
 _DTYPES = {
     "F64": torch.float64,
     "F32": torch.float32,
@@ -261,5 +431,6 @@ def load_exported(path, device="cpu"):
     if "tessera.model" not in metadata:
         raise ValueError(f"{path}: no tessera.model metadata (not written by tessera export?)")
     model = build(json.loads(metadata["tessera.model"]), json.loads(metadata.get("tessera.input", "null")))
+    apply_modules(model, json.loads(metadata.get("tessera.modules", "[]")), tensors)
     model.load_state_dict(tensors, strict=True)
     return model.to(device).eval()

@@ -23,6 +23,7 @@ const FIXTURES: &[(&str, &[(&str, &str)])] = &[
         ],
     ),
     ("1.2.0", &[("sam", "rho = 0.05")]),
+    ("1.3.0", &[("ghost_batchnorm", "ghost_batch_size = 4")]),
 ];
 
 /// The plugin built against the current interface that runs beside the old ones.
@@ -161,4 +162,50 @@ fn older_plugins_state_survives_a_checkpoint_and_a_resume() {
     let distances = ema.iter().filter(|l| l["name"] == "ema/distance").count();
     assert_eq!(distances, 2, "EMA swapped in at both evaluations: {ema:?}");
     assert_eq!((losses, ema), lines("resumed"));
+}
+
+/// `tessera export` asks every plugin module and wrapper how to write it (plugin-api 1.4's
+/// `export`); the 1.1 BlurPool module and the 1.3 Ghost BatchNorm wrapper predate that call, so
+/// the host gets abi_stable's default body (keep the module as it is) instead of calling into
+/// a vtable slot that is not there.
+#[test]
+fn older_plugins_modules_are_exported_as_they_are() {
+    let dir = TempDir::new("compat-export");
+    let toml = config("compat-export", true);
+    dir.write(
+        "trainer.toml",
+        &format!("{}\n[checkpoint]\ninterval = \"3ba\"\n", toml.render()),
+    );
+    train(&dir, &[], &[]).assert_success();
+    let folder = run_dir(&dir, "compat-export").join("checkpoints");
+    let ckpt = tessera::checkpoint::list(&folder)
+        .first()
+        .cloned()
+        .expect("a checkpoint");
+    let out = tessera(
+        &[
+            "export",
+            &ckpt.display().to_string(),
+            "--to",
+            "model.safetensors",
+        ],
+        dir.path(),
+        &[],
+    );
+    out.assert_success();
+    assert!(
+        out.stdout.contains("(blur_max_pool2d)") && out.stdout.contains("(ghost_batch_norm2d)"),
+        "the old modules are kept: {}",
+        out.dump()
+    );
+    let names: Vec<String> =
+        tessera_plugin_api::tch::Tensor::read_safetensors(dir.join("model.safetensors"))
+            .expect("the export reads")
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect();
+    assert!(
+        names.iter().any(|n| n.ends_with(".batchnorm.running_mean")),
+        "the 1.3 wrapper is exported as it is: {names:?}"
+    );
 }

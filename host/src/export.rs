@@ -7,12 +7,20 @@
 //! - `tessera.model`: the run's `[model]` section as JSON (`{"name": "resnet20", "width": 16,
 //!   "num_classes": 10}`),
 //! - `tessera.input`: the input the model was built for, `{"channels", "height", "width"}`,
-//! - `tessera.version`: the Tessera that exported it.
+//! - `tessera.version`: the Tessera that exported it,
+//! - `tessera.methods`: the methods the run trained with, `[{"name", "version", "settings"}]`,
+//! - `tessera.modules`: the plugin modules that stay in the exported network (BlurPool's
+//!   `blur_conv2d`, SqueezeExcite's wrapper), `[{"path", "kind", "attrs"}]`, so that a PyTorch
+//!   twin of the changed network can be built (`scripts/pytorch_models.py` does).
 //!
-//! `scripts/pytorch_models.py` builds the matching `torch.nn.Module` from that metadata; see
-//! `docs/export.md`. Only the zoo's unmodified models are exported: a checkpoint whose model
-//! was changed by surgery (BlurPool's wrappers, ...) is refused with the tensor that does not
-//! fit.
+//! A run without methods is checked against a fresh zoo model of its config: every tensor must
+//! be there with its shape and dtype, nothing else. A run with methods is rebuilt as
+//! `tessera eval` rebuilds it (its plugins loaded, their surgery replayed at `init`, the
+//! checkpoint's weights loaded) and the live model is written: each plugin module or wrapper
+//! either stays (its tensors under the names it registered — Composer's names) or is folded
+//! back into the plain module it replaced (weight standardization writes standardized weights,
+//! Ghost BatchNorm its batch norm), as its plugin says (plugin-api 1.4's `export`; a plugin
+//! built against an older interface stays as it is). See `docs/export.md`.
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -20,9 +28,10 @@ use std::path::{Path, PathBuf};
 use serde_json::{json, Value};
 use tch::{Device, TchError, Tensor};
 
-use crate::checkpoint::{blob_of, Blob, Checkpoint, CheckpointError};
+use crate::checkpoint::{blob_of, Blob, Checkpoint, CheckpointError, MethodMeta};
 use crate::files::same_file;
-use crate::model::{Model, Role};
+use crate::model::{Attr, InputShape, LayerInfo, Model, Role};
+use crate::trainer::{TrainError, Trainer};
 
 /// Metadata key of the model's configuration (JSON).
 pub const MODEL_KEY: &str = "tessera.model";
@@ -30,6 +39,10 @@ pub const MODEL_KEY: &str = "tessera.model";
 pub const INPUT_KEY: &str = "tessera.input";
 /// Metadata key of the exporting Tessera's version.
 pub const VERSION_KEY: &str = "tessera.version";
+/// Metadata key of the methods the run trained with (JSON).
+pub const METHODS_KEY: &str = "tessera.methods";
+/// Metadata key of the plugin modules kept in the exported network (JSON).
+pub const MODULES_KEY: &str = "tessera.modules";
 
 /// What [`export`] wrote.
 /// Why an export wrote nothing.
@@ -60,6 +73,17 @@ pub enum ExportError {
         /// Which tensor differs, and how.
         message: String,
     },
+    /// The run's model could not be rebuilt with its methods.
+    #[error("{path}: rebuilding the trained model with its methods (as `tessera eval` does: the plugins and the data must be available): {source}")]
+    Rebuild {
+        /// The checkpoint.
+        path: PathBuf,
+        /// Why.
+        source: Box<TrainError>,
+    },
+    /// A plugin's module could not be written.
+    #[error("exporting the model's plugin modules: {0}")]
+    Fold(String),
     /// Writing the file failed.
     #[error("writing {path}: {source}")]
     Write {
@@ -84,18 +108,20 @@ pub struct ExportSummary {
     pub parameters: i64,
     /// Size of the file in bytes.
     pub bytes: u64,
-    /// The methods the run trained with (from the checkpoint): the weights are exported as
-    /// stored, so a method that changes how the model uses them at each forward (weight
-    /// standardization) is not applied to them.
+    /// The methods the run trained with (from the checkpoint).
     pub methods: Vec<String>,
+    /// The plugin modules kept in the exported network, as `path (kind)`.
+    pub kept: Vec<String>,
 }
 
 /// Writes the model of the checkpoint at `checkpoint` to `to` as a plain safetensors file
 /// (atomically: temporary file in the same folder, fsync, rename).
 ///
 /// Fails, writing nothing, when `to` is the checkpoint itself or a folder, when the checkpoint
-/// cannot be read or verified, and when its model tensors are not exactly those of the zoo
-/// model its config names (a model changed by surgery, a missing or misshapen tensor).
+/// cannot be read or verified, when a run without methods has model tensors that are not
+/// exactly those of the zoo model its config names (a missing, extra or misshapen tensor), and
+/// when a run with methods cannot be rebuilt (a plugin or the data missing) or a plugin fails
+/// to export its module.
 pub fn export(checkpoint: &Path, to: &Path) -> Result<ExportSummary, ExportError> {
     if same_file(checkpoint, to) {
         return Err(ExportError::Target(format!(
@@ -115,6 +141,9 @@ pub fn export(checkpoint: &Path, to: &Path) -> Result<ExportSummary, ExportError
         message,
     };
     let ckpt = Checkpoint::read(checkpoint)?;
+    if !ckpt.meta.methods.is_empty() {
+        return export_rebuilt(checkpoint, &ckpt, to);
+    }
     let source = format!("{} (its recorded config)", checkpoint.display());
     let config = crate::config::from_recorded(&ckpt.meta.config, &source, &[])?;
     let model_config = &config.model;
@@ -140,12 +169,6 @@ pub fn export(checkpoint: &Path, to: &Path) -> Result<ExportSummary, ExportError
         .iter()
         .map(|e| e.name.as_str())
         .collect();
-    let methods: Vec<&str> = ckpt.meta.methods.iter().map(|m| m.name.as_str()).collect();
-    let changed_by = if methods.is_empty() {
-        String::new()
-    } else {
-        format!(" (the run used: {})", methods.join(", "))
-    };
     let mut unknown: Vec<&str> = saved
         .keys()
         .copied()
@@ -154,9 +177,9 @@ pub fn export(checkpoint: &Path, to: &Path) -> Result<ExportSummary, ExportError
     unknown.sort_unstable();
     if let Some(first) = unknown.first() {
         return Err(not_plain(format!(
-            "tensor `{first}` is not part of a plain {name} model{changed_by}; the model was \
-             changed (e.g. by a method's surgery) and only the zoo's unmodified models can be \
-             exported{}",
+            "tensor `{first}` is not part of a plain {name} model; the run recorded \
+             no method, so nothing should have changed the model: the checkpoint does not \
+             belong to its recorded config{}",
             if unknown.len() > 1 {
                 format!(" ({} such tensors)", unknown.len())
             } else {
@@ -170,7 +193,7 @@ pub fn export(checkpoint: &Path, to: &Path) -> Result<ExportSummary, ExportError
     for entry in reference.params.entries() {
         let t = saved.get(entry.name.as_str()).ok_or_else(|| {
             not_plain(format!(
-                "the checkpoint lacks tensor `{}` of a plain {name} model{changed_by}",
+                "the checkpoint lacks tensor `{}` of a plain {name} model",
                 entry.name
             ))
         })?;
@@ -190,18 +213,71 @@ pub fn export(checkpoint: &Path, to: &Path) -> Result<ExportSummary, ExportError
         blobs.push((entry.name.clone(), blob_of(&entry.name, t)?));
     }
 
-    let model_text = model_json.to_string();
+    write(
+        to,
+        &blobs,
+        Metadata {
+            model: model_json,
+            input,
+            methods: &ckpt.meta.methods,
+            kept: &[],
+        },
+        parameters,
+    )
+}
+
+/// The metadata written beside the tensors.
+struct Metadata<'a> {
+    model: &'a Value,
+    input: InputShape,
+    methods: &'a [MethodMeta],
+    kept: &'a [LayerInfo],
+}
+
+/// Writes `blobs` with `meta` to `to` atomically.
+fn write(
+    to: &Path,
+    blobs: &[(String, Blob)],
+    meta: Metadata<'_>,
+    parameters: i64,
+) -> Result<ExportSummary, ExportError> {
     let input_text = json!({
-        "channels": input.channels,
-        "height": input.height,
-        "width": input.width,
+        "channels": meta.input.channels,
+        "height": meta.input.height,
+        "width": meta.input.width,
     })
     .to_string();
+    let methods: Vec<Value> = meta
+        .methods
+        .iter()
+        .map(|m| json!({"name": m.name, "version": m.version, "settings": m.settings}))
+        .collect();
+    let kept: Vec<Value> = meta
+        .kept
+        .iter()
+        .map(|k| {
+            let attrs: serde_json::Map<String, Value> = k
+                .attrs
+                .iter()
+                .map(|(key, value)| {
+                    let v = match value {
+                        Attr::Int(i) => json!(i),
+                        Attr::Float(f) => json!(f),
+                        Attr::Bool(b) => json!(b),
+                    };
+                    (key.clone(), v)
+                })
+                .collect();
+            json!({"path": k.path, "kind": k.kind, "attrs": attrs})
+        })
+        .collect();
     let metadata = HashMap::from([
         ("format".to_owned(), "pt".to_owned()),
-        (MODEL_KEY.to_owned(), model_text),
+        (MODEL_KEY.to_owned(), meta.model.to_string()),
         (INPUT_KEY.to_owned(), input_text),
         (VERSION_KEY.to_owned(), env!("CARGO_PKG_VERSION").to_owned()),
+        (METHODS_KEY.to_owned(), Value::Array(methods).to_string()),
+        (MODULES_KEY.to_owned(), Value::Array(kept).to_string()),
     ]);
     let bytes =
         safetensors::tensor::serialize(blobs.iter().map(|(n, b)| (n.as_str(), b)), &Some(metadata))
@@ -215,8 +291,87 @@ pub fn export(checkpoint: &Path, to: &Path) -> Result<ExportSummary, ExportError
         tensors: blobs.len(),
         parameters,
         bytes: bytes.len() as u64,
-        methods: methods.iter().map(|m| (*m).to_owned()).collect(),
+        methods: meta.methods.iter().map(|m| m.name.clone()).collect(),
+        kept: meta
+            .kept
+            .iter()
+            .map(|k| format!("{} ({})", k.path, k.kind))
+            .collect(),
     })
+}
+
+/// BatchNorm's statistics: buffers, whatever module holds them.
+const STATISTICS: [&str; 3] = ["running_mean", "running_var", "num_batches_tracked"];
+
+/// Exports a run that trained with methods: the model rebuilt as `tessera eval` rebuilds it
+/// (plugins, surgery, weights), written as its plugins say ([`crate::model::Layer::export`]).
+fn export_rebuilt(
+    checkpoint: &Path,
+    ckpt: &Checkpoint,
+    to: &Path,
+) -> Result<ExportSummary, ExportError> {
+    let rebuild = |e: TrainError| ExportError::Rebuild {
+        path: checkpoint.to_owned(),
+        source: Box::new(e),
+    };
+    // On the CPU whatever device the run used: the file is the same.
+    let config = crate::trainer::standalone_config(checkpoint, &["train.device=cpu".to_owned()])
+        .map_err(rebuild)?;
+    let model_json = ckpt
+        .meta
+        .config
+        .get("model")
+        .cloned()
+        .unwrap_or(Value::Null);
+    let trainer = Trainer::standalone(config, Vec::new()).map_err(rebuild)?;
+    let model = trainer.model();
+    let tree = model
+        .root
+        .export_tree()
+        .map_err(|e| ExportError::Fold(e.to_string()))?;
+    let roles: HashMap<&str, Role> = model
+        .params
+        .entries()
+        .iter()
+        .map(|e| (e.name.as_str(), e.role))
+        .collect();
+    let mut seen = BTreeSet::new();
+    let mut blobs = Vec::with_capacity(tree.tensors.len());
+    let mut parameters = 0i64;
+    for (name, t) in &tree.tensors {
+        if !seen.insert(name.as_str()) {
+            return Err(ExportError::Fold(format!(
+                "two tensors are named `{name}` in the exported model (a plugin's export \
+                 folds a module onto names another module uses)"
+            )));
+        }
+        // A tensor of the live model keeps its role; a folded one (computed by a plugin) is a
+        // parameter unless it is floating-point-free or a batch-norm statistic.
+        let is_parameter = match roles.get(name.as_str()) {
+            Some(role) => *role == Role::Parameter,
+            None => {
+                t.is_floating_point()
+                    && !STATISTICS
+                        .iter()
+                        .any(|s| name.rsplit('.').next() == Some(*s))
+            }
+        };
+        if is_parameter {
+            parameters += t.numel() as i64;
+        }
+        blobs.push((name.clone(), blob_of(name, t)?));
+    }
+    write(
+        to,
+        &blobs,
+        Metadata {
+            model: &model_json,
+            input: trainer.input_shape(),
+            methods: &ckpt.meta.methods,
+            kept: &tree.kept,
+        },
+        parameters,
+    )
 }
 
 #[cfg(test)]

@@ -370,10 +370,19 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 s.path.display()
             );
             if !s.methods.is_empty() {
-                tracing::warn!(
-                    "the run trained with {}: the weights are exported as stored; a method that changes how the model uses them at each forward (weight_standardization standardizes conv weights) is not applied — see its card",
+                println!(
+                    "the run trained with {}; train-time-only changes are folded into plain modules",
                     s.methods.join(", ")
                 );
+                if s.kept.is_empty() {
+                    println!("the exported network is the plain model");
+                } else {
+                    println!(
+                        "{} plugin module(s) stay in the exported network (listed in the file's `tessera.modules` metadata; scripts/pytorch_models.py builds them): {}",
+                        s.kept.len(),
+                        s.kept.join(", ")
+                    );
+                }
             }
         }
         Command::NewPlugin { name, dir } => {

@@ -426,6 +426,17 @@ pub trait WrapperObject: Send {
         train: bool,
         inner: InnerCall,
     ) -> RResult<TensorHandle, PluginError>;
+
+    // ---- 1.4: appended with a default body (an older plugin gets it) ----
+    /// What `tessera export` writes for this node (plugin-api 1.4). `inner` holds the wrapped
+    /// module's exported tensors, named relative to it. `Some(tensors)`: the wrapper is folded
+    /// away, the node is exported as the plain wrapped module with `tensors` (named relative to
+    /// the node). `None` (the default): the node is exported as it is, with the wrapper's own
+    /// tensors and the wrapped module's under the inner name.
+    fn export(&self, inner: RVec<NamedTensor>) -> RResult<ROption<RVec<NamedTensor>>, PluginError> {
+        let _ = inner;
+        RResult::ROk(ROption::RNone)
+    }
 }
 
 /// An owned wrapper.
@@ -524,6 +535,14 @@ pub trait ModuleObject: Send {
     /// Runs the module; consumes `input`.
     #[sabi(last_prefix_field)]
     fn forward(&self, input: TensorHandle, train: bool) -> RResult<TensorHandle, PluginError>;
+
+    // ---- 1.4: appended with a default body (an older plugin gets it) ----
+    /// What `tessera export` writes for this module (plugin-api 1.4). `Some(tensors)`: the
+    /// module is folded back into the plain module it replaced, with `tensors` (named relative
+    /// to it). `None` (the default): the module is exported as it is, with its tensors.
+    fn export(&self) -> RResult<ROption<RVec<NamedTensor>>, PluginError> {
+        RResult::ROk(ROption::RNone)
+    }
 }
 
 /// An owned plugin module.

@@ -61,7 +61,7 @@
 //! crate-type = ["cdylib", "rlib"]
 //!
 //! [dependencies]
-//! tessera-plugin-api = "1.3"
+//! tessera-plugin-api = "1.4"
 //! tch = "=0.26.0"
 //! ```
 //!
@@ -95,6 +95,10 @@
 //!   ([`Method::sample_transform`], [`SampleTransform`]); Beta draws and permutations from the
 //!   host's stream ([`random`], [`Context::rng_beta`], [`Context::rng_permutation`]) and
 //!   Composer's one-hot targets ([`targets`]).
+//! - **1.4** (appended to the module and wrapper objects): what `tessera export` writes for a
+//!   plugin's module ([`Module::export`]) or wrapper ([`Wrapper::export`]): kept as it is, or
+//!   folded back into the plain module (weight standardization, Ghost BatchNorm, stochastic
+//!   depth's evaluation scaling).
 #![warn(missing_docs)]
 
 pub mod abi;
@@ -514,6 +518,40 @@ pub trait Module: Send + 'static {
     }
     /// Runs the module.
     fn forward(&self, input: &tch::Tensor, train: bool) -> Result<tch::Tensor, Error>;
+    /// What `tessera export` writes for this module (plugin-api 1.4; an older host never asks).
+    ///
+    /// `Ok(None)` (the default): the module is part of the trained network and is exported as
+    /// it is, its tensors under the names it registered, its kind and attributes in the
+    /// export's `tessera.modules` metadata (BlurPool's `blur_conv2d`). `Ok(Some(tensors))`: the
+    /// module is a train-time reparametrisation that folds back into the plain module it
+    /// replaced; `tensors`, named relative to the module (`weight`, `bias`), are that plain
+    /// module's, computed so that it gives this module's evaluation output (weight
+    /// standardization writes the standardized weight).
+    fn export(&self) -> Result<Option<Vec<(String, tch::Tensor)>>, Error> {
+        Ok(None)
+    }
+}
+
+/// Tensors across the ABI, named.
+pub(crate) fn named_tensors(tensors: Vec<(String, tch::Tensor)>) -> RVec<NamedTensor> {
+    tensors
+        .into_iter()
+        .map(|(name, t)| NamedTensor {
+            name: name.into(),
+            tensor: TensorHandle::from_tensor(t),
+        })
+        .collect()
+}
+
+/// The export answer of a plugin module or wrapper, across the ABI.
+pub(crate) fn export_answer(
+    answer: Result<Option<Vec<(String, tch::Tensor)>>, Error>,
+) -> RResult<ROption<RVec<NamedTensor>>, PluginError> {
+    match answer {
+        Ok(Some(tensors)) => RResult::ROk(ROption::RSome(named_tensors(tensors))),
+        Ok(None) => RResult::ROk(ROption::RNone),
+        Err(e) => RResult::RErr(PluginError::from(e)),
+    }
 }
 
 struct ModuleAdapter<M: Module>(M);
@@ -540,6 +578,10 @@ impl<M: Module> ModuleObject for ModuleAdapter<M> {
             .map(TensorHandle::from_tensor)
             .map_err(PluginError::from)
             .into()
+    }
+
+    fn export(&self) -> RResult<ROption<RVec<NamedTensor>>, PluginError> {
+        export_answer(guard(|| self.0.export()))
     }
 }
 

@@ -3,7 +3,7 @@
 //!
 //! ```toml
 //! [dev-dependencies]
-//! tessera-plugin-api = { version = "1.3", features = ["testing"] }
+//! tessera-plugin-api = { version = "1.4", features = ["testing"] }
 //! ```
 //!
 //! ```no_run

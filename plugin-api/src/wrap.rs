@@ -5,10 +5,11 @@
 //! the model with its parameters, so the optimizer trains them and checkpoints save them; the
 //! wrapper only decides how it is called. See [`crate::Context::wrap_module`].
 
-use abi_stable::std_types::{RResult, RStr, RString, RVec};
+use abi_stable::std_types::{ROption, RResult, RStr, RString, RVec};
 
 use crate::abi::{
-    Attribute, InnerCall, PluginError, TensorHandle, WrapperBox, WrapperObject, WrapperObject_TO,
+    Attribute, InnerCall, NamedTensor, PluginError, TensorHandle, WrapperBox, WrapperObject,
+    WrapperObject_TO,
 };
 use crate::{guard, Error, ErrorKind};
 
@@ -57,6 +58,24 @@ pub trait Wrapper: Send + 'static {
         train: bool,
         inner: &mut Inner<'_>,
     ) -> Result<tch::Tensor, Error>;
+    /// What `tessera export` writes for this node (plugin-api 1.4; an older host never asks).
+    /// `inner` holds the wrapped module's exported tensors, named relative to it (`weight`,
+    /// `conv1.weight`, ...).
+    ///
+    /// `Ok(None)` (the default): the wrapper is part of the trained network and is exported as
+    /// it is, with its own tensors and the wrapped module's under the inner name, its kind and
+    /// attributes in the export's `tessera.modules` metadata (SqueezeExcite). `Ok(Some(tensors))`:
+    /// the wrapper folds away and the node is exported as the plain wrapped module with
+    /// `tensors` (named relative to the node), computed so that it gives the wrapper's
+    /// evaluation output: `inner` itself when the wrapper only changes training (Ghost
+    /// BatchNorm), or `inner` with a factor folded in (stochastic depth's `1 − p`).
+    fn export(
+        &self,
+        inner: Vec<(String, tch::Tensor)>,
+    ) -> Result<Option<Vec<(String, tch::Tensor)>>, Error> {
+        let _ = inner;
+        Ok(None)
+    }
 }
 
 struct WrapperAdapter<W: Wrapper>(W);
@@ -92,6 +111,14 @@ impl<W: Wrapper> WrapperObject for WrapperAdapter<W> {
             .map(TensorHandle::from_tensor)
             .map_err(PluginError::from)
             .into()
+    }
+
+    fn export(&self, inner: RVec<NamedTensor>) -> RResult<ROption<RVec<NamedTensor>>, PluginError> {
+        let inner = inner
+            .into_iter()
+            .map(|t| (t.name.into_string(), t.tensor.into_tensor()))
+            .collect();
+        crate::export_answer(crate::guard(|| self.0.export(inner)))
     }
 }
 

@@ -10,7 +10,7 @@ mod spec;
 mod tree;
 mod zoo;
 
-pub use layers::{Attr, Layer};
+pub use layers::{Attr, ExportTree, Exported, Layer};
 pub use loss::{cross_entropy, cross_entropy_with, NonFiniteLoss};
 pub use params::{Entry, ParamStore, Role};
 pub use spec::{ModelConfig, ModelName};

@@ -3,9 +3,9 @@
 
 use std::collections::BTreeMap;
 
-use tch::Tensor;
+use tch::{TchError, Tensor};
 
-use super::layers::{Attr, Layer};
+use super::layers::{Attr, ExportTree, Exported, Layer};
 
 /// Surgery that cannot be done: the path, the device or a name does not fit; the message says
 /// which.
@@ -35,6 +35,60 @@ pub(crate) fn join(prefix: &str, name: &str) -> String {
     }
 }
 
+/// `prefix.name`, `prefix` when `name` is empty, `name` at the root.
+fn join_path(prefix: &str, name: &str) -> String {
+    if name.is_empty() {
+        prefix.to_owned()
+    } else {
+        join(prefix, name)
+    }
+}
+
+/// The layer at `path` as the module tree lists it.
+fn info(path: &str, layer: &dyn Layer) -> LayerInfo {
+    LayerInfo {
+        path: path.to_owned(),
+        kind: layer.kind().to_owned(),
+        attrs: layer
+            .attrs()
+            .into_iter()
+            .map(|(key, value)| (key.to_owned(), value))
+            .collect(),
+        tensors: layer
+            .tensors()
+            .into_iter()
+            .map(|(name, _)| join(path, name))
+            .collect(),
+    }
+}
+
+/// Adds `layer` (at `path`) and its descendants to `out` as `tessera export` writes them.
+fn export_visit(layer: &dyn Layer, path: &str, out: &mut ExportTree) -> Result<(), TchError> {
+    match layer.export()? {
+        Exported::Folded(tree) => {
+            out.tensors.extend(
+                tree.tensors
+                    .into_iter()
+                    .map(|(name, t)| (join_path(path, &name), t)),
+            );
+            out.kept.extend(tree.kept.into_iter().map(|mut kept| {
+                kept.path = join_path(path, &kept.path);
+                kept
+            }));
+            return Ok(());
+        }
+        Exported::Kept => out.kept.push(info(path, layer)),
+        Exported::Plain => {}
+    }
+    for (name, tensor) in layer.tensors() {
+        out.tensors.push((join(path, name), tensor.shallow_clone()));
+    }
+    for (name, child) in layer.children() {
+        export_visit(child, &join(path, name), out)?;
+    }
+    Ok(())
+}
+
 /// Calls `visit_one` on `layer` (at `path`) and then on each of its descendants, depth first.
 fn visit(layer: &dyn Layer, path: &str, visit_one: &mut dyn FnMut(&str, &dyn Layer)) {
     visit_one(path, layer);
@@ -52,23 +106,17 @@ impl dyn Layer {
     /// Every layer, depth first, with paths prefixed as if this layer were at `path`.
     pub fn walk_at(&self, path: &str) -> Vec<LayerInfo> {
         let mut out = Vec::new();
-        visit(self, path, &mut |path, layer| {
-            out.push(LayerInfo {
-                path: path.to_owned(),
-                kind: layer.kind().to_owned(),
-                attrs: layer
-                    .attrs()
-                    .into_iter()
-                    .map(|(key, value)| (key.to_owned(), value))
-                    .collect(),
-                tensors: layer
-                    .tensors()
-                    .into_iter()
-                    .map(|(name, _)| join(path, name))
-                    .collect(),
-            })
-        });
+        visit(self, path, &mut |path, layer| out.push(info(path, layer)));
         out
+    }
+
+    /// The tensors `tessera export` writes for this layer and its descendants, named relative
+    /// to it, with plugin modules kept as they are or folded back into plain layers as their
+    /// plugins say ([`Layer::export`]).
+    pub fn export_tree(&self) -> Result<ExportTree, TchError> {
+        let mut out = ExportTree::default();
+        export_visit(self, "", &mut out)?;
+        Ok(out)
     }
 
     /// The tensors of this layer and all its descendants, named relative to this layer.

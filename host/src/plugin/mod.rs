@@ -20,14 +20,14 @@ use abi_stable::abi_stability::abi_checking::{
     check_layout_compatibility_with_globals, CheckingGlobals,
 };
 use abi_stable::library::{lib_header_from_path, LibraryError};
-use abi_stable::std_types::{RResult, RStr};
+use abi_stable::std_types::{ROption, RResult, RStr, RVec};
 use abi_stable::StableAbi;
-use tessera_plugin_api::abi::{MethodBox, ModuleBox, PluginModule_Ref, TensorHandle};
+use tessera_plugin_api::abi::{MethodBox, ModuleBox, NamedTensor, PluginModule_Ref, TensorHandle};
 use tessera_plugin_api::{Event, Hook, API_VERSION, LIBTORCH_VERSION};
 
 use crate::data::SampleFn;
 use crate::engine::{Algorithm, MethodError, MethodSnapshot, Stage};
-use crate::model::{Attr, Layer};
+use crate::model::{Attr, ExportTree, Exported, Layer};
 
 /// A module a plugin put into the model by surgery, with the tensors it registered.
 pub struct PluginLayer {
@@ -92,6 +92,32 @@ impl Layer for PluginLayer {
             ))),
         }
     }
+
+    fn export(&self) -> Result<Exported, tch::TchError> {
+        // A plugin built against plugin-api < 1.4 lacks `export`: abi_stable then runs the
+        // default body, which keeps the module.
+        match self.module.export() {
+            RResult::ROk(ROption::RNone) => Ok(Exported::Kept),
+            RResult::ROk(ROption::RSome(tensors)) => Ok(Exported::Folded(ExportTree {
+                tensors: from_named(tensors),
+                kept: Vec::new(),
+            })),
+            RResult::RErr(e) => Err(tch::TchError::Torch(format!(
+                "plugin module `{}` at export: {}: {}",
+                self.kind,
+                e.kind.name(),
+                e.message
+            ))),
+        }
+    }
+}
+
+/// Tensors handed over by a plugin, owned.
+pub(crate) fn from_named(tensors: RVec<NamedTensor>) -> Vec<(String, tch::Tensor)> {
+    tensors
+        .into_iter()
+        .map(|t| (t.name.into_string(), t.tensor.into_tensor()))
+        .collect()
 }
 
 /// Why a plugin could not be used.

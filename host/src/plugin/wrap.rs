@@ -4,10 +4,10 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use abi_stable::std_types::{RResult, RStr, RString};
-use tessera_plugin_api::abi::{InnerCall, InnerCtx, TensorHandle, WrapperBox};
+use abi_stable::std_types::{ROption, RResult, RStr, RString, RVec};
+use tessera_plugin_api::abi::{InnerCall, InnerCtx, NamedTensor, TensorHandle, WrapperBox};
 
-use crate::model::{Attr, Layer};
+use crate::model::{Attr, ExportTree, Exported, Layer};
 
 /// A plugin wrapper and the module it wraps. The wrapped module is the child `inner_name`, or,
 /// when `inner_name` is empty, transparent: its tensors and children are the node's own.
@@ -154,6 +154,33 @@ impl Layer for WrappedLayer {
             RResult::ROk(out) => Ok(out.into_tensor()),
             RResult::RErr(e) => Err(tch::TchError::Torch(format!(
                 "plugin wrapper `{}`: {}: {}",
+                self.kind,
+                e.kind.name(),
+                e.message
+            ))),
+        }
+    }
+
+    fn export(&self) -> Result<Exported, tch::TchError> {
+        let inner = self.inner.export_tree()?;
+        let handed: RVec<NamedTensor> = inner
+            .tensors
+            .iter()
+            .map(|(name, t)| NamedTensor {
+                name: name.as_str().into(),
+                tensor: TensorHandle::from_tensor(t.shallow_clone()),
+            })
+            .collect();
+        // A wrapper built against plugin-api 1.3 lacks `export`: abi_stable then runs the
+        // default body, which keeps the wrapper.
+        match self.wrapper.export(handed) {
+            RResult::ROk(ROption::RNone) => Ok(Exported::Kept),
+            RResult::ROk(ROption::RSome(tensors)) => Ok(Exported::Folded(ExportTree {
+                tensors: super::from_named(tensors),
+                kept: inner.kept,
+            })),
+            RResult::RErr(e) => Err(tch::TchError::Torch(format!(
+                "plugin wrapper `{}` at export: {}: {}",
                 self.kind,
                 e.kind.name(),
                 e.message

@@ -130,6 +130,17 @@ impl Trainer {
         &self.state.clock.timestamp
     }
 
+    /// The input shape the model was built for: the training loader's samples, after the
+    /// methods' per-sample transforms.
+    pub fn input_shape(&self) -> crate::model::InputShape {
+        let (c, h, w) = self.train_loader.sample_shape();
+        crate::model::InputShape {
+            channels: c as i64,
+            height: h as i64,
+            width: w as i64,
+        }
+    }
+
     /// The training device.
     pub fn device(&self) -> Device {
         self.state.device()

@@ -109,6 +109,12 @@ impl Wrapper for GhostWrapper {
             inner.forward(input, train)
         }
     }
+
+    /// In evaluation the wrapper is the plain batch norm: it folds away, its batch norm's
+    /// tensors exported under the wrapper's path (`bn1.weight`, not `bn1.batchnorm.weight`).
+    fn export(&self, inner: Vec<(String, Tensor)>) -> Result<Option<Vec<(String, Tensor)>>, Error> {
+        Ok(Some(inner))
+    }
 }
 
 /// The batch norms GhostBatchNorm wraps: every `batch_norm2d` not already inside a ghost

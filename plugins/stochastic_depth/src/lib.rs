@@ -163,6 +163,52 @@ impl Wrapper for StochasticWrapper {
         };
         stochastic_bottleneck(x, train, p, decision, &mut branch, downsample)
     }
+
+    /// In evaluation the block is `relu((1 − p) · branch(x) + shortcut(x))`; the branch ends in
+    /// `bn3`, so scaling that batch norm's affine weight and bias by `1 − p` gives a plain
+    /// bottleneck with the same output: the wrapper folds away.
+    fn export(&self, inner: Vec<(String, Tensor)>) -> Result<Option<Vec<(String, Tensor)>>, Error> {
+        let p = self
+            .shared
+            .lock()
+            .map_err(|_| "stochastic_depth: state poisoned")?
+            .rates
+            .get(self.index)
+            .copied()
+            .unwrap_or(0.0);
+        fold_drop_rate(inner, p).map(Some)
+    }
+}
+
+/// A bottleneck's tensors (named relative to it) with `1 − p` folded into `bn3.weight` and
+/// `bn3.bias`, so that the plain block computes what the stochastic block computes in
+/// evaluation.
+pub fn fold_drop_rate(
+    tensors: Vec<(String, Tensor)>,
+    p: f32,
+) -> Result<Vec<(String, Tensor)>, Error> {
+    let keep = 1.0 - p as f64;
+    let mut folded = 0;
+    let out = tensors
+        .into_iter()
+        .map(|(name, t)| -> Result<(String, Tensor), Error> {
+            if name == "bn3.weight" || name == "bn3.bias" {
+                folded += 1;
+                let scaled = tessera_plugin_api::tch::no_grad(|| t.f_mul_scalar(keep))?;
+                Ok((name, scaled))
+            } else {
+                Ok((name, t))
+            }
+        })
+        .collect::<Result<Vec<_>, Error>>()?;
+    if folded != 2 {
+        return Err(format!(
+            "stochastic_depth: the wrapped block has no affine `bn3` (found {folded} of \
+             bn3.weight, bn3.bias) to fold the drop rate into"
+        )
+        .into());
+    }
+    Ok(out)
 }
 
 /// The bottleneck blocks StochasticDepth wraps, in module order, with whether each has a

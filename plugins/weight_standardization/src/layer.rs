@@ -129,4 +129,14 @@ impl Module for StandardizedConv2d {
     fn forward(&self, input: &Tensor, _train: bool) -> Result<Tensor, Error> {
         Ok(self.run(input)?)
     }
+
+    /// Folds back into a plain conv whose weight is the standardized one.
+    fn export(&self) -> Result<Option<Vec<(String, Tensor)>>, Error> {
+        let weight = tessera_plugin_api::tch::no_grad(|| self.standardized_weight())?;
+        let mut out = vec![("weight".to_owned(), weight)];
+        if let Some(b) = &self.bias {
+            out.push(("bias".to_owned(), b.shallow_clone()));
+        }
+        Ok(Some(out))
+    }
 }

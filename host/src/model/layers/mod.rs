@@ -77,4 +77,33 @@ pub trait Layer: Send + fmt::Debug {
     /// Runs the layer on `xs`; `train` selects training behaviour (BatchNorm batch statistics).
     /// Shape errors come back as errors, never as panics.
     fn forward(&self, xs: &Tensor, train: bool) -> Result<Tensor, TchError>;
+
+    /// How `tessera export` writes the layer (see [`Exported`]). Default: as built.
+    fn export(&self) -> Result<Exported, TchError> {
+        Ok(Exported::Plain)
+    }
+}
+
+/// How `tessera export` writes a layer.
+#[derive(Debug)]
+pub enum Exported {
+    /// A layer of the model as built: its own tensors and its children's.
+    Plain,
+    /// A plugin's module or wrapper that stays in the exported network: its tensors and
+    /// children as for [`Exported::Plain`], and the layer listed (path, kind, attributes) in
+    /// the export's `tessera.modules` metadata so that a PyTorch twin can be rebuilt.
+    Kept,
+    /// A plugin's module or wrapper folded back into the plain layer it replaced: these
+    /// tensors instead of the layer's own and its children's.
+    Folded(ExportTree),
+}
+
+/// What `tessera export` writes for a layer and everything below it.
+#[derive(Debug, Default)]
+pub struct ExportTree {
+    /// The tensors, named relative to the layer.
+    pub tensors: Vec<(String, Tensor)>,
+    /// The plugin modules kept in the export ([`Exported::Kept`]), paths relative to the layer
+    /// (`""`: the layer itself).
+    pub kept: Vec<super::LayerInfo>,
 }
