@@ -493,6 +493,22 @@ impl Factorized {
             Factorized::Linear(m) => m.tensors(),
         }
     }
+
+    /// The latent size (channels or features).
+    pub fn latent(&self) -> i64 {
+        match self {
+            Factorized::Conv2d(m) => m.latent_channels(),
+            Factorized::Linear(m) => m.latent_features(),
+        }
+    }
+
+    /// The module's `set_rank`.
+    pub fn set_rank(&mut self, input: &Tensor, rank: i64) -> Result<(), Error> {
+        match self {
+            Factorized::Conv2d(m) => m.set_rank(input, rank),
+            Factorized::Linear(m) => m.set_rank(input, rank),
+        }
+    }
 }
 
 impl Module for Factorized {

@@ -14,8 +14,8 @@ use std::collections::BTreeMap;
 
 use factorize::{
     apply_factorization, factorize_conv2d, factorize_matrix, max_rank, plan, ConvGeometry,
-    ConvSpec, Factorize, FactorizeSettings, Factorized, FactorizedConv2d, FactorizedLinear, Model,
-    CONV2D, DEFAULT_N_ITERS, FACTORIZED_CONV2D, FACTORIZED_LINEAR, LINEAR,
+    ConvSpec, Factorize, FactorizeSettings, Factorized, FactorizedConv2d, FactorizedLinear,
+    LowRankSolution, Model, CONV2D, DEFAULT_N_ITERS, FACTORIZED_CONV2D, FACTORIZED_LINEAR, LINEAR,
 };
 use serde_json::Value;
 use tessera_plugin_api::abi::{Attribute, ModuleInfo};
@@ -320,7 +320,7 @@ fn surgery_decides_like_composer_for_every_settings_case() {
         // Composer's recorded weights in our modules give Composer's output.
         tch::no_grad(|| {
             for leaf in &golden_names {
-                let _ = net.params[leaf]
+                net.params[leaf]
                     .shallow_clone()
                     .copy_(g.tensor(&format!("{prefix}{leaf}")));
             }
@@ -447,6 +447,18 @@ fn close_scalar(what: &str, got: f64, want: f64) {
     );
 }
 
+/// Composer's reported nmse (with its bias quirk) and the nmse against the real target.
+fn check_nmse(tag: &str, sol: &LowRankSolution, want: &Value) {
+    let reported = want["reported_nmse"].as_f64().unwrap();
+    close_scalar(&format!("{tag} reported"), sol.nmse, reported);
+    let recomputed = want["recomputed_nmse"].as_f64().unwrap();
+    if recomputed < 1e-9 {
+        assert!(sol.target_nmse < 1e-9, "{tag}: {}", sol.target_nmse);
+    } else {
+        close_scalar(&format!("{tag} actual"), sol.target_nmse, recomputed);
+    }
+}
+
 fn rank_of(tag: &str) -> (f64, usize) {
     let p = parse_params(tag.split_once('/').map(|(_, r)| r).unwrap_or(tag));
     let rank = p["rank"].parse().unwrap();
@@ -471,17 +483,7 @@ fn factorize_matrix_matches_composer() {
         let (rank, n_iters) = rank_of(tag);
         let sol = factorize_matrix(x, y, w, None, Some(b), rank, n_iters).unwrap();
         assert_eq!(sol.rank, want["rank"].as_i64().unwrap(), "{tag}: rank");
-        close_scalar(
-            &format!("{tag} reported"),
-            sol.nmse,
-            want["reported_nmse"].as_f64().unwrap(),
-        );
-        let recomputed = want["recomputed_nmse"].as_f64().unwrap();
-        if recomputed < 1e-9 {
-            assert!(sol.target_nmse < 1e-9, "{tag}: {}", sol.target_nmse);
-        } else {
-            close_scalar(&format!("{tag} actual"), sol.target_nmse, recomputed);
-        }
+        check_nmse(tag, &sol, want);
         close(
             &format!("{tag}/bias"),
             sol.bias.as_ref().unwrap(),
@@ -547,17 +549,7 @@ fn factorize_conv2d_matches_composer() {
             want["has_bias"].as_bool().unwrap(),
             "{tag}"
         );
-        close_scalar(
-            &format!("{tag} reported"),
-            sol.nmse,
-            want["reported_nmse"].as_f64().unwrap(),
-        );
-        let recomputed = want["recomputed_nmse"].as_f64().unwrap();
-        if recomputed < 1e-9 {
-            assert!(sol.target_nmse < 1e-9, "{tag}: {}", sol.target_nmse);
-        } else {
-            close_scalar(&format!("{tag} actual"), sol.target_nmse, recomputed);
-        }
+        check_nmse(tag, &sol, want);
         let p = geometry.padding;
         let want_wa = g.tensor(&format!("{tag}/Wa"));
         let y_hat = match &sol.wb {
@@ -590,118 +582,75 @@ fn factorize_conv2d_matches_composer() {
     }
 }
 
+/// `set_rank/<kind>/*`: the module built from `before/*` computes `out_before`; after
+/// `set_rank(input, to)` it has `latent_after` and computes `out_after`, with the golden's
+/// weights (up to the sign of each latent channel) and bias.
+fn check_set_rank(g: &Golden, kind: &str, module: &mut Factorized) {
+    let t = |name: &str| g.tensor(&format!("set_rank/{kind}/{name}"));
+    let result = &g.json["results"]["set_rank"][kind];
+    let num = |key: &str| result[key].as_i64().unwrap();
+    assert_eq!(module.latent(), num("from_latent"), "{kind}");
+    let input = t("input");
+    let out = |m: &Factorized| m.forward(input, false).unwrap();
+    close(&format!("{kind}/out_before"), &out(module), t("out_before"));
+    module.set_rank(input, num("to")).unwrap();
+    assert_eq!(module.latent(), num("latent_after"), "{kind}");
+    close(&format!("{kind}/out_after"), &out(module), t("out_after"));
+    let tensors: BTreeMap<&str, Tensor> = module.tensors().into_iter().collect();
+    for (leaf, latent_dim) in [("module0.weight", 0), ("module1.weight", 1)] {
+        let want = t(&format!("after/{leaf}"));
+        let got = sign_aligned(&tensors[leaf], want, latent_dim);
+        close(&format!("{kind} {leaf}"), &got, want);
+    }
+    let bias = "module1.bias";
+    close(
+        &format!("{kind} {bias}"),
+        &tensors[bias],
+        t(&format!("after/{bias}")),
+    );
+
+    // The current rank changes nothing; a larger one or zero is refused.
+    let before = out(module);
+    module.set_rank(input, module.latent()).unwrap();
+    assert_close(kind, &out(module), &before, 0.0, 0.0);
+    assert!(module.set_rank(input, module.latent() + 1).is_err());
+    assert!(module.set_rank(input, 0).is_err());
+}
+
 #[test]
 fn set_rank_matches_composer_on_a_linear_layer_and_a_conv() {
     let g = Golden::load(CASE);
-    let t = |name: &str| g.tensor(&format!("set_rank/{name}"));
-    let results = &g.json["results"]["set_rank"];
-    let to = |kind: &str| results[kind]["to"].as_i64().unwrap();
-    let after = |kind: &str| results[kind]["latent_after"].as_i64().unwrap();
-
-    let mut linear = FactorizedLinear::from_tensors(
-        &t("linear/before/module0.weight").copy(),
-        &t("linear/before/module1.weight").copy(),
-        Some(&t("linear/before/module1.bias").copy()),
-    )
-    .unwrap();
-    assert_eq!(
-        linear.latent_features(),
-        results["linear"]["from_latent"].as_i64().unwrap()
+    let t = |name: &str| g.tensor(&format!("set_rank/{name}")).copy();
+    let mut linear = Factorized::Linear(
+        FactorizedLinear::from_tensors(
+            &t("linear/before/module0.weight"),
+            &t("linear/before/module1.weight"),
+            Some(&t("linear/before/module1.bias")),
+        )
+        .unwrap(),
     );
-    let input = t("linear/input");
-    close(
-        "linear/out_before",
-        &linear.run(input).unwrap(),
-        t("linear/out_before"),
-    );
-    linear.set_rank(input, to("linear")).unwrap();
-    assert_eq!(linear.latent_features(), after("linear"));
-    close(
-        "linear/out_after",
-        &linear.run(input).unwrap(),
-        t("linear/out_after"),
-    );
-    let tensors: BTreeMap<&str, Tensor> = linear.tensors().into_iter().collect();
-    let w0 = t("linear/after/module0.weight");
-    let w1 = t("linear/after/module1.weight");
-    close(
-        "linear module0",
-        &sign_aligned(&tensors["module0.weight"], w0, 0),
-        w0,
-    );
-    close(
-        "linear module1",
-        &sign_aligned(&tensors["module1.weight"], w1, 1),
-        w1,
-    );
-    close(
-        "linear bias",
-        &tensors["module1.bias"],
-        t("linear/after/module1.bias"),
-    );
+    check_set_rank(&g, "linear", &mut linear);
 
     let w0 = t("conv/before/module0.weight");
     let (k, cin) = (w0.size()[2], w0.size()[1]);
-    let cout = t("conv/before/module1.weight").size()[0];
     let spec = ConvSpec {
         in_channels: cin,
-        out_channels: cout,
+        out_channels: t("conv/before/module1.weight").size()[0],
         kernel_size: k,
         stride: 1,
         padding: k / 2,
         groups: 1,
     };
-    let mut conv = FactorizedConv2d::from_tensors(
-        spec,
-        &w0.copy(),
-        &t("conv/before/module1.weight").copy(),
-        &t("conv/before/module1.bias").copy(),
-    )
-    .unwrap();
-    assert_eq!(
-        conv.latent_channels(),
-        results["conv"]["from_latent"].as_i64().unwrap()
+    let mut conv = Factorized::Conv2d(
+        FactorizedConv2d::from_tensors(
+            spec,
+            &w0,
+            &t("conv/before/module1.weight"),
+            &t("conv/before/module1.bias"),
+        )
+        .unwrap(),
     );
-    let input = t("conv/input");
-    close(
-        "conv/out_before",
-        &conv.run(input).unwrap(),
-        t("conv/out_before"),
-    );
-    conv.set_rank(input, to("conv")).unwrap();
-    assert_eq!(conv.latent_channels(), after("conv"));
-    close(
-        "conv/out_after",
-        &conv.run(input).unwrap(),
-        t("conv/out_after"),
-    );
-    let tensors: BTreeMap<&str, Tensor> = conv.tensors().into_iter().collect();
-    let w0 = t("conv/after/module0.weight");
-    let w1 = t("conv/after/module1.weight");
-    close(
-        "conv module0",
-        &sign_aligned(&tensors["module0.weight"], w0, 0),
-        w0,
-    );
-    close(
-        "conv module1",
-        &sign_aligned(&tensors["module1.weight"], w1, 1),
-        w1,
-    );
-    close(
-        "conv bias",
-        &tensors["module1.bias"],
-        t("conv/after/module1.bias"),
-    );
-
-    // The current rank changes nothing; a larger one or zero is refused.
-    let before = conv.run(input).unwrap();
-    conv.set_rank(input, to("conv")).unwrap();
-    assert_close("same rank", &conv.run(input).unwrap(), &before, 0.0, 0.0);
-    assert!(conv.set_rank(input, to("conv") + 1).is_err());
-    assert!(linear
-        .set_rank(g.tensor("set_rank/linear/input"), 0)
-        .is_err());
+    check_set_rank(&g, "conv", &mut conv);
 }
 
 #[test]
