@@ -1,15 +1,17 @@
 #![doc = include_str!("../README.md")]
 #![warn(missing_docs)]
 
+mod conv;
+mod linear;
 mod modules;
 mod solve;
 mod surgery;
 
 use tessera_plugin_api::{export_plugin, Context, Error, Event, Hook, Method, Plugin, Settings};
 
-pub use modules::{
-    default_init, latent_size, max_rank, ConvSpec, Factorized, FactorizedConv2d, FactorizedLinear,
-};
+pub use conv::{ConvSpec, FactorizedConv2d};
+pub use linear::FactorizedLinear;
+pub use modules::{default_init, latent_size, max_rank, Factorized};
 pub use solve::{
     factorize_conv2d, factorize_matrix, ConvGeometry, LowRankSolution, DEFAULT_N_ITERS,
 };

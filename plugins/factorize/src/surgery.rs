@@ -4,9 +4,9 @@
 use tessera_plugin_api::tch::Tensor;
 use tessera_plugin_api::{Context, Error, ErrorKind, ModuleInfo};
 
-use crate::modules::{
-    latent_size, max_rank, ConvSpec, Factorized, FactorizedConv2d, FactorizedLinear,
-};
+use crate::conv::{ConvSpec, FactorizedConv2d};
+use crate::linear::FactorizedLinear;
+use crate::modules::{latent_size, max_rank, Factorized};
 use crate::{CONV2D, FACTORIZED_CONV2D, FACTORIZED_LINEAR, LINEAR};
 
 /// The surgery's settings, with the `Factorize` algorithm's defaults.
