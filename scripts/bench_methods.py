@@ -36,6 +36,7 @@ METHODS = {
     "weight_standardization": ("", RESNET20),
     "ghost_batchnorm": ("ghost_batch_size = 16", RESNET20),
     "squeeze_excite": ("latent_channels = 0.25\nmin_channels = 16", RESNET20),
+    "factorize": ("min_channels = 16\nlatent_channels = 0.25", RESNET20),
     "stochastic_depth": ("drop_rate = 0.2", RESNET50),
 }
 
