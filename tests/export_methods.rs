@@ -256,6 +256,41 @@ fn surgery_is_kept_or_folded_and_the_twin_matches() {
     assert_pytorch_matches(&dir, &ckpt, &exported, 16, "resnet20 with five methods");
 }
 
+/// Factorize's layers stay (Composer's `module0`/`module1` names): convs and the final linear
+/// of a ResNet-20, rebuilt by the PyTorch twin from the metadata, give Tessera's output.
+#[test]
+fn factorized_layers_are_kept_and_the_twin_matches() {
+    let dir = TempDir::new("export-factorize");
+    let toml = trainer_toml(
+        "factorized",
+        "name = \"resnet20\"\nwidth = 8",
+        16,
+        &[(
+            "factorize",
+            "min_channels = 8\nlatent_channels = 0.5\nmin_features = 4\nlatent_features = 0.5",
+        )],
+    );
+    let (ckpt, exported, _) = train_and_export(&dir, &toml);
+    let (tensors, meta) = read_export(&exported);
+    let names: BTreeSet<&str> = tensors.iter().map(|(n, _)| n.as_str()).collect();
+    let kept = json_meta(&meta, "tessera.modules");
+    let kinds: BTreeSet<&str> = kept
+        .as_array()
+        .expect("modules")
+        .iter()
+        .map(|m| m["kind"].as_str().expect("kind"))
+        .collect();
+    assert_eq!(
+        kinds,
+        BTreeSet::from(["factorized_conv2d", "factorized_linear"]),
+        "{kept:#}"
+    );
+    assert!(names.contains("fc.module0.weight") && names.contains("fc.module1.bias"));
+    assert!(names.contains("layer3.1.conv1.module1.weight"), "{names:?}");
+    assert!(!names.contains("fc.weight"), "{names:?}");
+    assert_pytorch_matches(&dir, &ckpt, &exported, 16, "resnet20 with factorize");
+}
+
 /// Stochastic depth's evaluation scaling `1 − p` folds into each bottleneck's `bn3`: the
 /// exported weights load into torchvision's plain ResNet-50 and give Tessera's output.
 #[test]
