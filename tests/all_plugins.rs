@@ -1,8 +1,13 @@
-//! All six plugins of this repository loaded at once from their `.so` files, training together
-//! on Fashion-MNIST: surgery (blurpool), batch selection (selective_backprop), batch transforms
-//! (cutout), target smoothing (label_smoothing), two passes per step (sam) and weight averaging
-//! (ema).
+//! The plugins of this repository loaded at once from their `.so` files, training together
+//! on Fashion-MNIST: first the six original ones — surgery (blurpool), batch selection
+//! (selective_backprop), batch transforms (cutout), target smoothing (label_smoothing), two
+//! passes per step (sam) and weight averaging (ema) — then every plugin crate in `plugins/`
+//! (found by reading the folder, so a new plugin joins the test by existing) on a ResNet-50,
+//! exported and checked against PyTorch.
 
+use std::collections::BTreeSet;
+
+use tessera_tests::export::assert_export_matches_rebuilt_run;
 use tessera_tests::*;
 
 /// `toml` with the six plugins.
@@ -67,4 +72,109 @@ fn six_plugins_learn_together() {
     // Measured: 0.458 after 40 batches (0.210 after 20); 0.102 with a learning rate of 1e-9 (a
     // step that does nothing).
     assert_learned(&record, 0.3);
+}
+
+/// The plugin crates of the repository: every folder of `plugins/` whose Cargo.toml builds a
+/// `cdylib`.
+fn repository_plugins() -> Vec<String> {
+    let dir = repo_root().join("plugins");
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .filter_map(|entry| {
+            let path = entry.ok()?.path();
+            let manifest = std::fs::read_to_string(path.join("Cargo.toml")).ok()?;
+            manifest
+                .contains("cdylib")
+                .then(|| path.file_name()?.to_str().map(str::to_owned))?
+        })
+        .collect();
+    names.sort_unstable();
+    names
+}
+
+/// Settings that make each plugin act on a 3-batch ResNet-50 run (defaults otherwise).
+fn settings(plugin: &str) -> &'static str {
+    match plugin {
+        "selective_backprop" => "start = 0.0\nend = 1.0\ninterrupt = 0",
+        "ema" => "half_life = \"2ba\"",
+        "ghost_batchnorm" => "ghost_batch_size = 16",
+        "weight_standardization" => "n_last_layers_ignore = 1",
+        _ => "",
+    }
+}
+
+/// Every plugin of the repository in one run: surgery of five kinds on the same ResNet-50
+/// (BlurPool, Factorize, SqueezeExcite, weight standardization, Ghost BatchNorm, stochastic
+/// depth, ChannelsLast), per-sample transforms on the loader threads (RandAugment, AugMix),
+/// batch and size changes (ColOut, progressive resizing, MixUp, CutMix, CutOut), the loss
+/// (label smoothing), selection, two passes, averaging, early stopping. The run trains, and its
+/// export loads strictly into torchvision's ResNet-50 with the kept modules' twins and gives the
+/// rebuilt run's output.
+#[test]
+fn every_plugin_of_the_repository_trains_together_and_exports() {
+    let plugins = repository_plugins();
+    assert!(plugins.len() >= 19, "{plugins:?}");
+    let dir = TempDir::new("all-plugins");
+    let mut toml = TrainerToml::new("all-plugins");
+    toml.model = "name = \"resnet50\"".to_owned();
+    toml.device = Some("cpu".to_owned());
+    for p in &plugins {
+        toml = toml.algorithm(p, settings(p));
+    }
+    let text = format!("{}\n[checkpoint]\ninterval = \"3ba\"\n", toml.render());
+    dir.write("trainer.toml", &text);
+    let out = train(&dir, &["data.batch_size=32"], &[]);
+    out.assert_success();
+    let record = read_json(&run_dir(&dir, "all-plugins").join("run.json"));
+    let loaded: BTreeSet<&str> = record["plugins"]
+        .as_array()
+        .expect("plugins")
+        .iter()
+        .map(|p| p["name"].as_str().expect("name"))
+        .collect();
+    let wanted: BTreeSet<&str> = plugins.iter().map(String::as_str).collect();
+    assert_eq!(loaded, wanted);
+    assert_eq!(record["batches"], 3, "{record:#}");
+    // Each surgery acted on the model.
+    let lines = read_jsonl(&run_dir(&dir, "all-plugins").join("metrics.jsonl"));
+    for metric in [
+        "blurpool/num_blurconv_layers",
+        "factorize/num_conv2d_replacements",
+        "squeeze_excite/replaced",
+        "weight_standardization/num_layers",
+        "stochastic_depth/num_stochastic_layers",
+    ] {
+        let values = method_metric(&lines, metric);
+        assert!(
+            values.first().is_some_and(|(_, v)| *v > 0.0),
+            "{metric}: {values:?}\n{}",
+            out.dump()
+        );
+    }
+
+    let folder = run_dir(&dir, "all-plugins").join("checkpoints");
+    let ckpt = tessera::checkpoint::list(&folder)
+        .first()
+        .cloned()
+        .expect("a checkpoint");
+    let exported = dir.join("model.safetensors");
+    let export = tessera(
+        &[
+            "export",
+            &ckpt.display().to_string(),
+            "--to",
+            &exported.display().to_string(),
+        ],
+        dir.path(),
+        &[],
+    );
+    export.assert_success();
+    assert_export_matches_rebuilt_run(
+        &dir,
+        &ckpt,
+        &exported,
+        [1, 28, 28],
+        "torchvision",
+        "resnet50 with every plugin",
+    );
 }

@@ -17,6 +17,7 @@ use tessera::checkpoint::Checkpoint;
 use tessera::config;
 use tessera::model::Model;
 use tessera_plugin_api::tch::{self, Device, Kind, Tensor};
+use tessera_tests::export::check_export;
 use tessera_tests::*;
 
 /// A `trainer.toml` for 4 batches of 16 synthetic `channels`x`height`x`width` images with
@@ -108,22 +109,6 @@ fn model_from_checkpoint(cfg: &config::Config, ckpt: &Checkpoint) -> Model {
         tch::no_grad(|| e.tensor.shallow_clone().copy_(saved));
     }
     model
-}
-
-/// Runs scripts/check_export.py; returns (exit code, stdout + stderr).
-fn check_export(exported: &Path, case: &Path) -> (Option<i32>, String) {
-    let out = python(&[
-        "scripts/check_export.py",
-        &exported.display().to_string(),
-        &case.display().to_string(),
-    ])
-    .unwrap_or_else(|e| panic!("{e}"));
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.code(), text)
 }
 
 /// Trains, exports, checks names and metadata, and compares with PyTorch.

@@ -10,8 +10,8 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
-use tessera::trainer::{standalone_config, Trainer};
-use tessera_plugin_api::tch::{self, Device, Kind, Tensor};
+use tessera_plugin_api::tch::{Kind, Tensor};
+use tessera_tests::export::assert_export_matches_rebuilt_run;
 use tessera_tests::*;
 
 /// A run of 2 batches of 8 synthetic `channels`x`size`x`size` images with a checkpoint at the
@@ -108,43 +108,6 @@ fn json_meta(meta: &Value, key: &str) -> Value {
             .unwrap_or_else(|| panic!("no {key}: {meta:#}")),
     )
     .unwrap_or_else(|e| panic!("{key} is not JSON: {e}"))
-}
-
-/// Tessera's evaluation output for `input`: the checkpoint's run rebuilt with its plugins.
-fn tessera_output(ckpt: &Path, input: &Tensor) -> Tensor {
-    let cfg = standalone_config(ckpt, &[]).expect("the recorded config loads");
-    let trainer = Trainer::standalone(cfg, Vec::new()).expect("the run rebuilds");
-    tch::no_grad(|| trainer.model().root.forward(input, false)).expect("eval forward")
-}
-
-/// Writes the case file check_export.py compares with and runs it (when torch imports).
-fn assert_pytorch_matches(dir: &TempDir, ckpt: &Path, exported: &Path, size: i64, label: &str) {
-    tch::manual_seed(99);
-    let input = Tensor::randn([3, 3, size, size], (Kind::Float, Device::Cpu));
-    let output = tessera_output(ckpt, &input);
-    let case = dir.join("case.safetensors");
-    Tensor::write_safetensors(&[("input", &input), ("output", &output)], &case)
-        .expect("write the case");
-    if !python_can_import("torch", &format!("the export of {label}")) {
-        return;
-    }
-    let out = python(&[
-        "scripts/check_export.py",
-        &exported.display().to_string(),
-        &case.display().to_string(),
-    ])
-    .unwrap_or_else(|e| panic!("{e}"));
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "check_export.py, {label}:\n{text}"
-    );
-    eprintln!("{label}: {}", text.trim());
 }
 
 /// BlurPool and SqueezeExcite stay (Composer's names, listed as kept modules); weight
@@ -253,7 +216,14 @@ fn surgery_is_kept_or_folded_and_the_twin_matches() {
         "the checkpoint keeps the raw (unstandardized) weight"
     );
 
-    assert_pytorch_matches(&dir, &ckpt, &exported, 16, "resnet20 with five methods");
+    assert_export_matches_rebuilt_run(
+        &dir,
+        &ckpt,
+        &exported,
+        [3, 16, 16],
+        "torch",
+        "resnet20 with five methods",
+    );
 }
 
 /// Factorize's layers stay (Composer's `module0`/`module1` names): convs and the final linear
@@ -288,7 +258,14 @@ fn factorized_layers_are_kept_and_the_twin_matches() {
     assert!(names.contains("fc.module0.weight") && names.contains("fc.module1.bias"));
     assert!(names.contains("layer3.1.conv1.module1.weight"), "{names:?}");
     assert!(!names.contains("fc.weight"), "{names:?}");
-    assert_pytorch_matches(&dir, &ckpt, &exported, 16, "resnet20 with factorize");
+    assert_export_matches_rebuilt_run(
+        &dir,
+        &ckpt,
+        &exported,
+        [3, 16, 16],
+        "torch",
+        "resnet20 with factorize",
+    );
 }
 
 /// Stochastic depth's evaluation scaling `1 − p` folds into each bottleneck's `bn3`: the
@@ -330,7 +307,12 @@ fn stochastic_depth_folds_into_a_plain_torchvision_resnet50() {
         let diff = (get(name) - want).abs().max().double_value(&[]);
         assert!(diff < 1e-6, "{name}: {diff}");
     }
-    if python_can_import("torchvision", "the stochastic depth export") {
-        assert_pytorch_matches(&dir, &ckpt, &exported, 32, "resnet50 with stochastic depth");
-    }
+    assert_export_matches_rebuilt_run(
+        &dir,
+        &ckpt,
+        &exported,
+        [3, 32, 32],
+        "torchvision",
+        "resnet50 with stochastic depth",
+    );
 }

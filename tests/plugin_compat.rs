@@ -194,7 +194,7 @@ fn older_plugins_modules_are_exported_as_they_are() {
     );
     out.assert_success();
     assert!(
-        out.stdout.contains("(blur_max_pool2d)") && out.stdout.contains("(ghost_batch_norm2d)"),
+        out.stdout.contains("2 blur_max_pool2d") && out.stdout.contains("2 ghost_batch_norm2d"),
         "the old modules are kept: {}",
         out.dump()
     );

@@ -110,8 +110,8 @@ pub struct ExportSummary {
     pub bytes: u64,
     /// The methods the run trained with (from the checkpoint).
     pub methods: Vec<String>,
-    /// The plugin modules kept in the exported network, as `path (kind)`.
-    pub kept: Vec<String>,
+    /// The plugin modules kept in the exported network, as (path, kind).
+    pub kept: Vec<(String, String)>,
 }
 
 /// Writes the model of the checkpoint at `checkpoint` to `to` as a plain safetensors file
@@ -295,7 +295,7 @@ fn write(
         kept: meta
             .kept
             .iter()
-            .map(|k| format!("{} ({})", k.path, k.kind))
+            .map(|k| (k.path.clone(), k.kind.clone()))
             .collect(),
     })
 }

@@ -377,10 +377,16 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 if s.kept.is_empty() {
                     println!("the exported network is the plain model");
                 } else {
+                    let mut kinds: std::collections::BTreeMap<&str, usize> = Default::default();
+                    for (_, kind) in &s.kept {
+                        *kinds.entry(kind.as_str()).or_default() += 1;
+                    }
+                    let kinds: Vec<String> =
+                        kinds.iter().map(|(k, n)| format!("{n} {k}")).collect();
                     println!(
-                        "{} plugin module(s) stay in the exported network (listed in the file's `tessera.modules` metadata; scripts/pytorch_models.py builds them): {}",
+                        "{} plugin module(s) stay in the exported network: {} (paths in the file's `tessera.modules` metadata; scripts/pytorch_models.py builds their PyTorch twins)",
                         s.kept.len(),
-                        s.kept.join(", ")
+                        kinds.join(", ")
                     );
                 }
             }

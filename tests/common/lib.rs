@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+pub mod export;
 pub mod resume;
 
 /// The workspace version, which the host and both plugins share.

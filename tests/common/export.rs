@@ -1,0 +1,61 @@
+//! Checking a file written by `tessera export` against PyTorch (`scripts/check_export.py`).
+
+use std::path::Path;
+
+use tch::{Device, Kind, Tensor};
+use tessera::trainer::{standalone_config, Trainer};
+
+use crate::{python, python_can_import, TempDir};
+
+/// Runs scripts/check_export.py on `exported` and the case file `case` (a batch `input` and
+/// Tessera's eval-mode `output` for it); returns (exit code, stdout + stderr).
+pub fn check_export(exported: &Path, case: &Path) -> (Option<i32>, String) {
+    let out = python(&[
+        "scripts/check_export.py",
+        &exported.display().to_string(),
+        &case.display().to_string(),
+    ])
+    .unwrap_or_else(|e| panic!("{e}"));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code(), text)
+}
+
+/// Tessera's evaluation output for `input`: the run of the checkpoint `ckpt` rebuilt with its
+/// plugins, as `tessera eval` rebuilds it.
+pub fn rebuilt_output(ckpt: &Path, input: &Tensor) -> Tensor {
+    let cfg = standalone_config(ckpt, &[]).expect("the recorded config loads");
+    let trainer = Trainer::standalone(cfg, Vec::new()).expect("the run rebuilds");
+    tch::no_grad(|| trainer.model().root.forward(input, false)).expect("eval forward")
+}
+
+/// Writes a case file (3 random `shape` inputs and the rebuilt run's output for them) and
+/// requires scripts/check_export.py to load `exported` strictly and match that output (when
+/// torch and, for `needs`, that module import; see [`python_can_import`]).
+pub fn assert_export_matches_rebuilt_run(
+    dir: &TempDir,
+    ckpt: &Path,
+    exported: &Path,
+    shape: [i64; 3],
+    needs: &str,
+    label: &str,
+) {
+    tch::manual_seed(99);
+    let input = Tensor::randn(
+        [3, shape[0], shape[1], shape[2]],
+        (Kind::Float, Device::Cpu),
+    );
+    let output = rebuilt_output(ckpt, &input);
+    let case = dir.join("case.safetensors");
+    Tensor::write_safetensors(&[("input", &input), ("output", &output)], &case)
+        .expect("write the case");
+    if !python_can_import(needs, &format!("the export of {label}")) {
+        return;
+    }
+    let (code, text) = check_export(exported, &case);
+    assert_eq!(code, Some(0), "check_export.py, {label}:\n{text}");
+    eprintln!("{label}: {}", text.trim());
+}
