@@ -98,7 +98,8 @@
 //! - **1.4** (appended to the module and wrapper objects): what `tessera export` writes for a
 //!   plugin's module ([`Module::export`]) or wrapper ([`Wrapper::export`]): kept as it is, or
 //!   folded back into the plain module (weight standardization, Ghost BatchNorm, stochastic
-//!   depth's evaluation scaling).
+//!   depth's evaluation scaling); [`ModuleInfo::attr`] and [`ModuleInfo::int_attr`] read a
+//!   module's attributes (no ABI change).
 #![warn(missing_docs)]
 
 pub mod abi;
@@ -500,6 +501,38 @@ impl Context<'_> {
     }
 }
 
+impl ModuleInfo {
+    /// The numeric attribute `key` of the module (`stride`, `out_channels`, `eps`), if it has
+    /// one (plugin-api 1.4).
+    pub fn attr(&self, key: &str) -> Option<f64> {
+        self.attrs
+            .iter()
+            .find(|a| a.key.as_str() == key)
+            .map(|a| a.value)
+    }
+
+    /// The integer attribute `key`, or `default` when the module has none (plugin-api 1.4). An
+    /// attribute that is not a finite integer, or a missing one without a default, is an error
+    /// naming the module and the key.
+    pub fn int_attr(&self, key: &str, default: Option<i64>) -> Result<i64, Error> {
+        match (self.attr(key), default) {
+            (Some(v), _) if v.fract() == 0.0 && v.is_finite() => Ok(v as i64),
+            (Some(v), _) => Err(Error::new(
+                ErrorKind::HOST,
+                format!(
+                    "{} `{}`: attribute `{key}` = {v} is not an integer",
+                    self.kind, self.path
+                ),
+            )),
+            (None, Some(d)) => Ok(d),
+            (None, None) => Err(Error::new(
+                ErrorKind::HOST,
+                format!("{} `{}` has no `{key}` attribute", self.kind, self.path),
+            )),
+        }
+    }
+}
+
 fn host_result<T>(r: RResult<T, RString>) -> Result<T, Error> {
     match r {
         RResult::ROk(v) => Ok(v),
@@ -841,6 +874,34 @@ macro_rules! export_plugin {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn module_attributes_are_read_by_key() {
+        let info = ModuleInfo {
+            path: "layer1.0.conv1".into(),
+            kind: "conv2d".into(),
+            attrs: vec![
+                Attribute {
+                    key: "stride".into(),
+                    value: 2.0,
+                },
+                Attribute {
+                    key: "eps".into(),
+                    value: 1e-5,
+                },
+            ]
+            .into(),
+            params: RVec::new(),
+        };
+        assert_eq!(info.attr("eps"), Some(1e-5));
+        assert_eq!(info.attr("groups"), None);
+        assert_eq!(info.int_attr("stride", None).ok(), Some(2));
+        assert_eq!(info.int_attr("groups", Some(1)).ok(), Some(1));
+        let e = info.int_attr("groups", None).unwrap_err().to_string();
+        assert!(e.contains("conv2d `layer1.0.conv1` has no `groups`"), "{e}");
+        let e = info.int_attr("eps", None).unwrap_err().to_string();
+        assert!(e.contains("`eps` = 0.00001 is not an integer"), "{e}");
+    }
 
     #[test]
     fn export_symbol_matches_abi_stable() {

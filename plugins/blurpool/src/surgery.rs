@@ -57,43 +57,17 @@ pub fn is_blur_kind(kind: &str) -> bool {
     kind == BLUR_CONV2D || kind == BLUR_MAX_POOL2D
 }
 
-fn attr(info: &ModuleInfo, key: &str) -> Option<f64> {
-    info.attrs
-        .iter()
-        .find(|a| a.key.as_str() == key)
-        .map(|a| a.value)
-}
-
-fn int_attr(info: &ModuleInfo, key: &str, default: Option<i64>) -> Result<i64, Error> {
-    match attr(info, key) {
-        Some(v) if v.fract() == 0.0 && v.is_finite() => Ok(v as i64),
-        Some(v) => Err(Error::new(
-            ErrorKind::HOST,
-            format!(
-                "{} `{}`: attribute `{key}` = {v} is not an integer",
-                info.kind, info.path
-            ),
-        )),
-        None => default.ok_or_else(|| {
-            Error::new(
-                ErrorKind::HOST,
-                format!("{} `{}` has no `{key}` attribute", info.kind, info.path),
-            )
-        }),
-    }
-}
-
 /// The surgery's decision for one module of the tree: `None` keeps it.
 pub fn decide(info: &ModuleInfo, options: &Options) -> Result<Option<Replacement>, Error> {
     match info.kind.as_str() {
         "conv2d" if options.replace_convs => {
             let spec = ConvSpec {
-                in_channels: int_attr(info, "in_channels", None)?,
-                out_channels: int_attr(info, "out_channels", None)?,
-                kernel_size: int_attr(info, "kernel_size", None)?,
-                stride: int_attr(info, "stride", None)?,
-                padding: int_attr(info, "padding", Some(0))?,
-                groups: int_attr(info, "groups", Some(1))?,
+                in_channels: info.int_attr("in_channels", None)?,
+                out_channels: info.int_attr("out_channels", None)?,
+                kernel_size: info.int_attr("kernel_size", None)?,
+                stride: info.int_attr("stride", None)?,
+                padding: info.int_attr("padding", Some(0))?,
+                groups: info.int_attr("groups", Some(1))?,
             };
             Ok(
                 conv_is_replaced(spec.stride, spec.in_channels, options.min_channels)
@@ -101,11 +75,11 @@ pub fn decide(info: &ModuleInfo, options: &Options) -> Result<Option<Replacement
             )
         }
         "max_pool2d" if options.replace_maxpools => {
-            let kernel_size = int_attr(info, "kernel_size", None)?;
+            let kernel_size = info.int_attr("kernel_size", None)?;
             Ok(Some(Replacement::MaxPool {
                 kernel_size,
-                stride: int_attr(info, "stride", Some(kernel_size))?,
-                padding: int_attr(info, "padding", Some(0))?,
+                stride: info.int_attr("stride", Some(kernel_size))?,
+                padding: info.int_attr("padding", Some(0))?,
             }))
         }
         _ => Ok(None),

@@ -136,13 +136,6 @@ pub fn targets(modules: &[ModuleInfo]) -> Vec<String> {
         .collect()
 }
 
-fn attr(m: &ModuleInfo, key: &str, default: f64) -> f64 {
-    m.attrs
-        .iter()
-        .find(|a| a.key.as_str() == key)
-        .map_or(default, |a| a.value)
-}
-
 /// The GhostBatchNorm method.
 pub struct GhostBatchNorm {
     ghost_batch_size: i64,
@@ -167,8 +160,8 @@ impl Method for GhostBatchNorm {
                 running_mean: tensor("running_mean")?,
                 running_var: tensor("running_var")?,
                 num_batches_tracked: tensor("num_batches_tracked")?,
-                momentum: attr(info, "momentum", 0.1),
-                eps: attr(info, "eps", 1e-5),
+                momentum: info.attr("momentum").unwrap_or(0.1),
+                eps: info.attr("eps").unwrap_or(1e-5),
             };
             let wrapper = GhostWrapper {
                 bn,

@@ -41,13 +41,6 @@ pub struct Target {
     pub latent: i64,
 }
 
-fn int_attr(m: &ModuleInfo, key: &str) -> Option<i64> {
-    m.attrs
-        .iter()
-        .find(|a| a.key.as_str() == key)
-        .map(|a| a.value as i64)
-}
-
 /// The convolutions that get a gate: every `conv2d` with `min(in, out) ≥ min_channels`, not
 /// already inside a squeeze-excite wrapper (so a second application changes nothing).
 pub fn targets(modules: &[ModuleInfo], latent: f64, min_channels: i64) -> Vec<Target> {
@@ -64,7 +57,10 @@ pub fn targets(modules: &[ModuleInfo], latent: f64, min_channels: i64) -> Vec<Ta
             !parent.is_some_and(|p| wrapped.contains(&p))
         })
         .filter_map(|m| {
-            let (cin, cout) = (int_attr(m, "in_channels")?, int_attr(m, "out_channels")?);
+            let (cin, cout) = (
+                m.attr("in_channels")? as i64,
+                m.attr("out_channels")? as i64,
+            );
             (cin.min(cout) >= min_channels).then(|| Target {
                 path: m.path.as_str().to_owned(),
                 out_channels: cout,

@@ -44,34 +44,15 @@ pub fn plan(modules: &[ModuleInfo], n_last_layers_ignore: usize) -> Plan {
     }
 }
 
-fn int_attr(info: &ModuleInfo, key: &str, default: Option<i64>) -> Result<i64, Error> {
-    let value = info
-        .attrs
-        .iter()
-        .find(|a| a.key.as_str() == key)
-        .map(|a| a.value);
-    match (value, default) {
-        (Some(v), _) if v.fract() == 0.0 && v.is_finite() => Ok(v as i64),
-        (None, Some(d)) => Ok(d),
-        (v, _) => Err(Error::new(
-            ErrorKind::HOST,
-            format!(
-                "{} `{}`: attribute `{key}` is {v:?}, not an integer",
-                info.kind, info.path
-            ),
-        )),
-    }
-}
-
 /// The hyperparameters of the conv `info`.
 pub fn conv_spec(info: &ModuleInfo) -> Result<ConvSpec, Error> {
     Ok(ConvSpec {
-        in_channels: int_attr(info, "in_channels", None)?,
-        out_channels: int_attr(info, "out_channels", None)?,
-        kernel_size: int_attr(info, "kernel_size", None)?,
-        stride: int_attr(info, "stride", Some(1))?,
-        padding: int_attr(info, "padding", Some(0))?,
-        groups: int_attr(info, "groups", Some(1))?,
+        in_channels: info.int_attr("in_channels", None)?,
+        out_channels: info.int_attr("out_channels", None)?,
+        kernel_size: info.int_attr("kernel_size", None)?,
+        stride: info.int_attr("stride", Some(1))?,
+        padding: info.int_attr("padding", Some(0))?,
+        groups: info.int_attr("groups", Some(1))?,
     })
 }
 
