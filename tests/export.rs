@@ -110,22 +110,6 @@ fn model_from_checkpoint(cfg: &config::Config, ckpt: &Checkpoint) -> Model {
     model
 }
 
-/// Runs scripts/check_export.py; returns (exit code, stdout + stderr).
-fn check_export(exported: &Path, case: &Path) -> (Option<i32>, String) {
-    let out = python(&[
-        "scripts/check_export.py",
-        &exported.display().to_string(),
-        &case.display().to_string(),
-    ])
-    .unwrap_or_else(|e| panic!("{e}"));
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.code(), text)
-}
-
 /// Trains, exports, checks names and metadata, and compares with PyTorch.
 fn export_and_compare(label: &str, model: &str, channels: u32, height: u32, width: u32) {
     let dir = TempDir::new(&format!("export-{label}"));

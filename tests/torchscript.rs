@@ -19,7 +19,7 @@ use tessera::config;
 use tessera::model::{Model, Role};
 use tessera::precision::{AutocastGuard, Precision};
 use tessera_plugin_api::tch::{self, Device, Kind, Tensor};
-use tessera_tests::resume::assert_killed_and_resumed_is_exact;
+use tessera_tests::resume::{assert_killed_and_resumed_is_exact, with_checkpoints};
 use tessera_tests::*;
 
 /// Scripts the example CNN into `dir/name` (with extra arguments to the script); `None` when
@@ -197,18 +197,8 @@ fn a_scripted_model_trains_checkpoints_and_matches_pytorch() {
     let case = dir.join("case.safetensors");
     Tensor::write_safetensors(&[("input", &batch), ("output", &output)], &case)
         .expect("write the case");
-    let check = python(&[
-        "scripts/check_export.py",
-        &exported.display().to_string(),
-        &case.display().to_string(),
-    ])
-    .unwrap_or_else(|e| panic!("{e}"));
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&check.stdout),
-        String::from_utf8_lossy(&check.stderr)
-    );
-    assert!(check.status.success(), "check_export.py failed:\n{text}");
+    let (code, text) = check_export(&exported, &case);
+    assert_eq!(code, Some(0), "check_export.py failed:\n{text}");
     assert!(text.contains("14 tensors"), "{text}");
     eprintln!("torchscript: {}", text.trim());
 }
@@ -278,10 +268,7 @@ fn a_changed_model_file_refuses_the_resume() {
     let dir = TempDir::new("ts-changed");
     let mut toml = fashion("ts-changed", &file);
     toml.max_duration = "2ba".to_owned();
-    dir.write(
-        "trainer.toml",
-        &format!("{}\n[checkpoint]\ninterval = \"2ba\"\n", toml.render()),
-    );
+    dir.write("trainer.toml", &with_checkpoints(&toml, ""));
     train(&dir, &[], &[]).assert_success();
     let old = sha256_hex(&file);
     scripted(&models, "net.pt", &["--seed", "1"]).expect("scripted again");

@@ -674,6 +674,23 @@ pub fn python(args: &[&str]) -> Result<std::process::Output, String> {
         .map_err(|e| format!("cannot run {python}: {e}"))
 }
 
+/// Runs `scripts/check_export.py EXPORTED CASE` (a `tessera export` file against PyTorch, see
+/// the script); returns its exit code and stdout + stderr.
+pub fn check_export(exported: &Path, case: &Path) -> (Option<i32>, String) {
+    let out = python(&[
+        "scripts/check_export.py",
+        &exported.display().to_string(),
+        &case.display().to_string(),
+    ])
+    .unwrap_or_else(|e| panic!("{e}"));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code(), text)
+}
+
 /// Whether `import <module>` works (`torch`, `torchvision`); prints a notice that the
 /// comparison `what` is skipped when it does not, or fails with TESSERA_REQUIRE_PYTORCH=1 (as
 /// `scripts/test.sh`, what CI runs, sets).

@@ -122,7 +122,8 @@ fn torchscript_file(m: &Tbl<'_>) -> Result<TorchscriptFile, ConfigError> {
                 ErrorKind::InvalidValue,
                 format!(
                     "{} has sha256 {sha256}, but the config pins {pinned}: the model file \
-                     changed since (restore it, or drop `sha256` to accept the new one)",
+                     changed since (restore it; in a trainer.toml, drop `sha256` to accept the \
+                     new one)",
                     path.display()
                 ),
             ));

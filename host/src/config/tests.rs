@@ -525,7 +525,7 @@ fn unknown_keys() {
             UnknownKey,
             "model.depth",
             Some(7),
-            "valid keys in `model`: name, hidden, width, num_classes",
+            "valid keys in `model`: name, torchscript, sha256, hidden, width, num_classes",
         ),
         case(
             "train",

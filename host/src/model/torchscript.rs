@@ -198,11 +198,11 @@ impl TorchscriptModel {
 fn summary(message: &str) -> &str {
     let lines = || message.lines().map(str::trim).filter(|l| !l.is_empty());
     lines()
-        .filter_map(|l| {
+        .rev()
+        .find_map(|l| {
             let (head, rest) = l.split_once("Error: ")?;
             head.chars().all(char::is_alphanumeric).then_some(rest)
         })
-        .last()
         .or_else(|| lines().next())
         .unwrap_or("")
 }

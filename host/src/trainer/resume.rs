@@ -27,7 +27,7 @@ impl Trainer {
             let recorded = c.meta.config["model"]["sha256"].as_str();
             if let Some(recorded) = recorded.filter(|r| !r.eq_ignore_ascii_case(&ours.sha256)) {
                 fail!(
-                    "the checkpoint was trained from a TorchScript model with sha256 {recorded}, but {} now has sha256 {}: the model file changed, and its weights would not fit the graph they were trained in; restore the file (or pin it with `[model] sha256`), or start a new run",
+                    "the checkpoint was trained from a TorchScript model with sha256 {recorded}, but {} now has sha256 {}: the model file changed, and its weights would not fit the graph they were trained in; restore the file, or start a new run",
                     ours.path.display(),
                     ours.sha256
                 );
