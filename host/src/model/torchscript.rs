@@ -3,10 +3,11 @@
 //! join the [`ParamStore`] under their PyTorch `state_dict` names (so the optimizer, checkpoints
 //! and export see them as a zoo model's), but surgery cannot see inside it.
 //!
-//! libtorch's JIT optimizations (profiling, fusion, symbolic differentiation) are switched off
-//! while such a model is loaded: the graph then runs op by op, as eager PyTorch does, so a run
-//! resumed from a checkpoint repeats the straight run bit for bit (an optimized graph would
-//! change after a few calls, differently in a resumed process).
+//! libtorch's JIT graph optimizations (profiling, fusion, symbolic differentiation) are switched
+//! off (process-wide) when such a model is loaded: the graph then runs op by op, as eager PyTorch
+//! does, at every call. Optimized, it would be re-planned after its first few calls — at another
+//! step in a resumed process — and, on CUDA, fused into other kernels, so a resumed run could
+//! drift from the straight one.
 
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::path::{Path, PathBuf};
