@@ -1,12 +1,14 @@
 //! Links the `tessera` binary so that it runs without `LD_LIBRARY_PATH` (rpath to libtorch) and
 //! with CUDA when the libtorch has it (`--no-as-needed` keeps `libtorch_cuda`, whose symbols are
 //! never referenced directly, so CUDA kernels get registered). Also compiles the small C++ shims
-//! for CPU/CUDA autocast and for resetting gradients to undefined.
+//! for CPU/CUDA autocast, for resetting gradients to undefined and for TorchScript models
+//! (their buffers and training mode, which tch's `CModule` does not reach).
 use std::path::PathBuf;
 
 fn main() {
     println!("cargo:rerun-if-changed=csrc/autocast.cpp");
     println!("cargo:rerun-if-changed=csrc/grad.cpp");
+    println!("cargo:rerun-if-changed=csrc/script_module.cpp");
     println!("cargo:rerun-if-env-changed=DEP_TCH_LIBTORCH_LIB");
     let lib = match std::env::var("DEP_TCH_LIBTORCH_LIB") {
         Ok(lib) => PathBuf::from(lib),
@@ -32,6 +34,7 @@ fn main() {
         .cpp(true)
         .file("csrc/autocast.cpp")
         .file("csrc/grad.cpp")
+        .file("csrc/script_module.cpp")
         .include(root.join("include"))
         .include(root.join("include/torch/csrc/api/include"))
         .flag("-std=c++17")

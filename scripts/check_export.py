@@ -92,7 +92,7 @@ def main(argv):
     limit = TOLERANCE * scale
     params = sum(p.numel() for p in model.parameters())
     print(
-        f"{model_config['name']}: {len(tensors)} tensors, {params} parameters loaded strictly "
+        f"{model_config.get('name', 'torchscript')}: {len(tensors)} tensors, {params} parameters loaded strictly "
         f"into {type(model).__module__}.{type(model).__name__}; "
         f"max_abs_diff={diff:.3e} (output scale {scale:.3g}, limit {limit:.3e})"
     )

@@ -174,8 +174,12 @@ def _input_shape(input_shape):
 
 def build(model_config, input_shape=None):
     """The module for Tessera's `[model]` config (the `tessera.model` metadata of an exported
-    file, as a dict) and input shape (the `tessera.input` metadata: a dict with channels,
+    file, as a dict; for a TorchScript model, the file it names loaded with `torch.jit.load`) and input shape (the `tessera.input` metadata: a dict with channels,
     height and width, or a `(C, H, W)` tuple; default Fashion-MNIST's 1x28x28)."""
+    if "torchscript" in model_config:
+        # A model made in PyTorch (`[model] torchscript`): the file itself, as `torch.jit.load`
+        # gives it (its state_dict names are those Tessera trained and exported).
+        return torch.jit.load(model_config["torchscript"], map_location="cpu")
     channels, height, width_px = _input_shape(input_shape)
     name = model_config["name"]
     classes = int(model_config["num_classes"])

@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 LIBTORCH="$(./scripts/ensure-libtorch.sh)"
 export LIBTORCH
 
-echo "== PyTorch for the export comparison (tests/export.rs)"
+echo "== PyTorch for the export comparison (tests/export.rs) and the TorchScript models (tests/torchscript.rs)"
 # The torch wheel that provides libtorch is also the Python package: its folder goes on
 # PYTHONPATH. With your own LIBTORCH (not the wheel), the wheel is installed into the cache too.
 PYTHON=${PYTHON:-python3}

@@ -54,6 +54,7 @@ fn main() {
     let mut setup = {
         let cfg = tessera::model::ModelConfig {
             name: tessera::model::ModelName::Mlp,
+            torchscript: None,
             hidden: vec![4],
             width: None,
             num_classes: 2,

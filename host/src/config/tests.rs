@@ -169,6 +169,7 @@ fn full_file() {
         c.model,
         ModelConfig {
             name: ModelName::Resnet20,
+            torchscript: None,
             hidden: vec![],
             width: Some(8),
             num_classes: 7
@@ -524,7 +525,7 @@ fn unknown_keys() {
             UnknownKey,
             "model.depth",
             Some(7),
-            "valid keys in `model`: name, hidden, width, num_classes",
+            "valid keys in `model`: name, torchscript, sha256, hidden, width, num_classes",
         ),
         case(
             "train",
@@ -1746,4 +1747,113 @@ fn folder_dataset() {
             "only applies to dataset = \"folder\"",
         ),
     ]);
+}
+
+#[test]
+fn torchscript_model_misuse_names_the_key() {
+    use ErrorKind::{InvalidValue, MissingKey, UnknownKey};
+    let ts = |body: &str| MINIMAL.replace("name = \"cnn\"", body);
+    check(vec![
+        case(
+            "both",
+            ts("name = \"cnn\"\ntorchscript = \"model.pt\""),
+            InvalidValue,
+            "model.torchscript",
+            Some(7),
+            "give either `name` (a zoo model) or `torchscript`",
+        ),
+        case(
+            "neither",
+            ts("num_classes = 10"),
+            MissingKey,
+            "model.name",
+            Some(5),
+            "or `torchscript = \"model.pt\"`, a model made in PyTorch",
+        ),
+        case(
+            "missing file",
+            ts("torchscript = \"model.pt\""),
+            InvalidValue,
+            "model.torchscript",
+            Some(6),
+            "the TorchScript model /base/dir/model.pt does not exist",
+        ),
+        case(
+            "name torchscript",
+            ts("name = \"torchscript\""),
+            InvalidValue,
+            "model.name",
+            Some(6),
+            "write `torchscript = \"model.pt\"` instead of `name`",
+        ),
+        case(
+            "sha256 without a file",
+            ts("name = \"cnn\"\nsha256 = \"ab\""),
+            UnknownKey,
+            "model.sha256",
+            Some(7),
+            "`sha256` pins a `torchscript` model file",
+        ),
+        case(
+            "width",
+            ts("torchscript = \"model.pt\"\nwidth = 8"),
+            UnknownKey,
+            "model.width",
+            Some(7),
+            "a TorchScript model's sizes are fixed by its file",
+        ),
+    ]);
+}
+
+#[test]
+fn torchscript_model_is_absolute_hashed_pinned_and_recorded() {
+    let dir = std::env::temp_dir().join(format!("tessera-config-ts-{}", std::process::id()));
+    std::fs::create_dir_all(dir.join("models")).unwrap_or_else(|e| panic!("{e}"));
+    // The config only hashes the file; loading it as TorchScript happens when the model is built.
+    let file = dir.join("models/net.pt");
+    std::fs::write(&file, b"abc").unwrap_or_else(|e| panic!("{e}"));
+    let abc = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
+    let text = MINIMAL.replace("name = \"cnn\"", "torchscript = \"models/net.pt\"");
+    let c = from_str(&text, &dir, "trainer.toml").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.model.name, ModelName::Torchscript);
+    let ts = c.model.torchscript.clone().expect("a torchscript file");
+    assert_eq!(
+        (ts.path.as_path(), ts.sha256.as_str()),
+        (file.as_path(), abc)
+    );
+    assert!(ts.path.is_absolute());
+    assert_eq!((c.model.hidden.len(), c.model.width), (0, None));
+    // Recorded as `torchscript` + `sha256` (no `name`), and read back the same.
+    let recorded = serde_json::to_value(&c).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        recorded["model"],
+        serde_json::json!({"torchscript": file, "sha256": abc, "num_classes": 10})
+    );
+    let again = recorded::from_recorded(&recorded, "again", &[]).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(again.model, c.model);
+    // A pinned sha256 refuses a changed file, naming the key and both hashes.
+    let pinned = text.replace(
+        ".pt\"",
+        &format!(".pt\"\nsha256 = \"{}\"", abc.to_uppercase()),
+    );
+    assert!(from_str(&pinned, &dir, "trainer.toml").is_ok());
+    std::fs::write(&file, b"abd").unwrap_or_else(|e| panic!("{e}"));
+    let e = match from_str(&pinned, &dir, "trainer.toml") {
+        Ok(_) => panic!("a changed file must be refused"),
+        Err(e) => e,
+    };
+    assert_eq!(
+        (e.key.as_str(), e.location.line()),
+        ("model.sha256", Some(7))
+    );
+    assert!(e.to_string().contains("the model file changed"), "{e}");
+    assert!(recorded::from_recorded(&recorded, "again", &[]).is_err());
+    // A folder is not a model file.
+    let folder = MINIMAL.replace("name = \"cnn\"", "torchscript = \"models\"");
+    let e = match from_str(&folder, &dir, "trainer.toml") {
+        Ok(_) => panic!("a folder must be refused"),
+        Err(e) => e,
+    };
+    assert!(e.to_string().contains("does not exist as a file"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -151,6 +151,8 @@ pub struct SetupState {
     pub initial_lr: f64,
     /// Methods' scaling of the first step's rate, handed to the optimizer when it is built.
     pub lr_scale: f64,
+    /// Whether a method listed the model's modules (to look for layers to change by surgery).
+    pub modules_listed: bool,
     rng: ChaCha8Rng,
 }
 
@@ -174,6 +176,7 @@ impl SetupState {
             metrics: Vec::new(),
             initial_lr,
             lr_scale: 1.0,
+            modules_listed: false,
             // A stream of its own, so methods drawing numbers never shift the data order.
             rng: ChaCha8Rng::seed_from_u64(seed ^ 0x7e55_e4a0_0000_0001),
         }
@@ -186,6 +189,7 @@ impl SetupState {
     pub fn for_tests() -> SetupState {
         let config = crate::model::ModelConfig {
             name: crate::model::ModelName::Mlp,
+            torchscript: None,
             hidden: vec![4],
             width: None,
             num_classes: 2,
@@ -453,6 +457,13 @@ pub enum Stage<'a> {
 }
 
 impl Stage<'_> {
+    /// Notes that a method listed the model's modules (at set-up, where surgery happens).
+    pub fn note_modules_listed(&mut self) {
+        if let Stage::Setup(s) = self {
+            s.modules_listed = true;
+        }
+    }
+
     /// The model.
     pub fn model(&self) -> &Model {
         match self {

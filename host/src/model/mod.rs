@@ -1,19 +1,22 @@
 //! Models: the layers ([`layers`], every one a [`Layer`]), the module tree they form
 //! ([`LayerInfo`], paths and surgery), the named parameter store ([`ParamStore`]) and the model
-//! zoo (MLP, small CNN, CIFAR-style ResNet-20/56). Names follow PyTorch conventions so weights
+//! zoo (MLP, small CNN, CIFAR-style ResNet-20/56, ImageNet-style ResNet-18/50), or a model made
+//! in PyTorch and saved as TorchScript ([`TorchscriptModel`]). Names follow PyTorch conventions so weights
 //! map 1:1 to a PyTorch `state_dict`.
 
 pub mod layers;
 mod loss;
 mod params;
 mod spec;
+mod torchscript;
 mod tree;
 mod zoo;
 
 pub use layers::{Attr, ExportTree, Exported, Layer};
 pub use loss::{cross_entropy, cross_entropy_with, NonFiniteLoss};
 pub use params::{Entry, ParamStore, Role};
-pub use spec::{ModelConfig, ModelName};
+pub use spec::{ModelConfig, ModelName, TorchscriptFile};
+pub use torchscript::TorchscriptModel;
 pub use tree::{LayerInfo, SurgeryError};
 
 use tch::{Device, TchError, Tensor};
@@ -39,7 +42,9 @@ pub struct InputShape {
 }
 
 impl Model {
-    /// Builds the model named in `config` for `input` and `num_classes`, on `device`.
+    /// Builds the model named in `config` for `input` and `num_classes`, on `device`. A
+    /// TorchScript model is loaded from its file (errors name it) and checked to give
+    /// `(N, num_classes)` on `input`.
     pub fn build(
         config: &ModelConfig,
         input: InputShape,
@@ -48,30 +53,53 @@ impl Model {
     ) -> Result<Model, TchError> {
         let mut params = ParamStore::new(device);
         let store = &mut params;
+        let zoo = |root: layers::Sequential| -> Box<dyn Layer> { Box::new(root) };
         let root = match config.name {
-            ModelName::Mlp => zoo::mlp(store, input, &config.hidden, num_classes)?,
-            ModelName::Cnn => zoo::cnn(store, input, config.base_width(), num_classes)?,
-            ModelName::Resnet20 => zoo::resnet(store, input, 20, config.base_width(), num_classes)?,
-            ModelName::Resnet56 => zoo::resnet(store, input, 56, config.base_width(), num_classes)?,
-            ModelName::Resnet18 => zoo::imagenet_resnet(
+            ModelName::Mlp => zoo(zoo::mlp(store, input, &config.hidden, num_classes)?),
+            ModelName::Cnn => zoo(zoo::cnn(store, input, config.base_width(), num_classes)?),
+            ModelName::Resnet20 => zoo(zoo::resnet(
+                store,
+                input,
+                20,
+                config.base_width(),
+                num_classes,
+            )?),
+            ModelName::Resnet56 => zoo(zoo::resnet(
+                store,
+                input,
+                56,
+                config.base_width(),
+                num_classes,
+            )?),
+            ModelName::Resnet18 => zoo(zoo::imagenet_resnet(
                 store,
                 input,
                 zoo::ImagenetDepth::Resnet18,
                 config.base_width(),
                 num_classes,
-            )?,
-            ModelName::Resnet50 => zoo::imagenet_resnet(
+            )?),
+            ModelName::Resnet50 => zoo(zoo::imagenet_resnet(
                 store,
                 input,
                 zoo::ImagenetDepth::Resnet50,
                 config.base_width(),
                 num_classes,
-            )?,
+            )?),
+            ModelName::Torchscript => {
+                let file = config.torchscript.as_ref().ok_or_else(|| {
+                    TchError::FileFormat(
+                        "model \"torchscript\" names no file (`[model] torchscript`)".to_owned(),
+                    )
+                })?;
+                Box::new(TorchscriptModel::load(
+                    &file.path,
+                    store,
+                    input,
+                    num_classes,
+                )?)
+            }
         };
-        Ok(Model {
-            root: Box::new(root),
-            params,
-        })
+        Ok(Model { root, params })
     }
 
     /// Runs the model.
@@ -162,6 +190,7 @@ mod tests {
     fn config(name: ModelName) -> ModelConfig {
         ModelConfig {
             name,
+            torchscript: None,
             hidden: vec![32, 16],
             width: None,
             num_classes: 10,
@@ -441,6 +470,7 @@ mod surgery_tests {
     fn resnet20() -> Model {
         let config = ModelConfig {
             name: ModelName::Resnet20,
+            torchscript: None,
             hidden: Vec::new(),
             width: None,
             num_classes: 10,

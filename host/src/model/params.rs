@@ -137,6 +137,12 @@ impl ParamStore {
         before - self.entries.len()
     }
 
+    /// Adds a tensor made elsewhere (a TorchScript model's) under `name` with `role`; the
+    /// caller guarantees that names are unique.
+    pub(crate) fn adopt(&mut self, name: String, tensor: &Tensor, role: Role) {
+        self.push(name, tensor, role);
+    }
+
     fn push(&mut self, name: String, tensor: &Tensor, role: Role) {
         self.entries.push(Entry {
             name,

@@ -1,5 +1,7 @@
 //! Which model to build: the architecture and its sizes (`[model]` in `trainer.toml`).
 
+use std::path::PathBuf;
+
 use serde::Serialize;
 
 /// A model architecture (`[model] name`).
@@ -18,10 +20,14 @@ pub enum ModelName {
     Resnet18,
     /// ResNet-50 (ImageNet style, torchvision's `resnet50` names).
     Resnet50,
+    /// A model made in PyTorch, from the file [`ModelConfig::torchscript`] names (`[model]
+    /// torchscript = "model.pt"` instead of `name`).
+    Torchscript,
 }
 
 impl ModelName {
-    /// Every architecture with the name used in `trainer.toml`.
+    /// Every zoo architecture with the name used in `trainer.toml` (a TorchScript model is named
+    /// by its file instead).
     pub const CHOICES: [(&'static str, ModelName); 6] = [
         ("mlp", ModelName::Mlp),
         ("cnn", ModelName::Cnn),
@@ -40,18 +46,26 @@ impl ModelName {
             ModelName::Resnet56 => "resnet56",
             ModelName::Resnet18 => "resnet18",
             ModelName::Resnet50 => "resnet50",
+            ModelName::Torchscript => "torchscript",
         }
     }
 
     /// The base width when none is given: 32 for cnn, 16 for the CIFAR resnets, 64 for the
-    /// ImageNet ones (torchvision's), `None` for mlp (which has hidden widths instead).
+    /// ImageNet ones (torchvision's), `None` for mlp (which has hidden widths instead) and for a
+    /// TorchScript model (whose file fixes its sizes).
     pub fn default_width(self) -> Option<usize> {
         match self {
-            ModelName::Mlp => None,
+            ModelName::Mlp | ModelName::Torchscript => None,
             ModelName::Cnn => Some(32),
             ModelName::Resnet20 | ModelName::Resnet56 => Some(16),
             ModelName::Resnet18 | ModelName::Resnet50 => Some(64),
         }
+    }
+
+    /// Whether this is [`ModelName::Torchscript`] (which the recorded config leaves out: the
+    /// `torchscript` key names that model).
+    fn is_torchscript(&self) -> bool {
+        *self == ModelName::Torchscript
     }
 }
 
@@ -61,11 +75,27 @@ impl std::fmt::Display for ModelName {
     }
 }
 
+/// The TorchScript file of a model made in PyTorch (`[model] torchscript`, `sha256`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TorchscriptFile {
+    /// The file, absolute (resolved against the `trainer.toml`'s folder), so that a recorded
+    /// config (checkpoint, run record) still finds it from elsewhere.
+    #[serde(rename = "torchscript")]
+    pub path: PathBuf,
+    /// sha256 of the file (hex) when the config was read. A config that gives it (a recorded
+    /// one always does) refuses a file with other contents.
+    pub sha256: String,
+}
+
 /// Which model to build (`[model]`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ModelConfig {
     /// Architecture.
+    #[serde(skip_serializing_if = "ModelName::is_torchscript")]
     pub name: ModelName,
+    /// The file of a [`ModelName::Torchscript`] model; `None` for the zoo's.
+    #[serde(flatten)]
+    pub torchscript: Option<TorchscriptFile>,
     /// Hidden layer widths; mlp only (default `[256, 128]`), empty for other models.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub hidden: Vec<usize>,
@@ -81,12 +111,21 @@ impl ModelConfig {
     pub fn new(name: ModelName, num_classes: usize) -> ModelConfig {
         ModelConfig {
             name,
+            torchscript: None,
             hidden: match name {
                 ModelName::Mlp => vec![256, 128],
                 _ => Vec::new(),
             },
             width: name.default_width(),
             num_classes,
+        }
+    }
+
+    /// The TorchScript model in `file` for `num_classes` classes.
+    pub fn torchscript(file: TorchscriptFile, num_classes: usize) -> ModelConfig {
+        ModelConfig {
+            torchscript: Some(file),
+            ..ModelConfig::new(ModelName::Torchscript, num_classes)
         }
     }
 

@@ -176,6 +176,7 @@ extern "C" fn loss(
 
 extern "C" fn modules(ctx: HostCtx) -> RVec<ModuleInfo> {
     with_state(ctx, |s| {
+        s.note_modules_listed();
         s.model()
             .root
             .walk()

@@ -79,6 +79,9 @@ impl Trainer {
             config.seed,
         );
         engine.fire(Event::INIT, &mut Stage::Setup(&mut setup))?;
+        if let Some(file) = &config.model.torchscript {
+            announce_torchscript(file, &setup);
+        }
         let optimizer = Optimizer::new(
             config.optimizer.clone(),
             config.scheduler.clone(),
@@ -153,6 +156,28 @@ impl Trainer {
         trainer.fire(Event::AFTER_LOAD)?;
         trainer.quiet_metrics = false;
         Ok(trainer)
+    }
+}
+
+/// Says which TorchScript model the run trains and, when a method looked for layers to change at
+/// `init` (surgery), that it cannot see inside that model.
+fn announce_torchscript(file: &crate::model::TorchscriptFile, setup: &SetupState) {
+    let params = &setup.model.params;
+    tracing::info!(
+        "model: TorchScript {} (sha256 {}): {} tensors, {} trainable parameters",
+        file.path.display(),
+        file.sha256,
+        params.entries().len(),
+        params.num_trainable_scalars()
+    );
+    if setup.modules_listed {
+        tracing::warn!(
+            "the TorchScript model {} is opaque to surgery: methods that change layers \
+             (blurpool, squeeze_excite, weight_standardization, ...) see it as one `torchscript` \
+             module and leave it unchanged; methods that act on the batch, the loss or the \
+             optimizer work as usual",
+            file.path.display()
+        );
     }
 }
 

@@ -23,6 +23,16 @@ impl Trainer {
             .get("model")
             .map(|m| m.to_string())
             .unwrap_or_default();
+        if let Some(ours) = &self.config.model.torchscript {
+            let recorded = c.meta.config["model"]["sha256"].as_str();
+            if let Some(recorded) = recorded.filter(|r| !r.eq_ignore_ascii_case(&ours.sha256)) {
+                fail!(
+                    "the checkpoint was trained from a TorchScript model with sha256 {recorded}, but {} now has sha256 {}: the model file changed, and its weights would not fit the graph they were trained in; restore the file, or start a new run",
+                    ours.path.display(),
+                    ours.sha256
+                );
+            }
+        }
         let parts = c.into_parts()?;
         // The data position matters only to a run that goes on training.
         if self.purpose == Purpose::Fit
