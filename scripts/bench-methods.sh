@@ -7,7 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 LIBTORCH="$(./scripts/ensure-libtorch.sh)"
 export LIBTORCH
-cargo build --release --workspace
+# --all-targets: the same feature set as the test build, so the two do not rebuild each other.
+cargo build --release --workspace --all-targets
 ./target/release/tessera data fetch fashion-mnist >/dev/null
 export TESSERA="$PWD/target/release/tessera"
 exec "${PYTHON:-python3}" scripts/bench_methods.py
