@@ -209,6 +209,8 @@ pub struct TrainerToml {
     pub max_duration: String,
     /// `train.device`, when set.
     pub device: Option<String>,
+    /// `train.precision`, when set.
+    pub precision: Option<String>,
     /// `[plugins] dirs`.
     pub plugin_dirs: Vec<PathBuf>,
     /// Each `[[algorithms]]` entry's body lines (`plugin = "..."` first).
@@ -226,6 +228,7 @@ impl TrainerToml {
             optimizer: "name = \"sgd\"\nlr = 0.05\nmomentum = 0.9".to_owned(),
             max_duration: "3ba".to_owned(),
             device: None,
+            precision: None,
             plugin_dirs: vec![target_dir()],
             algorithms: Vec::new(),
         }
@@ -255,11 +258,14 @@ impl TrainerToml {
             .iter()
             .map(|d| toml_string(&d.display().to_string()))
             .collect();
-        let device = self
+        let mut device = self
             .device
             .as_deref()
             .map(|d| format!("device = {}\n", toml_string(d)))
             .unwrap_or_default();
+        if let Some(p) = &self.precision {
+            device.push_str(&format!("precision = {}\n", toml_string(p)));
+        }
         let mut text = format!(
             r#"# written by tessera-tests
 run_name = "{run_name}"
