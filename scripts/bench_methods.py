@@ -40,6 +40,7 @@ METHODS = {
     "squeeze_excite": ("latent_channels = 0.25\nmin_channels = 16", RESNET20),
     "factorize": ("min_channels = 16\nlatent_channels = 0.25", RESNET20),
     "stochastic_depth": ("drop_rate = 0.2", RESNET50),
+    "swa": ('swa_start = "0.0dur"\nswa_end = "1.0dur"\nupdate_interval = "1ba"', RESNET20),
 }
 
 TOML = """run_name = "{name}"
