@@ -38,6 +38,7 @@ METHODS = {
     "squeeze_excite": ("latent_channels = 0.25\nmin_channels = 16", RESNET20),
     "factorize": ("min_channels = 16\nlatent_channels = 0.25", RESNET20),
     "stochastic_depth": ("drop_rate = 0.2", RESNET50),
+    "gradient_clipping": ('clipping_type = "norm"\nclipping_threshold = 1.0', RESNET20),
 }
 
 TOML = """run_name = "{name}"

@@ -99,6 +99,7 @@ fn settings(plugin: &str) -> &'static str {
         "ema" => "half_life = \"2ba\"",
         "ghost_batchnorm" => "ghost_batch_size = 16",
         "weight_standardization" => "n_last_layers_ignore = 1",
+        "gradient_clipping" => "clipping_type = \"norm\"\nclipping_threshold = 1.0",
         _ => "",
     }
 }
