@@ -26,6 +26,11 @@ fn config(run: &str, settings: &str, extra: &[&str]) -> String {
         toml = toml.algorithm(plugin, "");
     }
     toml.max_duration = "4ep".to_owned();
+    short_epochs(&toml)
+}
+
+/// `toml` on 128 synthetic samples (2 batches per epoch), a checkpoint every epoch.
+fn short_epochs(toml: &TrainerToml) -> String {
     toml.render()
         .replacen("dataset = \"fashion-mnist\"", "dataset = \"synthetic\"", 1)
         .replacen(
@@ -157,4 +162,59 @@ fn a_bad_setting_stops_the_run_naming_it() {
     let dir = TempDir::new("lf-bad");
     dir.write("trainer.toml", &config("bad", "freeze_level = 1.5", &[]));
     train(&dir, &[], &[]).assert_failure(&["layer_freezing", "freeze_level"]);
+}
+
+/// EMA with layer freezing, as Composer: the average holds the parameters trainable when it
+/// starts. Freezing starts at once (`freeze_start = 0`: one more layer frozen at the end of each
+/// of the 5 epochs), the average at half the run — with `max_duration` in epochs the elapsed
+/// fraction moves at epoch ends, so at the first batch after epoch 3 (0.6). The average never
+/// holds the three layers frozen before, a frozen weight is the model's own in the checkpoints,
+/// and a run resumed from a checkpoint taken after the start (whose `init` sees every parameter
+/// trainable again) continues bit for bit.
+#[test]
+fn ema_leaves_out_layers_frozen_before_it_starts_and_resumes_exactly() {
+    let dir = TempDir::new("lf-ema");
+    let config = |run: &str| {
+        let mut toml = TrainerToml::new(run)
+            .algorithm("layer_freezing", "freeze_start = 0.0")
+            .algorithm("ema", "half_life = \"2ba\"\nema_start = \"0.5dur\"");
+        toml.max_duration = "5ep".to_owned();
+        short_epochs(&toml)
+    };
+    for run in ["straight", "resumed"] {
+        dir.write("trainer.toml", &config(run));
+        train(&dir, &[], &[]).assert_success();
+    }
+    let last = read(&dir, "straight", "ep5-ba10.ckpt");
+    let averaged: Vec<&str> = last
+        .with_prefix("method/ema/ema/")
+        .map(|(n, _)| n)
+        .collect();
+    // Frozen at the ends of epochs 1 to 3, before the start: left out.
+    for name in [
+        "features.0.weight",
+        "features.1.weight",
+        "features.4.weight",
+    ] {
+        assert!(!averaged.contains(&name), "{name}: {averaged:?}");
+    }
+    // Buffers are always averaged; `features.5` was frozen after the start (end of epoch 4).
+    for name in ["features.1.running_mean", "features.5.weight"] {
+        assert!(averaged.contains(&name), "{name}: {averaged:?}");
+    }
+    let first = read(&dir, "straight", "ep1-ba2.ckpt");
+    let frozen_at_1 = model_tensor(&first, "features.0.weight");
+    assert!(model_tensor(&last, "features.0.weight").equal(frozen_at_1));
+    let members = last.meta.optimizer.members.clone();
+    assert_eq!(members, LAST_LAYER, "everything but the last layer frozen");
+
+    // Resumed from the checkpoint after the start (epoch 4).
+    let folder = ckpt_dir(&dir, "resumed");
+    std::fs::remove_file(folder.join("ep5-ba10.ckpt")).expect("remove the last checkpoint");
+    dir.write("trainer.toml", &config("resumed"));
+    let out = train(&dir, &["checkpoint.autoresume=true"], &[]);
+    out.assert_success();
+    assert!(out.stderr.contains("ep4-ba8.ckpt"), "{}", out.dump());
+    assert_continues(&dir, "straight", "resumed", 8);
+    assert_eq!(metrics(&dir, "straight"), metrics(&dir, "resumed"));
 }
