@@ -5,7 +5,7 @@ accuracy and, per variant, the mean and the spread (max - min). Run it through
 `scripts/bench-averaging.sh`.
 
 Environment: SEEDS (comma-separated, default "1,2"), VARIANTS (comma-separated subset of
-baseline, ema, swa), TESSERA (the binary), EPOCHS (overrides the example's 3).
+baseline, ema, swa, baseline_ba), TESSERA (the binary), EPOCHS (overrides the example's 3).
 """
 
 import json
@@ -26,10 +26,21 @@ VARIANTS = {
     # half-life fitted to this short run (the card's advice: about 1% to 10% of the run).
     "ema": '[[algorithms]]\nplugin = "ema"\nhalf_life = "50ba"\n',
     # Composer's defaults (start 0.7dur, end 0.97dur, average once per epoch) would average a
-    # single epoch of 3; average every 50 batches from 0.5 of the run instead.
+    # single epoch of 3; average every 50 batches from the middle of the run instead. SWA's
+    # start and end take only `ep` or `dur`, and with max_duration in epochs `dur` moves only
+    # at epoch ends (Composer's rule), so "0.97dur" would first match after the last
+    # evaluation: this variant and its baseline run the same 3 epochs as 1407 batches
+    # (`max_duration = "1407ba"`, see BATCH_VARIANTS). At the first update at or after 0.97 of
+    # the run (about batch 1365) the average replaces the model, which trains the last few
+    # dozen batches, as in Composer.
     "swa": '[[algorithms]]\nplugin = "swa"\nswa_start = "0.5dur"\nswa_end = "0.97dur"\n'
-    'update_interval = "50ba"\n',
+    'update_interval = "15ba"\n',
+    "baseline_ba": "",
 }
+
+
+# Variants run with max_duration in batches: the example's 3 epochs of 469 batches.
+BATCH_VARIANTS = {"swa", "baseline_ba"}
 
 
 def run(tessera, work, variant, seed, epochs):
@@ -48,7 +59,9 @@ def run(tessera, work, variant, seed, epochs):
         "--set", "train.progress=false",
         "--set", "checkpoint.save=false",
     ]
-    if epochs:
+    if variant in BATCH_VARIANTS:
+        args += ["--set", f"train.max_duration=\"{469 * int(epochs or 3)}ba\""]
+    elif epochs:
         args += ["--set", f"train.max_duration=\"{epochs}ep\""]
     out = subprocess.run(args, capture_output=True, text=True)
     if out.returncode != 0:

@@ -41,6 +41,7 @@ METHODS = {
     "factorize": ("min_channels = 16\nlatent_channels = 0.25", RESNET20),
     "stochastic_depth": ("drop_rate = 0.2", RESNET50),
     "swa": ('swa_start = "0.0dur"\nswa_end = "1.0dur"\nupdate_interval = "1ba"', RESNET20),
+    "gradient_clipping": ('clipping_type = "norm"\nclipping_threshold = 1.0', RESNET20),
 }
 
 TOML = """run_name = "{name}"

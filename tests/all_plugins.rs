@@ -101,6 +101,7 @@ fn settings(plugin: &str) -> &'static str {
         "weight_standardization" => "n_last_layers_ignore = 1",
         // Updates at batches 1, 2 and 3; the average replaces the model at batch 3.
         "swa" => "swa_start = \"0.3dur\"\nswa_end = \"0.9dur\"\nupdate_interval = \"1ba\"",
+        "gradient_clipping" => "clipping_type = \"norm\"\nclipping_threshold = 1.0",
         _ => "",
     }
 }

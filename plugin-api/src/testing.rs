@@ -24,7 +24,7 @@
 //! a plugin's tests need nothing but this crate; [`settings`] and [`default_settings_json`] make
 //! the settings a test creates a method with.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::ffi::c_void;
 use std::sync::OnceLock;
 
@@ -99,6 +99,10 @@ pub struct TestHost {
     pub overdrawn: usize,
     /// Model parameters by name (for `parameter`, `parameters`, `set_trainable`).
     pub params: HashMap<String, Tensor>,
+    /// The names in `params` that are buffers (BatchNorm statistics): `parameters` lists them
+    /// as buffers, never trainable, and `set_trainable` refuses them, as the host does. Any
+    /// other tensor of `params` is a parameter, frozen when it does not require a gradient.
+    pub buffers: HashSet<String>,
     /// The learning rate reported by `lr` and changed by `scale_lr`.
     pub lr: f64,
     /// Set when the method calls `request_extra_pass`.
@@ -123,6 +127,7 @@ impl TestHost {
             draws: 0,
             overdrawn: 0,
             params: HashMap::new(),
+            buffers: HashSet::new(),
             lr: 0.1,
             extra_pass_requested: false,
             pass_index: 0,
@@ -379,15 +384,19 @@ extern "C" fn wrap_module(
 }
 
 extern "C" fn parameters(ctx: HostCtx) -> RVec<ParamInfo> {
-    let mut names: Vec<(&String, &Tensor)> = host(ctx).params.iter().collect();
+    let host = host(ctx);
+    let mut names: Vec<(&String, &Tensor)> = host.params.iter().collect();
     names.sort_by(|a, b| a.0.cmp(b.0));
     names
         .into_iter()
-        .map(|(name, t)| ParamInfo {
-            name: name.as_str().into(),
-            shape: t.size().into_iter().collect(),
-            buffer: false,
-            trainable: t.requires_grad(),
+        .map(|(name, t)| {
+            let buffer = host.buffers.contains(name);
+            ParamInfo {
+                name: name.as_str().into(),
+                shape: t.size().into_iter().collect(),
+                buffer,
+                trainable: !buffer && t.requires_grad(),
+            }
         })
         .collect()
 }
@@ -400,7 +409,11 @@ extern "C" fn parameter(ctx: HostCtx, name: RStr<'_>) -> ROption<TensorHandle> {
 }
 
 extern "C" fn set_trainable(ctx: HostCtx, name: RStr<'_>, trainable: bool) -> RResult<(), RString> {
-    match host(ctx).params.get(name.as_str()) {
+    let host = host(ctx);
+    if host.buffers.contains(name.as_str()) {
+        return RResult::RErr(format!("`{name}` is a buffer, not a parameter").into());
+    }
+    match host.params.get(name.as_str()) {
         Some(t) => {
             let _ = t.set_requires_grad(trainable);
             RResult::ROk(())

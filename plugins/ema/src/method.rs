@@ -95,11 +95,16 @@ impl Ema {
             .collect()
     }
 
-    /// Shadow (and spare training) copies of every parameter and buffer of the model.
+    /// Shadow (and spare training) copies of the model's trainable parameters and all its
+    /// buffers, as Composer's `EMAParameters`: a frozen parameter (`requires_grad` off) is not
+    /// averaged, and the model keeps its own value for it at evaluation.
     fn snapshot(&mut self, ctx: &Context<'_>) -> Result<(), Error> {
         let mut ema = Vec::new();
         let mut training = Vec::new();
         for info in ctx.parameters()? {
+            if !info.buffer && !info.trainable {
+                continue;
+            }
             let name = info.name.as_str().to_owned();
             let t = ctx.parameter(&name)?.ok_or_else(|| {
                 Error::from(format!("the host listed `{name}` but has no such tensor"))
@@ -119,9 +124,13 @@ impl Ema {
         if self.ema.is_empty() && !self.loaded {
             return self.snapshot(ctx);
         }
+        // The model's tensors the average should hold: those it holds, and any other buffer or
+        // trainable parameter (a frozen one left out when averaging started is not missing).
+        let tracked = |name: &str| self.ema.iter().any(|(n, _)| n == name);
         let model: Vec<(String, Vec<i64>)> = ctx
             .parameters()?
             .into_iter()
+            .filter(|p| p.buffer || p.trainable || tracked(p.name.as_str()))
             .map(|p| (p.name.into_string(), p.shape.into_vec()))
             .collect();
         let ours: Vec<(String, Vec<i64>)> = self
@@ -215,11 +224,10 @@ impl Ema {
         }
         let time = ctx.time();
         if !self.started && self.config.ema_start.reached(&time) == Some(true) {
-            // As Composer: averaging starts from the model's weights at that moment.
-            let model = self.model_tensors(ctx)?;
-            for ((_, e), m) in self.ema.iter().zip(&model) {
-                copy_into(e, m)?;
-            }
+            // As Composer, which builds its `EMAParameters` again at that moment: averaging
+            // starts from the model's weights then, over the parameters trainable then (a layer
+            // frozen earlier is left out; one frozen later stays in the average).
+            self.snapshot(ctx)?;
             self.started = true;
             ctx.info(&format!(
                 "ema: averaging starts at batch {} (smoothing {}, every {})",
@@ -353,12 +361,23 @@ impl Method for Ema {
                 .collect();
             let theirs: Vec<(&str, Vec<i64>)> =
                 ema.iter().map(|(n, t)| (n.as_str(), t.size())).collect();
+            // A parameter frozen before averaging started is not in the saved average
+            // (Composer's `EMAParameters`), but it was still trainable when this resumed run
+            // took its shadow weights at `init` (the checkpoint's optimizer membership, which
+            // freezes it again, is restored later): keep only what was saved.
+            let saved = |name: &str| theirs.iter().any(|(n, _)| *n == name);
+            let ours: Vec<(&str, Vec<i64>)> = ours.into_iter().filter(|(n, _)| saved(n)).collect();
             if ours != theirs {
                 return Err(format!(
                     "EMA state: the saved weights {theirs:?} do not match the model's {ours:?}"
                 )
                 .into());
             }
+            let kept: Vec<bool> = self.ema.iter().map(|(n, _)| saved(n)).collect();
+            let mut keep = kept.iter();
+            self.ema.retain(|_| *keep.next().unwrap_or(&false));
+            let mut keep = kept.iter();
+            self.training.retain(|_| *keep.next().unwrap_or(&false));
             for ((_, dst), (_, src)) in self.ema.iter().zip(&ema) {
                 copy_into(dst, src)?;
             }

@@ -203,7 +203,17 @@ fn method_reproduces_the_repeated_updates() {
     );
     let mut method = boxed_method::<Ema>(&settings(&config)).unwrap();
     let mut host = TestHost::new(RandomSource::Seeded(0));
-    host.params = model.iter().map(|(n, t)| (n.clone(), t.copy())).collect();
+    // As the host shows the model: BatchNorm statistics as buffers, the rest trainable.
+    let is_buffer = |n: &str| n.contains("running_") || n.ends_with("num_batches_tracked");
+    host.params = model
+        .iter()
+        .map(|(n, t)| (n.clone(), t.copy().set_requires_grad(!is_buffer(n))))
+        .collect();
+    host.buffers = model
+        .iter()
+        .map(|(n, _)| n.clone())
+        .filter(|n| is_buffer(n))
+        .collect();
     host.fire(&mut method, Event::INIT).unwrap();
     let saved = State {
         format_version: ema::STATE_FORMAT_VERSION,

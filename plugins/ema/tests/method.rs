@@ -32,6 +32,7 @@ fn host() -> TestHost {
     );
     host.params
         .insert("bn.running_mean".into(), Tensor::from_slice(&[0.0f32, 1.0]));
+    host.buffers.insert("bn.running_mean".into());
     host
 }
 
@@ -624,4 +625,82 @@ fn bad_state_is_refused() {
     h.params.remove("fc.bias");
     h.fire(&mut m, Event::FIT_START).unwrap();
     assert_eq!(ema_of(&state(&m)).len(), 2);
+}
+
+fn names(state: &State) -> Vec<String> {
+    ema_of(state).into_iter().map(|(n, _)| n).collect()
+}
+
+fn freeze(h: &TestHost, name: &str) {
+    let _ = h.params[name].set_requires_grad(false);
+}
+
+/// As Composer's `EMAParameters`: the average holds the parameters trainable when averaging
+/// starts (and all buffers). A parameter frozen before is left out — at evaluation the model
+/// keeps its own value — and the method still attaches and resumes on that model.
+#[test]
+fn parameters_frozen_before_the_start_are_not_averaged() {
+    let mut m = method(r#"{"smoothing": 0.5}"#);
+    let mut h = host();
+    freeze(&h, "fc.bias");
+    h.fire(&mut m, Event::INIT).unwrap();
+    h.fire(&mut m, Event::FIT_START).unwrap();
+    assert_eq!(names(&state(&m)), ["bn.running_mean", "fc.weight"]);
+    train_step(&mut h, 1.0);
+    h.fire(&mut m, Event::BATCH_END).unwrap();
+    train_step(&mut h, 2.0);
+    h.fire(&mut m, Event::BATCH_END).unwrap();
+    let trained = snapshot(&h);
+    h.fire(&mut m, Event::EVAL_START).unwrap();
+    let bias = &trained.iter().find(|(n, _)| n == "fc.bias").unwrap().1;
+    assert!(
+        h.params["fc.bias"].equal(bias),
+        "the frozen bias keeps its value"
+    );
+    assert!(
+        !h.params["fc.weight"].equal(&trained[2].1),
+        "the weight is the average"
+    );
+    h.fire(&mut m, Event::EVAL_END).unwrap();
+    assert_model(&h, &trained, "eval_end");
+    // Resumed on the same model (the bias frozen again by the host's checkpoint).
+    let resumed = restored(&m, &mut h, r#"{"smoothing": 0.5}"#);
+    assert_same(&ema_of(&state(&resumed)), &ema_of(&state(&m)), "resumed");
+}
+
+#[test]
+fn parameters_frozen_between_init_and_the_start_leave_the_average_at_the_start() {
+    let mut m = method(r#"{"smoothing": 0.5}"#);
+    let mut h = host();
+    h.fire(&mut m, Event::INIT).unwrap();
+    h.fire(&mut m, Event::FIT_START).unwrap();
+    assert_eq!(names(&state(&m)).len(), 3);
+    freeze(&h, "fc.bias");
+    train_step(&mut h, 1.0);
+    let w1 = snapshot(&h);
+    // The test clock reads batch 0: averaging starts at this first batch_end.
+    h.fire(&mut m, Event::BATCH_END).unwrap();
+    let want: Vec<(String, Tensor)> = mix(&w1, &w1, 0.5)
+        .into_iter()
+        .filter(|(n, _)| n != "fc.bias")
+        .collect();
+    assert_same(&ema_of(&state(&m)), &want, "the average after the start");
+}
+
+#[test]
+fn parameters_frozen_after_the_start_stay_in_the_average() {
+    let mut m = method(r#"{"smoothing": 0.5}"#);
+    let mut h = host();
+    h.fire(&mut m, Event::INIT).unwrap();
+    h.fire(&mut m, Event::FIT_START).unwrap();
+    train_step(&mut h, 1.0);
+    let w1 = snapshot(&h);
+    h.fire(&mut m, Event::BATCH_END).unwrap();
+    let e1 = mix(&w1, &w1, 0.5);
+    // Layer freezing at an epoch end: Composer's average keeps the parameter.
+    freeze(&h, "fc.bias");
+    train_step(&mut h, 2.0);
+    let w2 = snapshot(&h);
+    h.fire(&mut m, Event::BATCH_END).unwrap();
+    assert_same(&ema_of(&state(&m)), &mix(&e1, &w2, 0.5), "still averaged");
 }
