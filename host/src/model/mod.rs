@@ -15,7 +15,7 @@ mod zoo;
 pub use layers::{Attr, ExportTree, Exported, Layer};
 pub use loss::{cross_entropy, cross_entropy_with, NonFiniteLoss};
 pub use params::{Entry, ParamStore, Role};
-pub use spec::{ModelConfig, ModelName, TorchscriptFile};
+pub use spec::{ModelConfig, ModelName, Norm, TorchscriptFile};
 pub use torchscript::TorchscriptModel;
 pub use tree::{LayerInfo, SurgeryError};
 
@@ -55,8 +55,21 @@ impl Model {
         let store = &mut params;
         let zoo = |root: layers::Sequential| -> Box<dyn Layer> { Box::new(root) };
         let root = match config.name {
-            ModelName::Mlp => zoo(zoo::mlp(store, input, &config.hidden, num_classes)?),
-            ModelName::Cnn => zoo(zoo::cnn(store, input, config.base_width(), num_classes)?),
+            ModelName::Mlp => zoo(zoo::mlp(
+                store,
+                input,
+                &config.hidden,
+                config.norm_or_default(),
+                config.dropout,
+                num_classes,
+            )?),
+            ModelName::Cnn => zoo(zoo::cnn(
+                store,
+                input,
+                config.base_width(),
+                config.norm_or_default(),
+                num_classes,
+            )?),
             ModelName::Resnet20 => zoo(zoo::resnet(
                 store,
                 input,
@@ -194,6 +207,8 @@ mod tests {
             hidden: vec![32, 16],
             width: None,
             num_classes: 10,
+            dropout: 0.0,
+            norm: None,
         }
     }
 
@@ -474,6 +489,8 @@ mod surgery_tests {
             hidden: Vec::new(),
             width: None,
             num_classes: 10,
+            dropout: 0.0,
+            norm: None,
         };
         let input = InputShape {
             channels: 3,
