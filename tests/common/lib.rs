@@ -209,6 +209,8 @@ pub struct TrainerToml {
     pub max_duration: String,
     /// `train.device`, when set.
     pub device: Option<String>,
+    /// `train.precision`, when set (`"amp_bf16"`).
+    pub precision: Option<String>,
     /// `[plugins] dirs`.
     pub plugin_dirs: Vec<PathBuf>,
     /// Each `[[algorithms]]` entry's body lines (`plugin = "..."` first).
@@ -226,6 +228,7 @@ impl TrainerToml {
             optimizer: "name = \"sgd\"\nlr = 0.05\nmomentum = 0.9".to_owned(),
             max_duration: "3ba".to_owned(),
             device: None,
+            precision: None,
             plugin_dirs: vec![target_dir()],
             algorithms: Vec::new(),
         }
@@ -259,7 +262,12 @@ impl TrainerToml {
             .device
             .as_deref()
             .map(|d| format!("device = {}\n", toml_string(d)))
-            .unwrap_or_default();
+            .unwrap_or_default()
+            + &self
+                .precision
+                .as_deref()
+                .map(|p| format!("precision = {}\n", toml_string(p)))
+                .unwrap_or_default();
         let mut text = format!(
             r#"# written by tessera-tests
 run_name = "{run_name}"
