@@ -83,3 +83,14 @@ fn killed_and_resumed_run_equals_the_straight_run_bit_for_bit() {
         toml
     });
 }
+
+#[test]
+fn the_wrapper_follows_autocast_as_composers_gate_does() {
+    use low_precision_layernorm::active_autocast_dtype;
+    assert_eq!(active_autocast_dtype(Device::Cpu).expect("probe"), None);
+    let _autocast = AutocastGuard::new(Precision::AmpBf16, Device::Cpu);
+    assert_eq!(
+        active_autocast_dtype(Device::Cpu).expect("probe"),
+        Some(Kind::BFloat16)
+    );
+}

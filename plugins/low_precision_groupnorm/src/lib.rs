@@ -25,6 +25,16 @@ pub fn autocast_dtype(precision: &str) -> Option<Kind> {
     }
 }
 
+/// The dtype autocast currently runs matrix products in on `device` (bf16 under the host's
+/// `amp_bf16`), `None` when autocast is off there: the device-aware form of Composer's
+/// `torch.is_autocast_enabled()` and autocast dtype. Probed with a 1×1 `mm` (on every
+/// autocast's lower-precision list), since libtorch's C API reports CUDA autocast only.
+pub fn active_autocast_dtype(device: Device) -> Result<Option<Kind>, TchError> {
+    let one = Tensor::f_ones([1, 1], (Kind::Float, device))?;
+    let kind = one.f_mm(&one)?.kind();
+    Ok((kind != Kind::Float).then_some(kind))
+}
+
 /// Composer's `LPGroupNorm.forward` (`composer.algorithms.low_precision_groupnorm`): with
 /// `dtype` (the autocast dtype), `x`, `weight` and `bias` are cast to it and the group norm runs
 /// with autocast off, so the result stays in `dtype`; without, the plain `group_norm` of what
@@ -67,11 +77,10 @@ pub struct GroupNormSpec {
     pub eps: f64,
 }
 
-/// The wrapper installed around one group norm: the norm in `dtype`, training and evaluation
-/// alike (as Composer's `LPGroupNorm`, which the run's autocast covers in both).
+/// The wrapper installed around one group norm: the norm in the autocast dtype whenever autocast
+/// is on, training and evaluation alike (as Composer's `LPGroupNorm`).
 struct LowPrecisionGroupNorm {
     norm: GroupNormSpec,
-    dtype: Kind,
 }
 
 impl Wrapper for LowPrecisionGroupNorm {
@@ -91,7 +100,7 @@ impl Wrapper for LowPrecisionGroupNorm {
             self.norm.weight.as_ref(),
             self.norm.bias.as_ref(),
             self.norm.eps,
-            Some(self.dtype),
+            active_autocast_dtype(input.device())?,
         )?)
     }
 
@@ -111,13 +120,10 @@ pub fn targets(modules: &[ModuleInfo]) -> Vec<String> {
         .collect()
 }
 
-/// Composer's `apply_low_precision_groupnorm(model, precision)`: with a low-precision `dtype`,
-/// every group norm of the model's tree runs as [`low_precision_group_norm`] (wrapped in
+/// Composer's `apply_low_precision_groupnorm(model, precision)`, the precision checked by the
+/// caller: every group norm of the model's tree runs as [`low_precision_group_norm`] (wrapped in
 /// place, its tensors keeping their names). Returns the paths converted.
-pub fn apply_low_precision_groupnorm(
-    ctx: &mut Context<'_>,
-    dtype: Kind,
-) -> Result<Vec<String>, Error> {
+pub fn apply_low_precision_groupnorm(ctx: &mut Context<'_>) -> Result<Vec<String>, Error> {
     let modules = ctx.modules()?;
     let paths = targets(&modules);
     for path in &paths {
@@ -139,12 +145,7 @@ pub fn apply_low_precision_groupnorm(
             num_groups: info.int_attr("num_groups", None)?,
             eps: info.attr("eps").unwrap_or(1e-5),
         };
-        ctx.wrap_module(
-            path,
-            LowPrecisionGroupNorm { norm, dtype },
-            None,
-            Vec::new(),
-        )?;
+        ctx.wrap_module(path, LowPrecisionGroupNorm { norm }, None, Vec::new())?;
     }
     Ok(paths)
 }
@@ -164,7 +165,7 @@ impl Method for LowPrecisionGroupNormMethod {
             ctx.log_metric(METRIC_NUM_LAYERS, 0.0);
             return Ok(());
         };
-        let paths = apply_low_precision_groupnorm(ctx, dtype)?;
+        let paths = apply_low_precision_groupnorm(ctx)?;
         if paths.is_empty() {
             ctx.warn("low_precision_groupnorm: the model has no group_norm layers; nothing to do");
         }
