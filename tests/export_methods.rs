@@ -348,10 +348,7 @@ fn gyro_dropout_and_low_precision_norms_fold_into_plain_modules() {
         assert_eq!(kept, Value::Array(Vec::new()), "{label}: {kept:#}");
         let names: BTreeSet<&str> = tensors.iter().map(|(n, _)| n.as_str()).collect();
         let stored = tessera::checkpoint::Checkpoint::read(&ckpt).expect("the checkpoint reads");
-        let saved: BTreeSet<&str> = stored
-            .with_prefix("model/")
-            .map(|(n, _)| n)
-            .collect();
+        let saved: BTreeSet<&str> = stored.with_prefix("model/").map(|(n, _)| n).collect();
         assert_eq!(names, saved, "{label}");
         assert_export_matches_rebuilt_run(&dir, &ckpt, &exported, [3, 8, 8], "torch", label);
     }
