@@ -114,7 +114,7 @@ impl LayerState {
             let masks = preselect_masks(schedule.sigma, features, schedule.p, || unit(&mut rng))?;
             self.preselected = Some(masks);
         }
-        if self.step % schedule.iter_num == 0 {
+        if self.step.is_multiple_of(schedule.iter_num) {
             self.picks = (0..schedule.tau)
                 .map(|_| rng.gen_range(0..schedule.sigma))
                 .collect();

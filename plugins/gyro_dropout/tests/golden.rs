@@ -20,7 +20,7 @@ fn hp(g: &Golden, key: &str) -> u64 {
 }
 
 fn schedule(g: &Golden) -> Schedule {
-    let (sigma, tau) = (hp(&g, "sigma") as i64, hp(&g, "tau") as i64);
+    let (sigma, tau) = (hp(g, "sigma") as i64, hp(g, "tau") as i64);
     let batches = hp(g, "iters_per_epoch") * hp(g, "max_epoch");
     Schedule {
         p: g.json["hyperparameters"]["p"].as_f64().expect("p"),
@@ -93,9 +93,7 @@ fn a_batch_that_is_not_a_multiple_of_tau_is_an_error_naming_both() {
             [rows, 10],
             (Kind::Float, tessera_plugin_api::tch::Device::Cpu),
         );
-        let e = gyro_dropout(&x.narrow(0, 0, n), &selected, 0.5)
-            .err()
-            .expect("refused");
+        let e = gyro_dropout(&x.narrow(0, 0, n), &selected, 0.5).expect_err("refused");
         assert!(
             e.to_string().contains(&format!(
                 "batch of {n} samples is not a multiple of tau = {rows}"
@@ -155,7 +153,7 @@ fn own_draws_keep_the_invariants_and_resume_exactly() {
                     == 1
             );
         }
-        if t as u64 % s.iter_num != 0 {
+        if !(t as u64).is_multiple_of(s.iter_num) {
             assert_eq!(
                 picks_seen[t as usize],
                 picks_seen[t as usize - 1],
