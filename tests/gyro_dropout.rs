@@ -69,3 +69,19 @@ fn killed_and_resumed_run_equals_the_straight_run_bit_for_bit() {
         toml
     });
 }
+
+#[test]
+fn a_model_without_dropout_is_left_alone_with_a_warning() {
+    let dir = TempDir::new("gyro-none");
+    let toml = TrainerToml::new("gyro-none").algorithm("gyro_dropout", "");
+    toml.write_to(&dir);
+    let out = train(&dir, &[], &[]);
+    out.assert_success();
+    assert!(
+        out.stderr.contains("the model has no dropout layers"),
+        "{}",
+        out.dump()
+    );
+    let lines = read_jsonl(&run_dir(&dir, "gyro-none").join("metrics.jsonl"));
+    assert_eq!(method_metric(&lines, METRIC_NUM_LAYERS), [(0, 0.0)]);
+}

@@ -56,8 +56,13 @@ impl GyroDropout {
     /// Composer's `apply_gyro_dropout(model, iters_per_epoch, max_epoch, p, sigma, tau)` over the
     /// host's model, the run's training batches standing for `iters_per_epoch · max_epoch`:
     /// every dropout becomes a [`GyroDropoutModule`] whose draws come from a generator seeded
-    /// from the host's stream. Returns the schedule.
-    pub fn apply(&mut self, ctx: &mut Context<'_>) -> Result<Schedule, Error> {
+    /// from the host's stream. Returns the schedule, `None` when the model has no dropout.
+    pub fn apply(&mut self, ctx: &mut Context<'_>) -> Result<Option<Schedule>, Error> {
+        self.layers.clear();
+        let paths = targets(&ctx.modules()?);
+        if paths.is_empty() {
+            return Ok(None);
+        }
         let batches = ctx.time().max_batches;
         let iter_num = iter_num(batches, self.sigma, self.tau).ok_or_else(|| {
             Error::config(format!(
@@ -73,29 +78,32 @@ impl GyroDropout {
             tau: self.tau,
             iter_num,
         };
-        self.layers.clear();
-        for path in targets(&ctx.modules()?) {
+        for path in paths {
             let state = Arc::new(Mutex::new(LayerState::new(ctx.rng_u64())));
             self.layers.push(Arc::clone(&state));
             ctx.replace_module(&path, GyroDropoutModule { schedule, state }, Vec::new())?;
         }
-        Ok(schedule)
+        Ok(Some(schedule))
     }
 }
 
 impl Method for GyroDropout {
     fn on_event(&mut self, _event: Event, ctx: &mut Context<'_>) -> Result<(), Error> {
-        let schedule = self.apply(ctx)?;
-        let n = self.layers.len();
-        if n == 0 {
+        let Some(schedule) = self.apply(ctx)? else {
             ctx.warn("gyro_dropout: the model has no dropout layers; nothing to do");
-        }
+            ctx.log_metric(METRIC_NUM_LAYERS, 0.0);
+            return Ok(());
+        };
         ctx.info(&format!(
-            "gyro_dropout: {n} dropouts replaced (p {}, sigma {}, tau {}, new masks every {} \
+            "gyro_dropout: {} dropouts replaced (p {}, sigma {}, tau {}, new masks every {} \
              training forwards)",
-            schedule.p, schedule.sigma, schedule.tau, schedule.iter_num
+            self.layers.len(),
+            schedule.p,
+            schedule.sigma,
+            schedule.tau,
+            schedule.iter_num
         ));
-        ctx.log_metric(METRIC_NUM_LAYERS, n as f64);
+        ctx.log_metric(METRIC_NUM_LAYERS, self.layers.len() as f64);
         ctx.log_metric(METRIC_ITER_NUM, schedule.iter_num as f64);
         Ok(())
     }
