@@ -16,7 +16,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-# plugin -> (settings lines, model lines)
+# entry -> (settings lines, model lines); an entry `plugin@variant` measures `plugin` with
+# other settings (`sam@interval10`).
 RESNET20 = 'name = "resnet20"\nwidth = 16'
 RESNET50 = 'name = "resnet50"\nwidth = 8'
 METHODS = {
@@ -24,6 +25,7 @@ METHODS = {
     "cutout": ("length = 0.25", RESNET20),
     "blurpool": ("min_channels = 16", RESNET20),
     "sam": ("", RESNET20),
+    "sam@interval10": ("interval = 10", RESNET20),
     "selective_backprop": ("start = 0.0\nend = 1.0", RESNET20),
     "ema": ('half_life = "10ba"', RESNET20),
     "mixup": ("", RESNET20),
@@ -38,6 +40,7 @@ METHODS = {
     "squeeze_excite": ("latent_channels = 0.25\nmin_channels = 16", RESNET20),
     "factorize": ("min_channels = 16\nlatent_channels = 0.25", RESNET20),
     "stochastic_depth": ("drop_rate = 0.2", RESNET50),
+    "swa": ('swa_start = "0.0dur"\nswa_end = "1.0dur"\nupdate_interval = "1ba"', RESNET20),
 }
 
 TOML = """run_name = "{name}"
@@ -104,9 +107,9 @@ def main():
             for r in range(rounds):
                 order = ["plain", "method"] if r % 2 == 0 else ["method", "plain"]
                 for side in order:
-                    plugin = m if side == "method" else None
+                    plugin = m.split("@")[0] if side == "method" else None
                     runs[side].append(
-                        seconds_per_batch(tessera, work, f"{m}-{side}", model, plugin,
+                        seconds_per_batch(tessera, work, f"{m.replace('@', '-')}-{side}", model, plugin,
                                           settings, batches, data, plugins)
                     )
             p, q = statistics.median(runs["plain"]), statistics.median(runs["method"])

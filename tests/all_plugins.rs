@@ -99,6 +99,8 @@ fn settings(plugin: &str) -> &'static str {
         "ema" => "half_life = \"2ba\"",
         "ghost_batchnorm" => "ghost_batch_size = 16",
         "weight_standardization" => "n_last_layers_ignore = 1",
+        // Updates at batches 1, 2 and 3; the average replaces the model at batch 3.
+        "swa" => "swa_start = \"0.3dur\"\nswa_end = \"0.9dur\"\nupdate_interval = \"1ba\"",
         _ => "",
     }
 }

@@ -209,7 +209,7 @@ pub struct TrainerToml {
     pub max_duration: String,
     /// `train.device`, when set.
     pub device: Option<String>,
-    /// `train.precision`, when set (`"amp_bf16"`).
+    /// `train.precision`, when set.
     pub precision: Option<String>,
     /// `[plugins] dirs`.
     pub plugin_dirs: Vec<PathBuf>,
@@ -258,16 +258,14 @@ impl TrainerToml {
             .iter()
             .map(|d| toml_string(&d.display().to_string()))
             .collect();
-        let device = self
+        let mut device = self
             .device
             .as_deref()
             .map(|d| format!("device = {}\n", toml_string(d)))
-            .unwrap_or_default()
-            + &self
-                .precision
-                .as_deref()
-                .map(|p| format!("precision = {}\n", toml_string(p)))
-                .unwrap_or_default();
+            .unwrap_or_default();
+        if let Some(p) = &self.precision {
+            device.push_str(&format!("precision = {}\n", toml_string(p)));
+        }
         let mut text = format!(
             r#"# written by tessera-tests
 run_name = "{run_name}"

@@ -84,6 +84,12 @@ pub fn assert_same_checkpoint(a: &Path, b: &Path) {
         cb.meta.trainer.running_batches
     );
     assert_eq!(ca.meta.trainer.disabled, cb.meta.trainer.disabled);
+    assert_eq!(ca.meta.trainer.skipped_steps, cb.meta.trainer.skipped_steps);
+    assert_eq!(
+        ca.meta.trainer.trained_samples,
+        cb.meta.trainer.trained_samples
+    );
+    assert_eq!(ca.meta.trainer.grad_scaler, cb.meta.trainer.grad_scaler);
 }
 
 /// The metrics file without timing fields.

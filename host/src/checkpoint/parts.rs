@@ -50,6 +50,9 @@ pub struct TrainerMeta {
     /// backprop trains on fewer). 0 in checkpoints of earlier versions.
     #[serde(default)]
     pub trained_samples: u64,
+    /// The loss scaler's state under `amp_fp16` (scale, good steps in a row, skipped steps).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grad_scaler: Option<crate::precision::GradScaler>,
 }
 
 /// One method's entry.

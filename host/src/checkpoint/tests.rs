@@ -68,6 +68,7 @@ fn sample() -> Checkpoint {
             metrics_bytes: 10,
             disabled: vec![],
             skipped_steps: 0,
+            grad_scaler: None,
             trained_samples: 3,
         },
         running_loss: Some(Tensor::from_slice(&[0.75f32])),

@@ -909,7 +909,7 @@ fn bad_values() {
             InvalidValue,
             "train.precision",
             Some(10),
-            "\"fp32\" or \"amp_bf16\"",
+            "\"fp32\", \"amp_bf16\" or \"amp_fp16\"",
         ),
         case(
             "device",

@@ -10,7 +10,7 @@ use tessera_plugin_api::{keys, TimeInfo};
 use crate::model::{Model, Role};
 use crate::optim::Optimizer;
 use crate::precision::AutocastGuard;
-use crate::precision::Precision;
+use crate::precision::{GradScaler, Precision};
 use crate::report::EvalRecord;
 use crate::time::{RunLength, Time, TimeUnit, Timestamp};
 
@@ -239,6 +239,8 @@ pub struct RunState {
     pub last_eval: Option<EvalRecord>,
     /// Why a method stopped the run (`request_stop`), if one did.
     pub stop_reason: Option<String>,
+    /// Dynamic loss scaling, under `amp_fp16` only.
+    pub scaler: Option<GradScaler>,
     rng: ChaCha8Rng,
 }
 
@@ -259,6 +261,7 @@ impl RunState {
         RunState {
             model,
             optimizer,
+            scaler: (precision == Precision::AmpFp16).then(GradScaler::default),
             precision,
             clock,
             extra_pass_requested: false,

@@ -216,6 +216,11 @@ impl Optimizer {
         self.steps
     }
 
+    /// The parameters this optimizer trains, in order.
+    pub fn params(&self) -> impl Iterator<Item = &Tensor> {
+        self.slots.iter().map(|s| &s.param)
+    }
+
     /// Names of the parameters this optimizer trains, in order.
     pub fn param_names(&self) -> impl Iterator<Item = &str> {
         self.slots.iter().map(|s| s.name.as_str())
@@ -375,6 +380,15 @@ impl Optimizer {
             None => 1.0,
         };
         Ok(())
+    }
+
+    /// Skips the update of this step (`amp_fp16` found non-finite gradients): the gradients
+    /// are cleared and a method's rate scaling, meant for this step, is dropped, as if the
+    /// step had been taken; the step count (AdamW's bias correction) does not advance, as in
+    /// PyTorch, where a skipped `optimizer.step()` never runs.
+    pub fn skip_step(&mut self) {
+        self.zero_grad();
+        self.lr_scale = 1.0;
     }
 
     /// Applies one update with the current learning rate.

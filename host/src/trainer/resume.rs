@@ -62,6 +62,13 @@ impl Trainer {
         self.running_batches = t.running_batches;
         self.skipped_steps = t.skipped_steps;
         self.trained_samples = t.trained_samples;
+        match (&mut self.state.scaler, t.grad_scaler) {
+            (Some(scaler), Some(saved)) => *scaler = saved,
+            (Some(_), None) => tracing::warn!(
+                "the checkpoint holds no loss-scaler state (it was not written under amp_fp16); the scale starts at its initial value"
+            ),
+            _ => {}
+        }
         self.running_loss = match parts.running_loss {
             Some(l) => Some(l.f_to_device(self.state.device())?),
             None => None,
@@ -107,6 +114,7 @@ impl Trainer {
                 disabled: Vec::new(),
                 skipped_steps: self.skipped_steps,
                 trained_samples: self.trained_samples,
+                grad_scaler: self.state.scaler.clone(),
             },
             running_loss: self.running_loss.as_ref().map(|l| l.shallow_clone()),
         };

@@ -55,10 +55,38 @@ impl Trainer {
         if let Some(loss) = &first_pass_loss {
             let value = loss.f_double_value(&[])?;
             if !value.is_finite() && self.skip_nonfinite_step(value)? {
+                if let Some(scaler) = &mut self.state.scaler {
+                    scaler.update();
+                }
                 return Ok(());
             }
         }
-        self.state.optimizer.step()?;
+        match &mut self.state.scaler {
+            // amp_fp16: a step whose (unscaled) gradients overflowed is skipped and the scale
+            // backs off, as PyTorch's GradScaler does.
+            Some(scaler) => {
+                let (before, skip) = (scaler.scale, scaler.found_inf());
+                if skip {
+                    self.state.optimizer.skip_step();
+                } else {
+                    self.state.optimizer.step()?;
+                }
+                scaler.update();
+                // Logged at the first step and whenever it changes, not every step.
+                let (scale, skipped) = (scaler.scale, scaler.skipped_steps);
+                if scale != before || self.state.optimizer.steps() <= 1 {
+                    self.state
+                        .metrics
+                        .push(("train/loss_scale".to_owned(), scale));
+                }
+                if skip {
+                    self.state
+                        .metrics
+                        .push(("train/amp_skipped_steps".to_owned(), skipped as f64));
+                }
+            }
+            None => self.state.optimizer.step()?,
+        }
         if let Some(loss) = first_pass_loss {
             self.running_loss = Some(match self.running_loss.take() {
                 None => loss,
@@ -133,9 +161,16 @@ impl Trainer {
             self.fire(Event::BEFORE_BACKWARD)?;
             let loss = self.state.loss.as_ref().context("the loss was removed")?;
             let weight = size as f64 / total as f64;
-            let scaled = loss.f_mul_scalar(weight)?;
-            scaled.f_backward()?;
-            let detached = scaled.f_detach()?;
+            let weighted = loss.f_mul_scalar(weight)?;
+            match &self.state.scaler {
+                // As Composer: the loss is scaled, then weighted by the microbatch's share.
+                Some(scaler) => scaler
+                    .scale_loss(loss)?
+                    .f_mul_scalar(weight)?
+                    .f_backward()?,
+                None => weighted.f_backward()?,
+            }
+            let detached = weighted.f_detach()?;
             batch_loss = Some(match batch_loss {
                 None => detached,
                 Some(sum) => sum.f_add(&detached)?,
@@ -143,6 +178,10 @@ impl Trainer {
             self.fire(Event::AFTER_BACKWARD)?;
         }
         self.state.batch = full;
+        // amp_fp16: methods and the optimizer see true gradients.
+        if let Some(scaler) = &mut self.state.scaler {
+            scaler.unscale(self.state.optimizer.params())?;
+        }
         self.fire(Event::AFTER_TRAIN_BATCH)?;
         self.state.in_train_batch = false;
         Ok(batch_loss)
