@@ -26,6 +26,7 @@ into plain modules by `tessera export` and need nothing here.
 """
 
 import json
+import math
 import struct
 import sys
 
@@ -48,8 +49,19 @@ BN_EPS = 1e-5
 BN_MOMENTUM = 0.1
 
 
+# LayerNorm's and GroupNorm's epsilon (PyTorch's default, as Tessera's).
+NORM_EPS = 1e-5
+
+
 def _batch_norm(channels):
     return nn.BatchNorm2d(channels, eps=BN_EPS, momentum=BN_MOMENTUM)
+
+
+def _channel_norm(channels, norm):
+    """The cnn's norm: BatchNorm2d, or GroupNorm in gcd(channels, 8) groups (`norm = "group"`)."""
+    if norm == "group":
+        return nn.GroupNorm(math.gcd(channels, 8), channels, eps=NORM_EPS)
+    return _batch_norm(channels)
 
 
 def _conv(cin, cout, kernel, stride, padding):
@@ -57,15 +69,22 @@ def _conv(cin, cout, kernel, stride, padding):
 
 
 class MLP(nn.Module):
-    """`flatten -> (linear -> relu)* -> linear`; linear layers are `layers.0`, `layers.2`, ..."""
+    """`flatten -> (linear -> [layernorm] -> relu -> [dropout])* -> linear`, numbered as one
+    `nn.Sequential` `layers` (without norm and dropout the linear layers are `layers.0`,
+    `layers.2`, ...)."""
 
-    def __init__(self, in_features, hidden, num_classes):
+    def __init__(self, in_features, hidden, num_classes, norm="none", dropout=0.0):
         super().__init__()
         self.flatten = nn.Flatten()
         layers = []
         fin = in_features
         for h in hidden:
-            layers += [nn.Linear(fin, h), nn.ReLU()]
+            layers.append(nn.Linear(fin, h))
+            if norm == "layer":
+                layers.append(nn.LayerNorm(h, eps=NORM_EPS))
+            layers.append(nn.ReLU())
+            if dropout > 0:
+                layers.append(nn.Dropout(dropout))
             fin = h
         layers.append(nn.Linear(fin, num_classes))
         self.layers = nn.Sequential(*layers)
@@ -75,19 +94,20 @@ class MLP(nn.Module):
 
 
 class CNN(nn.Module):
-    """Two conv(3x3, pad 1, no bias)-BN-ReLU-maxpool(2) stages of widths w and 2w, then
-    flatten -> linear(4w) -> relu -> linear."""
+    """Two conv(3x3, pad 1, no bias)-norm-ReLU-maxpool(2) stages of widths w and 2w (norm:
+    BatchNorm2d, or GroupNorm with `norm = "group"`), then flatten -> linear(4w) -> relu ->
+    linear."""
 
-    def __init__(self, channels, height, width_px, width, num_classes):
+    def __init__(self, channels, height, width_px, width, num_classes, norm="batch"):
         super().__init__()
         c1, c2 = width, 2 * width
         self.features = nn.Sequential(
             _conv(channels, c1, 3, 1, 1),
-            _batch_norm(c1),
+            _channel_norm(c1, norm),
             nn.ReLU(),
             nn.MaxPool2d(2, 2),
             _conv(c1, c2, 3, 1, 1),
-            _batch_norm(c2),
+            _channel_norm(c2, norm),
             nn.ReLU(),
             nn.MaxPool2d(2, 2),
         )
@@ -185,10 +205,13 @@ def build(model_config, input_shape=None):
     classes = int(model_config["num_classes"])
     if name == "mlp":
         hidden = [int(h) for h in model_config.get("hidden") or []]
-        return MLP(channels * height * width_px, hidden, classes)
+        norm = model_config.get("norm") or "none"
+        dropout = float(model_config.get("dropout") or 0.0)
+        return MLP(channels * height * width_px, hidden, classes, norm, dropout)
     if name == "cnn":
         width = int(model_config.get("width") or 32)
-        return CNN(channels, height, width_px, width, classes)
+        norm = model_config.get("norm") or "batch"
+        return CNN(channels, height, width_px, width, classes, norm)
     if name in ("resnet20", "resnet56"):
         width = int(model_config.get("width") or 16)
         depth = 20 if name == "resnet20" else 56

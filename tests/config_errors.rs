@@ -164,3 +164,27 @@ fn checkpoint_and_nonfinite_settings_are_checked() {
         &["train.nonfinite_loss", "expected \"stop\" or \"skip\""],
     );
 }
+
+#[test]
+fn model_norm_and_dropout_are_checked_against_the_model() {
+    let mut toml = TrainerToml::new("bad");
+    toml.model = "name = \"mlp\"\nnorm = \"group\"".to_owned();
+    refused(
+        &toml,
+        &[],
+        &[
+            "model.norm",
+            "model \"mlp\" can be built with \"none\" or \"layer\", not \"group\"",
+        ],
+    );
+    toml.model = "name = \"cnn\"\ndropout = 0.5".to_owned();
+    refused(
+        &toml,
+        &[],
+        &["model.dropout", "only applies to model \"mlp\""],
+    );
+    toml.model = "name = \"mlp\"\ndropout = 1.0".to_owned();
+    refused(&toml, &[], &["model.dropout", "got 1"]);
+    toml.model = "name = \"cnn\"\nnorm = \"batchh\"".to_owned();
+    refused(&toml, &[], &["model.norm", "did you mean \"batch\"?"]);
+}

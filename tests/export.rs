@@ -225,6 +225,28 @@ fn mlp_exports_and_matches_pytorch() {
 }
 
 #[test]
+fn mlp_with_layer_norm_and_dropout_exports_and_matches_pytorch() {
+    export_and_compare(
+        "mlp-norm-dropout",
+        "name = \"mlp\"\nhidden = [24, 12]\nnorm = \"layer\"\ndropout = 0.25",
+        1,
+        10,
+        8,
+    );
+}
+
+#[test]
+fn cnn_with_group_norm_exports_and_matches_pytorch() {
+    export_and_compare(
+        "cnn-group",
+        "name = \"cnn\"\nwidth = 4\nnorm = \"group\"",
+        3,
+        12,
+        16,
+    );
+}
+
+#[test]
 fn cnn_exports_and_matches_pytorch() {
     export_and_compare("cnn", "name = \"cnn\"\nwidth = 4", 3, 12, 16);
 }

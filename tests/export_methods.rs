@@ -316,3 +316,40 @@ fn stochastic_depth_folds_into_a_plain_torchvision_resnet50() {
         "resnet50 with stochastic depth",
     );
 }
+
+/// Gyro dropout and the low-precision norms only change training (and the dtype under
+/// autocast): the export folds them back into plain `Dropout`, `LayerNorm` and `GroupNorm`,
+/// keeps no plugin module, and loads strictly into the plain PyTorch twin.
+#[test]
+fn gyro_dropout_and_low_precision_norms_fold_into_plain_modules() {
+    for (label, model, algorithms) in [
+        (
+            "gyro-lpln",
+            "name = \"mlp\"\nhidden = [16, 8]\nnorm = \"layer\"\ndropout = 0.25",
+            &[
+                ("gyro_dropout", "sigma = 1\ntau = 2"),
+                ("low_precision_layernorm", ""),
+            ][..],
+        ),
+        (
+            "lpgn",
+            "name = \"cnn\"\nwidth = 4\nnorm = \"group\"",
+            &[("low_precision_groupnorm", "")][..],
+        ),
+    ] {
+        let dir = TempDir::new(&format!("export-{label}"));
+        let toml = trainer_toml(label, model, 8, algorithms).replace(
+            "device = \"cpu\"",
+            "device = \"cpu\"\nprecision = \"amp_bf16\"",
+        );
+        let (ckpt, exported, _) = train_and_export(&dir, &toml);
+        let (tensors, meta) = read_export(&exported);
+        let kept = json_meta(&meta, "tessera.modules");
+        assert_eq!(kept, Value::Array(Vec::new()), "{label}: {kept:#}");
+        let names: BTreeSet<&str> = tensors.iter().map(|(n, _)| n.as_str()).collect();
+        let stored = tessera::checkpoint::Checkpoint::read(&ckpt).expect("the checkpoint reads");
+        let saved: BTreeSet<&str> = stored.with_prefix("model/").map(|(n, _)| n).collect();
+        assert_eq!(names, saved, "{label}");
+        assert_export_matches_rebuilt_run(&dir, &ckpt, &exported, [3, 8, 8], "torch", label);
+    }
+}

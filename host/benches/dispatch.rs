@@ -58,6 +58,8 @@ fn main() {
             hidden: vec![4],
             width: None,
             num_classes: 2,
+            dropout: 0.0,
+            norm: None,
         };
         let shape = tessera::model::InputShape {
             channels: 1,

@@ -387,6 +387,10 @@ pub struct HostApi {
         inner_name: RStr<'_>,
         tensors: RVec<NamedTensor>,
     ) -> RResult<(), RString>,
+
+    // ---- 1.4: appended; the accessor returns `None` in an older host ----
+    /// The run's numeric precision as `trainer.toml` names it (`fp32`, `amp_bf16`).
+    pub precision: extern "C" fn(HostCtx) -> RString,
 }
 
 /// The wrapped module, as a wrapper's `forward` may call it (valid during that call).

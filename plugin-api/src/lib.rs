@@ -99,7 +99,8 @@
 //!   plugin's module ([`Module::export`]) or wrapper ([`Wrapper::export`]): kept as it is, or
 //!   folded back into the plain module (weight standardization, Ghost BatchNorm, stochastic
 //!   depth's evaluation scaling); [`ModuleInfo::attr`] and [`ModuleInfo::int_attr`] read a
-//!   module's attributes (no ABI change).
+//!   module's attributes (no ABI change); the run's precision ([`Context::precision`],
+//!   appended to the host's function table).
 #![warn(missing_docs)]
 
 pub mod abi;
@@ -498,6 +499,17 @@ impl Context<'_> {
     pub fn request_stop(&mut self, reason: &str) -> Result<(), Error> {
         let f = self.host_fn_since(self.host.api.request_stop(), "request_stop", "1.3")?;
         host_result(f(self.host.ctx, RStr::from_str(reason)))
+    }
+
+    // ---- plugin-api 1.4 ----
+
+    /// The run's numeric precision as `trainer.toml`'s `train.precision` names it: `"fp32"`,
+    /// `"amp_bf16"` (the model's forward runs under bfloat16 autocast) or `"amp_fp16"` (float16
+    /// autocast with loss scaling); a later host may add names. A method whose effect
+    /// depends on it (the low-precision norms) reads it at `init`.
+    pub fn precision(&self) -> Result<String, Error> {
+        let f = self.host_fn_since(self.host.api.precision(), "precision", "1.4")?;
+        Ok(f(self.host.ctx).into_string())
     }
 }
 

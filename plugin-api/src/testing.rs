@@ -115,6 +115,8 @@ pub struct TestHost {
     pub eval_results: Option<EvalResults>,
     /// The reason of the last `request_stop` (1.3).
     pub stop_requested: Option<String>,
+    /// Reported by `precision` (1.4; default `"fp32"`).
+    pub precision: String,
 }
 
 impl TestHost {
@@ -134,6 +136,7 @@ impl TestHost {
             checkpoint_pending: false,
             eval_results: None,
             stop_requested: None,
+            precision: "fp32".to_owned(),
         }
     }
 
@@ -222,6 +225,7 @@ fn api() -> HostApi_Ref {
             eval_results,
             request_stop,
             wrap_module,
+            precision,
         }
         .leak_into_prefix()
     })
@@ -314,6 +318,10 @@ extern "C" fn sample_rng_next(state: SampleRngState) -> u64 {
     // SAFETY: made by `apply_sample_transform` from a `&mut RandomSource` borrowed for the call.
     let rng = unsafe { &mut *(state.0 as *mut RandomSource) };
     rng.next_u64().unwrap_or(0)
+}
+
+extern "C" fn precision(ctx: HostCtx) -> RString {
+    host(ctx).precision.as_str().into()
 }
 
 extern "C" fn log_metric(ctx: HostCtx, name: RStr<'_>, value: f64) {

@@ -4,10 +4,10 @@ use std::path::{Path, PathBuf};
 
 use super::data::DataConfig;
 use super::error::{ConfigError, ErrorKind};
-use super::reader::{quote_list, Tbl};
+use super::reader::{quote_list, Bounds, Tbl};
 use super::required_table;
 use super::section::{section, Section};
-use crate::model::{ModelConfig, ModelName, TorchscriptFile};
+use crate::model::{ModelConfig, ModelName, Norm, TorchscriptFile};
 
 section!(ModelConfig {
     name,
@@ -16,6 +16,8 @@ section!(ModelConfig {
     hidden: uint_list(1),
     width: uint(1),
     num_classes: uint(1),
+    dropout: float(Bounds::UNIT_OPEN),
+    norm: choice("normalization", &Norm::CHOICES),
 });
 
 pub(super) fn read(top: &Tbl<'_>, data: &DataConfig) -> Result<ModelConfig, ConfigError> {
@@ -37,7 +39,7 @@ pub(super) fn read(top: &Tbl<'_>, data: &DataConfig) -> Result<ModelConfig, Conf
             ))
         }
         (None, Some(_)) => {
-            for key in ["hidden", "width"] {
+            for key in ["hidden", "width", "dropout", "norm"] {
                 m.reject(
                     key,
                     &format!(
@@ -76,6 +78,13 @@ pub(super) fn read(top: &Tbl<'_>, data: &DataConfig) -> Result<ModelConfig, Conf
                 )?;
             } else {
                 m.reject(
+                    "dropout",
+                    &format!(
+                        "`dropout` only applies to model \"mlp\", not {:?}",
+                        name.as_str()
+                    ),
+                )?;
+                m.reject(
                     "hidden",
                     &format!(
                         "`hidden` only applies to model \"mlp\", not {:?}",
@@ -87,6 +96,22 @@ pub(super) fn read(top: &Tbl<'_>, data: &DataConfig) -> Result<ModelConfig, Conf
         }
     };
     let model = model.read_keys(&m)?;
+    if let Some(norm) = model.norm {
+        let allowed = Norm::choices(model.name);
+        if !allowed.contains(&norm) {
+            let names: Vec<&str> = allowed.iter().map(|n| n.as_str()).collect();
+            return Err(m.err(
+                "norm",
+                ErrorKind::InvalidValue,
+                format!(
+                    "model {:?} can be built with {}, not {:?}",
+                    model.name.as_str(),
+                    quote_list(&names),
+                    norm.as_str()
+                ),
+            ));
+        }
+    }
     if model.num_classes < classes {
         return Err(m.err(
             "num_classes",

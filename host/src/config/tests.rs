@@ -172,7 +172,9 @@ fn full_file() {
             torchscript: None,
             hidden: vec![],
             width: Some(8),
-            num_classes: 7
+            num_classes: 7,
+            dropout: 0.0,
+            norm: None
         }
     );
     assert_eq!(

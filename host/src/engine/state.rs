@@ -193,6 +193,8 @@ impl SetupState {
             hidden: vec![4],
             width: None,
             num_classes: 2,
+            dropout: 0.0,
+            norm: None,
         };
         let shape = crate::model::InputShape {
             channels: 1,
@@ -472,6 +474,14 @@ impl Stage<'_> {
         match self {
             Stage::Setup(s) => &s.model,
             Stage::Run(s) => &s.model,
+        }
+    }
+
+    /// The run's precision.
+    pub fn precision(&self) -> Precision {
+        match self {
+            Stage::Setup(s) => s.precision,
+            Stage::Run(s) => s.precision,
         }
     }
 

@@ -15,7 +15,7 @@ mod zoo;
 pub use layers::{Attr, ExportTree, Exported, Layer};
 pub use loss::{cross_entropy, cross_entropy_with, NonFiniteLoss};
 pub use params::{Entry, ParamStore, Role};
-pub use spec::{ModelConfig, ModelName, TorchscriptFile};
+pub use spec::{ModelConfig, ModelName, Norm, TorchscriptFile};
 pub use torchscript::TorchscriptModel;
 pub use tree::{LayerInfo, SurgeryError};
 
@@ -55,8 +55,21 @@ impl Model {
         let store = &mut params;
         let zoo = |root: layers::Sequential| -> Box<dyn Layer> { Box::new(root) };
         let root = match config.name {
-            ModelName::Mlp => zoo(zoo::mlp(store, input, &config.hidden, num_classes)?),
-            ModelName::Cnn => zoo(zoo::cnn(store, input, config.base_width(), num_classes)?),
+            ModelName::Mlp => zoo(zoo::mlp(
+                store,
+                input,
+                &config.hidden,
+                config.norm_or_default(),
+                config.dropout,
+                num_classes,
+            )?),
+            ModelName::Cnn => zoo(zoo::cnn(
+                store,
+                input,
+                config.base_width(),
+                config.norm_or_default(),
+                num_classes,
+            )?),
             ModelName::Resnet20 => zoo(zoo::resnet(
                 store,
                 input,
@@ -194,6 +207,8 @@ mod tests {
             hidden: vec![32, 16],
             width: None,
             num_classes: 10,
+            dropout: 0.0,
+            norm: None,
         }
     }
 
@@ -203,6 +218,101 @@ mod tests {
             height: 28,
             width: 28,
         }
+    }
+
+    #[test]
+    fn mlp_norm_and_dropout_shift_the_sequential_indices_as_pytorch() {
+        let kinds = |c: &ModelConfig| -> Vec<(String, String)> {
+            let m = Model::build(c, shape(1), 10, Device::Cpu).unwrap();
+            m.root
+                .walk()
+                .into_iter()
+                .filter(|i| i.path.starts_with("layers."))
+                .map(|i| (i.path, i.kind))
+                .collect()
+        };
+        let plain = kinds(&config(ModelName::Mlp));
+        let plain: Vec<(&str, &str)> = plain.iter().map(|(p, k)| (&p[..], &k[..])).collect();
+        assert_eq!(
+            plain,
+            [
+                ("layers.0", "linear"),
+                ("layers.1", "relu"),
+                ("layers.2", "linear"),
+                ("layers.3", "relu"),
+                ("layers.4", "linear")
+            ]
+        );
+        let mut c = config(ModelName::Mlp);
+        c.norm = Some(Norm::Layer);
+        c.dropout = 0.5;
+        let both = kinds(&c);
+        let both: Vec<&str> = both.iter().map(|(_, k)| &k[..]).collect();
+        assert_eq!(
+            both,
+            [
+                "linear",
+                "layer_norm",
+                "relu",
+                "dropout",
+                "linear",
+                "layer_norm",
+                "relu",
+                "dropout",
+                "linear"
+            ]
+        );
+        let m = Model::build(&c, shape(1), 10, Device::Cpu).unwrap();
+        let names: Vec<&str> = m.params.entries().iter().map(|e| e.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "layers.0.weight",
+                "layers.0.bias",
+                "layers.1.weight",
+                "layers.1.bias",
+                "layers.4.weight",
+                "layers.4.bias",
+                "layers.5.weight",
+                "layers.5.bias",
+                "layers.8.weight",
+                "layers.8.bias"
+            ]
+        );
+        let node = m.root.walk().into_iter().find(|i| i.path == "layers.3");
+        assert_eq!(node.unwrap().attrs.get("p"), Some(&Attr::Float(0.5)));
+        // Dropout is the identity in evaluation and changes training.
+        let x = Tensor::ones([4, 1, 28, 28], (tch::Kind::Float, Device::Cpu));
+        let eval = m.root.forward(&x, false).unwrap();
+        assert!(eval.equal(&m.root.forward(&x, false).unwrap()));
+    }
+
+    #[test]
+    fn cnn_group_norm_replaces_the_batch_norms() {
+        let mut c = config(ModelName::Cnn);
+        c.norm = Some(Norm::Group);
+        let m = Model::build(&c, shape(1), 10, Device::Cpu).unwrap();
+        let norms: Vec<(String, Option<Attr>)> = m
+            .root
+            .walk()
+            .into_iter()
+            .filter(|i| i.kind == "group_norm")
+            .map(|i| (i.path, i.attrs.get("num_groups").cloned()))
+            .collect();
+        assert_eq!(
+            norms,
+            [
+                ("features.1".to_owned(), Some(Attr::Int(8))),
+                ("features.5".to_owned(), Some(Attr::Int(8)))
+            ]
+        );
+        assert!(!m
+            .params
+            .entries()
+            .iter()
+            .any(|e| e.name.contains("running")));
+        assert_eq!(Norm::groups(12), 4);
+        assert_eq!(Norm::groups(6), 2);
     }
 
     #[test]
@@ -474,6 +584,8 @@ mod surgery_tests {
             hidden: Vec::new(),
             width: None,
             num_classes: 10,
+            dropout: 0.0,
+            norm: None,
         };
         let input = InputShape {
             channels: 3,

@@ -87,8 +87,64 @@ pub struct TorchscriptFile {
     pub sha256: String,
 }
 
+/// The normalization layers of a zoo model (`[model] norm`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Norm {
+    /// No normalization (the mlp's default).
+    None,
+    /// `BatchNorm2d` (the cnn's default).
+    Batch,
+    /// `GroupNorm` in [`Norm::groups`] groups (cnn).
+    Group,
+    /// `LayerNorm` over each hidden layer's features, after its `Linear` (mlp).
+    Layer,
+}
+
+impl Norm {
+    /// Every normalization with the name used in `trainer.toml`.
+    pub const CHOICES: [(&'static str, Norm); 4] = [
+        ("none", Norm::None),
+        ("batch", Norm::Batch),
+        ("group", Norm::Group),
+        ("layer", Norm::Layer),
+    ];
+
+    /// The name used in `trainer.toml`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Norm::None => "none",
+            Norm::Batch => "batch",
+            Norm::Group => "group",
+            Norm::Layer => "layer",
+        }
+    }
+
+    /// The normalizations model `name` can be built with, its default first: mlp `none` or
+    /// `layer`, cnn `batch` or `group`; the resnets only their batch norms.
+    pub fn choices(name: ModelName) -> &'static [Norm] {
+        match name {
+            ModelName::Mlp => &[Norm::None, Norm::Layer],
+            ModelName::Cnn => &[Norm::Batch, Norm::Group],
+            ModelName::Torchscript => &[],
+            _ => &[Norm::Batch],
+        }
+    }
+
+    /// The group count of a `GroupNorm` over `channels` channels: `gcd(channels, 8)`, 8 groups
+    /// for the usual widths (a multiple of 8), so that each group holds several channels, as
+    /// in Wu & He's small-model settings.
+    pub fn groups(channels: i64) -> i64 {
+        let (mut a, mut b) = (channels, 8);
+        while b != 0 {
+            (a, b) = (b, a % b);
+        }
+        a
+    }
+}
+
 /// Which model to build (`[model]`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ModelConfig {
     /// Architecture.
     #[serde(skip_serializing_if = "ModelName::is_torchscript")]
@@ -104,6 +160,17 @@ pub struct ModelConfig {
     pub width: Option<usize>,
     /// Output classes.
     pub num_classes: usize,
+    /// mlp only: the probability of a `Dropout` after each hidden `ReLU` (default 0: no
+    /// dropout layers, today's model and names).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub dropout: f64,
+    /// The normalization layers; `None`: the model's default ([`Norm::choices`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub norm: Option<Norm>,
+}
+
+fn is_zero(v: &f64) -> bool {
+    *v == 0.0
 }
 
 impl ModelConfig {
@@ -118,6 +185,8 @@ impl ModelConfig {
             },
             width: name.default_width(),
             num_classes,
+            dropout: 0.0,
+            norm: None,
         }
     }
 
@@ -127,6 +196,13 @@ impl ModelConfig {
             torchscript: Some(file),
             ..ModelConfig::new(ModelName::Torchscript, num_classes)
         }
+    }
+
+    /// The normalization used to build: the given one, else the model's default.
+    pub(crate) fn norm_or_default(&self) -> Norm {
+        self.norm
+            .or(Norm::choices(self.name).first().copied())
+            .unwrap_or(Norm::None)
     }
 
     /// The base width used to build: the given one, else the architecture's default.

@@ -51,6 +51,7 @@ fn api() -> HostApi_Ref {
             eval_results,
             request_stop,
             wrap_module,
+            precision,
         }
         .leak_into_prefix()
     })
@@ -92,6 +93,10 @@ extern "C" fn set_tensor(ctx: HostCtx, key: RStr<'_>, value: TensorHandle) -> RR
                 .and_then(|r| r.set_tensor(key.as_str(), value)),
         )
     })
+}
+
+extern "C" fn precision(ctx: HostCtx) -> RString {
+    with_state(ctx, |s| RString::from(s.precision().as_str()))
 }
 
 extern "C" fn rng_u64(ctx: HostCtx) -> u64 {

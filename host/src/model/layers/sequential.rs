@@ -23,6 +23,13 @@ impl Sequential {
         self
     }
 
+    /// Appends an already boxed `layer` as the child `name` (builder style), for a child
+    /// whose kind is chosen at run time.
+    pub fn add_boxed(mut self, name: impl Into<String>, layer: Box<dyn Layer>) -> Sequential {
+        self.layers.push((name.into(), layer));
+        self
+    }
+
     /// Adds an attribute shown in the module tree (builder style), e.g. a ResNet's `depth`.
     pub fn attr(mut self, key: &'static str, value: Attr) -> Sequential {
         self.attrs.push((key, value));
