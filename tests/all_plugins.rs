@@ -186,8 +186,12 @@ fn every_plugin_of_the_repository_trains_together_and_exports() {
 /// about 7% (max_abs_diff 72.8 at output scale 1010). Each method's export matches PyTorch alone
 /// and in the smaller combinations of tests/export_methods.rs; without gradient clipping this
 /// run's outputs reach ~1e8, which hid the mismatch under the relative tolerance. Which
-/// combination of folds/twins is wrong is not found yet: to be fixed before relying on exports
-/// of runs that combine many surgery methods.
+/// combination of folds/twins is wrong is not fully found yet: the same run without
+/// `weight_standardization` matches (max_abs_diff 1.3e-7), so its fold is wrong in combination
+/// with the others here (it passes alone and with BlurPool, SqueezeExcite, Ghost BatchNorm and
+/// ChannelsLast in tests/export_methods.rs, where the outputs are too large for the tolerance
+/// to tell). To be fixed before relying on exports of runs that combine weight standardization
+/// with other surgery.
 #[test]
 #[ignore = "known defect: the export of the all-plugins run differs from the rebuilt run (see the doc comment)"]
 fn every_plugin_export_matches_pytorch() {
