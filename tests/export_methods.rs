@@ -101,6 +101,19 @@ fn read_export(path: &Path) -> (Vec<(String, Tensor)>, Value) {
     (tensors, header["__metadata__"].clone())
 }
 
+/// Requires the kinds of the plugin modules kept in the export (`tessera.modules`) to be
+/// exactly `want`.
+fn assert_kept_kinds(meta: &Value, want: &[&str]) {
+    let kept = json_meta(meta, "tessera.modules");
+    let kinds: BTreeSet<&str> = kept
+        .as_array()
+        .expect("modules")
+        .iter()
+        .map(|m| m["kind"].as_str().expect("kind"))
+        .collect();
+    assert_eq!(kinds, want.iter().copied().collect(), "{kept:#}");
+}
+
 fn json_meta(meta: &Value, key: &str) -> Value {
     serde_json::from_str(
         meta[key]
@@ -152,18 +165,7 @@ fn surgery_is_kept_or_folded_and_the_twin_matches() {
             "channels_last"
         ]
     );
-    let kept = json_meta(&meta, "tessera.modules");
-    let kinds: BTreeSet<&str> = kept
-        .as_array()
-        .expect("modules")
-        .iter()
-        .map(|m| m["kind"].as_str().expect("kind"))
-        .collect();
-    assert_eq!(
-        kinds,
-        BTreeSet::from(["blur_conv2d", "squeeze_excite_conv2d"]),
-        "{kept:#}"
-    );
+    assert_kept_kinds(&meta, &["blur_conv2d", "squeeze_excite_conv2d"]);
 
     // Ghost BatchNorm folded: the plain names, nothing under `.batchnorm.`.
     assert!(names.contains("bn1.weight") && names.contains("bn1.running_var"));
@@ -243,18 +245,7 @@ fn factorized_layers_are_kept_and_the_twin_matches() {
     let (ckpt, exported, _) = train_and_export(&dir, &toml);
     let (tensors, meta) = read_export(&exported);
     let names: BTreeSet<&str> = tensors.iter().map(|(n, _)| n.as_str()).collect();
-    let kept = json_meta(&meta, "tessera.modules");
-    let kinds: BTreeSet<&str> = kept
-        .as_array()
-        .expect("modules")
-        .iter()
-        .map(|m| m["kind"].as_str().expect("kind"))
-        .collect();
-    assert_eq!(
-        kinds,
-        BTreeSet::from(["factorized_conv2d", "factorized_linear"]),
-        "{kept:#}"
-    );
+    assert_kept_kinds(&meta, &["factorized_conv2d", "factorized_linear"]);
     assert!(names.contains("fc.module0.weight") && names.contains("fc.module1.bias"));
     assert!(names.contains("layer3.1.conv1.module1.weight"), "{names:?}");
     assert!(!names.contains("fc.weight"), "{names:?}");
