@@ -184,10 +184,13 @@ impl TempDir {
     }
 }
 
+/// A failed test keeps its folder for inspection; `TESSERA_TEST_KEEP=1` keeps every test's.
 impl Drop for TempDir {
     fn drop(&mut self) {
         if std::thread::panicking() {
             eprintln!("test failed; kept {}", self.path.display());
+        } else if std::env::var_os("TESSERA_TEST_KEEP").is_some() {
+            eprintln!("TESSERA_TEST_KEEP: kept {}", self.path.display());
         } else {
             let _ = std::fs::remove_dir_all(&self.path);
         }
