@@ -10,7 +10,7 @@ use super::required_table;
 use super::section::{section, Section};
 use crate::data::{
     folder, Dataset, DatasetShape, FolderConfig, HorizontalFlip, Normalize, OnBadFile, RandomCrop,
-    SyntheticConfig, Transforms,
+    SyntheticConfig, TextConfig, Transforms,
 };
 
 /// `[data]`
@@ -42,6 +42,9 @@ pub struct DataConfig {
     /// How an image folder's files become samples; `Some` exactly when `dataset` is `folder`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub folder: Option<FolderConfig>,
+    /// How text becomes token sequences; `Some` exactly when `dataset` is a text dataset.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub text: Option<TextConfig>,
     /// Train-time transforms.
     pub transforms: Transforms,
     /// The dataset's image shape and classes (from `synthetic`, `folder` and the folder's
@@ -62,6 +65,7 @@ section!(DataConfig {
     shuffle: bool(),
     synthetic,
     folder,
+    text,
     transforms,
 });
 
@@ -86,11 +90,25 @@ impl DataConfig {
         }
     }
 
-    /// Number of classes of the dataset.
+    /// Number of classes of the dataset (for text: the configured vocabulary size; the
+    /// tokenizer's actual vocabulary is known once the data is loaded).
     pub fn num_classes(&self) -> usize {
         self.shape.classes
     }
+
+    /// Whether the dataset is text (token sequences for a language model).
+    pub fn is_text(&self) -> bool {
+        self.dataset.is_text()
+    }
 }
+
+section!(TextConfig {
+    seq_len: uint(1),
+    vocab_size: uint(2),
+    tokenizer: path(),
+    tokens: uint(2),
+    eval_tokens: uint(2),
+});
 
 section!(SyntheticConfig {
     samples: uint(1),
@@ -160,7 +178,53 @@ pub(super) fn read(top: &Tbl<'_>) -> Result<DataConfig, ConfigError> {
             None
         }
     };
+    let text = if dataset.is_text() {
+        let t = match d.sub("text", Some(TextConfig::KEYS))? {
+            Some(t) => {
+                if dataset != Dataset::SyntheticText {
+                    for key in ["tokens", "eval_tokens"] {
+                        t.reject(
+                            key,
+                            &format!(
+                                "[data.text] {key} only applies to dataset = \"synthetic-text\" \
+                                 (a corpus has the tokens it has)"
+                            ),
+                        )?;
+                    }
+                } else if t.entry("tokenizer").is_some() {
+                    t.reject(
+                        "tokenizer",
+                        "synthetic-text is generated as token ids; it has no tokenizer",
+                    )?;
+                }
+                TextConfig::default().read_keys(&t)?
+            }
+            None => TextConfig::default(),
+        };
+        Some(t)
+    } else {
+        d.reject(
+            "text",
+            &format!(
+                "[data.text] only applies to text datasets (sotu, shakespeare, synthetic-text), not {:?}",
+                dataset.as_str()
+            ),
+        )?;
+        None
+    };
     let shape = match (&synthetic, &folder) {
+        _ if text.is_some() => {
+            let t = text
+                .as_ref()
+                .map(|t| (t.seq_len, t.vocab_size))
+                .unwrap_or_default();
+            DatasetShape {
+                channels: 1,
+                height: 1,
+                width: t.0,
+                classes: t.1,
+            }
+        }
         (Some(s), _) => s.shape(),
         (_, Some((f, classes))) => DatasetShape {
             channels: f.channels,
@@ -189,10 +253,20 @@ pub(super) fn read(top: &Tbl<'_>) -> Result<DataConfig, ConfigError> {
         shuffle: true,
         synthetic,
         folder: folder.map(|(f, _)| f),
+        text,
         transforms: Transforms::default(),
         shape,
     }
     .read_keys(&d)?;
+    if data.is_text() {
+        d.reject(
+            "transforms",
+            &format!(
+                "[data.transforms] are image transforms; dataset {:?} is text",
+                data.dataset.as_str()
+            ),
+        )?;
+    }
     let transforms = match d.sub("transforms", Some(Transforms::KEYS))? {
         Some(t) => read_transforms(&t, &data)?,
         None => Transforms::default(),

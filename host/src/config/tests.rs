@@ -734,7 +734,7 @@ fn wrong_types() {
             WrongType,
             "data.dataset",
             Some(3),
-            "expected one of \"fashion-mnist\", \"mnist\", \"synthetic\" or \"folder\"",
+            "expected one of \"fashion-mnist\", \"mnist\", \"synthetic\", \"folder\", \"sotu\", \"shakespeare\" or \"synthetic-text\"",
         ),
         case(
             "algorithms table",
@@ -1020,7 +1020,7 @@ fn unknown_names() {
             InvalidValue,
             "data.dataset",
             Some(3),
-            "unknown dataset \"cifar10\"; expected \"fashion-mnist\", \"mnist\", \"synthetic\" or \"folder\"",
+            "unknown dataset \"cifar10\"; expected \"fashion-mnist\", \"mnist\", \"synthetic\", \"folder\", \"sotu\", \"shakespeare\" or \"synthetic-text\"",
         ),
         case(
             "dataset typo",
@@ -1091,7 +1091,7 @@ fn missing_required() {
             MissingKey,
             "data.dataset",
             Some(2),
-            "expected \"fashion-mnist\", \"mnist\", \"synthetic\" or \"folder\"",
+            "expected \"fashion-mnist\", \"mnist\", \"synthetic\", \"folder\", \"sotu\", \"shakespeare\" or \"synthetic-text\"",
         ),
         case(
             "model name",

@@ -346,7 +346,7 @@ fn loader_reads_the_folder_lazily_and_identically_for_any_worker_count() {
             .unwrap()
     };
     let reference = batches(0);
-    assert_eq!(reference[0].input_shape, [3, 3, 3, 3]);
+    assert_eq!(reference[0].input_shape(), vec![3, 3, 3, 3]);
     assert_eq!(batches(1), reference);
     assert_eq!(batches(3), reference);
 }

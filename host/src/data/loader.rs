@@ -24,15 +24,96 @@ use super::{DataError, SampleSource};
 /// One batch in host memory, ready to become tensors.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HostBatch {
-    /// B×C×H×W pixels after the transforms.
-    pub input: Vec<f32>,
-    /// `[B, C, H, W]`; B is smaller than the batch size only for the last batch when
-    /// `drop_last` is off, or when the source left samples out (skipped bad files).
-    pub input_shape: [usize; 4],
-    /// B class indices.
+    /// The images or token sequences.
+    pub input: HostInput,
+    /// B class indices (images), or B×T next-token ids (token sequences).
     pub target: Vec<i64>,
     /// The batch's index within its epoch.
     pub index: u64,
+}
+
+/// The input half of a [`HostBatch`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum HostInput {
+    /// B×C×H×W pixels after the transforms, with their shape `[B, C, H, W]`; B is smaller than
+    /// the batch size only for the last batch when `drop_last` is off, or when the source left
+    /// samples out (skipped bad files).
+    Pixels {
+        /// The pixels, sample after sample.
+        data: Vec<f32>,
+        /// `[B, C, H, W]`.
+        shape: [usize; 4],
+    },
+    /// B×T token ids with their shape `[B, T]`.
+    Tokens {
+        /// The ids, sequence after sequence.
+        ids: Vec<i64>,
+        /// `[B, T]`.
+        shape: [usize; 2],
+    },
+}
+
+impl HostBatch {
+    /// Samples (images or sequences) in the batch.
+    pub fn len(&self) -> usize {
+        match &self.input {
+            HostInput::Pixels { shape, .. } => shape[0],
+            HostInput::Tokens { shape, .. } => shape[0],
+        }
+    }
+
+    /// Whether the batch holds no samples.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The input's shape: `[B, C, H, W]` or `[B, T]`.
+    pub fn input_shape(&self) -> Vec<usize> {
+        match &self.input {
+            HostInput::Pixels { shape, .. } => shape.to_vec(),
+            HostInput::Tokens { shape, .. } => shape.to_vec(),
+        }
+    }
+
+    /// The pixels of an image batch (`None` for token sequences).
+    pub fn pixels(&self) -> Option<&[f32]> {
+        match &self.input {
+            HostInput::Pixels { data, .. } => Some(data),
+            HostInput::Tokens { .. } => None,
+        }
+    }
+
+    /// Tokens in the batch's input (B×T; 0 for images).
+    pub fn tokens(&self) -> u64 {
+        match &self.input {
+            HostInput::Pixels { .. } => 0,
+            HostInput::Tokens { ids, .. } => ids.len() as u64,
+        }
+    }
+}
+
+/// Fixed-length token sequences with their next-token targets, readable from any thread: what a
+/// [`Loader`] serves language-model batches from.
+pub trait TokenSource: Send + Sync + std::fmt::Debug {
+    /// Number of sequences.
+    fn len(&self) -> usize;
+
+    /// Whether there are no sequences.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Tokens per sequence (T).
+    fn seq_len(&self) -> usize;
+
+    /// Appends the T input ids and the T target ids (the input shifted by one) of sequence
+    /// `index`.
+    fn read(
+        &self,
+        index: usize,
+        input: &mut Vec<i64>,
+        target: &mut Vec<i64>,
+    ) -> Result<(), DataError>;
 }
 
 /// How a [`Loader`] batches, orders and parallelises.
@@ -70,10 +151,30 @@ impl LoaderOptions {
 /// Serves the batches of a dataset, one epoch at a time.
 #[derive(Debug, Clone)]
 pub struct Loader {
-    dataset: Arc<dyn SampleSource>,
-    transforms: Arc<Vec<Transform>>,
+    source: Source,
     options: LoaderOptions,
     sample_shape: (usize, usize, usize),
+}
+
+/// What a [`Loader`] reads.
+#[derive(Debug, Clone)]
+enum Source {
+    /// Images, transformed per sample.
+    Images {
+        dataset: Arc<dyn SampleSource>,
+        transforms: Arc<Vec<Transform>>,
+    },
+    /// Token sequences, served as they are.
+    Tokens(Arc<dyn TokenSource>),
+}
+
+impl Source {
+    fn len(&self) -> usize {
+        match self {
+            Source::Images { dataset, .. } => dataset.len(),
+            Source::Tokens(tokens) => tokens.len(),
+        }
+    }
 }
 
 type Producer = Arc<dyn Fn(u64) -> Result<HostBatch, DataError> + Send + Sync>;
@@ -85,22 +186,7 @@ impl Loader {
         transforms: Arc<Vec<Transform>>,
         options: LoaderOptions,
     ) -> Result<Loader, DataError> {
-        if options.batch_size == 0 {
-            return Err(DataError::Invalid(
-                "loader: `batch_size` must be at least 1".into(),
-            ));
-        }
-        if options.prefetch == 0 {
-            return Err(DataError::Invalid(
-                "loader: `prefetch` must be at least 1".into(),
-            ));
-        }
-        if u32::try_from(dataset.len()).is_err() {
-            return Err(DataError::Invalid(format!(
-                "loader: {} samples are more than the 2^32 - 1 supported",
-                dataset.len()
-            )));
-        }
+        check_options(&options, dataset.len())?;
         let mut shape = dataset.shape();
         for (i, transform) in transforms.iter().enumerate() {
             shape = transform
@@ -108,13 +194,72 @@ impl Loader {
                 .map_err(|e| DataError::Invalid(format!("transform {i}: {e}")))?;
         }
         Ok(Loader {
-            dataset,
-            transforms,
+            source: Source::Images {
+                dataset,
+                transforms,
+            },
             options,
             sample_shape: shape,
         })
     }
 
+    /// A loader of token sequences (language models): batches of B×T input ids and their B×T
+    /// next-token targets, shuffled by sequence as images are by sample.
+    pub fn tokens(
+        tokens: Arc<dyn TokenSource>,
+        options: LoaderOptions,
+    ) -> Result<Loader, DataError> {
+        check_options(&options, tokens.len())?;
+        if tokens.seq_len() == 0 {
+            return Err(DataError::Invalid(
+                "loader: token sequences must hold at least 1 token".into(),
+            ));
+        }
+        let sample_shape = (1, 1, tokens.seq_len());
+        Ok(Loader {
+            source: Source::Tokens(tokens),
+            options,
+            sample_shape,
+        })
+    }
+
+    /// Whether the loader serves token sequences.
+    pub fn is_tokens(&self) -> bool {
+        matches!(self.source, Source::Tokens(_))
+    }
+
+    /// Samples (images or sequences) in one epoch, before batching.
+    pub fn len(&self) -> usize {
+        self.source.len()
+    }
+
+    /// Whether the loader has no samples.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Checks the loader options against a source of `len` samples.
+fn check_options(options: &LoaderOptions, len: usize) -> Result<(), DataError> {
+    if options.batch_size == 0 {
+        return Err(DataError::Invalid(
+            "loader: `batch_size` must be at least 1".into(),
+        ));
+    }
+    if options.prefetch == 0 {
+        return Err(DataError::Invalid(
+            "loader: `prefetch` must be at least 1".into(),
+        ));
+    }
+    if u32::try_from(len).is_err() {
+        return Err(DataError::Invalid(format!(
+            "loader: {len} samples are more than the 2^32 - 1 supported"
+        )));
+    }
+    Ok(())
+}
+
+impl Loader {
     /// The options this loader was built with.
     pub fn options(&self) -> &LoaderOptions {
         &self.options
@@ -127,7 +272,7 @@ impl Loader {
 
     /// Batches in one epoch, counting a final smaller batch unless `drop_last` is set.
     pub fn batches_per_epoch(&self) -> u64 {
-        let (n, b) = (self.dataset.len() as u64, self.options.batch_size as u64);
+        let (n, b) = (self.source.len() as u64, self.options.batch_size as u64);
         if self.options.drop_last {
             n / b
         } else {
@@ -143,22 +288,33 @@ impl Loader {
         let end = self.batches_per_epoch();
         let start = start_batch.min(end);
         let order = Arc::new(self.order(epoch));
-        let dataset = Arc::clone(&self.dataset);
-        let transforms = Arc::clone(&self.transforms);
         let batch_size = self.options.batch_size;
-        let shape = self.sample_shape;
-        let transform_key = key(self.options.seed, epoch, *b"transfrm");
-        let producer: Producer = Arc::new(move |batch| {
-            make_batch(
-                &*dataset,
-                &transforms,
-                &order,
-                batch_size,
-                shape,
-                transform_key,
-                batch,
-            )
-        });
+        let producer: Producer = match &self.source {
+            Source::Images {
+                dataset,
+                transforms,
+            } => {
+                let dataset = Arc::clone(dataset);
+                let transforms = Arc::clone(transforms);
+                let shape = self.sample_shape;
+                let transform_key = key(self.options.seed, epoch, *b"transfrm");
+                Arc::new(move |batch| {
+                    make_batch(
+                        &*dataset,
+                        &transforms,
+                        &order,
+                        batch_size,
+                        shape,
+                        transform_key,
+                        batch,
+                    )
+                })
+            }
+            Source::Tokens(tokens) => {
+                let tokens = Arc::clone(tokens);
+                Arc::new(move |batch| make_token_batch(&*tokens, &order, batch_size, batch))
+            }
+        };
         EpochIter::new(
             producer,
             start,
@@ -171,7 +327,7 @@ impl Loader {
     /// The sample order of an epoch: a permutation keyed by (seed, epoch), or the identity.
     fn order(&self, epoch: u64) -> Vec<u32> {
         // `new` checked that the length fits in u32.
-        let mut order: Vec<u32> = (0..self.dataset.len() as u32).collect();
+        let mut order: Vec<u32> = (0..self.source.len() as u32).collect();
         if self.options.shuffle {
             let mut rng = ChaCha8Rng::from_seed(key(self.options.seed, epoch, *b"shuffle!"));
             order.shuffle(&mut rng);
@@ -234,8 +390,40 @@ fn make_batch(
         )));
     }
     Ok(HostBatch {
-        input,
-        input_shape: [target.len(), channels, height, width],
+        input: HostInput::Pixels {
+            data: input,
+            shape: [target.len(), channels, height, width],
+        },
+        target,
+        index: batch,
+    })
+}
+
+fn make_token_batch(
+    tokens: &dyn TokenSource,
+    order: &[u32],
+    batch_size: usize,
+    batch: u64,
+) -> Result<HostBatch, DataError> {
+    let start = (batch as usize).saturating_mul(batch_size).min(order.len());
+    let end = start.saturating_add(batch_size).min(order.len());
+    let t = tokens.seq_len();
+    let mut ids = Vec::with_capacity((end - start) * t);
+    let mut target = Vec::with_capacity((end - start) * t);
+    for &index in &order[start..end] {
+        tokens.read(index as usize, &mut ids, &mut target)?;
+    }
+    let b = end - start;
+    if ids.len() != b * t || target.len() != b * t {
+        return Err(DataError::Invalid(format!(
+            "loader: batch {batch} of {b} sequences of {t} tokens came out as {} input and {} \
+             target ids",
+            ids.len(),
+            target.len()
+        )));
+    }
+    Ok(HostBatch {
+        input: HostInput::Tokens { ids, shape: [b, t] },
         target,
         index: batch,
     })

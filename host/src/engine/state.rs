@@ -68,6 +68,15 @@ impl Batch {
         self.len() == 0
     }
 
+    /// Tokens in the input: every element of a `[B, T]` integer input (token ids); 0 for
+    /// anything else (images).
+    pub fn tokens(&self) -> u64 {
+        match self.input() {
+            Some(t) if t.dim() == 2 && !t.is_floating_point() => t.numel() as u64,
+            _ => 0,
+        }
+    }
+
     /// Splits into microbatches of at most `size` samples (views, no copies).
     pub fn split(&self, size: i64) -> Result<Vec<Batch>, tch::TchError> {
         let mut parts: Vec<Batch> = Vec::new();

@@ -30,11 +30,30 @@ impl NonFiniteLoss {
 /// the total target probability, so targets whose rows do not sum to one (a zero row for an
 /// ignored sample, scaled targets) weigh as Composer weighs them. Per-sample losses are not
 /// re-weighted (Composer's `reduction = "none"`).
+///
+/// Sequence outputs (a language model's `[B, T, V]` logits against `[B, T]` next-token ids or
+/// `[B, T, V]` probabilities) are scored per token: the mean is over all B×T tokens (as Hugging
+/// Face's language-model loss), and a sample's loss is the mean over its T tokens.
 pub fn cross_entropy_with(
     logits: &Tensor,
     target: &Tensor,
     per_sample: bool,
 ) -> Result<Tensor, TchError> {
+    if logits.dim() == 3 {
+        let size = logits.size();
+        let (b, t, v) = (size[0], size[1], size[2]);
+        let flat_target = if target.is_floating_point() {
+            target.f_reshape([b * t, v])?
+        } else {
+            target.f_reshape([b * t])?
+        };
+        let flat = cross_entropy_with(&logits.f_reshape([b * t, v])?, &flat_target, per_sample)?;
+        return if per_sample {
+            flat.f_view([b, t])?.f_mean_dim(1, false, flat.kind())
+        } else {
+            Ok(flat)
+        };
+    }
     if !target.is_floating_point() {
         let reduction = if per_sample {
             Reduction::None
@@ -76,6 +95,27 @@ mod tests {
             let mean = cross_entropy(&logits, target).unwrap().double_value(&[]);
             assert!((each.mean(Kind::Float).double_value(&[]) - mean).abs() < 1e-6);
         }
+    }
+
+    #[test]
+    fn sequence_losses_are_per_token() {
+        tch::manual_seed(3);
+        let logits = Tensor::randn([2, 5, 7], (Kind::Float, tch::Device::Cpu));
+        let target = Tensor::randint(7, [2, 5], (Kind::Int64, tch::Device::Cpu));
+        let mean = cross_entropy(&logits, &target).unwrap().double_value(&[]);
+        let flat = cross_entropy(&logits.reshape([10, 7]), &target.reshape([10]))
+            .unwrap()
+            .double_value(&[]);
+        assert!((mean - flat).abs() < 1e-6);
+        let each = cross_entropy_with(&logits, &target, true).unwrap();
+        assert_eq!(each.size(), vec![2]);
+        let first = cross_entropy(&logits.get(0), &target.get(0))
+            .unwrap()
+            .double_value(&[]);
+        assert!((each.double_value(&[0]) - first).abs() < 1e-6);
+        let dense = target.one_hot(7).to_kind(Kind::Float);
+        let soft = cross_entropy(&logits, &dense).unwrap().double_value(&[]);
+        assert!((soft - mean).abs() < 1e-5, "{soft} vs {mean}");
     }
 
     /// Three samples of four classes with probability targets (the second row all zero).

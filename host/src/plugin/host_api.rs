@@ -299,10 +299,16 @@ extern "C" fn eval_results(ctx: HostCtx) -> ROption<EvalResults> {
             epoch: e.epoch,
             batch: e.batch,
             samples: e.samples,
-            metrics: RVec::from(vec![
-                metric("accuracy", e.accuracy),
-                metric("cross_entropy", e.cross_entropy),
-            ]),
+            metrics: {
+                let mut m = vec![
+                    metric("accuracy", e.accuracy),
+                    metric("cross_entropy", e.cross_entropy),
+                ];
+                if let Some(ppl) = e.perplexity {
+                    m.push(metric("perplexity", ppl));
+                }
+                RVec::from(m)
+            },
         })
     })
 }

@@ -15,12 +15,18 @@ pub struct EvalRecord {
     pub epoch: u64,
     /// Batches completed when it ran.
     pub batch: u64,
-    /// Top-1 accuracy.
+    /// Top-1 accuracy (of the next token, for a language model).
     pub accuracy: f64,
-    /// Mean cross-entropy.
+    /// Mean cross-entropy (per token, for a language model).
     pub cross_entropy: f64,
-    /// Samples evaluated.
+    /// Samples evaluated (sequences, for a language model).
     pub samples: u64,
+    /// Tokens evaluated (language models only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<u64>,
+    /// `exp(cross_entropy)` (language models only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub perplexity: Option<f64>,
 }
 
 /// A loaded plugin, as recorded in the run record.
@@ -61,6 +67,9 @@ pub struct RunRecord {
     pub batches: u64,
     /// Samples trained on.
     pub samples: u64,
+    /// Tokens trained on (language models; as the loader gave them).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<u64>,
     /// Wall-clock seconds of the whole run, from start to the record.
     pub wall_seconds: f64,
     /// Seconds spent training (excluding evaluation).
@@ -71,6 +80,9 @@ pub struct RunRecord {
     pub estimated_cost_usd: Option<f64>,
     /// Accuracy of the last evaluation.
     pub final_accuracy: Option<f64>,
+    /// Perplexity of the last evaluation (language models).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub final_perplexity: Option<f64>,
     /// `completed`, `interrupted by SIGINT`/`SIGTERM` (a checkpoint was written), or
     /// `stopped early: <reason>` when a method asked the run to stop (`request_stop`).
     pub status: String,
@@ -217,10 +229,13 @@ impl Reporter {
 
     /// Records an evaluation.
     pub fn eval(&mut self, record: &EvalRecord) {
-        let text = format!(
+        let mut text = format!(
             "eval at epoch {} batch {}: accuracy {:.4}, cross-entropy {:.4}",
             record.epoch, record.batch, record.accuracy, record.cross_entropy
         );
+        if let Some(ppl) = record.perplexity {
+            text.push_str(&format!(", perplexity {ppl:.3}"));
+        }
         self.last_accuracy = Some(record.accuracy);
         match &self.bar {
             Some(bar) => bar.println(text),

@@ -44,20 +44,22 @@ impl Trainer {
         }
         // Methods first: their per-sample transforms join the training loader.
         let (mut engine, plugins) = load_methods(&config, extra)?;
-        let (train_loader, eval_loader) = build_loaders(&config, &engine.sample_transforms())?;
+        let (train_loader, eval_loader, vocab) = if config.data.is_text() {
+            build_token_loaders(&config, &engine.sample_transforms())?
+        } else {
+            let (train, eval) = build_loaders(&config, &engine.sample_transforms())?;
+            (train, eval, None)
+        };
         let (c, h, w) = train_loader.sample_shape();
         let input = InputShape {
             channels: c as i64,
             height: h as i64,
             width: w as i64,
         };
-        let model = Model::build(
-            &config.model,
-            input,
-            config.model.num_classes as i64,
-            device,
-        )
-        .context("building the model")?;
+        // A language model predicts one of the tokenizer's tokens.
+        let classes = vocab.unwrap_or(config.model.num_classes);
+        let model = Model::build(&config.model, input, classes as i64, device)
+            .context("building the model")?;
         let run = RunLength::new(
             config.train.max_duration,
             train_loader.batches_per_epoch(),
@@ -220,6 +222,93 @@ fn build_loaders(config: &Config, methods: &[MethodTransform]) -> Result<(Loader
         },
     )?;
     Ok((train_loader, eval_loader))
+}
+
+/// The training and evaluation loaders of a text dataset (token sequences of
+/// `data.text.seq_len`), and the vocabulary size. Per-sample transforms do not apply to text: a
+/// method that asks for one is an error.
+fn build_token_loaders(
+    config: &Config,
+    methods: &[MethodTransform],
+) -> Result<(Loader, Loader, Option<usize>)> {
+    if let Some(m) = methods.first() {
+        fail!(
+            "method `{}` transforms every training sample (an image transform), but dataset \
+             `{}` is text",
+            m.method,
+            config.data.dataset
+        );
+    }
+    let (train, eval, vocab) = load_token_sets(config)?;
+    let d = &config.data;
+    let train_loader = Loader::tokens(
+        train,
+        LoaderOptions {
+            batch_size: d.batch_size,
+            shuffle: d.shuffle,
+            drop_last: d.drop_last,
+            seed: config.seed,
+            workers: d.workers.min(1),
+            prefetch: d.prefetch,
+        },
+    )?;
+    let eval_loader = Loader::tokens(
+        eval,
+        LoaderOptions {
+            batch_size: d.eval_batch_size,
+            shuffle: false,
+            drop_last: false,
+            seed: config.seed,
+            workers: d.workers.min(1),
+            prefetch: d.prefetch,
+        },
+    )?;
+    if train_loader.batches_per_epoch() == 0 {
+        fail!(
+            "dataset `{}` has {} training sequences of {} tokens, fewer than one batch of {} \
+             (data.drop_last is on); lower data.batch_size or data.text.seq_len",
+            d.dataset,
+            train_loader.len(),
+            train_loader.sample_shape().2,
+            d.batch_size
+        );
+    }
+    Ok((train_loader, eval_loader, Some(vocab)))
+}
+
+/// The training and evaluation token sequences of a text dataset and its vocabulary size:
+/// `synthetic-text` generated from the run's seed, a corpus loaded (fetched when allowed) and
+/// tokenized.
+pub fn load_token_sets(
+    cfg: &Config,
+) -> Result<(
+    Arc<dyn data::TokenSource>,
+    Arc<dyn data::TokenSource>,
+    usize,
+)> {
+    let d = &cfg.data;
+    let Some(text) = &d.text else {
+        fail!("dataset `{}` is not text", d.dataset);
+    };
+    let (train, eval, vocab) = match d.dataset {
+        data::Dataset::SyntheticText => (
+            data::synthetic_tokens(cfg.seed, text.tokens, text.vocab_size)?,
+            data::synthetic_tokens(cfg.seed.wrapping_add(1), text.eval_tokens, text.vocab_size)?,
+            text.vocab_size,
+        ),
+        other => fail!("text dataset `{other}` is not available yet"),
+    };
+    let (n_train, n_eval) = (train.len(), eval.len());
+    let train =
+        data::TokenSequences::new(Arc::new(train), text.seq_len).context("the training split")?;
+    let eval =
+        data::TokenSequences::new(Arc::new(eval), text.seq_len).context("the evaluation split")?;
+    tracing::info!(
+        "{}: {n_train} training and {n_eval} evaluation tokens, vocabulary {vocab}, sequences of {}",
+        d.dataset,
+        text.seq_len
+    );
+    Ok((Arc::new(train), Arc::new(eval), vocab))
 }
 
 /// Loads the plugins listed under `[[algorithms]]` and makes their methods, followed by the

@@ -35,6 +35,7 @@ impl Trainer {
         let mut correct = Tensor::f_zeros([], (Kind::Int64, self.state.device()))?;
         let mut loss_sum = Tensor::f_zeros([], (Kind::Double, self.state.device()))?;
         let mut samples = 0u64;
+        let mut tokens = 0u64;
         let limit = match self.config.train.eval_subset_batches {
             0 => u64::MAX,
             n => n as u64,
@@ -58,7 +59,15 @@ impl Trainer {
                 .map(Tensor::shallow_clone)
                 .context("no target")?;
             let n = target.size().first().copied().unwrap_or(0);
-            let output = output.f_to_kind(Kind::Float)?;
+            let mut output = output.f_to_kind(Kind::Float)?;
+            let mut target = target;
+            // A language model's [B, T, V] logits are scored per token.
+            if output.dim() == 3 {
+                let v = output.size()[2];
+                output = output.f_reshape([-1, v])?;
+                target = target.f_reshape([-1])?;
+                tokens += target.numel() as u64;
+            }
             let ce =
                 output.f_cross_entropy_loss::<Tensor>(&target, None, Reduction::Sum, -100, 0.0)?;
             loss_sum = loss_sum.f_add(&ce.f_to_kind(Kind::Double)?)?;
@@ -70,13 +79,17 @@ impl Trainer {
             samples += n as u64;
             self.fire_as(Event::EVAL_BATCH_END, false)?;
         }
-        let denom = samples.max(1) as f64;
+        let language = self.eval_loader.is_tokens();
+        let denom = if language { tokens } else { samples }.max(1) as f64;
+        let cross_entropy = loss_sum.f_double_value(&[])? / denom;
         let record = EvalRecord {
             epoch: self.state.clock.timestamp.epoch,
             batch: self.state.clock.timestamp.batch,
             accuracy: correct.f_double_value(&[])? / denom,
-            cross_entropy: loss_sum.f_double_value(&[])? / denom,
+            cross_entropy,
             samples,
+            tokens: language.then_some(tokens),
+            perplexity: language.then(|| cross_entropy.exp()),
         };
         self.state.batch = saved_batch;
         self.state.output = None;

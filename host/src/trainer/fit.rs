@@ -226,6 +226,7 @@ impl Trainer {
             epochs: t.epoch,
             batches: t.batch,
             samples: t.sample,
+            tokens: self.train_loader.is_tokens().then_some(t.token),
             wall_seconds,
             train_seconds: self.train_seconds,
             samples_per_second: if self.train_seconds > 0.0 {
@@ -238,6 +239,7 @@ impl Trainer {
                 .usd_per_hour
                 .map(|usd| usd * wall_seconds / 3600.0),
             final_accuracy: self.evals.last().map(|e| e.accuracy),
+            final_perplexity: self.evals.last().and_then(|e| e.perplexity),
             status: "completed".to_owned(),
             resumed_from: self.resumed_from.clone(),
             last_checkpoint: self.last_checkpoint.clone(),

@@ -97,6 +97,12 @@ impl Trainer {
             );
         }
         let _no_grad = tch::no_grad_guard();
+        if self.eval_loader.is_tokens() {
+            fail!(
+                "`tessera predict` writes class predictions; this run trains a language model \
+                 (use `tessera eval` for its loss and perplexity)"
+            );
+        }
         self.fire_as(Event::PREDICT_START, false)?;
         let mut lines = String::new();
         let (mut samples, mut correct) = (0u64, 0u64);

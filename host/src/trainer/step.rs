@@ -21,13 +21,27 @@ impl Trainer {
     }
 
     /// Moves a loader batch to the device as the state's batch.
+    ///
+    /// Images become a `[B, C, H, W]` float input and `[B]` class indices; token sequences a
+    /// `[B, T]` int64 input and `[B, T]` next-token targets.
     pub(super) fn device_batch(&self, b: data::HostBatch) -> Result<Batch> {
-        let [n, c, h, w] = b.input_shape.map(|v| v as i64);
-        let input = Tensor::f_from_slice(&b.input)?
-            .f_view([n, c, h, w])?
-            .f_to_device(self.state.device())?;
-        let target = Tensor::f_from_slice(&b.target)?.f_to_device(self.state.device())?;
-        Ok(Batch::new(input, target))
+        let device = self.state.device();
+        let (input, target) = match &b.input {
+            data::HostInput::Pixels { data, shape } => {
+                let [n, c, h, w] = shape.map(|v| v as i64);
+                let input = Tensor::f_from_slice(data)?.f_view([n, c, h, w])?;
+                (input, Tensor::f_from_slice(&b.target)?)
+            }
+            data::HostInput::Tokens { ids, shape } => {
+                let [n, t] = shape.map(|v| v as i64);
+                let input = Tensor::f_from_slice(ids)?.f_view([n, t])?;
+                (input, Tensor::f_from_slice(&b.target)?.f_view([n, t])?)
+            }
+        };
+        Ok(Batch::new(
+            input.f_to_device(device)?,
+            target.f_to_device(device)?,
+        ))
     }
 
     /// Trains one batch already in `state.batch`: `before_train_batch`, the microbatch loop
@@ -194,8 +208,11 @@ impl Trainer {
     ///
     /// The clock counts the batch as the loader gave it, as Composer does, even when a method
     /// (selective backprop) trains on fewer samples; those are counted in `trained_samples`.
+    /// Tokens (language models) are counted the same way: the loader's `[B, T]` input, before
+    /// a method (sequence-length warmup) shortens it.
     pub fn step(&mut self, batch: Batch, started: Instant) -> Result<Timestamp> {
         let samples = batch.len() as u64;
+        let tokens = batch.tokens();
         self.state.batch = batch;
         self.fire(Event::AFTER_DATALOADER)?;
         self.trained_samples += self.state.batch.len() as u64;
@@ -210,7 +227,7 @@ impl Trainer {
             .state
             .clock
             .timestamp
-            .to_next_batch(samples, 0, seconds);
+            .to_next_batch(samples, tokens, seconds);
         self.reporter
             .batch_done(self.state.clock.timestamp.sample as f64 / self.train_seconds.max(1e-9));
         self.fire(Event::BATCH_END)?;
