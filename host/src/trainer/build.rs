@@ -276,16 +276,17 @@ fn build_token_loaders(
     Ok((train_loader, eval_loader, Some(vocab)))
 }
 
-/// The training and evaluation token sequences of a text dataset and its vocabulary size:
-/// `synthetic-text` generated from the run's seed, a corpus loaded (fetched when allowed) and
-/// tokenized.
-pub fn load_token_sets(
-    cfg: &Config,
-) -> Result<(
+/// A text dataset's training and evaluation sequences and its vocabulary size.
+pub type TokenSets = (
     Arc<dyn data::TokenSource>,
     Arc<dyn data::TokenSource>,
     usize,
-)> {
+);
+
+/// The training and evaluation token sequences of a text dataset and its vocabulary size:
+/// `synthetic-text` generated from the run's seed, a corpus loaded (fetched when allowed) and
+/// tokenized.
+pub fn load_token_sets(cfg: &Config) -> Result<TokenSets> {
     let d = &cfg.data;
     let Some(text) = &d.text else {
         fail!("dataset `{}` is not text", d.dataset);
