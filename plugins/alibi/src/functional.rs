@@ -11,9 +11,7 @@ pub const MASKED_BIAS: f64 = -1e4;
 fn power_of_two_slopes(n_heads: usize) -> Vec<f64> {
     // Composer: start = 2**(-2**-(log2(n) - 3)); ratio = start; [start * ratio**i].
     let start = 2f64.powf(-(2f64.powf(-((n_heads as f64).log2() - 3.0))));
-    (0..n_heads)
-        .map(|i| start * start.powf(i as f64))
-        .collect()
+    (0..n_heads).map(|i| start * start.powf(i as f64)).collect()
 }
 
 /// Composer's `_get_alibi_head_slopes(n_heads)`: for a power of two `n`,
@@ -170,7 +168,9 @@ pub fn alibi_attention_with(
         return Err(format!("gpt2 attention: input has {xc} features, n_embd is {c}").into());
     }
     if n_head < 1 || c % n_head != 0 {
-        return Err(format!("gpt2 attention: n_embd {c} is not divisible by n_head {n_head}").into());
+        return Err(
+            format!("gpt2 attention: n_embd {c} is not divisible by n_head {n_head}").into(),
+        );
     }
     let (h, d) = (n_head, c / n_head);
     let bias_len = alibi.size();
@@ -220,7 +220,10 @@ pub fn alibi_attention_with(
         scores = scores.f_add(&additive)?;
     }
     let probs = scores.f_softmax(-1, None::<Kind>)?.f_to_kind(v.kind())?;
-    let dropped = probs.f_dropout(options.attn_pdrop, options.train && options.attn_pdrop > 0.0)?;
+    let dropped = probs.f_dropout(
+        options.attn_pdrop,
+        options.train && options.attn_pdrop > 0.0,
+    )?;
     let context = dropped
         .f_matmul(&v)?
         .f_permute([0, 2, 1, 3])?
@@ -250,7 +253,10 @@ pub fn alibi_attention(
     if slopes.len() as i64 != n_head {
         return Err(format!("{} slopes for {n_head} heads", slopes.len()).into());
     }
-    let t = *x.size().get(1).ok_or("gpt2 attention expects (B, T, n_embd) input")?;
+    let t = *x
+        .size()
+        .get(1)
+        .ok_or("gpt2 attention expects (B, T, n_embd) input")?;
     let alibi = causal_alibi_bias(slopes, t, (x.kind(), x.device()))?;
     let weights = Gpt2AttentionWeights {
         c_attn_weight: c_attn_weight.shallow_clone(),

@@ -113,14 +113,11 @@ impl Plugin for Alibi {
                      after the surgery (for example 1024)",
                 )
             })?;
-        let max_sequence_length = i64::try_from(max)
-            .ok()
-            .filter(|&m| m >= 1)
-            .ok_or_else(|| {
-                Error::config(format!(
-                    "`max_sequence_length` must be a positive integer, got {max}"
-                ))
-            })?;
+        let max_sequence_length = i64::try_from(max).ok().filter(|&m| m >= 1).ok_or_else(|| {
+            Error::config(format!(
+                "`max_sequence_length` must be a positive integer, got {max}"
+            ))
+        })?;
         let scale = settings.f64_or("train_sequence_length_scaling", 0.25)?;
         if !(scale.is_finite() && scale > 0.0) {
             return Err(Error::config(format!(

@@ -39,7 +39,9 @@ impl AlibiAttention {
         }
         let s = alibi.size();
         if s.len() != 3 || s[0] != n_head || s[1] != 1 {
-            return Err(format!("the ALiBi bias has shape {s:?}, expected ({n_head}, 1, L)").into());
+            return Err(
+                format!("the ALiBi bias has shape {s:?}, expected ({n_head}, 1, L)").into(),
+            );
         }
         Ok(AlibiAttention {
             weights,

@@ -62,7 +62,10 @@ fn prob_attr(module: &ModuleInfo, key: &str) -> Result<f64, Error> {
     if !(0.0..1.0).contains(&p) {
         return Err(Error::new(
             ErrorKind::HOST,
-            format!("{} `{}`: `{key}` = {p} is not in [0, 1)", module.kind, module.path),
+            format!(
+                "{} `{}`: `{key}` = {p} is not in [0, 1)",
+                module.kind, module.path
+            ),
         ));
     }
     Ok(p)

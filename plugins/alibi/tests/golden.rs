@@ -60,7 +60,10 @@ fn slopes_and_bias_match_composer_for_every_head_count() {
                     .expect("results.slopes table");
             // serde_json's default float parser may be one ulp off: the tensor above is exact.
             for (s, t) in slopes.iter().zip(&table) {
-                assert!((s - t).abs() <= 4.0 * f64::EPSILON * t.abs(), "{name}: {s} vs {t}");
+                assert!(
+                    (s - t).abs() <= 4.0 * f64::EPSILON * t.abs(),
+                    "{name}: {s} vs {t}"
+                );
             }
             assert_eq!(slopes.len(), table.len(), "{name}: the JSON table");
         } else if name.starts_with("causal/") {
@@ -114,7 +117,10 @@ impl FakeGpt2 {
         let mut params = BTreeMap::new();
         for name in g.names_with_role("param") {
             if let Some(rest) = name.strip_prefix("gpt2/param/") {
-                params.insert(rest.to_owned(), g.tensor(&name).copy().set_requires_grad(true));
+                params.insert(
+                    rest.to_owned(),
+                    g.tensor(&name).copy().set_requires_grad(true),
+                );
             }
         }
         let wpe = params[&format!("{WPE_PATH}.weight")].size();
@@ -126,10 +132,15 @@ impl FakeGpt2 {
         )];
         for i in 0..n_layers(&params) {
             let path = format!("transformer.h.{i}.attn");
-            let names = ["c_attn.weight", "c_attn.bias", "c_proj.weight", "c_proj.bias"]
-                .iter()
-                .map(|n| format!("{path}.{n}"))
-                .collect();
+            let names = [
+                "c_attn.weight",
+                "c_attn.bias",
+                "c_proj.weight",
+                "c_proj.bias",
+            ]
+            .iter()
+            .map(|n| format!("{path}.{n}"))
+            .collect();
             nodes.push(info(
                 &path,
                 GPT2_ATTENTION,
@@ -306,7 +317,13 @@ fn the_alibi_buffers_of_the_surgery_match_composer() {
             let s = want.size();
             assert_eq!(s[2], max_len, "{name}");
             let slopes = alibi_head_slopes(s[0] as usize).expect("slopes");
-            check(&name, &causal_alibi_bias(&slopes, max_len, opts).expect("bias"), want, 0.0, 0.0);
+            check(
+                &name,
+                &causal_alibi_bias(&slopes, max_len, opts).expect("bias"),
+                want,
+                0.0,
+                0.0,
+            );
             seen += 1;
         } else if name.starts_with("bert/after/") && name.ends_with(".alibi") {
             let s = want.size();
@@ -332,13 +349,38 @@ fn surgery_on_the_golden_gpt2_reproduces_composer() {
     let ids_long = g.tensor("gpt2/input_ids_long");
 
     let mut fake = FakeGpt2::new(&g, n_head);
-    let original: BTreeMap<String, Tensor> =
-        fake.params.iter().map(|(k, v)| (k.clone(), v.shallow_clone())).collect();
+    let original: BTreeMap<String, Tensor> = fake
+        .params
+        .iter()
+        .map(|(k, v)| (k.clone(), v.shallow_clone()))
+        .collect();
 
     // The test GPT-2 itself, before any surgery.
-    let (before, _) = gpt2(&original, n_head, ids, Some(mask), &Variant::Original { zero_positions: false });
-    check("gpt2/before/logits", &before, g.tensor("gpt2/before/logits"), RTOL, ATOL);
-    let (zero_pos, _) = gpt2(&original, n_head, ids, Some(mask), &Variant::Original { zero_positions: true });
+    let (before, _) = gpt2(
+        &original,
+        n_head,
+        ids,
+        Some(mask),
+        &Variant::Original {
+            zero_positions: false,
+        },
+    );
+    check(
+        "gpt2/before/logits",
+        &before,
+        g.tensor("gpt2/before/logits"),
+        RTOL,
+        ATOL,
+    );
+    let (zero_pos, _) = gpt2(
+        &original,
+        n_head,
+        ids,
+        Some(mask),
+        &Variant::Original {
+            zero_positions: true,
+        },
+    );
     for name in ["gpt2/zero_positions_only/logits", "gpt2/sdpa_after/logits"] {
         check(name, &zero_pos, g.tensor(name), RTOL, ATOL);
     }
@@ -352,10 +394,22 @@ fn surgery_on_the_golden_gpt2_reproduces_composer() {
     // plus an `alibi` buffer; wpe is a zero, frozen (max_sequence_length, n_embd) table.
     for i in 0..layers {
         let path = format!("transformer.h.{i}.attn");
-        for n in ["c_attn.weight", "c_attn.bias", "c_proj.weight", "c_proj.bias"] {
+        for n in [
+            "c_attn.weight",
+            "c_attn.bias",
+            "c_proj.weight",
+            "c_proj.bias",
+        ] {
             let full = format!("{path}.{n}");
-            assert_eq!(fake.params[&full].data_ptr(), original[&full].data_ptr(), "{full}");
-            assert!(fake.params[&full].requires_grad(), "{full} must stay trainable");
+            assert_eq!(
+                fake.params[&full].data_ptr(),
+                original[&full].data_ptr(),
+                "{full}"
+            );
+            assert!(
+                fake.params[&full].requires_grad(),
+                "{full} must stay trainable"
+            );
         }
         let alibi = &fake.params[&format!("{path}.alibi")];
         assert!(!alibi.requires_grad());
@@ -366,7 +420,11 @@ fn surgery_on_the_golden_gpt2_reproduces_composer() {
             0.0,
             0.0,
         );
-        let node = fake.nodes.iter().find(|n| n.path.as_str() == path).expect("node");
+        let node = fake
+            .nodes
+            .iter()
+            .find(|n| n.path.as_str() == path)
+            .expect("node");
         assert_eq!(node.kind.as_str(), ALIBI_ATTENTION);
     }
     let wpe = &fake.params[&format!("{WPE_PATH}.weight")];
@@ -379,7 +437,13 @@ fn surgery_on_the_golden_gpt2_reproduces_composer() {
 
     // Outputs through the surgery's modules.
     let (after, probs) = gpt2(&original, n_head, ids, Some(mask), &Variant::Alibi(&fake));
-    check("gpt2/after/logits", &after, g.tensor("gpt2/after/logits"), RTOL, ATOL);
+    check(
+        "gpt2/after/logits",
+        &after,
+        g.tensor("gpt2/after/logits"),
+        RTOL,
+        ATOL,
+    );
     check(
         "gpt2/after/attn_probs_layer0",
         &probs,
@@ -399,7 +463,13 @@ fn surgery_on_the_golden_gpt2_reproduces_composer() {
         "the long input must exceed n_positions"
     );
     let (long, _) = gpt2(&original, n_head, ids_long, None, &Variant::Alibi(&fake));
-    check("gpt2/after/logits_long", &long, g.tensor("gpt2/after/logits_long"), RTOL, ATOL);
+    check(
+        "gpt2/after/logits_long",
+        &long,
+        g.tensor("gpt2/after/logits_long"),
+        RTOL,
+        ATOL,
+    );
 
     // The public functional form on layer 0 (no padding: compare the unpadded sample).
     let h0 = {
@@ -422,7 +492,13 @@ fn surgery_on_the_golden_gpt2_reproduces_composer() {
         AlibiModule::Attention(m) => m.forward(&h0, false).expect("module"),
         AlibiModule::Positions(_) => panic!("attention became positions"),
     };
-    check("alibi_attention == module (T = 24)", &functional, &module, 0.0, 1e-6);
+    check(
+        "alibi_attention == module (T = 24)",
+        &functional,
+        &module,
+        0.0,
+        1e-6,
+    );
 
     // Idempotence: a second application finds nothing to change.
     let nodes = fake.nodes.clone();

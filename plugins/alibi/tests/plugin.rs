@@ -102,7 +102,10 @@ fn sizes_that_do_not_divide_are_errors_as_in_composer() {
     let e = run(r#"{"max_sequence_length": 8}"#, &input, &input)
         .err()
         .expect("does not divide");
-    assert!(e.contains("[2, 10]") && e.contains("train_sequence_length_scaling"), "{e}");
+    assert!(
+        e.contains("[2, 10]") && e.contains("train_sequence_length_scaling"),
+        "{e}"
+    );
     let images = Tensor::zeros([4], (Kind::Int64, Device::Cpu));
     let e = run(r#"{"max_sequence_length": 8}"#, &images, &images)
         .err()

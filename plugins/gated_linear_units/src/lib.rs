@@ -111,7 +111,10 @@ impl GluWeights {
         if let Some(b) = &self.gated_bias {
             out.push(("gated_layer.bias", b.shallow_clone()));
         }
-        out.push(("non_gated_layer.weight", self.non_gated_weight.shallow_clone()));
+        out.push((
+            "non_gated_layer.weight",
+            self.non_gated_weight.shallow_clone(),
+        ));
         if let Some(b) = &self.non_gated_bias {
             out.push(("non_gated_layer.bias", b.shallow_clone()));
         }
@@ -127,9 +130,17 @@ impl GluWeights {
             return Err(format!("gated_layer.weight has shape {s:?}, expected (d_ff, d)").into());
         };
         let checks = [
-            ("non_gated_layer.weight", Some(&self.non_gated_weight), vec![d_ff, d]),
+            (
+                "non_gated_layer.weight",
+                Some(&self.non_gated_weight),
+                vec![d_ff, d],
+            ),
             ("gated_layer.bias", self.gated_bias.as_ref(), vec![d_ff]),
-            ("non_gated_layer.bias", self.non_gated_bias.as_ref(), vec![d_ff]),
+            (
+                "non_gated_layer.bias",
+                self.non_gated_bias.as_ref(),
+                vec![d_ff],
+            ),
             ("wo.weight", Some(&self.wo_weight), vec![d, d_ff]),
             ("wo.bias", Some(&self.wo_bias), vec![d]),
         ];
@@ -372,7 +383,9 @@ pub fn apply_gated_linear_units(
         let s = c_fc.size();
         let (d, d_ff) = match s[..] {
             [d, d_ff] => (d, d_ff),
-            _ => return Err(format!("`{name}` has shape {s:?}, expected (n_embd, n_inner)").into()),
+            _ => {
+                return Err(format!("`{name}` has shape {s:?}, expected (n_embd, n_inner)").into())
+            }
         };
         let d = m.int_attr("n_embd", Some(d))?;
         let d_ff = m.int_attr("n_inner", Some(d_ff))?;

@@ -52,7 +52,11 @@ fn layer0_glu_blocks_match_composer() {
     assert!(cases.len() >= 2, "cases: {:?}", cases.keys());
     for (case, r) in cases {
         let prefix = format!("{case}/param/bert.encoder.layer.0.output.");
-        let p = |n: &str| g.tensors.get(&format!("{prefix}{n}")).map(Tensor::shallow_clone);
+        let p = |n: &str| {
+            g.tensors
+                .get(&format!("{prefix}{n}"))
+                .map(Tensor::shallow_clone)
+        };
         let need = |n: &str| p(n).unwrap_or_else(|| panic!("{case}: no `{prefix}{n}`"));
         let w = GluWeights {
             gated_weight: need("gated_layer.weight"),
@@ -65,7 +69,11 @@ fn layer0_glu_blocks_match_composer() {
         let kwargs = &r["kwargs"];
         let flag = |k: &str| kwargs.get(k).and_then(Value::as_bool).unwrap_or(false);
         assert_eq!(w.gated_bias.is_some(), flag("gated_layer_bias"), "{case}");
-        assert_eq!(w.non_gated_bias.is_some(), flag("non_gated_layer_bias"), "{case}");
+        assert_eq!(
+            w.non_gated_bias.is_some(),
+            flag("non_gated_layer_bias"),
+            "{case}"
+        );
         let act = activation(r["act_fn"].as_str().expect("act_fn"));
         let eps = r["layernorm_eps"].as_f64().expect("layernorm_eps");
         let dropout = r["dropout_p"].as_f64().expect("dropout_p");
@@ -87,8 +95,13 @@ fn layer0_glu_blocks_match_composer() {
         let count = 3 * d * d_ff
             + d
             + 2 * d
-            + d_ff * (i64::from(flag("gated_layer_bias")) + i64::from(flag("non_gated_layer_bias")));
-        assert_eq!(count, r["ffn_params_after"].as_i64().expect("ffn_params_after"), "{case}");
+            + d_ff
+                * (i64::from(flag("gated_layer_bias")) + i64::from(flag("non_gated_layer_bias")));
+        assert_eq!(
+            count,
+            r["ffn_params_after"].as_i64().expect("ffn_params_after"),
+            "{case}"
+        );
     }
 }
 
@@ -117,19 +130,26 @@ fn fake_gpt2(layers: usize, d: i64, d_ff: i64) -> FakeGpt2 {
         let mut names = Vec::new();
         for (n, shape) in tensors {
             let full = format!("{path}.{n}");
-            params.insert(full.clone(), Tensor::randn(shape, opts).set_requires_grad(true));
+            params.insert(
+                full.clone(),
+                Tensor::randn(shape, opts).set_requires_grad(true),
+            );
             names.push(full.into());
         }
         nodes.push(ModuleInfo {
             path: path.into(),
             kind: GPT2_MLP.into(),
-            attrs: [("n_embd", d as f64), ("n_inner", d_ff as f64), ("resid_pdrop", 0.1)]
-                .iter()
-                .map(|(k, v)| Attribute {
-                    key: (*k).into(),
-                    value: *v,
-                })
-                .collect(),
+            attrs: [
+                ("n_embd", d as f64),
+                ("n_inner", d_ff as f64),
+                ("resid_pdrop", 0.1),
+            ]
+            .iter()
+            .map(|(k, v)| Attribute {
+                key: (*k).into(),
+                value: *v,
+            })
+            .collect(),
             params: names.into(),
         });
     }
@@ -192,15 +212,22 @@ fn surgery_replaces_every_gpt2_mlp_with_fresh_gated_weights() {
         assert_eq!(replaced, ["transformer.h.0.mlp", "transformer.h.1.mlp"]);
         let mut names: Vec<&str> = fake.params.keys().map(String::as_str).collect();
         names.retain(|n| n.starts_with("transformer.h.0.mlp."));
-        let mut want = vec!["gated_layer.weight", "non_gated_layer.weight", "wo.bias", "wo.weight"];
+        let mut want = vec![
+            "gated_layer.weight",
+            "non_gated_layer.weight",
+            "wo.bias",
+            "wo.weight",
+        ];
         if gated_bias {
             want.push("gated_layer.bias");
         }
         if non_gated_bias {
             want.push("non_gated_layer.bias");
         }
-        let mut want: Vec<String> =
-            want.iter().map(|n| format!("transformer.h.0.mlp.{n}")).collect();
+        let mut want: Vec<String> = want
+            .iter()
+            .map(|n| format!("transformer.h.0.mlp.{n}"))
+            .collect();
         want.sort();
         assert_eq!(names, want);
         let count: i64 = fake
@@ -221,7 +248,11 @@ fn surgery_replaces_every_gpt2_mlp_with_fresh_gated_weights() {
         assert!(g0.abs().max().double_value(&[]) <= bound);
         assert!(!g0.equal(g1));
         let m = &fake.replaced["transformer.h.0.mlp"];
-        assert_eq!(m.activation(), Activation::GeluNew, "the model's own activation");
+        assert_eq!(
+            m.activation(),
+            Activation::GeluNew,
+            "the model's own activation"
+        );
         assert!(m.export().expect("export").is_none(), "kept at export");
         let attrs: BTreeMap<String, f64> = m.attrs().into_iter().collect();
         assert_eq!(attrs["n_inner"], d_ff as f64);
@@ -230,7 +261,11 @@ fn surgery_replaces_every_gpt2_mlp_with_fresh_gated_weights() {
         assert_eq!(attrs["resid_pdrop"], 0.1);
         // Evaluation output = the functional form over the registered tensors.
         let x = Tensor::randn([2, 5, d], (Kind::Float, Device::Cpu));
-        let p = |n: &str| fake.params.get(&format!("transformer.h.0.mlp.{n}")).map(Tensor::shallow_clone);
+        let p = |n: &str| {
+            fake.params
+                .get(&format!("transformer.h.0.mlp.{n}"))
+                .map(Tensor::shallow_clone)
+        };
         let w = GluWeights {
             gated_weight: p("gated_layer.weight").expect("gated"),
             gated_bias: p("gated_layer.bias"),
@@ -246,7 +281,9 @@ fn surgery_replaces_every_gpt2_mlp_with_fresh_gated_weights() {
 
         // Idempotence.
         let nodes = fake.nodes.clone();
-        assert!(apply_gated_linear_units(&mut fake, &s).expect("again").is_empty());
+        assert!(apply_gated_linear_units(&mut fake, &s)
+            .expect("again")
+            .is_empty());
         assert_eq!(fake.nodes, nodes);
         assert!(fake.nodes.iter().all(|n| n.kind.as_str() == GLU_MLP));
     }

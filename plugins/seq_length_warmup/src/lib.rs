@@ -123,7 +123,10 @@ fn check_like(what: &str, t: &Option<Tensor>, shape: &[i64]) -> Result<(), Error
     }
 }
 
-fn map(t: Option<Tensor>, f: impl Fn(&Tensor) -> Result<Tensor, Error>) -> Result<Option<Tensor>, Error> {
+fn map(
+    t: Option<Tensor>,
+    f: impl Fn(&Tensor) -> Result<Tensor, Error>,
+) -> Result<Option<Tensor>, Error> {
     t.as_ref().map(f).transpose()
 }
 
@@ -160,9 +163,8 @@ pub fn set_batch_sequence_length(
         return Ok(batch);
     }
     if truncate {
-        let cut = |t: &Tensor| -> Result<Tensor, Error> {
-            Ok(t.f_narrow(1, 0, len)?.f_contiguous()?)
-        };
+        let cut =
+            |t: &Tensor| -> Result<Tensor, Error> { Ok(t.f_narrow(1, 0, len)?.f_contiguous()?) };
         if !preserve_eos {
             return Ok(SeqBatch {
                 input: cut(&batch.input)?,
@@ -172,12 +174,17 @@ pub fn set_batch_sequence_length(
         }
         let device = batch.input.device();
         let last = match &batch.mask {
-            Some(m) => m.f_sum_dim_intlist(1, false, Kind::Int64)?.f_sub_scalar(1)?,
+            Some(m) => m
+                .f_sum_dim_intlist(1, false, Kind::Int64)?
+                .f_sub_scalar(1)?,
             None => Tensor::f_full([b], s - 1, (Kind::Int64, device))?,
         };
         // Python indexing: -1 (an empty row) is the row's last position.
         let read = last.f_remainder(s)?.f_unsqueeze(1)?;
-        let write = last.f_clamp_max(len - 1)?.f_remainder(len)?.f_unsqueeze(1)?;
+        let write = last
+            .f_clamp_max(len - 1)?
+            .f_remainder(len)?
+            .f_unsqueeze(1)?;
         // Composer does this for every tensor of the batch: the value at the row's last
         // position is written at min(that, L − 1) of the cut tensor.
         let keep_end = |t: &Tensor| -> Result<Tensor, Error> {

@@ -1,7 +1,9 @@
 //! SeqLengthWarmup's settings, schedule edge cases and batch handling on Tessera's packed
 //! batches (no mask), and the plugin through plugin-api's test host.
 
-use seq_length_warmup::{seq_len_at, set_batch_sequence_length, Schedule, SeqBatch, SeqLengthWarmup};
+use seq_length_warmup::{
+    seq_len_at, set_batch_sequence_length, Schedule, SeqBatch, SeqLengthWarmup,
+};
 use tessera_plugin_api::tch::{Device, Kind, Tensor};
 use tessera_plugin_api::testing::{default_settings_json, settings, RandomSource, TestHost};
 use tessera_plugin_api::{boxed_method, keys, Event, Plugin};
@@ -30,11 +32,17 @@ fn bad_settings_name_the_key() {
         (r#"{"duration": -0.1}"#, "duration"),
         (r#"{"duration": "long"}"#, "duration"),
         (r#"{"min_seq_length": 0}"#, "min_seq_length"),
-        (r#"{"min_seq_length": 64, "max_seq_length": 32}"#, "max_seq_length"),
+        (
+            r#"{"min_seq_length": 64, "max_seq_length": 32}"#,
+            "max_seq_length",
+        ),
         (r#"{"step_size": 0}"#, "step_size"),
         (r#"{"step_size": -8}"#, "step_size"),
         (r#"{"truncate": "yes"}"#, "truncate"),
-        (r#"{"preserve_end_of_sequence": 1}"#, "preserve_end_of_sequence"),
+        (
+            r#"{"preserve_end_of_sequence": 1}"#,
+            "preserve_end_of_sequence",
+        ),
     ] {
         let e = create(json).expect_err(json);
         assert!(e.contains(key), "{json}: {e}");
@@ -51,7 +59,10 @@ fn short_runs_are_a_clear_error_instead_of_a_division_by_zero() {
     // Golden quirk 5: 100 batches × 0.3 = 30 warmup batches for 127 length steps.
     let e = seq_len_at(0, 100, &Schedule::default()).expect_err("too short");
     let m = e.message();
-    assert!(m.contains("30 batches") && m.contains("127 length steps"), "{m}");
+    assert!(
+        m.contains("30 batches") && m.contains("127 length steps"),
+        "{m}"
+    );
     // Nothing to grow (max − min < step): always min.
     let flat = Schedule {
         min_seq_length: 64,
