@@ -1,0 +1,305 @@
+//! Composer's ALiBi as plain functions: the head slopes, the causal and bidirectional bias
+//! buffers, GPT-2 attention with the bias, and the batch reshape of `AFTER_DATALOADER`.
+
+use tessera_plugin_api::tch::{Device, Kind, Tensor};
+use tessera_plugin_api::Error;
+
+/// GPT-2's `masked_bias`: what a causally masked attention weight becomes (not `-inf`; golden
+/// quirk 23).
+pub const MASKED_BIAS: f64 = -1e4;
+
+fn power_of_two_slopes(n_heads: usize) -> Vec<f64> {
+    // Composer: start = 2**(-2**-(log2(n) - 3)); ratio = start; [start * ratio**i].
+    let start = 2f64.powf(-(2f64.powf(-((n_heads as f64).log2() - 3.0))));
+    (0..n_heads).map(|i| start * start.powf(i as f64)).collect()
+}
+
+/// Composer's `_get_alibi_head_slopes(n_heads)`: for a power of two `n`,
+/// `start = 2^(−2^−(log2 n − 3))` and slope `i` is `start · start^i`; otherwise the slopes of the
+/// largest power of two `p < n`, followed by the even-indexed slopes of `2p`, cut to `n` (golden
+/// quirk 7: 3 heads give `[1/16, 1/256, 1/4]`). Computed in `f64` with the same operations as
+/// Python, so the values are Composer's to the last bit. `n_heads` must be at least 1.
+pub fn alibi_head_slopes(n_heads: usize) -> Result<Vec<f64>, Error> {
+    if n_heads == 0 {
+        return Err("ALiBi needs at least one attention head".into());
+    }
+    if n_heads.is_power_of_two() {
+        return Ok(power_of_two_slopes(n_heads));
+    }
+    // The largest power of two below n_heads (Composer: 2**floor(log2(n))).
+    let closest = 1usize << (usize::BITS - 1 - n_heads.leading_zeros());
+    let mut slopes = power_of_two_slopes(closest);
+    slopes.extend(
+        alibi_head_slopes(2 * closest)?
+            .into_iter()
+            .step_by(2)
+            .take(n_heads - closest),
+    );
+    Ok(slopes)
+}
+
+/// The slopes as Composer holds them: `torch.Tensor(slopes)`, float32, `(H,)`.
+fn slopes_tensor(slopes: &[f64]) -> Result<Tensor, Error> {
+    let values: Vec<f32> = slopes.iter().map(|&s| s as f32).collect();
+    Ok(Tensor::f_from_slice(&values)?)
+}
+
+/// Composer's causal (GPT-2) `alibi` buffer, `(H, 1, max_len)`: `bias[h, 0, j] = slope_h · j`,
+/// the same for every query row (softmax is shift-invariant per row, so under the causal mask
+/// this equals `−slope_h · (i − j)`), float32 as Composer builds it, then cast to `options`.
+pub fn causal_alibi_bias(
+    slopes: &[f64],
+    max_len: i64,
+    options: (Kind, Device),
+) -> Result<Tensor, Error> {
+    let h = slopes.len() as i64;
+    let positions = Tensor::f_arange(max_len, (Kind::Int64, Device::Cpu))?
+        .f_unsqueeze(0)?
+        .f_repeat([h, 1])?
+        .f_unsqueeze(1)?;
+    let bias = positions.f_mul(&slopes_tensor(slopes)?.f_view([h, 1, 1])?)?;
+    Ok(bias.f_to_kind(options.0)?.f_to_device(options.1)?)
+}
+
+/// Composer's bidirectional (BERT) `alibi` buffer, `(1, H, max_len, max_len)`:
+/// `bias[0, h, i, j] = −slope_h · |i − j|`, float32, then cast to `options`.
+pub fn bidirectional_alibi_bias(
+    slopes: &[f64],
+    max_len: i64,
+    options: (Kind, Device),
+) -> Result<Tensor, Error> {
+    let h = slopes.len() as i64;
+    let context = Tensor::f_arange(max_len, (Kind::Int64, Device::Cpu))?.f_unsqueeze(1)?;
+    let memory = Tensor::f_arange(max_len, (Kind::Int64, Device::Cpu))?.f_unsqueeze(0)?;
+    let relative = memory
+        .f_sub(&context)?
+        .f_abs()?
+        .f_unsqueeze(0)?
+        .f_expand([h, max_len, max_len], false)?;
+    let bias = relative
+        .f_mul(&slopes_tensor(slopes)?.f_neg()?.f_view([h, 1, 1])?)?
+        .f_unsqueeze(0)?;
+    Ok(bias.f_to_kind(options.0)?.f_to_device(options.1)?)
+}
+
+/// The tensors of a GPT-2 attention block (`gpt2_attention`), in Hugging Face's `Conv1D` layout
+/// (`y = x @ W + b`).
+#[derive(Debug)]
+pub struct Gpt2AttentionWeights {
+    /// `c_attn.weight`, `(n_embd, 3·n_embd)`: q, k and v side by side.
+    pub c_attn_weight: Tensor,
+    /// `c_attn.bias`, `(3·n_embd)`.
+    pub c_attn_bias: Tensor,
+    /// `c_proj.weight`, `(n_embd, n_embd)`.
+    pub c_proj_weight: Tensor,
+    /// `c_proj.bias`, `(n_embd)`.
+    pub c_proj_bias: Tensor,
+}
+
+impl Gpt2AttentionWeights {
+    /// Shallow clones: the same storage and autograd identity (what surgery keeps).
+    pub fn shallow_clone(&self) -> Gpt2AttentionWeights {
+        Gpt2AttentionWeights {
+            c_attn_weight: self.c_attn_weight.shallow_clone(),
+            c_attn_bias: self.c_attn_bias.shallow_clone(),
+            c_proj_weight: self.c_proj_weight.shallow_clone(),
+            c_proj_bias: self.c_proj_bias.shallow_clone(),
+        }
+    }
+
+    /// `(n_embd)` after checking every shape against it.
+    pub fn n_embd(&self) -> Result<i64, Error> {
+        let c = *self
+            .c_attn_weight
+            .size()
+            .first()
+            .ok_or("c_attn.weight is a scalar")?;
+        for (what, t, want) in [
+            ("c_attn.weight", &self.c_attn_weight, vec![c, 3 * c]),
+            ("c_attn.bias", &self.c_attn_bias, vec![3 * c]),
+            ("c_proj.weight", &self.c_proj_weight, vec![c, c]),
+            ("c_proj.bias", &self.c_proj_bias, vec![c]),
+        ] {
+            if t.size() != want {
+                return Err(format!(
+                    "gpt2 attention: {what} has shape {:?}, expected {want:?}",
+                    t.size()
+                )
+                .into());
+            }
+        }
+        Ok(c)
+    }
+}
+
+/// Options of [`alibi_attention_with`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AttentionOptions<'a> {
+    /// Hugging Face's padding mask `(B, T)` (1 = token, 0 = padding): `(1 − m)·finfo(f32).min`
+    /// is added to the weights after the causal mask, as GPT-2 does. Tessera's packed batches
+    /// have none.
+    pub padding_mask: Option<&'a Tensor>,
+    /// Dropout on the attention probabilities (`attn_pdrop`), in training only.
+    pub attn_pdrop: f64,
+    /// Dropout after `c_proj` (`resid_pdrop`), in training only.
+    pub resid_pdrop: f64,
+    /// Training mode (dropout on).
+    pub train: bool,
+}
+
+/// GPT-2 attention with ALiBi, as Composer's patched `GPT2Attention._attn` computes it, on
+/// `x` `(B, T, n_embd)` with the causal bias buffer `alibi` `(H, 1, L ≥ T)`
+/// ([`causal_alibi_bias`]): `w = q kᵀ / √d + alibi[:, :, :T]`, causally masked with `−1e4`,
+/// plus the padding mask if any, softmax (cast back to v's dtype), dropout, `w v`, heads merged,
+/// `c_proj`, dropout. Returns the output `(B, T, n_embd)` and the probabilities `(B, H, T, T)`.
+pub fn alibi_attention_with(
+    x: &Tensor,
+    weights: &Gpt2AttentionWeights,
+    n_head: i64,
+    alibi: &Tensor,
+    options: AttentionOptions<'_>,
+) -> Result<(Tensor, Tensor), Error> {
+    let c = weights.n_embd()?;
+    let size = x.size();
+    let [b, t, xc] = size[..] else {
+        return Err(format!("gpt2 attention expects (B, T, n_embd) input, got {size:?}").into());
+    };
+    if xc != c {
+        return Err(format!("gpt2 attention: input has {xc} features, n_embd is {c}").into());
+    }
+    if n_head < 1 || c % n_head != 0 {
+        return Err(
+            format!("gpt2 attention: n_embd {c} is not divisible by n_head {n_head}").into(),
+        );
+    }
+    let (h, d) = (n_head, c / n_head);
+    let bias_len = alibi.size();
+    if bias_len.len() != 3 || bias_len[0] != h || bias_len[1] != 1 {
+        return Err(format!("the ALiBi bias has shape {bias_len:?}, expected ({h}, 1, L)").into());
+    }
+    if t > bias_len[2] {
+        return Err(format!(
+            "a sequence of {t} tokens is longer than ALiBi's max_sequence_length {}",
+            bias_len[2]
+        )
+        .into());
+    }
+    let qkv = x
+        .f_matmul(&weights.c_attn_weight)?
+        .f_add(&weights.c_attn_bias)?;
+    let parts = qkv.f_split(c, 2)?;
+    let heads = |p: &Tensor| -> Result<Tensor, Error> {
+        Ok(p.f_view([b, t, h, d])?.f_permute([0, 2, 1, 3])?)
+    };
+    let (q, k, v) = (heads(&parts[0])?, heads(&parts[1])?, heads(&parts[2])?);
+    let scores = q
+        .f_matmul(&k.f_transpose(-1, -2)?)?
+        .f_div_scalar((d as f64).sqrt())?;
+    let scores = scores.f_add(&alibi.f_narrow(2, 0, t)?)?;
+    let causal = Tensor::f_ones([t, t], (Kind::Bool, x.device()))?.f_tril(0)?;
+    let masked = Tensor::f_full(
+        [] as [i64; 0],
+        MASKED_BIAS,
+        (scores.kind(), scores.device()),
+    )?;
+    let mut scores = scores.f_where_self(&causal, &masked)?;
+    if let Some(mask) = options.padding_mask {
+        if mask.size() != [b, t] {
+            return Err(format!(
+                "the padding mask has shape {:?}, expected [{b}, {t}]",
+                mask.size()
+            )
+            .into());
+        }
+        let additive = mask
+            .f_to_kind(scores.kind())?
+            .f_neg()?
+            .f_add_scalar(1.0)?
+            .f_mul_scalar(f32::MIN as f64)?
+            .f_view([b, 1, 1, t])?;
+        scores = scores.f_add(&additive)?;
+    }
+    let probs = scores.f_softmax(-1, None::<Kind>)?.f_to_kind(v.kind())?;
+    let dropped = probs.f_dropout(
+        options.attn_pdrop,
+        options.train && options.attn_pdrop > 0.0,
+    )?;
+    let context = dropped
+        .f_matmul(&v)?
+        .f_permute([0, 2, 1, 3])?
+        .f_contiguous()?
+        .f_view([b, t, c])?;
+    let out = context
+        .f_matmul(&weights.c_proj_weight)?
+        .f_add(&weights.c_proj_bias)?
+        .f_dropout(
+            options.resid_pdrop,
+            options.train && options.resid_pdrop > 0.0,
+        )?;
+    Ok((out, probs))
+}
+
+/// GPT-2 attention with ALiBi in evaluation mode (no dropout, no padding): the output
+/// `(B, T, n_embd)` of [`alibi_attention_with`] with the causal bias of `slopes` built for `T`.
+pub fn alibi_attention(
+    x: &Tensor,
+    c_attn_weight: &Tensor,
+    c_attn_bias: &Tensor,
+    c_proj_weight: &Tensor,
+    c_proj_bias: &Tensor,
+    n_head: i64,
+    slopes: &[f64],
+) -> Result<Tensor, Error> {
+    if slopes.len() as i64 != n_head {
+        return Err(format!("{} slopes for {n_head} heads", slopes.len()).into());
+    }
+    let t = *x
+        .size()
+        .get(1)
+        .ok_or("gpt2 attention expects (B, T, n_embd) input")?;
+    let alibi = causal_alibi_bias(slopes, t, (x.kind(), x.device()))?;
+    let weights = Gpt2AttentionWeights {
+        c_attn_weight: c_attn_weight.shallow_clone(),
+        c_attn_bias: c_attn_bias.shallow_clone(),
+        c_proj_weight: c_proj_weight.shallow_clone(),
+        c_proj_bias: c_proj_bias.shallow_clone(),
+    };
+    let (out, _) = alibi_attention_with(x, &weights, n_head, &alibi, AttentionOptions::default())?;
+    Ok(out)
+}
+
+/// The shape Composer's ALiBi gives a batch tensor `(B, S, ...)` at `AFTER_DATALOADER` with
+/// `train_sequence_length_scaling = scale`: `(int(B / scale), int(S · scale), ...)`, which is a
+/// `reshape` of the same elements (0.25 turns each sequence into 4 of a quarter of the length).
+/// `None` when the element counts differ (Composer's `reshape` then raises); `S` must exist.
+pub fn alibi_batch_shape(shape: &[i64], scale: f64) -> Option<Vec<i64>> {
+    if shape.len() < 2 || !(scale.is_finite() && scale > 0.0) {
+        return None;
+    }
+    let (b, s) = (shape[0], shape[1]);
+    let (nb, ns) = ((b as f64 / scale) as i64, (s as f64 * scale) as i64);
+    if nb < 1 || ns < 1 || nb.checked_mul(ns)? != b.checked_mul(s)? {
+        return None;
+    }
+    let mut out = vec![nb, ns];
+    out.extend_from_slice(&shape[2..]);
+    Some(out)
+}
+
+/// Composer's `AFTER_DATALOADER` reshape of one batch tensor (see [`alibi_batch_shape`]); an
+/// error naming the shape and the scale when the sizes do not divide.
+pub fn reshape_for_alibi(t: &Tensor, scale: f64) -> Result<Tensor, Error> {
+    let shape = t.size();
+    let new = alibi_batch_shape(&shape, scale).ok_or_else(|| {
+        Error::new(
+            tessera_plugin_api::ErrorKind::OTHER,
+            format!(
+                "alibi: a batch tensor of shape {shape:?} cannot become (int(B / {scale}), \
+                 int(S · {scale})): the sizes must divide evenly (Composer's reshape fails too); \
+                 choose a batch size and sequence length that `train_sequence_length_scaling` \
+                 divides"
+            ),
+        )
+    })?;
+    Ok(t.f_reshape(&new)?)
+}

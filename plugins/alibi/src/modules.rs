@@ -1,0 +1,235 @@
+//! The modules ALiBi's surgery puts into a GPT-2: [`AlibiAttention`] in place of every
+//! `gpt2_attention`, [`ZeroPositions`] in place of `transformer.wpe`.
+
+use tessera_plugin_api::tch::{Device, Kind, Tensor};
+use tessera_plugin_api::{Error, Module};
+
+use crate::functional::{alibi_attention_with, AttentionOptions, Gpt2AttentionWeights};
+
+/// Kind of the ALiBi attention module in the module tree.
+pub const ALIBI_ATTENTION: &str = "alibi_gpt2_attention";
+/// Kind of the zeroed, frozen position embedding in the module tree.
+pub const ZERO_POSITIONS: &str = "alibi_zero_positions";
+
+/// GPT-2 attention with ALiBi (Composer's patched `GPT2Attention`): the original block's
+/// `c_attn`/`c_proj` tensors (shared, not copied) and a causal bias buffer `alibi`
+/// `(n_head, 1, max_sequence_length)`.
+#[derive(Debug)]
+pub struct AlibiAttention {
+    weights: Gpt2AttentionWeights,
+    alibi: Tensor,
+    n_head: i64,
+    n_embd: i64,
+    attn_pdrop: f64,
+    resid_pdrop: f64,
+}
+
+impl AlibiAttention {
+    /// The module over `weights` with the causal bias `alibi` `(n_head, 1, L)`; checks shapes.
+    pub fn new(
+        weights: Gpt2AttentionWeights,
+        alibi: Tensor,
+        n_head: i64,
+        attn_pdrop: f64,
+        resid_pdrop: f64,
+    ) -> Result<AlibiAttention, Error> {
+        let n_embd = weights.n_embd()?;
+        if n_head < 1 || n_embd % n_head != 0 {
+            return Err(format!("n_embd {n_embd} is not divisible by n_head {n_head}").into());
+        }
+        let s = alibi.size();
+        if s.len() != 3 || s[0] != n_head || s[1] != 1 {
+            return Err(
+                format!("the ALiBi bias has shape {s:?}, expected ({n_head}, 1, L)").into(),
+            );
+        }
+        Ok(AlibiAttention {
+            weights,
+            alibi,
+            n_head,
+            n_embd,
+            attn_pdrop,
+            resid_pdrop,
+        })
+    }
+
+    /// The longest sequence the bias covers (`max_sequence_length`).
+    pub fn max_sequence_length(&self) -> i64 {
+        self.alibi.size()[2]
+    }
+
+    /// The tensors registered under the module's path: the four original tensors (shallow
+    /// clones: trained and saved as before, under the same names) and the `alibi` buffer.
+    pub fn tensors(&self) -> Vec<(&'static str, Tensor)> {
+        let w = self.weights.shallow_clone();
+        vec![
+            ("c_attn.weight", w.c_attn_weight),
+            ("c_attn.bias", w.c_attn_bias),
+            ("c_proj.weight", w.c_proj_weight),
+            ("c_proj.bias", w.c_proj_bias),
+            ("alibi", self.alibi.shallow_clone()),
+        ]
+    }
+
+    /// Output and attention probabilities, with an optional padding mask (see
+    /// [`AttentionOptions`]).
+    pub fn forward_with(
+        &self,
+        x: &Tensor,
+        padding_mask: Option<&Tensor>,
+        train: bool,
+    ) -> Result<(Tensor, Tensor), Error> {
+        alibi_attention_with(
+            x,
+            &self.weights,
+            self.n_head,
+            &self.alibi,
+            AttentionOptions {
+                padding_mask,
+                attn_pdrop: self.attn_pdrop,
+                resid_pdrop: self.resid_pdrop,
+                train,
+            },
+        )
+    }
+}
+
+impl Module for AlibiAttention {
+    fn kind(&self) -> &str {
+        ALIBI_ATTENTION
+    }
+
+    fn attrs(&self) -> Vec<(String, f64)> {
+        vec![
+            ("n_head".to_owned(), self.n_head as f64),
+            ("n_embd".to_owned(), self.n_embd as f64),
+            (
+                "max_sequence_length".to_owned(),
+                self.max_sequence_length() as f64,
+            ),
+            ("attn_pdrop".to_owned(), self.attn_pdrop),
+            ("resid_pdrop".to_owned(), self.resid_pdrop),
+        ]
+    }
+
+    fn forward(&self, input: &Tensor, train: bool) -> Result<Tensor, Error> {
+        Ok(self.forward_with(input, None, train)?.0)
+    }
+    // `export`: the default (kept): ALiBi changes what the network computes, it does not fold
+    // into a plain `gpt2_attention`.
+}
+
+/// The position embedding after ALiBi's surgery: a zero, frozen `weight`
+/// `(max_sequence_length, n_embd)` (a buffer), so every position embeds to zeros.
+#[derive(Debug)]
+pub struct ZeroPositions {
+    weight: Tensor,
+}
+
+impl ZeroPositions {
+    /// Zeros `(max_sequence_length, n_embd)` with `options`, not requiring a gradient.
+    pub fn new(
+        max_sequence_length: i64,
+        n_embd: i64,
+        options: (Kind, Device),
+    ) -> Result<ZeroPositions, Error> {
+        Ok(ZeroPositions {
+            weight: Tensor::f_zeros([max_sequence_length, n_embd], options)?
+                .set_requires_grad(false),
+        })
+    }
+
+    /// The tensor registered under the module's path: `weight` (a buffer: it needs no gradient).
+    pub fn tensors(&self) -> Vec<(&'static str, Tensor)> {
+        vec![("weight", self.weight.shallow_clone())]
+    }
+}
+
+impl Module for ZeroPositions {
+    fn kind(&self) -> &str {
+        ZERO_POSITIONS
+    }
+
+    fn attrs(&self) -> Vec<(String, f64)> {
+        let s = self.weight.size();
+        vec![
+            ("max_sequence_length".to_owned(), s[0] as f64),
+            ("n_embd".to_owned(), s[1] as f64),
+        ]
+    }
+
+    /// Position ids `(T)` (or `(B, T)`) to zeros `(..., n_embd)`: what the zero table's lookup
+    /// gives. A position beyond the table is an error (from the shape: ids are `0..T`).
+    fn forward(&self, input: &Tensor, _train: bool) -> Result<Tensor, Error> {
+        let s = self.weight.size();
+        let mut shape = input.size();
+        let t = shape.last().copied().unwrap_or(1);
+        if t > s[0] {
+            return Err(format!(
+                "a sequence of {t} positions is longer than ALiBi's max_sequence_length {}",
+                s[0]
+            )
+            .into());
+        }
+        shape.push(s[1]);
+        Ok(Tensor::f_zeros(
+            &shape,
+            (self.weight.kind(), self.weight.device()),
+        )?)
+    }
+
+    /// Folds back into a plain `embedding` whose weight is the zero table
+    /// `(max_sequence_length, n_embd)`: Composer's model after `apply_alibi`.
+    fn export(&self) -> Result<Option<Vec<(String, Tensor)>>, Error> {
+        Ok(Some(vec![("weight".to_owned(), self.weight.copy())]))
+    }
+}
+
+/// Either ALiBi module, as surgery hands it to the model.
+#[derive(Debug)]
+pub enum AlibiModule {
+    /// An attention block.
+    Attention(AlibiAttention),
+    /// The position embedding.
+    Positions(ZeroPositions),
+}
+
+impl AlibiModule {
+    /// The tensors to register under the module's path.
+    pub fn tensors(&self) -> Vec<(&'static str, Tensor)> {
+        match self {
+            AlibiModule::Attention(m) => m.tensors(),
+            AlibiModule::Positions(m) => m.tensors(),
+        }
+    }
+}
+
+impl Module for AlibiModule {
+    fn kind(&self) -> &str {
+        match self {
+            AlibiModule::Attention(m) => m.kind(),
+            AlibiModule::Positions(m) => m.kind(),
+        }
+    }
+
+    fn attrs(&self) -> Vec<(String, f64)> {
+        match self {
+            AlibiModule::Attention(m) => m.attrs(),
+            AlibiModule::Positions(m) => m.attrs(),
+        }
+    }
+
+    fn forward(&self, input: &Tensor, train: bool) -> Result<Tensor, Error> {
+        match self {
+            AlibiModule::Attention(m) => m.forward(input, train),
+            AlibiModule::Positions(m) => m.forward(input, train),
+        }
+    }
+
+    fn export(&self) -> Result<Option<Vec<(String, Tensor)>>, Error> {
+        match self {
+            AlibiModule::Attention(m) => m.export(),
+            AlibiModule::Positions(m) => m.export(),
+        }
+    }
+}

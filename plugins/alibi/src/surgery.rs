@@ -1,0 +1,133 @@
+//! ALiBi's surgery over any [`Model`] ([`apply_alibi`]).
+
+use tessera_plugin_api::tch::Tensor;
+use tessera_plugin_api::{Context, Error, ErrorKind, ModuleInfo};
+
+use crate::functional::{alibi_head_slopes, causal_alibi_bias, Gpt2AttentionWeights};
+use crate::modules::{AlibiAttention, AlibiModule, ZeroPositions};
+
+/// Module kind of the host's GPT-2 attention block.
+pub const GPT2_ATTENTION: &str = "gpt2_attention";
+/// Module kind of the host's embedding table.
+pub const EMBEDDING: &str = "embedding";
+/// Path of GPT-2's position embedding.
+pub const WPE_PATH: &str = "transformer.wpe";
+
+/// The model as the surgery sees it: the host's [`Context`], or a stand-in in tests.
+pub trait Model {
+    /// The module tree, depth first.
+    fn modules(&self) -> Result<Vec<ModuleInfo>, Error>;
+    /// The parameter or buffer `name` (full dotted name).
+    fn parameter(&self, name: &str) -> Result<Option<Tensor>, Error>;
+    /// Replaces the module at `path` by `module`, registering `module.tensors()` under `path`.
+    fn replace(&mut self, path: &str, module: AlibiModule) -> Result<(), Error>;
+}
+
+impl Model for Context<'_> {
+    fn modules(&self) -> Result<Vec<ModuleInfo>, Error> {
+        Context::modules(self)
+    }
+
+    fn parameter(&self, name: &str) -> Result<Option<Tensor>, Error> {
+        Context::parameter(self, name)
+    }
+
+    fn replace(&mut self, path: &str, module: AlibiModule) -> Result<(), Error> {
+        let tensors = module.tensors();
+        self.replace_module(path, module, tensors)
+    }
+}
+
+/// What one application did.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Outcome {
+    /// Paths of the attention blocks given ALiBi.
+    pub attention: Vec<String>,
+    /// Whether `transformer.wpe` was zeroed and frozen.
+    pub positions: bool,
+}
+
+fn tensor(model: &impl Model, module: &ModuleInfo, name: &str) -> Result<Tensor, Error> {
+    let full = format!("{}.{name}", module.path);
+    model.parameter(&full)?.ok_or_else(|| {
+        Error::new(
+            ErrorKind::HOST,
+            format!("{} `{}` has no tensor `{full}`", module.kind, module.path),
+        )
+    })
+}
+
+fn prob_attr(module: &ModuleInfo, key: &str) -> Result<f64, Error> {
+    let p = module.attr(key).unwrap_or(0.0);
+    if !(0.0..1.0).contains(&p) {
+        return Err(Error::new(
+            ErrorKind::HOST,
+            format!(
+                "{} `{}`: `{key}` = {p} is not in [0, 1)",
+                module.kind, module.path
+            ),
+        ));
+    }
+    Ok(p)
+}
+
+/// Composer's `apply_alibi(model, max_sequence_length)` on the host's GPT-2: every
+/// `gpt2_attention` becomes an [`AlibiAttention`] over the same tensors with the causal bias of
+/// its `n_head` slopes for `max_sequence_length` positions, and the `embedding` at
+/// `transformer.wpe` becomes [`ZeroPositions`] (a zero, frozen `(max_sequence_length, n_embd)`
+/// table). Modules already changed are not candidates, so a second application changes
+/// nothing.
+pub fn apply_alibi(model: &mut impl Model, max_sequence_length: i64) -> Result<Outcome, Error> {
+    if max_sequence_length < 1 {
+        return Err(Error::config(format!(
+            "`max_sequence_length` must be at least 1, got {max_sequence_length}"
+        )));
+    }
+    let modules = model.modules()?;
+    let mut outcome = Outcome::default();
+    for m in modules.iter().filter(|m| m.kind.as_str() == GPT2_ATTENTION) {
+        let n_head = m.int_attr("n_head", None)?;
+        let weights = Gpt2AttentionWeights {
+            c_attn_weight: tensor(model, m, "c_attn.weight")?,
+            c_attn_bias: tensor(model, m, "c_attn.bias")?,
+            c_proj_weight: tensor(model, m, "c_proj.weight")?,
+            c_proj_bias: tensor(model, m, "c_proj.bias")?,
+        };
+        let heads = usize::try_from(n_head)
+            .map_err(|_| format!("{} `{}`: n_head = {n_head}", m.kind, m.path))?;
+        let w = &weights.c_attn_weight;
+        let alibi = causal_alibi_bias(
+            &alibi_head_slopes(heads)?,
+            max_sequence_length,
+            (w.kind(), w.device()),
+        )?;
+        let module = AlibiAttention::new(
+            weights,
+            alibi,
+            n_head,
+            prob_attr(m, "attn_pdrop")?,
+            prob_attr(m, "resid_pdrop")?,
+        )
+        .map_err(|e| format!("{} `{}`: {}", m.kind, m.path, e.message()))?;
+        model.replace(&m.path, AlibiModule::Attention(module))?;
+        outcome.attention.push(m.path.to_string());
+    }
+    if let Some(m) = modules
+        .iter()
+        .find(|m| m.path.as_str() == WPE_PATH && m.kind.as_str() == EMBEDDING)
+    {
+        let weight = tensor(model, m, "weight")?;
+        let n_embd = *weight
+            .size()
+            .get(1)
+            .ok_or_else(|| format!("`{WPE_PATH}.weight` is not a (positions, n_embd) table"))?;
+        let module = ZeroPositions::new(
+            max_sequence_length,
+            n_embd,
+            (weight.kind(), weight.device()),
+        )?;
+        model.replace(&m.path, AlibiModule::Positions(module))?;
+        outcome.positions = true;
+    }
+    Ok(outcome)
+}

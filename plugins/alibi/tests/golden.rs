@@ -1,0 +1,545 @@
+//! ALiBi against Composer's golden cases (`shared/golden/alibi.*`, `alibi_surgery.*`).
+//!
+//! - `alibi`: the head slopes (the `f64` tensors and the JSON table) and the causal
+//!   `(H, 1, L)` and bidirectional `(1, H, L, L)` bias for every head count in the file.
+//! - `alibi_surgery`: the `alibi` buffers of every GPT-2 layer and BERT layer; the GPT-2 of the
+//!   file (`gpt2/param/*`) rebuilt as a stand-in module tree on which the plugin's own
+//!   [`apply_alibi`] runs; a small functional GPT-2 (test code: embeddings, pre-LN blocks,
+//!   `gelu_new` MLP, tied LM head) then runs through the modules the surgery put in and must
+//!   give Composer's logits after the surgery (padded batch), layer 0's attention
+//!   probabilities, the logits at `T = 24 > n_positions`, and — with the original attention —
+//!   the logits before and with zeroed positions only.
+
+use std::collections::BTreeMap;
+
+use alibi::{
+    alibi_attention, alibi_attention_with, alibi_head_slopes, apply_alibi,
+    bidirectional_alibi_bias, causal_alibi_bias, AlibiModule, AttentionOptions,
+    Gpt2AttentionWeights, Model, ALIBI_ATTENTION, EMBEDDING, GPT2_ATTENTION, WPE_PATH,
+    ZERO_POSITIONS,
+};
+use tessera_plugin_api::abi::{Attribute, ModuleInfo};
+use tessera_plugin_api::tch::{Device, Kind, Tensor};
+use tessera_plugin_api::testing::golden::{assert_close, Golden};
+use tessera_plugin_api::{Error, Module};
+
+/// Float results: about 1e-6 relative (golden README), reductions ordered differently.
+const RTOL: f64 = 1e-5;
+const ATOL: f64 = 1e-5;
+
+fn check(what: &str, got: &Tensor, want: &Tensor, rtol: f64, atol: f64) {
+    let err = (got.to_kind(Kind::Double) - want.to_kind(Kind::Double))
+        .abs()
+        .max()
+        .double_value(&[]);
+    eprintln!("{what}: max abs error {err:e}");
+    assert_close(what, got, want, rtol, atol);
+}
+
+fn suffix_number(name: &str, key: &str) -> usize {
+    name.rsplit_once(&format!("{key}="))
+        .and_then(|(_, n)| n.parse().ok())
+        .unwrap_or_else(|| panic!("`{name}` has no `{key}=<n>`"))
+}
+
+#[test]
+fn slopes_and_bias_match_composer_for_every_head_count() {
+    let g = Golden::load("alibi");
+    let mut seen = 0;
+    for name in g.names_with_role("output") {
+        let want = g.tensor(&name);
+        let heads = suffix_number(&name, "heads");
+        let slopes = alibi_head_slopes(heads).expect("slopes");
+        assert_eq!(slopes.len(), heads);
+        let opts = (Kind::Float, Device::Cpu);
+        if name.starts_with("slopes_f64/") {
+            let got = Tensor::from_slice(&slopes);
+            check(&name, &got, want, 0.0, 0.0);
+            let table: Vec<f64> =
+                serde_json::from_value(g.json["results"]["slopes"][heads.to_string()].clone())
+                    .expect("results.slopes table");
+            // serde_json's default float parser may be one ulp off: the tensor above is exact.
+            for (s, t) in slopes.iter().zip(&table) {
+                assert!(
+                    (s - t).abs() <= 4.0 * f64::EPSILON * t.abs(),
+                    "{name}: {s} vs {t}"
+                );
+            }
+            assert_eq!(slopes.len(), table.len(), "{name}: the JSON table");
+        } else if name.starts_with("causal/") {
+            let got = causal_alibi_bias(&slopes, want.size()[2], opts).expect("causal bias");
+            check(&name, &got, want, 0.0, 0.0);
+        } else if name.starts_with("noncausal/") {
+            let got =
+                bidirectional_alibi_bias(&slopes, want.size()[2], opts).expect("bidirectional");
+            check(&name, &got, want, 0.0, 0.0);
+        } else {
+            panic!("unexpected output `{name}`");
+        }
+        seen += 1;
+    }
+    assert!(seen >= 3, "no cases read");
+}
+
+#[test]
+fn zero_heads_is_an_error() {
+    assert!(alibi_head_slopes(0).is_err());
+}
+
+// ---------------------------------------------------------------------------------------------
+// alibi_surgery
+
+fn info(path: &str, kind: &str, attrs: &[(&str, f64)], params: Vec<String>) -> ModuleInfo {
+    ModuleInfo {
+        path: path.into(),
+        kind: kind.into(),
+        attrs: attrs
+            .iter()
+            .map(|(k, v)| Attribute {
+                key: (*k).into(),
+                value: *v,
+            })
+            .collect(),
+        params: params.into_iter().map(Into::into).collect(),
+    }
+}
+
+/// The golden GPT-2 as the host's module contract shows it: `transformer.wpe` (`embedding`) and
+/// `transformer.h.{i}.attn` (`gpt2_attention`), with the tensors of `gpt2/param/*`.
+struct FakeGpt2 {
+    nodes: Vec<ModuleInfo>,
+    params: BTreeMap<String, Tensor>,
+    replaced: BTreeMap<String, AlibiModule>,
+}
+
+impl FakeGpt2 {
+    fn new(g: &Golden, n_head: i64) -> FakeGpt2 {
+        let mut params = BTreeMap::new();
+        for name in g.names_with_role("param") {
+            if let Some(rest) = name.strip_prefix("gpt2/param/") {
+                params.insert(
+                    rest.to_owned(),
+                    g.tensor(&name).copy().set_requires_grad(true),
+                );
+            }
+        }
+        let wpe = params[&format!("{WPE_PATH}.weight")].size();
+        let mut nodes = vec![info(
+            WPE_PATH,
+            EMBEDDING,
+            &[],
+            vec![format!("{WPE_PATH}.weight")],
+        )];
+        for i in 0..n_layers(&params) {
+            let path = format!("transformer.h.{i}.attn");
+            let names = [
+                "c_attn.weight",
+                "c_attn.bias",
+                "c_proj.weight",
+                "c_proj.bias",
+            ]
+            .iter()
+            .map(|n| format!("{path}.{n}"))
+            .collect();
+            nodes.push(info(
+                &path,
+                GPT2_ATTENTION,
+                &[
+                    ("n_head", n_head as f64),
+                    ("n_embd", wpe[1] as f64),
+                    ("n_positions", wpe[0] as f64),
+                    ("attn_pdrop", 0.0),
+                    ("resid_pdrop", 0.0),
+                ],
+                names,
+            ));
+        }
+        FakeGpt2 {
+            nodes,
+            params,
+            replaced: BTreeMap::new(),
+        }
+    }
+}
+
+fn n_layers(params: &BTreeMap<String, Tensor>) -> usize {
+    (0..)
+        .take_while(|i| params.contains_key(&format!("transformer.h.{i}.ln_1.weight")))
+        .count()
+}
+
+impl Model for FakeGpt2 {
+    fn modules(&self) -> Result<Vec<ModuleInfo>, Error> {
+        Ok(self.nodes.clone())
+    }
+
+    fn parameter(&self, name: &str) -> Result<Option<Tensor>, Error> {
+        Ok(self.params.get(name).map(Tensor::shallow_clone))
+    }
+
+    fn replace(&mut self, path: &str, module: AlibiModule) -> Result<(), Error> {
+        let node = self
+            .nodes
+            .iter_mut()
+            .find(|n| n.path.as_str() == path)
+            .ok_or("no such module")?;
+        let old: Vec<String> = node.params.iter().map(|p| p.to_string()).collect();
+        for p in &old {
+            self.params.remove(p);
+        }
+        node.kind = module.kind().into();
+        node.attrs = module
+            .attrs()
+            .into_iter()
+            .map(|(key, value)| Attribute {
+                key: key.into(),
+                value,
+            })
+            .collect();
+        node.params = module
+            .tensors()
+            .into_iter()
+            .map(|(n, t)| {
+                let full = format!("{path}.{n}");
+                self.params.insert(full.clone(), t);
+                full.into()
+            })
+            .collect();
+        self.replaced.insert(path.to_owned(), module);
+        Ok(())
+    }
+}
+
+fn layer_norm(x: &Tensor, p: &BTreeMap<String, Tensor>, name: &str) -> Tensor {
+    let n = *x.size().last().expect("features");
+    x.layer_norm(
+        [n],
+        Some(&p[&format!("{name}.weight")]),
+        Some(&p[&format!("{name}.bias")]),
+        1e-5,
+        false,
+    )
+}
+
+/// How the test GPT-2 runs attention and positions.
+enum Variant<'a> {
+    /// Hugging Face's eager attention (no bias) with learned positions (`zero_positions`: with
+    /// `wpe` zeroed).
+    Original { zero_positions: bool },
+    /// The modules the surgery put in.
+    Alibi(&'a FakeGpt2),
+}
+
+/// GPT2LMHeadModel's forward (eval) on `ids` `(B, T)` with an optional padding mask; returns the
+/// logits and layer 0's attention probabilities.
+fn gpt2(
+    p: &BTreeMap<String, Tensor>,
+    heads: i64,
+    ids: &Tensor,
+    mask: Option<&Tensor>,
+    variant: &Variant<'_>,
+) -> (Tensor, Tensor) {
+    let t = ids.size()[1];
+    let positions = Tensor::arange(t, (Kind::Int64, Device::Cpu));
+    let tokens = p["transformer.wte.weight"].index_select(0, &ids.flatten(0, -1));
+    let tokens = tokens.view([ids.size()[0], t, -1]);
+    let pos = match variant {
+        Variant::Original {
+            zero_positions: false,
+        } => p["transformer.wpe.weight"].index_select(0, &positions),
+        Variant::Original {
+            zero_positions: true,
+        } => p["transformer.wpe.weight"]
+            .index_select(0, &positions)
+            .zeros_like(),
+        Variant::Alibi(fake) => match &fake.replaced[WPE_PATH] {
+            AlibiModule::Positions(m) => m.forward(&positions, false).expect("positions"),
+            AlibiModule::Attention(_) => panic!("wpe became an attention module"),
+        },
+    };
+    let mut x = tokens + pos;
+    let mut probs0 = None;
+    for i in 0..n_layers(p) {
+        let path = format!("transformer.h.{i}.attn");
+        let h = layer_norm(&x, p, &format!("transformer.h.{i}.ln_1"));
+        let (a, probs) = match variant {
+            Variant::Original { .. } => {
+                let w = Gpt2AttentionWeights {
+                    c_attn_weight: p[&format!("{path}.c_attn.weight")].shallow_clone(),
+                    c_attn_bias: p[&format!("{path}.c_attn.bias")].shallow_clone(),
+                    c_proj_weight: p[&format!("{path}.c_proj.weight")].shallow_clone(),
+                    c_proj_bias: p[&format!("{path}.c_proj.bias")].shallow_clone(),
+                };
+                let zero_bias = Tensor::zeros([heads, 1, t], (Kind::Float, Device::Cpu));
+                alibi_attention_with(
+                    &h,
+                    &w,
+                    heads,
+                    &zero_bias,
+                    AttentionOptions {
+                        padding_mask: mask,
+                        ..AttentionOptions::default()
+                    },
+                )
+                .expect("attention")
+            }
+            Variant::Alibi(fake) => match &fake.replaced[&path] {
+                AlibiModule::Attention(m) => m.forward_with(&h, mask, false).expect("attention"),
+                AlibiModule::Positions(_) => panic!("attention became positions"),
+            },
+        };
+        if i == 0 {
+            probs0 = Some(probs);
+        }
+        x += a;
+        let h = layer_norm(&x, p, &format!("transformer.h.{i}.ln_2"));
+        let mlp = format!("transformer.h.{i}.mlp");
+        let inner = (h.matmul(&p[&format!("{mlp}.c_fc.weight")]) + &p[&format!("{mlp}.c_fc.bias")])
+            .gelu("tanh");
+        x += inner.matmul(&p[&format!("{mlp}.c_proj.weight")]) + &p[&format!("{mlp}.c_proj.bias")];
+    }
+    let x = layer_norm(&x, p, "transformer.ln_f");
+    let logits = x.matmul(&p["lm_head.weight"].tr());
+    (logits, probs0.expect("at least one layer"))
+}
+
+#[test]
+fn the_alibi_buffers_of_the_surgery_match_composer() {
+    let g = Golden::load("alibi_surgery");
+    let max_len = g.json["hyperparameters"]["max_sequence_length"]
+        .as_i64()
+        .expect("hyperparameters.max_sequence_length");
+    let mut seen = 0;
+    for name in g.names_with_role("output") {
+        let want = g.tensor(&name);
+        let opts = (Kind::Float, Device::Cpu);
+        if name.starts_with("gpt2/after/") && name.ends_with(".attn.alibi") {
+            let s = want.size();
+            assert_eq!(s[2], max_len, "{name}");
+            let slopes = alibi_head_slopes(s[0] as usize).expect("slopes");
+            check(
+                &name,
+                &causal_alibi_bias(&slopes, max_len, opts).expect("bias"),
+                want,
+                0.0,
+                0.0,
+            );
+            seen += 1;
+        } else if name.starts_with("bert/after/") && name.ends_with(".alibi") {
+            let s = want.size();
+            assert_eq!(s[2], max_len, "{name}");
+            let slopes = alibi_head_slopes(s[1] as usize).expect("slopes");
+            let got = bidirectional_alibi_bias(&slopes, max_len, opts).expect("bias");
+            check(&name, &got, want, 0.0, 0.0);
+            seen += 1;
+        }
+    }
+    assert!(seen >= 2, "no alibi buffers in the file");
+}
+
+#[test]
+fn surgery_on_the_golden_gpt2_reproduces_composer() {
+    let g = Golden::load("alibi_surgery");
+    let max_len = g.json["hyperparameters"]["max_sequence_length"]
+        .as_i64()
+        .expect("hyperparameters.max_sequence_length");
+    let n_head = g.tensor("gpt2/after/h.0.attn.alibi").size()[0];
+    let ids = g.tensor("gpt2/input_ids");
+    let mask = g.tensor("gpt2/attention_mask");
+    let ids_long = g.tensor("gpt2/input_ids_long");
+
+    let mut fake = FakeGpt2::new(&g, n_head);
+    let original: BTreeMap<String, Tensor> = fake
+        .params
+        .iter()
+        .map(|(k, v)| (k.clone(), v.shallow_clone()))
+        .collect();
+
+    // The test GPT-2 itself, before any surgery.
+    let (before, _) = gpt2(
+        &original,
+        n_head,
+        ids,
+        Some(mask),
+        &Variant::Original {
+            zero_positions: false,
+        },
+    );
+    check(
+        "gpt2/before/logits",
+        &before,
+        g.tensor("gpt2/before/logits"),
+        RTOL,
+        ATOL,
+    );
+    let (zero_pos, _) = gpt2(
+        &original,
+        n_head,
+        ids,
+        Some(mask),
+        &Variant::Original {
+            zero_positions: true,
+        },
+    );
+    for name in ["gpt2/zero_positions_only/logits", "gpt2/sdpa_after/logits"] {
+        check(name, &zero_pos, g.tensor(name), RTOL, ATOL);
+    }
+
+    let layers = n_layers(&fake.params);
+    let outcome = apply_alibi(&mut fake, max_len).expect("surgery");
+    assert_eq!(outcome.attention.len(), layers);
+    assert!(outcome.positions);
+
+    // Tensors: the attention blocks keep the very same tensors (shared storage, still trained)
+    // plus an `alibi` buffer; wpe is a zero, frozen (max_sequence_length, n_embd) table.
+    for i in 0..layers {
+        let path = format!("transformer.h.{i}.attn");
+        for n in [
+            "c_attn.weight",
+            "c_attn.bias",
+            "c_proj.weight",
+            "c_proj.bias",
+        ] {
+            let full = format!("{path}.{n}");
+            assert_eq!(
+                fake.params[&full].data_ptr(),
+                original[&full].data_ptr(),
+                "{full}"
+            );
+            assert!(
+                fake.params[&full].requires_grad(),
+                "{full} must stay trainable"
+            );
+        }
+        let alibi = &fake.params[&format!("{path}.alibi")];
+        assert!(!alibi.requires_grad());
+        check(
+            &format!("{path}.alibi"),
+            alibi,
+            g.tensor(&format!("gpt2/after/h.{i}.attn.alibi")),
+            0.0,
+            0.0,
+        );
+        let node = fake
+            .nodes
+            .iter()
+            .find(|n| n.path.as_str() == path)
+            .expect("node");
+        assert_eq!(node.kind.as_str(), ALIBI_ATTENTION);
+    }
+    let wpe = &fake.params[&format!("{WPE_PATH}.weight")];
+    let want_wpe = g.tensor("gpt2/after/wpe");
+    check("gpt2/after/wpe", wpe, want_wpe, 0.0, 0.0);
+    let frozen = !g.json["results"]["gpt2_wpe"]["requires_grad"]
+        .as_bool()
+        .expect("results.gpt2_wpe.requires_grad");
+    assert_eq!(!wpe.requires_grad(), frozen);
+
+    // Outputs through the surgery's modules.
+    let (after, probs) = gpt2(&original, n_head, ids, Some(mask), &Variant::Alibi(&fake));
+    check(
+        "gpt2/after/logits",
+        &after,
+        g.tensor("gpt2/after/logits"),
+        RTOL,
+        ATOL,
+    );
+    check(
+        "gpt2/after/attn_probs_layer0",
+        &probs,
+        g.tensor("gpt2/after/attn_probs_layer0"),
+        RTOL,
+        ATOL,
+    );
+    check(
+        "gpt2/sdpa_after/logits_output_attentions",
+        &after,
+        g.tensor("gpt2/sdpa_after/logits_output_attentions"),
+        RTOL,
+        ATOL,
+    );
+    assert!(
+        ids_long.size()[1] > original["transformer.wpe.weight"].size()[0],
+        "the long input must exceed n_positions"
+    );
+    let (long, _) = gpt2(&original, n_head, ids_long, None, &Variant::Alibi(&fake));
+    check(
+        "gpt2/after/logits_long",
+        &long,
+        g.tensor("gpt2/after/logits_long"),
+        RTOL,
+        ATOL,
+    );
+
+    // The public functional form on layer 0 (no padding: compare the unpadded sample).
+    let h0 = {
+        let tokens = original["transformer.wte.weight"].index_select(0, &ids_long.flatten(0, -1));
+        layer_norm(&tokens.unsqueeze(0), &original, "transformer.h.0.ln_1")
+    };
+    let slopes = alibi_head_slopes(n_head as usize).expect("slopes");
+    let p = |n: &str| &original[&format!("transformer.h.0.attn.{n}")];
+    let functional = alibi_attention(
+        &h0,
+        p("c_attn.weight"),
+        p("c_attn.bias"),
+        p("c_proj.weight"),
+        p("c_proj.bias"),
+        n_head,
+        &slopes,
+    )
+    .expect("alibi_attention");
+    let module = match &fake.replaced["transformer.h.0.attn"] {
+        AlibiModule::Attention(m) => m.forward(&h0, false).expect("module"),
+        AlibiModule::Positions(_) => panic!("attention became positions"),
+    };
+    check(
+        "alibi_attention == module (T = 24)",
+        &functional,
+        &module,
+        0.0,
+        1e-6,
+    );
+
+    // Idempotence: a second application finds nothing to change.
+    let nodes = fake.nodes.clone();
+    let again = apply_alibi(&mut fake, max_len).expect("second surgery");
+    assert!(again.attention.is_empty() && !again.positions);
+    assert_eq!(fake.nodes, nodes);
+    let kinds: Vec<&str> = fake.nodes.iter().map(|n| n.kind.as_str()).collect();
+    assert!(kinds.contains(&ZERO_POSITIONS));
+
+    // Export: the attention blocks are kept; wpe folds into a plain zero embedding.
+    for (path, m) in &fake.replaced {
+        let answer = m.export().expect("export");
+        match m {
+            AlibiModule::Attention(_) => assert!(answer.is_none(), "{path} must be kept"),
+            AlibiModule::Positions(_) => {
+                let tensors = answer.expect("wpe folds");
+                assert_eq!(tensors.len(), 1);
+                assert_eq!(tensors[0].0, "weight");
+                check("exported wpe", &tensors[0].1, want_wpe, 0.0, 0.0);
+            }
+        }
+    }
+}
+
+#[test]
+fn sequences_beyond_max_sequence_length_are_errors() {
+    let g = Golden::load("alibi_surgery");
+    let n_head = g.tensor("gpt2/after/h.0.attn.alibi").size()[0];
+    let mut fake = FakeGpt2::new(&g, n_head);
+    let ids_long = g.tensor("gpt2/input_ids_long");
+    let short = ids_long.size()[1] - 1;
+    apply_alibi(&mut fake, short).expect("surgery");
+    let c = fake.params[&format!("{WPE_PATH}.weight")].size()[1];
+    let x = Tensor::zeros([1, short + 1, c], (Kind::Float, Device::Cpu));
+    let e = fake.replaced["transformer.h.0.attn"]
+        .forward(&x, false)
+        .expect_err("too long");
+    assert!(e.message().contains("max_sequence_length"), "{e}");
+    let positions = Tensor::arange(short + 1, (Kind::Int64, Device::Cpu));
+    let e = fake.replaced[WPE_PATH]
+        .forward(&positions, false)
+        .expect_err("too long");
+    assert!(e.message().contains("max_sequence_length"), "{e}");
+}
