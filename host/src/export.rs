@@ -2,7 +2,8 @@
 //!
 //! The file holds exactly the tensors of the model's `state_dict()` in PyTorch (parameters and
 //! buffers, `num_batches_tracked` included), under the same names (`layer1.0.conv1.weight`,
-//! `bn1.running_mean`, ...), and the metadata
+//! `bn1.running_mean`, ...; a tied weight under each of its names, as gpt2's `lm_head.weight`
+//! beside `transformer.wte.weight`, see [`aliases`]), and the metadata
 //! - `format`: `pt` (what `safetensors.torch` writes),
 //! - `tessera.model`: the run's `[model]` section as JSON (`{"name": "resnet20", "width": 16,
 //!   "num_classes": 10}`),

@@ -191,7 +191,7 @@ fn gpt2(m: &Tbl<'_>, classes: usize) -> Result<Gpt2Config, ConfigError> {
     if let Some(v) = m.float("layer_norm_epsilon", Bounds::POSITIVE)? {
         c.layer_norm_epsilon = v;
     }
-    if c.n_embd % c.n_head != 0 {
+    if !c.n_embd.is_multiple_of(c.n_head) {
         let key = if m.entry("n_embd").is_some() {
             "n_embd"
         } else {

@@ -1037,7 +1037,7 @@ fn unknown_names() {
             InvalidValue,
             "model.name",
             Some(6),
-            "unknown model \"vit\"; expected \"mlp\", \"cnn\", \"resnet20\", \"resnet56\", \"resnet18\" or \"resnet50\"",
+            "unknown model \"vit\"; expected \"mlp\", \"cnn\", \"resnet20\", \"resnet56\", \"resnet18\", \"resnet50\" or \"gpt2\"",
         ),
         case(
             "optimizer",

@@ -573,13 +573,13 @@ fn validate(config: &Gpt2Config, num_classes: i64) -> Result<i64, TchError> {
             return bad(format!("`[model] {key}` must be at least 1, got 0"));
         }
     }
-    if config.n_embd % config.n_head != 0 {
+    if !config.n_embd.is_multiple_of(config.n_head) {
         return bad(format!(
             "`[model] n_embd` ({}) must be a multiple of `n_head` ({})",
             config.n_embd, config.n_head
         ));
     }
-    if !(config.layer_norm_epsilon > 0.0) {
+    if config.layer_norm_epsilon.is_nan() || config.layer_norm_epsilon <= 0.0 {
         return bad(format!(
             "`[model] layer_norm_epsilon` must be > 0, got {}",
             config.layer_norm_epsilon
