@@ -6,7 +6,8 @@
 EXPORTED is loaded into the matching model of scripts/pytorch_models.py with
 `load_state_dict(strict=True)` (names and shapes must match exactly; dtypes are checked too).
 CASE is a safetensors file holding `input` and `output`: a batch and Tessera's eval-mode output
-for it. The model is run in eval mode on `input` and compared with `output`: the largest
+for it (for gpt2: int64 token ids `(B, T)` and the logits; a Hugging Face model's `.logits`
+are compared). The model is run in eval mode on `input` and compared with `output`: the largest
 absolute difference must be at most 1e-4 times the output's scale (its largest absolute value,
 at least 1). The case must also be well-conditioned: the same model run in float64 must be
 within a quarter of that limit of its float32 output, or rounding alone could decide the check.
@@ -23,6 +24,11 @@ import warnings
 TOLERANCE = 1e-4
 # The share of the limit that float32 rounding alone may take.
 CONDITIONING = 0.25
+
+
+def _logits(output):
+    """The tensor a model returned: itself, or a Hugging Face model output's `.logits`."""
+    return getattr(output, "logits", output)
 
 
 def main(argv):
@@ -86,7 +92,7 @@ def main(argv):
     x, want = case_tensors["input"], case_tensors["output"]
     model.eval()
     with torch.no_grad():
-        got = model(x)
+        got = _logits(model(x))
     if tuple(got.shape) != tuple(want.shape):
         print(f"FAIL: PyTorch output shape {tuple(got.shape)}, Tessera's {tuple(want.shape)}")
         return 1
@@ -106,7 +112,7 @@ def main(argv):
     # measures that noise.
     model.double()
     with torch.no_grad():
-        exact = model(x.double())
+        exact = _logits(model(x.double() if x.is_floating_point() else x))
     noise = (got.double() - exact).abs().max().item()
     print(f"float32 rounding of this case (PyTorch float32 vs float64): {noise:.3e}")
     if not noise <= CONDITIONING * limit:

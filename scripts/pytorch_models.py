@@ -27,6 +27,7 @@ into plain modules by `tessera export` and need nothing here.
 
 import json
 import math
+import os
 import struct
 import sys
 
@@ -38,6 +39,7 @@ __all__ = [
     "CNN",
     "BasicBlock",
     "CifarResNet",
+    "GPT2LMHeadModel",
     "build",
     "apply_modules",
     "read_safetensors",
@@ -218,7 +220,156 @@ def build(model_config, input_shape=None):
         return CifarResNet(channels, depth, width, classes)
     if name in ("resnet18", "resnet50"):
         return _torchvision_resnet(name, channels, int(model_config.get("width") or 64), classes)
+    if name == "gpt2":
+        return _gpt2(model_config, classes)
     raise ValueError(f"unknown Tessera model {name!r}")
+
+
+# ---- GPT-2 ------------------------------------------------------------------------------
+
+# Tessera's gpt2 defaults (GPT-2 small), for a config that leaves a key out.
+GPT2_DEFAULTS = {
+    "n_layer": 12,
+    "n_head": 12,
+    "n_embd": 768,
+    "n_positions": 1024,
+    "tie_embeddings": True,
+    "layer_norm_epsilon": 1e-5,
+}
+
+
+def _gpt2_sizes(model_config, classes):
+    sizes = {k: model_config.get(k, v) for k, v in GPT2_DEFAULTS.items()}
+    sizes["vocab_size"] = int(model_config.get("vocab_size") or classes)
+    sizes["dropout"] = float(model_config.get("dropout") or 0.0)
+    return sizes
+
+
+def _gpt2(model_config, classes):
+    """Hugging Face's own `GPT2LMHeadModel` (not a twin) when `transformers` imports and
+    `TESSERA_GPT2_TWIN` is not set to 1 (scripts/ensure-transformers.sh installs it), else
+    `GPT2LMHeadModel` below, a plain-PyTorch twin with the same state_dict."""
+    s = _gpt2_sizes(model_config, classes)
+    if os.environ.get("TESSERA_GPT2_TWIN") != "1":
+        try:
+            import transformers
+        except ImportError:
+            transformers = None
+        if transformers is not None:
+            config = transformers.GPT2Config(
+                vocab_size=s["vocab_size"],
+                n_positions=int(s["n_positions"]),
+                n_embd=int(s["n_embd"]),
+                n_layer=int(s["n_layer"]),
+                n_head=int(s["n_head"]),
+                resid_pdrop=s["dropout"],
+                embd_pdrop=s["dropout"],
+                attn_pdrop=s["dropout"],
+                layer_norm_epsilon=float(s["layer_norm_epsilon"]),
+                tie_word_embeddings=bool(s["tie_embeddings"]),
+                bos_token_id=None,
+                eos_token_id=None,
+            )
+            return transformers.GPT2LMHeadModel(config)
+    return GPT2LMHeadModel(
+        s["vocab_size"],
+        int(s["n_positions"]),
+        int(s["n_embd"]),
+        int(s["n_layer"]),
+        int(s["n_head"]),
+        s["dropout"],
+        float(s["layer_norm_epsilon"]),
+        bool(s["tie_embeddings"]),
+    )
+
+
+class Conv1D(nn.Module):
+    """Hugging Face's `Conv1D`: `x @ weight + bias`, `weight` stored `(in, out)`."""
+
+    def __init__(self, nf, nx):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(nx, nf).normal_(std=0.02))
+        self.bias = nn.Parameter(torch.zeros(nf))
+
+    def forward(self, x):
+        size_out = x.size()[:-1] + (self.weight.size(-1),)
+        return torch.addmm(self.bias, x.reshape(-1, x.size(-1)), self.weight).view(size_out)
+
+
+class GPT2Attention(nn.Module):
+    def __init__(self, n_embd, n_head, dropout):
+        super().__init__()
+        self.n_head, self.dropout = n_head, dropout
+        self.c_attn = Conv1D(3 * n_embd, n_embd)
+        self.c_proj = Conv1D(n_embd, n_embd)
+        self.resid_dropout = nn.Dropout(dropout)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.c_attn(x).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
+        p = self.dropout if self.training else 0.0
+        y = nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+        y = y.transpose(1, 2).contiguous().view(b, t, c)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class GPT2MLP(nn.Module):
+    def __init__(self, n_embd, dropout):
+        super().__init__()
+        self.c_fc = Conv1D(4 * n_embd, n_embd)
+        self.c_proj = Conv1D(n_embd, 4 * n_embd)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x):
+        return self.dropout(self.c_proj(nn.functional.gelu(self.c_fc(x), approximate="tanh")))
+
+
+class GPT2Block(nn.Module):
+    def __init__(self, n_embd, n_head, dropout, eps):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(n_embd, eps=eps)
+        self.attn = GPT2Attention(n_embd, n_head, dropout)
+        self.ln_2 = nn.LayerNorm(n_embd, eps=eps)
+        self.mlp = GPT2MLP(n_embd, dropout)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT2Model(nn.Module):
+    def __init__(self, vocab_size, n_positions, n_embd, n_layer, n_head, dropout, eps):
+        super().__init__()
+        self.wte = nn.Embedding(vocab_size, n_embd)
+        self.wpe = nn.Embedding(n_positions, n_embd)
+        self.drop = nn.Dropout(dropout)
+        self.h = nn.ModuleList(GPT2Block(n_embd, n_head, dropout, eps) for _ in range(n_layer))
+        self.ln_f = nn.LayerNorm(n_embd, eps=eps)
+
+    def forward(self, ids):
+        positions = torch.arange(ids.shape[1], device=ids.device).unsqueeze(0)
+        x = self.drop(self.wte(ids) + self.wpe(positions))
+        for block in self.h:
+            x = block(x)
+        return self.ln_f(x)
+
+
+class GPT2LMHeadModel(nn.Module):
+    """A plain-PyTorch twin of Hugging Face's `GPT2LMHeadModel` (and of Tessera's gpt2): the same
+    state_dict names and shapes (`lm_head.weight` included, tied to `transformer.wte.weight`
+    when `tie_embeddings`), token ids `(B, T)` in, logits `(B, T, vocab)` out."""
+
+    def __init__(self, vocab_size, n_positions, n_embd, n_layer, n_head, dropout=0.0,
+                 eps=1e-5, tie_embeddings=True):
+        super().__init__()
+        self.transformer = GPT2Model(vocab_size, n_positions, n_embd, n_layer, n_head, dropout, eps)
+        self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
+        if tie_embeddings:
+            self.lm_head.weight = self.transformer.wte.weight
+
+    def forward(self, ids):
+        return self.lm_head(self.transformer(ids))
 
 
 def _torchvision_resnet(name, channels, width, classes):

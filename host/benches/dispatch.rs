@@ -60,6 +60,7 @@ fn main() {
             num_classes: 2,
             dropout: 0.0,
             norm: None,
+            gpt2: None,
         };
         let shape = tessera::model::InputShape {
             channels: 1,

@@ -2,7 +2,8 @@
 //!
 //! The file holds exactly the tensors of the model's `state_dict()` in PyTorch (parameters and
 //! buffers, `num_batches_tracked` included), under the same names (`layer1.0.conv1.weight`,
-//! `bn1.running_mean`, ...), and the metadata
+//! `bn1.running_mean`, ...; a tied weight under each of its names, as gpt2's `lm_head.weight`
+//! beside `transformer.wte.weight`, see [`aliases`]), and the metadata
 //! - `format`: `pt` (what `safetensors.torch` writes),
 //! - `tessera.model`: the run's `[model]` section as JSON (`{"name": "resnet20", "width": 16,
 //!   "num_classes": 10}`),
@@ -212,6 +213,15 @@ pub fn export(checkpoint: &Path, to: &Path) -> Result<ExportSummary, ExportError
         }
         blobs.push((entry.name.clone(), blob_of(&entry.name, t)?));
     }
+    // A tensor the model uses under a second name (GPT-2's `lm_head.weight`, tied to
+    // `transformer.wte.weight`) is stored once and written under both names, as PyTorch's
+    // `state_dict()` lists it.
+    let aliases = aliases(&reference).map_err(|e| ExportError::Fold(e.to_string()))?;
+    for (alias, of) in aliases {
+        if let Some(t) = saved.get(of.as_str()) {
+            blobs.push((alias.clone(), blob_of(&alias, t)?));
+        }
+    }
 
     write(
         to,
@@ -324,11 +334,65 @@ fn export_rebuilt(
         .cloned()
         .unwrap_or(Value::Null);
     let trainer = Trainer::standalone(config, Vec::new()).map_err(rebuild)?;
-    let model = trainer.model();
+    export_model(
+        trainer.model(),
+        &model_json,
+        trainer.input_shape(),
+        &ckpt.meta.methods,
+        to,
+    )
+}
+
+/// The second names of tied weights: where `model`'s export tree lists a tensor of the store
+/// twice, once under its store name and once under another (GPT-2's `lm_head.weight`, which is
+/// `transformer.wte.weight`), as (other name, store name), in tree order. A tensor a plugin's
+/// export only renames (its store name not exported) is no alias.
+pub fn aliases(model: &Model) -> Result<Vec<(String, String)>, TchError> {
+    let tree = model.root.export_tree()?;
+    let exported: BTreeSet<&str> = tree.tensors.iter().map(|(n, _)| n.as_str()).collect();
+    let stored: Vec<&crate::model::Entry> = model
+        .params
+        .entries()
+        .iter()
+        .filter(|e| exported.contains(e.name.as_str()))
+        .collect();
+    Ok(tree
+        .tensors
+        .iter()
+        .filter(|(name, _)| model.params.get(name).is_none())
+        .filter_map(|(name, t)| {
+            stored
+                .iter()
+                .find(|e| {
+                    e.tensor.numel() > 0
+                        && e.tensor.data_ptr() == t.data_ptr()
+                        && e.tensor.size() == t.size()
+                        && e.tensor.kind() == t.kind()
+                })
+                .map(|e| (name.clone(), e.name.clone()))
+        })
+        .collect())
+}
+
+/// Writes the live `model` to `to` as `tessera export` does (atomically): the tensors of its
+/// export tree ([`crate::model::Layer::export`]: plugin modules kept or folded, tied weights
+/// under each of their names), with `model_json` (the run's `[model]` section), `input` and
+/// `methods` as metadata.
+pub fn export_model(
+    model: &Model,
+    model_json: &Value,
+    input: InputShape,
+    methods: &[MethodMeta],
+    to: &Path,
+) -> Result<ExportSummary, ExportError> {
     let tree = model
         .root
         .export_tree()
         .map_err(|e| ExportError::Fold(e.to_string()))?;
+    let aliases: HashMap<String, String> = aliases(model)
+        .map_err(|e| ExportError::Fold(e.to_string()))?
+        .into_iter()
+        .collect();
     let roles: HashMap<&str, Role> = model
         .params
         .entries()
@@ -345,10 +409,12 @@ fn export_rebuilt(
                  folds a module onto names another module uses)"
             )));
         }
-        // A tensor of the live model keeps its role; a folded one (computed by a plugin) is a
-        // parameter unless it is floating-point-free or a batch-norm statistic.
+        // A tensor of the live model keeps its role; a second name of one (a tied weight) is
+        // counted once, as PyTorch's `parameters()` does; a folded one (computed by a plugin)
+        // is a parameter unless it is floating-point-free or a batch-norm statistic.
         let is_parameter = match roles.get(name.as_str()) {
             Some(role) => *role == Role::Parameter,
+            None if aliases.contains_key(name) => false,
             None => {
                 t.is_floating_point()
                     && !STATISTICS
@@ -365,9 +431,9 @@ fn export_rebuilt(
         to,
         &blobs,
         Metadata {
-            model: &model_json,
-            input: trainer.input_shape(),
-            methods: &ckpt.meta.methods,
+            model: model_json,
+            input,
+            methods,
             kept: &tree.kept,
         },
         parameters,

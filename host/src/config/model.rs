@@ -7,7 +7,7 @@ use super::error::{ConfigError, ErrorKind};
 use super::reader::{quote_list, Bounds, Tbl};
 use super::required_table;
 use super::section::{section, Section};
-use crate::model::{ModelConfig, ModelName, Norm, TorchscriptFile};
+use crate::model::{Gpt2Config, ModelConfig, ModelName, Norm, TorchscriptFile};
 
 section!(ModelConfig {
     name,
@@ -18,7 +18,25 @@ section!(ModelConfig {
     num_classes: uint(1),
     dropout: float(Bounds::UNIT_OPEN),
     norm: choice("normalization", &Norm::CHOICES),
+    n_layer,
+    n_head,
+    n_embd,
+    n_positions,
+    vocab_size,
+    tie_embeddings,
+    layer_norm_epsilon,
 });
+
+/// The `[model]` keys of gpt2's sizes ([`Gpt2Config`]), read by [`gpt2`].
+const GPT2_KEYS: [&str; 7] = [
+    "n_layer",
+    "n_head",
+    "n_embd",
+    "n_positions",
+    "vocab_size",
+    "tie_embeddings",
+    "layer_norm_epsilon",
+];
 
 pub(super) fn read(top: &Tbl<'_>, data: &DataConfig) -> Result<ModelConfig, ConfigError> {
     let m = required_table(
@@ -39,7 +57,10 @@ pub(super) fn read(top: &Tbl<'_>, data: &DataConfig) -> Result<ModelConfig, Conf
             ))
         }
         (None, Some(_)) => {
-            for key in ["hidden", "width", "dropout", "norm"] {
+            for key in ["hidden", "width", "dropout", "norm"]
+                .into_iter()
+                .chain(GPT2_KEYS)
+            {
                 m.reject(
                     key,
                     &format!(
@@ -71,11 +92,32 @@ pub(super) fn read(top: &Tbl<'_>, data: &DataConfig) -> Result<ModelConfig, Conf
                         ),
                     )
                 })?;
+            if name != ModelName::Gpt2 {
+                for key in GPT2_KEYS {
+                    m.reject(
+                        key,
+                        &format!(
+                            "`{key}` only applies to model \"gpt2\", not {:?}",
+                            name.as_str()
+                        ),
+                    )?;
+                }
+            }
             if name == ModelName::Mlp {
                 m.reject(
                     "width",
                     "`width` applies to models \"cnn\" and the resnets, not \"mlp\" (use `hidden`)",
                 )?;
+            } else if name == ModelName::Gpt2 {
+                for key in ["hidden", "width", "norm"] {
+                    m.reject(
+                        key,
+                        &format!(
+                            "`{key}` does not apply to model \"gpt2\" (its sizes are `n_layer`, \
+                             `n_head`, `n_embd`, `n_positions`, `vocab_size`)"
+                        ),
+                    )?;
+                }
             } else {
                 m.reject(
                     "dropout",
@@ -95,7 +137,10 @@ pub(super) fn read(top: &Tbl<'_>, data: &DataConfig) -> Result<ModelConfig, Conf
             ModelConfig::new(name, classes)
         }
     };
-    let model = model.read_keys(&m)?;
+    let mut model = model.read_keys(&m)?;
+    if model.name == ModelName::Gpt2 {
+        model.gpt2 = Some(gpt2(&m, classes)?);
+    }
     if let Some(norm) = model.norm {
         let allowed = Norm::choices(model.name);
         if !allowed.contains(&norm) {
@@ -123,6 +168,53 @@ pub(super) fn read(top: &Tbl<'_>, data: &DataConfig) -> Result<ModelConfig, Conf
         ));
     }
     Ok(model)
+}
+
+/// gpt2's sizes: each key given, else GPT-2 small's ([`Gpt2Config::default`]); `n_embd` must be
+/// a multiple of `n_head` and `vocab_size` at least the data's `classes` (its vocabulary).
+fn gpt2(m: &Tbl<'_>, classes: usize) -> Result<Gpt2Config, ConfigError> {
+    let mut c = Gpt2Config::default();
+    for (key, field) in [
+        ("n_layer", &mut c.n_layer),
+        ("n_head", &mut c.n_head),
+        ("n_embd", &mut c.n_embd),
+        ("n_positions", &mut c.n_positions),
+    ] {
+        if let Some(v) = m.uint(key, 1)? {
+            *field = v;
+        }
+    }
+    c.vocab_size = m.uint("vocab_size", 1)?;
+    if let Some(v) = m.bool("tie_embeddings")? {
+        c.tie_embeddings = v;
+    }
+    if let Some(v) = m.float("layer_norm_epsilon", Bounds::POSITIVE)? {
+        c.layer_norm_epsilon = v;
+    }
+    if !c.n_embd.is_multiple_of(c.n_head) {
+        let key = if m.entry("n_embd").is_some() {
+            "n_embd"
+        } else {
+            "n_head"
+        };
+        return Err(m.err(
+            key,
+            ErrorKind::InvalidValue,
+            format!(
+                "`n_embd` ({}) must be a multiple of `n_head` ({}): each head gets n_embd / \
+                 n_head features",
+                c.n_embd, c.n_head
+            ),
+        ));
+    }
+    if let Some(v) = c.vocab_size.filter(|v| *v < classes) {
+        return Err(m.err(
+            "vocab_size",
+            ErrorKind::InvalidValue,
+            format!("must be >= {classes} (the tokens of the data's vocabulary), got {v}"),
+        ));
+    }
+    Ok(c)
 }
 
 /// `torchscript` (resolved against the file's folder, made absolute) and its sha256, which

@@ -174,7 +174,8 @@ fn full_file() {
             width: Some(8),
             num_classes: 7,
             dropout: 0.0,
-            norm: None
+            norm: None,
+            gpt2: None
         }
     );
     assert_eq!(
@@ -1036,7 +1037,7 @@ fn unknown_names() {
             InvalidValue,
             "model.name",
             Some(6),
-            "unknown model \"vit\"; expected \"mlp\", \"cnn\", \"resnet20\", \"resnet56\", \"resnet18\" or \"resnet50\"",
+            "unknown model \"vit\"; expected \"mlp\", \"cnn\", \"resnet20\", \"resnet56\", \"resnet18\", \"resnet50\" or \"gpt2\"",
         ),
         case(
             "optimizer",
@@ -1858,4 +1859,94 @@ fn torchscript_model_is_absolute_hashed_pinned_and_recorded() {
     };
     assert!(e.to_string().contains("does not exist as a file"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn gpt2_sizes_default_validate_and_round_trip() {
+    use crate::model::Gpt2Config;
+    let gpt2 = MINIMAL.replace("\"cnn\"", "\"gpt2\"");
+    let c = ok(&gpt2);
+    assert_eq!(c.model.gpt2, Some(Gpt2Config::default()));
+    let g = Gpt2Config::default();
+    assert_eq!(
+        (g.n_layer, g.n_head, g.n_embd, g.n_positions, g.vocab_size),
+        (12, 12, 768, 1024, None)
+    );
+    assert!(g.tie_embeddings && g.layer_norm_epsilon == 1e-5);
+    let sized = gpt2.replace(
+        "name = \"gpt2\"",
+        "name = \"gpt2\"\nn_layer = 2\nn_head = 4\nn_embd = 64\nn_positions = 128\n\
+         vocab_size = 300\ntie_embeddings = false\nlayer_norm_epsilon = 1e-6\ndropout = 0.1",
+    );
+    let c = ok(&sized);
+    let want = Gpt2Config {
+        n_layer: 2,
+        n_head: 4,
+        n_embd: 64,
+        n_positions: 128,
+        vocab_size: Some(300),
+        tie_embeddings: false,
+        layer_norm_epsilon: 1e-6,
+    };
+    assert_eq!(c.model.gpt2.as_ref(), Some(&want));
+    assert_eq!(c.model.dropout, 0.1);
+    // Recorded with every size, and read back the same.
+    let recorded = serde_json::to_value(&c).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(recorded["model"]["n_embd"], 64);
+    assert_eq!(recorded["model"]["tie_embeddings"], false);
+    let again = recorded::from_recorded(&recorded, "again", &[]).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(again.model, c.model);
+    // Errors name the key and its line.
+    for (from, to, key, fragment) in [
+        (
+            "name = \"gpt2\"",
+            "name = \"gpt2\"\nn_embd = 100",
+            "model.n_embd",
+            "multiple of `n_head`",
+        ),
+        (
+            "name = \"gpt2\"",
+            "name = \"gpt2\"\nn_head = 5",
+            "model.n_head",
+            "multiple of `n_head`",
+        ),
+        (
+            "name = \"gpt2\"",
+            "name = \"gpt2\"\nvocab_size = 3",
+            "model.vocab_size",
+            "must be >= 10",
+        ),
+        (
+            "name = \"gpt2\"",
+            "name = \"gpt2\"\nn_layer = 0",
+            "model.n_layer",
+            "",
+        ),
+        (
+            "name = \"gpt2\"",
+            "name = \"gpt2\"\nhidden = [4]",
+            "model.hidden",
+            "does not apply to model \"gpt2\"",
+        ),
+        (
+            "name = \"gpt2\"",
+            "name = \"gpt2\"\nlayer_norm_epsilon = 0",
+            "model.layer_norm_epsilon",
+            "",
+        ),
+        (
+            "name = \"gpt2\"",
+            "name = \"gpt2\"\ntie_embeddings = 1",
+            "model.tie_embeddings",
+            "",
+        ),
+    ] {
+        let e = err(&gpt2.replace(from, to));
+        assert_eq!(e.key, key, "{e}");
+        assert_eq!(e.location.line(), Some(7), "{e}");
+        assert!(e.message.contains(fragment), "{e}");
+    }
+    let e = err(&MINIMAL.replace("name = \"cnn\"", "name = \"cnn\"\nn_head = 2"));
+    assert_eq!(e.key, "model.n_head");
+    assert!(e.message.contains("only applies to model \"gpt2\""), "{e}");
 }

@@ -204,6 +204,7 @@ impl SetupState {
             num_classes: 2,
             dropout: 0.0,
             norm: None,
+            gpt2: None,
         };
         let shape = crate::model::InputShape {
             channels: 1,

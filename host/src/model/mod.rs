@@ -1,6 +1,6 @@
 //! Models: the layers ([`layers`], every one a [`Layer`]), the module tree they form
 //! ([`LayerInfo`], paths and surgery), the named parameter store ([`ParamStore`]) and the model
-//! zoo (MLP, small CNN, CIFAR-style ResNet-20/56, ImageNet-style ResNet-18/50), or a model made
+//! zoo (MLP, small CNN, CIFAR-style ResNet-20/56, ImageNet-style ResNet-18/50, GPT-2), or a model made
 //! in PyTorch and saved as TorchScript ([`TorchscriptModel`]). Names follow PyTorch conventions so weights
 //! map 1:1 to a PyTorch `state_dict`.
 
@@ -15,7 +15,7 @@ mod zoo;
 pub use layers::{Attr, ExportTree, Exported, Layer};
 pub use loss::{cross_entropy, cross_entropy_with, NonFiniteLoss};
 pub use params::{Entry, ParamStore, Role};
-pub use spec::{ModelConfig, ModelName, Norm, TorchscriptFile};
+pub use spec::{Gpt2Config, ModelConfig, ModelName, Norm, TorchscriptFile};
 pub use torchscript::TorchscriptModel;
 pub use tree::{LayerInfo, SurgeryError};
 
@@ -42,7 +42,8 @@ pub struct InputShape {
 }
 
 impl Model {
-    /// Builds the model named in `config` for `input` and `num_classes`, on `device`. A
+    /// Builds the model named in `config` for `input` and `num_classes`, on `device` (gpt2:
+    /// `num_classes` is the vocabulary, `input` is unused; see [`layers::Gpt2LmHeadModel`]). A
     /// TorchScript model is loaded from its file (errors name it) and checked to give
     /// `(N, num_classes)` on `input`.
     pub fn build(
@@ -98,6 +99,15 @@ impl Model {
                 config.base_width(),
                 num_classes,
             )?),
+            ModelName::Gpt2 => {
+                let sizes = config.gpt2.clone().unwrap_or_default();
+                Box::new(layers::Gpt2LmHeadModel::new(
+                    store,
+                    &sizes,
+                    config.dropout,
+                    num_classes,
+                )?)
+            }
             ModelName::Torchscript => {
                 let file = config.torchscript.as_ref().ok_or_else(|| {
                     TchError::FileFormat(
@@ -209,6 +219,7 @@ mod tests {
             num_classes: 10,
             dropout: 0.0,
             norm: None,
+            gpt2: None,
         }
     }
 
@@ -586,6 +597,7 @@ mod surgery_tests {
             num_classes: 10,
             dropout: 0.0,
             norm: None,
+            gpt2: None,
         };
         let input = InputShape {
             channels: 3,

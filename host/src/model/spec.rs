@@ -20,6 +20,9 @@ pub enum ModelName {
     Resnet18,
     /// ResNet-50 (ImageNet style, torchvision's `resnet50` names).
     Resnet50,
+    /// A GPT-2 decoder over token ids (Hugging Face's `GPT2LMHeadModel` names), sized by
+    /// [`ModelConfig::gpt2`].
+    Gpt2,
     /// A model made in PyTorch, from the file [`ModelConfig::torchscript`] names (`[model]
     /// torchscript = "model.pt"` instead of `name`).
     Torchscript,
@@ -28,13 +31,14 @@ pub enum ModelName {
 impl ModelName {
     /// Every zoo architecture with the name used in `trainer.toml` (a TorchScript model is named
     /// by its file instead).
-    pub const CHOICES: [(&'static str, ModelName); 6] = [
+    pub const CHOICES: [(&'static str, ModelName); 7] = [
         ("mlp", ModelName::Mlp),
         ("cnn", ModelName::Cnn),
         ("resnet20", ModelName::Resnet20),
         ("resnet56", ModelName::Resnet56),
         ("resnet18", ModelName::Resnet18),
         ("resnet50", ModelName::Resnet50),
+        ("gpt2", ModelName::Gpt2),
     ];
 
     /// The name used in `trainer.toml`.
@@ -46,16 +50,17 @@ impl ModelName {
             ModelName::Resnet56 => "resnet56",
             ModelName::Resnet18 => "resnet18",
             ModelName::Resnet50 => "resnet50",
+            ModelName::Gpt2 => "gpt2",
             ModelName::Torchscript => "torchscript",
         }
     }
 
     /// The base width when none is given: 32 for cnn, 16 for the CIFAR resnets, 64 for the
-    /// ImageNet ones (torchvision's), `None` for mlp (which has hidden widths instead) and for a
-    /// TorchScript model (whose file fixes its sizes).
+    /// ImageNet ones (torchvision's), `None` for mlp (which has hidden widths instead), for gpt2
+    /// (sized by [`Gpt2Config`]) and for a TorchScript model (whose file fixes its sizes).
     pub fn default_width(self) -> Option<usize> {
         match self {
-            ModelName::Mlp | ModelName::Torchscript => None,
+            ModelName::Mlp | ModelName::Gpt2 | ModelName::Torchscript => None,
             ModelName::Cnn => Some(32),
             ModelName::Resnet20 | ModelName::Resnet56 => Some(16),
             ModelName::Resnet18 | ModelName::Resnet50 => Some(64),
@@ -121,10 +126,11 @@ impl Norm {
     }
 
     /// The normalizations model `name` can be built with, its default first: mlp `none` or
-    /// `layer`, cnn `batch` or `group`; the resnets only their batch norms.
+    /// `layer`, cnn `batch` or `group`; the resnets only their batch norms, gpt2 its layer norms.
     pub fn choices(name: ModelName) -> &'static [Norm] {
         match name {
             ModelName::Mlp => &[Norm::None, Norm::Layer],
+            ModelName::Gpt2 => &[Norm::Layer],
             ModelName::Cnn => &[Norm::Batch, Norm::Group],
             ModelName::Torchscript => &[],
             _ => &[Norm::Batch],
@@ -160,13 +166,56 @@ pub struct ModelConfig {
     pub width: Option<usize>,
     /// Output classes.
     pub num_classes: usize,
-    /// mlp only: the probability of a `Dropout` after each hidden `ReLU` (default 0: no
-    /// dropout layers, today's model and names).
+    /// mlp: the probability of a `Dropout` after each hidden `ReLU` (default 0: no
+    /// dropout layers, today's model and names); gpt2: the embedding, attention and residual
+    /// dropout (Hugging Face's `embd_pdrop`, `attn_pdrop`, `resid_pdrop`, all this value).
     #[serde(skip_serializing_if = "is_zero")]
     pub dropout: f64,
     /// The normalization layers; `None`: the model's default ([`Norm::choices`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub norm: Option<Norm>,
+    /// gpt2 only (`Some` for it, `None` for every other model): its sizes.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub gpt2: Option<Gpt2Config>,
+}
+
+/// The sizes of a [`ModelName::Gpt2`] model (`[model]` keys of the same names). The defaults
+/// are GPT-2 small's (the 125M configuration): 12 layers, 12 heads, 768 features, a context of
+/// 1024 tokens, tied embeddings, layer-norm epsilon 1e-5.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Gpt2Config {
+    /// Transformer blocks (`n_layer`).
+    pub n_layer: usize,
+    /// Attention heads per block (`n_head`); divides `n_embd`.
+    pub n_head: usize,
+    /// Width of the residual stream (`n_embd`).
+    pub n_embd: usize,
+    /// The context: the most tokens a sequence may have, the rows of the position embedding
+    /// (`n_positions`).
+    pub n_positions: usize,
+    /// Rows of the token embedding and logits per token (`vocab_size`); `None`: the model's
+    /// `num_classes` (the dataset's vocabulary). At least that when given.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vocab_size: Option<usize>,
+    /// Whether `lm_head` shares the token embedding's weight (`tie_embeddings`, Hugging Face's
+    /// `tie_word_embeddings`).
+    pub tie_embeddings: bool,
+    /// The epsilon of every layer norm (`layer_norm_epsilon`).
+    pub layer_norm_epsilon: f64,
+}
+
+impl Default for Gpt2Config {
+    fn default() -> Self {
+        Gpt2Config {
+            n_layer: 12,
+            n_head: 12,
+            n_embd: 768,
+            n_positions: 1024,
+            vocab_size: None,
+            tie_embeddings: true,
+            layer_norm_epsilon: 1e-5,
+        }
+    }
 }
 
 fn is_zero(v: &f64) -> bool {
@@ -187,6 +236,7 @@ impl ModelConfig {
             num_classes,
             dropout: 0.0,
             norm: None,
+            gpt2: (name == ModelName::Gpt2).then(Gpt2Config::default),
         }
     }
 

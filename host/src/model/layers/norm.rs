@@ -29,12 +29,22 @@ impl LayerNorm {
         path: &str,
         normalized_shape: i64,
     ) -> Result<LayerNorm, TchError> {
+        LayerNorm::with_eps(store, path, normalized_shape, EPS)
+    }
+
+    /// As [`LayerNorm::new`], with epsilon `eps` instead of PyTorch's default 1e-5.
+    pub fn with_eps(
+        store: &mut ParamStore,
+        path: &str,
+        normalized_shape: i64,
+        eps: f64,
+    ) -> Result<LayerNorm, TchError> {
         let shape = [normalized_shape];
         Ok(LayerNorm {
             weight: store.parameter(join(path, "weight"), &shape, Init::Const(1.0))?,
             bias: store.parameter(join(path, "bias"), &shape, Init::Const(0.0))?,
             normalized_shape,
-            eps: EPS,
+            eps,
         })
     }
 }
