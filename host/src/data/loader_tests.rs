@@ -254,9 +254,9 @@ fn dropping_the_iterator_stops_workers_promptly() {
 
 #[test]
 fn token_batches_are_shuffled_sequences_with_shifted_targets() {
-    use super::super::TokenSequences;
+    use super::super::PackedSequences;
     let stream: Vec<u32> = (0..101).collect();
-    let seqs = Arc::new(TokenSequences::new(Arc::new(stream), 10).unwrap());
+    let seqs = Arc::new(PackedSequences::new(Arc::new(stream), 10).unwrap());
     let options = |workers| LoaderOptions {
         batch_size: 4,
         shuffle: true,

@@ -14,6 +14,7 @@ pub mod idx;
 pub mod loader;
 pub mod source;
 pub mod spec;
+pub mod text;
 pub mod tokens;
 pub mod transforms;
 
@@ -29,7 +30,11 @@ pub use idx::{read_images, read_labels, Images};
 pub use loader::{EpochIter, HostBatch, HostInput, Loader, LoaderOptions, TokenSource};
 pub use source::SampleSource;
 pub use spec::{Dataset, DatasetShape, SyntheticConfig, TextConfig};
-pub use tokens::{synthetic_tokens, TokenSequences};
+pub use text::{
+    fetch_corpus, known_corpora, load_text, CorpusConfig, PackedSequences, TextTokenizer,
+    TokenCorpus,
+};
+pub use tokens::synthetic_tokens;
 pub use transforms::{
     HorizontalFlip, MethodTransform, Normalize, RandomCrop, Sample, SampleFn, Transform, Transforms,
 };

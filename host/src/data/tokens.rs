@@ -1,57 +1,20 @@
-//! Token streams for language models: packed fixed-length sequences ([`TokenSource`] for the
-//! loader) and the `synthetic-text` generator.
-
-use std::sync::Arc;
+//! Token streams for language models: [`PackedSequences`] as the loader's [`TokenSource`], and
+//! the `synthetic-text` generator.
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use super::loader::TokenSource;
+use super::text::PackedSequences;
 use super::DataError;
 
-/// Packed fixed-length sequences over a token stream: sequence `i` covers tokens
-/// `[i·T, i·T + T]`, its input the first T and its target the last T (the next token of each
-/// input position); the tail that does not fill a sequence is left out.
-#[derive(Debug, Clone)]
-pub struct TokenSequences {
-    tokens: Arc<Vec<u32>>,
-    seq_len: usize,
-    len: usize,
-}
-
-impl TokenSequences {
-    /// Sequences of `seq_len` tokens over `tokens`; an error when `seq_len` is 0 or the stream
-    /// is too short for one sequence (it needs `seq_len + 1` tokens).
-    pub fn new(tokens: Arc<Vec<u32>>, seq_len: usize) -> Result<TokenSequences, DataError> {
-        if seq_len == 0 {
-            return Err(DataError::Invalid(
-                "the sequence length must be at least 1".into(),
-            ));
-        }
-        if tokens.len() < seq_len + 1 {
-            return Err(DataError::Invalid(format!(
-                "{} tokens are too few for one sequence of {seq_len} (it needs {}: the inputs \
-                 and the targets shifted by one)",
-                tokens.len(),
-                seq_len + 1
-            )));
-        }
-        let len = (tokens.len() - 1) / seq_len;
-        Ok(TokenSequences {
-            tokens,
-            seq_len,
-            len,
-        })
-    }
-}
-
-impl TokenSource for TokenSequences {
+impl TokenSource for PackedSequences {
     fn len(&self) -> usize {
-        self.len
+        PackedSequences::len(self)
     }
 
     fn seq_len(&self) -> usize {
-        self.seq_len
+        PackedSequences::seq_len(self)
     }
 
     fn read(
@@ -60,16 +23,15 @@ impl TokenSource for TokenSequences {
         input: &mut Vec<i64>,
         target: &mut Vec<i64>,
     ) -> Result<(), DataError> {
-        if index >= self.len {
+        if index >= PackedSequences::len(self) {
             return Err(DataError::Invalid(format!(
                 "sequence {index} is outside the {} sequences",
-                self.len
+                PackedSequences::len(self)
             )));
         }
-        let start = index * self.seq_len;
-        let window = &self.tokens[start..start + self.seq_len + 1];
-        input.extend(window[..self.seq_len].iter().map(|&t| i64::from(t)));
-        target.extend(window[1..].iter().map(|&t| i64::from(t)));
+        let (x, y) = self.sample(index);
+        input.extend(x.iter().map(|&t| i64::from(t)));
+        target.extend(y.iter().map(|&t| i64::from(t)));
         Ok(())
     }
 }
@@ -111,18 +73,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn sequences_pack_the_stream_with_shifted_targets() {
+    fn sequences_read_as_a_token_source_with_shifted_targets() {
         let tokens: Vec<u32> = (0..23).collect();
-        let s = TokenSequences::new(Arc::new(tokens), 5).unwrap();
+        let s = PackedSequences::new(std::sync::Arc::new(tokens), 5).unwrap();
+        let s: &dyn TokenSource = &s;
         assert_eq!(s.len(), 4); // 22 / 5: the last 2 tokens do not fill a sequence
         let (mut input, mut target) = (Vec::new(), Vec::new());
         s.read(3, &mut input, &mut target).unwrap();
         assert_eq!(input, [15, 16, 17, 18, 19]);
         assert_eq!(target, [16, 17, 18, 19, 20]);
         assert!(s.read(4, &mut input, &mut target).is_err());
-        let short = TokenSequences::new(Arc::new(vec![1, 2, 3]), 3).unwrap_err();
-        assert!(short.to_string().contains("too few"), "{short}");
-        assert!(TokenSequences::new(Arc::new(vec![1, 2]), 0).is_err());
     }
 
     #[test]

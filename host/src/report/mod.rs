@@ -76,6 +76,9 @@ pub struct RunRecord {
     pub train_seconds: f64,
     /// Training throughput.
     pub samples_per_second: f64,
+    /// Training throughput in tokens (language models).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens_per_second: Option<f64>,
     /// Cost estimate from `usd_per_hour`, when given.
     pub estimated_cost_usd: Option<f64>,
     /// Accuracy of the last evaluation.
@@ -203,10 +206,11 @@ impl Reporter {
         }
     }
 
-    /// Advances the bar by one batch; shows throughput, the last logged loss and accuracy.
-    pub fn batch_done(&mut self, samples_per_second: f64) {
+    /// Advances the bar by one batch; shows throughput (`unit`/s: `img`, `tok`), the last
+    /// logged loss and accuracy.
+    pub fn batch_done(&mut self, per_second: f64, unit: &str) {
         if let Some(bar) = &self.bar {
-            let mut msg = format!("{:.0} img/s", samples_per_second);
+            let mut msg = format!("{per_second:.0} {unit}/s");
             if let Some(loss) = self.last_loss {
                 msg.push_str(&format!(" loss {loss:.4}"));
             }

@@ -297,13 +297,31 @@ pub fn load_token_sets(cfg: &Config) -> Result<TokenSets> {
             data::synthetic_tokens(cfg.seed.wrapping_add(1), text.eval_tokens, text.vocab_size)?,
             text.vocab_size,
         ),
-        other => fail!("text dataset `{other}` is not available yet"),
+        corpus => {
+            let root = d.data_dir.clone().unwrap_or_else(data::default_cache_root);
+            let loaded = data::load_text(
+                &data::CorpusConfig {
+                    corpus: corpus.as_str().to_owned(),
+                    vocab_size: text.vocab_size,
+                    tokenizer: text.tokenizer.clone(),
+                },
+                &root,
+                d.fetch,
+            )
+            .with_context(|| format!("loading the text corpus `{corpus}`"))?;
+            tracing::info!(
+                "tokenizer {} (sha256 {})",
+                loaded.tokenizer_path.display(),
+                loaded.tokenizer_sha256
+            );
+            (loaded.train, loaded.val, loaded.vocab_size)
+        }
     };
     let (n_train, n_eval) = (train.len(), eval.len());
     let train =
-        data::TokenSequences::new(Arc::new(train), text.seq_len).context("the training split")?;
+        data::PackedSequences::new(Arc::new(train), text.seq_len).context("the training split")?;
     let eval =
-        data::TokenSequences::new(Arc::new(eval), text.seq_len).context("the evaluation split")?;
+        data::PackedSequences::new(Arc::new(eval), text.seq_len).context("the evaluation split")?;
     tracing::info!(
         "{}: {n_train} training and {n_eval} evaluation tokens, vocabulary {vocab}, sequences of {}",
         d.dataset,

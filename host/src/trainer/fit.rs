@@ -198,14 +198,25 @@ impl Trainer {
         };
         self.running_batches = 0;
         let t = &self.state.clock.timestamp;
-        let line = json!({
+        let per_second = |n: u64| {
+            if self.train_seconds > 0.0 {
+                n as f64 / self.train_seconds
+            } else {
+                0.0
+            }
+        };
+        let mut line = json!({
             "epoch": t.epoch,
             "batch": t.batch,
             "sample": t.sample,
             "loss": loss,
             "lr": self.state.optimizer.lr(),
-            "samples_per_second": if self.train_seconds > 0.0 { t.sample as f64 / self.train_seconds } else { 0.0 },
+            "samples_per_second": per_second(t.sample),
         });
+        if self.train_loader.is_tokens() {
+            line["token"] = json!(t.token);
+            line["tokens_per_second"] = json!(per_second(t.token));
+        }
         // Steps with a non-finite loss never reach the running loss: they stop the run or are
         // skipped (`skip_nonfinite_step`), so the average is finite.
         self.reporter.train_line(line);
@@ -227,6 +238,13 @@ impl Trainer {
             batches: t.batch,
             samples: t.sample,
             tokens: self.train_loader.is_tokens().then_some(t.token),
+            tokens_per_second: self.train_loader.is_tokens().then(|| {
+                if self.train_seconds > 0.0 {
+                    t.token as f64 / self.train_seconds
+                } else {
+                    0.0
+                }
+            }),
             wall_seconds,
             train_seconds: self.train_seconds,
             samples_per_second: if self.train_seconds > 0.0 {

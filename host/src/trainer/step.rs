@@ -228,8 +228,14 @@ impl Trainer {
             .clock
             .timestamp
             .to_next_batch(samples, tokens, seconds);
+        let t = &self.state.clock.timestamp;
+        let (count, unit) = if tokens > 0 {
+            (t.token, "tok")
+        } else {
+            (t.sample, "img")
+        };
         self.reporter
-            .batch_done(self.state.clock.timestamp.sample as f64 / self.train_seconds.max(1e-9));
+            .batch_done(count as f64 / self.train_seconds.max(1e-9), unit);
         self.fire(Event::BATCH_END)?;
         Ok(previous)
     }
