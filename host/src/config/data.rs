@@ -104,6 +104,7 @@ impl DataConfig {
 
 section!(TextConfig {
     seq_len: uint(1),
+    eval_seq_len: uint(1),
     vocab_size: uint(2),
     tokenizer: path(),
     tokens: uint(2),

@@ -151,6 +151,10 @@ impl SyntheticConfig {
 pub struct TextConfig {
     /// Tokens per training and evaluation sequence (default 128).
     pub seq_len: usize,
+    /// Tokens per evaluation sequence when it differs from `seq_len` (default: `seq_len`):
+    /// evaluating at a longer context than the model trained on measures extrapolation (ALiBi).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eval_seq_len: Option<usize>,
     /// Vocabulary of the byte-level BPE tokenizer trained on the training split (default 8192;
     /// for `synthetic-text`, the number of distinct tokens).
     pub vocab_size: usize,
@@ -168,11 +172,19 @@ impl Default for TextConfig {
     fn default() -> Self {
         TextConfig {
             seq_len: 128,
+            eval_seq_len: None,
             vocab_size: 8192,
             tokenizer: None,
             tokens: 262_144,
             eval_tokens: 32_768,
         }
+    }
+}
+
+impl TextConfig {
+    /// Tokens per evaluation sequence.
+    pub fn eval_seq_len(&self) -> usize {
+        self.eval_seq_len.unwrap_or(self.seq_len)
     }
 }
 

@@ -320,12 +320,13 @@ pub fn load_token_sets(cfg: &Config) -> Result<TokenSets> {
     let (n_train, n_eval) = (train.len(), eval.len());
     let train =
         data::PackedSequences::new(Arc::new(train), text.seq_len).context("the training split")?;
-    let eval =
-        data::PackedSequences::new(Arc::new(eval), text.seq_len).context("the evaluation split")?;
+    let eval = data::PackedSequences::new(Arc::new(eval), text.eval_seq_len())
+        .context("the evaluation split")?;
     tracing::info!(
-        "{}: {n_train} training and {n_eval} evaluation tokens, vocabulary {vocab}, sequences of {}",
+        "{}: {n_train} training and {n_eval} evaluation tokens, vocabulary {vocab}, sequences of {} ({} in evaluation)",
         d.dataset,
-        text.seq_len
+        text.seq_len,
+        text.eval_seq_len()
     );
     Ok((Arc::new(train), Arc::new(eval), vocab))
 }
