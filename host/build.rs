@@ -8,6 +8,7 @@ use std::path::PathBuf;
 fn main() {
     println!("cargo:rerun-if-changed=csrc/autocast.cpp");
     println!("cargo:rerun-if-changed=csrc/grad.cpp");
+    println!("cargo:rerun-if-changed=csrc/rng.cpp");
     println!("cargo:rerun-if-changed=csrc/script_module.cpp");
     println!("cargo:rerun-if-env-changed=DEP_TCH_LIBTORCH_LIB");
     let lib = match std::env::var("DEP_TCH_LIBTORCH_LIB") {
@@ -34,6 +35,7 @@ fn main() {
         .cpp(true)
         .file("csrc/autocast.cpp")
         .file("csrc/grad.cpp")
+        .file("csrc/rng.cpp")
         .file("csrc/script_module.cpp")
         .include(root.join("include"))
         .include(root.join("include/torch/csrc/api/include"))

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs Tessera's whole test suite. Installs what is missing (libtorch into ~/.cache/tessera,
-# Fashion-MNIST into ~/.cache/tessera/data) and reuses it when present. `.ci/run` calls this.
+# Fashion-MNIST and the Shakespeare corpus into ~/.cache/tessera/data) and reuses it when present. `.ci/run` calls this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LIBTORCH="$(./scripts/ensure-libtorch.sh)"
@@ -24,14 +24,23 @@ if ! PYTHONPATH="$TESSERA_TORCH_PYTHONPATH" "$PYTHON" -W ignore -c "import torch
   echo "error: \`import torchvision\` fails with PYTHONPATH=$TESSERA_TORCH_PYTHONPATH ($PYTHON)" >&2
   exit 1
 fi
+# Hugging Face transformers, beside them: the exported GPT-2 loads into its GPT2LMHeadModel.
+TESSERA_TORCH_PYTHONPATH="$TESSERA_TORCH_PYTHONPATH:$(./scripts/ensure-transformers.sh)"
+if ! PYTHONPATH="$TESSERA_TORCH_PYTHONPATH" "$PYTHON" -W ignore -c "import transformers"; then
+  echo "error: \`import transformers\` fails with PYTHONPATH=$TESSERA_TORCH_PYTHONPATH ($PYTHON)" >&2
+  exit 1
+fi
 export TESSERA_TORCH_PYTHONPATH
-# The PyTorch comparison must run: a failing `import torch` is a test failure, not a skip.
+# The PyTorch comparisons must run: a failing `import torch` (or transformers) is a test
+# failure, not a skip.
 export TESSERA_REQUIRE_PYTORCH=1
+export TESSERA_REQUIRE_TRANSFORMERS=1
 
 echo "== build (release: tests, demo and benchmarks share one build of libtorch's wrapper)"
 cargo build --release --workspace --all-targets
 echo "== data"
 ./target/release/tessera data fetch fashion-mnist
+./target/release/tessera data fetch shakespeare
 echo "== format and lints"
 cargo fmt --all --check
 cargo clippy --release --workspace --all-targets -- -D warnings

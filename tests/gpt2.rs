@@ -20,7 +20,9 @@ use tessera::model::{Attr, Gpt2Config, InputShape, Layer, Model, ModelConfig, Mo
 use tessera::precision::{AutocastGuard, Precision};
 use tessera_plugin_api::tch::{self, Device, Kind, TchError, Tensor};
 use tessera_plugin_api::testing::golden::Golden;
-use tessera_tests::{python_can_import, repo_root, torch_pythonpath, TempDir};
+use tessera_tests::{
+    python_can_import, repo_root, torch_pythonpath, transformers_imports, TempDir,
+};
 
 /// gpt2 ignores the image input shape; any will do.
 const INPUT: InputShape = InputShape {
@@ -531,25 +533,6 @@ fn check_export(
         String::from_utf8_lossy(&out.stderr)
     );
     (out.status.code(), text)
-}
-
-/// Whether `import transformers` works; a notice when not, a failure when
-/// `TESSERA_REQUIRE_TRANSFORMERS=1`.
-fn transformers_imports() -> bool {
-    let required = std::env::var_os("TESSERA_REQUIRE_TRANSFORMERS").is_some_and(|v| v == "1");
-    let out =
-        tessera_tests::python(&["-c", "import transformers"]).unwrap_or_else(|e| panic!("{e}"));
-    if out.status.success() {
-        return true;
-    }
-    let notice = format!(
-        "NOTICE: skipping the comparison with Hugging Face's GPT2LMHeadModel: `import \
-         transformers` failed with PYTHONPATH={} (scripts/ensure-transformers.sh installs it)",
-        torch_pythonpath().display()
-    );
-    assert!(!required, "{notice} and TESSERA_REQUIRE_TRANSFORMERS=1");
-    eprintln!("{notice}");
-    false
 }
 
 #[test]

@@ -5,7 +5,7 @@ use std::path::Path;
 use tch::{Device, Kind, Tensor};
 use tessera::trainer::{standalone_config, Trainer};
 
-use crate::{python, python_can_import, TempDir};
+use crate::{python, python_can_import, transformers_imports, TempDir};
 
 /// Runs scripts/check_export.py on `exported` and the case file `case` (a batch `input` and
 /// Tessera's eval-mode `output` for it); returns (exit code, stdout + stderr).
@@ -57,5 +57,35 @@ pub fn assert_export_matches_rebuilt_run(
     }
     let (code, text) = check_export(exported, &case);
     assert_eq!(code, Some(0), "check_export.py, {label}:\n{text}");
+    eprintln!("{label}: {}", text.trim());
+}
+
+/// [`assert_export_matches_rebuilt_run`] for a language model: 3 random sequences of `seq_len`
+/// token ids below `vocab`, compared as logits; the twin is Hugging Face's `GPT2LMHeadModel`
+/// when transformers imports (required with `TESSERA_REQUIRE_TRANSFORMERS=1`), else the plain
+/// PyTorch GPT-2 of scripts/pytorch_models.py.
+pub fn assert_token_export_matches_rebuilt_run(
+    dir: &TempDir,
+    ckpt: &Path,
+    exported: &Path,
+    vocab: i64,
+    seq_len: i64,
+    label: &str,
+) {
+    tch::manual_seed(99);
+    let input = Tensor::randint(vocab, [3, seq_len], (Kind::Int64, Device::Cpu));
+    let output = rebuilt_output(ckpt, &input);
+    let case = dir.join("case.safetensors");
+    Tensor::write_safetensors(&[("input", &input), ("output", &output)], &case)
+        .expect("write the case");
+    if !python_can_import("torch", &format!("the export of {label}")) {
+        return;
+    }
+    let hugging_face = transformers_imports();
+    let (code, text) = check_export(exported, &case);
+    assert_eq!(code, Some(0), "check_export.py, {label}:\n{text}");
+    if hugging_face {
+        assert!(text.contains("GPT2LMHeadModel"), "{text}");
+    }
     eprintln!("{label}: {}", text.trim());
 }

@@ -218,9 +218,50 @@ pub struct TrainerToml {
     pub plugin_dirs: Vec<PathBuf>,
     /// Each `[[algorithms]]` entry's body lines (`plugin = "..."` first).
     pub algorithms: Vec<String>,
+    /// The `[data]` section (and its sub-tables), from `dataset = ...` on.
+    pub data: String,
 }
 
+/// The `[data]` body of [`TrainerToml::new`]: Fashion-MNIST, batches of 64, one evaluation
+/// batch of 500.
+const FASHION_MNIST_DATA: &str = r#"dataset = "fashion-mnist"
+fetch = false
+batch_size = 64
+eval_batch_size = 500
+workers = 0
+
+[data.transforms]
+normalize = { mean = [0.2860], std = [0.3530] }"#;
+
+/// The `[data]` body of [`TrainerToml::gpt`]: synthetic text (a seeded Markov chain over 64
+/// tokens), batches of 8 sequences of 32 tokens.
+pub const SYNTHETIC_TEXT_DATA: &str = r#"dataset = "synthetic-text"
+batch_size = 8
+eval_batch_size = 16
+workers = 0
+
+[data.text]
+seq_len = 32
+vocab_size = 64
+tokens = 40000
+eval_tokens = 4096"#;
+
+/// The `[model]` body of [`TrainerToml::gpt`]: a 2-layer GPT-2 of width 32 and context 64.
+pub const TINY_GPT: &str =
+    "name = \"gpt2\"\nn_layer = 2\nn_head = 2\nn_embd = 32\nn_positions = 64";
+
 impl TrainerToml {
+    /// 3 batches of 8 sequences of 32 synthetic tokens for a tiny GPT-2 ([`TINY_GPT`]) with
+    /// AdamW; plugins searched in the target folder; no algorithms.
+    pub fn gpt(run_name: &str) -> TrainerToml {
+        TrainerToml {
+            model: TINY_GPT.to_owned(),
+            optimizer: "name = \"adamw\"\nlr = 0.003".to_owned(),
+            data: SYNTHETIC_TEXT_DATA.to_owned(),
+            ..TrainerToml::new(run_name)
+        }
+    }
+
     /// 3 batches of 64 of a small CNN with SGD, evaluated on one batch of 500 at the end;
     /// plugins searched in the target folder; no algorithms.
     pub fn new(run_name: &str) -> TrainerToml {
@@ -234,6 +275,7 @@ impl TrainerToml {
             precision: None,
             plugin_dirs: vec![target_dir()],
             algorithms: Vec::new(),
+            data: FASHION_MNIST_DATA.to_owned(),
         }
     }
 
@@ -276,14 +318,7 @@ seed = {seed}
 output_dir = "runs"
 
 [data]
-dataset = "fashion-mnist"
-fetch = false
-batch_size = 64
-eval_batch_size = 500
-workers = 0
-
-[data.transforms]
-normalize = {{ mean = [0.2860], std = [0.3530] }}
+{data}
 
 [model]
 {model}
@@ -307,6 +342,7 @@ dirs = [{dirs}]
             optimizer = self.optimizer,
             max_duration = self.max_duration,
             dirs = dirs.join(", "),
+            data = self.data,
         );
         for a in &self.algorithms {
             text.push_str("\n[[algorithms]]\n");
@@ -705,6 +741,24 @@ pub fn python_can_import(module: &str, what: &str) -> bool {
     if std::env::var_os("TESSERA_REQUIRE_PYTORCH").is_some_and(|v| v == "1") {
         panic!("{notice} and TESSERA_REQUIRE_PYTORCH=1");
     }
+    eprintln!("{notice}");
+    false
+}
+
+/// Whether `import transformers` works; a notice when not, a failure when
+/// `TESSERA_REQUIRE_TRANSFORMERS=1`.
+pub fn transformers_imports() -> bool {
+    let required = std::env::var_os("TESSERA_REQUIRE_TRANSFORMERS").is_some_and(|v| v == "1");
+    let out = python(&["-c", "import transformers"]).unwrap_or_else(|e| panic!("{e}"));
+    if out.status.success() {
+        return true;
+    }
+    let notice = format!(
+        "NOTICE: skipping the comparison with Hugging Face's GPT2LMHeadModel: `import \
+         transformers` failed with PYTHONPATH={} (scripts/ensure-transformers.sh installs it)",
+        torch_pythonpath().display()
+    );
+    assert!(!required, "{notice} and TESSERA_REQUIRE_TRANSFORMERS=1");
     eprintln!("{notice}");
     false
 }

@@ -98,6 +98,7 @@ pub fn metrics(dir: &TempDir, run: &str) -> Vec<Value> {
     for l in &mut lines {
         if let Some(d) = l.get_mut("data").and_then(Value::as_object_mut) {
             d.remove("samples_per_second");
+            d.remove("tokens_per_second");
         }
     }
     lines

@@ -25,6 +25,7 @@ mod parts;
 mod retention;
 #[cfg(test)]
 mod tests;
+pub mod torch_rng;
 
 pub use folder::{
     file_name, latest_good, list, parse_file_name, remove_stale_temporaries, update_latest,

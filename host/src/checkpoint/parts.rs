@@ -165,12 +165,16 @@ pub struct Parts {
     pub trainer: TrainerMeta,
     /// The training loss summed since the last metrics line.
     pub running_loss: Option<Tensor>,
+    /// libtorch's CPU generator (`u8` state; absent in checkpoints written before it was
+    /// saved).
+    pub torch_rng: Option<Tensor>,
 }
 
 const MODEL: &str = "model/";
 const OPTIMIZER: &str = "optim/";
 const METHOD: &str = "method/";
 const RUNNING_LOSS: &str = "trainer/running_loss";
+const TORCH_RNG: &str = "trainer/torch_cpu_rng";
 /// A method's serialized counters, beside its named tensors.
 const METHOD_BYTES: &str = "__bytes__";
 
@@ -188,6 +192,7 @@ impl Checkpoint {
             rng,
             mut trainer,
             running_loss,
+            torch_rng,
         } = parts;
         let prefixed = |prefix: &str, name: &str| format!("{prefix}{name}");
         let mut tensors: Vec<(String, Tensor)> = model
@@ -233,6 +238,9 @@ impl Checkpoint {
         if let Some(l) = running_loss {
             tensors.push((RUNNING_LOSS.to_owned(), l));
         }
+        if let Some(r) = torch_rng {
+            tensors.push((TORCH_RNG.to_owned(), r));
+        }
         trainer.disabled = disabled_methods;
         let meta = Meta {
             format: FORMAT_VERSION,
@@ -261,6 +269,7 @@ impl Checkpoint {
         let mut optimizer_tensors = Vec::new();
         let mut method_tensors = std::collections::HashMap::new();
         let mut running_loss = None;
+        let mut torch_rng = None;
         for (name, t) in tensors {
             if let Some(n) = name.strip_prefix(MODEL) {
                 model.push((n.to_owned(), t));
@@ -270,6 +279,8 @@ impl Checkpoint {
                 method_tensors.insert(name, t);
             } else if name == RUNNING_LOSS {
                 running_loss = Some(t);
+            } else if name == TORCH_RNG {
+                torch_rng = Some(t);
             }
         }
         let mut methods = Vec::with_capacity(meta.methods.len());
@@ -325,6 +336,7 @@ impl Checkpoint {
             rng: rng_from_meta(&meta.rng)?,
             trainer,
             running_loss,
+            torch_rng,
         })
     }
 }

@@ -72,6 +72,7 @@ fn sample() -> Checkpoint {
             trained_samples: 3,
         },
         running_loss: Some(Tensor::from_slice(&[0.75f32])),
+        torch_rng: Some(Tensor::from_slice(&[1u8, 2, 3])),
     };
     Checkpoint::from_parts(parts).unwrap()
 }

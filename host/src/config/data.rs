@@ -260,13 +260,18 @@ pub(super) fn read(top: &Tbl<'_>) -> Result<DataConfig, ConfigError> {
     }
     .read_keys(&d)?;
     if data.is_text() {
-        d.reject(
-            "transforms",
-            &format!(
-                "[data.transforms] are image transforms; dataset {:?} is text",
-                data.dataset.as_str()
-            ),
-        )?;
+        // (An empty table is what a recorded config holds.)
+        if let Some(t) = d.sub("transforms", Some(Transforms::KEYS))? {
+            for key in Transforms::KEYS {
+                t.reject(
+                    key,
+                    &format!(
+                        "[data.transforms] are image transforms; dataset {:?} is text",
+                        data.dataset.as_str()
+                    ),
+                )?;
+            }
+        }
     }
     let transforms = match d.sub("transforms", Some(Transforms::KEYS))? {
         Some(t) => read_transforms(&t, &data)?,

@@ -92,6 +92,23 @@ pub(super) fn read(top: &Tbl<'_>, data: &DataConfig) -> Result<ModelConfig, Conf
                         ),
                     )
                 })?;
+            if data.is_text() != (name == ModelName::Gpt2) {
+                let why = if data.is_text() {
+                    format!(
+                        "model {:?} takes images, but dataset {:?} is text: use name = \"gpt2\" \
+                         (or a TorchScript model that takes token ids)",
+                        name.as_str(),
+                        data.dataset.as_str()
+                    )
+                } else {
+                    format!(
+                        "model \"gpt2\" is a language model, but dataset {:?} is images: use a \
+                         text dataset (sotu, shakespeare, synthetic-text)",
+                        data.dataset.as_str()
+                    )
+                };
+                return Err(m.err("name", ErrorKind::InvalidValue, why));
+            }
             if name != ModelName::Gpt2 {
                 for key in GPT2_KEYS {
                     m.reject(

@@ -1861,10 +1861,41 @@ fn torchscript_model_is_absolute_hashed_pinned_and_recorded() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The error of `text`: at `key`, its message holding every fragment.
+fn refused(text: &str, key: &str, fragments: &[&str]) {
+    let e = match parse_with(text, &[]) {
+        Ok(_) => panic!("expected an error at {key}"),
+        Err(e) => e,
+    };
+    let shown = e.to_string();
+    assert_eq!(e.key, key, "{shown}");
+    for f in fragments {
+        assert!(shown.contains(f), "{shown:?} lacks {f:?}");
+    }
+}
+
+#[test]
+fn image_models_refuse_text_and_gpt2_refuses_images() {
+    let text = MINIMAL.replace("\"fashion-mnist\"", "\"synthetic-text\"");
+    refused(&text, "model.name", &["\"cnn\" takes images", "synthetic-text", "gpt2"]);
+    let gpt2 = MINIMAL.replace("\"cnn\"", "\"gpt2\"");
+    refused(&gpt2, "model.name", &["language model", "fashion-mnist", "text dataset"]);
+    let transforms = format!("{text}\n[data.transforms]\nhorizontal_flip = {{ p = 0.5 }}\n")
+        .replace("\"cnn\"", "\"gpt2\"");
+    refused(&transforms, "data.transforms.horizontal_flip", &["image transforms", "text"]);
+    let eval_tokens = text
+        .replace("\"cnn\"", "\"gpt2\"")
+        .replace("\"synthetic-text\"", "\"shakespeare\"\n[data.text]\neval_tokens = 9");
+    refused(&eval_tokens, "data.text.eval_tokens", &["synthetic-text"]);
+}
+
 #[test]
 fn gpt2_sizes_default_validate_and_round_trip() {
     use crate::model::Gpt2Config;
-    let gpt2 = MINIMAL.replace("\"cnn\"", "\"gpt2\"");
+    let gpt2 = MINIMAL.replace("\"cnn\"", "\"gpt2\"").replace(
+        "\"fashion-mnist\"",
+        "\"synthetic-text\"\n[data.text]\nvocab_size = 256",
+    );
     let c = ok(&gpt2);
     assert_eq!(c.model.gpt2, Some(Gpt2Config::default()));
     let g = Gpt2Config::default();
@@ -1914,7 +1945,7 @@ fn gpt2_sizes_default_validate_and_round_trip() {
             "name = \"gpt2\"",
             "name = \"gpt2\"\nvocab_size = 3",
             "model.vocab_size",
-            "must be >= 10",
+            "must be >= 256",
         ),
         (
             "name = \"gpt2\"",
@@ -1943,7 +1974,8 @@ fn gpt2_sizes_default_validate_and_round_trip() {
     ] {
         let e = err(&gpt2.replace(from, to));
         assert_eq!(e.key, key, "{e}");
-        assert_eq!(e.location.line(), Some(7), "{e}");
+        // The line after `name` (line 8, below [data.text]).
+        assert_eq!(e.location.line(), Some(9), "{e}");
         assert!(e.message.contains(fragment), "{e}");
     }
     let e = err(&MINIMAL.replace("name = \"cnn\"", "name = \"cnn\"\nn_head = 2"));

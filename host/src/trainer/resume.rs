@@ -54,6 +54,14 @@ impl Trainer {
         self.engine
             .restore(parts.methods, &parts.disabled_methods, self.state.device())?;
         self.state.set_rng(parts.rng);
+        // Dropout and methods' torch draws go on where the checkpoint left them.
+        match &parts.torch_rng {
+            Some(state) => checkpoint::torch_rng::set_cpu_state(state)?,
+            None => tracing::warn!(
+                "the checkpoint holds no libtorch generator state (written by an older Tessera); \
+                 dropout draws after the resume differ from an uninterrupted run's"
+            ),
+        }
         self.state.clock.timestamp = parts.clock.timestamp;
         let t = parts.trainer;
         self.train_seconds = t.train_seconds;
@@ -117,6 +125,7 @@ impl Trainer {
                 grad_scaler: self.state.scaler.clone(),
             },
             running_loss: self.running_loss.as_ref().map(|l| l.shallow_clone()),
+            torch_rng: Some(checkpoint::torch_rng::cpu_state()?),
         };
         let bytes = Checkpoint::from_parts(parts)?
             .write(&path)

@@ -1,0 +1,47 @@
+// The state of libtorch's default CPU generator (dropout, randn, ... on the CPU), which tch
+// cannot read or set: checkpoints save it so that a resumed run draws the same random numbers
+// as the uninterrupted one (PyTorch's torch.get_rng_state / torch.set_rng_state).
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <cstring>
+#include <mutex>
+
+extern "C" {
+
+// Copies the state into `out` when `capacity` is large enough; returns the state's size in
+// bytes, or -1 when libtorch threw.
+long long tessera_cpu_rng_state(unsigned char* out, long long capacity) {
+  try {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    at::Tensor state;
+    {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      state = gen.get_state();
+    }
+    long long n = state.numel();
+    if (out != nullptr && capacity >= n) {
+      std::memcpy(out, state.data_ptr<uint8_t>(), static_cast<size_t>(n));
+    }
+    return n;
+  } catch (...) {
+    return -1;
+  }
+}
+
+// Sets the state from `len` bytes written by tessera_cpu_rng_state. Returns 0, or -1 when
+// libtorch refused them (wrong size or contents).
+int tessera_set_cpu_rng_state(const unsigned char* data, long long len) {
+  try {
+    at::Tensor state = at::empty({len}, at::kByte);
+    std::memcpy(state.data_ptr<uint8_t>(), data, static_cast<size_t>(len));
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_state(state);
+    return 0;
+  } catch (...) {
+    return -1;
+  }
+}
+
+}
