@@ -259,7 +259,12 @@ pub(super) fn read(top: &Tbl<'_>) -> Result<DataConfig, ConfigError> {
         shape,
     }
     .read_keys(&d)?;
-    if data.is_text() {
+    // An empty table is allowed: a text run's recorded config (checkpoints, run.json) holds
+    // `transforms = {}`, and `tessera eval`/`export` read it back.
+    let sets_transforms = d
+        .sub("transforms", None)?
+        .is_some_and(|t| Transforms::KEYS.iter().any(|k| t.entry(k).is_some()));
+    if data.is_text() && sets_transforms {
         d.reject(
             "transforms",
             &format!(
