@@ -400,8 +400,10 @@ fn trained_at_32_tokens_alibi_evaluates_at_64_and_the_plain_gpt2_is_refused() {
     assert!(p64.is_finite() && p64 < 64.0, "{p64}");
     // The bound: 5 %. Positions beyond 32 see keys further away than any seen in training;
     // ALiBi's linear penalty makes them count for little, so the perplexity must stay near
-    // the 32-token one (a GPT-2 whose positions broke would be near or above 64, the uniform
-    // guess). Measured: see the report in the commit.
+    // the 32-token one (a model whose positions broke would drift towards 64, the uniform
+    // guess). synthetic-text is a first-order Markov chain, so a longer context cannot help
+    // either: this measures that nothing breaks, not a gain. Measured on CPU: 7.3034 at 32,
+    // 7.2982 at 64 (0.07 %); the plain GPT-2 of the same run reaches 7.62 at 32.
     assert!(
         (p64 - p32).abs() <= 0.05 * p32,
         "perplexity at 64 tokens {p64} is not within 5% of {p32} at 32"
