@@ -20,7 +20,8 @@ or, step by step:
 A model a method changed by surgery keeps some plugin modules in the export (listed in the
 `tessera.modules` metadata: path, kind, attributes); `apply_modules` puts their twins in place,
 with Composer's module names (BlurPool's `BlurConv2d`/`BlurMaxPool2d`, `SqueezeExciteConv2d`,
-Factorize's `FactorizedConv2d`/`FactorizedLinear`), so the state dict loads strictly.
+Factorize's `FactorizedConv2d`/`FactorizedLinear`, ALiBi's attention on GPT-2 with its zero
+position table, the gated MLP of gated linear units), so the state dict loads strictly.
 Train-time-only methods (weight standardization, Ghost BatchNorm, stochastic depth) are folded
 into plain modules by `tessera export` and need nothing here.
 """
@@ -516,6 +517,81 @@ class FactorizedLinear(nn.Module):
         return self.module1(self.module0(x))
 
 
+class AlibiGPT2Attention(nn.Module):
+    """ALiBi's `alibi_gpt2_attention` (plugins/alibi; Composer's patched `GPT2Attention._attn`):
+    GPT-2 attention over the same `c_attn`/`c_proj` whose scores are `q kᵀ / √d` plus the
+    `alibi` buffer `(n_head, 1, max_sequence_length)` cut to the length, then the causal mask
+    (masked scores become −1e4, GPT-2's `masked_bias`), softmax, attention dropout, `c_proj` and
+    residual dropout. No position limit but `max_sequence_length`. Inside Hugging Face's
+    `GPT2Block` (`hugging_face`) it returns `(output, None)` as the block expects."""
+
+    def __init__(self, attrs, hugging_face=False):
+        super().__init__()
+        n_embd, self.n_head = int(attrs["n_embd"]), int(attrs["n_head"])
+        self.hugging_face = hugging_face
+        self.c_attn = Conv1D(3 * n_embd, n_embd)
+        self.c_proj = Conv1D(n_embd, n_embd)
+        self.attn_dropout = nn.Dropout(float(attrs.get("attn_pdrop", 0.0)))
+        self.resid_dropout = nn.Dropout(float(attrs.get("resid_pdrop", 0.0)))
+        self.register_buffer("alibi", torch.zeros(self.n_head, 1, int(attrs["max_sequence_length"])))
+
+    def forward(self, x, *args, **kwargs):
+        b, t, c = x.shape
+        if t > self.alibi.shape[-1]:
+            raise ValueError(
+                f"a sequence of {t} tokens is longer than ALiBi's max_sequence_length "
+                f"{self.alibi.shape[-1]}"
+            )
+        d = c // self.n_head
+        q, k, v = self.c_attn(x).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.n_head, d).transpose(1, 2) for z in (q, k, v))
+        scores = q @ k.transpose(-1, -2) / math.sqrt(d) + self.alibi[:, :, :t].to(q.dtype)
+        causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
+        scores = torch.where(causal, scores, torch.tensor(-1e4, dtype=scores.dtype, device=x.device))
+        probs = self.attn_dropout(scores.softmax(dim=-1))
+        y = (probs @ v).transpose(1, 2).contiguous().view(b, t, c)
+        out = self.resid_dropout(self.c_proj(y))
+        return (out, None) if self.hugging_face else out
+
+
+# The `act_fn` attribute of `glu_gpt2_mlp`: an index into gated_linear_units' activations.
+GLU_ACTIVATIONS = [
+    lambda x: nn.functional.gelu(x),
+    lambda x: nn.functional.gelu(x, approximate="tanh"),
+    torch.relu,
+    nn.functional.silu,
+    torch.sigmoid,
+    torch.tanh,
+]
+
+
+class GluGPT2MLP(nn.Module):
+    """Gated linear units' `glu_gpt2_mlp` (plugins/gated_linear_units; Composer's
+    `BERTGatedFFOutput` in GPT-2's pre-LN block): `dropout(wo(act(gated_layer(x)) ⊙
+    non_gated_layer(x)))`, PyTorch `Linear` layers under Composer's names."""
+
+    def __init__(self, attrs):
+        super().__init__()
+        d, d_ff = int(attrs["n_embd"]), int(attrs["n_inner"])
+        self.act = GLU_ACTIVATIONS[int(attrs["act_fn"])]
+        self.gated_layer = nn.Linear(d, d_ff, bias=bool(attrs.get("gated_layer_bias", 0)))
+        self.non_gated_layer = nn.Linear(d, d_ff, bias=bool(attrs.get("non_gated_layer_bias", 0)))
+        self.wo = nn.Linear(d_ff, d)
+        self.dropout = nn.Dropout(float(attrs.get("resid_pdrop", 0.0)))
+
+    def forward(self, x):
+        return self.dropout(self.wo(self.act(self.gated_layer(x)) * self.non_gated_layer(x)))
+
+
+def _resize_positions(model, tensors):
+    """ALiBi folds its zero position table into a plain `transformer.wpe` of
+    `(max_sequence_length, n_embd)`: the embedding takes the exported table's size."""
+    weight = tensors.get("transformer.wpe.weight")
+    wpe = model.get_submodule("transformer.wpe")
+    if weight is not None and tuple(wpe.weight.shape) != tuple(weight.shape):
+        _set_submodule(model, "transformer.wpe", nn.Embedding(weight.shape[0], weight.shape[1]))
+
+
 def _set_submodule(model, path, module):
     parent, _, name = path.rpartition(".")
     owner = model.get_submodule(parent) if parent else model
@@ -542,6 +618,12 @@ def apply_modules(model, modules, tensors):
         elif kind == "factorized_linear":
             latent = tensors[f"{path}.module0.weight"].shape[0]
             twin = FactorizedLinear(model.get_submodule(path), latent)
+        elif kind == "alibi_gpt2_attention":
+            hugging_face = type(model).__module__.startswith("transformers")
+            twin = AlibiGPT2Attention(attrs, hugging_face)
+            _resize_positions(model, tensors)
+        elif kind == "glu_gpt2_mlp":
+            twin = GluGPT2MLP(attrs)
         else:
             raise ValueError(
                 f"the export keeps a plugin module of kind {kind!r} at {path!r}, which "

@@ -24,14 +24,16 @@ use tessera_tests::{
     python_can_import, repo_root, torch_pythonpath, transformers_imports, TempDir,
 };
 
+#[path = "support/gpt2_golden.rs"]
+mod gpt2_golden;
+use gpt2_golden::{compare_unpadded, golden_sizes, PARAM};
+
 /// gpt2 ignores the image input shape; any will do.
 const INPUT: InputShape = InputShape {
     channels: 1,
     height: 1,
     width: 1,
 };
-
-const PARAM: &str = "gpt2/param/";
 
 fn gpt2_config(sizes: Gpt2Config, vocab: usize, dropout: f64) -> ModelConfig {
     let mut c = ModelConfig::new(ModelName::Gpt2, vocab);
@@ -57,30 +59,10 @@ fn small(vocab: usize, dropout: f64, tied: bool) -> ModelConfig {
     gpt2_config(sizes, vocab, dropout)
 }
 
-/// The golden model's config, read from its tensors: vocabulary and width from the token
-/// embedding, context from the position embedding, layers from the block names, heads from the
-/// ALiBi buffer (one slope row per head).
+/// The golden model's config (see [`golden_sizes`]), without dropout.
 fn golden_config(g: &Golden) -> ModelConfig {
-    let param = |n: &str| g.tensor(&format!("{PARAM}{n}")).size();
-    let (wte, wpe) = (
-        param("transformer.wte.weight"),
-        param("transformer.wpe.weight"),
-    );
-    let layers: BTreeSet<&str> = g
-        .tensors
-        .keys()
-        .filter_map(|k| k.strip_prefix(&format!("{PARAM}transformer.h.")))
-        .filter_map(|rest| rest.split('.').next())
-        .collect();
-    let n_head = g.tensor("gpt2/after/h.0.attn.alibi").size()[0];
-    let sizes = Gpt2Config {
-        n_layer: layers.len(),
-        n_head: n_head as usize,
-        n_embd: wte[1] as usize,
-        n_positions: wpe[0] as usize,
-        ..Gpt2Config::default()
-    };
-    gpt2_config(sizes, wte[0] as usize, 0.0)
+    let (sizes, vocab) = golden_sizes(g);
+    gpt2_config(sizes, vocab, 0.0)
 }
 
 /// Our GPT-2 of the golden config holding the golden (Hugging Face) weights, loaded by name.
@@ -100,39 +82,6 @@ fn golden_model(g: &Golden) -> Model {
         .restore(&saved)
         .expect("the golden weights fit");
     model
-}
-
-/// The largest |got − want| over the positions the golden attention mask keeps, and the check
-/// that it is within `rtol`·|want| + `atol` everywhere there. The mask pads at the end only, so
-/// with causal attention the kept positions never see a padded one: our model (which takes no
-/// mask) must match them; the padded positions' logits are meaningless.
-fn compare_unpadded(what: &str, got: &Tensor, want: &Tensor, mask: &Tensor, rtol: f64) -> f64 {
-    assert_eq!(got.size(), want.size(), "{what}: shape");
-    let mask = mask.to_kind(Kind::Int64);
-    let (batch, t) = (mask.size()[0], mask.size()[1]);
-    let mut worst = 0.0f64;
-    for b in 0..batch {
-        let row: Vec<i64> = (0..t).map(|i| mask.int64_value(&[b, i])).collect();
-        let kept = row.iter().take_while(|&&m| m == 1).count() as i64;
-        assert!(
-            row[kept as usize..].iter().all(|&m| m == 0),
-            "{what}: the golden mask of sample {b} is not right padding: {row:?}"
-        );
-        let g = got.get(b).narrow(0, 0, kept).to_kind(Kind::Double);
-        let w = want.get(b).narrow(0, 0, kept).to_kind(Kind::Double);
-        let err = (&g - &w).abs();
-        let scale = w.abs().max().double_value(&[]);
-        let excess = (&err - (w.abs() * rtol + rtol * scale))
-            .max()
-            .double_value(&[]);
-        let max = err.max().double_value(&[]);
-        assert!(
-            excess <= 0.0,
-            "{what}, sample {b}: max |ours − Hugging Face| = {max:e} exceeds {rtol:e} relative"
-        );
-        worst = worst.max(max);
-    }
-    worst
 }
 
 #[test]

@@ -48,9 +48,22 @@ pub fn assert_export_matches_rebuilt_run(
         [3, shape[0], shape[1], shape[2]],
         (Kind::Float, Device::Cpu),
     );
-    let output = rebuilt_output(ckpt, &input);
+    assert_export_matches_rebuilt_run_on(dir, ckpt, exported, &input, needs, label);
+}
+
+/// [`assert_export_matches_rebuilt_run`] on a given batch `input` (for gpt2: int64 token ids
+/// `(B, T)`).
+pub fn assert_export_matches_rebuilt_run_on(
+    dir: &TempDir,
+    ckpt: &Path,
+    exported: &Path,
+    input: &Tensor,
+    needs: &str,
+    label: &str,
+) {
+    let output = rebuilt_output(ckpt, input);
     let case = dir.join("case.safetensors");
-    Tensor::write_safetensors(&[("input", &input), ("output", &output)], &case)
+    Tensor::write_safetensors(&[("input", input), ("output", &output)], &case)
         .expect("write the case");
     if !python_can_import(needs, &format!("the export of {label}")) {
         return;

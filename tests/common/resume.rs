@@ -11,8 +11,8 @@ use serde_json::Value;
 use tessera::checkpoint::{self, Checkpoint};
 
 use crate::{
-    read_json, read_jsonl, require_fashion_mnist, run_dir, tessera_command, train, TempDir,
-    TrainerToml,
+    read_json, read_jsonl, require_fashion_mnist, run_dir, tessera_command, train,
+    uses_fashion_mnist, TempDir, TrainerToml,
 };
 
 /// Checkpoints every 2 batches; logs every batch.
@@ -130,7 +130,9 @@ pub fn assert_continues(dir: &TempDir, straight: &str, resumed: &str, from: u64)
 
 /// Starts `tessera train trainer.toml` in `dir` without waiting.
 pub fn spawn(dir: &TempDir, env: &[(&str, &str)]) -> Child {
-    require_fashion_mnist();
+    if uses_fashion_mnist(dir) {
+        require_fashion_mnist();
+    }
     let config = dir.join("trainer.toml");
     let config = config.to_str().expect("a UTF-8 temp path");
     tessera_command(&["train", config], dir.path(), env)

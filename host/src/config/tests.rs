@@ -1995,3 +1995,21 @@ fn gpt2_sizes_default_validate_and_round_trip() {
     assert_eq!(e.key, "model.n_head");
     assert!(e.message.contains("only applies to model \"gpt2\""), "{e}");
 }
+
+#[test]
+fn text_runs_accept_an_empty_transforms_table_and_refuse_transforms() {
+    let text = |transforms: &str| {
+        format!(
+            "[data]\ndataset = \"synthetic-text\"\n{transforms}\n[model]\nname = \"gpt2\"\n\n\
+             [train]\nmax_duration = \"3ba\"\n"
+        )
+    };
+    // What a text run's recorded config holds (run.json, checkpoints): read back by
+    // `tessera eval` and `tessera export`.
+    let cfg = ok(&text("[data.transforms]\n"));
+    assert_eq!(cfg.data.transforms, Transforms::default());
+    let e = err(&text(
+        "[data.transforms]\nnormalize = { mean = [0.5], std = [0.5] }\n",
+    ));
+    assert!(e.to_string().contains("are image transforms"), "{e}");
+}
