@@ -277,13 +277,14 @@ fn bad_settings_are_refused_naming_them() {
     }
 }
 
-/// Without dropout (see tests/alibi.rs: the host does not checkpoint the generator GPT-2's
-/// dropout draws from); the surgery's fresh weights come from the run's seeded stream and are
-/// replayed at `init` before the weights load.
+/// With dropout (in the GLU MLP too: checkpoints hold libtorch's generator); the surgery's
+/// fresh weights come from the run's seeded stream and are replayed at `init` before the
+/// weights load.
 #[test]
 fn killed_and_resumed_run_equals_the_straight_run_bit_for_bit() {
     assert_killed_and_resumed_is_exact("glu-resume", |run| {
         let mut toml = glu(run, "gated_layer_bias = true");
+        toml.model.push_str("\ndropout = 0.1");
         toml.max_duration = "8ba".to_owned();
         toml
     });
