@@ -409,8 +409,14 @@ fn trained_at_32_tokens_alibi_evaluates_at_64_and_the_plain_gpt2_is_refused() {
         "perplexity at 64 tokens {p64} is not within 5% of {p32} at 32"
     );
 
-    // The plain GPT-2 has 32 learned positions: evaluating at 64 is an error naming them.
+    // The plain GPT-2 has 32 learned positions: evaluating at 64 is an error naming the
+    // setting and them, at start-up (before any training).
     let dir = TempDir::new("alibi-extrapolation-plain");
     extrapolation("plain", 64, None).write_to(&dir);
-    train(&dir, &all, &[]).assert_failure(&["64 tokens", "context of 32", "n_positions"]);
+    train(&dir, &all, &[]).assert_failure(&[
+        "data.text.eval_seq_len = 64",
+        "context of 32",
+        "n_positions",
+    ]);
+    assert!(!run_dir(&dir, "plain").join("metrics.jsonl").exists());
 }

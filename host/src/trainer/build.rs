@@ -81,6 +81,7 @@ impl Trainer {
             config.seed,
         );
         engine.fire(Event::INIT, &mut Stage::Setup(&mut setup))?;
+        check_context_length(&config, &setup.model)?;
         if let Some(file) = &config.model.torchscript {
             announce_torchscript(file, &setup);
         }
@@ -159,6 +160,39 @@ impl Trainer {
         trainer.quiet_metrics = false;
         Ok(trainer)
     }
+}
+
+/// A language model whose learned position embeddings (`transformer.wpe`, still there after
+/// `init`: no method such as ALiBi replaced them) are shorter than the training or evaluation
+/// sequences is refused now, naming the setting, rather than at its first batch or evaluation.
+fn check_context_length(config: &Config, model: &Model) -> Result<()> {
+    let Some(text) = &config.data.text else {
+        return Ok(());
+    };
+    let positions = model.root.walk().into_iter().find_map(|l| {
+        (l.path == "transformer.wpe" && l.kind == "embedding")
+            .then(|| match l.attrs.get("num_embeddings") {
+                Some(crate::model::Attr::Int(n)) => Some(*n as usize),
+                _ => None,
+            })
+            .flatten()
+    });
+    let Some(positions) = positions else {
+        return Ok(());
+    };
+    for (key, len) in [
+        ("data.text.seq_len", text.seq_len),
+        ("data.text.eval_seq_len", text.eval_seq_len()),
+    ] {
+        if len > positions {
+            fail!(
+                "{key} = {len} is longer than the model's context of {positions} tokens \
+                 (`[model] n_positions`, its learned position embeddings): raise n_positions, \
+                 shorten the sequences, or use a method without position embeddings (alibi)"
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Says which TorchScript model the run trains and, when a method looked for layers to change at
