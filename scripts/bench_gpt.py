@@ -12,8 +12,9 @@ train seconds at batch b = token / tokens_per_second, so the rate over batches W
 Also printed: the mean training loss over each LOG_EVERY batches of both sides in the last round
 (a sanity check that they train alike: different dropout and shuffling draws, so not bitwise).
 
-Environment: ROUNDS (3), BATCHES (35), WARMUP (5), THREADS (2), LOG_EVERY (5), TESSERA, DATA
-(cache root), and bench_gpt_pytorch.py's ACT and TWIN.
+Environment: ROUNDS (3), BATCHES (35), WARMUP (5), THREADS (2), LOG_EVERY (5), SEED (0, both
+sides' seed: Tessera's `seed`, PyTorch's manual_seed), SHUFFLE (1; 0: both sides take the
+sequences in stream order, the same batches), TESSERA, DATA (cache root), and bench_gpt_pytorch.py's ACT and TWIN.
 """
 
 import json
@@ -34,6 +35,7 @@ fetch = false
 batch_size = 32
 eval_batch_size = 64
 workers = 0
+shuffle = {shuffle}
 [data.text]
 seq_len = 128
 vocab_size = 4096
@@ -68,7 +70,7 @@ def tessera_run(tessera, work, batches, warmup, threads, log_every, data):
     path = Path(work) / "gpt.toml"
     path.write_text(
         TOML.format(
-            out=work, seed=0, data=data, batches=batches, threads=threads, log_every=log_every
+            out=work, seed=env("SEED", 0), shuffle=str(os.environ.get("SHUFFLE", "1") != "0").lower(), data=data, batches=batches, threads=threads, log_every=log_every
         )
     )
     out = subprocess.run([tessera, "train", str(path)], capture_output=True, text=True)

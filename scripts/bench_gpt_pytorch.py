@@ -15,7 +15,8 @@ tokens/s of the timed steps and the mean loss over each LOG_EVERY batches.
 Environment: BATCHES (35), WARMUP (5), THREADS (2), SEED (0), LOG_EVERY (5), DATA (the cache
 root, default ~/.cache/tessera/data), ACT (the GPT2Config activation, default `gelu_new`, GPT-2's;
 `gelu_pytorch_tanh` is the same function as one fused kernel, the one Tessera calls), TWIN (1:
-use the hand-written twin even when transformers imports).
+use the hand-written twin even when transformers imports), SHUFFLE (1; 0 keeps the sequences in
+stream order, as Tessera's `data.shuffle = false`, so both sides see the same batches).
 """
 
 import glob
@@ -139,6 +140,7 @@ def main():
     log_every = int(os.environ.get("LOG_EVERY", "5"))
     data = os.environ.get("DATA", str(Path.home() / ".cache/tessera/data"))
     act = os.environ.get("ACT", "gelu_new")
+    shuffle = os.environ.get("SHUFFLE", "1") != "0"
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
     tokens = token_file(data)
@@ -151,7 +153,7 @@ def main():
     per_epoch = n_seq // BATCH
     losses, window, done, started = [], [], 0, None
     while done < batches:
-        order = torch.randperm(n_seq, generator=gen)
+        order = torch.randperm(n_seq, generator=gen) if shuffle else torch.arange(n_seq)
         for i in range(min(per_epoch, batches - done)):
             if done == warmup:
                 started = time.perf_counter()
