@@ -133,9 +133,26 @@ fn trains_on_a_real_corpus(dataset: &str) {
     );
     toml.max_duration = "6ba".to_owned();
     toml.write_to(&dir);
-    let out = train(&dir, &["train.eval_subset_batches=4"], &[]);
+    let out = train(
+        &dir,
+        &["train.eval_subset_batches=4", "checkpoint.interval=6ba"],
+        &[],
+    );
     out.assert_success();
     let record = run_record(&dir, &label);
+    // The checkpoint's recorded config reads back: `tessera eval` rebuilds the run from it.
+    let ckpt = tessera::checkpoint::list(&run_dir(&dir, &label).join("checkpoints"))
+        .first()
+        .cloned()
+        .expect("a checkpoint");
+    let eval = tessera(
+        &["eval", &ckpt.display().to_string(), "--json"],
+        dir.path(),
+        &[],
+    );
+    eval.assert_success();
+    let result: Value = serde_json::from_str(eval.stdout.trim()).expect("eval --json");
+    assert_eq!(result["perplexity"], record["final_perplexity"], "{result}");
     assert_eq!(record["tokens"], 6 * 8 * 64, "{record:#}");
     let e = &record["evals"][0];
     assert_eq!(e["tokens"], 4 * 16 * 64, "{record:#}");

@@ -251,7 +251,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let mut trainer = Trainer::standalone(cfg, Vec::new())?;
             let r = trainer.eval_standalone()?;
             let model = trainer.resumed_from().map(Path::to_owned);
-            let result = serde_json::json!({
+            let mut result = serde_json::json!({
                 "source": path,
                 "checkpoint": model,
                 "epoch": r.epoch,
@@ -260,6 +260,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 "cross_entropy": r.cross_entropy,
                 "samples": r.samples,
             });
+            if let (Some(ppl), Some(tokens)) = (r.perplexity, r.tokens) {
+                result["perplexity"] = serde_json::json!(ppl);
+                result["tokens"] = serde_json::json!(tokens);
+            }
             if let Some(to) = &to {
                 let text = serde_json::to_vec_pretty(&result)?;
                 tessera::files::write_atomic(to, &text)
@@ -272,10 +276,20 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     Some(c) => format!("{} (epoch {}, batch {})", c.display(), r.epoch, r.batch),
                     None => "the freshly initialised model".to_owned(),
                 };
-                println!(
-                    "{what}: accuracy {:.4}, cross-entropy {:.4} on {} test samples",
-                    r.accuracy, r.cross_entropy, r.samples
-                );
+                match r.perplexity {
+                    Some(ppl) => println!(
+                        "{what}: perplexity {ppl:.3}, cross-entropy {:.4}, next-token accuracy \
+                         {:.4} on {} test sequences ({} tokens)",
+                        r.cross_entropy,
+                        r.accuracy,
+                        r.samples,
+                        r.tokens.unwrap_or(0)
+                    ),
+                    None => println!(
+                        "{what}: accuracy {:.4}, cross-entropy {:.4} on {} test samples",
+                        r.accuracy, r.cross_entropy, r.samples
+                    ),
+                }
             }
         }
         Command::Predict {

@@ -45,7 +45,8 @@ pub struct DataConfig {
     /// How text becomes token sequences; `Some` exactly when `dataset` is a text dataset.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub text: Option<TextConfig>,
-    /// Train-time transforms.
+    /// Train-time transforms (recorded only when there are some: a text dataset has none).
+    #[serde(skip_serializing_if = "no_transforms")]
     pub transforms: Transforms,
     /// The dataset's image shape and classes (from `synthetic`, `folder` and the folder's
     /// class folders, or the registry's pinned facts).
@@ -125,6 +126,10 @@ section!(FolderConfig {
     channels: uint(1),
     on_bad_file: choice("on_bad_file setting", &OnBadFile::CHOICES),
 });
+
+fn no_transforms(t: &Transforms) -> bool {
+    *t == Transforms::default()
+}
 
 section!(Transforms {
     normalize,

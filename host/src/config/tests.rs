@@ -2013,3 +2013,40 @@ fn text_runs_accept_an_empty_transforms_table_and_refuse_transforms() {
     ));
     assert!(e.to_string().contains("are image transforms"), "{e}");
 }
+
+#[test]
+fn text_configs_round_trip_through_the_recorded_config() {
+    // A corpus run's recorded config must read back (`tessera eval`/`export`/`predict` of its
+    // checkpoints): `tokens`/`eval_tokens` are synthetic-text only and a corpus refuses them, so
+    // they are recorded only when set.
+    let corpus = MINIMAL
+        .replace(
+            "\"fashion-mnist\"",
+            "\"shakespeare\"\n[data.text]\nseq_len = 64\nvocab_size = 512",
+        )
+        .replace("\"cnn\"", "\"gpt2\"");
+    let c = ok(&corpus);
+    let recorded = serde_json::to_value(&c).unwrap_or_else(|e| panic!("{e}"));
+    let text = &recorded["data"]["text"];
+    assert!(
+        text.get("tokens").is_none() && text.get("eval_tokens").is_none(),
+        "{text}"
+    );
+    let again = recorded::from_recorded(&recorded, "again", &[]).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(again.data, c.data);
+    // synthetic-text keeps them, set or defaulted.
+    let synthetic = corpus.replace("\"shakespeare\"", "\"synthetic-text\"");
+    let c = ok(&synthetic);
+    let t = c.data.text.as_ref().expect("a text config");
+    assert_eq!((t.tokens(), t.eval_tokens()), (262_144, 32_768));
+    let sized = synthetic.replace(
+        "vocab_size = 512",
+        "vocab_size = 512\ntokens = 1000\neval_tokens = 300",
+    );
+    let c = ok(&sized);
+    let recorded = serde_json::to_value(&c).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(recorded["data"]["text"]["tokens"], 1000);
+    let again = recorded::from_recorded(&recorded, "again", &[]).unwrap_or_else(|e| panic!("{e}"));
+    let t = again.data.text.as_ref().expect("a text config");
+    assert_eq!((t.tokens(), t.eval_tokens()), (1000, 300));
+}

@@ -162,10 +162,15 @@ pub struct TextConfig {
     /// file's folder.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tokenizer: Option<std::path::PathBuf>,
-    /// `synthetic-text` only: training tokens generated (default 262144).
-    pub tokens: usize,
-    /// `synthetic-text` only: evaluation tokens generated (default 32768).
-    pub eval_tokens: usize,
+    /// `synthetic-text` only: training tokens generated (default 262144, [`TextConfig::tokens`]).
+    /// Recorded only when set: a corpus refuses the key, so a recorded default would make the
+    /// config of a corpus run unreadable (`tessera eval`/`export`/`predict` of its checkpoints).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<usize>,
+    /// `synthetic-text` only: evaluation tokens generated (default 32768,
+    /// [`TextConfig::eval_tokens`]); recorded only when set, as `tokens`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eval_tokens: Option<usize>,
 }
 
 impl Default for TextConfig {
@@ -175,8 +180,8 @@ impl Default for TextConfig {
             eval_seq_len: None,
             vocab_size: 8192,
             tokenizer: None,
-            tokens: 262_144,
-            eval_tokens: 32_768,
+            tokens: None,
+            eval_tokens: None,
         }
     }
 }
@@ -185,6 +190,16 @@ impl TextConfig {
     /// Tokens per evaluation sequence.
     pub fn eval_seq_len(&self) -> usize {
         self.eval_seq_len.unwrap_or(self.seq_len)
+    }
+
+    /// `synthetic-text`: training tokens generated (default 262144).
+    pub fn tokens(&self) -> usize {
+        self.tokens.unwrap_or(262_144)
+    }
+
+    /// `synthetic-text`: evaluation tokens generated (default 32768).
+    pub fn eval_tokens(&self) -> usize {
+        self.eval_tokens.unwrap_or(32_768)
     }
 }
 

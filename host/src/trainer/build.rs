@@ -327,8 +327,12 @@ pub fn load_token_sets(cfg: &Config) -> Result<TokenSets> {
     };
     let (train, eval, vocab) = match d.dataset {
         data::Dataset::SyntheticText => (
-            data::synthetic_tokens(cfg.seed, text.tokens, text.vocab_size)?,
-            data::synthetic_tokens(cfg.seed.wrapping_add(1), text.eval_tokens, text.vocab_size)?,
+            data::synthetic_tokens(cfg.seed, text.tokens(), text.vocab_size)?,
+            data::synthetic_tokens(
+                cfg.seed.wrapping_add(1),
+                text.eval_tokens(),
+                text.vocab_size,
+            )?,
             text.vocab_size,
         ),
         corpus => {
