@@ -19,7 +19,7 @@ use the hand-written twin even when transformers imports), SHUFFLE (1; 0 keeps t
 stream order, as Tessera's `data.shuffle = false`, so both sides see the same batches).
 """
 
-import glob
+import hashlib
 import json
 import math
 import os
@@ -35,17 +35,21 @@ LR, BETAS, EPS, WD = 1e-3, (0.9, 0.999), 1e-8, 0.1
 
 def token_file(data_root, split="train"):
     """The split's token ids (int64) from the corpus cache Tessera wrote."""
-    folders = sorted(glob.glob(str(Path(data_root) / "shakespeare" / "tokens-*")))
-    if not folders:
-        raise SystemExit(f"no token cache under {data_root}/shakespeare: run tessera first")
+    # The encoding by THIS vocabulary's tokenizer: the cache holds one folder per tokenizer
+    # (tokens-<first 16 hex of its sha256>), e.g. also the tests' 1024-token one.
+    corpus = Path(data_root) / "shakespeare"
+    tokenizer = corpus / f"tokenizer-bpe-{VOCAB}.json"
+    if not tokenizer.is_file():
+        raise SystemExit(f"no {tokenizer}: run tessera first")
+    folder = corpus / f"tokens-{hashlib.sha256(tokenizer.read_bytes()).hexdigest()[:16]}"
     manifest = dict(
         line.split(" ", 1)
-        for line in (Path(folders[-1]) / "MANIFEST").read_text().splitlines()
+        for line in (folder / "MANIFEST").read_text().splitlines()
         if line and not line.startswith("#")
     )
     width = int(manifest["width"])
     name = f"{split}.u{8 * width}"
-    raw = bytearray((Path(folders[-1]) / name).read_bytes())
+    raw = bytearray((folder / name).read_bytes())
     dtype = torch.uint16 if width == 2 else torch.uint32
     ids = torch.frombuffer(raw, dtype=dtype).to(torch.int64)
     assert ids.numel() == int(manifest[f"{name}.tokens"])
