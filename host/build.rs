@@ -2,11 +2,14 @@
 //! with CUDA when the libtorch has it (`--no-as-needed` keeps `libtorch_cuda`, whose symbols are
 //! never referenced directly, so CUDA kernels get registered). Also compiles the small C++ shims
 //! for CPU/CUDA autocast, for resetting gradients to undefined and for TorchScript models
-//! (their buffers and training mode, which tch's `CModule` does not reach).
+//! (their buffers and training mode, which tch's `CModule` does not reach), and the c10d shim for
+//! data-parallel training (`csrc/dist.cpp`; `csrc/gloo-decls` says why it declares Gloo types).
 use std::path::PathBuf;
 
 fn main() {
     println!("cargo:rerun-if-changed=csrc/autocast.cpp");
+    println!("cargo:rerun-if-changed=csrc/dist.cpp");
+    println!("cargo:rerun-if-changed=csrc/gloo-decls");
     println!("cargo:rerun-if-changed=csrc/grad.cpp");
     println!("cargo:rerun-if-changed=csrc/rng.cpp");
     println!("cargo:rerun-if-changed=csrc/script_module.cpp");
@@ -34,9 +37,11 @@ fn main() {
     cc::Build::new()
         .cpp(true)
         .file("csrc/autocast.cpp")
+        .file("csrc/dist.cpp")
         .file("csrc/grad.cpp")
         .file("csrc/rng.cpp")
         .file("csrc/script_module.cpp")
+        .include("csrc/gloo-decls")
         .include(root.join("include"))
         .include(root.join("include/torch/csrc/api/include"))
         .flag("-std=c++17")

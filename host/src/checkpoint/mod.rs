@@ -4,7 +4,8 @@
 //! any safetensors reader) named `ep{E}-ba{B}.ckpt`:
 //! - tensors `model/<name>` (weights and buffers, PyTorch names), `optim/<param>.<buffer>`
 //!   (optimizer state), `method/<method>/<name>` (each method's tensors) and
-//!   `method/<method>/__bytes__` (its serialized counters), `trainer/running_loss`;
+//!   `method/<method>/__bytes__` (its serialized counters), `trainer/running_loss`,
+//!   `trainer/torch_cpu_rng` and, for a data-parallel run, `rank/<r>/torch_cpu_rng` (ranks 1..);
 //! - metadata `tessera.checkpoint`: a JSON [`Meta`] (format version, clock, optimizer
 //!   position, RNG state, methods and their settings, the resolved config, ...), and
 //!   `tessera.sha256`: a checksum over the metadata and every tensor's name, dtype, shape and
@@ -31,7 +32,9 @@ pub use folder::{
     file_name, latest_good, list, parse_file_name, remove_stale_temporaries, update_latest,
 };
 pub(crate) use format::{blob_of, Blob};
-pub use parts::{Meta, MethodMeta, Parts, RngMeta, SavedClock, TrainerMeta};
+pub use parts::{
+    rng_from_meta, rng_meta, Meta, MethodMeta, Parts, RankPart, RngMeta, SavedClock, TrainerMeta,
+};
 pub use retention::prune;
 
 /// Version of the checkpoint layout this build writes and reads.

@@ -102,10 +102,29 @@ pub struct Meta {
     pub methods: Vec<MethodMeta>,
     /// The resolved configuration.
     pub config: serde_json::Value,
+    /// Ranks of the data-parallel run that wrote it (1 for a single process).
+    #[serde(default = "one")]
+    pub world_size: usize,
+    /// The random streams of ranks 1.. (rank 0's are `rng` and `trainer/torch_cpu_rng`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ranks: Vec<RngMeta>,
+}
+
+fn one() -> usize {
+    1
+}
+
+/// What a rank other than 0 adds to a checkpoint of a data-parallel run: its own random
+/// streams (everything else is the same on every rank).
+pub struct RankPart {
+    /// The methods' random stream.
+    pub rng: ChaCha8Rng,
+    /// libtorch's CPU generator (`u8` state).
+    pub torch_rng: Tensor,
 }
 
 /// The methods' random stream as metadata.
-fn rng_meta(rng: &ChaCha8Rng) -> RngMeta {
+pub fn rng_meta(rng: &ChaCha8Rng) -> RngMeta {
     RngMeta {
         seed: hex(&rng.get_seed()),
         stream: rng.get_stream(),
@@ -114,7 +133,7 @@ fn rng_meta(rng: &ChaCha8Rng) -> RngMeta {
 }
 
 /// The random stream saved by [`rng_meta`].
-fn rng_from_meta(m: &RngMeta) -> Result<ChaCha8Rng, CheckpointError> {
+pub fn rng_from_meta(m: &RngMeta) -> Result<ChaCha8Rng, CheckpointError> {
     let bad = |what: &str, value: &str| CheckpointError::Part(format!("bad RNG {what} {value:?}"));
     if m.seed.len() != 64 || !m.seed.is_ascii() {
         return Err(bad("seed", &m.seed));
@@ -168,6 +187,10 @@ pub struct Parts {
     /// libtorch's CPU generator (`u8` state; absent in checkpoints written before it was
     /// saved).
     pub torch_rng: Option<Tensor>,
+    /// Ranks of the run (1 for a single process).
+    pub world_size: usize,
+    /// Ranks 1..world_size's own parts, in rank order (empty for a single process).
+    pub ranks: Vec<RankPart>,
 }
 
 const MODEL: &str = "model/";
@@ -175,6 +198,8 @@ const OPTIMIZER: &str = "optim/";
 const METHOD: &str = "method/";
 const RUNNING_LOSS: &str = "trainer/running_loss";
 const TORCH_RNG: &str = "trainer/torch_cpu_rng";
+/// `rank/<r>/torch_cpu_rng`: libtorch's CPU generator of rank r >= 1.
+const RANK: &str = "rank/";
 /// A method's serialized counters, beside its named tensors.
 const METHOD_BYTES: &str = "__bytes__";
 
@@ -193,6 +218,8 @@ impl Checkpoint {
             mut trainer,
             running_loss,
             torch_rng,
+            world_size,
+            ranks,
         } = parts;
         let prefixed = |prefix: &str, name: &str| format!("{prefix}{name}");
         let mut tensors: Vec<(String, Tensor)> = model
@@ -241,6 +268,11 @@ impl Checkpoint {
         if let Some(r) = torch_rng {
             tensors.push((TORCH_RNG.to_owned(), r));
         }
+        let mut rank_rngs = Vec::with_capacity(ranks.len());
+        for (i, part) in ranks.into_iter().enumerate() {
+            tensors.push((format!("{RANK}{}/torch_cpu_rng", i + 1), part.torch_rng));
+            rank_rngs.push(rng_meta(&part.rng));
+        }
         trainer.disabled = disabled_methods;
         let meta = Meta {
             format: FORMAT_VERSION,
@@ -258,6 +290,8 @@ impl Checkpoint {
             trainer,
             methods: method_metas,
             config,
+            world_size,
+            ranks: rank_rngs,
         };
         Ok(Checkpoint { meta, tensors })
     }
@@ -270,6 +304,7 @@ impl Checkpoint {
         let mut method_tensors = std::collections::HashMap::new();
         let mut running_loss = None;
         let mut torch_rng = None;
+        let mut rank_torch = std::collections::HashMap::new();
         for (name, t) in tensors {
             if let Some(n) = name.strip_prefix(MODEL) {
                 model.push((n.to_owned(), t));
@@ -281,7 +316,20 @@ impl Checkpoint {
                 running_loss = Some(t);
             } else if name == TORCH_RNG {
                 torch_rng = Some(t);
+            } else if name.starts_with(RANK) {
+                rank_torch.insert(name, t);
             }
+        }
+        let mut ranks = Vec::with_capacity(meta.ranks.len());
+        for (i, rng) in meta.ranks.iter().enumerate() {
+            let name = format!("{RANK}{}/torch_cpu_rng", i + 1);
+            let torch_rng = rank_torch.remove(&name).ok_or_else(|| {
+                CheckpointError::Part(format!("rank {}: `{name}` is missing", i + 1))
+            })?;
+            ranks.push(RankPart {
+                rng: rng_from_meta(rng)?,
+                torch_rng,
+            });
         }
         let mut methods = Vec::with_capacity(meta.methods.len());
         for m in meta.methods {
@@ -337,6 +385,8 @@ impl Checkpoint {
             trainer,
             running_loss,
             torch_rng,
+            world_size: meta.world_size,
+            ranks,
         })
     }
 }

@@ -73,6 +73,8 @@ fn sample() -> Checkpoint {
         },
         running_loss: Some(Tensor::from_slice(&[0.75f32])),
         torch_rng: Some(Tensor::from_slice(&[1u8, 2, 3])),
+        world_size: 1,
+        ranks: Vec::new(),
     };
     Checkpoint::from_parts(parts).unwrap()
 }

@@ -21,6 +21,7 @@ mod algorithms;
 mod checkpoint;
 mod data;
 mod de;
+mod distributed;
 mod error;
 mod model;
 mod optimizer;
@@ -38,6 +39,7 @@ mod tests;
 pub use algorithms::AlgorithmConfig;
 pub use checkpoint::{CheckpointConfig, PluginsConfig};
 pub use data::DataConfig;
+pub use distributed::DistributedConfig;
 pub use error::{ConfigError, ErrorKind, Location};
 pub use recorded::from_recorded;
 pub use train::TrainConfig;
@@ -78,6 +80,8 @@ pub struct Config {
     pub algorithms: Vec<AlgorithmConfig>,
     /// `[checkpoint]`
     pub checkpoint: CheckpointConfig,
+    /// `[distributed]`: data-parallel settings, used when the run has several ranks.
+    pub distributed: DistributedConfig,
 }
 
 section!(Config {
@@ -93,6 +97,7 @@ section!(Config {
     plugins,
     algorithms,
     checkpoint,
+    distributed,
 });
 
 impl Config {
@@ -180,6 +185,7 @@ fn build(root: &Node, base: &Path, file: &str, stem: &str) -> Result<Config, Con
         .unwrap_or_default();
     let algorithms = algorithms::read(&top)?;
     let checkpoint = checkpoint::read(&top, &output_dir.join(&run_name))?;
+    let distributed = distributed::read(&top)?;
 
     Config {
         run_name,
@@ -194,6 +200,7 @@ fn build(root: &Node, base: &Path, file: &str, stem: &str) -> Result<Config, Con
         plugins,
         algorithms,
         checkpoint,
+        distributed,
     }
     .read_keys(&top)
 }

@@ -154,6 +154,34 @@ pub struct Loader {
     source: Source,
     options: LoaderOptions,
     sample_shape: (usize, usize, usize),
+    shard: Shard,
+}
+
+/// Which share of every epoch a loader serves in a data-parallel run (see [`Loader::shard`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Shard {
+    rank: usize,
+    world: usize,
+    /// Pad the epoch to a multiple of `world` with its first samples, so that every rank gets
+    /// as many (training); otherwise ranks get one sample fewer or more (evaluation).
+    pad: bool,
+}
+
+impl Shard {
+    const WHOLE: Shard = Shard {
+        rank: 0,
+        world: 1,
+        pad: false,
+    };
+
+    /// Samples this shard gets of an epoch of `n`.
+    fn len(&self, n: usize) -> usize {
+        if self.pad {
+            n.div_ceil(self.world)
+        } else {
+            (n + self.world - 1 - self.rank) / self.world
+        }
+    }
 }
 
 /// What a [`Loader`] reads.
@@ -200,6 +228,7 @@ impl Loader {
             },
             options,
             sample_shape: shape,
+            shard: Shard::WHOLE,
         })
     }
 
@@ -220,6 +249,7 @@ impl Loader {
             source: Source::Tokens(tokens),
             options,
             sample_shape,
+            shard: Shard::WHOLE,
         })
     }
 
@@ -228,9 +258,31 @@ impl Loader {
         matches!(self.source, Source::Tokens(_))
     }
 
-    /// Samples (images or sequences) in one epoch, before batching.
+    /// Samples (images or sequences) this loader serves in one epoch, before batching: its
+    /// shard's share in a data-parallel run.
     pub fn len(&self) -> usize {
-        self.source.len()
+        self.shard.len(self.source.len())
+    }
+
+    /// Serves only rank `rank`'s share of every epoch of a data-parallel run of `world` ranks,
+    /// as PyTorch's `DistributedSampler` does: the epoch's order (the same on every rank) is
+    /// split round-robin, rank r taking positions r, r + world, ... With `pad`, the order is
+    /// first extended with its own first samples to a multiple of `world`, so every rank gets
+    /// the same number of samples and batches (training); without, ranks differ by at most one
+    /// sample and no sample is served twice (evaluation).
+    ///
+    /// Batch b of the ranks together is batch b of one loader with `world` times the batch
+    /// size (before padding): a run on W ranks of batch B sees the batches of one process with
+    /// batch W×B. Per-sample random transforms are keyed by the global position, so they are
+    /// the same too.
+    pub fn shard(mut self, rank: usize, world: usize, pad: bool) -> Loader {
+        let world = world.max(1);
+        self.shard = Shard {
+            rank: rank.min(world - 1),
+            world,
+            pad,
+        };
+        self
     }
 
     /// Whether the loader has no samples.
@@ -272,7 +324,7 @@ impl Loader {
 
     /// Batches in one epoch, counting a final smaller batch unless `drop_last` is set.
     pub fn batches_per_epoch(&self) -> u64 {
-        let (n, b) = (self.source.len() as u64, self.options.batch_size as u64);
+        let (n, b) = (self.len() as u64, self.options.batch_size as u64);
         if self.options.drop_last {
             n / b
         } else {
@@ -289,6 +341,7 @@ impl Loader {
         let start = start_batch.min(end);
         let order = Arc::new(self.order(epoch));
         let batch_size = self.options.batch_size;
+        let (rank, world) = (self.shard.rank as u64, self.shard.world as u64);
         let producer: Producer = match &self.source {
             Source::Images {
                 dataset,
@@ -297,7 +350,11 @@ impl Loader {
                 let dataset = Arc::clone(dataset);
                 let transforms = Arc::clone(transforms);
                 let shape = self.sample_shape;
-                let transform_key = key(self.options.seed, epoch, *b"transfrm");
+                let transform_key = TransformKey {
+                    key: key(self.options.seed, epoch, *b"transfrm"),
+                    rank,
+                    world,
+                };
                 Arc::new(move |batch| {
                     make_batch(
                         &*dataset,
@@ -324,15 +381,25 @@ impl Loader {
         )
     }
 
-    /// The sample order of an epoch: a permutation keyed by (seed, epoch), or the identity.
+    /// The sample order of an epoch: a permutation keyed by (seed, epoch), or the identity;
+    /// in a data-parallel run, this rank's share of it (see [`Loader::shard`]).
     fn order(&self, epoch: u64) -> Vec<u32> {
         // `new` checked that the length fits in u32.
-        let mut order: Vec<u32> = (0..self.source.len() as u32).collect();
+        let n = self.source.len();
+        let mut order: Vec<u32> = (0..n as u32).collect();
         if self.options.shuffle {
             let mut rng = ChaCha8Rng::from_seed(key(self.options.seed, epoch, *b"shuffle!"));
             order.shuffle(&mut rng);
         }
-        order
+        let Shard { rank, world, pad } = self.shard;
+        if world == 1 {
+            return order;
+        }
+        let total = if pad { n.div_ceil(world) * world } else { n };
+        (rank..total)
+            .step_by(world)
+            .filter_map(|position| order.get(position % n.max(1)).copied())
+            .collect()
     }
 }
 
@@ -345,13 +412,31 @@ fn key(seed: u64, epoch: u64, purpose: [u8; 8]) -> [u8; 32] {
     key
 }
 
+/// The random stream of a sample's transforms: keyed by (seed, epoch), numbered by the sample's
+/// position in the whole epoch's order, so it is the same for any number of ranks.
+#[derive(Debug, Clone, Copy)]
+struct TransformKey {
+    key: [u8; 32],
+    rank: u64,
+    world: u64,
+}
+
+impl TransformKey {
+    /// The stream of the sample at `position` in this rank's share.
+    fn rng(&self, position: usize) -> ChaCha8Rng {
+        let mut rng = ChaCha8Rng::from_seed(self.key);
+        rng.set_stream(position as u64 * self.world + self.rank);
+        rng
+    }
+}
+
 fn make_batch(
     dataset: &dyn SampleSource,
     transforms: &[Transform],
     order: &[u32],
     batch_size: usize,
     shape: (usize, usize, usize),
-    transform_key: [u8; 32],
+    transform_key: TransformKey,
     batch: u64,
 ) -> Result<HostBatch, DataError> {
     let start = (batch as usize).saturating_mul(batch_size).min(order.len());
@@ -368,8 +453,7 @@ fn make_batch(
         };
         let (c, h, w) = dataset.shape();
         let mut sample = Sample::from_u8(&pixels, c, h, w);
-        let mut rng = ChaCha8Rng::from_seed(transform_key);
-        rng.set_stream(position as u64);
+        let mut rng = transform_key.rng(position);
         for (i, transform) in transforms.iter().enumerate() {
             transform
                 .apply(&mut sample, &mut rng)

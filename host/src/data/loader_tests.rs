@@ -295,3 +295,60 @@ fn token_batches_are_shuffled_sequences_with_shifted_targets() {
     assert_ne!(collect(&loader, 1, 0), batches);
     assert_eq!(collect(&loader, 0, 1), batches[1..]);
 }
+
+/// The rows of `b` (pixels and target) as (target, pixel bytes) pairs, order-free.
+fn rows(b: &HostBatch) -> Vec<(i64, Vec<u32>)> {
+    let pixels = b.pixels().unwrap();
+    let per = pixels.len() / b.len().max(1);
+    (0..b.len())
+        .map(|i| {
+            let row = pixels[i * per..(i + 1) * per].iter().map(|v| v.to_bits());
+            (b.target[i], row.collect())
+        })
+        .collect()
+}
+
+#[test]
+fn ranks_together_serve_the_global_batches() {
+    // 64 samples, 2 ranks of batch 8 = one loader of batch 16: same samples in every batch,
+    // same augmentation draws (keyed by the global position), same number of batches.
+    let global = collect(&loader(64, 16, 0, false), 2, 0);
+    let shards: Vec<Vec<HostBatch>> = (0..2)
+        .map(|r| collect(&loader(64, 8, 1, false).shard(r, 2, true), 2, 0))
+        .collect();
+    assert_eq!(shards[0].len(), global.len());
+    assert_eq!(shards[1].len(), global.len());
+    for (b, whole) in global.iter().enumerate() {
+        let mut expected = rows(whole);
+        let mut got: Vec<_> = shards.iter().flat_map(|s| rows(&s[b])).collect();
+        expected.sort();
+        got.sort();
+        assert_eq!(got, expected, "batch {b}");
+    }
+    // Resuming a shard at batch 3 yields the tail of its full pass.
+    let tail = collect(&loader(64, 8, 0, false).shard(1, 2, true), 2, 3);
+    assert_eq!(tail, shards[1][3..]);
+}
+
+#[test]
+fn training_shards_are_padded_evaluation_shards_are_not() {
+    // 53 samples on 4 ranks: padded, every rank gets 14 (3 samples served twice); unpadded,
+    // 14, 13, 13, 13 and each sample exactly once.
+    let padded: Vec<Loader> = (0..4)
+        .map(|r| loader(53, 5, 0, false).shard(r, 4, true))
+        .collect();
+    assert!(padded
+        .iter()
+        .all(|l| l.len() == 14 && l.batches_per_epoch() == 3));
+    let exact: Vec<Loader> = (0..4)
+        .map(|r| loader(53, 5, 0, false).shard(r, 4, false))
+        .collect();
+    let lens: Vec<usize> = exact.iter().map(Loader::len).collect();
+    assert_eq!(lens, [14, 13, 13, 13]);
+    let orders: Vec<u32> = exact.iter().flat_map(|l| l.order(0)).collect();
+    let distinct: HashSet<u32> = orders.iter().copied().collect();
+    assert_eq!((orders.len(), distinct.len()), (53, 53));
+    let padded_orders: Vec<u32> = padded.iter().flat_map(|l| l.order(0)).collect();
+    let distinct: HashSet<u32> = padded_orders.iter().copied().collect();
+    assert_eq!((padded_orders.len(), distinct.len()), (56, 53));
+}

@@ -37,18 +37,54 @@ impl Trainer {
         purpose: Purpose,
     ) -> Result<Trainer> {
         let started = Instant::now();
+        // A data-parallel rank joins its group first: a rank that never comes is reported
+        // before any work.
+        let dp = match purpose {
+            Purpose::Fit => super::dist::join(&config)?,
+            Purpose::Standalone => None,
+        };
         let device = config.train.device.resolve()?;
+        // Every rank builds the same model from the run's seed; each gets its own streams
+        // after set-up (`seed_rank`).
         tch::manual_seed(config.seed as i64);
         if config.train.threads > 0 {
             tch::set_num_threads(config.train.threads as i32);
+        } else if let Some(dp) = &dp {
+            // The ranks on one machine share its cores, as torchrun's OMP_NUM_THREADS does.
+            let local = std::env::var("LOCAL_WORLD_SIZE")
+                .ok()
+                .and_then(|v| v.parse::<usize>().ok())
+                .unwrap_or(dp.world())
+                .max(1);
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            tch::set_num_threads((cores / local).max(1) as i32);
         }
         // Methods first: their per-sample transforms join the training loader.
         let (mut engine, plugins) = load_methods(&config, extra)?;
+        // Rank 0 fetches and prepares the data (caches) while the others wait, then they read it.
+        if let Some(dp) = dp.as_ref().filter(|d| d.rank() != 0) {
+            dp.group
+                .barrier()
+                .context("waiting for rank 0 to prepare the data")?;
+        }
         let (train_loader, eval_loader, vocab) = if config.data.is_text() {
             build_token_loaders(&config, &engine.sample_transforms())?
         } else {
             let (train, eval) = build_loaders(&config, &engine.sample_transforms())?;
             (train, eval, None)
+        };
+        if let Some(dp) = dp.as_ref().filter(|d| d.rank() == 0) {
+            dp.group
+                .barrier()
+                .context("waiting for the other ranks to join")?;
+        }
+        // Each rank trains on its share of every epoch and evaluates its share of the test set.
+        let (train_loader, eval_loader) = match &dp {
+            Some(dp) => (
+                train_loader.shard(dp.rank(), dp.world(), true),
+                eval_loader.shard(dp.rank(), dp.world(), false),
+            ),
+            None => (train_loader, eval_loader),
         };
         let (c, h, w) = train_loader.sample_shape();
         let input = InputShape {
@@ -96,7 +132,12 @@ impl Trainer {
         let read_started = Instant::now();
         let resume = find_resume_checkpoint(&config.checkpoint)?;
         let read_ms = read_started.elapsed().as_secs_f64() * 1e3;
+        if let Some(dp) = &dp {
+            super::dist::agree_on_resume(dp, resume.as_ref())?;
+        }
+        let rank0 = dp.as_ref().is_none_or(|d| d.rank() == 0);
         let reporter = match purpose {
+            Purpose::Fit if !rank0 => Reporter::discard(),
             Purpose::Fit => {
                 prepare_checkpoint_folder(&config.checkpoint, resume.is_some())?;
                 // Metrics continue where the checkpoint left them when it belongs to this run.
@@ -133,7 +174,17 @@ impl Trainer {
             trained_samples: 0,
             quiet_metrics: resume.is_some(),
             purpose,
+            dp,
+            agreed_stop: None,
+            step_samples: 0,
         };
+        if trainer.dp.is_some() {
+            // Every rank starts from rank 0's model (surgery drew the same weights, but a
+            // method's own draws need not), then draws its own random numbers.
+            trainer.broadcast_model(true, true)?;
+            trainer.seed_rank();
+            trainer.announce_data_parallel();
+        }
         if trainer.quiet_metrics {
             trainer.state.metrics.clear();
         }
@@ -158,6 +209,7 @@ impl Trainer {
         }
         trainer.fire(Event::AFTER_LOAD)?;
         trainer.quiet_metrics = false;
+        trainer.start_reducer()?;
         Ok(trainer)
     }
 }

@@ -72,6 +72,9 @@ pub enum TrainError {
     /// A configuration cannot be written back as TOML.
     #[error(transparent)]
     Toml(#[from] toml::ser::Error),
+    /// The data-parallel group failed: joining it, or a collective (another rank failed).
+    #[error(transparent)]
+    Dist(#[from] crate::dist::DistError),
 }
 
 /// The trainer's results.

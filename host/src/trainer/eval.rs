@@ -16,6 +16,9 @@ impl Trainer {
     /// `eval_before_all`/`eval_after_all`, recorded in the metrics and the run record.
     pub fn evaluate(&mut self) -> Result<EvalRecord> {
         let started = Instant::now();
+        // Data-parallel: every rank evaluates rank 0's batch-norm statistics (PyTorch DDP
+        // broadcasts buffers from rank 0 before each forward pass; only rank 0's are ever used).
+        self.broadcast_model(false, true)?;
         self.fire_as(Event::EVAL_BEFORE_ALL, false)?;
         let record = self.eval_loop()?;
         self.fire_as(Event::EVAL_AFTER_ALL, false)?;
@@ -80,12 +83,22 @@ impl Trainer {
             self.fire_as(Event::EVAL_BATCH_END, false)?;
         }
         let language = self.eval_loader.is_tokens();
+        // Data-parallel: each rank evaluated its share of the test set.
+        let mut totals = [
+            correct.f_double_value(&[])?,
+            loss_sum.f_double_value(&[])?,
+            samples as f64,
+            tokens as f64,
+        ];
+        self.sum_over_ranks(&mut totals)?;
+        let [correct, loss_sum, samples, tokens] = totals;
+        let (samples, tokens) = (samples.round() as u64, tokens.round() as u64);
         let denom = if language { tokens } else { samples }.max(1) as f64;
-        let cross_entropy = loss_sum.f_double_value(&[])? / denom;
+        let cross_entropy = loss_sum / denom;
         let record = EvalRecord {
             epoch: self.state.clock.timestamp.epoch,
             batch: self.state.clock.timestamp.batch,
-            accuracy: correct.f_double_value(&[])? / denom,
+            accuracy: correct / denom,
             cross_entropy,
             samples,
             tokens: language.then_some(tokens),

@@ -128,6 +128,8 @@ impl Trainer {
             }
             self.log_train_line()?;
         }
+        // Data-parallel: every rank must end with the same model.
+        self.check_ranks_agree()?;
         self.reporter.finish();
         let mut record = self.run_record();
         if let Some(signal) = interrupted_by {
@@ -135,9 +137,11 @@ impl Trainer {
         } else if let Some(reason) = &self.state.stop_reason {
             record.status = format!("stopped early: {reason}");
         }
-        let path = self.config.run_dir().join("run.json");
-        let text = serde_json::to_vec_pretty(&record)?;
-        write_atomic(&path, &text).with_context(|| format!("writing {}", path.display()))?;
+        if self.is_rank0() {
+            let path = self.config.run_dir().join("run.json");
+            let text = serde_json::to_vec_pretty(&record)?;
+            write_atomic(&path, &text).with_context(|| format!("writing {}", path.display()))?;
+        }
         Ok(FitSummary {
             record,
             interrupted_by,

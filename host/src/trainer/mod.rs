@@ -17,6 +17,7 @@ use crate::report::{EvalRecord, PluginRecord, Reporter, RunRecord};
 use crate::time::Timestamp;
 
 mod build;
+mod dist;
 mod error;
 mod eval;
 mod fit;
@@ -75,6 +76,12 @@ pub struct Trainer {
     /// the original run already wrote).
     quiet_metrics: bool,
     purpose: Purpose,
+    /// This rank's membership of a data-parallel run (none for a single process).
+    dp: Option<dist::DataParallel>,
+    /// The stop signal the ranks agreed on at the last step (data-parallel runs).
+    agreed_stop: Option<i32>,
+    /// Samples of the current step's batch after `after_dataloader` (this rank's).
+    step_samples: u64,
 }
 
 /// What a trainer was built for.
@@ -93,7 +100,17 @@ impl Trainer {
         self.stop = Some(flag);
     }
 
+    /// The signal that asked this run to stop: in a data-parallel run, the one the ranks agreed
+    /// on at the last step, so that every rank stops after the same batch.
     fn stop_requested(&self) -> Option<i32> {
+        if self.dp.is_some() {
+            return self.agreed_stop;
+        }
+        self.stop_requested_locally()
+    }
+
+    /// The signal this process got, if any.
+    fn stop_requested_locally(&self) -> Option<i32> {
         self.stop
             .as_ref()
             .map(|f| f.load(Ordering::SeqCst) as i32)

@@ -34,8 +34,11 @@ impl Trainer {
             }
         }
         let parts = c.into_parts()?;
+        let world_changed = self.purpose == Purpose::Fit
+            && self.check_world_change(parts.world_size, &parts.clock.timestamp)?;
         // The data position matters only to a run that goes on training.
         if self.purpose == Purpose::Fit
+            && !world_changed
             && parts.clock.batches_per_epoch != self.state.clock.run.batches_per_epoch
         {
             fail!(
@@ -62,6 +65,7 @@ impl Trainer {
                  dropout draws after the resume differ from an uninterrupted run's"
             ),
         }
+        self.restore_rank_streams(parts.ranks)?;
         self.state.clock.timestamp = parts.clock.timestamp;
         let t = parts.trainer;
         self.train_seconds = t.train_seconds;
@@ -92,6 +96,13 @@ impl Trainer {
         let started = Instant::now();
         let folder = self.config.checkpoint.folder.clone();
         let path = folder.join(checkpoint::file_name(&self.state.clock.timestamp));
+        // Data-parallel: ranks 1.. hand their random streams to rank 0, which writes.
+        let ranks = self.gather_rank_parts()?;
+        if !self.is_rank0() {
+            self.last_checkpoint_batch = Some(self.state.clock.timestamp.batch);
+            self.last_checkpoint = Some(path.clone());
+            return Ok(path);
+        }
         let metrics_bytes = self
             .reporter
             .flush()
@@ -126,6 +137,8 @@ impl Trainer {
             },
             running_loss: self.running_loss.as_ref().map(|l| l.shallow_clone()),
             torch_rng: Some(checkpoint::torch_rng::cpu_state()?),
+            world_size: self.world(),
+            ranks,
         };
         let bytes = Checkpoint::from_parts(parts)?
             .write(&path)

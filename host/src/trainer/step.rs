@@ -66,8 +66,24 @@ impl Trainer {
                 );
             }
         }
-        if let Some(loss) = &first_pass_loss {
-            let value = loss.f_double_value(&[])?;
+        let local = match &first_pass_loss {
+            Some(loss) => Some(loss.f_double_value(&[])?),
+            None => None,
+        };
+        // Data-parallel: the loss, a stop request and the samples trained on, agreed over the
+        // ranks (so that every rank skips, steps and stops alike).
+        let (agreed, stop, trained) = self.agree_step(local, self.step_samples)?;
+        self.agreed_stop = stop;
+        self.trained_samples += trained;
+        let first_pass_loss = match (first_pass_loss, agreed) {
+            (Some(loss), Some(value)) if self.dp.is_some() => Some(
+                Tensor::f_from_slice(&[value])?
+                    .f_to_device(loss.device())?
+                    .f_view([])?,
+            ),
+            (loss, _) => loss,
+        };
+        if let Some(value) = agreed {
             if !value.is_finite() && self.skip_nonfinite_step(value)? {
                 if let Some(scaler) = &mut self.state.scaler {
                     scaler.update();
@@ -157,10 +173,17 @@ impl Trainer {
         }
         let microbatch = (self.config.train.microbatch_size as i64).clamp(1, total);
         let parts = full.split(microbatch)?;
+        let count = parts.len();
         let mut batch_loss: Option<Tensor> = None;
-        for part in parts {
+        for (index, part) in parts.into_iter().enumerate() {
             let size = part.len();
+            // Data-parallel: gradients are averaged over the ranks in the last microbatch's
+            // backward pass (the earlier ones accumulate locally, as DDP's `no_sync`).
+            let synced = index + 1 == count;
             self.state.batch = part;
+            if synced {
+                self.before_synced_forward()?;
+            }
             self.fire(Event::BEFORE_FORWARD)?;
             self.state.forward_batch(true)?;
             self.fire(Event::AFTER_FORWARD)?;
@@ -176,14 +199,15 @@ impl Trainer {
             let loss = self.state.loss.as_ref().context("the loss was removed")?;
             let weight = size as f64 / total as f64;
             let weighted = loss.f_mul_scalar(weight)?;
-            match &self.state.scaler {
+            let root = match &self.state.scaler {
                 // As Composer: the loss is scaled, then weighted by the microbatch's share.
-                Some(scaler) => scaler
-                    .scale_loss(loss)?
-                    .f_mul_scalar(weight)?
-                    .f_backward()?,
-                None => weighted.f_backward()?,
+                Some(scaler) => scaler.scale_loss(loss)?.f_mul_scalar(weight)?,
+                None => weighted.shallow_clone(),
+            };
+            if synced {
+                self.before_synced_backward(&root)?;
             }
+            root.f_backward()?;
             let detached = weighted.f_detach()?;
             batch_loss = Some(match batch_loss {
                 None => detached,
@@ -215,7 +239,7 @@ impl Trainer {
         let tokens = batch.tokens();
         self.state.batch = batch;
         self.fire(Event::AFTER_DATALOADER)?;
-        self.trained_samples += self.state.batch.len() as u64;
+        self.step_samples = self.state.batch.len() as u64;
         self.fire(Event::BATCH_START)?;
         self.train_batch()?;
         // As in Composer: the schedule is stepped before the clock advances.
@@ -223,11 +247,13 @@ impl Trainer {
         let previous = self.state.clock.timestamp.clone();
         let seconds = started.elapsed().as_secs_f64();
         self.train_seconds += seconds;
-        self.state.clock.timestamp = self
-            .state
-            .clock
-            .timestamp
-            .to_next_batch(samples, tokens, seconds);
+        // Data-parallel: the clock counts the global batch (every rank's share is as large).
+        let world = self.world() as u64;
+        self.state.clock.timestamp =
+            self.state
+                .clock
+                .timestamp
+                .to_next_batch(samples * world, tokens * world, seconds);
         let t = &self.state.clock.timestamp;
         let (count, unit) = if tokens > 0 {
             (t.token, "tok")

@@ -1,0 +1,298 @@
+// Data-parallel training on libtorch's own collective engine, c10d: a `TCPStore` rendezvous, a
+// Gloo process group (CPU tensors, and CUDA tensors through host copies), and c10d's `Reducer`,
+// the engine of PyTorch's DistributedDataParallel: it registers hooks on the parameters'
+// gradient accumulators and all-reduces gradients in buckets while the backward pass goes on.
+//
+// Every function catches libtorch's exceptions; a failing call returns null or -1 and leaves its
+// message for `tessera_dist_last_error` (per thread).
+#if __has_include(<torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>)
+#define USE_C10D_GLOO 1
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/csrc/distributed/c10d/logger.hpp>
+#include <torch/csrc/distributed/c10d/reducer.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace {
+
+thread_local std::string last_error;
+
+struct Group {
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::ProcessGroup> pg;
+  std::chrono::milliseconds timeout;
+};
+
+struct Reducer {
+  std::shared_ptr<c10d::Reducer> reducer;
+  std::shared_ptr<c10d::Logger> logger;
+};
+
+template <typename F>
+int guarded(F f) {
+  try {
+    f();
+    return 0;
+  } catch (const c10::Error& e) {
+    last_error = e.what_without_backtrace();
+  } catch (const std::exception& e) {
+    last_error = e.what();
+  } catch (...) {
+    last_error = "unknown C++ exception";
+  }
+  return -1;
+}
+
+std::vector<at::Tensor> tensors_of(void** tensors, int n) {
+  std::vector<at::Tensor> out;
+  out.reserve(n);
+  for (int i = 0; i < n; ++i) {
+    out.push_back(*static_cast<at::Tensor*>(tensors[i]));
+  }
+  return out;
+}
+
+c10d::ReduceOp op_of(int op) {
+  switch (op) {
+    case 1:
+      return c10d::ReduceOp(c10d::ReduceOp::MAX);
+    case 2:
+      return c10d::ReduceOp(c10d::ReduceOp::MIN);
+    default:
+      return c10d::ReduceOp(c10d::ReduceOp::SUM);
+  }
+}
+
+// Sum over the ranks whose gradient is the sum over the ranks of the output's gradient: the
+// statistics of synchronised batch norm go through it.
+struct AllReduceSum : public torch::autograd::Function<AllReduceSum> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, at::Tensor input,
+                            int64_t group) {
+    ctx->saved_data["group"] = group;
+    auto* g = reinterpret_cast<Group*>(group);
+    std::vector<at::Tensor> t{input.clone(at::MemoryFormat::Contiguous)};
+    g->pg->allreduce(t)->wait();
+    return t[0];
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto* g = reinterpret_cast<Group*>(ctx->saved_data["group"].toInt());
+    std::vector<at::Tensor> t{grads[0].clone(at::MemoryFormat::Contiguous)};
+    g->pg->allreduce(t)->wait();
+    return {t[0], at::Tensor()};
+  }
+};
+
+// c10d's reducer warns at the first step when `find_unused_parameters` found every parameter
+// used; Tessera turns the option on by default (a method may freeze or skip layers at any step)
+// and documents its cost, so that one warning is dropped and every other one passed on.
+class QuietUnusedParameters : public c10::WarningHandler {
+ public:
+  explicit QuietUnusedParameters(c10::WarningHandler* next) : next_(next) {}
+  void process(const c10::Warning& warning) override {
+    if (warning.msg().find("find_unused_parameters=True was specified") != std::string::npos) {
+      return;
+    }
+    next_->process(warning);
+  }
+
+ private:
+  c10::WarningHandler* next_;
+};
+
+}  // namespace
+
+extern "C" {
+
+const char* tessera_dist_last_error() { return last_error.c_str(); }
+
+// Joins the group of `world` ranks whose store rank 0 serves at `addr:port`. Waits up to
+// `timeout_ms` for every rank (rendezvous); collectives time out after `op_timeout_ms`.
+void* tessera_dist_init(const char* addr, int port, int rank, int world,
+                        int64_t timeout_ms, int64_t op_timeout_ms) {
+  Group* out = nullptr;
+  guarded([&] {
+    c10d::TCPStoreOptions options;
+    options.port = static_cast<uint16_t>(port);
+    options.isServer = rank == 0;
+    options.numWorkers = world;
+    options.waitWorkers = true;
+    options.timeout = std::chrono::milliseconds(timeout_ms);
+    auto store = c10::make_intrusive<c10d::TCPStore>(std::string(addr), options);
+    auto gloo_options =
+        c10d::ProcessGroupGloo::Options::create(std::chrono::milliseconds(op_timeout_ms));
+    // The device binds the address this host resolves to, or the loopback address.
+    gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+    auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(
+        c10::static_intrusive_pointer_cast<c10d::Store>(store), rank, world, gloo_options);
+    auto pg = c10::make_intrusive<c10d::ProcessGroup>(
+        c10::static_intrusive_pointer_cast<c10d::Store>(store), rank, world);
+    pg->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
+    pg->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
+    pg->setBackend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::GLOO, gloo);
+    out = new Group{c10::static_intrusive_pointer_cast<c10d::Store>(store), pg,
+                    std::chrono::milliseconds(op_timeout_ms)};
+  });
+  return out;
+}
+
+void tessera_dist_free(void* group) { delete static_cast<Group*>(group); }
+
+// In place over the ranks: op 0 sum, 1 max, 2 min. Waits for the result.
+int tessera_dist_all_reduce(void* group, void** tensors, int n, int op) {
+  return guarded([&] {
+    auto t = tensors_of(tensors, n);
+    c10d::AllreduceOptions options;
+    options.reduceOp = op_of(op);
+    static_cast<Group*>(group)->pg->allreduce(t, options)->wait();
+  });
+}
+
+// In place: every rank's tensors become `root`'s.
+int tessera_dist_broadcast(void* group, void** tensors, int n, int root) {
+  return guarded([&] {
+    auto t = tensors_of(tensors, n);
+    c10d::BroadcastOptions options;
+    options.rootRank = root;
+    static_cast<Group*>(group)->pg->broadcast(t, options)->wait();
+  });
+}
+
+int tessera_dist_barrier(void* group) {
+  return guarded([&] { static_cast<Group*>(group)->pg->barrier()->wait(); });
+}
+
+// The store: small values between ranks (per-rank checkpoint parts).
+int tessera_dist_store_set(void* group, const char* key, const uint8_t* data, size_t len) {
+  return guarded([&] {
+    std::vector<uint8_t> value(data, data + len);
+    static_cast<Group*>(group)->store->set(std::string(key), value);
+  });
+}
+
+// Waits for `key` (up to the collective timeout) and hands its value to `put(out, data, len)`.
+int tessera_dist_store_get(void* group, const char* key, void* out,
+                           void (*put)(void*, const uint8_t*, size_t)) {
+  return guarded([&] {
+    auto* g = static_cast<Group*>(group);
+    g->store->wait({std::string(key)}, g->timeout);
+    auto value = g->store->get(std::string(key));
+    put(out, value.data(), value.size());
+  });
+}
+
+int tessera_dist_store_delete(void* group, const char* key) {
+  return guarded([&] { static_cast<Group*>(group)->store->deleteKey(std::string(key)); });
+}
+
+// A new tensor, the sum of `input` over the ranks, differentiable (see `AllReduceSum`).
+void* tessera_dist_all_reduce_autograd(void* group, void* input) {
+  at::Tensor* out = nullptr;
+  guarded([&] {
+    auto result = AllReduceSum::apply(*static_cast<at::Tensor*>(input),
+                                      reinterpret_cast<int64_t>(group));
+    out = new at::Tensor(std::move(result));
+  });
+  return out;
+}
+
+// c10d's Reducer over `params` (those that need gradients), buckets as PyTorch DDP assigns them
+// (a small first bucket, then `bucket_cap_bytes`, last layers first).
+void* tessera_dist_reducer_new(void* group, void** params, int n, int64_t bucket_cap_bytes,
+                               int find_unused) {
+  Reducer* out = nullptr;
+  guarded([&] {
+    auto* g = static_cast<Group*>(group);
+    auto tensors = tensors_of(params, n);
+    std::vector<bool> sparse(tensors.size(), false);
+    const size_t first_bucket = 1024 * 1024;
+    auto [buckets, limits] = c10d::compute_bucket_assignment_by_size(
+        tensors, {first_bucket, static_cast<size_t>(bucket_cap_bytes)}, sparse);
+    std::reverse(buckets.begin(), buckets.end());
+    std::vector<int64_t> caps(limits.rbegin(), limits.rend());
+    auto reducer = std::make_shared<c10d::Reducer>(
+        tensors, buckets, g->pg, sparse, bucket_cap_bytes, find_unused != 0,
+        /*gradient_as_bucket_view=*/false, std::unordered_map<size_t, std::string>{},
+        static_cast<int64_t>(first_bucket), /*skip_all_reduce_unused_params=*/false,
+        /*use_python_reducer=*/false, caps);
+    auto logger = std::make_shared<c10d::Logger>(reducer);
+    reducer->set_logger(logger);
+    // The handler is per thread: this is the training thread, which runs the reducer's steps.
+    static thread_local QuietUnusedParameters quiet(c10::WarningUtils::get_warning_handler());
+    c10::WarningUtils::set_warning_handler(&quiet);
+    out = new Reducer{reducer, logger};
+  });
+  return out;
+}
+
+void tessera_dist_reducer_free(void* reducer) { delete static_cast<Reducer*>(reducer); }
+
+// Before the forward pass of a step whose backward is synchronised (timing statistics).
+int tessera_dist_reducer_prepare_forward(void* reducer) {
+  return guarded([&] {
+    auto* r = static_cast<Reducer*>(reducer);
+    r->logger->set_runtime_stats_and_log();
+    r->reducer->prepare_for_forward();
+  });
+}
+
+// Before `loss.backward()`: the next backward pass all-reduces the gradients (averaged).
+int tessera_dist_reducer_prepare_backward(void* reducer, void* loss) {
+  return guarded([&] {
+    static_cast<Reducer*>(reducer)->reducer->prepare_for_backward(
+        {*static_cast<at::Tensor*>(loss)});
+  });
+}
+
+// PyTorch DDP's own timing of the sampled steps, in nanoseconds: forward, backward compute,
+// backward communication, and their overlap; 0 until measured.
+int tessera_dist_reducer_stats(void* reducer, int64_t* out) {
+  return guarded([&] {
+    auto data = static_cast<Reducer*>(reducer)->logger->get_ddp_logging_data();
+    const char* keys[] = {"avg_forward_compute_time", "avg_backward_compute_time",
+                          "avg_backward_comm_time", "avg_backward_compute_comm_overlap_time"};
+    for (int i = 0; i < 4; ++i) {
+      auto it = data.ints_map.find(keys[i]);
+      out[i] = it == data.ints_map.end() ? 0 : it->second;
+    }
+  });
+}
+
+}
+
+#else
+// This libtorch was built without c10d (no distributed headers): every call fails with a message.
+#include <cstddef>
+#include <cstdint>
+namespace {
+const char* kNone =
+    "this libtorch was built without distributed support (c10d); data-parallel training needs "
+    "a libtorch with it, as PyPI's Linux wheels are";
+}
+extern "C" {
+const char* tessera_dist_last_error() { return kNone; }
+void* tessera_dist_init(const char*, int, int, int, int64_t, int64_t) { return nullptr; }
+void tessera_dist_free(void*) {}
+int tessera_dist_all_reduce(void*, void**, int, int) { return -1; }
+int tessera_dist_broadcast(void*, void**, int, int) { return -1; }
+int tessera_dist_barrier(void*) { return -1; }
+int tessera_dist_store_set(void*, const char*, const uint8_t*, size_t) { return -1; }
+int tessera_dist_store_get(void*, const char*, void*, void (*)(void*, const uint8_t*, size_t)) {
+  return -1;
+}
+int tessera_dist_store_delete(void*, const char*) { return -1; }
+void* tessera_dist_all_reduce_autograd(void*, void*) { return nullptr; }
+void* tessera_dist_reducer_new(void*, void**, int, int64_t, int) { return nullptr; }
+void tessera_dist_reducer_free(void*) {}
+int tessera_dist_reducer_prepare_forward(void*) { return -1; }
+int tessera_dist_reducer_prepare_backward(void*, void*) { return -1; }
+int tessera_dist_reducer_stats(void*, int64_t*) { return -1; }
+}
+#endif

@@ -1,0 +1,3 @@
+#pragma once
+// Declarations only: see ../README.md.
+#include "gloo/context.h"

@@ -1,0 +1,54 @@
+//! `[distributed]`: data-parallel training (used when the run has several ranks; see
+//! docs/distributed.md).
+
+use serde::Serialize;
+
+use super::error::ConfigError;
+use super::reader::{Bounds, Tbl};
+use super::section::section;
+
+/// `[distributed]`
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DistributedConfig {
+    /// Seconds every rank waits for the others to join (default 300).
+    pub rendezvous_timeout: f64,
+    /// Seconds a collective operation (an all-reduce) may wait for the other ranks before the
+    /// run fails (default 1800, PyTorch's).
+    pub timeout: f64,
+    /// Size of the gradient buckets all-reduced while the backward pass goes on, in MiB
+    /// (default 25, PyTorch DDP's).
+    pub bucket_mb: f64,
+    /// Look for parameters that get no gradient in a step (layers frozen or skipped by a method)
+    /// so they do not block the all-reduce (default true; false saves a walk of the autograd
+    /// graph per step when every parameter always gets a gradient).
+    pub find_unused_parameters: bool,
+    /// Batch-norm statistics over the global batch (all ranks) instead of each rank's share
+    /// (default false: local, as PyTorch DDP).
+    pub sync_batchnorm: bool,
+}
+
+section!(DistributedConfig {
+    rendezvous_timeout: float(Bounds::POSITIVE),
+    timeout: float(Bounds::POSITIVE),
+    bucket_mb: float(Bounds::POSITIVE),
+    find_unused_parameters: bool(),
+    sync_batchnorm: bool(),
+});
+
+impl Default for DistributedConfig {
+    fn default() -> Self {
+        DistributedConfig {
+            rendezvous_timeout: 300.0,
+            timeout: 1800.0,
+            bucket_mb: 25.0,
+            find_unused_parameters: true,
+            sync_batchnorm: false,
+        }
+    }
+}
+
+pub(super) fn read(top: &Tbl<'_>) -> Result<DistributedConfig, ConfigError> {
+    Ok(top
+        .section("distributed", DistributedConfig::default)?
+        .unwrap_or_default())
+}

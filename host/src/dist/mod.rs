@@ -1,0 +1,510 @@
+//! Data-parallel training on libtorch's c10d (`host/csrc/dist.cpp`): joining a group of ranks
+//! from torchrun-style environment variables, collectives, the store, and c10d's `Reducer`,
+//! which all-reduces gradients in buckets during the backward pass (PyTorch DDP's engine).
+//!
+//! A process is one rank. `RANK`, `WORLD_SIZE`, `MASTER_ADDR` and `MASTER_PORT` say which and
+//! where the group meets (`tessera launch` sets them, as do torchrun, Slurm scripts and
+//! Kubernetes operators); without them, or with `WORLD_SIZE = 1`, a run has no group.
+
+use std::ffi::{c_void, CStr, CString};
+use std::time::Duration;
+
+use tch::Tensor;
+
+extern "C" {
+    fn tessera_dist_last_error() -> *const std::ffi::c_char;
+    fn tessera_dist_init(
+        addr: *const std::ffi::c_char,
+        port: i32,
+        rank: i32,
+        world: i32,
+        timeout_ms: i64,
+        op_timeout_ms: i64,
+    ) -> *mut c_void;
+    fn tessera_dist_free(group: *mut c_void);
+    fn tessera_dist_all_reduce(
+        group: *mut c_void,
+        tensors: *mut *mut c_void,
+        n: i32,
+        op: i32,
+    ) -> i32;
+    fn tessera_dist_broadcast(
+        group: *mut c_void,
+        tensors: *mut *mut c_void,
+        n: i32,
+        root: i32,
+    ) -> i32;
+    fn tessera_dist_barrier(group: *mut c_void) -> i32;
+    fn tessera_dist_store_set(
+        group: *mut c_void,
+        key: *const std::ffi::c_char,
+        data: *const u8,
+        len: usize,
+    ) -> i32;
+    fn tessera_dist_store_get(
+        group: *mut c_void,
+        key: *const std::ffi::c_char,
+        out: *mut c_void,
+        put: extern "C" fn(*mut c_void, *const u8, usize),
+    ) -> i32;
+    fn tessera_dist_store_delete(group: *mut c_void, key: *const std::ffi::c_char) -> i32;
+    fn tessera_dist_all_reduce_autograd(group: *mut c_void, input: *mut c_void) -> *mut c_void;
+    fn tessera_dist_reducer_new(
+        group: *mut c_void,
+        params: *mut *mut c_void,
+        n: i32,
+        bucket_cap_bytes: i64,
+        find_unused: i32,
+    ) -> *mut c_void;
+    fn tessera_dist_reducer_free(reducer: *mut c_void);
+    fn tessera_dist_reducer_prepare_forward(reducer: *mut c_void) -> i32;
+    fn tessera_dist_reducer_prepare_backward(reducer: *mut c_void, loss: *mut c_void) -> i32;
+    fn tessera_dist_reducer_stats(reducer: *mut c_void, out: *mut i64) -> i32;
+}
+
+/// A failure of the group: joining it, or a collective (a rank failed or left).
+#[derive(Debug, thiserror::Error)]
+pub enum DistError {
+    /// The environment describes no valid rank.
+    #[error("{0}")]
+    Env(String),
+    /// libtorch's c10d failed.
+    #[error("{what}: {message}")]
+    C10d {
+        /// What Tessera was doing.
+        what: String,
+        /// c10d's message.
+        message: String,
+    },
+}
+
+/// The last shim error on this thread.
+fn last_error() -> String {
+    // SAFETY: the shim returns a NUL-terminated thread-local string that lives until the next
+    // failing call on this thread; it is copied at once.
+    let text = unsafe { CStr::from_ptr(tessera_dist_last_error()) }
+        .to_string_lossy()
+        .into_owned();
+    // c10d's messages carry a C++ source location on a line of its own; keep the sentences.
+    text.lines()
+        .filter(|l| !l.trim().is_empty() && !l.starts_with("Exception raised from"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn check(rc: i32, what: impl FnOnce() -> String) -> Result<(), DistError> {
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(DistError::C10d {
+            what: what(),
+            message: last_error(),
+        })
+    }
+}
+
+/// Where this process stands in a data-parallel run, from torchrun-style environment variables.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RankEnv {
+    /// This process's rank, 0..world.
+    pub rank: usize,
+    /// Number of ranks.
+    pub world: usize,
+    /// Rank on this machine (`LOCAL_RANK`, default the rank).
+    pub local_rank: usize,
+    /// Address of rank 0's store (`MASTER_ADDR`).
+    pub master_addr: String,
+    /// Port of rank 0's store (`MASTER_PORT`).
+    pub master_port: u16,
+}
+
+impl RankEnv {
+    /// The rank this process's environment describes; `None` for a single-process run (no
+    /// `WORLD_SIZE`, or `WORLD_SIZE = 1`).
+    pub fn from_env() -> Result<Option<RankEnv>, DistError> {
+        Self::from_vars(|k| std::env::var(k).ok())
+    }
+
+    /// [`RankEnv::from_env`] over any variable lookup (for tests).
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Option<RankEnv>, DistError> {
+        let number = |key: &str| -> Result<Option<usize>, DistError> {
+            match var(key) {
+                None => Ok(None),
+                Some(v) => v.trim().parse::<usize>().map(Some).map_err(|_| {
+                    DistError::Env(format!(
+                        "{key}={v:?} is not a non-negative whole number (data-parallel \
+                         environment; see docs/distributed.md)"
+                    ))
+                }),
+            }
+        };
+        let Some(world) = number("WORLD_SIZE")? else {
+            return Ok(None);
+        };
+        if world == 0 {
+            return Err(DistError::Env(
+                "WORLD_SIZE=0: a run needs at least one rank".into(),
+            ));
+        }
+        let rank = number("RANK")?;
+        if world == 1 && rank.unwrap_or(0) == 0 {
+            return Ok(None);
+        }
+        let rank = rank.ok_or_else(|| {
+            DistError::Env(format!(
+                "WORLD_SIZE={world} but RANK is not set: every process of a data-parallel run \
+                 needs its RANK (tessera launch sets it)"
+            ))
+        })?;
+        if rank >= world {
+            return Err(DistError::Env(format!(
+                "RANK={rank} is not below WORLD_SIZE={world}"
+            )));
+        }
+        let master_addr = var("MASTER_ADDR").unwrap_or_else(|| "127.0.0.1".to_owned());
+        let master_port = match var("MASTER_PORT") {
+            None => {
+                return Err(DistError::Env(format!(
+                    "WORLD_SIZE={world} but MASTER_PORT is not set: the ranks meet at \
+                     MASTER_ADDR:MASTER_PORT (tessera launch sets both)"
+                )))
+            }
+            Some(p) => p
+                .trim()
+                .parse::<u16>()
+                .map_err(|_| DistError::Env(format!("MASTER_PORT={p:?} is not a port number")))?,
+        };
+        Ok(Some(RankEnv {
+            rank,
+            world,
+            local_rank: number("LOCAL_RANK")?.unwrap_or(rank),
+            master_addr,
+            master_port,
+        }))
+    }
+}
+
+/// A reduction over the ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// Sum.
+    Sum,
+    /// Maximum.
+    Max,
+    /// Minimum.
+    Min,
+}
+
+/// This process's membership of a group of ranks (c10d Gloo process group and TCP store).
+pub struct Group {
+    handle: *mut c_void,
+    /// This rank.
+    pub rank: usize,
+    /// Number of ranks.
+    pub world: usize,
+}
+
+// SAFETY: c10d's process group and store are thread-safe objects; the handle is only freed in
+// `Drop`.
+unsafe impl Send for Group {}
+
+fn ptrs(tensors: &[&Tensor]) -> Vec<*mut c_void> {
+    tensors.iter().map(|t| t.as_ptr() as *mut c_void).collect()
+}
+
+impl Group {
+    /// Joins the group `env` describes: waits up to `rendezvous` for every rank to reach rank
+    /// 0's store; collectives then fail after `timeout` without an answer.
+    pub fn join(
+        env: &RankEnv,
+        rendezvous: Duration,
+        timeout: Duration,
+    ) -> Result<Group, DistError> {
+        let addr = CString::new(env.master_addr.clone())
+            .map_err(|_| DistError::Env("MASTER_ADDR holds a NUL byte".into()))?;
+        // SAFETY: `addr` is a NUL-terminated string alive for the call.
+        let handle = unsafe {
+            tessera_dist_init(
+                addr.as_ptr(),
+                i32::from(env.master_port),
+                env.rank as i32,
+                env.world as i32,
+                rendezvous.as_millis().min(i64::MAX as u128) as i64,
+                timeout.as_millis().min(i64::MAX as u128) as i64,
+            )
+        };
+        if handle.is_null() {
+            let message = last_error();
+            let hint = if message.contains("Timed out") || message.contains("timed out") {
+                format!(
+                    " — not every rank arrived within {:.0} s ([distributed] rendezvous_timeout); \
+                     check that all {} ranks were started and can reach {}:{}",
+                    rendezvous.as_secs_f64(),
+                    env.world,
+                    env.master_addr,
+                    env.master_port
+                )
+            } else {
+                String::new()
+            };
+            return Err(DistError::C10d {
+                what: format!(
+                    "rank {} of {}: joining the group at {}:{}",
+                    env.rank, env.world, env.master_addr, env.master_port
+                ),
+                message: format!("{message}{hint}"),
+            });
+        }
+        Ok(Group {
+            handle,
+            rank: env.rank,
+            world: env.world,
+        })
+    }
+
+    /// Reduces `tensor` (contiguous) in place over the ranks.
+    pub fn all_reduce(&self, tensor: &Tensor, op: Op) -> Result<(), DistError> {
+        let mut p = ptrs(&[tensor]);
+        let op = match op {
+            Op::Sum => 0,
+            Op::Max => 1,
+            Op::Min => 2,
+        };
+        // SAFETY: `p` holds live `at::Tensor*` of tch tensors borrowed for the call.
+        check(
+            unsafe { tessera_dist_all_reduce(self.handle, p.as_mut_ptr(), p.len() as i32, op) },
+            || "all-reduce".into(),
+        )
+    }
+
+    /// Overwrites `tensor` (contiguous) on every rank with `root`'s.
+    pub fn broadcast(&self, tensor: &Tensor, root: usize) -> Result<(), DistError> {
+        let mut p = ptrs(&[tensor]);
+        // SAFETY: as in `all_reduce`.
+        check(
+            unsafe {
+                tessera_dist_broadcast(self.handle, p.as_mut_ptr(), p.len() as i32, root as i32)
+            },
+            || format!("broadcast from rank {root}"),
+        )
+    }
+
+    /// Waits until every rank reaches this call.
+    pub fn barrier(&self) -> Result<(), DistError> {
+        // SAFETY: the handle is live.
+        check(unsafe { tessera_dist_barrier(self.handle) }, || {
+            "barrier".into()
+        })
+    }
+
+    /// Publishes `value` under `key` in the group's store.
+    pub fn store_set(&self, key: &str, value: &[u8]) -> Result<(), DistError> {
+        let k = CString::new(key).map_err(|_| DistError::Env("store key with NUL".into()))?;
+        // SAFETY: `k` and `value` live for the call.
+        check(
+            unsafe { tessera_dist_store_set(self.handle, k.as_ptr(), value.as_ptr(), value.len()) },
+            || format!("publishing `{key}`"),
+        )
+    }
+
+    /// Waits for `key` in the store (up to the collective timeout) and returns its value.
+    pub fn store_get(&self, key: &str) -> Result<Vec<u8>, DistError> {
+        extern "C" fn put(out: *mut c_void, data: *const u8, len: usize) {
+            // SAFETY: `out` is the `Vec<u8>` below and `data` holds `len` bytes for this call.
+            unsafe {
+                let out = &mut *(out as *mut Vec<u8>);
+                out.extend_from_slice(std::slice::from_raw_parts(data, len));
+            }
+        }
+        let k = CString::new(key).map_err(|_| DistError::Env("store key with NUL".into()))?;
+        let mut value: Vec<u8> = Vec::new();
+        // SAFETY: `value` outlives the call; `put` only appends to it.
+        check(
+            unsafe {
+                tessera_dist_store_get(
+                    self.handle,
+                    k.as_ptr(),
+                    &mut value as *mut Vec<u8> as *mut c_void,
+                    put,
+                )
+            },
+            || format!("waiting for `{key}` from another rank"),
+        )?;
+        Ok(value)
+    }
+
+    /// Removes `key` from the store.
+    pub fn store_delete(&self, key: &str) -> Result<(), DistError> {
+        let k = CString::new(key).map_err(|_| DistError::Env("store key with NUL".into()))?;
+        // SAFETY: `k` lives for the call.
+        check(
+            unsafe { tessera_dist_store_delete(self.handle, k.as_ptr()) },
+            || format!("removing `{key}`"),
+        )
+    }
+
+    /// The sum of `input` over the ranks as a differentiable operation: its gradient is the sum
+    /// over the ranks of the result's gradient (synchronised batch norm's statistics).
+    pub fn all_reduce_autograd(&self, input: &Tensor) -> Result<Tensor, DistError> {
+        // SAFETY: `input` is a live tensor; the shim returns a new `at::Tensor*` that we own.
+        let out = unsafe { tessera_dist_all_reduce_autograd(self.handle, input.as_ptr() as _) };
+        if out.is_null() {
+            return Err(DistError::C10d {
+                what: "all-reduce (batch-norm statistics)".into(),
+                message: last_error(),
+            });
+        }
+        // SAFETY: a fresh `at::Tensor*` from the shim, owned by the returned tensor.
+        Ok(unsafe { Tensor::from_ptr(out.cast()) })
+    }
+
+    /// c10d's `Reducer` over `params` (the trainable parameters, identical on every rank):
+    /// from now on, a backward pass announced with [`GradReducer::prepare_backward`] leaves
+    /// every parameter's gradient averaged over the ranks.
+    pub fn reducer(
+        &self,
+        params: &[&Tensor],
+        bucket_bytes: i64,
+        find_unused: bool,
+    ) -> Result<GradReducer, DistError> {
+        let mut p = ptrs(params);
+        // SAFETY: `p` holds live tensors; c10d keeps its own references to them.
+        let handle = unsafe {
+            tessera_dist_reducer_new(
+                self.handle,
+                p.as_mut_ptr(),
+                p.len() as i32,
+                bucket_bytes,
+                i32::from(find_unused),
+            )
+        };
+        if handle.is_null() {
+            return Err(DistError::C10d {
+                what: "setting up the gradient all-reduce".into(),
+                message: last_error(),
+            });
+        }
+        Ok(GradReducer { handle })
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        // SAFETY: made by `tessera_dist_init`, freed once.
+        unsafe { tessera_dist_free(self.handle) }
+    }
+}
+
+/// PyTorch DDP's timing of the sampled steps (c10d's logger), in seconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct ReducerStats {
+    /// Forward pass.
+    pub forward: f64,
+    /// Backward computation.
+    pub backward_compute: f64,
+    /// Gradient communication, from the first bucket's all-reduce to the last one's end.
+    pub backward_comm: f64,
+    /// Time communication and backward computation ran together.
+    pub overlap: f64,
+}
+
+/// c10d's gradient reducer (see [`Group::reducer`]).
+pub struct GradReducer {
+    handle: *mut c_void,
+}
+
+// SAFETY: used from the training thread only; moved with the trainer.
+unsafe impl Send for GradReducer {}
+
+impl GradReducer {
+    /// Before the forward pass of a step whose gradients are all-reduced.
+    pub fn prepare_forward(&self) -> Result<(), DistError> {
+        // SAFETY: the handle is live.
+        check(
+            unsafe { tessera_dist_reducer_prepare_forward(self.handle) },
+            || "gradient all-reduce (forward)".into(),
+        )
+    }
+
+    /// Before `loss.backward()`: that backward pass all-reduces the gradients.
+    pub fn prepare_backward(&self, loss: &Tensor) -> Result<(), DistError> {
+        // SAFETY: the handle and the tensor are live.
+        check(
+            unsafe { tessera_dist_reducer_prepare_backward(self.handle, loss.as_ptr() as _) },
+            || "gradient all-reduce".into(),
+        )
+    }
+
+    /// The averaged timings so far (zero until c10d measured some steps).
+    pub fn stats(&self) -> Result<ReducerStats, DistError> {
+        let mut out = [0i64; 4];
+        // SAFETY: `out` holds the 4 values the shim writes.
+        check(
+            unsafe { tessera_dist_reducer_stats(self.handle, out.as_mut_ptr()) },
+            || "reading the all-reduce timings".into(),
+        )?;
+        let s = |ns: i64| ns as f64 / 1e9;
+        Ok(ReducerStats {
+            forward: s(out[0]),
+            backward_compute: s(out[1]),
+            backward_comm: s(out[2]),
+            overlap: s(out[3]),
+        })
+    }
+}
+
+impl Drop for GradReducer {
+    fn drop(&mut self) {
+        // SAFETY: made by `tessera_dist_reducer_new`, freed once.
+        unsafe { tessera_dist_reducer_free(self.handle) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env(pairs: &[(&str, &str)]) -> Result<Option<RankEnv>, DistError> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        RankEnv::from_vars(|k| map.get(k).cloned())
+    }
+
+    #[test]
+    fn no_world_is_a_single_process() {
+        assert_eq!(env(&[]).unwrap(), None);
+        assert_eq!(env(&[("WORLD_SIZE", "1"), ("RANK", "0")]).unwrap(), None);
+    }
+
+    #[test]
+    fn torchrun_variables_are_read() {
+        let e = env(&[
+            ("WORLD_SIZE", "4"),
+            ("RANK", "3"),
+            ("LOCAL_RANK", "1"),
+            ("MASTER_ADDR", "10.0.0.1"),
+            ("MASTER_PORT", "29500"),
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!((e.rank, e.world, e.local_rank), (3, 4, 1));
+        assert_eq!((e.master_addr.as_str(), e.master_port), ("10.0.0.1", 29500));
+    }
+
+    #[test]
+    fn bad_variables_are_named() {
+        let msg = |p: &[(&str, &str)]| env(p).unwrap_err().to_string();
+        assert!(msg(&[("WORLD_SIZE", "two")]).contains("WORLD_SIZE"));
+        assert!(msg(&[("WORLD_SIZE", "2")]).contains("RANK is not set"));
+        assert!(
+            msg(&[("WORLD_SIZE", "2"), ("RANK", "2"), ("MASTER_PORT", "1")]).contains("not below")
+        );
+        assert!(msg(&[("WORLD_SIZE", "2"), ("RANK", "1")]).contains("MASTER_PORT"));
+        assert!(
+            msg(&[("WORLD_SIZE", "2"), ("RANK", "1"), ("MASTER_PORT", "99999")]).contains("port")
+        );
+    }
+}

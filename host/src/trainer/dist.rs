@@ -1,0 +1,385 @@
+//! Data-parallel training: what the loops do differently when the run has several ranks
+//! (docs/distributed.md). Each rank trains on its share of every batch; c10d's reducer averages
+//! the gradients during the backward pass, so every rank takes the same optimizer step; the
+//! clock, the logged loss, the evaluation and the decision to stop are agreed over the ranks;
+//! rank 0 writes the logs, the run record and the checkpoints.
+
+use std::time::Duration;
+
+use rand_chacha::rand_core::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use tch::{Kind, Tensor};
+
+use crate::checkpoint::{self, RankPart};
+use crate::config::Config;
+use crate::dist::{GradReducer, Group, Op, RankEnv};
+use crate::model::Role;
+
+use super::error::{fail, Context as _, Result};
+use super::Trainer;
+
+/// A rank's membership of a data-parallel run.
+pub(super) struct DataParallel {
+    pub group: Group,
+    /// Gradient averaging (c10d's reducer), set up once the parameters are final.
+    pub reducer: Option<GradReducer>,
+}
+
+impl DataParallel {
+    pub fn rank(&self) -> usize {
+        self.group.rank
+    }
+
+    pub fn world(&self) -> usize {
+        self.group.world
+    }
+}
+
+/// Joins the group the environment describes, if any (see `crate::dist::RankEnv`).
+pub(super) fn join(config: &Config) -> Result<Option<DataParallel>> {
+    let Some(env) = RankEnv::from_env()? else {
+        return Ok(None);
+    };
+    let d = &config.distributed;
+    let group = Group::join(
+        &env,
+        Duration::from_secs_f64(d.rendezvous_timeout),
+        Duration::from_secs_f64(d.timeout),
+    )?;
+    Ok(Some(DataParallel {
+        group,
+        reducer: None,
+    }))
+}
+
+/// Checks that every rank found the same checkpoint to resume from (the checkpoint folder
+/// must be one folder that every rank reads, on a shared file system across machines).
+pub(super) fn agree_on_resume(
+    dp: &DataParallel,
+    resume: Option<&(std::path::PathBuf, checkpoint::Checkpoint)>,
+) -> Result<()> {
+    let batch = resume.map_or(-1.0, |(_, c)| c.meta.timestamp.batch as f64);
+    let high = Tensor::f_from_slice(&[batch])?;
+    let low = Tensor::f_from_slice(&[batch])?;
+    dp.group.all_reduce(&high, Op::Max)?;
+    dp.group.all_reduce(&low, Op::Min)?;
+    let (high, low) = (high.f_double_value(&[0])?, low.f_double_value(&[0])?);
+    if high != low {
+        let what = |b: f64| {
+            if b < 0.0 {
+                "no checkpoint".to_owned()
+            } else {
+                format!("the checkpoint of batch {b}")
+            }
+        };
+        fail!(
+            "the ranks would resume from different points ({} on one rank, {} on another; this rank {}): every rank must read the same checkpoint folder (a shared file system when the ranks run on several machines)",
+            what(high),
+            what(low),
+            match resume {
+                Some((p, _)) => format!("found {}", p.display()),
+                None => "found none".to_owned(),
+            }
+        );
+    }
+    Ok(())
+}
+
+/// The seed of rank `rank`'s own random streams (dropout, methods' draws): the run seed on rank
+/// 0, so that rank 0 of a data-parallel run draws what a single process draws; as Composer, a
+/// different seed per rank.
+pub(super) fn rank_seed(seed: u64, rank: usize) -> u64 {
+    seed.wrapping_add(rank as u64)
+}
+
+impl Trainer {
+    pub(super) fn rank(&self) -> usize {
+        self.dp.as_ref().map_or(0, DataParallel::rank)
+    }
+
+    pub(super) fn world(&self) -> usize {
+        self.dp.as_ref().map_or(1, DataParallel::world)
+    }
+
+    /// Rank 0 writes files and logs; every rank of a single-process run is rank 0.
+    pub(super) fn is_rank0(&self) -> bool {
+        self.rank() == 0
+    }
+
+    /// Says on rank 0 how the run is split: ranks, per-rank and global batch.
+    pub(super) fn announce_data_parallel(&self) {
+        let Some(dp) = &self.dp else {
+            return;
+        };
+        if dp.rank() != 0 {
+            return;
+        }
+        let per_rank = self.config.data.batch_size;
+        tracing::info!(
+            "data-parallel: {} ranks (c10d Gloo), global batch {} = {} per rank x {} ranks, {} batches per epoch on each rank",
+            dp.world(),
+            per_rank * dp.world(),
+            per_rank,
+            dp.world(),
+            self.state.clock.run.batches_per_epoch
+        );
+    }
+
+    /// Overwrites every rank's model tensors (`which`: parameters, buffers or both) with rank
+    /// 0's.
+    pub(super) fn broadcast_model(&self, params: bool, buffers: bool) -> Result<()> {
+        let Some(dp) = &self.dp else {
+            return Ok(());
+        };
+        let _guard = tch::no_grad_guard();
+        // One broadcast per dtype: the tensors flattened into one buffer, then copied back.
+        let mut by_kind: Vec<(Kind, Vec<Tensor>)> = Vec::new();
+        for e in self.state.model.params.entries() {
+            let wanted = match e.role {
+                Role::Parameter => params,
+                _ => buffers,
+            };
+            if !wanted {
+                continue;
+            }
+            let kind = e.tensor.kind();
+            match by_kind.iter_mut().find(|(k, _)| *k == kind) {
+                Some((_, list)) => list.push(e.tensor.shallow_clone()),
+                None => by_kind.push((kind, vec![e.tensor.shallow_clone()])),
+            }
+        }
+        for (_, tensors) in by_kind {
+            let flat: Vec<Tensor> = tensors
+                .iter()
+                .map(|t| t.f_reshape([-1]))
+                .collect::<std::result::Result<_, _>>()?;
+            let buffer = Tensor::f_cat(&flat, 0)?;
+            dp.group
+                .broadcast(&buffer, 0)
+                .context("sending rank 0's model to the other ranks")?;
+            let mut offset = 0;
+            for mut t in tensors {
+                let n = t.numel() as i64;
+                let part = buffer.f_narrow(0, offset, n)?.f_view(t.size().as_slice())?;
+                t.f_copy_(&part)?;
+                offset += n;
+            }
+        }
+        Ok(())
+    }
+
+    /// Sets up the gradient averaging over the trainable parameters as surgery left them.
+    pub(super) fn start_reducer(&mut self) -> Result<()> {
+        let Some(dp) = &mut self.dp else {
+            return Ok(());
+        };
+        let params: Vec<&Tensor> = self
+            .state
+            .model
+            .params
+            .trainable()
+            .map(|e| &e.tensor)
+            .collect();
+        let d = &self.config.distributed;
+        let bytes = (d.bucket_mb * 1024.0 * 1024.0).round().max(1.0) as i64;
+        dp.reducer = Some(dp.group.reducer(&params, bytes, d.find_unused_parameters)?);
+        Ok(())
+    }
+
+    /// Announces the forward pass of a microbatch whose backward pass all-reduces.
+    pub(super) fn before_synced_forward(&self) -> Result<()> {
+        if let Some(r) = self.dp.as_ref().and_then(|d| d.reducer.as_ref()) {
+            r.prepare_forward()?;
+        }
+        Ok(())
+    }
+
+    /// Announces that the backward pass from `root` averages the gradients over the ranks.
+    pub(super) fn before_synced_backward(&self, root: &Tensor) -> Result<()> {
+        if let Some(r) = self.dp.as_ref().and_then(|d| d.reducer.as_ref()) {
+            r.prepare_backward(root)?;
+        }
+        Ok(())
+    }
+
+    /// The step's values agreed over the ranks: the mean of the batch losses, a stop signal
+    /// if any rank got one, and the samples trained on (summed). One all-reduce per step.
+    pub(super) fn agree_step(
+        &mut self,
+        loss: Option<f64>,
+        trained: u64,
+    ) -> Result<(Option<f64>, Option<i32>, u64)> {
+        let local_stop = self.stop_requested_locally();
+        let Some(dp) = &self.dp else {
+            return Ok((loss, local_stop, trained));
+        };
+        let values = [
+            loss.unwrap_or(0.0),
+            f64::from(u8::from(loss.is_some())),
+            f64::from(u8::from(local_stop.is_some())),
+            trained as f64,
+        ];
+        let t = Tensor::f_from_slice(&values)?;
+        dp.group.all_reduce(&t, Op::Sum)?;
+        let v = Vec::<f64>::try_from(&t)?;
+        let with_loss = v[1].round() as usize;
+        let loss = (with_loss > 0).then(|| v[0] / with_loss as f64);
+        // A rank that got no signal itself stops as if it had got SIGTERM (the launcher's).
+        let stop = (v[2] > 0.0).then(|| local_stop.unwrap_or(15));
+        Ok((loss, stop, v[3].round() as u64))
+    }
+
+    /// Sums per-rank evaluation totals over the ranks.
+    pub(super) fn sum_over_ranks(&self, values: &mut [f64]) -> Result<()> {
+        let Some(dp) = &self.dp else {
+            return Ok(());
+        };
+        let t = Tensor::f_from_slice(values)?;
+        dp.group.all_reduce(&t, Op::Sum)?;
+        values.copy_from_slice(&Vec::<f64>::try_from(&t)?);
+        Ok(())
+    }
+
+    /// Checks that every rank holds the same model (a method or a bug that made ranks diverge
+    /// would silently train W different models): per-tensor sums compared over the ranks.
+    pub(super) fn check_ranks_agree(&self) -> Result<()> {
+        let Some(dp) = &self.dp else {
+            return Ok(());
+        };
+        let entries = self.state.model.params.entries();
+        let mut sums = Vec::with_capacity(entries.len());
+        for e in entries {
+            sums.push(
+                e.tensor
+                    .f_to_kind(Kind::Double)?
+                    .f_sum(Kind::Double)?
+                    .f_double_value(&[])?,
+            );
+        }
+        if sums.is_empty() {
+            return Ok(());
+        }
+        let high = Tensor::f_from_slice(&sums)?;
+        let low = Tensor::f_from_slice(&sums)?;
+        dp.group.all_reduce(&high, Op::Max)?;
+        dp.group.all_reduce(&low, Op::Min)?;
+        let (high, low) = (Vec::<f64>::try_from(&high)?, Vec::<f64>::try_from(&low)?);
+        let differ: Vec<&str> = entries
+            .iter()
+            .zip(high.iter().zip(&low))
+            .filter(|(_, (h, l))| h.to_bits() != l.to_bits())
+            .map(|(e, _)| e.name.as_str())
+            .collect();
+        if !differ.is_empty() {
+            fail!(
+                "the ranks' models differ after batch {} ({} of {} tensors, first `{}`): a \
+                 method changed the model on some ranks only, or a rank skipped a step",
+                self.state.clock.timestamp.batch,
+                differ.len(),
+                entries.len(),
+                differ[0]
+            );
+        }
+        Ok(())
+    }
+
+    /// The random streams of ranks 1.. for rank 0's checkpoint (the other ranks publish theirs
+    /// through the group's store and return an empty list).
+    pub(super) fn gather_rank_parts(&self) -> Result<Vec<RankPart>> {
+        let Some(dp) = &self.dp else {
+            return Ok(Vec::new());
+        };
+        let batch = self.state.clock.timestamp.batch;
+        let key = |r: usize| format!("tessera/checkpoint/{batch}/rank{r}");
+        if dp.rank() != 0 {
+            let part = serde_json::json!({
+                "rng": checkpoint::rng_meta(self.state.rng()),
+                "torch_rng": Vec::<u8>::try_from(&checkpoint::torch_rng::cpu_state()?)?,
+            });
+            dp.group
+                .store_set(&key(dp.rank()), &serde_json::to_vec(&part)?)?;
+            return Ok(Vec::new());
+        }
+        let mut parts = Vec::with_capacity(dp.world() - 1);
+        for r in 1..dp.world() {
+            let bytes = dp.group.store_get(&key(r))?;
+            dp.group.store_delete(&key(r))?;
+            let v: serde_json::Value = serde_json::from_slice(&bytes)?;
+            let rng: checkpoint::RngMeta = serde_json::from_value(v["rng"].clone())?;
+            let torch: Vec<u8> = serde_json::from_value(v["torch_rng"].clone())?;
+            parts.push(RankPart {
+                rng: checkpoint::rng_from_meta(&rng)?,
+                torch_rng: Tensor::from_slice(&torch),
+            });
+        }
+        Ok(parts)
+    }
+
+    /// Gives this rank its own random streams after set-up (rank 0 keeps the run's).
+    pub(super) fn seed_rank(&mut self) {
+        let rank = self.rank();
+        if rank == 0 {
+            return;
+        }
+        let seed = rank_seed(self.config.seed, rank);
+        tch::manual_seed(seed as i64);
+        self.state
+            .set_rng(ChaCha8Rng::seed_from_u64(seed ^ 0x7e55_e4a0_0000_0001));
+    }
+
+    /// Restores this rank's random streams from a checkpoint's rank parts (rank 0's were
+    /// restored with the rest); a rank the checkpoint has none for starts fresh ones.
+    pub(super) fn restore_rank_streams(&mut self, ranks: Vec<RankPart>) -> Result<()> {
+        let rank = self.rank();
+        if rank == 0 {
+            return Ok(());
+        }
+        match ranks.into_iter().nth(rank - 1) {
+            Some(part) => {
+                self.state.set_rng(part.rng);
+                checkpoint::torch_rng::set_cpu_state(&part.torch_rng)?;
+            }
+            None => self.seed_rank(),
+        }
+        Ok(())
+    }
+
+    /// Whether a checkpoint written by `saved` ranks can continue on this run's ranks: the
+    /// same number continues exactly; another number only from the end of an epoch, because
+    /// each rank's share of an epoch depends on the number of ranks. Says what changes.
+    pub(super) fn check_world_change(
+        &self,
+        saved: usize,
+        at: &crate::time::Timestamp,
+    ) -> Result<bool> {
+        let world = self.world();
+        if saved == world {
+            return Ok(false);
+        }
+        if at.batch_in_epoch != 0 {
+            fail!(
+                "the checkpoint was written by {saved} rank(s) in the middle of epoch {} (batch {} \
+                 of the epoch), and this run has {world}: the position inside an epoch depends on \
+                 the number of ranks. Resume with {saved} rank(s) (tessera launch --nproc {saved}), \
+                 or from a checkpoint written at the end of an epoch (checkpoint.interval = \"1ep\")",
+                at.epoch,
+                at.batch_in_epoch
+            );
+        }
+        if self.is_rank0() {
+            let b = self.config.data.batch_size;
+            tracing::warn!(
+                "the checkpoint was written by {saved} rank(s), this run has {world}: the weights, \
+                 the optimizer state, the schedule's position, the clock and the methods' states \
+                 carry over; from epoch {} on, the global batch is {} ({b} x {world}) instead of \
+                 {} and each rank sees a different share of the data, so the run no longer \
+                 repeats what {saved} rank(s) would have done (ranks without saved random \
+                 streams start fresh ones)",
+                at.epoch,
+                b * world,
+                b * saved
+            );
+        }
+        Ok(true)
+    }
+}
