@@ -8,6 +8,7 @@
 use std::collections::BTreeSet;
 
 use tessera_tests::export::assert_export_matches_rebuilt_run;
+use tessera_tests::plugins::{plugin_settings, repository_plugins};
 use tessera_tests::*;
 
 /// `toml` with the six plugins.
@@ -74,48 +75,6 @@ fn six_plugins_learn_together() {
     assert_learned(&record, 0.3);
 }
 
-/// Methods for language models (GPT-2 attention and MLP surgery, token-sequence batches): they
-/// have nothing to act on in a ResNet and are trained together on the GPT instead.
-const LANGUAGE_PLUGINS: [&str; 3] = ["alibi", "gated_linear_units", "seq_length_warmup"];
-
-/// The plugin crates of the repository for vision models: every folder of `plugins/` whose
-/// Cargo.toml builds a `cdylib`, less [`LANGUAGE_PLUGINS`].
-fn repository_plugins() -> Vec<String> {
-    let dir = repo_root().join("plugins");
-    let mut names: Vec<String> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .filter_map(|entry| {
-            let path = entry.ok()?.path();
-            let manifest = std::fs::read_to_string(path.join("Cargo.toml")).ok()?;
-            manifest
-                .contains("cdylib")
-                .then(|| path.file_name()?.to_str().map(str::to_owned))?
-        })
-        .filter(|name: &String| !LANGUAGE_PLUGINS.contains(&name.as_str()))
-        .collect();
-    names.sort_unstable();
-    names
-}
-
-/// Settings that make each plugin act on a 3-batch ResNet-50 run (defaults otherwise).
-fn settings(plugin: &str) -> &'static str {
-    match plugin {
-        "selective_backprop" => "start = 0.0\nend = 1.0\ninterrupt = 0",
-        "ema" => "half_life = \"2ba\"",
-        "ghost_batchnorm" => "ghost_batch_size = 16",
-        // 12 of the 22 convs left after Factorize and BlurPool: the stem, layer1's (inside
-        // stochastic depth's blocks) and the first of layer2 (inside SqueezeExcite). Standardizing
-        // them all makes this 3-batch ResNet-50's activations explode (batch-norm running
-        // statistics are still near their initial values), and its float32 output is then
-        // rounding noise that no export comparison can check (scripts/check_export.py says so).
-        "weight_standardization" => "n_last_layers_ignore = 10",
-        // Updates at batches 1, 2 and 3; the average replaces the model at batch 3.
-        "swa" => "swa_start = \"0.3dur\"\nswa_end = \"0.9dur\"\nupdate_interval = \"1ba\"",
-        "gradient_clipping" => "clipping_type = \"norm\"\nclipping_threshold = 1.0",
-        _ => "",
-    }
-}
-
 /// Trains a 3-batch ResNet-50 run with every plugin of the repository and exports it; returns
 /// the folder, the checkpoint and the exported file.
 fn train_and_export_every_plugin(label: &str) -> (TempDir, std::path::PathBuf, std::path::PathBuf) {
@@ -126,7 +85,7 @@ fn train_and_export_every_plugin(label: &str) -> (TempDir, std::path::PathBuf, s
     toml.model = "name = \"resnet50\"".to_owned();
     toml.device = Some("cpu".to_owned());
     for p in &plugins {
-        toml = toml.algorithm(p, settings(p));
+        toml = toml.algorithm(p, plugin_settings(p));
     }
     let text = format!("{}\n[checkpoint]\ninterval = \"3ba\"\n", toml.render());
     dir.write("trainer.toml", &text);

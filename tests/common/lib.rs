@@ -20,7 +20,9 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+pub mod dist;
 pub mod export;
+pub mod plugins;
 pub mod resume;
 
 /// The workspace version, which the host and both plugins share.

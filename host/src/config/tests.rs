@@ -1598,6 +1598,7 @@ fn reference_documents_every_key() {
         ("optimizer", AdamW::KEYS),
         ("train", TrainConfig::KEYS),
         ("checkpoint", CheckpointConfig::KEYS),
+        ("distributed", DistributedConfig::KEYS),
         ("plugins", PluginsConfig::KEYS),
         ("algorithms", &["plugin", "sha256", "on_error"]),
         ("scheduler", names),

@@ -85,9 +85,10 @@ fn last_error() -> String {
     let text = unsafe { CStr::from_ptr(tessera_dist_last_error()) }
         .to_string_lossy()
         .into_owned();
-    // c10d's messages carry a C++ source location on a line of its own; keep the sentences.
+    // c10d's messages may end with a C++ source location and stack frames; keep the sentences.
     text.lines()
-        .filter(|l| !l.trim().is_empty() && !l.starts_with("Exception raised from"))
+        .take_while(|l| !l.starts_with("Exception raised from") && !l.starts_with("frame #"))
+        .filter(|l| !l.trim().is_empty())
         .collect::<Vec<_>>()
         .join(" ")
 }
@@ -207,6 +208,8 @@ pub struct Group {
 // SAFETY: c10d's process group and store are thread-safe objects; the handle is only freed in
 // `Drop`.
 unsafe impl Send for Group {}
+// SAFETY: as above: every call goes through c10d, which serialises its own state.
+unsafe impl Sync for Group {}
 
 fn ptrs(tensors: &[&Tensor]) -> Vec<*mut c_void> {
     tensors.iter().map(|t| t.as_ptr() as *mut c_void).collect()

@@ -4,6 +4,7 @@
 //! clock, the logged loss, the evaluation and the decision to stop are agreed over the ranks;
 //! rank 0 writes the logs, the run record and the checkpoints.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use rand_chacha::rand_core::SeedableRng;
@@ -20,7 +21,7 @@ use super::Trainer;
 
 /// A rank's membership of a data-parallel run.
 pub(super) struct DataParallel {
-    pub group: Group,
+    pub group: Arc<Group>,
     /// Gradient averaging (c10d's reducer), set up once the parameters are final.
     pub reducer: Option<GradReducer>,
 }
@@ -46,6 +47,14 @@ pub(super) fn join(config: &Config) -> Result<Option<DataParallel>> {
         Duration::from_secs_f64(d.rendezvous_timeout),
         Duration::from_secs_f64(d.timeout),
     )?;
+    let group = Arc::new(group);
+    if d.sync_batchnorm {
+        let g = Arc::clone(&group);
+        crate::model::layers::set_batch_norm_sync(Some(Arc::new(move |t: &Tensor| {
+            g.all_reduce_autograd(t)
+                .map_err(|e| tch::TchError::Torch(e.to_string()))
+        })));
+    }
     Ok(Some(DataParallel {
         group,
         reducer: None,
@@ -381,5 +390,12 @@ impl Trainer {
             );
         }
         Ok(true)
+    }
+}
+
+impl Drop for DataParallel {
+    fn drop(&mut self) {
+        // The batch norms of a later run in this process must not reach a group that is gone.
+        crate::model::layers::set_batch_norm_sync(None);
     }
 }

@@ -22,7 +22,7 @@ use std::fmt;
 use tch::{TchError, Tensor};
 
 pub use activation::Relu;
-pub use batch_norm::BatchNorm2d;
+pub use batch_norm::{set_sync as set_batch_norm_sync, BatchNorm2d, RankSum};
 pub use bottleneck::{Bottleneck, EXPANSION};
 pub use conv2d::{Conv2d, Conv2dConfig};
 pub use dropout::Dropout;

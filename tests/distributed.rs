@@ -1,0 +1,385 @@
+//! Data-parallel training on c10d's Gloo backend, on this machine's loopback address: ranks are
+//! `tessera train` processes joined through torchrun-style variables (as `tessera launch`,
+//! torchrun or a Slurm script start them).
+//!
+//! The central check: 2 ranks with batch 64 train the model 1 process trains with batch 128
+//! (the same samples in every step, gradients averaged over the ranks), within float rounding.
+//! With `sync_batchnorm` that holds for batch-norm models too, so it is checked for every
+//! method whose effect does not depend on per-rank random draws; the others must train, keep
+//! the ranks' models identical (the host checks at the end of every run) and count the global
+//! batch.
+
+use std::path::PathBuf;
+
+use tessera_tests::dist::{assert_all_succeeded, max_difference, train_ranks};
+use tessera_tests::plugins::{plugin_settings, repository_plugins, LANGUAGE_PLUGINS};
+use tessera_tests::resume::assert_same_checkpoint;
+use tessera_tests::*;
+
+/// Float rounding only: the ranks' gradients are summed in another order than one process's.
+/// An MLP with SGD agrees to 1e-8 here.
+const TOLERANCE: f64 = 1e-6;
+/// The same with normalisations that amplify rounding: batch norm (the CNN agrees to 4e-6) and
+/// AdamW's per-coordinate step (the GPT, 3e-6).
+const NORMALISED_TOLERANCE: f64 = 2e-5;
+
+fn ckpt(dir: &TempDir, run: &str, name: &str) -> PathBuf {
+    run_dir(dir, run).join("checkpoints").join(name)
+}
+
+/// Trains `toml` (3 batches) as 2 ranks of batch `per_rank` (run `ranks`) and as 1 process of
+/// batch `2 * per_rank` (run `one`); returns the folder.
+fn two_ranks_and_one_process(label: &str, toml: &TrainerToml, extra: &str, per_rank: u32) -> TempDir {
+    let dir = TempDir::new(label);
+    dir.write("trainer.toml", &format!("{}\n{extra}", toml.render()));
+    // One thread everywhere: libtorch's reductions (a convolution's weight gradient) sum in
+    // another order with another thread count, which alone moves a CNN's weights by 4e-5 here.
+    let per = format!("data.batch_size={per_rank}");
+    let outputs = train_ranks(&dir, 2, &["run_name=ranks", &per, "train.threads=1"]);
+    assert_all_succeeded(&outputs);
+    let double = format!("data.batch_size={}", 2 * per_rank);
+    train(&dir, &["run_name=one", &double, "train.threads=1"], &[]).assert_success();
+    dir
+}
+
+/// The two runs' final models (and the methods' tensors) agree within `tolerance`.
+fn assert_same_training(dir: &TempDir, what: &str, tolerance: f64) {
+    let (a, b) = (ckpt(dir, "ranks", "ep0-ba3.ckpt"), ckpt(dir, "one", "ep0-ba3.ckpt"));
+    let (diff, name) = max_difference(&a, &b, &["model/", "method/"]);
+    assert!(
+        diff <= tolerance,
+        "{what}: 2 ranks and 1 process with twice the batch differ by {diff:e} (relative) at \
+         `{name}` (limit {tolerance:e})"
+    );
+}
+
+/// As [`assert_same_training`], for deeper batch-norm models where rounding alone moves the
+/// weights further: the limit is twice what changing one process's thread count (1 to 2, which
+/// reorders libtorch's reductions as splitting the batch over ranks does) moves them, and at
+/// least [`NORMALISED_TOLERANCE`]. A semantic difference (local batch norm, a pass not averaged) moves
+/// them by orders of magnitude more.
+fn assert_same_training_up_to_rounding(dir: &TempDir, per_rank: u32, what: &str) {
+    let double = format!("data.batch_size={}", 2 * per_rank);
+    train(dir, &["run_name=one-2t", &double, "train.threads=2"], &[]).assert_success();
+    let one = ckpt(dir, "one", "ep0-ba3.ckpt");
+    let (noise, _) = max_difference(&one, &ckpt(dir, "one-2t", "ep0-ba3.ckpt"), &["model/", "method/"]);
+    let limit = (2.0 * noise).max(NORMALISED_TOLERANCE);
+    let (diff, name) = max_difference(&ckpt(dir, "ranks", "ep0-ba3.ckpt"), &one, &["model/", "method/"]);
+    assert!(
+        diff <= limit,
+        "{what}: 2 ranks x 64 and 1 process x 128 differ by {diff:e} (relative) at `{name}`, \
+         more than twice the rounding noise {noise:e}"
+    );
+}
+
+#[test]
+fn two_ranks_of_64_train_what_one_process_of_128_trains() {
+    let mut toml = TrainerToml::new("dp");
+    toml.model = "name = \"mlp\"\nhidden = [64]".to_owned();
+    let dir = two_ranks_and_one_process("dp-mlp", &toml, "", 64);
+    assert_same_training(&dir, "mlp", TOLERANCE);
+    // Rank 0 wrote the run: one run record, one metrics file, counting the global batch.
+    let record = read_json(&run_dir(&dir, "ranks").join("run.json"));
+    let single = read_json(&run_dir(&dir, "one").join("run.json"));
+    assert_eq!(record["samples"], 3 * 128, "{record:#}");
+    assert_eq!(record["trained_samples"], 3 * 128, "{record:#}");
+    // The logged loss is the mean over the ranks: the single process's mean over 128.
+    let losses = |run: &str| train_losses(&read_jsonl(&run_dir(&dir, run).join("metrics.jsonl")));
+    let (a, b) = (losses("ranks"), losses("one"));
+    assert_eq!(a.len(), 3, "{a:?}");
+    for (x, y) in a.iter().zip(&b) {
+        assert!((x - y).abs() < 1e-5, "losses {a:?} vs {b:?}");
+    }
+    // Evaluation: each rank scored its share of the test batches; together, one process's.
+    let (ea, eb) = (&record["evals"][0], &single["evals"][0]);
+    assert_eq!(ea["samples"], 1000, "{record:#}");
+    assert_eq!(eb["samples"], 500, "{single:#}");
+    let config = &record["config"]["distributed"];
+    assert_eq!(config["bucket_mb"], 25.0, "{record:#}");
+}
+
+#[test]
+fn batch_norm_is_local_unless_synchronised() {
+    // The CNN has batch norm: with local statistics (PyTorch DDP's default) each rank normalises
+    // by its 64 samples, so the runs differ; synchronised, they agree, running statistics too.
+    let toml = TrainerToml::new("dp-bn");
+    let local = two_ranks_and_one_process("dp-bn-local", &toml, "", 64);
+    let (a, b) = (ckpt(&local, "ranks", "ep0-ba3.ckpt"), ckpt(&local, "one", "ep0-ba3.ckpt"));
+    let (diff, name) = max_difference(&a, &b, &["model/"]);
+    assert!(diff > 1e-4, "local batch norm should differ, max {diff:e} at {name}");
+    let synced = two_ranks_and_one_process(
+        "dp-bn-sync",
+        &toml,
+        "[distributed]\nsync_batchnorm = true\n",
+        64,
+    );
+    assert_same_training(&synced, "cnn with sync_batchnorm", NORMALISED_TOLERANCE);
+}
+
+/// Methods whose effect is the same whichever rank computes it: with synchronised batch norm,
+/// 2 ranks x 64 train what 1 process x 128 trains. Per-sample transforms (RandAugment, AugMix)
+/// are keyed by the sample's position in the epoch, so they are among them.
+const SAME_AS_ONE_PROCESS: &[&str] = &[
+    "augmix",
+    "blurpool",
+    "channels_last",
+    "early_stopping",
+    "ema",
+    "factorize",
+    "gradient_clipping",
+    "label_smoothing",
+    "layer_freezing",
+    "low_precision_groupnorm",
+    "low_precision_layernorm",
+    "progressive_resizing",
+    "randaugment",
+    "sam",
+    "squeeze_excite",
+    "swa",
+    "weight_standardization",
+];
+
+/// Methods that draw random numbers per batch (each rank its own, as in Composer) or act on
+/// each rank's share (selective backprop keeps the hardest samples of its own 64, ghost batch
+/// norm splits its own share): they must train and keep the ranks' models identical.
+const PER_RANK: &[&str] = &[
+    "colout",
+    "cutmix",
+    "cutout",
+    "ghost_batchnorm",
+    "gyro_dropout",
+    "mixup",
+    "selective_backprop",
+    "stochastic_depth",
+];
+
+#[test]
+fn every_method_is_covered_by_the_data_parallel_tests() {
+    let mut covered: Vec<&str> = SAME_AS_ONE_PROCESS.iter().chain(PER_RANK).copied().collect();
+    covered.extend(LANGUAGE_PLUGINS);
+    for p in repository_plugins().iter().map(String::as_str).chain(LANGUAGE_PLUGINS) {
+        assert!(covered.contains(&p), "plugin `{p}` has no data-parallel test");
+    }
+}
+
+/// Methods that act on the data, the loss, the gradients or the optimizer: checked on an MLP,
+/// where 2 ranks and 1 process agree to 1e-8 (no batch norm or convolution to amplify rounding).
+const ON_AN_MLP: &[&str] = &[
+    "augmix",
+    "early_stopping",
+    "ema",
+    "gradient_clipping",
+    "label_smoothing",
+    "layer_freezing",
+    "randaugment",
+    "sam",
+    "swa",
+];
+
+fn method_toml(plugin: &str) -> TrainerToml {
+    let mut toml =
+        TrainerToml::new(&format!("dp-{plugin}")).algorithm(plugin, plugin_settings(plugin));
+    if ON_AN_MLP.contains(&plugin) {
+        toml.model = "name = \"mlp\"\nhidden = [64, 32]".to_owned();
+    } else if ["colout", "progressive_resizing"].contains(&plugin) {
+        // Methods that change the image size need a model that pools globally.
+        toml.model = "name = \"resnet20\"\nwidth = 4".to_owned();
+    }
+    toml
+}
+
+fn assert_method_matches_one_process(plugin: &str) {
+    let dir = two_ranks_and_one_process(
+        &format!("dp-{plugin}"),
+        &method_toml(plugin),
+        "[distributed]\nsync_batchnorm = true\n",
+        64,
+    );
+    if ON_AN_MLP.contains(&plugin) {
+        assert_same_training(&dir, plugin, TOLERANCE);
+    } else {
+        assert_same_training_up_to_rounding(&dir, 64, plugin);
+    }
+}
+
+fn assert_method_trains_on_two_ranks(plugin: &str) -> serde_json::Value {
+    let dir = TempDir::new(&format!("dp-{plugin}"));
+    method_toml(plugin).write_to(&dir);
+    let outputs = train_ranks(&dir, 2, &["run_name=ranks"]);
+    assert_all_succeeded(&outputs);
+    let record = read_json(&run_dir(&dir, "ranks").join("run.json"));
+    assert_eq!(record["batches"], 3, "{record:#}");
+    assert_eq!(record["samples"], 3 * 128, "{record:#}");
+    assert!(
+        record["evals"][0]["cross_entropy"].as_f64().is_some_and(f64::is_finite),
+        "{record:#}"
+    );
+    record
+}
+
+macro_rules! same_as_one_process {
+    ($($name:ident),* $(,)?) => {$(
+        #[test]
+        fn $name() {
+            assert_method_matches_one_process(stringify!($name));
+        }
+    )*};
+}
+
+mod same_as_one_process {
+    use super::*;
+    same_as_one_process!(
+        augmix,
+        blurpool,
+        channels_last,
+        early_stopping,
+        ema,
+        factorize,
+        gradient_clipping,
+        label_smoothing,
+        layer_freezing,
+        low_precision_groupnorm,
+        low_precision_layernorm,
+        progressive_resizing,
+        randaugment,
+        sam,
+        squeeze_excite,
+        swa,
+        weight_standardization,
+    );
+}
+
+macro_rules! per_rank {
+    ($($name:ident),* $(,)?) => {$(
+        #[test]
+        fn $name() {
+            assert_method_trains_on_two_ranks(stringify!($name));
+        }
+    )*};
+}
+
+mod per_rank {
+    use super::*;
+    per_rank!(colout, cutmix, cutout, ghost_batchnorm, gyro_dropout, mixup, stochastic_depth);
+
+    #[test]
+    fn selective_backprop() {
+        // Each rank keeps half of its own 64 samples: the run trained on 2 x 32 per step.
+        let record = assert_method_trains_on_two_ranks("selective_backprop");
+        assert_eq!(record["trained_samples"], 3 * 64, "{record:#}");
+    }
+}
+
+#[test]
+fn language_methods_train_what_one_process_trains() {
+    // ALiBi, gated linear units and sequence-length warmup on the tiny GPT (no dropout).
+    let mut toml = TrainerToml::tiny_gpt("dp-gpt");
+    for p in LANGUAGE_PLUGINS {
+        let settings = match p {
+            "seq_length_warmup" => {
+                "duration = 0.67\nmin_seq_length = 8\nmax_seq_length = 32\nstep_size = 24"
+            }
+            "alibi" => "max_sequence_length = 64",
+            _ => "",
+        };
+        toml = toml.algorithm(p, settings);
+    }
+    let dir = two_ranks_and_one_process("dp-gpt", &toml, "", 4);
+    assert_same_training(
+        &dir,
+        "gpt with alibi, gated_linear_units, seq_length_warmup",
+        NORMALISED_TOLERANCE,
+    );
+    let record = read_json(&run_dir(&dir, "ranks").join("run.json"));
+    let single = read_json(&run_dir(&dir, "one").join("run.json"));
+    assert_eq!(record["tokens"], single["tokens"], "{record:#}");
+}
+
+/// `toml` with checkpoints every `every` batches.
+fn with_checkpoints(toml: &TrainerToml, every: &str) -> String {
+    format!("{}\n[checkpoint]\ninterval = \"{every}\"\n", toml.render())
+}
+
+#[test]
+fn a_two_rank_run_resumed_continues_exactly() {
+    // Dropout and CutMix draw per rank: rank 1's own streams must be in the checkpoint.
+    let mut toml = TrainerToml::new("straight").algorithm("cutmix", "");
+    toml.model = "name = \"mlp\"\nhidden = [32]\ndropout = 0.2".to_owned();
+    toml.max_duration = "6ba".to_owned();
+    let dir = TempDir::new("dp-resume");
+    dir.write("trainer.toml", &with_checkpoints(&toml, "3ba"));
+    assert_all_succeeded(&train_ranks(&dir, 2, &[]));
+    let straight3 = ckpt(&dir, "straight", "ep0-ba3.ckpt");
+    let meta = tessera::checkpoint::Checkpoint::read(&straight3)
+        .expect("the checkpoint reads")
+        .meta;
+    assert_eq!((meta.world_size, meta.ranks.len()), (2, 1));
+    // Continue from the batch-3 checkpoint in another run folder: the same batch-6 checkpoint,
+    // bit for bit.
+    let load = format!("checkpoint.load={}", toml_string(&straight3.display().to_string()));
+    assert_all_succeeded(&train_ranks(&dir, 2, &["run_name=resumed", &load]));
+    assert_same_checkpoint(
+        &ckpt(&dir, "straight", "ep0-ba6.ckpt"),
+        &ckpt(&dir, "resumed", "ep0-ba6.ckpt"),
+    );
+}
+
+#[test]
+fn a_checkpoint_changes_rank_count_only_at_an_epoch_end() {
+    // 256 synthetic images, batch 32 per rank: 4 batches per epoch on 2 ranks.
+    let mut toml = TrainerToml::new("two");
+    toml.data = "dataset = \"synthetic\"\nbatch_size = 32\neval_batch_size = 64\n\n\
+                 [data.synthetic]\nsamples = 256\neval_samples = 64\nchannels = 1\n\
+                 height = 8\nwidth = 8\nclasses = 4"
+        .to_owned();
+    toml.model = "name = \"mlp\"\nhidden = [16]".to_owned();
+    // Checkpoints at the end of epoch 0 (batch 4) and at the end of the run, batch 6, in the
+    // middle of epoch 1.
+    toml.max_duration = "6ba".to_owned();
+    let dir = TempDir::new("dp-world-change");
+    dir.write("trainer.toml", &with_checkpoints(&toml, "1ep"));
+    assert_all_succeeded(&train_ranks(&dir, 2, &[]));
+    let end = ckpt(&dir, "two", "ep1-ba4.ckpt");
+    let mid = ckpt(&dir, "two", "ep1-ba6.ckpt");
+    // Mid-epoch on 1 process: refused, saying why and what to do.
+    let load = |p: &PathBuf| format!("checkpoint.load={}", toml_string(&p.display().to_string()));
+    let out = train(&dir, &["run_name=one-mid", &load(&mid)], &[]);
+    out.assert_failure(&["2 rank(s)", "middle of epoch 1", "--nproc 2", "1ep"]);
+    // From the end of epoch 0: continues, stating what changes.
+    let out = train(&dir, &["run_name=one-end", &load(&end)], &[]);
+    out.assert_success();
+    assert!(
+        out.stderr.contains("written by 2 rank(s), this run has 1")
+            && out.stderr.contains("global batch is 32 (32 x 1) instead of 64"),
+        "{}",
+        out.dump()
+    );
+    // One process with batch 32 has 8 batches per epoch: batches 5 and 6 of the run.
+    let record = read_json(&run_dir(&dir, "one-end").join("run.json"));
+    assert_eq!(record["batches"], 6, "{record:#}");
+    assert_eq!(record["samples"], 4 * 64 + 2 * 32, "{record:#}");
+}
+
+#[test]
+fn a_rank_that_never_comes_times_out_with_a_clear_message() {
+    let dir = TempDir::new("dp-timeout");
+    let mut toml = TrainerToml::new("alone");
+    toml.model = "name = \"mlp\"\nhidden = [8]".to_owned();
+    dir.write(
+        "trainer.toml",
+        &format!("{}\n[distributed]\nrendezvous_timeout = 2\n", toml.render()),
+    );
+    let port = tessera_tests::dist::free_port().to_string();
+    let config = dir.join("trainer.toml");
+    let started = std::time::Instant::now();
+    let out = tessera(
+        &["train", config.to_str().expect("utf-8")],
+        dir.path(),
+        &[("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_PORT", &port)],
+    );
+    let line = out.assert_failure(&["rank 0 of 2", "rendezvous_timeout", "1/2"]);
+    assert!(!line.contains("frame #"), "{line}");
+    assert!(started.elapsed().as_secs() < 60, "{:?}", started.elapsed());
+    // Nothing was written: no checkpoint folder, no run record.
+    assert!(!run_dir(&dir, "alone").join("run.json").exists());
+}
