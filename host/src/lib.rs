@@ -5,7 +5,8 @@
 //! (optimizers, schedules), `engine` (events and dispatch), `plugin` (loading plugins, the
 //! host side of the ABI), `precision` (autocast), `device` (where to train), `trainer` (the loops), `report` (progress, metrics, run records),
 //! `scaffold` (`tessera new-plugin`), `export` (`tessera export`: weights for PyTorch), `memory` (the C allocator's settings for
-//! training).
+//! training), `launch` (`tessera launch`: starting and supervising the ranks of a data-parallel
+//! run).
 
 pub mod checkpoint;
 pub mod config;
@@ -15,6 +16,7 @@ pub mod dist;
 pub mod engine;
 pub mod export;
 pub mod files;
+pub mod launch;
 pub mod memory;
 pub mod model;
 pub mod optim;

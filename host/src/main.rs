@@ -1,14 +1,16 @@
 //! The `tessera` command line.
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use tessera::trainer::{self, Trainer};
-use tessera::{config, data, export, plugin, scaffold};
+use tessera::{config, data, export, launch, plugin, scaffold};
 use tessera_plugin_api::{API_VERSION, LIBTORCH_VERSION};
 
 #[derive(Parser)]
@@ -16,7 +18,7 @@ use tessera_plugin_api::{API_VERSION, LIBTORCH_VERSION};
     name = "tessera",
     about = "A fast deep-learning trainer whose speed-up methods are binary plugins",
     disable_version_flag = true,
-    after_help = "Examples:\n  tessera data fetch fashion-mnist\n  tessera train examples/fashion-mnist/trainer.toml\n  tessera train trainer.toml --set optimizer.lr=0.05 --set train.max_duration=1ep\n  tessera plugins list --dir target/release\n  tessera new-plugin my_method\n  tessera eval runs/demo/checkpoints/latest.ckpt\n  tessera predict runs/demo/checkpoints/latest.ckpt --to predictions.jsonl\n  tessera export runs/demo/checkpoints/latest.ckpt --to model.safetensors"
+    after_help = "Examples:\n  tessera data fetch fashion-mnist\n  tessera train examples/fashion-mnist/trainer.toml\n  tessera train trainer.toml --set optimizer.lr=0.05 --set train.max_duration=1ep\n  tessera launch --nproc 4 train trainer.toml\n  tessera plugins list --dir target/release\n  tessera new-plugin my_method\n  tessera eval runs/demo/checkpoints/latest.ckpt\n  tessera predict runs/demo/checkpoints/latest.ckpt --to predictions.jsonl\n  tessera export runs/demo/checkpoints/latest.ckpt --to model.safetensors"
 )]
 struct Cli {
     /// Print the version, the libtorch version and whether CUDA is usable.
@@ -35,6 +37,36 @@ enum Command {
         /// Override a setting: `--set optimizer.lr=0.05` (repeatable).
         #[arg(long = "set", value_name = "KEY=VALUE")]
         overrides: Vec<String>,
+    },
+    /// Start the ranks of a data-parallel run on this node and supervise them, as torchrun
+    /// does: each rank runs `tessera COMMAND...` with RANK, WORLD_SIZE, LOCAL_RANK,
+    /// LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR and MASTER_PORT set. Local rank 0 writes to
+    /// this terminal; the other ranks' lines are prefixed `[rank R]` on stderr. When a rank
+    /// fails, the others get SIGTERM, then SIGKILL after the grace period; SIGINT or SIGTERM
+    /// here is passed on as SIGTERM (`tessera train` writes a checkpoint and stops). Under
+    /// torchrun or Slurm, run `tessera train` directly instead. See docs/distributed.md.
+    #[command(
+        after_help = "Examples:\n  tessera launch --nproc 4 train trainer.toml --set optimizer.lr=0.2\n  \
+                      # two machines, 8 ranks each; node 0 is 10.0.0.1:\n  \
+                      tessera launch --nproc 8 --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 train trainer.toml\n  \
+                      tessera launch --nproc 8 --nnodes 2 --node-rank 1 --master-addr 10.0.0.1 train trainer.toml"
+    )]
+    Launch {
+        #[command(flatten)]
+        options: launch::LaunchOptions,
+        /// Seconds the other ranks get to stop after a rank fails (or after a second signal)
+        /// before they are killed.
+        #[arg(long, value_name = "SECONDS", default_value_t = 30)]
+        grace_seconds: u64,
+        /// The tessera command every rank runs, with its arguments, passed on verbatim:
+        /// `train trainer.toml --set k=v`.
+        #[arg(
+            required = true,
+            trailing_var_arg = true,
+            allow_hyphen_values = true,
+            value_name = "COMMAND"
+        )]
+        command: Vec<OsString>,
     },
     /// Evaluate a model on the test set, without training: a checkpoint's (rebuilt from the
     /// config it records) or a trainer.toml's (the checkpoint it loads, else a fresh model).
@@ -240,6 +272,28 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 "run {}: {acc} in {:.1}s ({speed}){cost}",
                 r.run_name, r.wall_seconds
             );
+        }
+        Command::Launch {
+            options,
+            grace_seconds,
+            command,
+        } => {
+            use signal_hook::consts::{SIGINT, SIGTERM};
+            let topology =
+                options.resolve(|name| Some(std::env::var_os(name)?.to_string_lossy().into()))?;
+            let program =
+                std::env::current_exe().context("finding the tessera binary that the ranks run")?;
+            let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
+                .context("installing signal handlers")?;
+            eprintln!("tessera launch: {topology}");
+            let outcome = launch::supervise(
+                program.as_os_str(),
+                &command,
+                &topology,
+                Duration::from_secs(grace_seconds),
+                || signals.pending().collect(),
+            )?;
+            return Ok(ExitCode::from(outcome.exit_code()));
         }
         Command::Eval {
             path,

@@ -40,12 +40,25 @@ pub struct FitSummary {
 
 /// The name of a signal number, for messages.
 pub fn signal_name(signal: i32) -> &'static str {
-    match signal {
-        2 => "SIGINT",
-        15 => "SIGTERM",
-        1 => "SIGHUP",
-        _ => "a signal",
-    }
+    known_signal_name(signal).unwrap_or("a signal")
+}
+
+/// The name of a common signal number (`SIGKILL` for 9), or `None`.
+pub fn known_signal_name(signal: i32) -> Option<&'static str> {
+    Some(match signal {
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGINT => "SIGINT",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGILL => "SIGILL",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGPIPE => "SIGPIPE",
+        libc::SIGTERM => "SIGTERM",
+        _ => return None,
+    })
 }
 
 /// Owns everything a run needs and runs it.
