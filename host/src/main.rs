@@ -241,6 +241,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let mut trainer = Trainer::new(cfg, Vec::new())?;
             trainer.set_stop_flag(stop);
             let summary = trainer.fit()?;
+            if let Some(signal) = summary.interrupted_by.filter(|_| is_other_rank()) {
+                return Ok(ExitCode::from(128u8.saturating_add(signal as u8)));
+            }
+            if is_other_rank() {
+                return Ok(ExitCode::SUCCESS);
+            }
             if let Some(signal) = summary.interrupted_by {
                 eprintln!(
                     "run {}: interrupted by {} after batch {}{}",
@@ -482,9 +488,19 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Whether this process is a data-parallel rank other than 0 (`RANK` set and not 0): such a rank
+/// logs only warnings and errors by default and prints no summary, rank 0 speaks for the run.
+fn is_other_rank() -> bool {
+    std::env::var("RANK")
+        .ok()
+        .and_then(|r| r.trim().parse::<usize>().ok())
+        .is_some_and(|r| r > 0)
+}
+
 fn main() -> ExitCode {
+    let default_level = if is_other_rank() { "warn" } else { "info" };
     let filter = tracing_subscriber::EnvFilter::try_from_env("TESSERA_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
