@@ -29,7 +29,12 @@ fn ckpt(dir: &TempDir, run: &str, name: &str) -> PathBuf {
 
 /// Trains `toml` (3 batches) as 2 ranks of batch `per_rank` (run `ranks`) and as 1 process of
 /// batch `2 * per_rank` (run `one`); returns the folder.
-fn two_ranks_and_one_process(label: &str, toml: &TrainerToml, extra: &str, per_rank: u32) -> TempDir {
+fn two_ranks_and_one_process(
+    label: &str,
+    toml: &TrainerToml,
+    extra: &str,
+    per_rank: u32,
+) -> TempDir {
     let dir = TempDir::new(label);
     dir.write("trainer.toml", &format!("{}\n{extra}", toml.render()));
     // One thread everywhere: libtorch's reductions (a convolution's weight gradient) sum in
@@ -44,7 +49,10 @@ fn two_ranks_and_one_process(label: &str, toml: &TrainerToml, extra: &str, per_r
 
 /// The two runs' final models (and the methods' tensors) agree within `tolerance`.
 fn assert_same_training(dir: &TempDir, what: &str, tolerance: f64) {
-    let (a, b) = (ckpt(dir, "ranks", "ep0-ba3.ckpt"), ckpt(dir, "one", "ep0-ba3.ckpt"));
+    let (a, b) = (
+        ckpt(dir, "ranks", "ep0-ba3.ckpt"),
+        ckpt(dir, "one", "ep0-ba3.ckpt"),
+    );
     let (diff, name) = max_difference(&a, &b, &["model/", "method/"]);
     assert!(
         diff <= tolerance,
@@ -62,9 +70,17 @@ fn assert_same_training_up_to_rounding(dir: &TempDir, per_rank: u32, what: &str)
     let double = format!("data.batch_size={}", 2 * per_rank);
     train(dir, &["run_name=one-2t", &double, "train.threads=2"], &[]).assert_success();
     let one = ckpt(dir, "one", "ep0-ba3.ckpt");
-    let (noise, _) = max_difference(&one, &ckpt(dir, "one-2t", "ep0-ba3.ckpt"), &["model/", "method/"]);
+    let (noise, _) = max_difference(
+        &one,
+        &ckpt(dir, "one-2t", "ep0-ba3.ckpt"),
+        &["model/", "method/"],
+    );
     let limit = (2.0 * noise).max(NORMALISED_TOLERANCE);
-    let (diff, name) = max_difference(&ckpt(dir, "ranks", "ep0-ba3.ckpt"), &one, &["model/", "method/"]);
+    let (diff, name) = max_difference(
+        &ckpt(dir, "ranks", "ep0-ba3.ckpt"),
+        &one,
+        &["model/", "method/"],
+    );
     assert!(
         diff <= limit,
         "{what}: 2 ranks x 64 and 1 process x 128 differ by {diff:e} (relative) at `{name}`, \
@@ -104,9 +120,15 @@ fn batch_norm_is_local_unless_synchronised() {
     // by its 64 samples, so the runs differ; synchronised, they agree, running statistics too.
     let toml = TrainerToml::new("dp-bn");
     let local = two_ranks_and_one_process("dp-bn-local", &toml, "", 64);
-    let (a, b) = (ckpt(&local, "ranks", "ep0-ba3.ckpt"), ckpt(&local, "one", "ep0-ba3.ckpt"));
+    let (a, b) = (
+        ckpt(&local, "ranks", "ep0-ba3.ckpt"),
+        ckpt(&local, "one", "ep0-ba3.ckpt"),
+    );
     let (diff, name) = max_difference(&a, &b, &["model/"]);
-    assert!(diff > 1e-4, "local batch norm should differ, max {diff:e} at {name}");
+    assert!(
+        diff > 1e-4,
+        "local batch norm should differ, max {diff:e} at {name}"
+    );
     let synced = two_ranks_and_one_process(
         "dp-bn-sync",
         &toml,
@@ -155,10 +177,21 @@ const PER_RANK: &[&str] = &[
 
 #[test]
 fn every_method_is_covered_by_the_data_parallel_tests() {
-    let mut covered: Vec<&str> = SAME_AS_ONE_PROCESS.iter().chain(PER_RANK).copied().collect();
+    let mut covered: Vec<&str> = SAME_AS_ONE_PROCESS
+        .iter()
+        .chain(PER_RANK)
+        .copied()
+        .collect();
     covered.extend(LANGUAGE_PLUGINS);
-    for p in repository_plugins().iter().map(String::as_str).chain(LANGUAGE_PLUGINS) {
-        assert!(covered.contains(&p), "plugin `{p}` has no data-parallel test");
+    for p in repository_plugins()
+        .iter()
+        .map(String::as_str)
+        .chain(LANGUAGE_PLUGINS)
+    {
+        assert!(
+            covered.contains(&p),
+            "plugin `{p}` has no data-parallel test"
+        );
     }
 }
 
@@ -211,7 +244,9 @@ fn assert_method_trains_on_two_ranks(plugin: &str) -> serde_json::Value {
     assert_eq!(record["batches"], 3, "{record:#}");
     assert_eq!(record["samples"], 3 * 128, "{record:#}");
     assert!(
-        record["evals"][0]["cross_entropy"].as_f64().is_some_and(f64::is_finite),
+        record["evals"][0]["cross_entropy"]
+            .as_f64()
+            .is_some_and(f64::is_finite),
         "{record:#}"
     );
     record
@@ -260,7 +295,15 @@ macro_rules! per_rank {
 
 mod per_rank {
     use super::*;
-    per_rank!(colout, cutmix, cutout, ghost_batchnorm, gyro_dropout, mixup, stochastic_depth);
+    per_rank!(
+        colout,
+        cutmix,
+        cutout,
+        ghost_batchnorm,
+        gyro_dropout,
+        mixup,
+        stochastic_depth
+    );
 
     #[test]
     fn selective_backprop() {
@@ -316,7 +359,10 @@ fn a_two_rank_run_resumed_continues_exactly() {
     assert_eq!((meta.world_size, meta.ranks.len()), (2, 1));
     // Continue from the batch-3 checkpoint in another run folder: the same batch-6 checkpoint,
     // bit for bit.
-    let load = format!("checkpoint.load={}", toml_string(&straight3.display().to_string()));
+    let load = format!(
+        "checkpoint.load={}",
+        toml_string(&straight3.display().to_string())
+    );
     assert_all_succeeded(&train_ranks(&dir, 2, &["run_name=resumed", &load]));
     assert_same_checkpoint(
         &ckpt(&dir, "straight", "ep0-ba6.ckpt"),
@@ -350,7 +396,9 @@ fn a_checkpoint_changes_rank_count_only_at_an_epoch_end() {
     out.assert_success();
     assert!(
         out.stderr.contains("written by 2 rank(s), this run has 1")
-            && out.stderr.contains("global batch is 32 (32 x 1) instead of 64"),
+            && out
+                .stderr
+                .contains("global batch is 32 (32 x 1) instead of 64"),
         "{}",
         out.dump()
     );

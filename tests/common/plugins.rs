@@ -45,4 +45,3 @@ pub fn plugin_settings(plugin: &str) -> &'static str {
         _ => "",
     }
 }
-

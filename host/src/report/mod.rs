@@ -100,6 +100,40 @@ pub struct RunRecord {
     /// Samples the model trained on; fewer than `samples` (which counts every sample loaded,
     /// as Composer's clock does) when a method such as selective backprop drops some.
     pub trained_samples: u64,
+    /// How a data-parallel run was split and what its gradient all-reduce cost (absent for a
+    /// single process).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data_parallel: Option<DataParallelRecord>,
+}
+
+/// A data-parallel run in its record.
+#[derive(Debug, Clone, Serialize)]
+pub struct DataParallelRecord {
+    /// Ranks (processes).
+    pub world_size: usize,
+    /// Samples per batch on each rank (`data.batch_size`).
+    pub per_rank_batch_size: usize,
+    /// Samples per optimizer step over all ranks: per-rank batch x world size.
+    pub global_batch_size: usize,
+    /// The collective backend.
+    pub backend: String,
+    /// Rank 0's step timings as PyTorch DDP's logger measures them (averages over the sampled
+    /// steps, seconds): forward, backward computation, gradient communication (first bucket's
+    /// all-reduce to the last one's end), and how much of that ran during the backward pass.
+    pub timing: Option<AllReduceTiming>,
+}
+
+/// See [`DataParallelRecord::timing`].
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct AllReduceTiming {
+    /// Forward pass.
+    pub forward_seconds: f64,
+    /// Backward computation.
+    pub backward_compute_seconds: f64,
+    /// Gradient all-reduce, from its first bucket to its last.
+    pub backward_comm_seconds: f64,
+    /// Communication that overlapped the backward computation.
+    pub overlap_seconds: f64,
 }
 
 /// Progress bar, log lines and the metrics file of one run.

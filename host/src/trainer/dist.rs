@@ -134,6 +134,30 @@ impl Trainer {
         );
     }
 
+    /// The data-parallel part of the run record.
+    pub(super) fn data_parallel_record(&self) -> Option<crate::report::DataParallelRecord> {
+        let dp = self.dp.as_ref()?;
+        let timing = dp
+            .reducer
+            .as_ref()
+            .and_then(|r| r.stats().ok())
+            .filter(|s| s.backward_compute > 0.0)
+            .map(|s| crate::report::AllReduceTiming {
+                forward_seconds: s.forward,
+                backward_compute_seconds: s.backward_compute,
+                backward_comm_seconds: s.backward_comm,
+                overlap_seconds: s.overlap,
+            });
+        let per_rank = self.config.data.batch_size;
+        Some(crate::report::DataParallelRecord {
+            world_size: dp.world(),
+            per_rank_batch_size: per_rank,
+            global_batch_size: per_rank * dp.world(),
+            backend: "gloo".to_owned(),
+            timing,
+        })
+    }
+
     /// Overwrites every rank's model tensors (`which`: parameters, buffers or both) with rank
     /// 0's.
     pub(super) fn broadcast_model(&self, params: bool, buffers: bool) -> Result<()> {

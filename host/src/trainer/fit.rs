@@ -267,6 +267,7 @@ impl Trainer {
             last_checkpoint: self.last_checkpoint.clone(),
             skipped_steps: self.skipped_steps,
             trained_samples: self.trained_samples,
+            data_parallel: self.data_parallel_record(),
         }
     }
 }

@@ -98,7 +98,9 @@ impl BatchNorm2d {
         let count = first.f_narrow(0, c, 1)?;
         let mean = first.f_narrow(0, 0, c)?.f_div(&count)?;
         let centered = x.f_sub(&mean.f_view(shape)?)?;
-        let squares = centered.f_square()?.f_sum_dim_intlist(dims, false, Kind::Float)?;
+        let squares = centered
+            .f_square()?
+            .f_sum_dim_intlist(dims, false, Kind::Float)?;
         let var = sum(&squares)?.f_div(&count)?;
         let inv = var.f_add_scalar(self.eps)?.f_rsqrt()?;
         let out = centered
