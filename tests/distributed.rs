@@ -431,3 +431,72 @@ fn a_rank_that_never_comes_times_out_with_a_clear_message() {
     // Nothing was written: no checkpoint folder, no run record.
     assert!(!run_dir(&dir, "alone").join("run.json").exists());
 }
+
+#[test]
+fn plugins_see_their_rank_and_the_world_size() {
+    // plugin-api 1.5's `Context::ranks`: the fake plugin writes rank, world size, local rank
+    // and the batch it trained on at every batch end.
+    let dir = TempDir::new("dp-ranks");
+    let mut toml = TrainerToml::new("ranks").algorithm("fake_plugin", "");
+    toml.model = "name = \"mlp\"\nhidden = [8]".to_owned();
+    toml.write_to(&dir);
+    let seen = dir.join("seen");
+    std::fs::create_dir_all(&seen).expect("a folder");
+    let port = tessera_tests::dist::free_port();
+    let config = dir.join("trainer.toml");
+    let outputs: Vec<Output> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..2)
+            .map(|rank| {
+                let (config, seen, dir) = (&config, &seen, &dir);
+                s.spawn(move || {
+                    let mut env = tessera_tests::dist::rank_env(rank, 2, port);
+                    env.push(("TESSERA_FAKE_RANKS_DIR".into(), seen.display().to_string()));
+                    let env: Vec<(&str, &str)> =
+                        env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+                    tessera(
+                        &["train", config.to_str().expect("utf-8")],
+                        dir.path(),
+                        &env,
+                    )
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a rank"))
+            .collect()
+    });
+    assert_all_succeeded(&outputs);
+    let mut files: Vec<(String, String)> = std::fs::read_dir(&seen)
+        .expect("the plugin's files")
+        .map(|e| {
+            let p = e.expect("an entry").path();
+            let name = p
+                .file_name()
+                .expect("a name")
+                .to_string_lossy()
+                .into_owned();
+            (name, std::fs::read_to_string(&p).expect("readable"))
+        })
+        .collect();
+    files.sort();
+    assert_eq!(
+        files,
+        [
+            ("rank0-of-2-local0".to_owned(), "64".to_owned()),
+            ("rank1-of-2-local1".to_owned(), "64".to_owned())
+        ]
+    );
+    // A single process is rank 0 of 1.
+    std::fs::remove_dir_all(&seen)
+        .and_then(|()| std::fs::create_dir_all(&seen))
+        .expect("reset");
+    let seen_env = seen.display().to_string();
+    train(
+        &dir,
+        &["run_name=single"],
+        &[("TESSERA_FAKE_RANKS_DIR", &seen_env)],
+    )
+    .assert_success();
+    assert!(seen.join("rank0-of-1-local0").exists());
+}

@@ -24,6 +24,7 @@ const FIXTURES: &[(&str, &[(&str, &str)])] = &[
     ),
     ("1.2.0", &[("sam", "rho = 0.05")]),
     ("1.3.0", &[("ghost_batchnorm", "ghost_batch_size = 4")]),
+    ("1.4.0", &[("low_precision_layernorm", "")]),
 ];
 
 /// The plugin built against the current interface that runs beside the old ones.

@@ -391,6 +391,33 @@ pub struct HostApi {
     // ---- 1.4: appended; the accessor returns `None` in an older host ----
     /// The run's numeric precision as `trainer.toml` names it (`fp32`, `amp_bf16`).
     pub precision: extern "C" fn(HostCtx) -> RString,
+
+    // ---- 1.5: appended; the accessor returns `None` in an older host ----
+    /// This process's place in a data-parallel run (rank 0 of 1 for a single process).
+    pub ranks: extern "C" fn(HostCtx) -> RankInfo,
+}
+
+/// A process's place in a data-parallel run (plugin-api 1.5): each rank is one process training
+/// on its share of every batch; gradients are averaged over the ranks before the optimizer
+/// step, so the model is the same on every rank.
+#[repr(C)]
+#[derive(StableAbi, Copy, Clone, Debug, PartialEq, Eq)]
+pub struct RankInfo {
+    /// This process's rank, `0..world_size`; rank 0 writes the run's files.
+    pub rank: u32,
+    /// Number of ranks (1 for a single process).
+    pub world_size: u32,
+    /// Rank among the processes of this machine.
+    pub local_rank: u32,
+}
+
+impl RankInfo {
+    /// A single process: rank 0 of 1.
+    pub const SINGLE: RankInfo = RankInfo {
+        rank: 0,
+        world_size: 1,
+        local_rank: 0,
+    };
 }
 
 /// The wrapped module, as a wrapper's `forward` may call it (valid during that call).

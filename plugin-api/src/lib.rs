@@ -61,7 +61,7 @@
 //! crate-type = ["cdylib", "rlib"]
 //!
 //! [dependencies]
-//! tessera-plugin-api = "1.4"
+//! tessera-plugin-api = "1.5"
 //! tch = "=0.26.0"
 //! ```
 //!
@@ -101,6 +101,8 @@
 //!   depth's evaluation scaling); [`ModuleInfo::attr`] and [`ModuleInfo::int_attr`] read a
 //!   module's attributes (no ABI change); the run's precision ([`Context::precision`],
 //!   appended to the host's function table).
+//! - **1.5** (appended to the host's function table): the process's place in a data-parallel
+//!   run ([`Context::ranks`], [`RankInfo`]); rank 0 of 1 in an older host.
 #![warn(missing_docs)]
 
 pub mod abi;
@@ -124,7 +126,7 @@ pub use tch;
 pub use wrap::{Inner, Wrapper};
 
 pub use abi::{Attribute, EvalResults, Metric, ModuleInfo, ParamInfo};
-pub use abi::{ErrorKind, Event, Hook, TimeInfo};
+pub use abi::{ErrorKind, Event, Hook, RankInfo, TimeInfo};
 use abi::{
     HostHandle, MethodBox, MethodObject, MethodObject_TO, MethodState, ModuleBox, ModuleObject,
     ModuleObject_TO, NamedTensor, PluginError, PluginInfo, PluginModule, PluginModule_Ref,
@@ -510,6 +512,21 @@ impl Context<'_> {
     pub fn precision(&self) -> Result<String, Error> {
         let f = self.host_fn_since(self.host.api.precision(), "precision", "1.4")?;
         Ok(f(self.host.ctx).into_string())
+    }
+
+    // ---- plugin-api 1.5 ----
+
+    /// This process's place in a data-parallel run (`tessera launch --nproc N`): its rank, the
+    /// number of ranks and its rank on this machine. Each rank trains on its own share of every
+    /// batch (batch tensors, outputs and the loss are that share's) and gradients are averaged
+    /// over the ranks before `after_train_batch`, so parameters are the same everywhere. A
+    /// method that writes files should write them on rank 0 only. Rank 0 of 1 for a single
+    /// process, and in a host older than 1.5 (which cannot train data-parallel).
+    pub fn ranks(&self) -> RankInfo {
+        match self.host.api.ranks() {
+            Some(f) => f(self.host.ctx),
+            None => RankInfo::SINGLE,
+        }
     }
 }
 

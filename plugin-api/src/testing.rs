@@ -3,7 +3,7 @@
 //!
 //! ```toml
 //! [dev-dependencies]
-//! tessera-plugin-api = { version = "1.4", features = ["testing"] }
+//! tessera-plugin-api = { version = "1.5", features = ["testing"] }
 //! ```
 //!
 //! ```no_run
@@ -117,6 +117,8 @@ pub struct TestHost {
     pub stop_requested: Option<String>,
     /// Reported by `precision` (1.4; default `"fp32"`).
     pub precision: String,
+    /// Reported by `ranks` (1.5; default rank 0 of 1).
+    pub ranks: crate::abi::RankInfo,
 }
 
 impl TestHost {
@@ -137,6 +139,7 @@ impl TestHost {
             eval_results: None,
             stop_requested: None,
             precision: "fp32".to_owned(),
+            ranks: crate::abi::RankInfo::SINGLE,
         }
     }
 
@@ -226,6 +229,7 @@ fn api() -> HostApi_Ref {
             request_stop,
             wrap_module,
             precision,
+            ranks,
         }
         .leak_into_prefix()
     })
@@ -318,6 +322,10 @@ extern "C" fn sample_rng_next(state: SampleRngState) -> u64 {
     // SAFETY: made by `apply_sample_transform` from a `&mut RandomSource` borrowed for the call.
     let rng = unsafe { &mut *(state.0 as *mut RandomSource) };
     rng.next_u64().unwrap_or(0)
+}
+
+extern "C" fn ranks(ctx: HostCtx) -> crate::abi::RankInfo {
+    host(ctx).ranks
 }
 
 extern "C" fn precision(ctx: HostCtx) -> RString {

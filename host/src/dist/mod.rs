@@ -185,6 +185,24 @@ impl RankEnv {
     }
 }
 
+/// This process's (rank, world size, local rank) while it is a member of a group; (0, 1, 0)
+/// otherwise. What plugins see (`Context::ranks`).
+pub fn process_ranks() -> (usize, usize, usize) {
+    match RANKS.read() {
+        Ok(r) => *r,
+        Err(poisoned) => *poisoned.into_inner(),
+    }
+}
+
+static RANKS: std::sync::RwLock<(usize, usize, usize)> = std::sync::RwLock::new((0, 1, 0));
+
+fn set_process_ranks(value: (usize, usize, usize)) {
+    match RANKS.write() {
+        Ok(mut r) => *r = value,
+        Err(poisoned) => *poisoned.into_inner() = value,
+    }
+}
+
 /// A reduction over the ranks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Op {
@@ -258,6 +276,7 @@ impl Group {
                 message: format!("{message}{hint}"),
             });
         }
+        set_process_ranks((env.rank, env.world, env.local_rank));
         Ok(Group {
             handle,
             rank: env.rank,
@@ -393,6 +412,7 @@ impl Group {
 
 impl Drop for Group {
     fn drop(&mut self) {
+        set_process_ranks((0, 1, 0));
         // SAFETY: made by `tessera_dist_init`, freed once.
         unsafe { tessera_dist_free(self.handle) }
     }

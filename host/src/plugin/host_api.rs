@@ -52,6 +52,7 @@ fn api() -> HostApi_Ref {
             request_stop,
             wrap_module,
             precision,
+            ranks,
         }
         .leak_into_prefix()
     })
@@ -93,6 +94,16 @@ extern "C" fn set_tensor(ctx: HostCtx, key: RStr<'_>, value: TensorHandle) -> RR
                 .and_then(|r| r.set_tensor(key.as_str(), value)),
         )
     })
+}
+
+extern "C" fn ranks(_ctx: HostCtx) -> tessera_plugin_api::RankInfo {
+    let (rank, world, local) = crate::dist::process_ranks();
+    let n = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
+    tessera_plugin_api::RankInfo {
+        rank: n(rank),
+        world_size: n(world),
+        local_rank: n(local),
+    }
 }
 
 extern "C" fn precision(ctx: HostCtx) -> RString {
