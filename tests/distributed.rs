@@ -500,3 +500,202 @@ fn plugins_see_their_rank_and_the_world_size() {
     .assert_success();
     assert!(seen.join("rank0-of-1-local0").exists());
 }
+
+/// `tessera launch ... train <dir>/trainer.toml --set ...` started in `dir`, not waited for.
+fn spawn_launch(
+    dir: &TempDir,
+    launch: &[&str],
+    overrides: &[&str],
+    env: &[(&str, &str)],
+) -> std::process::Child {
+    require_fashion_mnist();
+    let config = dir.join("trainer.toml");
+    let mut args: Vec<&str> = vec!["launch"];
+    args.extend_from_slice(launch);
+    args.push("train");
+    args.push(config.to_str().expect("utf-8"));
+    for o in overrides {
+        args.push("--set");
+        args.push(o);
+    }
+    tessera_command(&args, dir.path(), env)
+        .spawn()
+        .expect("start tessera launch")
+}
+
+/// The pid of the child of `parent` whose environment says `RANK=<rank>`.
+fn rank_pid(parent: u32, rank: usize) -> Option<u32> {
+    let children =
+        std::fs::read_to_string(format!("/proc/{parent}/task/{parent}/children")).ok()?;
+    children
+        .split_whitespace()
+        .filter_map(|p| p.parse::<u32>().ok())
+        .find(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .map(|env| {
+                    env.split(|b| *b == 0)
+                        .any(|var| var == format!("RANK={rank}").as_bytes())
+                })
+                .unwrap_or(false)
+        })
+}
+
+#[test]
+fn a_killed_rank_stops_every_rank_and_leaves_the_checkpoints_intact() {
+    use tessera_tests::resume::{finish, wait_for};
+    let dir = TempDir::new("dp-kill");
+    let mut toml = TrainerToml::new("killed").algorithm("fake_plugin", "");
+    toml.model = "name = \"mlp\"\nhidden = [16]".to_owned();
+    toml.max_duration = "200ba".to_owned();
+    dir.write("trainer.toml", &with_checkpoints(&toml, "2ba"));
+    // The fake plugin sleeps at every batch end, so the run is still going when rank 1 dies.
+    let child = spawn_launch(
+        &dir,
+        &["--nproc", "2", "--grace-seconds", "20"],
+        &[],
+        &[("TESSERA_FAKE_SLEEP_MS", "150")],
+    );
+    let folder = ckpt(&dir, "killed", "");
+    wait_for(
+        "the batch-4 checkpoint",
+        std::time::Duration::from_secs(120),
+        || folder.join("ep0-ba4.ckpt").exists(),
+    );
+    let victim = rank_pid(child.id(), 1).expect("rank 1's process");
+    let survivor = rank_pid(child.id(), 0).expect("rank 0's process");
+    let killed = std::process::Command::new("kill")
+        .args(["-9", &victim.to_string()])
+        .status()
+        .expect("run kill");
+    assert!(killed.success());
+    let started = std::time::Instant::now();
+    let (status, stderr) = finish(child);
+    assert!(!status.success(), "{stderr}");
+    assert!(
+        stderr.contains("rank 1") && stderr.contains("killed by signal 9"),
+        "{stderr}"
+    );
+    assert!(
+        started.elapsed().as_secs() < 60,
+        "took {:?}",
+        started.elapsed()
+    );
+    // Rank 0 is gone too, and every checkpoint written reads back and verifies.
+    let alive = std::fs::read_to_string(format!("/proc/{survivor}/status"))
+        .is_ok_and(|s| !s.contains("State:\tZ"));
+    assert!(!alive, "rank 0 (pid {survivor}) still runs");
+    let written = tessera::checkpoint::list(&folder);
+    assert!(written.len() >= 2, "{written:?}");
+    for p in &written {
+        tessera::checkpoint::Checkpoint::read(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    }
+    let latest = tessera::checkpoint::latest_good(&folder).expect("a good latest checkpoint");
+    assert!(latest.1.meta.timestamp.batch >= 4);
+    // The run continues from it on 2 ranks.
+    let outputs = train_ranks(
+        &dir,
+        2,
+        &["checkpoint.autoresume=true", "train.max_duration=20ba"],
+    );
+    assert_all_succeeded(&outputs);
+    assert!(
+        outputs[0].stderr.contains("resumed from"),
+        "{}",
+        outputs[0].dump()
+    );
+}
+
+#[test]
+fn two_nodes_on_the_loopback_address() {
+    // Two `tessera launch --nnodes 2` processes, one rank each, meeting at node 0's port.
+    let dir = TempDir::new("dp-nodes");
+    let mut toml = TrainerToml::new("nodes");
+    toml.model = "name = \"mlp\"\nhidden = [16]".to_owned();
+    toml.write_to(&dir);
+    let port = tessera_tests::dist::free_port().to_string();
+    let node = |rank: &str| {
+        spawn_launch(
+            &dir,
+            &[
+                "--nproc",
+                "1",
+                "--nnodes",
+                "2",
+                "--node-rank",
+                rank,
+                "--master-port",
+                &port,
+            ],
+            &[],
+            &[],
+        )
+    };
+    let (first, second) = (node("0"), node("1"));
+    let (a, b) = (
+        first.wait_with_output().expect("node 0"),
+        second.wait_with_output().expect("node 1"),
+    );
+    let text = |o: &std::process::Output| String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(
+        a.status.success() && b.status.success(),
+        "{}\n---\n{}",
+        text(&a),
+        text(&b)
+    );
+    assert!(
+        text(&a).contains("1 rank on this node (world size 2, node 0 of 2)"),
+        "{}",
+        text(&a)
+    );
+    let record = read_json(&run_dir(&dir, "nodes").join("run.json"));
+    assert_eq!(record["data_parallel"]["world_size"], 2, "{record:#}");
+    assert_eq!(
+        record["data_parallel"]["global_batch_size"], 128,
+        "{record:#}"
+    );
+    assert_eq!(record["samples"], 3 * 128, "{record:#}");
+}
+
+#[test]
+fn tessera_launch_trains_the_example() {
+    // The Fashion-MNIST example as shipped, on 2 ranks, for a few batches.
+    let dir = TempDir::new("dp-example");
+    let example = repo_root().join("examples/fashion-mnist/trainer.toml");
+    let text = std::fs::read_to_string(&example).expect("the example");
+    dir.write("trainer.toml", &text);
+    let child = spawn_launch(
+        &dir,
+        &["--nproc", "2"],
+        &[
+            "train.max_duration=6ba",
+            "train.eval_interval=6ba",
+            "train.eval_subset_batches=1",
+            "output_dir=runs",
+            "train.progress=false",
+            &format!(
+                "plugins.dirs=[{}]",
+                toml_string(&target_dir().display().to_string())
+            ),
+        ],
+        &[],
+    );
+    let out = child.wait_with_output().expect("tessera launch");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("global batch 256 = 128 per rank x 2 ranks"),
+        "{stderr}"
+    );
+    let run = std::fs::read_dir(dir.join("runs"))
+        .expect("runs")
+        .next()
+        .expect("a run folder")
+        .expect("an entry")
+        .path();
+    let record = read_json(&run.join("run.json"));
+    assert_eq!(record["data_parallel"]["world_size"], 2, "{record:#}");
+    assert!(
+        record["plugins"].as_array().is_some_and(|p| !p.is_empty()),
+        "{record:#}"
+    );
+}
