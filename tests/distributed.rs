@@ -11,7 +11,9 @@
 
 use std::path::PathBuf;
 
-use tessera_tests::dist::{assert_all_succeeded, max_difference, train_ranks};
+use tessera_tests::dist::{
+    assert_all_succeeded, max_difference, train_ranks, train_ranks_with_env,
+};
 use tessera_tests::plugins::{plugin_settings, repository_plugins, LANGUAGE_PLUGINS};
 use tessera_tests::resume::assert_same_checkpoint;
 use tessera_tests::*;
@@ -442,30 +444,8 @@ fn plugins_see_their_rank_and_the_world_size() {
     toml.write_to(&dir);
     let seen = dir.join("seen");
     std::fs::create_dir_all(&seen).expect("a folder");
-    let port = tessera_tests::dist::free_port();
-    let config = dir.join("trainer.toml");
-    let outputs: Vec<Output> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..2)
-            .map(|rank| {
-                let (config, seen, dir) = (&config, &seen, &dir);
-                s.spawn(move || {
-                    let mut env = tessera_tests::dist::rank_env(rank, 2, port);
-                    env.push(("TESSERA_FAKE_RANKS_DIR".into(), seen.display().to_string()));
-                    let env: Vec<(&str, &str)> =
-                        env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-                    tessera(
-                        &["train", config.to_str().expect("utf-8")],
-                        dir.path(),
-                        &env,
-                    )
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("a rank"))
-            .collect()
-    });
+    let seen_env = seen.display().to_string();
+    let outputs = train_ranks_with_env(&dir, 2, &[], &[("TESSERA_FAKE_RANKS_DIR", &seen_env)]);
     assert_all_succeeded(&outputs);
     let mut files: Vec<(String, String)> = std::fs::read_dir(&seen)
         .expect("the plugin's files")

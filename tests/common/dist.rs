@@ -32,6 +32,16 @@ pub fn rank_env(rank: usize, world: usize, port: u16) -> Vec<(String, String)> {
 /// Runs `tessera train <dir>/trainer.toml --set ...` as `world` ranks at once (one process
 /// each) and returns their outputs in rank order.
 pub fn train_ranks(dir: &TempDir, world: usize, overrides: &[&str]) -> Vec<Output> {
+    train_ranks_with_env(dir, world, overrides, &[])
+}
+
+/// [`train_ranks`] with `env` added to every rank's environment.
+pub fn train_ranks_with_env(
+    dir: &TempDir,
+    world: usize,
+    overrides: &[&str],
+    env: &[(&str, &str)],
+) -> Vec<Output> {
     if uses_fashion_mnist(dir) {
         require_fashion_mnist();
     }
@@ -46,11 +56,12 @@ pub fn train_ranks(dir: &TempDir, world: usize, overrides: &[&str]) -> Vec<Outpu
     std::thread::scope(|s| {
         let handles: Vec<_> = (0..world)
             .map(|rank| {
-                let args = &args;
+                let (args, extra) = (&args, env);
                 s.spawn(move || {
-                    let env = rank_env(rank, world, port);
-                    let env: Vec<(&str, &str)> =
-                        env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+                    let vars = rank_env(rank, world, port);
+                    let mut env: Vec<(&str, &str)> =
+                        vars.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+                    env.extend_from_slice(extra);
                     let args: Vec<&str> = args.iter().map(String::as_str).collect();
                     tessera(&args, dir.path(), &env)
                 })
