@@ -679,3 +679,40 @@ fn tessera_launch_trains_the_example() {
         "{record:#}"
     );
 }
+
+#[test]
+fn a_signal_stops_every_rank_after_the_same_step_with_one_checkpoint() {
+    use tessera_tests::resume::{finish, signal, wait_for};
+    let dir = TempDir::new("dp-signal");
+    let mut toml = TrainerToml::new("stopped").algorithm("fake_plugin", "");
+    toml.model = "name = \"mlp\"\nhidden = [16]".to_owned();
+    toml.max_duration = "200ba".to_owned();
+    dir.write("trainer.toml", &with_checkpoints(&toml, "50ba"));
+    let child = spawn_launch(
+        &dir,
+        &["--nproc", "2"],
+        &[],
+        &[("TESSERA_FAKE_SLEEP_MS", "100")],
+    );
+    let metrics = run_dir(&dir, "stopped").join("metrics.jsonl");
+    wait_for("a few batches", std::time::Duration::from_secs(120), || {
+        std::fs::read_to_string(&metrics).is_ok_and(|m| m.lines().count() >= 3)
+    });
+    signal(&child, "-TERM");
+    let (status, stderr) = finish(child);
+    assert_eq!(status.code(), Some(143), "{stderr}");
+    // Both ranks stopped after the same batch: rank 0 wrote that batch's checkpoint with
+    // rank 1's streams, and the run record says so.
+    let record = read_json(&run_dir(&dir, "stopped").join("run.json"));
+    assert_eq!(record["status"], "interrupted by SIGTERM", "{record:#}");
+    let batch = record["batches"].as_u64().expect("batches");
+    let saved = ckpt(&dir, "stopped", &format!("ep0-ba{batch}.ckpt"));
+    let meta = tessera::checkpoint::Checkpoint::read(&saved)
+        .unwrap_or_else(|e| panic!("{}: {e}\n{stderr}", saved.display()))
+        .meta;
+    assert_eq!((meta.world_size, meta.ranks.len()), (2, 1));
+    assert!(
+        !stderr.contains("rank 1 (pid"),
+        "rank 1 was reported as failed:\n{stderr}"
+    );
+}
