@@ -13,7 +13,7 @@ use super::{Checkpoint, CheckpointError, FORMAT_VERSION};
 use crate::engine::{MethodRecord, MethodSnapshot};
 use crate::files::hex;
 use crate::optim::{self, Position};
-use crate::report::EvalRecord;
+use crate::report::{EvalRecord, TargetReached};
 use crate::time::Timestamp;
 
 /// The state of the methods' random stream (ChaCha8).
@@ -53,6 +53,9 @@ pub struct TrainerMeta {
     /// The loss scaler's state under `amp_fp16` (scale, good steps in a row, skipped steps).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grad_scaler: Option<crate::precision::GradScaler>,
+    /// When an evaluation first met `train.target` (a resumed run reports that first time).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_reached: Option<TargetReached>,
 }
 
 /// One method's entry.

@@ -70,6 +70,7 @@ fn sample() -> Checkpoint {
             skipped_steps: 0,
             grad_scaler: None,
             trained_samples: 3,
+            target_reached: None,
         },
         running_loss: Some(Tensor::from_slice(&[0.75f32])),
         torch_rng: Some(Tensor::from_slice(&[1u8, 2, 3])),

@@ -96,6 +96,8 @@ t_warmup = "0.1dur"
 max_duration = "4ep"
 iteration_length = "2ep"
 precision = "amp_bf16"
+target = "cross_entropy < 0.25"
+stop_at_target = false
 [[algorithms]]
 plugin = "label_smoothing"
 on_error = "disable"

@@ -1657,6 +1657,130 @@ fn iteration_length_in_epochs_and_iter_durations_need_it() {
 }
 
 #[test]
+fn a_target_is_a_metric_a_comparison_and_a_number() {
+    use crate::report::{Comparison, Metric, Target};
+    let c = ok(MINIMAL);
+    assert_eq!(c.train.target, None);
+    assert!(c.train.stop_at_target);
+    let target = |line: &str| MINIMAL.replace("\"3ep\"\n", &format!("\"3ep\"\n{line}\n"));
+    let c = ok(&target(
+        "target = \"accuracy >= 0.9\"\nstop_at_target = false",
+    ));
+    assert_eq!(
+        c.train.target,
+        Some(Target {
+            metric: Metric::Accuracy,
+            op: Comparison::AtLeast,
+            value: 0.9
+        })
+    );
+    assert!(!c.train.stop_at_target);
+    // Written back as in the file, so a recorded config reads back.
+    assert_eq!(
+        serde_json::to_value(&c.train).unwrap()["target"],
+        "accuracy >= 0.9"
+    );
+    let c = ok(&target("target = \"cross_entropy<0.4\""));
+    assert_eq!(
+        c.train.target.map(|t| (t.metric, t.op, t.value)),
+        Some((Metric::CrossEntropy, Comparison::Below, 0.4))
+    );
+    let text = target("target = \"perplexity <= 20\"")
+        .replace("\"fashion-mnist\"", "\"synthetic-text\"")
+        .replace("\"cnn\"", "\"gpt2\"");
+    assert_eq!(
+        ok(&text).train.target.map(|t| t.metric),
+        Some(Metric::Perplexity)
+    );
+    let c = parse_with(MINIMAL, &["train.target=accuracy > 0.5"]).unwrap();
+    assert_eq!(c.train.target.map(|t| t.op), Some(Comparison::Above));
+
+    use ErrorKind::{InvalidValue, WrongType};
+    check(vec![
+        case(
+            "unknown metric",
+            target("target = \"acc >= 0.9\""),
+            InvalidValue,
+            "train.target",
+            Some(10),
+            "train.target: unknown metric \"acc\"; use accuracy, cross_entropy or perplexity",
+        ),
+        case(
+            "unknown comparison",
+            target("target = \"accuracy == 0.9\""),
+            InvalidValue,
+            "train.target",
+            Some(10),
+            "unknown comparison \"==\"; use >=, >, <= or <",
+        ),
+        case(
+            "no comparison",
+            target("target = \"accuracy 0.9\""),
+            InvalidValue,
+            "train.target",
+            Some(10),
+            "no comparison after \"accuracy\"",
+        ),
+        case(
+            "not a number",
+            target("target = \"accuracy >= ninety\""),
+            InvalidValue,
+            "train.target",
+            Some(10),
+            "\"ninety\" is not a number",
+        ),
+        case(
+            "no number",
+            target("target = \"accuracy >=\""),
+            InvalidValue,
+            "train.target",
+            Some(10),
+            "no number after \">=\"",
+        ),
+        case(
+            "no metric",
+            target("target = \">= 0.9\""),
+            InvalidValue,
+            "train.target",
+            Some(10),
+            "expected \"<metric> <comparison> <number>\", such as \"accuracy >= 0.9\"",
+        ),
+        case(
+            "accuracy out of range",
+            target("target = \"accuracy >= 90\""),
+            InvalidValue,
+            "train.target",
+            Some(10),
+            "accuracy is between 0 and 1, so a target of 90 can never be met",
+        ),
+        case(
+            "perplexity of images",
+            target("target = \"perplexity < 5\""),
+            InvalidValue,
+            "train.target",
+            Some(10),
+            "perplexity exists only for language models, and data.dataset \"fashion-mnist\" is image data; use accuracy or cross_entropy",
+        ),
+        case(
+            "a number instead of a string",
+            target("target = 0.9"),
+            WrongType,
+            "train.target",
+            Some(10),
+            "expected a string such as \"accuracy >= 0.9\", got",
+        ),
+        case(
+            "stop_at_target not a bool",
+            target("target = \"accuracy >= 0.9\"\nstop_at_target = \"yes\""),
+            WrongType,
+            "train.stop_at_target",
+            Some(11),
+            "expected true or false",
+        ),
+    ]);
+}
+
+#[test]
 fn folder_dataset() {
     use crate::data::{FolderConfig, OnBadFile};
     let dir = crate::data::idx::tests::TempDir::new("config-folder");

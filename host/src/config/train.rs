@@ -10,6 +10,7 @@ use super::section::{section, Section};
 use crate::device::Device;
 use crate::model::NonFiniteLoss;
 use crate::precision::Precision;
+use crate::report::{Metric, Target};
 use crate::time::{Time, TimeUnit};
 
 /// `[train]`
@@ -41,6 +42,13 @@ pub struct TrainConfig {
     /// iteration, so `iteration_end`/`iteration_checkpoint` never fire.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub iteration_length: Option<Time>,
+    /// The evaluation result that counts as done, such as `accuracy >= 0.9`; when first met,
+    /// the run records when (`target_reached` in run.json). `None` (default): no target.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub target: Option<Target>,
+    /// Whether the run stops once `target` is met (default true); false trains on to
+    /// `max_duration`, still recording the first time.
+    pub stop_at_target: bool,
 }
 
 section!(TrainConfig {
@@ -56,6 +64,8 @@ section!(TrainConfig {
     progress: bool(),
     nonfinite_loss: choice("nonfinite_loss", &NonFiniteLoss::CHOICES),
     iteration_length: time(&["ep"]),
+    target: parse::<Target>("a string such as \"accuracy >= 0.9\""),
+    stop_at_target: bool(),
 });
 
 pub(super) fn read(top: &Tbl<'_>, data: &DataConfig) -> Result<TrainConfig, ConfigError> {
@@ -79,8 +89,23 @@ pub(super) fn read(top: &Tbl<'_>, data: &DataConfig) -> Result<TrainConfig, Conf
         progress: true,
         nonfinite_loss: NonFiniteLoss::default(),
         iteration_length: None,
+        target: None,
+        stop_at_target: true,
     }
     .read_keys(&t)?;
+    if let Some(target) = &train.target {
+        if target.metric == Metric::Perplexity && !data.is_text() {
+            return Err(t.err(
+                "target",
+                ErrorKind::InvalidValue,
+                format!(
+                    "perplexity exists only for language models, and data.dataset {:?} is \
+                     image data; use accuracy or cross_entropy",
+                    data.dataset.as_str()
+                ),
+            ));
+        }
+    }
     if train.max_duration.unit() == TimeUnit::Iteration && train.iteration_length.is_none() {
         return Err(t.err(
             "max_duration",

@@ -8,6 +8,10 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+mod target;
+
+pub use target::{Comparison, Metric, Target, TargetReached};
+
 /// One evaluation's results.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct EvalRecord {
@@ -86,6 +90,9 @@ pub struct RunRecord {
     /// Perplexity of the last evaluation (language models).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub final_perplexity: Option<f64>,
+    /// When an evaluation first met `train.target`; `null` when it never did (or no target
+    /// was set).
+    pub target_reached: Option<TargetReached>,
     /// `completed`, `interrupted by SIGINT`/`SIGTERM` (a checkpoint was written), or
     /// `stopped early: <reason>` when a method asked the run to stop (`request_stop`).
     pub status: String,

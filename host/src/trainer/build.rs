@@ -177,6 +177,7 @@ impl Trainer {
             dp,
             agreed_stop: None,
             step_samples: 0,
+            target_reached: None,
         };
         if trainer.dp.is_some() {
             // Every rank starts from rank 0's model (surgery drew the same weights, but a

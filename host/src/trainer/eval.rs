@@ -13,7 +13,8 @@ use super::Trainer;
 
 impl Trainer {
     /// Runs evaluation over the test set during training: the evaluation loop inside
-    /// `eval_before_all`/`eval_after_all`, recorded in the metrics and the run record.
+    /// `eval_before_all`/`eval_after_all`, recorded in the metrics and the run record, and
+    /// checked against `train.target`.
     pub fn evaluate(&mut self) -> Result<EvalRecord> {
         let started = Instant::now();
         // Data-parallel: every rank evaluates rank 0's batch-norm statistics (PyTorch DDP
@@ -25,6 +26,7 @@ impl Trainer {
         self.reporter.eval(&record);
         self.evals.push(record.clone());
         self.last_eval_batch = Some(self.state.clock.timestamp.batch);
+        self.check_target(&record);
         tracing::debug!("evaluation took {:.2}s", started.elapsed().as_secs_f64());
         Ok(record)
     }

@@ -27,6 +27,7 @@ impl Trainer {
         if self.resumed_from.is_none() {
             self.set_scheduled_lr();
         }
+        self.stop_if_target_already_reached();
         let log_every = self.config.train.log_interval;
         let eval_every = self.config.train.eval_interval;
         let max_epochs = match self.state.clock.run.max_duration.unit() {
@@ -127,6 +128,7 @@ impl Trainer {
                 self.evaluate()?;
             }
             self.log_train_line()?;
+            self.report_target_missed();
         }
         // Data-parallel: every rank must end with the same model.
         self.check_ranks_agree()?;
@@ -227,6 +229,13 @@ impl Trainer {
         Ok(())
     }
 
+    /// The cost of `wall_seconds` at `usd_per_hour`, when it is given.
+    pub(super) fn estimated_cost_usd(&self, wall_seconds: f64) -> Option<f64> {
+        self.config
+            .usd_per_hour
+            .map(|usd| usd * wall_seconds / 3600.0)
+    }
+
     pub(super) fn run_record(&self) -> RunRecord {
         let wall_seconds = self.started.elapsed().as_secs_f64();
         let t = &self.state.clock.timestamp;
@@ -256,12 +265,10 @@ impl Trainer {
             } else {
                 0.0
             },
-            estimated_cost_usd: self
-                .config
-                .usd_per_hour
-                .map(|usd| usd * wall_seconds / 3600.0),
+            estimated_cost_usd: self.estimated_cost_usd(wall_seconds),
             final_accuracy: self.evals.last().map(|e| e.accuracy),
             final_perplexity: self.evals.last().and_then(|e| e.perplexity),
+            target_reached: self.target_reached.clone(),
             status: "completed".to_owned(),
             resumed_from: self.resumed_from.clone(),
             last_checkpoint: self.last_checkpoint.clone(),

@@ -13,7 +13,7 @@ use crate::data::Loader;
 use crate::engine::{Engine, Event, RunState, Stage};
 use crate::model::Model;
 use crate::optim::Optimizer;
-use crate::report::{EvalRecord, PluginRecord, Reporter, RunRecord};
+use crate::report::{EvalRecord, PluginRecord, Reporter, RunRecord, TargetReached};
 use crate::time::Timestamp;
 
 mod build;
@@ -24,6 +24,7 @@ mod fit;
 mod resume;
 mod standalone;
 mod step;
+mod target;
 
 pub use build::load_datasets;
 pub use error::{Result, TrainError};
@@ -95,6 +96,8 @@ pub struct Trainer {
     agreed_stop: Option<i32>,
     /// Samples of the current step's batch after `after_dataloader` (this rank's).
     step_samples: u64,
+    /// When an evaluation first met `train.target`.
+    target_reached: Option<TargetReached>,
 }
 
 /// What a trainer was built for.

@@ -74,6 +74,7 @@ impl Trainer {
         self.running_batches = t.running_batches;
         self.skipped_steps = t.skipped_steps;
         self.trained_samples = t.trained_samples;
+        self.target_reached = self.restored_target(t.target_reached);
         match (&mut self.state.scaler, t.grad_scaler) {
             (Some(scaler), Some(saved)) => *scaler = saved,
             (Some(_), None) => tracing::warn!(
@@ -134,6 +135,7 @@ impl Trainer {
                 skipped_steps: self.skipped_steps,
                 trained_samples: self.trained_samples,
                 grad_scaler: self.state.scaler.clone(),
+                target_reached: self.target_reached.clone(),
             },
             running_loss: self.running_loss.as_ref().map(|l| l.shallow_clone()),
             torch_rng: Some(checkpoint::torch_rng::cpu_state()?),
