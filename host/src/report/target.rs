@@ -225,9 +225,12 @@ impl Target {
             })
     }
 
-    /// Whether `reached` records this target (a resumed run may have been given another).
+    /// Whether `reached` records this target (a resumed run may have been given another). The
+    /// value went through a checkpoint's JSON, which need not give back its last bit.
     pub fn is_recorded_by(&self, reached: &TargetReached) -> bool {
-        reached.metric == self.metric && reached.op == self.op && reached.value == self.value
+        reached.metric == self.metric
+            && reached.op == self.op
+            && (reached.value - self.value).abs() <= 1e-12 * self.value.abs().max(1.0)
     }
 }
 
@@ -357,6 +360,33 @@ mod tests {
         let down: Target = "cross_entropy <= 0.1".parse().expect("a target");
         assert_eq!(down.best_in(&evals), Some((1.2, 6)));
         assert_eq!(up.best_in(&[]), None);
+    }
+
+    #[test]
+    fn a_record_belongs_to_the_same_target_only() {
+        let t: Target = "accuracy >= 0.7".parse().expect("a target");
+        let reached = TargetReached {
+            metric: t.metric,
+            op: t.op,
+            value: 0.7 + f64::EPSILON,
+            reached_value: 0.72,
+            epoch: 0,
+            batch: 25,
+            samples: 1600,
+            tokens: None,
+            train_seconds: 1.0,
+            wall_seconds: 2.0,
+            estimated_cost_usd: None,
+        };
+        assert!(t.is_recorded_by(&reached));
+        assert_eq!(
+            reached.target().to_string(),
+            "accuracy >= 0.7000000000000002"
+        );
+        for other in ["accuracy >= 0.8", "accuracy > 0.7", "cross_entropy >= 0.7"] {
+            let other: Target = other.parse().expect("a target");
+            assert!(!other.is_recorded_by(&reached), "{other}");
+        }
     }
 
     #[test]
