@@ -716,3 +716,35 @@ fn a_signal_stops_every_rank_after_the_same_step_with_one_checkpoint() {
         "rank 1 was reported as failed:\n{stderr}"
     );
 }
+
+#[test]
+fn two_checkpoints_of_one_batch_gather_each_ranks_streams() {
+    // The run's last batch ends epoch 0: a checkpoint at the end of training and one at the
+    // epoch's end, both at batch 4, each with rank 1's streams (their store keys must differ).
+    let mut toml = TrainerToml::new("twice");
+    toml.data = "dataset = \"synthetic\"\nbatch_size = 32\neval_batch_size = 64\n\n\
+                 [data.synthetic]\nsamples = 256\neval_samples = 64\nchannels = 1\n\
+                 height = 8\nwidth = 8\nclasses = 4"
+        .to_owned();
+    toml.model = "name = \"mlp\"\nhidden = [16]".to_owned();
+    toml.max_duration = "4ba".to_owned();
+    let dir = TempDir::new("dp-twice");
+    dir.write("trainer.toml", &with_checkpoints(&toml, "1ep"));
+    assert_all_succeeded(&train_ranks(&dir, 2, &[]));
+    let written: Vec<String> = tessera::checkpoint::list(&ckpt(&dir, "twice", ""))
+        .iter()
+        .map(|p| {
+            p.file_name()
+                .expect("a name")
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    assert_eq!(written.len(), 2, "{written:?}");
+    for name in &written {
+        let meta = tessera::checkpoint::Checkpoint::read(&ckpt(&dir, "twice", name))
+            .expect("the checkpoint reads")
+            .meta;
+        assert_eq!((meta.timestamp.batch, meta.ranks.len()), (4, 1), "{name}");
+    }
+}

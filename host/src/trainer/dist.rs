@@ -24,6 +24,10 @@ pub(super) struct DataParallel {
     pub group: Arc<Group>,
     /// Gradient averaging (c10d's reducer), set up once the parameters are final.
     pub reducer: Option<GradReducer>,
+    /// Checkpoints this rank took part in: every rank counts the same, so the count names a
+    /// checkpoint's store keys uniquely (two checkpoints can share a batch: the last batch's
+    /// and the epoch end's).
+    pub checkpoints: u64,
 }
 
 impl DataParallel {
@@ -58,6 +62,7 @@ pub(super) fn join(config: &Config) -> Result<Option<DataParallel>> {
     Ok(Some(DataParallel {
         group,
         reducer: None,
+        checkpoints: 0,
     }))
 }
 
@@ -318,12 +323,14 @@ impl Trainer {
 
     /// The random streams of ranks 1.. for rank 0's checkpoint (the other ranks publish theirs
     /// through the group's store and return an empty list).
-    pub(super) fn gather_rank_parts(&self) -> Result<Vec<RankPart>> {
-        let Some(dp) = &self.dp else {
+    pub(super) fn gather_rank_parts(&mut self) -> Result<Vec<RankPart>> {
+        let Some(dp) = &mut self.dp else {
             return Ok(Vec::new());
         };
-        let batch = self.state.clock.timestamp.batch;
-        let key = |r: usize| format!("tessera/checkpoint/{batch}/rank{r}");
+        dp.checkpoints += 1;
+        let dp = &*dp;
+        let n = dp.checkpoints;
+        let key = |r: usize| format!("tessera/checkpoint/{n}/rank{r}");
         if dp.rank() != 0 {
             let part = serde_json::json!({
                 "rng": checkpoint::rng_meta(self.state.rng()),
