@@ -488,13 +488,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Whether this process is a data-parallel rank other than 0 (`RANK` set and not 0): such a rank
-/// logs only warnings and errors by default and prints no summary, rank 0 speaks for the run.
+/// Whether this process is a data-parallel rank other than 0 (as `tessera train` reads the
+/// environment): such a rank logs only warnings and errors by default and prints no summary,
+/// rank 0 speaks for the run.
 fn is_other_rank() -> bool {
-    std::env::var("RANK")
-        .ok()
-        .and_then(|r| r.trim().parse::<usize>().ok())
-        .is_some_and(|r| r > 0)
+    matches!(tessera::dist::RankEnv::from_env(), Ok(Some(env)) if env.rank > 0)
 }
 
 fn main() -> ExitCode {

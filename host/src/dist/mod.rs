@@ -113,6 +113,8 @@ pub struct RankEnv {
     pub world: usize,
     /// Rank on this machine (`LOCAL_RANK`, default the rank).
     pub local_rank: usize,
+    /// Ranks on this machine (`LOCAL_WORLD_SIZE`, default the world).
+    pub local_world: usize,
     /// Address of rank 0's store (`MASTER_ADDR`).
     pub master_addr: String,
     /// Port of rank 0's store (`MASTER_PORT`).
@@ -179,6 +181,7 @@ impl RankEnv {
             rank,
             world,
             local_rank: number("LOCAL_RANK")?.unwrap_or(rank),
+            local_world: number("LOCAL_WORLD_SIZE")?.unwrap_or(world).max(1),
             master_addr,
             master_port,
         }))
@@ -297,6 +300,18 @@ impl Group {
             unsafe { tessera_dist_all_reduce(self.handle, p.as_mut_ptr(), p.len() as i32, op) },
             || "all-reduce".into(),
         )
+    }
+
+    /// Reduces a few numbers over the ranks (one small all-reduce): each rank's `values`, the
+    /// same length everywhere, combined element by element.
+    pub fn all_reduce_values(&self, values: &[f64], op: Op) -> Result<Vec<f64>, DistError> {
+        let failed = |e: tch::TchError| DistError::C10d {
+            what: "all-reduce of values".into(),
+            message: e.to_string(),
+        };
+        let t = Tensor::f_from_slice(values).map_err(failed)?;
+        self.all_reduce(&t, op)?;
+        Vec::<f64>::try_from(&t).map_err(failed)
     }
 
     /// Overwrites `tensor` (contiguous) on every rank with `root`'s.
@@ -508,12 +523,13 @@ mod tests {
             ("WORLD_SIZE", "4"),
             ("RANK", "3"),
             ("LOCAL_RANK", "1"),
+            ("LOCAL_WORLD_SIZE", "2"),
             ("MASTER_ADDR", "10.0.0.1"),
             ("MASTER_PORT", "29500"),
         ])
         .unwrap()
         .unwrap();
-        assert_eq!((e.rank, e.world, e.local_rank), (3, 4, 1));
+        assert_eq!((e.rank, e.world, e.local_rank, e.local_world), (3, 4, 1, 2));
         assert_eq!((e.master_addr.as_str(), e.master_port), ("10.0.0.1", 29500));
     }
 

@@ -51,13 +51,8 @@ impl Trainer {
             tch::set_num_threads(config.train.threads as i32);
         } else if let Some(dp) = &dp {
             // The ranks on one machine share its cores, as torchrun's OMP_NUM_THREADS does.
-            let local = std::env::var("LOCAL_WORLD_SIZE")
-                .ok()
-                .and_then(|v| v.parse::<usize>().ok())
-                .unwrap_or(dp.world())
-                .max(1);
             let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-            tch::set_num_threads((cores / local).max(1) as i32);
+            tch::set_num_threads((cores / dp.local_world).max(1) as i32);
         }
         // Methods first: their per-sample transforms join the training loader.
         let (mut engine, plugins) = load_methods(&config, extra)?;

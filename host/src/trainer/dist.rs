@@ -22,6 +22,8 @@ use super::Trainer;
 /// A rank's membership of a data-parallel run.
 pub(super) struct DataParallel {
     pub group: Arc<Group>,
+    /// Ranks on this machine (they share its cores).
+    pub local_world: usize,
     /// Gradient averaging (c10d's reducer), set up once the parameters are final.
     pub reducer: Option<GradReducer>,
     /// Checkpoints this rank took part in: every rank counts the same, so the count names a
@@ -38,6 +40,14 @@ impl DataParallel {
     pub fn world(&self) -> usize {
         self.group.world
     }
+}
+
+/// A rank's random streams on their way to rank 0 through the store (see
+/// `Trainer::gather_rank_parts`).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct RankStreams {
+    rng: checkpoint::RngMeta,
+    torch_rng: Vec<u8>,
 }
 
 /// Joins the group the environment describes, if any (see `crate::dist::RankEnv`).
@@ -61,6 +71,7 @@ pub(super) fn join(config: &Config) -> Result<Option<DataParallel>> {
     }
     Ok(Some(DataParallel {
         group,
+        local_world: env.local_world,
         reducer: None,
         checkpoints: 0,
     }))
@@ -72,12 +83,9 @@ pub(super) fn agree_on_resume(
     dp: &DataParallel,
     resume: Option<&(std::path::PathBuf, checkpoint::Checkpoint)>,
 ) -> Result<()> {
-    let batch = resume.map_or(-1.0, |(_, c)| c.meta.timestamp.batch as f64);
-    let high = Tensor::f_from_slice(&[batch])?;
-    let low = Tensor::f_from_slice(&[batch])?;
-    dp.group.all_reduce(&high, Op::Max)?;
-    dp.group.all_reduce(&low, Op::Min)?;
-    let (high, low) = (high.f_double_value(&[0])?, low.f_double_value(&[0])?);
+    let batch = [resume.map_or(-1.0, |(_, c)| c.meta.timestamp.batch as f64)];
+    let high = dp.group.all_reduce_values(&batch, Op::Max)?[0];
+    let low = dp.group.all_reduce_values(&batch, Op::Min)?[0];
     if high != low {
         let what = |b: f64| {
             if b < 0.0 {
@@ -257,9 +265,7 @@ impl Trainer {
             f64::from(u8::from(local_stop.is_some())),
             trained as f64,
         ];
-        let t = Tensor::f_from_slice(&values)?;
-        dp.group.all_reduce(&t, Op::Sum)?;
-        let v = Vec::<f64>::try_from(&t)?;
+        let v = dp.group.all_reduce_values(&values, Op::Sum)?;
         let with_loss = v[1].round() as usize;
         let loss = (with_loss > 0).then(|| v[0] / with_loss as f64);
         // A rank that got no signal itself stops as if it had got SIGTERM (the launcher's).
@@ -272,9 +278,8 @@ impl Trainer {
         let Some(dp) = &self.dp else {
             return Ok(());
         };
-        let t = Tensor::f_from_slice(values)?;
-        dp.group.all_reduce(&t, Op::Sum)?;
-        values.copy_from_slice(&Vec::<f64>::try_from(&t)?);
+        let summed = dp.group.all_reduce_values(values, Op::Sum)?;
+        values.copy_from_slice(&summed);
         Ok(())
     }
 
@@ -297,11 +302,8 @@ impl Trainer {
         if sums.is_empty() {
             return Ok(());
         }
-        let high = Tensor::f_from_slice(&sums)?;
-        let low = Tensor::f_from_slice(&sums)?;
-        dp.group.all_reduce(&high, Op::Max)?;
-        dp.group.all_reduce(&low, Op::Min)?;
-        let (high, low) = (Vec::<f64>::try_from(&high)?, Vec::<f64>::try_from(&low)?);
+        let high = dp.group.all_reduce_values(&sums, Op::Max)?;
+        let low = dp.group.all_reduce_values(&sums, Op::Min)?;
         let differ: Vec<&str> = entries
             .iter()
             .zip(high.iter().zip(&low))
@@ -332,10 +334,10 @@ impl Trainer {
         let n = dp.checkpoints;
         let key = |r: usize| format!("tessera/checkpoint/{n}/rank{r}");
         if dp.rank() != 0 {
-            let part = serde_json::json!({
-                "rng": checkpoint::rng_meta(self.state.rng()),
-                "torch_rng": Vec::<u8>::try_from(&checkpoint::torch_rng::cpu_state()?)?,
-            });
+            let part = RankStreams {
+                rng: checkpoint::rng_meta(self.state.rng()),
+                torch_rng: Vec::<u8>::try_from(&checkpoint::torch_rng::cpu_state()?)?,
+            };
             dp.group
                 .store_set(&key(dp.rank()), &serde_json::to_vec(&part)?)?;
             return Ok(Vec::new());
@@ -344,12 +346,10 @@ impl Trainer {
         for r in 1..dp.world() {
             let bytes = dp.group.store_get(&key(r))?;
             dp.group.store_delete(&key(r))?;
-            let v: serde_json::Value = serde_json::from_slice(&bytes)?;
-            let rng: checkpoint::RngMeta = serde_json::from_value(v["rng"].clone())?;
-            let torch: Vec<u8> = serde_json::from_value(v["torch_rng"].clone())?;
+            let part: RankStreams = serde_json::from_slice(&bytes)?;
             parts.push(RankPart {
-                rng: checkpoint::rng_from_meta(&rng)?,
-                torch_rng: Tensor::from_slice(&torch),
+                rng: checkpoint::rng_from_meta(&part.rng)?,
+                torch_rng: Tensor::from_slice(&part.torch_rng),
             });
         }
         Ok(parts)
