@@ -6,6 +6,7 @@
 
 use serde_json::Value;
 use tessera::checkpoint::Checkpoint;
+use tessera_tests::resume::metrics;
 use tessera_tests::*;
 
 /// A finished run's metrics lines and run.json.
@@ -112,17 +113,6 @@ fn invalid_settings_stop_the_run_with_the_setting_named() {
         let out = train(&dir, &[], &[]);
         out.assert_failure(&["plugin `mixup`", "invalid settings", fragment]);
     }
-}
-
-/// The metrics file without timing fields.
-fn metrics(dir: &TempDir, run: &str) -> Vec<Value> {
-    let mut lines = read_jsonl(&run_dir(dir, run).join("metrics.jsonl"));
-    for l in &mut lines {
-        if let Some(d) = l.get_mut("data").and_then(Value::as_object_mut) {
-            d.remove("samples_per_second");
-        }
-    }
-    lines
 }
 
 #[test]

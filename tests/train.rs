@@ -68,6 +68,37 @@ fn check_run(dir: &TempDir, run_name: &str, batches: u64, plugins: &[&str]) -> V
     let eval = lines_of_kind(&lines, "eval");
     assert_eq!(eval.len(), evals.len(), "{lines:?}");
     assert_eq!(eval.last().expect("an eval line")["data"], *last);
+
+    // When each evaluation ran: one entry per evaluation, batches matching, times growing and
+    // within the run's; the metrics lines carry the same times.
+    let times = record["eval_times"].as_array().expect("eval_times");
+    assert_eq!(times.len(), evals.len(), "{record:#}");
+    let (train_total, wall_total) = (
+        record["train_seconds"].as_f64().expect("train_seconds"),
+        record["wall_seconds"].as_f64().expect("wall_seconds"),
+    );
+    let mut previous = (0.0, 0.0);
+    for ((t, e), line) in times.iter().zip(evals).zip(&eval) {
+        assert_eq!(t["batch"], e["batch"], "{t} {e}");
+        let (ts, ws) = (
+            t["train_seconds"].as_f64().expect("train_seconds"),
+            t["wall_seconds"].as_f64().expect("wall_seconds"),
+        );
+        assert!(
+            ts >= previous.0 && ws >= previous.1 && ts <= ws,
+            "{times:?}"
+        );
+        assert!(ts <= train_total && ws <= wall_total, "{t} vs {record:#}");
+        assert_eq!(line["train_seconds"], t["train_seconds"], "{line}");
+        assert_eq!(line["wall_seconds"], t["wall_seconds"], "{line}");
+        previous = (ts, ws);
+    }
+    let label = if plugins.is_empty() {
+        "baseline".to_owned()
+    } else {
+        plugins.join("+")
+    };
+    assert_eq!(record["recipe"], label.as_str(), "{record:#}");
     record
 }
 

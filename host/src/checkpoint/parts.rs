@@ -13,7 +13,7 @@ use super::{Checkpoint, CheckpointError, FORMAT_VERSION};
 use crate::engine::{MethodRecord, MethodSnapshot};
 use crate::files::hex;
 use crate::optim::{self, Position};
-use crate::report::{EvalRecord, TargetReached};
+use crate::report::{EvalRecord, EvalTime, TargetReached};
 use crate::time::Timestamp;
 
 /// The state of the methods' random stream (ChaCha8).
@@ -34,6 +34,13 @@ pub struct TrainerMeta {
     pub train_seconds: f64,
     /// Evaluations so far.
     pub evals: Vec<EvalRecord>,
+    /// When each of `evals` ran (empty in checkpoints of earlier versions).
+    #[serde(default)]
+    pub eval_times: Vec<EvalTime>,
+    /// Wall-clock seconds of the run when the checkpoint was written (0 in checkpoints of
+    /// earlier versions).
+    #[serde(default)]
+    pub wall_seconds: f64,
     /// Batch of the last evaluation.
     pub last_eval_batch: Option<u64>,
     /// Batches summed in `trainer/running_loss` since the last metrics line.

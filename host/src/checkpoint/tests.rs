@@ -63,6 +63,8 @@ fn sample() -> Checkpoint {
         trainer: TrainerMeta {
             train_seconds: 1.5,
             evals: vec![],
+            eval_times: vec![],
+            wall_seconds: 2.5,
             last_eval_batch: None,
             running_batches: 2,
             metrics_bytes: 10,

@@ -61,6 +61,11 @@ pub struct Config {
     pub seed: u64,
     /// Folder holding run folders, resolved against the file's folder (default `runs`).
     pub output_dir: PathBuf,
+    /// The recipe's name: a label for the set of methods, which `tessera explore` and sweeps
+    /// group and label runs by. Default: the methods' names joined by `+`, or `baseline`
+    /// without methods (see [`Config::recipe_label`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recipe: Option<String>,
     /// Price of the machine in USD per hour, for the cost estimate.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usd_per_hour: Option<f64>,
@@ -87,6 +92,7 @@ pub struct Config {
 section!(Config {
     run_name,
     seed: u64(),
+    recipe: string(),
     output_dir,
     usd_per_hour: float(Bounds::NON_NEGATIVE),
     data,
@@ -104,6 +110,22 @@ impl Config {
     /// The run folder: `output_dir/run_name`.
     pub fn run_dir(&self) -> PathBuf {
         self.output_dir.join(&self.run_name)
+    }
+
+    /// `recipe` when given, else the methods' names joined by `+` in file order, else
+    /// `baseline`.
+    pub fn recipe_label(&self) -> String {
+        if let Some(name) = &self.recipe {
+            return name.clone();
+        }
+        if self.algorithms.is_empty() {
+            return "baseline".to_owned();
+        }
+        self.algorithms
+            .iter()
+            .map(|a| a.plugin.as_str())
+            .collect::<Vec<_>>()
+            .join("+")
     }
 }
 
@@ -191,6 +213,7 @@ fn build(root: &Node, base: &Path, file: &str, stem: &str) -> Result<Config, Con
         run_name,
         seed: 42,
         output_dir,
+        recipe: None,
         usd_per_hour: None,
         data,
         model,

@@ -33,6 +33,17 @@ pub struct EvalRecord {
     pub perplexity: Option<f64>,
 }
 
+/// When an evaluation ran, in the run's own time: what time-to-quality curves are drawn from.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+pub struct EvalTime {
+    /// Batches completed when it ran (as in the [`EvalRecord`] it belongs to).
+    pub batch: u64,
+    /// Seconds of training until then (without evaluations), summed over resumes.
+    pub train_seconds: f64,
+    /// Wall-clock seconds of the run at the end of that evaluation, summed over resumes.
+    pub wall_seconds: f64,
+}
+
 /// A loaded plugin, as recorded in the run record.
 #[derive(Debug, Clone, Serialize)]
 pub struct PluginRecord {
@@ -53,6 +64,8 @@ pub struct PluginRecord {
 pub struct RunRecord {
     /// Run name.
     pub run_name: String,
+    /// The recipe's label: `recipe`, else the methods' names joined by `+`, else `baseline`.
+    pub recipe: String,
     /// `tessera` version.
     pub tessera_version: String,
     /// libtorch version.
@@ -65,6 +78,9 @@ pub struct RunRecord {
     pub plugins: Vec<PluginRecord>,
     /// Every evaluation, in order.
     pub evals: Vec<EvalRecord>,
+    /// When each evaluation of `evals` ran (same order; empty for runs resumed from a
+    /// checkpoint of an earlier version).
+    pub eval_times: Vec<EvalTime>,
     /// Epochs completed.
     pub epochs: u64,
     /// Batches completed.
@@ -74,7 +90,9 @@ pub struct RunRecord {
     /// Tokens trained on (language models; as the loader gave them).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tokens: Option<u64>,
-    /// Wall-clock seconds of the whole run, from start to the record.
+    /// Wall-clock seconds of the whole run, from start to the record; a resumed run adds the
+    /// wall time its checkpoint had recorded (the work lost after that checkpoint is counted
+    /// once, when it is redone).
     pub wall_seconds: f64,
     /// Seconds spent training (excluding evaluation).
     pub train_seconds: f64,
@@ -272,8 +290,8 @@ impl Reporter {
         self.write(json!({"kind": "train", "data": line}));
     }
 
-    /// Records an evaluation.
-    pub fn eval(&mut self, record: &EvalRecord) {
+    /// Records an evaluation and when it ran.
+    pub fn eval(&mut self, record: &EvalRecord, time: &EvalTime) {
         let mut text = format!(
             "eval at epoch {} batch {}: accuracy {:.4}, cross-entropy {:.4}",
             record.epoch, record.batch, record.accuracy, record.cross_entropy
@@ -286,7 +304,12 @@ impl Reporter {
             Some(bar) => bar.println(text),
             None => tracing::info!("{text}"),
         }
-        self.write(json!({"kind": "eval", "data": record}));
+        self.write(json!({
+            "kind": "eval",
+            "data": record,
+            "train_seconds": time.train_seconds,
+            "wall_seconds": time.wall_seconds,
+        }));
     }
 
     /// Records metrics logged by methods.

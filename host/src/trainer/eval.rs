@@ -6,7 +6,7 @@ use tch::{Kind, Reduction, Tensor};
 use tessera_plugin_api::keys;
 
 use crate::engine::Event;
-use crate::report::EvalRecord;
+use crate::report::{EvalRecord, EvalTime};
 
 use super::error::{Context as _, Result};
 use super::Trainer;
@@ -23,8 +23,14 @@ impl Trainer {
         self.fire_as(Event::EVAL_BEFORE_ALL, false)?;
         let record = self.eval_loop()?;
         self.fire_as(Event::EVAL_AFTER_ALL, false)?;
-        self.reporter.eval(&record);
+        let time = EvalTime {
+            batch: record.batch,
+            train_seconds: self.train_seconds,
+            wall_seconds: self.wall_seconds(),
+        };
+        self.reporter.eval(&record, &time);
         self.evals.push(record.clone());
+        self.eval_times.push(time);
         self.last_eval_batch = Some(self.state.clock.timestamp.batch);
         self.check_target(&record);
         tracing::debug!("evaluation took {:.2}s", started.elapsed().as_secs_f64());

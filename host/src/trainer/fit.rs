@@ -236,17 +236,25 @@ impl Trainer {
             .map(|usd| usd * wall_seconds / 3600.0)
     }
 
+    /// Wall-clock seconds of the run: this process's, plus those recorded in the checkpoint
+    /// it resumed from.
+    pub(super) fn wall_seconds(&self) -> f64 {
+        self.wall_before + self.started.elapsed().as_secs_f64()
+    }
+
     pub(super) fn run_record(&self) -> RunRecord {
-        let wall_seconds = self.started.elapsed().as_secs_f64();
+        let wall_seconds = self.wall_seconds();
         let t = &self.state.clock.timestamp;
         RunRecord {
             run_name: self.config.run_name.clone(),
+            recipe: self.config.recipe_label(),
             tessera_version: env!("CARGO_PKG_VERSION").to_owned(),
             libtorch_version: LIBTORCH_VERSION.to_owned(),
             device: format!("{:?}", self.state.device()),
             config: serde_json::to_value(&self.config).unwrap_or(serde_json::Value::Null),
             plugins: self.plugins.clone(),
             evals: self.evals.clone(),
+            eval_times: self.eval_times.clone(),
             epochs: t.epoch,
             batches: t.batch,
             samples: t.sample,

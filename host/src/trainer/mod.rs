@@ -13,7 +13,7 @@ use crate::data::Loader;
 use crate::engine::{Engine, Event, RunState, Stage};
 use crate::model::Model;
 use crate::optim::Optimizer;
-use crate::report::{EvalRecord, PluginRecord, Reporter, RunRecord, TargetReached};
+use crate::report::{EvalRecord, EvalTime, PluginRecord, Reporter, RunRecord, TargetReached};
 use crate::time::Timestamp;
 
 mod build;
@@ -74,11 +74,15 @@ pub struct Trainer {
     reporter: Reporter,
     plugins: Vec<PluginRecord>,
     evals: Vec<EvalRecord>,
+    /// When each of `evals` ran.
+    eval_times: Vec<EvalTime>,
     last_eval_batch: Option<u64>,
     running_loss: Option<Tensor>,
     running_batches: u64,
     train_seconds: f64,
     started: Instant,
+    /// Wall seconds of the run before this process (recorded in the checkpoint it resumed).
+    wall_before: f64,
     stop: Option<Arc<AtomicUsize>>,
     last_checkpoint_batch: Option<u64>,
     last_checkpoint: Option<PathBuf>,

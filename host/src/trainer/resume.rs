@@ -70,6 +70,8 @@ impl Trainer {
         let t = parts.trainer;
         self.train_seconds = t.train_seconds;
         self.evals = t.evals;
+        self.eval_times = t.eval_times;
+        self.wall_before = t.wall_seconds;
         self.last_eval_batch = t.last_eval_batch;
         self.running_batches = t.running_batches;
         self.skipped_steps = t.skipped_steps;
@@ -128,6 +130,8 @@ impl Trainer {
             trainer: TrainerMeta {
                 train_seconds: self.train_seconds,
                 evals: self.evals.clone(),
+                eval_times: self.eval_times.clone(),
+                wall_seconds: self.wall_seconds(),
                 last_eval_batch: self.last_eval_batch,
                 running_batches: self.running_batches,
                 metrics_bytes,

@@ -21,7 +21,7 @@ impl Trainer {
         let Some(reached_value) = target.met_by(eval) else {
             return;
         };
-        let wall_seconds = self.started.elapsed().as_secs_f64();
+        let wall_seconds = self.wall_seconds();
         let t = &self.state.clock.timestamp;
         let reached = TargetReached {
             metric: target.metric,
