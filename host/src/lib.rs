@@ -24,6 +24,7 @@ pub mod plugin;
 pub mod precision;
 pub mod report;
 pub mod scaffold;
+pub mod sweep;
 pub mod time;
 pub mod trainer;
 

@@ -26,9 +26,11 @@ mod error;
 mod model;
 mod optimizer;
 mod reader;
+mod recipe;
 mod recorded;
 mod scheduler;
 mod section;
+mod sweep;
 mod syntax;
 mod train;
 mod tree;
@@ -41,7 +43,9 @@ pub use checkpoint::{CheckpointConfig, PluginsConfig};
 pub use data::DataConfig;
 pub use distributed::DistributedConfig;
 pub use error::{ConfigError, ErrorKind, Location};
-pub use recorded::from_recorded;
+pub use recipe::{load_recipe, load_with_recipe, Recipe};
+pub use recorded::{from_recorded, recorded_toml};
+pub use sweep::{load_sweep, Axis, AxisValue, SweepSpec};
 pub use train::TrainConfig;
 
 use crate::model::ModelConfig;
@@ -134,17 +138,22 @@ impl Config {
 /// `run_name` defaults to the file stem.
 pub fn load(path: &Path, overrides: &[String]) -> Result<Config, ConfigError> {
     let file = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| {
+    let text = read_text(path, &file)?;
+    let base = path.parent().unwrap_or_else(|| Path::new(""));
+    from_str_with_overrides(&text, base, &file, overrides)
+}
+
+/// The text of a configuration file (`file` names it in the error).
+fn read_text(path: &Path, file: &str) -> Result<String, ConfigError> {
+    std::fs::read_to_string(path).map_err(|e| {
         ConfigError::new(
-            &file,
+            file,
             Location::Unknown,
             "",
             ErrorKind::Io,
             format!("cannot read the configuration file: {e}"),
         )
-    })?;
-    let base = path.parent().unwrap_or_else(|| Path::new(""));
-    from_str_with_overrides(&text, base, &file, overrides)
+    })
 }
 
 /// Parses configuration text as if read from `source_name` in `base_dir`.

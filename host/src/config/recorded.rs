@@ -16,7 +16,7 @@ pub fn from_recorded(
     source: &str,
     overrides: &[String],
 ) -> Result<Config, ConfigError> {
-    let text = toml::to_string(&as_toml_tree(recorded.clone())).map_err(|e| {
+    let text = recorded_toml(recorded).map_err(|e| {
         ConfigError::new(
             source,
             Location::Unknown,
@@ -26,6 +26,12 @@ pub fn from_recorded(
         )
     })?;
     from_str_with_overrides(&text, Path::new(""), source, overrides)
+}
+
+/// A recorded (serialized) [`Config`] written as `trainer.toml` text, which reads back as the
+/// same configuration (its paths are already resolved).
+pub fn recorded_toml(recorded: &Value) -> Result<String, toml::ser::Error> {
+    toml::to_string(&as_toml_tree(recorded.clone()))
 }
 
 /// The recorded (serialized) config in the shape of a `trainer.toml`: without nulls (TOML has

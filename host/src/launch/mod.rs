@@ -232,3 +232,30 @@ impl fmt::Display for Topology {
 
 #[cfg(test)]
 mod tests;
+
+/// Has Linux send the child SIGTERM when this process dies (killed, out of memory), so that a
+/// training run writes a checkpoint and stops instead of running on unsupervised. Used for the
+/// ranks of `tessera launch` and the runs of `tessera sweep`.
+#[cfg(target_os = "linux")]
+pub(crate) fn stop_with_parent(command: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    let parent = std::process::id();
+    // SAFETY: between fork and exec the closure only calls async-signal-safe functions
+    // (prctl, getppid) and allocates nothing.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The parent may have died before prctl; then no signal would come.
+            if u32::try_from(libc::getppid()).ok() != Some(parent) {
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
+}
+
+/// See the Linux version: elsewhere the child is not tied to this process.
+#[cfg(not(target_os = "linux"))]
+pub(crate) fn stop_with_parent(_command: &mut std::process::Command) {}

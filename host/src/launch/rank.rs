@@ -58,7 +58,7 @@ impl RankProcess {
         if local_rank != 0 {
             command.stdout(Stdio::piped()).stderr(Stdio::piped());
         }
-        stop_with_launcher(&mut command);
+        super::stop_with_parent(&mut command);
         let mut child = command.spawn().map_err(|cause| LaunchError::Spawn {
             rank,
             program: program.to_string_lossy().into_owned(),
@@ -163,30 +163,6 @@ pub(super) fn wait_for_output(ranks: &[RankProcess]) {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
-
-/// Has Linux send the rank SIGTERM when the launcher dies (killed, out of memory), so that it
-/// writes a checkpoint and stops instead of running on without a launcher.
-#[cfg(target_os = "linux")]
-fn stop_with_launcher(command: &mut Command) {
-    let launcher = std::process::id();
-    // SAFETY: between fork and exec the closure only calls async-signal-safe functions
-    // (prctl, getppid) and allocates nothing.
-    unsafe {
-        command.pre_exec(move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            // The launcher may have died before prctl; then no signal would come.
-            if u32::try_from(libc::getppid()).ok() != Some(launcher) {
-                return Err(io::Error::from_raw_os_error(libc::ESRCH));
-            }
-            Ok(())
-        });
-    }
-}
-
-#[cfg(not(target_os = "linux"))]
-fn stop_with_launcher(_command: &mut Command) {}
 
 /// Copies `input` to `out` line by line, each line prefixed `[rank R] ` and written at once (so
 /// that ranks' lines do not interleave), and keeps the last [`STDERR_TAIL_LINES`] in `tail`.

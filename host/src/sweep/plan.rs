@@ -1,0 +1,256 @@
+//! A sweep's runs: every combination of the axes' values, each a resolved configuration with
+//! its own run folder, and what its folder says about it (done, to resume, new).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context as _, Result};
+use serde_json::Value;
+
+use crate::config::{self, AxisValue, Config, Recipe, SweepSpec};
+
+/// One run of a sweep.
+#[derive(Debug, Clone)]
+pub struct PlannedRun {
+    /// The run's name and folder name: the axes' values (`mild-seed1`).
+    pub id: String,
+    /// Each axis's key and this run's value label, in axis order.
+    pub axes: Vec<(String, String)>,
+    /// The resolved configuration.
+    pub config: Config,
+    /// The configuration as the `trainer.toml` written into the run folder.
+    pub toml: String,
+}
+
+impl PlannedRun {
+    /// The run folder.
+    pub fn dir(&self) -> PathBuf {
+        self.config.run_dir()
+    }
+
+    /// The run's own `trainer.toml`, which its process trains from.
+    pub fn config_path(&self) -> PathBuf {
+        self.dir().join("trainer.toml")
+    }
+
+    /// The file the run's process writes its output to.
+    pub fn log_path(&self) -> PathBuf {
+        self.dir().join("train.log")
+    }
+
+    /// What the run folder holds.
+    pub fn state(&self) -> Result<RunState> {
+        let dir = self.dir();
+        if !dir.exists() {
+            return Ok(RunState::New);
+        }
+        match std::fs::read_to_string(self.config_path()) {
+            Ok(existing) if existing != self.toml => bail!(
+                "the settings of run `{}` changed since it started ({} differs from what {} now \
+                 gives); restore the sweep file, or delete {} to run it again",
+                self.id,
+                self.config_path().display(),
+                "the sweep",
+                dir.display()
+            ),
+            _ => {}
+        }
+        let record = dir.join("run.json");
+        if let Ok(text) = std::fs::read_to_string(&record) {
+            let value: Value = serde_json::from_str(&text)
+                .with_context(|| format!("reading {}", record.display()))?;
+            let status = value["status"].as_str().unwrap_or_default();
+            if status == "completed" || status.starts_with("stopped early") {
+                return Ok(RunState::Done(value));
+            }
+        }
+        let has_checkpoints = std::fs::read_dir(&self.config.checkpoint.folder)
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .any(|e| e.path().extension().is_some_and(|x| x == "ckpt"))
+            })
+            .unwrap_or(false);
+        Ok(if has_checkpoints {
+            RunState::Resume
+        } else {
+            RunState::New
+        })
+    }
+}
+
+/// What a run's folder says about it.
+#[derive(Debug, Clone)]
+pub enum RunState {
+    /// Finished (completed, or stopped early by a method or the target): its `run.json`.
+    Done(Value),
+    /// Started before and stopped: it continues from its newest checkpoint.
+    Resume,
+    /// Not started (or stopped before its first checkpoint): it starts from the beginning.
+    New,
+}
+
+/// A sweep's runs and the folder that holds them.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// The sweep folder (absolute): one folder per run, `sweep.json`.
+    pub dir: PathBuf,
+    /// The runs, in order.
+    pub runs: Vec<PlannedRun>,
+}
+
+/// Every run of `spec`: the axes' combinations, the first axis varying slowest. `extra` are
+/// `--set` overrides for every run (after the sweep's own `set`); `threads`, when given, is
+/// each run's share of the cores for runs whose configuration leaves `train.threads` at 0.
+/// Every configuration is built and checked here, before anything runs.
+pub fn plan(spec: &SweepSpec, extra: &[String], threads: Option<usize>) -> Result<Plan> {
+    // Absolute paths: the runs' files then name the same places from any working folder.
+    let output_dir = absolute(&spec.output_dir)?;
+    let base = absolute(&spec.base)?;
+    let mut runs: Vec<PlannedRun> = Vec::new();
+    for combination in combinations(spec) {
+        let recipe: Option<&Recipe> = combination.iter().find_map(|v| match v {
+            AxisValue::Recipe(r) => Some(r),
+            AxisValue::Set { .. } => None,
+        });
+        let axes: Vec<(String, String)> = spec
+            .axes
+            .iter()
+            .zip(&combination)
+            .map(|(axis, value)| (axis.key.clone(), value.label()))
+            .collect();
+        let id = unique(run_id(&axes), &runs);
+        let mut overrides: Vec<String> = spec.set.iter().chain(extra).cloned().collect();
+        overrides.extend(combination.iter().filter_map(|v| v.override_arg()));
+        let describe = || {
+            let values: Vec<String> = axes.iter().map(|(k, v)| format!("{k} {v}")).collect();
+            format!(
+                "run `{id}` ({}) of {}",
+                values.join(", "),
+                spec.file.display()
+            )
+        };
+        let mut config =
+            config::load_with_recipe(&base, &overrides, recipe).with_context(describe)?;
+        config.run_name = id.clone();
+        config.output_dir = output_dir.clone();
+        config.checkpoint.folder = output_dir.join(&id).join("checkpoints");
+        config.checkpoint.autoresume = true;
+        config.checkpoint.save = true;
+        config.checkpoint.load = None;
+        if let Some(threads) = threads.filter(|_| config.train.threads == 0) {
+            config.train.threads = threads;
+        }
+        let recorded = serde_json::to_value(&config).with_context(describe)?;
+        let toml = config::recorded_toml(&recorded).with_context(describe)?;
+        // The file the run trains from must read back as this configuration.
+        config::from_recorded(&recorded, &id, &[]).with_context(describe)?;
+        runs.push(PlannedRun {
+            id,
+            axes,
+            config,
+            toml: format!(
+                "# Written by `tessera sweep {}`: this run's settings, resolved.\n{toml}",
+                spec.file.display()
+            ),
+        });
+    }
+    Ok(Plan {
+        dir: output_dir,
+        runs,
+    })
+}
+
+/// Every combination of the axes' values, the first axis varying slowest; one empty
+/// combination without axes.
+fn combinations(spec: &SweepSpec) -> Vec<Vec<AxisValue>> {
+    let mut out: Vec<Vec<AxisValue>> = vec![Vec::new()];
+    for axis in &spec.axes {
+        out = out
+            .into_iter()
+            .flat_map(|prefix| {
+                axis.values.iter().map(move |v| {
+                    let mut next = prefix.clone();
+                    next.push(v.clone());
+                    next
+                })
+            })
+            .collect();
+    }
+    out
+}
+
+/// A run's name from its axes' values: `mild-seed1-ssr0.5-lr0.05` (`run` without axes).
+fn run_id(axes: &[(String, String)]) -> String {
+    let parts: Vec<String> = axes
+        .iter()
+        .map(|(key, value)| {
+            let prefix = match key.as_str() {
+                "recipe" => "",
+                "scale_schedule_ratio" => "ssr",
+                other => other.rsplit('.').next().unwrap_or(other),
+            };
+            format!("{prefix}{value}")
+        })
+        .collect();
+    let id = if parts.is_empty() {
+        "run".to_owned()
+    } else {
+        parts.join("-")
+    };
+    id.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '+') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// `id`, or `id-2`, `id-3`, ... when an earlier run already has that name.
+fn unique(id: String, runs: &[PlannedRun]) -> String {
+    let taken = |name: &str| runs.iter().any(|r| r.id == name);
+    if !taken(&id) {
+        return id;
+    }
+    (2..)
+        .map(|n| format!("{id}-{n}"))
+        .find(|name| !taken(name))
+        .unwrap_or(id)
+}
+
+fn absolute(path: &Path) -> Result<PathBuf> {
+    if path.is_absolute() {
+        return Ok(path.to_path_buf());
+    }
+    Ok(std::env::current_dir()
+        .context("reading the current folder")?
+        .join(path))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_names_come_from_the_axes_values() {
+        let axes = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        assert_eq!(run_id(&axes(&[])), "run");
+        assert_eq!(
+            run_id(&axes(&[
+                ("recipe", "mild"),
+                ("seed", "1"),
+                ("scale_schedule_ratio", "0.5"),
+                ("optimizer.lr", "0.05"),
+                ("model.name", "a b/c"),
+            ])),
+            "mild-seed1-ssr0.5-lr0.05-namea_b_c"
+        );
+    }
+}

@@ -1,0 +1,278 @@
+//! `tessera sweep`: every combination of the axes runs in its own folder from one command; a
+//! sweep run again skips what is done; a killed sweep continues where it stopped (the
+//! half-finished run from its checkpoint, bit for bit); a failing run does not stop the others.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use serde_json::Value;
+use tessera_tests::resume::{assert_same_checkpoint, finish, names, signal, wait_for};
+use tessera_tests::*;
+
+/// A sweep over recipes (`plain`: the fake plugin; `smooth`: it and label smoothing) and two
+/// seeds, 6 batches each with a checkpoint every 2, over a small CNN on Fashion-MNIST.
+fn sweep_dir(label: &str, extra: &str) -> TempDir {
+    let dir = TempDir::new(label);
+    let mut base = TrainerToml::new("base").with_both_plugins();
+    base.max_duration = "6ba".into();
+    base.write_to(&dir);
+    dir.write(
+        "sweep.toml",
+        &format!(
+            r#"base = "trainer.toml"
+set = ["checkpoint.interval=2ba"]
+{extra}
+[axes]
+recipe = ["plain", "smooth"]
+seed = [1, 2]
+
+[recipes.plain]
+algorithms = [{{ plugin = "fake_plugin" }}]
+
+[[recipes.smooth.algorithms]]
+plugin = "fake_plugin"
+
+[[recipes.smooth.algorithms]]
+plugin = "label_smoothing"
+smoothing = 0.1
+"#
+        ),
+    );
+    dir
+}
+
+const RUNS: [&str; 4] = ["plain-seed1", "plain-seed2", "smooth-seed1", "smooth-seed2"];
+
+fn sweep_folder(dir: &TempDir) -> PathBuf {
+    dir.join("runs").join("sweep")
+}
+
+fn record(dir: &TempDir, run: &str) -> Value {
+    read_json(&sweep_folder(dir).join(run).join("run.json"))
+}
+
+fn sweep(dir: &TempDir, args: &[&str], env: &[(&str, &str)]) -> Output {
+    require_fashion_mnist();
+    let mut all = vec!["sweep", "sweep.toml"];
+    all.extend_from_slice(args);
+    tessera(&all, dir.path(), env)
+}
+
+fn modified(path: &Path) -> SystemTime {
+    std::fs::metadata(path)
+        .and_then(|m| m.modified())
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+#[test]
+fn a_sweep_runs_every_combination_and_skips_them_when_run_again() {
+    let dir = sweep_dir("sweep-all", "");
+    let out = sweep(&dir, &["--dry-run"], &[]);
+    out.assert_success();
+    for run in RUNS {
+        assert!(
+            out.stdout.contains(&format!("{run:<32} starts")),
+            "{}",
+            out.dump()
+        );
+    }
+    assert!(!sweep_folder(&dir).exists(), "a dry run wrote files");
+
+    let out = sweep(&dir, &[], &[]);
+    out.assert_success();
+    let summary = read_json(&sweep_folder(&dir).join("sweep.json"));
+    let entries = summary["runs"].as_array().expect("runs");
+    assert_eq!(entries.len(), RUNS.len(), "{summary:#}");
+    for (entry, run) in entries.iter().zip(RUNS) {
+        let (recipe, seed) = run.split_once("-seed").expect("a run name");
+        let r = record(&dir, run);
+        assert_eq!(entry["id"], run);
+        assert_eq!(entry["status"], "done", "{entry:#}");
+        assert_eq!(entry["axes"]["recipe"], recipe);
+        assert_eq!(entry["axes"]["seed"], seed);
+        assert_eq!(entry["final_accuracy"], r["final_accuracy"]);
+        // Each run trained its recipe's methods with its seed, in its own folder.
+        assert_eq!(r["status"], "completed");
+        assert_eq!(r["recipe"], recipe);
+        assert_eq!(r["config"]["seed"].to_string(), seed);
+        assert_eq!(r["batches"], 6);
+        let plugins: Vec<&str> = r["plugins"]
+            .as_array()
+            .expect("plugins")
+            .iter()
+            .filter_map(|p| p["name"].as_str())
+            .collect();
+        let expected: &[&str] = if recipe == "plain" {
+            &["fake_plugin"]
+        } else {
+            &["fake_plugin", "label_smoothing"]
+        };
+        assert_eq!(plugins, expected, "{run}");
+        let folder = sweep_folder(&dir).join(run);
+        assert_eq!(
+            names(&folder.join("checkpoints")),
+            ["ep0-ba2.ckpt", "ep0-ba4.ckpt", "ep0-ba6.ckpt"]
+        );
+        assert!(std::fs::read_to_string(folder.join("train.log"))
+            .expect("train.log")
+            .contains("run "));
+        assert!(out.stdout.contains(run), "{}", out.dump());
+    }
+    // The two seeds differ; the same seed of two recipes starts alike but trains differently.
+    assert_ne!(
+        record(&dir, "plain-seed1")["evals"],
+        record(&dir, "plain-seed2")["evals"]
+    );
+
+    let before: Vec<SystemTime> = RUNS
+        .iter()
+        .map(|r| modified(&sweep_folder(&dir).join(r).join("run.json")))
+        .collect();
+    let again = sweep(&dir, &[], &[]);
+    again.assert_success();
+    assert!(
+        again.stderr.contains("4 of 4 runs already done"),
+        "{}",
+        again.dump()
+    );
+    let after: Vec<SystemTime> = RUNS
+        .iter()
+        .map(|r| modified(&sweep_folder(&dir).join(r).join("run.json")))
+        .collect();
+    assert_eq!(before, after, "finished runs were trained again");
+
+    // A sweep whose settings changed under a finished run refuses to mix results.
+    let changed = sweep(&dir, &["--set", "optimizer.lr=0.01"], &[]);
+    changed.assert_failure(&["settings of run `plain-seed1` changed", "delete"]);
+}
+
+#[test]
+fn a_killed_sweep_continues_where_it_stopped_and_ends_as_an_uninterrupted_one() {
+    let straight = sweep_dir("sweep-straight", "");
+    sweep(&straight, &[], &[]).assert_success();
+
+    let dir = sweep_dir("sweep-killed", "");
+    // Slow steps (the fake plugin sleeps each batch) so that the kill lands mid-run.
+    let mut child = tessera_command(
+        &["sweep", "sweep.toml"],
+        dir.path(),
+        &[("TESSERA_FAKE_SLEEP_MS", "150")],
+    )
+    .spawn()
+    .expect("start tessera sweep");
+    let second = sweep_folder(&dir).join("plain-seed2").join("checkpoints");
+    wait_for(
+        "the second run's first checkpoint",
+        Duration::from_secs(120),
+        || second.join("ep0-ba2.ckpt").exists(),
+    );
+    signal(&child, "-KILL");
+    let _ = child.wait();
+    // The orphaned run got SIGTERM from Linux (the sweep asked for it): it writes a checkpoint
+    // and stops by itself.
+    let stopped = sweep_folder(&dir).join("plain-seed2").join("run.json");
+    wait_for("the orphaned run to stop", Duration::from_secs(60), || {
+        std::fs::read_to_string(&stopped).is_ok_and(|t| t.contains("interrupted by SIGTERM"))
+    });
+    let first_done = modified(&sweep_folder(&dir).join("plain-seed1").join("run.json"));
+    assert!(!sweep_folder(&dir).join("smooth-seed1").exists());
+
+    let out = sweep(&dir, &[], &[]);
+    out.assert_success();
+    assert!(
+        out.stderr.contains("1 of 4 runs already done"),
+        "{}",
+        out.dump()
+    );
+    assert_eq!(
+        modified(&sweep_folder(&dir).join("plain-seed1").join("run.json")),
+        first_done,
+        "the finished run was trained again"
+    );
+    let log = std::fs::read_to_string(sweep_folder(&dir).join("plain-seed2").join("train.log"))
+        .expect("train.log");
+    assert!(log.contains("resumed from"), "{log}");
+    for run in RUNS {
+        let (a, b) = (record(&straight, run), record(&dir, run));
+        assert_eq!(b["status"], "completed", "{run}");
+        assert_eq!(a["evals"], b["evals"], "{run}");
+        assert_same_checkpoint(
+            &sweep_folder(&straight)
+                .join(run)
+                .join("checkpoints")
+                .join("ep0-ba6.ckpt"),
+            &sweep_folder(&dir)
+                .join(run)
+                .join("checkpoints")
+                .join("ep0-ba6.ckpt"),
+        );
+    }
+}
+
+#[test]
+fn sigterm_stops_the_running_runs_with_a_checkpoint_and_a_failing_run_not_the_others() {
+    let dir = sweep_dir("sweep-sigterm", "parallel = 2");
+    let child = tessera_command(
+        &["sweep", "sweep.toml"],
+        dir.path(),
+        &[("TESSERA_FAKE_SLEEP_MS", "150")],
+    )
+    .spawn()
+    .expect("start tessera sweep");
+    let first = sweep_folder(&dir).join("plain-seed1").join("checkpoints");
+    let second = sweep_folder(&dir).join("plain-seed2").join("checkpoints");
+    wait_for(
+        "both runs' first checkpoints",
+        Duration::from_secs(120),
+        || first.join("ep0-ba2.ckpt").exists() && second.join("ep0-ba2.ckpt").exists(),
+    );
+    signal(&child, "-TERM");
+    let (status, stderr) = finish(child);
+    assert_eq!(status.code(), Some(143), "{stderr}");
+    assert!(stderr.contains("run the same command again"), "{stderr}");
+    let summary = read_json(&sweep_folder(&dir).join("sweep.json"));
+    let statuses: Vec<&str> = summary["runs"]
+        .as_array()
+        .expect("runs")
+        .iter()
+        .filter_map(|r| r["status"].as_str())
+        .collect();
+    assert_eq!(
+        statuses,
+        ["interrupted", "interrupted", "pending", "pending"]
+    );
+    // Two at a time: each run had half the cores.
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let written =
+        std::fs::read_to_string(sweep_folder(&dir).join("plain-seed1").join("trainer.toml"))
+            .expect("the run's trainer.toml");
+    assert!(
+        written.contains(&format!("threads = {}", (cores / 2).max(1))),
+        "{written}"
+    );
+
+    // A recipe whose plugin does not exist fails its runs; the others finish.
+    let text = std::fs::read_to_string(dir.join("sweep.toml")).expect("sweep.toml");
+    dir.write(
+        "sweep.toml",
+        &text.replace(
+            "smoothing = 0.1",
+            "smoothing = 0.1\n\n[[recipes.smooth.algorithms]]\nplugin = \"no_such_method\"",
+        ),
+    );
+    let out = sweep(&dir, &[], &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", out.dump());
+    assert!(out.stderr.contains("no_such_method"), "{}", out.dump());
+    for run in ["plain-seed1", "plain-seed2"] {
+        assert_eq!(record(&dir, run)["status"], "completed");
+    }
+    for run in ["smooth-seed1", "smooth-seed2"] {
+        assert!(
+            out.stdout
+                .lines()
+                .any(|l| l.starts_with(run) && l.contains("FAILED")),
+            "{}",
+            out.dump()
+        );
+    }
+}
