@@ -22,6 +22,7 @@ pub mod model;
 pub mod optim;
 pub mod plugin;
 pub mod precision;
+pub mod recipes;
 pub mod report;
 pub mod scaffold;
 pub mod sweep;

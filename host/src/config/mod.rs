@@ -43,7 +43,7 @@ pub use checkpoint::{CheckpointConfig, PluginsConfig};
 pub use data::DataConfig;
 pub use distributed::DistributedConfig;
 pub use error::{ConfigError, ErrorKind, Location};
-pub use recipe::{load_recipe, load_with_recipe, Recipe};
+pub use recipe::{load_recipe, load_with_recipe, recipe_from_str, Recipe};
 pub use recorded::{from_recorded, recorded_toml};
 pub use sweep::{load_sweep, Axis, AxisValue, SweepSpec};
 pub use train::TrainConfig;

@@ -29,21 +29,31 @@ const RECIPE_KEYS: &[&str] = &["recipe", "algorithms"];
 pub fn load_recipe(path: &Path) -> Result<Recipe, ConfigError> {
     let file = path.display().to_string();
     let text = read_text(path, &file)?;
-    let map = SourceMap::new(&text);
-    let doc = toml_edit::ImDocument::parse(text.as_str())
-        .map_err(|e| super::syntax::syntax_error(&e, &map, &file))?;
-    let root = tree::from_document(&doc, &map);
-    let base = path.parent().unwrap_or_else(|| Path::new(""));
-    let top = Tbl::open(&file, base, "", &root, Some(RECIPE_KEYS))?;
     let stem = path
         .file_stem()
         .and_then(|s| s.to_str())
         .unwrap_or("recipe");
+    recipe_from_str(&text, &file, stem)
+}
+
+/// A recipe from the text of a recipe file; `source` names it in messages, `default_name` is
+/// its name when the text has no `recipe` key.
+pub fn recipe_from_str(
+    text: &str,
+    source: &str,
+    default_name: &str,
+) -> Result<Recipe, ConfigError> {
+    let map = SourceMap::new(text);
+    let doc = toml_edit::ImDocument::parse(text)
+        .map_err(|e| super::syntax::syntax_error(&e, &map, source))?;
+    let root = tree::from_document(&doc, &map);
+    let base = Path::new(source).parent().unwrap_or_else(|| Path::new(""));
+    let top = Tbl::open(source, base, "", &root, Some(RECIPE_KEYS))?;
     let name = match top.string("recipe")? {
         Some(name) => checked_name(&top, "recipe", name)?,
-        None => stem.to_owned(),
+        None => default_name.to_owned(),
     };
-    from_table(&top, name, file.clone())
+    from_table(&top, name, source.to_owned())
 }
 
 /// A recipe from a table holding `algorithms` (a recipe file's top level, or a sweep's
@@ -79,6 +89,17 @@ pub(super) fn checked_name(top: &Tbl<'_>, key: &str, name: String) -> Result<Str
 }
 
 impl Recipe {
+    /// The recipe as the text of a recipe file (reads back as the same recipe).
+    pub fn to_toml(&self) -> Result<String, toml::ser::Error> {
+        let algorithms =
+            serde_json::to_value(&self.algorithms).map_err(serde::ser::Error::custom)?;
+        let text = super::recorded_toml(&serde_json::json!({ "algorithms": algorithms }))?;
+        Ok(format!(
+            "recipe = {}\n{text}",
+            toml_edit::Value::from(self.name.as_str())
+        ))
+    }
+
     /// Replaces `root`'s `recipe` and `[[algorithms]]` with this recipe's.
     fn apply(&self, root: &mut Node) {
         let Val::Table(table) = &mut root.val else {
@@ -195,6 +216,27 @@ plugin = "cutout"
             load_with_recipe(&dir.join("trainer.toml"), &[], Some(&baseline)).expect("config");
         assert!(config.algorithms.is_empty());
         assert_eq!(config.recipe_label(), "baseline");
+    }
+
+    #[test]
+    fn a_recipe_written_as_toml_reads_back_the_same() {
+        let text = "recipe = \"mild\"\n[[algorithms]]\nplugin = \"ema\"\nhalf_life = \"100ba\"\n\n[[algorithms]]\nplugin = \"label_smoothing\"\nsmoothing = 0.08\n";
+        let recipe = recipe_from_str(text, "mild.toml", "x").expect("recipe");
+        let written = recipe.to_toml().expect("toml");
+        let again = recipe_from_str(&written, "again.toml", "x").expect("reads back");
+        assert_eq!(again.name, "mild");
+        let strip = |r: &Recipe| -> Vec<(String, serde_json::Value)> {
+            r.algorithms
+                .iter()
+                .map(|a| {
+                    (
+                        a.plugin.clone(),
+                        serde_json::Value::Object(a.settings.clone()),
+                    )
+                })
+                .collect()
+        };
+        assert_eq!(strip(&again), strip(&recipe), "{written}");
     }
 
     #[test]

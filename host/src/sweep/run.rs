@@ -263,7 +263,12 @@ fn finished(run: &PlannedRun, status: ExitStatus, stopping: bool) -> RunOutcome 
         (None, Some(signal)) => format!("killed by signal {signal}"),
         _ => "ended".to_owned(),
     };
-    let tail = log_tail(&run.log_path(), LOG_TAIL_LINES);
+    // libtorch's errors end in a C++ backtrace: the lines before it say what went wrong.
+    let tail: Vec<String> = log_tail(&run.log_path(), 200)
+        .into_iter()
+        .filter(|l| !l.starts_with("frame #"))
+        .collect();
+    let tail = &tail[tail.len().saturating_sub(LOG_TAIL_LINES)..];
     RunOutcome::Failed(format!(
         "{how}; {} ends:\n{}",
         run.log_path().display(),

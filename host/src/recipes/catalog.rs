@@ -1,0 +1,160 @@
+//! The recipes `tessera recipe search` tries when the user names none: Composer's ResNet
+//! recipes (the files of `examples/recipes/`) for the ResNets, the same without the methods
+//! that change the image size for the `cnn` (its classifier takes a fixed size), the methods
+//! that need no convolutions for an MLP, ALiBi and sequence-length warmup for a GPT-2 — each kept
+//! only when every plugin it needs is installed.
+
+use crate::config::{self, Config, Recipe};
+use crate::model::ModelName;
+use crate::plugin;
+
+/// `(file name, text)` of the convolutional image recipes.
+const CONV: [(&str, &str); 4] = [
+    (
+        "baseline.toml",
+        include_str!("../../../examples/recipes/baseline.toml"),
+    ),
+    (
+        "mild.toml",
+        include_str!("../../../examples/recipes/mild.toml"),
+    ),
+    (
+        "medium.toml",
+        include_str!("../../../examples/recipes/medium.toml"),
+    ),
+    (
+        "hot.toml",
+        include_str!("../../../examples/recipes/hot.toml"),
+    ),
+];
+
+/// For a convolutional network whose classifier takes a fixed image size (the `cnn`): the
+/// ResNet recipes without the methods that change the image size (progressive resizing,
+/// ColOut).
+const FIXED_SIZE_CONV: [(&str, &str); 4] = [
+    ("baseline.toml", "recipe = \"baseline\"\n"),
+    (
+        "mild.toml",
+        "recipe = \"mild\"\n[[algorithms]]\nplugin = \"blurpool\"\n[[algorithms]]\nplugin = \"channels_last\"\n\
+         [[algorithms]]\nplugin = \"ema\"\nhalf_life = \"100ba\"\nupdate_interval = \"20ba\"\n\
+         [[algorithms]]\nplugin = \"label_smoothing\"\nsmoothing = 0.08\n",
+    ),
+    (
+        "medium.toml",
+        "recipe = \"medium\"\n[[algorithms]]\nplugin = \"blurpool\"\n[[algorithms]]\nplugin = \"channels_last\"\n\
+         [[algorithms]]\nplugin = \"ema\"\nhalf_life = \"100ba\"\nupdate_interval = \"20ba\"\n\
+         [[algorithms]]\nplugin = \"label_smoothing\"\nsmoothing = 0.1\n\
+         [[algorithms]]\nplugin = \"mixup\"\nalpha = 0.2\n\
+         [[algorithms]]\nplugin = \"sam\"\nrho = 0.5\ninterval = 10\n",
+    ),
+    (
+        "hot.toml",
+        "recipe = \"hot\"\n[[algorithms]]\nplugin = \"blurpool\"\n[[algorithms]]\nplugin = \"channels_last\"\n\
+         [[algorithms]]\nplugin = \"ema\"\nhalf_life = \"100ba\"\nupdate_interval = \"20ba\"\n\
+         [[algorithms]]\nplugin = \"label_smoothing\"\nsmoothing = 0.13\n\
+         [[algorithms]]\nplugin = \"mixup\"\nalpha = 0.25\n\
+         [[algorithms]]\nplugin = \"sam\"\nrho = 0.5\ninterval = 5\n\
+         [[algorithms]]\nplugin = \"randaugment\"\ndepth = 1\nseverity = 10\n",
+    ),
+];
+
+/// Methods that act on the loss, the targets, the optimizer or the weights only.
+const DENSE: [(&str, &str); 3] = [
+    ("baseline.toml", "recipe = \"baseline\"\n"),
+    (
+        "mild.toml",
+        "recipe = \"mild\"\n[[algorithms]]\nplugin = \"ema\"\nhalf_life = \"100ba\"\nupdate_interval = \"20ba\"\n\
+         [[algorithms]]\nplugin = \"label_smoothing\"\nsmoothing = 0.08\n",
+    ),
+    (
+        "medium.toml",
+        "recipe = \"medium\"\n[[algorithms]]\nplugin = \"ema\"\nhalf_life = \"100ba\"\nupdate_interval = \"20ba\"\n\
+         [[algorithms]]\nplugin = \"label_smoothing\"\nsmoothing = 0.1\n\
+         [[algorithms]]\nplugin = \"mixup\"\nalpha = 0.2\n\
+         [[algorithms]]\nplugin = \"sam\"\nrho = 0.5\ninterval = 10\n",
+    ),
+];
+
+/// A built-in recipe left out, and why.
+#[derive(Debug, Clone)]
+pub struct Skipped {
+    /// The recipe's name.
+    pub name: String,
+    /// Why it is not tried.
+    pub why: String,
+}
+
+/// The built-in recipes for `config`'s model whose plugins are all installed (in the
+/// configuration's plugin folders), and those left out.
+pub fn builtin(config: &Config) -> Result<(Vec<Recipe>, Vec<Skipped>), config::ConfigError> {
+    let texts: Vec<(String, String)> = match config.model.name {
+        ModelName::Mlp => owned(&DENSE),
+        ModelName::Gpt2 => language_recipes(config),
+        ModelName::Cnn => owned(&FIXED_SIZE_CONV),
+        ModelName::Torchscript => Vec::new(),
+        ModelName::Resnet20 | ModelName::Resnet56 | ModelName::Resnet18 | ModelName::Resnet50 => {
+            owned(&CONV)
+        }
+    };
+    let dirs = plugin::search_dirs(&config.plugins.dirs);
+    let mut recipes = Vec::new();
+    let mut skipped = Vec::new();
+    for (file, text) in texts {
+        let stem = file.trim_end_matches(".toml");
+        let recipe = config::recipe_from_str(&text, &format!("built-in recipe {file}"), stem)?;
+        let missing: Vec<&str> = recipe
+            .algorithms
+            .iter()
+            .map(|a| a.plugin.as_str())
+            .filter(|name| plugin::find(name, &dirs).is_err())
+            .collect();
+        if missing.is_empty() {
+            recipes.push(recipe);
+        } else {
+            skipped.push(Skipped {
+                name: recipe.name.clone(),
+                why: format!("plugin(s) not installed: {}", missing.join(", ")),
+            });
+        }
+    }
+    Ok((recipes, skipped))
+}
+
+fn owned(texts: &[(&str, &str)]) -> Vec<(String, String)> {
+    texts
+        .iter()
+        .map(|(f, t)| (f.to_string(), t.to_string()))
+        .collect()
+}
+
+/// ALiBi (sized for the model's context) and sequence-length warmup (to the data's sequence
+/// length), alone and together: Composer's GPT-2 speed-ups.
+fn language_recipes(config: &Config) -> Vec<(String, String)> {
+    let context = config.model.gpt2.as_ref().map_or(1024, |g| g.n_positions);
+    let seq_len = config
+        .data
+        .text
+        .as_ref()
+        .map_or(context, |t| t.seq_len)
+        .max(8);
+    let alibi = format!(
+        "[[algorithms]]\nplugin = \"alibi\"\nmax_sequence_length = {context}\n\
+         train_sequence_length_scaling = 1.0\n"
+    );
+    let warmup = format!(
+        "[[algorithms]]\nplugin = \"seq_length_warmup\"\nduration = 0.3\nmin_seq_length = 8\n\
+         max_seq_length = {seq_len}\nstep_size = 8\n"
+    );
+    vec![
+        ("baseline.toml".into(), "recipe = \"baseline\"\n".into()),
+        ("alibi.toml".into(), format!("recipe = \"alibi\"\n{alibi}")),
+        (
+            "seq_length_warmup.toml".into(),
+            format!("recipe = \"seq_length_warmup\"\n{warmup}"),
+        ),
+        (
+            "alibi+seq_length_warmup.toml".into(),
+            format!("recipe = \"alibi+seq_length_warmup\"\n{alibi}{warmup}"),
+        ),
+    ]
+}
