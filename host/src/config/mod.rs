@@ -23,6 +23,7 @@ mod data;
 mod de;
 mod distributed;
 mod error;
+mod logging;
 mod model;
 mod optimizer;
 mod reader;
@@ -41,6 +42,7 @@ pub use checkpoint::{CheckpointConfig, PluginsConfig};
 pub use data::DataConfig;
 pub use distributed::DistributedConfig;
 pub use error::{ConfigError, ErrorKind, Location};
+pub use logging::LoggingConfig;
 pub use recorded::from_recorded;
 pub use train::TrainConfig;
 
@@ -87,6 +89,8 @@ pub struct Config {
     pub checkpoint: CheckpointConfig,
     /// `[distributed]`: data-parallel settings, used when the run has several ranks.
     pub distributed: DistributedConfig,
+    /// `[logging]`: experiment tracking (an MLflow server).
+    pub logging: LoggingConfig,
 }
 
 section!(Config {
@@ -104,6 +108,7 @@ section!(Config {
     algorithms,
     checkpoint,
     distributed,
+    logging,
 });
 
 impl Config {
@@ -208,6 +213,7 @@ fn build(root: &Node, base: &Path, file: &str, stem: &str) -> Result<Config, Con
     let algorithms = algorithms::read(&top)?;
     let checkpoint = checkpoint::read(&top, &output_dir.join(&run_name))?;
     let distributed = distributed::read(&top)?;
+    let logging = logging::read(&top)?;
 
     Config {
         run_name,
@@ -224,6 +230,7 @@ fn build(root: &Node, base: &Path, file: &str, stem: &str) -> Result<Config, Con
         algorithms,
         checkpoint,
         distributed,
+        logging,
     }
     .read_keys(&top)
 }
