@@ -35,9 +35,12 @@ pub(super) fn read(top: &Tbl<'_>) -> Result<LoggingConfig, ConfigError> {
     let Some(m) = t.sub("mlflow", Some(MlflowConfig::KEYS))? else {
         return Ok(LoggingConfig::default());
     };
-    let uri = m
-        .string("uri")?
-        .ok_or_else(|| m.missing("uri", "the tracking server's URL, e.g. \"http://127.0.0.1:5000\""))?;
+    let uri = m.string("uri")?.ok_or_else(|| {
+        m.missing(
+            "uri",
+            "the tracking server's URL, e.g. \"http://127.0.0.1:5000\"",
+        )
+    })?;
     let uri = check_uri(&uri).map_err(|e| m.err("uri", ErrorKind::InvalidValue, e))?;
     let experiment = m
         .string("experiment")?
@@ -46,7 +49,11 @@ pub(super) fn read(top: &Tbl<'_>) -> Result<LoggingConfig, ConfigError> {
         return Err(m.err("experiment", ErrorKind::InvalidValue, "must not be empty"));
     }
     let mlflow = MlflowConfig::new(uri, experiment).read_keys(&m)?;
-    if mlflow.run_name.as_deref().is_some_and(|n| n.trim().is_empty()) {
+    if mlflow
+        .run_name
+        .as_deref()
+        .is_some_and(|n| n.trim().is_empty())
+    {
         return Err(m.err("run_name", ErrorKind::InvalidValue, "must not be empty"));
     }
     Ok(LoggingConfig {

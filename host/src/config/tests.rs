@@ -2198,13 +2198,41 @@ fn logging_mlflow_is_read_and_checked() {
     let back = from_recorded(&recorded, "run.json", &[]).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(serde_json::to_value(back).unwrap(), recorded);
     for (extra, key, fragment) in [
-        ("mlflow = { uri = \"http://h\", experiment = \"e\", urll = 1 }", "logging.mlflow.urll", "did you mean `uri`?"),
-        ("mlflow = { uri = \"ftp://h\", experiment = \"e\" }", "logging.mlflow.uri", "not an http:// or https://"),
-        ("mlflow = { experiment = \"e\" }", "logging.mlflow.uri", "missing required key"),
-        ("mlflow = { uri = \"http://h\" }", "logging.mlflow.experiment", "missing required key"),
-        ("mlflow = { uri = \"http://h\", experiment = \"e\", flush_timeout = \"3ep\" }", "logging.mlflow.flush_timeout", "\"sec\""),
-        ("mlflow = { uri = \"http://h\", experiment = \"e\", weights = 1 }", "logging.mlflow.weights", "true or false"),
-        ("tensorboard = true", "logging.tensorboard", "valid keys in `logging`: mlflow"),
+        (
+            "mlflow = { uri = \"http://h\", experiment = \"e\", urll = 1 }",
+            "logging.mlflow.urll",
+            "did you mean `uri`?",
+        ),
+        (
+            "mlflow = { uri = \"ftp://h\", experiment = \"e\" }",
+            "logging.mlflow.uri",
+            "not an http:// or https://",
+        ),
+        (
+            "mlflow = { experiment = \"e\" }",
+            "logging.mlflow.uri",
+            "missing required key",
+        ),
+        (
+            "mlflow = { uri = \"http://h\" }",
+            "logging.mlflow.experiment",
+            "missing required key",
+        ),
+        (
+            "mlflow = { uri = \"http://h\", experiment = \"e\", flush_timeout = \"3ep\" }",
+            "logging.mlflow.flush_timeout",
+            "\"sec\"",
+        ),
+        (
+            "mlflow = { uri = \"http://h\", experiment = \"e\", weights = 1 }",
+            "logging.mlflow.weights",
+            "true or false",
+        ),
+        (
+            "tensorboard = true",
+            "logging.tensorboard",
+            "valid keys in `logging`: mlflow",
+        ),
     ] {
         let e = err(&with(&format!("[logging]\n{extra}\n")));
         let text = e.to_string();

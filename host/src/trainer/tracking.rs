@@ -40,7 +40,9 @@ pub(super) fn start(
     };
     match Tracker::start(mlflow, start) {
         Ok(tracker) => reporter.track(tracker),
-        Err(e) => tracing::warn!("mlflow: cannot start the tracking thread ({e}); the run is not tracked"),
+        Err(e) => {
+            tracing::warn!("mlflow: cannot start the tracking thread ({e}); the run is not tracked")
+        }
     }
 }
 
@@ -51,11 +53,19 @@ fn params(config: &Config, plugins: &[PluginRecord]) -> Vec<KeyValue> {
     let mut out = Vec::new();
     match serde_json::to_value(config) {
         Ok(value) => flatten("", &value, &mut out),
-        Err(e) => tracing::warn!("mlflow: cannot serialize the config ({e}); its parameters are not logged"),
+        Err(e) => tracing::warn!(
+            "mlflow: cannot serialize the config ({e}); its parameters are not logged"
+        ),
     }
     for p in plugins {
-        out.push(KeyValue::new(format!("plugin.{}.version", p.name), &p.version));
-        out.push(KeyValue::new(format!("plugin.{}.sha256", p.name), &p.sha256));
+        out.push(KeyValue::new(
+            format!("plugin.{}.version", p.name),
+            &p.version,
+        ));
+        out.push(KeyValue::new(
+            format!("plugin.{}.sha256", p.name),
+            &p.sha256,
+        ));
     }
     out
 }
@@ -114,7 +124,9 @@ impl Trainer {
         ) {
             Ok(_) => Some(path),
             Err(e) => {
-                tracing::warn!("mlflow: cannot export the final weights ({e}); they are not uploaded");
+                tracing::warn!(
+                    "mlflow: cannot export the final weights ({e}); they are not uploaded"
+                );
                 None
             }
         }

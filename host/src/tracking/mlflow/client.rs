@@ -251,13 +251,15 @@ impl Client {
     /// The proxy URL of artifact `name` under `artifact_uri`, or why there is none: only
     /// `mlflow-artifacts:` URIs (a server that serves artifacts) can be reached over HTTP.
     fn artifact_url(&self, artifact_uri: &str, name: &str) -> Result<String, ApiError> {
-        let rest = artifact_uri.strip_prefix("mlflow-artifacts:").ok_or_else(|| {
-            ApiError::BadAnswer(format!(
-                "the server stores this run's artifacts at {artifact_uri}, which its REST API \
+        let rest = artifact_uri
+            .strip_prefix("mlflow-artifacts:")
+            .ok_or_else(|| {
+                ApiError::BadAnswer(format!(
+                    "the server stores this run's artifacts at {artifact_uri}, which its REST API \
                  does not reach (start `mlflow server` with artifact serving, the default, e.g. \
                  --artifacts-destination)"
-            ))
-        })?;
+                ))
+            })?;
         // `mlflow-artifacts://host:port/path` names the serving host; `mlflow-artifacts:/path`
         // is this server.
         let (base, path) = match rest.strip_prefix("//") {
@@ -397,13 +399,19 @@ mod tests {
         let c = Client::new("http://127.0.0.1:5000");
         assert_eq!(
             c.artifact_url("mlflow-artifacts:/1/abc/artifacts", "run.json"),
-            Ok("http://127.0.0.1:5000/api/2.0/mlflow-artifacts/artifacts/1/abc/artifacts/run.json".to_owned())
+            Ok(
+                "http://127.0.0.1:5000/api/2.0/mlflow-artifacts/artifacts/1/abc/artifacts/run.json"
+                    .to_owned()
+            )
         );
         assert_eq!(
             c.artifact_url("mlflow-artifacts://other:80/1/abc/artifacts/", "m"),
             Ok("http://other:80/api/2.0/mlflow-artifacts/artifacts/1/abc/artifacts/m".to_owned())
         );
         let e = c.artifact_url("s3://bucket/1/abc", "m").unwrap_err();
-        assert!(!e.is_transient() && e.to_string().contains("s3://bucket"), "{e}");
+        assert!(
+            !e.is_transient() && e.to_string().contains("s3://bucket"),
+            "{e}"
+        );
     }
 }

@@ -146,20 +146,34 @@ mod tests {
 
     #[test]
     fn lines_become_metrics_with_the_batch_as_step() {
-        let train = json!({"kind": "train", "data": {"epoch": 0, "batch": 3, "loss": 1.5, "lr": 0.1}});
+        let train =
+            json!({"kind": "train", "data": {"epoch": 0, "batch": 3, "loss": 1.5, "lr": 0.1}});
         let m = metrics_of_line(&train, 7);
-        let keys: Vec<(&str, f64, i64)> =
-            m.iter().map(|m| (m.key.as_str(), m.value, m.step)).collect();
+        let keys: Vec<(&str, f64, i64)> = m
+            .iter()
+            .map(|m| (m.key.as_str(), m.value, m.step))
+            .collect();
         assert_eq!(keys, [("epoch", 0.0, 3), ("loss", 1.5, 3), ("lr", 0.1, 3)]);
         assert!(m.iter().all(|m| m.timestamp == 7));
         let eval = json!({"kind": "eval", "data": {"batch": 4, "accuracy": 0.5, "perplexity": null},
             "train_seconds": 1.0, "wall_seconds": 2.0});
-        let keys: Vec<String> = metrics_of_line(&eval, 0).into_iter().map(|m| m.key).collect();
-        assert_eq!(keys, ["eval/accuracy", "eval/train_seconds", "eval/wall_seconds"]);
+        let keys: Vec<String> = metrics_of_line(&eval, 0)
+            .into_iter()
+            .map(|m| m.key)
+            .collect();
+        assert_eq!(
+            keys,
+            ["eval/accuracy", "eval/train_seconds", "eval/wall_seconds"]
+        );
         let method = json!({"kind": "method", "batch": 9, "name": "sam/rho:x", "value": 2});
         assert_eq!(
             metrics_of_line(&method, 0),
-            [Metric { key: "sam/rho_x".into(), value: 2.0, timestamp: 0, step: 9 }]
+            [Metric {
+                key: "sam/rho_x".into(),
+                value: 2.0,
+                timestamp: 0,
+                step: 9
+            }]
         );
         assert!(metrics_of_line(&json!({"kind": "other"}), 0).is_empty());
     }
@@ -170,11 +184,18 @@ mod tests {
             "recipe": null, "plugins": {"dirs": []}});
         let mut out = Vec::new();
         flatten("", &config, &mut out);
-        let pairs: Vec<(&str, &str)> =
-            out.iter().map(|p| (p.key.as_str(), p.value.as_str())).collect();
+        let pairs: Vec<(&str, &str)> = out
+            .iter()
+            .map(|p| (p.key.as_str(), p.value.as_str()))
+            .collect();
         assert_eq!(
             pairs,
-            [("algorithms.0.plugin", "ema"), ("optimizer.lr", "0.1"), ("optimizer.name", "sgd"), ("plugins.dirs", "[]")]
+            [
+                ("algorithms.0.plugin", "ema"),
+                ("optimizer.lr", "0.1"),
+                ("optimizer.name", "sgd"),
+                ("plugins.dirs", "[]")
+            ]
         );
         let long = KeyValue::new("k", "x".repeat(MAX_PARAM_VALUE_CHARS + 10));
         assert_eq!(long.value.chars().count(), MAX_PARAM_VALUE_CHARS);

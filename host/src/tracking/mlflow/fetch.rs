@@ -33,7 +33,7 @@ pub enum FetchError {
         /// The experiment.
         experiment: String,
         /// The failed call.
-        source: ApiError,
+        source: Box<ApiError>,
     },
 }
 
@@ -46,7 +46,7 @@ pub fn fetch_runs(uri: &str, experiment: &str) -> Result<Vec<FetchedRun>, FetchE
     let api = |source| FetchError::Api {
         uri: base.clone(),
         experiment: experiment.to_owned(),
-        source,
+        source: Box::new(source),
     };
     let experiment_id = client.experiment_id(experiment).map_err(api)?;
     let mut fetched = Vec::new();

@@ -105,8 +105,11 @@ impl Tracker {
 
     /// Logs the metrics of one `metrics.jsonl` line ([`metrics_of_line`]), stamped now.
     pub fn log_line(&self, line: &Value) {
-        self.outbox
-            .push(metrics_of_line(line, now_ms()).into_iter().map(Event::Metric));
+        self.outbox.push(
+            metrics_of_line(line, now_ms())
+                .into_iter()
+                .map(Event::Metric),
+        );
     }
 
     /// Ends the run: uploads `run.json` and `metrics.jsonl` from the run folder and `weights`

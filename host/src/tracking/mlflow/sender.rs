@@ -95,7 +95,10 @@ impl Sender {
     }
 
     /// Runs one request, marked in flight while it waits for the server.
-    fn call(&mut self, f: impl FnOnce(&mut Sender) -> Result<(), ApiError>) -> Result<(), ApiError> {
+    fn call(
+        &mut self,
+        f: impl FnOnce(&mut Sender) -> Result<(), ApiError>,
+    ) -> Result<(), ApiError> {
         self.outbox.in_flight(true);
         let result = f(self);
         self.outbox.in_flight(false);
@@ -174,8 +177,7 @@ impl Sender {
                     }
                 }
                 let params = self.new_params(params);
-                self.client
-                    .log_batch(&run.run_id, &params, &tags, &metrics)
+                self.client.log_batch(&run.run_id, &params, &tags, &metrics)
             }
         }
     }
@@ -200,4 +202,3 @@ impl Sender {
             .collect()
     }
 }
-
