@@ -28,7 +28,7 @@ const SERVER_START_TIMEOUT: Duration = Duration::from_secs(120);
 struct MlflowServer {
     child: Child,
     uri: String,
-    _dir: TempDir,
+    dir: TempDir,
 }
 
 impl MlflowServer {
@@ -65,7 +65,7 @@ impl MlflowServer {
         let server = MlflowServer {
             child,
             uri: format!("http://127.0.0.1:{port}"),
-            _dir: dir,
+            dir,
         };
         server.wait_until_healthy();
         Some(server)
@@ -82,7 +82,7 @@ impl MlflowServer {
         }
         panic!(
             "the MLflow server did not answer {url} within {SERVER_START_TIMEOUT:?}; its log:\n{}",
-            std::fs::read_to_string(self._dir.join("server.log")).unwrap_or_default()
+            std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
         );
     }
 

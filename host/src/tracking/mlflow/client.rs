@@ -157,7 +157,6 @@ impl Client {
         experiment_id: &str,
         run_name: &str,
         start_ms: i64,
-        tags: &[KeyValue],
     ) -> Result<RunInfo, ApiError> {
         let answer = self.post(
             "mlflow/runs/create",
@@ -165,7 +164,6 @@ impl Client {
                 "experiment_id": experiment_id,
                 "run_name": run_name,
                 "start_time": start_ms,
-                "tags": tags,
             }),
         )?;
         run_info(&answer["run"])

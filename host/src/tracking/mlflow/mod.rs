@@ -10,7 +10,7 @@
 //!
 //! [`fetch_runs`] reads runs back for the Explorer.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -224,9 +224,4 @@ fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)
-}
-
-/// The MLflow run a run folder logs to, from its `mlflow.json`.
-pub fn saved_run(run_dir: &Path) -> Option<SavedRun> {
-    SavedRun::read(&run_dir.join(SAVED_RUN_FILE))
 }

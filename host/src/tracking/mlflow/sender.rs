@@ -133,7 +133,7 @@ impl Sender {
         let experiment_id = self.client.experiment_id(&o.experiment)?;
         let info = self
             .client
-            .create_run(&experiment_id, &o.run_name, o.start_ms, &[])?;
+            .create_run(&experiment_id, &o.run_name, o.start_ms)?;
         let saved = SavedRun {
             uri: self.client.base().to_owned(),
             experiment_id: info.experiment_id.clone(),
