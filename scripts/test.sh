@@ -37,6 +37,14 @@ export TESSERA_TORCH_PYTHONPATH
 export TESSERA_REQUIRE_PYTORCH=1
 export TESSERA_REQUIRE_TRANSFORMERS=1
 
+echo "== MLflow for the tracking tests (tests/mlflow.rs)"
+# A tracking server from PyPI, in its own cache folder (about 830 MB, under a minute to install
+# on a warm network; reused after). The test starts it on the loopback address.
+TESSERA_MLFLOW_PYTHONPATH="$(./scripts/ensure-mlflow.sh)"
+export TESSERA_MLFLOW_PYTHONPATH
+# The MLflow server tests must run: missing MLflow is a test failure, not a skip.
+export TESSERA_REQUIRE_MLFLOW=1
+
 echo "== build (release: tests, demo and benchmarks share one build of libtorch's wrapper)"
 cargo build --release --workspace --all-targets
 echo "== data"

@@ -3,7 +3,7 @@
 //! One folder per concern: `config` (trainer.toml), `time` (Time, Timestamp, durations),
 //! `checkpoint` (saving and resuming runs), `data` (datasets, loaders, transforms, fetching), `model` (module tree and zoo), `optim`
 //! (optimizers, schedules), `engine` (events and dispatch), `plugin` (loading plugins, the
-//! host side of the ABI), `precision` (autocast), `device` (where to train), `trainer` (the loops), `report` (progress, metrics, run records),
+//! host side of the ABI), `precision` (autocast), `device` (where to train), `trainer` (the loops), `report` (progress, metrics, run records), `tracking` (an MLflow server),
 //! `scaffold` (`tessera new-plugin`), `export` (`tessera export`: weights for PyTorch), `memory` (the C allocator's settings for
 //! training), `launch` (`tessera launch`: starting and supervising the ranks of a data-parallel
 //! run).
@@ -27,6 +27,7 @@ pub mod report;
 pub mod scaffold;
 pub mod sweep;
 pub mod time;
+pub mod tracking;
 pub mod trainer;
 
 /// Helpers shared by unit tests.

@@ -23,6 +23,7 @@ mod data;
 mod de;
 mod distributed;
 mod error;
+mod logging;
 mod model;
 mod optimizer;
 mod reader;
@@ -43,6 +44,7 @@ pub use checkpoint::{CheckpointConfig, PluginsConfig};
 pub use data::DataConfig;
 pub use distributed::DistributedConfig;
 pub use error::{ConfigError, ErrorKind, Location};
+pub use logging::LoggingConfig;
 pub use recipe::{load_recipe, load_with_recipe, recipe_from_str, Recipe};
 pub use recorded::{from_recorded, recorded_toml};
 pub use sweep::{load_sweep, Axis, AxisValue, SweepSpec};
@@ -91,6 +93,8 @@ pub struct Config {
     pub checkpoint: CheckpointConfig,
     /// `[distributed]`: data-parallel settings, used when the run has several ranks.
     pub distributed: DistributedConfig,
+    /// `[logging]`: experiment tracking (an MLflow server).
+    pub logging: LoggingConfig,
 }
 
 section!(Config {
@@ -108,6 +112,7 @@ section!(Config {
     algorithms,
     checkpoint,
     distributed,
+    logging,
 });
 
 impl Config {
@@ -217,6 +222,7 @@ fn build(root: &Node, base: &Path, file: &str, stem: &str) -> Result<Config, Con
     let algorithms = algorithms::read(&top)?;
     let checkpoint = checkpoint::read(&top, &output_dir.join(&run_name))?;
     let distributed = distributed::read(&top)?;
+    let logging = logging::read(&top)?;
 
     Config {
         run_name,
@@ -233,6 +239,7 @@ fn build(root: &Node, base: &Path, file: &str, stem: &str) -> Result<Config, Con
         algorithms,
         checkpoint,
         distributed,
+        logging,
     }
     .read_keys(&top)
 }

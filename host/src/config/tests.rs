@@ -1598,6 +1598,8 @@ fn reference_documents_every_key() {
         ("optimizer", AdamW::KEYS),
         ("train", TrainConfig::KEYS),
         ("checkpoint", CheckpointConfig::KEYS),
+        ("logging", LoggingConfig::KEYS),
+        ("logging", crate::tracking::mlflow::MlflowConfig::KEYS),
         ("distributed", DistributedConfig::KEYS),
         ("plugins", PluginsConfig::KEYS),
         ("algorithms", &["plugin", "sha256", "on_error"]),
@@ -2174,4 +2176,69 @@ fn text_configs_round_trip_through_the_recorded_config() {
     let again = recorded::from_recorded(&recorded, "again", &[]).unwrap_or_else(|e| panic!("{e}"));
     let t = again.data.text.as_ref().expect("a text config");
     assert_eq!((t.tokens(), t.eval_tokens()), (1000, 300));
+}
+
+#[test]
+fn logging_mlflow_is_read_and_checked() {
+    let c = ok(&with(
+        "[logging]\nmlflow = { uri = \"http://127.0.0.1:5000/\", experiment = \"fmnist\", flush_timeout = \"2s\" }\n",
+    ));
+    let m = c.logging.mlflow.expect("mlflow");
+    assert_eq!(m.uri, "http://127.0.0.1:5000");
+    assert_eq!(m.experiment, "fmnist");
+    assert_eq!(m.run_name, None);
+    assert_eq!(m.flush_timeout(), std::time::Duration::from_secs(2));
+    assert!(m.weights);
+    assert_eq!(ok(MINIMAL).logging, LoggingConfig::default());
+    // The recorded config reads back the same.
+    let recorded = serde_json::to_value(ok(&with(
+        "[logging]\nmlflow = { uri = \"https://h\", experiment = \"e\", run_name = \"r\", weights = false }\n",
+    )))
+    .unwrap();
+    let back = from_recorded(&recorded, "run.json", &[]).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(serde_json::to_value(back).unwrap(), recorded);
+    for (extra, key, fragment) in [
+        (
+            "mlflow = { uri = \"http://h\", experiment = \"e\", urll = 1 }",
+            "logging.mlflow.urll",
+            "did you mean `uri`?",
+        ),
+        (
+            "mlflow = { uri = \"ftp://h\", experiment = \"e\" }",
+            "logging.mlflow.uri",
+            "not an http:// or https://",
+        ),
+        (
+            "mlflow = { experiment = \"e\" }",
+            "logging.mlflow.uri",
+            "missing required key",
+        ),
+        (
+            "mlflow = { uri = \"http://h\" }",
+            "logging.mlflow.experiment",
+            "missing required key",
+        ),
+        (
+            "mlflow = { uri = \"http://h\", experiment = \"e\", flush_timeout = \"3ep\" }",
+            "logging.mlflow.flush_timeout",
+            "\"sec\"",
+        ),
+        (
+            "mlflow = { uri = \"http://h\", experiment = \"e\", weights = 1 }",
+            "logging.mlflow.weights",
+            "true or false",
+        ),
+        (
+            "tensorboard = true",
+            "logging.tensorboard",
+            "valid keys in `logging`: mlflow",
+        ),
+    ] {
+        let e = err(&with(&format!("[logging]\n{extra}\n")));
+        let text = e.to_string();
+        assert!(
+            text.contains(":11:") && text.contains(key) && text.contains(fragment),
+            "{extra}: {text}"
+        );
+    }
 }

@@ -8,6 +8,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+use crate::tracking::mlflow::Tracker;
+
 mod target;
 
 pub use target::{Comparison, Metric, Target, TargetReached};
@@ -161,9 +163,13 @@ pub struct AllReduceTiming {
     pub overlap_seconds: f64,
 }
 
-/// Progress bar, log lines and the metrics file of one run.
+/// Progress bar, log lines and the metrics file of one run; each metrics line also goes to the
+/// run's tracker, when it has one.
 pub struct Reporter {
     metrics: BufWriter<Box<dyn Write + Send>>,
+    /// Declared after `metrics`, so a failed run's file is flushed before the tracker (dropped
+    /// unended) uploads it.
+    tracker: Option<Tracker>,
     bar: Option<ProgressBar>,
     metrics_path: PathBuf,
     last_loss: Option<f64>,
@@ -219,6 +225,7 @@ impl Reporter {
         });
         Ok(Reporter {
             metrics,
+            tracker: None,
             bar,
             metrics_path,
             last_loss: None,
@@ -233,6 +240,7 @@ impl Reporter {
     pub fn discard() -> Reporter {
         Reporter {
             metrics: BufWriter::new(Box::new(std::io::sink())),
+            tracker: None,
             bar: None,
             metrics_path: PathBuf::new(),
             last_loss: None,
@@ -245,6 +253,16 @@ impl Reporter {
     pub fn flush(&mut self) -> std::io::Result<u64> {
         self.metrics.flush()?;
         Ok(self.written)
+    }
+
+    /// Sends every metrics line from now on to `tracker` as well.
+    pub fn track(&mut self, tracker: Tracker) {
+        self.tracker = Some(tracker);
+    }
+
+    /// The tracker, to end the run's tracking.
+    pub fn take_tracker(&mut self) -> Option<Tracker> {
+        self.tracker.take()
     }
 
     /// Where the metrics go.
@@ -320,6 +338,9 @@ impl Reporter {
     }
 
     fn write(&mut self, value: Value) {
+        if let Some(tracker) = &self.tracker {
+            tracker.log_line(&value);
+        }
         let mut line = match serde_json::to_vec(&value) {
             Ok(line) => line,
             Err(e) => {

@@ -140,10 +140,13 @@ impl Trainer {
                     .as_ref()
                     .filter(|(path, _)| same_folder(path, &config.checkpoint.folder))
                     .map(|(_, c)| c.meta.trainer.metrics_bytes);
-                Reporter::resume(&config.run_dir(), config.train.progress, metrics_at)
-                    .with_context(|| {
-                        format!("creating the run folder {}", config.run_dir().display())
-                    })?
+                let mut reporter =
+                    Reporter::resume(&config.run_dir(), config.train.progress, metrics_at)
+                        .with_context(|| {
+                            format!("creating the run folder {}", config.run_dir().display())
+                        })?;
+                super::tracking::start(&config, &plugins, metrics_at.is_some(), &mut reporter);
+                reporter
             }
             Purpose::Standalone => Reporter::discard(),
         };

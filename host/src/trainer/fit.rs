@@ -9,6 +9,7 @@ use crate::engine::Event;
 use crate::files::write_atomic;
 use crate::report::RunRecord;
 use crate::time::{Time, TimeUnit, Timestamp};
+use crate::tracking::mlflow::RunStatus;
 
 use super::error::{fail, Context as _, Result};
 use super::{signal_name, FitSummary, Purpose, Trainer};
@@ -143,6 +144,10 @@ impl Trainer {
             let path = self.config.run_dir().join("run.json");
             let text = serde_json::to_vec_pretty(&record)?;
             write_atomic(&path, &text).with_context(|| format!("writing {}", path.display()))?;
+            self.end_tracking(match interrupted_by {
+                Some(_) => RunStatus::Killed,
+                None => RunStatus::Finished,
+            });
         }
         Ok(FitSummary {
             record,

@@ -25,6 +25,7 @@ mod resume;
 mod standalone;
 mod step;
 mod target;
+mod tracking;
 
 pub use build::load_datasets;
 pub use error::{Result, TrainError};
