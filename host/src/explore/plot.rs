@@ -178,11 +178,12 @@ fn draw_frontier<DB: DrawingBackend>(
             .map_err(drawing_error)?;
         if text {
             chart
-                .draw_series([Text::new(
-                    "baseline",
-                    centre,
-                    ("sans-serif", 13).into_font().color(&BLACK),
-                )])
+                .draw_series([EmptyElement::at(centre)
+                    + Text::new(
+                        "baseline mean",
+                        (-40, 14),
+                        ("sans-serif", 13).into_font().color(&BLACK),
+                    )])
                 .map_err(drawing_error)?;
         }
     }

@@ -49,9 +49,9 @@ fn group_section(html: &mut String, group: &Group, text: bool) -> Result<(), Str
         }
         html.push_str("</tr>\n");
     }
-    let _ = write!(
+    let _ = writeln!(
         html,
-        "</tbody></table><p class=\"note\">{}</p>\n",
+        "</tbody></table><p class=\"note\">{}</p>",
         escape(&table::baseline_note(group))
     );
     for run in group.runs() {
