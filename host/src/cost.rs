@@ -153,9 +153,9 @@ impl Instances {
         }
     }
 
-    /// The price of preset `id`, or an error message naming the close ids.
-    pub fn price(&self, id: &str) -> Result<f64, String> {
-        self.get(id).map(|i| i.usd_per_hour).ok_or_else(|| {
+    /// The preset called `id`, or an error message naming the close ids.
+    pub fn find(&self, id: &str) -> Result<&Instance, String> {
+        self.get(id).ok_or_else(|| {
             format!(
                 "unknown instance {id:?}; close names: {} (`tessera explore --list-instances` \
                  lists all; add your own with {INSTANCES_ENV})",
@@ -216,9 +216,12 @@ read = "2026-11-01"
         )
         .unwrap();
         let presets = Instances::builtin().unwrap().with_file(&path).unwrap();
-        assert_eq!(presets.price("aws/p4d.24xlarge"), Ok(20.0));
-        assert_eq!(presets.price("onprem/box"), Ok(0.4));
-        let err = presets.price("aws/p4d.24xlarg").unwrap_err();
+        assert_eq!(
+            presets.find("aws/p4d.24xlarge").map(|i| i.usd_per_hour),
+            Ok(20.0)
+        );
+        assert_eq!(presets.find("onprem/box").map(|i| i.usd_per_hour), Ok(0.4));
+        let err = presets.find("aws/p4d.24xlarg").unwrap_err();
         assert!(err.contains("aws/p4d.24xlarge"), "{err}");
         std::fs::write(&path, "[[instance]]\nprovider = \"x\"\n").unwrap();
         let err = Instances::builtin().unwrap().with_file(&path).unwrap_err();

@@ -521,10 +521,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 (Some(usd), _) => explore::Pricing::PerHour(usd),
                 (None, Some(id)) => {
                     let presets = cost::Instances::load()?;
-                    presets
-                        .price(&id)
+                    let preset = presets
+                        .find(&id)
                         .map_err(|e| anyhow::anyhow!("--instance: {e}"))?;
-                    explore::Pricing::Instance(presets.get(&id).cloned().context("--instance")?)
+                    explore::Pricing::Instance(preset.clone())
                 }
                 (None, None) => explore::Pricing::Recorded,
             };

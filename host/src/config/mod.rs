@@ -252,10 +252,10 @@ impl Config {
         }
         let presets = crate::cost::Instances::load()
             .map_err(|e| top.err("instance", ErrorKind::InvalidValue, e.to_string()))?;
-        let price = presets
-            .price(&id)
+        let preset = presets
+            .find(&id)
             .map_err(|message| top.err("instance", ErrorKind::InvalidValue, message))?;
-        self.usd_per_hour = Some(price);
+        self.usd_per_hour = Some(preset.usd_per_hour);
         self.instance = Some(id);
         Ok(self)
     }
