@@ -45,6 +45,12 @@ export TESSERA_MLFLOW_PYTHONPATH
 # The MLflow server tests must run: missing MLflow is a test failure, not a skip.
 export TESSERA_REQUIRE_MLFLOW=1
 
+echo "== Chromium for the explorer's report (tests/explore.rs)"
+TESSERA_CHROMIUM="$(./scripts/ensure-chromium.sh)"
+export TESSERA_CHROMIUM
+# The browser test must run: a missing browser is a test failure, not a skip.
+export TESSERA_REQUIRE_CHROMIUM=1
+
 echo "== build (release: tests, demo and benchmarks share one build of libtorch's wrapper)"
 cargo build --release --workspace --all-targets
 echo "== data"

@@ -4,16 +4,19 @@
 //! `checkpoint` (saving and resuming runs), `data` (datasets, loaders, transforms, fetching), `model` (module tree and zoo), `optim`
 //! (optimizers, schedules), `engine` (events and dispatch), `plugin` (loading plugins, the
 //! host side of the ABI), `precision` (autocast), `device` (where to train), `trainer` (the loops), `report` (progress, metrics, run records), `tracking` (an MLflow server),
-//! `scaffold` (`tessera new-plugin`), `export` (`tessera export`: weights for PyTorch), `memory` (the C allocator's settings for
+//! `cost` (machine prices, instance presets), `explore` (`tessera explore`: the Pareto frontier
+//! of time and cost against quality, its plots and report), `sweep` (`tessera sweep`), `recipes` (`tessera recipe search`), `scaffold` (`tessera new-plugin`), `export` (`tessera export`: weights for PyTorch), `memory` (the C allocator's settings for
 //! training), `launch` (`tessera launch`: starting and supervising the ranks of a data-parallel
 //! run).
 
 pub mod checkpoint;
 pub mod config;
+pub mod cost;
 pub mod data;
 pub mod device;
 pub mod dist;
 pub mod engine;
+pub mod explore;
 pub mod export;
 pub mod files;
 pub mod launch;

@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use tessera::trainer::{self, Trainer};
-use tessera::{config, data, export, launch, plugin, scaffold};
+use tessera::{config, cost, data, explore, export, launch, plugin, scaffold};
 use tessera_plugin_api::{API_VERSION, LIBTORCH_VERSION};
 
 #[derive(Parser)]
@@ -18,7 +18,7 @@ use tessera_plugin_api::{API_VERSION, LIBTORCH_VERSION};
     name = "tessera",
     about = "A fast deep-learning trainer whose speed-up methods are binary plugins",
     disable_version_flag = true,
-    after_help = "Examples:\n  tessera data fetch fashion-mnist\n  tessera train examples/fashion-mnist/trainer.toml\n  tessera train trainer.toml --set optimizer.lr=0.05 --set train.max_duration=1ep\n  tessera launch --nproc 4 train trainer.toml\n  tessera plugins list --dir target/release\n  tessera new-plugin my_method\n  tessera eval runs/demo/checkpoints/latest.ckpt\n  tessera predict runs/demo/checkpoints/latest.ckpt --to predictions.jsonl\n  tessera export runs/demo/checkpoints/latest.ckpt --to model.safetensors"
+    after_help = "Examples:\n  tessera data fetch fashion-mnist\n  tessera train examples/fashion-mnist/trainer.toml\n  tessera train trainer.toml --set optimizer.lr=0.05 --set train.max_duration=1ep\n  tessera launch --nproc 4 train trainer.toml\n  tessera plugins list --dir target/release\n  tessera new-plugin my_method\n  tessera eval runs/demo/checkpoints/latest.ckpt\n  tessera predict runs/demo/checkpoints/latest.ckpt --to predictions.jsonl\n  tessera export runs/demo/checkpoints/latest.ckpt --to model.safetensors\n  tessera explore runs/"
 )]
 struct Cli {
     /// Print the version, the libtorch version and whether CUDA is usable.
@@ -148,6 +148,38 @@ enum Command {
         /// The safetensors file to write.
         #[arg(long)]
         to: PathBuf,
+    },
+    /// Compare runs: per dataset and model, the Pareto frontier of wall time (and cost) against
+    /// quality, and each recipe's speed-up over the baseline at equal quality. Prints a table
+    /// per group; writes frontier-<group>.svg/.png and a self-contained report.html. See
+    /// docs/explore.md.
+    #[command(
+        after_help = "Examples:\n  tessera explore runs/\n  tessera explore runs/a runs/b --out explore --instance aws/p4d.24xlarge\n  tessera explore runs/ --usd-per-hour 1.2 --metric accuracy\n  tessera explore --list-instances"
+    )]
+    Explore {
+        /// Folders searched (recursively) for run records (run.json).
+        #[arg(required_unless_present = "list_instances", value_name = "RUNS_DIR")]
+        runs_dirs: Vec<PathBuf>,
+        /// Where the plots and report go (default: RUNS_DIR/explore for one folder, else
+        /// ./explore).
+        #[arg(long, value_name = "DIR")]
+        out: Option<PathBuf>,
+        /// Re-price every run: its wall time at this many USD per hour (default: the cost each
+        /// run recorded).
+        #[arg(long, value_name = "USD", conflicts_with = "instance")]
+        usd_per_hour: Option<f64>,
+        /// Re-price every run at an instance preset's on-demand price (`aws/p4d.24xlarge`; see
+        /// --list-instances).
+        #[arg(long, value_name = "NAME")]
+        instance: Option<String>,
+        /// The quality measure: accuracy (higher is better) or perplexity (lower is better);
+        /// default: perplexity for language models, else accuracy.
+        #[arg(long, value_name = "METRIC")]
+        metric: Option<explore::QualityMetric>,
+        /// Print the instance presets (with TESSERA_INSTANCES applied), their prices and when
+        /// they were read, and exit.
+        #[arg(long)]
+        list_instances: bool,
     },
     /// Create a new plugin crate (its own cargo workspace) with a working example method.
     NewPlugin {
@@ -602,6 +634,40 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 }
             }
         }
+        Command::Explore {
+            runs_dirs,
+            out,
+            usd_per_hour,
+            instance,
+            metric,
+            list_instances,
+        } => {
+            if list_instances {
+                print_instances(&cost::Instances::load()?);
+                return Ok(ExitCode::SUCCESS);
+            }
+            let pricing = match (usd_per_hour, instance) {
+                (Some(usd), _) if !(usd.is_finite() && usd >= 0.0) => {
+                    anyhow::bail!("--usd-per-hour must be a number >= 0, got {usd}")
+                }
+                (Some(usd), _) => explore::Pricing::PerHour(usd),
+                (None, Some(id)) => {
+                    let presets = cost::Instances::load()?;
+                    let preset = presets
+                        .find(&id)
+                        .map_err(|e| anyhow::anyhow!("--instance: {e}"))?;
+                    explore::Pricing::Instance(preset.clone())
+                }
+                (None, None) => explore::Pricing::Recorded,
+            };
+            let options = explore::ExploreOptions {
+                runs_dirs,
+                out,
+                pricing,
+                metric,
+            };
+            run_explore(&options)?;
+        }
         Command::NewPlugin { name, dir } => {
             let dir = dir.unwrap_or_else(|| PathBuf::from(&name));
             let files = scaffold::create(&name, &dir)?;
@@ -701,6 +767,43 @@ fn sweep_command(
         return Ok(ExitCode::FAILURE);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `tessera explore`: warnings for the skipped records, a table per group on stdout, the files
+/// written on stderr.
+fn run_explore(options: &explore::ExploreOptions) -> anyhow::Result<()> {
+    let explored = explore::explore(options)?;
+    for s in &explored.skipped {
+        tracing::warn!("skipped {}: {}", s.source, s.reason);
+    }
+    for (i, group) in explored.groups.iter().enumerate() {
+        if i > 0 {
+            println!();
+        }
+        print!("{}", explore::table::render_text(group));
+    }
+    eprintln!("wrote:");
+    for path in &explored.written {
+        eprintln!("  {}", path.display());
+    }
+    Ok(())
+}
+
+/// `tessera explore --list-instances`.
+fn print_instances(presets: &cost::Instances) {
+    println!(
+        "on-demand prices as read from the pages named; prices change: override them with {}",
+        cost::INSTANCES_ENV
+    );
+    for i in presets.iter() {
+        println!(
+            "{:<24} ${:>9.4}/h  {}",
+            i.id(),
+            i.usd_per_hour,
+            i.accelerator
+        );
+        println!("{:<24} read {}", "", i.read);
+    }
 }
 
 /// Whether this process is a data-parallel rank other than 0 (as `tessera train` reads the

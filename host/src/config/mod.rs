@@ -72,9 +72,14 @@ pub struct Config {
     /// without methods (see [`Config::recipe_label`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub recipe: Option<String>,
-    /// Price of the machine in USD per hour, for the cost estimate.
+    /// Price of the machine in USD per hour, for the cost estimate: `usd_per_hour`, or the
+    /// price of `instance`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usd_per_hour: Option<f64>,
+    /// The instance preset (`aws/p4d.24xlarge`, see [`crate::cost::Instances`]) that set
+    /// `usd_per_hour`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub instance: Option<String>,
     /// `[data]`
     pub data: DataConfig,
     /// `[model]`
@@ -103,6 +108,7 @@ section!(Config {
     recipe: string(),
     output_dir,
     usd_per_hour: float(Bounds::NON_NEGATIVE),
+    instance,
     data,
     model,
     optimizer,
@@ -230,6 +236,7 @@ fn build(root: &Node, base: &Path, file: &str, stem: &str) -> Result<Config, Con
         output_dir,
         recipe: None,
         usd_per_hour: None,
+        instance: None,
         data,
         model,
         optimizer,
@@ -241,7 +248,33 @@ fn build(root: &Node, base: &Path, file: &str, stem: &str) -> Result<Config, Con
         distributed,
         logging,
     }
-    .read_keys(&top)
+    .read_keys(&top)?
+    .with_instance_price(&top)
+}
+
+impl Config {
+    /// Reads `instance` and, when given, sets `usd_per_hour` to its price (giving both is
+    /// refused: which one is meant?).
+    fn with_instance_price(mut self, top: &Tbl<'_>) -> Result<Config, ConfigError> {
+        let Some(id) = top.string("instance")? else {
+            return Ok(self);
+        };
+        if self.usd_per_hour.is_some() {
+            return Err(top.err(
+                "instance",
+                ErrorKind::InvalidValue,
+                "give either `instance` or `usd_per_hour`, not both (the instance sets the price)",
+            ));
+        }
+        let presets = crate::cost::Instances::load()
+            .map_err(|e| top.err("instance", ErrorKind::InvalidValue, e.to_string()))?;
+        let preset = presets
+            .find(&id)
+            .map_err(|message| top.err("instance", ErrorKind::InvalidValue, message))?;
+        self.usd_per_hour = Some(preset.usd_per_hour);
+        self.instance = Some(id);
+        Ok(self)
+    }
 }
 
 /// A required sub-table of the top level.

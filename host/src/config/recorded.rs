@@ -16,7 +16,15 @@ pub fn from_recorded(
     source: &str,
     overrides: &[String],
 ) -> Result<Config, ConfigError> {
-    let text = recorded_toml(recorded).map_err(|e| {
+    let mut recorded = recorded.clone();
+    // A price set by `instance` is recorded as `usd_per_hour` too; reading both back would be
+    // refused, so the instance sets it again.
+    if let Some(map) = recorded.as_object_mut() {
+        if map.get("instance").is_some_and(|i| !i.is_null()) {
+            map.remove("usd_per_hour");
+        }
+    }
+    let text = recorded_toml(&recorded).map_err(|e| {
         ConfigError::new(
             source,
             Location::Unknown,

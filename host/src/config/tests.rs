@@ -247,6 +247,7 @@ fn defaults() {
     assert_eq!(c.seed, 42);
     assert_eq!(c.output_dir, PathBuf::from("/base/dir/runs"));
     assert_eq!(c.usd_per_hour, None);
+    assert_eq!(c.instance, None);
     let d = &c.data;
     assert_eq!(d.dataset, Dataset::FashionMnist);
     assert_eq!(d.data_dir, None);
@@ -879,6 +880,22 @@ fn bad_values() {
             "usd_per_hour",
             Some(1),
             "must be >= 0",
+        ),
+        case(
+            "instance and price",
+            format!("usd_per_hour = 1\ninstance = \"aws/p4d.24xlarge\"\n{MINIMAL}"),
+            InvalidValue,
+            "instance",
+            Some(2),
+            "not both",
+        ),
+        case(
+            "unknown instance",
+            format!("instance = \"aws/p4d.24xlarg\"\n{MINIMAL}"),
+            InvalidValue,
+            "instance",
+            Some(1),
+            "close names: aws/",
         ),
         case(
             "run name",
@@ -2241,4 +2258,19 @@ fn logging_mlflow_is_read_and_checked() {
             "{extra}: {text}"
         );
     }
+}
+
+#[test]
+fn an_instance_sets_the_price_and_survives_the_recorded_config() {
+    let c = parse(&format!("instance = \"aws/p4d.24xlarge\"\n{MINIMAL}")).unwrap();
+    let presets = crate::cost::Instances::load().unwrap();
+    assert_eq!(
+        c.usd_per_hour,
+        presets.get("aws/p4d.24xlarge").map(|i| i.usd_per_hour)
+    );
+    assert_eq!(c.instance.as_deref(), Some("aws/p4d.24xlarge"));
+    let recorded = serde_json::to_value(&c).unwrap();
+    let again = from_recorded(&recorded, "run.json", &[]).unwrap();
+    assert_eq!(again.usd_per_hour, c.usd_per_hour);
+    assert_eq!(again.instance, c.instance);
 }

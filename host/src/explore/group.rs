@@ -1,0 +1,329 @@
+//! Grouping runs: by dataset and model (a model of another width is another model), then into
+//! points (the same recipe and config, apart from the seed and the run's own name and folder).
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use super::frontier::{self, TimeToBaseline};
+use super::load::{Run, Skipped};
+use super::quality::QualityMetric;
+use super::Pricing;
+
+/// Values over the seeds of a point.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stats {
+    /// One value per run, in the point's run order.
+    pub values: Vec<f64>,
+}
+
+impl Stats {
+    /// The mean.
+    pub fn mean(&self) -> f64 {
+        self.values.iter().sum::<f64>() / self.values.len().max(1) as f64
+    }
+
+    /// Half the range (max - min) / 2: the `±` shown after the mean (0 for one seed).
+    pub fn spread(&self) -> f64 {
+        let max = self
+            .values
+            .iter()
+            .copied()
+            .fold(f64::NEG_INFINITY, f64::max);
+        let min = self.values.iter().copied().fold(f64::INFINITY, f64::min);
+        if self.values.len() < 2 {
+            0.0
+        } else {
+            (max - min) / 2.0
+        }
+    }
+}
+
+/// Runs of one recipe and config that differ only by seed: one point of the frontier.
+#[derive(Debug, Clone)]
+pub struct Point {
+    /// The recipe's label.
+    pub recipe: String,
+    /// Its runs (one per seed), sorted by seed.
+    pub runs: Vec<Run>,
+    /// Final quality of each run.
+    pub quality: Stats,
+    /// Wall seconds of each run.
+    pub wall_seconds: Stats,
+    /// Cost of each run, when every run has one.
+    pub cost_usd: Option<Stats>,
+    /// On the frontier of wall time against quality.
+    pub on_time_frontier: bool,
+    /// On the frontier of cost against quality (false without costs).
+    pub on_cost_frontier: bool,
+    /// When it reached the baseline's quality, and the speed-up that gives.
+    pub time_to_baseline: TimeToBaseline,
+}
+
+/// The runs of one dataset and model.
+#[derive(Debug, Clone)]
+pub struct Group {
+    /// `config.data.dataset`.
+    pub dataset: String,
+    /// `config.model`.
+    pub model: Value,
+    /// `fashion-mnist, cnn width=8`.
+    pub title: String,
+    /// A file-name-safe form of the title, unique among the groups.
+    pub slug: String,
+    /// What quality means here.
+    pub metric: QualityMetric,
+    /// Points, by mean wall time.
+    pub points: Vec<Point>,
+    /// The index in `points` of the baseline (recipe `baseline`; the longest-trained one when
+    /// there are several), if any.
+    pub baseline: Option<usize>,
+}
+
+/// Groups `runs` by dataset and model and analyses each group: points, frontiers, speed-ups.
+/// `metric` forces the quality measure (else it is chosen per group); runs without a value for
+/// it are returned as skipped.
+pub fn group_runs(
+    runs: Vec<Run>,
+    metric: Option<QualityMetric>,
+    pricing: &Pricing,
+) -> (Vec<Group>, Vec<Skipped>) {
+    let mut by_model: BTreeMap<String, Vec<Run>> = BTreeMap::new();
+    for run in runs {
+        by_model.entry(group_key(&run)).or_default().push(run);
+    }
+    let mut groups = Vec::new();
+    let mut skipped = Vec::new();
+    for runs in by_model.into_values() {
+        let metric = metric.unwrap_or_else(|| QualityMetric::for_runs(&runs));
+        let (usable, unusable): (Vec<Run>, Vec<Run>) = runs
+            .into_iter()
+            .partition(|r| metric.final_of(r).is_some_and(f64::is_finite));
+        skipped.extend(unusable.into_iter().map(|r| Skipped {
+            reason: format!("its last evaluation has no finite {metric}"),
+            source: r.source,
+        }));
+        if let Some(group) = Group::new(usable, metric, pricing) {
+            groups.push(group);
+        }
+    }
+    make_slugs_unique(&mut groups);
+    (groups, skipped)
+}
+
+impl Group {
+    fn new(runs: Vec<Run>, metric: QualityMetric, pricing: &Pricing) -> Option<Group> {
+        let first = runs.first()?;
+        let dataset = dataset_of(first);
+        let model = first.config_at("model").cloned().unwrap_or(Value::Null);
+        let title = format!("{dataset}, {}", describe_model(&model));
+        let mut by_point: BTreeMap<String, Vec<Run>> = BTreeMap::new();
+        for run in runs {
+            by_point.entry(point_key(&run)).or_default().push(run);
+        }
+        let mut points: Vec<Point> = by_point
+            .into_values()
+            .map(|runs| Point::new(runs, metric, pricing))
+            .collect();
+        points.sort_by(|a, b| a.wall_seconds.mean().total_cmp(&b.wall_seconds.mean()));
+        let mut group = Group {
+            slug: slug(&title),
+            dataset,
+            model,
+            title,
+            metric,
+            points,
+            baseline: None,
+        };
+        group.analyse();
+        Some(group)
+    }
+
+    /// Marks the frontiers and computes the speed-ups over the baseline.
+    fn analyse(&mut self) {
+        let metric = self.metric;
+        let quality: Vec<f64> = self.points.iter().map(|p| p.quality.mean()).collect();
+        let wall: Vec<f64> = self.points.iter().map(|p| p.wall_seconds.mean()).collect();
+        for (p, on) in self
+            .points
+            .iter_mut()
+            .zip(frontier::non_dominated(&wall, &quality, metric))
+        {
+            p.on_time_frontier = on;
+        }
+        let costs: Option<Vec<f64>> = self
+            .points
+            .iter()
+            .map(|p| p.cost_usd.as_ref().map(Stats::mean))
+            .collect();
+        if let Some(costs) = costs {
+            for (p, on) in self
+                .points
+                .iter_mut()
+                .zip(frontier::non_dominated(&costs, &quality, metric))
+            {
+                p.on_cost_frontier = on;
+            }
+        }
+        self.baseline = frontier::baseline_index(&self.points);
+        if let Some(b) = self.baseline {
+            let (target, baseline_seconds) = (quality[b], wall[b]);
+            for (i, p) in self.points.iter_mut().enumerate() {
+                p.time_to_baseline = if i == b {
+                    TimeToBaseline::Reference { baseline_seconds }
+                } else {
+                    frontier::time_to_baseline(&p.runs, metric, target, baseline_seconds)
+                };
+            }
+        }
+    }
+
+    /// The baseline point, if any.
+    pub fn baseline_point(&self) -> Option<&Point> {
+        self.baseline.map(|b| &self.points[b])
+    }
+
+    /// Every run of the group with its point's recipe, by point then seed.
+    pub fn runs(&self) -> impl Iterator<Item = &Run> {
+        self.points.iter().flat_map(|p| p.runs.iter())
+    }
+}
+
+impl Point {
+    fn new(mut runs: Vec<Run>, metric: QualityMetric, pricing: &Pricing) -> Point {
+        runs.sort_by_key(|r| (r.seed(), r.run_name.clone()));
+        let stats = |f: &dyn Fn(&Run) -> f64| Stats {
+            values: runs.iter().map(f).collect(),
+        };
+        let cost_usd: Option<Vec<f64>> = runs.iter().map(|r| pricing.cost_of(r)).collect();
+        Point {
+            recipe: runs.first().map(|r| r.recipe.clone()).unwrap_or_default(),
+            quality: stats(&|r| metric.final_of(r).unwrap_or(f64::NAN)),
+            wall_seconds: stats(&|r| r.wall_seconds),
+            cost_usd: cost_usd.map(|values| Stats { values }),
+            runs,
+            on_time_frontier: false,
+            on_cost_frontier: false,
+            time_to_baseline: TimeToBaseline::NoBaseline,
+        }
+    }
+}
+
+fn dataset_of(run: &Run) -> String {
+    run.config_at("data.dataset")
+        .and_then(Value::as_str)
+        .unwrap_or("unknown dataset")
+        .to_owned()
+}
+
+/// Dataset and the whole model table: a wider model is another model.
+fn group_key(run: &Run) -> String {
+    let model = run.config_at("model").cloned().unwrap_or(Value::Null);
+    format!("{}\u{0}{model}", dataset_of(run))
+}
+
+/// The recipe and the config without what differs between seeds of one point: `seed`,
+/// `run_name`, `output_dir`, and paths inside the run's own folder (its checkpoints).
+fn point_key(run: &Run) -> String {
+    let mut config = run.config.clone();
+    let run_dir = match (
+        config.get("output_dir").and_then(Value::as_str),
+        config.get("run_name").and_then(Value::as_str),
+    ) {
+        (Some(out), Some(name)) => Some(format!("{}/{name}", out.trim_end_matches('/'))),
+        _ => None,
+    };
+    if let Some(map) = config.as_object_mut() {
+        for key in ["seed", "run_name", "output_dir"] {
+            map.remove(key);
+        }
+    }
+    if let Some(dir) = run_dir {
+        blank_paths_under(&mut config, &dir);
+    }
+    format!("{}\u{0}{config}", run.recipe)
+}
+
+fn blank_paths_under(value: &mut Value, dir: &str) {
+    match value {
+        Value::String(s) if s.starts_with(dir) => *s = format!("<run>{}", &s[dir.len()..]),
+        Value::Array(items) => items.iter_mut().for_each(|v| blank_paths_under(v, dir)),
+        Value::Object(map) => map.values_mut().for_each(|v| blank_paths_under(v, dir)),
+        _ => {}
+    }
+}
+
+/// `cnn width=8`: the model's name, then its other settings.
+fn describe_model(model: &Value) -> String {
+    let Some(map) = model.as_object() else {
+        return "unknown model".to_owned();
+    };
+    let mut parts: Vec<String> = map
+        .get("name")
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+        .into_iter()
+        .collect();
+    parts.extend(
+        map.iter()
+            .filter(|(k, v)| *k != "name" && !v.is_null())
+            .map(|(k, v)| match v {
+                Value::String(s) => format!("{k}={s}"),
+                other => format!("{k}={other}"),
+            }),
+    );
+    parts.join(" ")
+}
+
+/// Lower-case letters, digits and single dashes.
+fn slug(text: &str) -> String {
+    let mut out = String::new();
+    for c in text.chars() {
+        if c.is_ascii_alphanumeric() {
+            out.push(c.to_ascii_lowercase());
+        } else if !out.ends_with('-') && !out.is_empty() {
+            out.push('-');
+        }
+    }
+    let out = out.trim_end_matches('-').to_owned();
+    if out.is_empty() {
+        "group".to_owned()
+    } else {
+        out
+    }
+}
+
+fn make_slugs_unique(groups: &mut [Group]) {
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    for g in groups.iter_mut() {
+        let n = seen.entry(g.slug.clone()).or_default();
+        *n += 1;
+        if *n > 1 {
+            g.slug = format!("{}-{n}", g.slug);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slugs_are_file_names() {
+        assert_eq!(
+            slug("fashion-mnist, cnn width=8"),
+            "fashion-mnist-cnn-width-8"
+        );
+        assert_eq!(slug("///"), "group");
+    }
+
+    #[test]
+    fn the_spread_is_half_the_range() {
+        let s = Stats {
+            values: vec![0.5, 0.7],
+        };
+        assert!((s.mean() - 0.6).abs() < 1e-12);
+        assert!((s.spread() - 0.1).abs() < 1e-12);
+        assert_eq!(Stats { values: vec![0.5] }.spread(), 0.0);
+    }
+}
