@@ -397,6 +397,35 @@ fn a_run_is_logged_read_back_and_continued_after_a_resume() {
     );
     assert_eq!(fetched[0].record, read_json(&folder.join("run.json")));
     assert_eq!(fetched[0].metrics, lines);
+    // `tessera explore` reads the experiment from the server as it reads a folder.
+    let explored = TempDir::new("mlflow-explore");
+    let out = tessera(
+        &[
+            "explore",
+            "--mlflow-uri",
+            &server.uri,
+            "--mlflow-experiment",
+            "fmnist",
+            "--out",
+            explored.path().to_str().expect("a UTF-8 path"),
+        ],
+        explored.path(),
+        &[],
+    );
+    out.assert_success();
+    let recipe = fetched[0].record["recipe"]
+        .as_str()
+        .expect("a recipe label");
+    assert!(
+        out.stdout.lines().any(|l| l.starts_with(recipe)),
+        "{}",
+        out.dump()
+    );
+    let report = std::fs::read_to_string(explored.join("report.html")).expect("report.html");
+    assert!(
+        report.contains(&format!("data-recipe=\"{recipe}\"")),
+        "{report}"
+    );
 
     // (d) A run stopped after a checkpoint and resumed continues its MLflow run.
     let dir = TempDir::new("mlflow-resume");

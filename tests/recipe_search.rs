@@ -91,6 +91,10 @@ fn the_search_tries_every_recipe_at_every_length_and_recommends_the_fastest_meet
         .expect("the baseline at full length meets its own quality");
     assert_eq!(&rec["recommended"], *fastest, "{rec:#}");
     assert!(out.stdout.contains("recommended: recipe"), "{}", out.dump());
+    // The evidence: the Explorer's report over the search's runs, every run a point in it.
+    let report = rec["report"].as_str().expect("a report");
+    let html = std::fs::read_to_string(report).expect("report.html");
+    assert_eq!(html.matches("class=\"run-point\"").count(), 12, "{report}");
 
     // The recommended command trains the recipe (its file reads back) at that length.
     let command = rec["command"].as_str().expect("a command");

@@ -158,8 +158,18 @@ enum Command {
     )]
     Explore {
         /// Folders searched (recursively) for run records (run.json).
-        #[arg(required_unless_present = "list_instances", value_name = "RUNS_DIR")]
+        #[arg(
+            required_unless_present_any = ["list_instances", "mlflow_uri"],
+            value_name = "RUNS_DIR"
+        )]
         runs_dirs: Vec<PathBuf>,
+        /// Also read the runs an MLflow server holds (those Tessera logged with `[logging]
+        /// mlflow`): its tracking URI, with --mlflow-experiment.
+        #[arg(long, value_name = "URI", requires = "mlflow_experiment")]
+        mlflow_uri: Option<String>,
+        /// The MLflow experiment whose runs are read (with --mlflow-uri).
+        #[arg(long, value_name = "NAME", requires = "mlflow_uri")]
+        mlflow_experiment: Option<String>,
         /// Where the plots and report go (default: RUNS_DIR/explore for one folder, else
         /// ./explore).
         #[arg(long, value_name = "DIR")]
@@ -636,6 +646,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Explore {
             runs_dirs,
+            mlflow_uri,
+            mlflow_experiment,
             out,
             usd_per_hour,
             instance,
@@ -665,6 +677,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 out,
                 pricing,
                 metric,
+                mlflow: mlflow_uri.into_iter().zip(mlflow_experiment).collect(),
             };
             run_explore(&options)?;
         }

@@ -44,6 +44,9 @@ impl Stats {
 pub struct Point {
     /// The recipe's label.
     pub recipe: String,
+    /// The recipe, and the settings that tell this point from the group's other points of the
+    /// same recipe: `mild (ssr 0.5)`, `baseline (optimizer.lr 0.05)`.
+    pub label: String,
     /// Its runs (one per seed), sorted by seed.
     pub runs: Vec<Run>,
     /// Final quality of each run.
@@ -126,6 +129,7 @@ impl Group {
             .map(|runs| Point::new(runs, metric, pricing))
             .collect();
         points.sort_by(|a, b| a.wall_seconds.mean().total_cmp(&b.wall_seconds.mean()));
+        label_points(&mut points);
         let mut group = Group {
             slug: slug(&title),
             dataset,
@@ -196,8 +200,10 @@ impl Point {
             values: runs.iter().map(f).collect(),
         };
         let cost_usd: Option<Vec<f64>> = runs.iter().map(|r| pricing.cost_of(r)).collect();
+        let recipe = runs.first().map(|r| r.recipe.clone()).unwrap_or_default();
         Point {
-            recipe: runs.first().map(|r| r.recipe.clone()).unwrap_or_default(),
+            label: recipe.clone(),
+            recipe,
             quality: stats(&|r| metric.final_of(r).unwrap_or(f64::NAN)),
             wall_seconds: stats(&|r| r.wall_seconds),
             cost_usd: cost_usd.map(|values| Stats { values }),
@@ -242,6 +248,75 @@ fn point_key(run: &Run) -> String {
         blank_paths_under(&mut config, &dir);
     }
     format!("{}\u{0}{config}", run.recipe)
+}
+
+/// Labels each point by its recipe plus the settings in which it differs from the other points
+/// of that recipe (the first run's config, flattened to dotted keys).
+fn label_points(points: &mut [Point]) {
+    let flat: Vec<BTreeMap<String, String>> = points
+        .iter()
+        .map(|p| {
+            let mut out = BTreeMap::new();
+            if let Some(run) = p.runs.first() {
+                let key = point_key(run);
+                let config = key.split_once('\u{0}').map_or("", |(_, c)| c);
+                if let Ok(value) = serde_json::from_str::<Value>(config) {
+                    flatten("", &value, &mut out);
+                }
+            }
+            out
+        })
+        .collect();
+    for i in 0..points.len() {
+        let differing: Vec<String> = flat[i]
+            .iter()
+            .filter(|(key, value)| {
+                (0..points.len()).any(|j| {
+                    j != i
+                        && points[j].recipe == points[i].recipe
+                        && flat[j].get(*key) != Some(value)
+                })
+            })
+            .map(|(key, value)| {
+                let key = if key == "train.scale_schedule_ratio" {
+                    "ssr"
+                } else {
+                    key
+                };
+                format!("{key} {value}")
+            })
+            .collect();
+        if !differing.is_empty() {
+            points[i].label = format!("{} ({})", points[i].recipe, differing.join(", "));
+        }
+    }
+}
+
+/// `value`'s scalars under dotted keys (`train.max_duration` -> `"936ba"`).
+fn flatten(prefix: &str, value: &Value, out: &mut BTreeMap<String, String>) {
+    match value {
+        Value::Object(map) => {
+            for (k, v) in map {
+                let key = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                flatten(&key, v, out);
+            }
+        }
+        Value::Array(items) => {
+            for (i, v) in items.iter().enumerate() {
+                flatten(&format!("{prefix}.{i}"), v, out);
+            }
+        }
+        Value::String(s) => {
+            out.insert(prefix.to_owned(), s.clone());
+        }
+        other => {
+            out.insert(prefix.to_owned(), other.to_string());
+        }
+    }
 }
 
 fn blank_paths_under(value: &mut Value, dir: &str) {
@@ -307,6 +382,26 @@ fn make_slugs_unique(groups: &mut [Group]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn points_of_one_recipe_are_labelled_by_the_settings_that_differ() {
+        use crate::explore::test_support::run;
+        let with_ssr = |name: &str, recipe: &str, seed: u64, ssr: f64| {
+            let mut r = run(name, recipe, seed, &[(10.0, 0.8)], 10.0);
+            r.config["train"] = serde_json::json!({ "scale_schedule_ratio": ssr });
+            r
+        };
+        let runs = vec![
+            with_ssr("a", "mild", 1, 0.5),
+            with_ssr("b", "mild", 2, 0.5),
+            with_ssr("c", "mild", 1, 1.0),
+            with_ssr("d", "baseline", 1, 1.0),
+        ];
+        let (groups, _) = group_runs(runs, None, &Pricing::Recorded);
+        let mut labels: Vec<&str> = groups[0].points.iter().map(|p| p.label.as_str()).collect();
+        labels.sort_unstable();
+        assert_eq!(labels, ["baseline", "mild (ssr 0.5)", "mild (ssr 1.0)"]);
+    }
 
     #[test]
     fn slugs_are_file_names() {

@@ -75,6 +75,8 @@ pub struct ExploreOptions {
     /// The quality measure (default: per group, perplexity for language models, else
     /// accuracy).
     pub metric: Option<QualityMetric>,
+    /// MLflow experiments whose runs are read too: `(tracking URI, experiment name)`.
+    pub mlflow: Vec<(String, String)>,
 }
 
 impl ExploreOptions {
@@ -100,6 +102,9 @@ pub enum ExploreError {
     /// A plot could not be drawn.
     #[error("{0}")]
     Plot(String),
+    /// An MLflow server's runs could not be read.
+    #[error("{0}")]
+    Mlflow(String),
     /// An output file could not be written.
     #[error("cannot write {path}: {source}")]
     Write {
@@ -137,7 +142,24 @@ pub struct Explored {
 
 /// Reads the runs under `options.runs_dirs`, analyses them and writes the plots and report.
 pub fn explore(options: &ExploreOptions) -> Result<Explored, ExploreError> {
-    let Loaded { runs, mut skipped } = load_dirs(&options.runs_dirs);
+    let Loaded {
+        mut runs,
+        mut skipped,
+    } = load_dirs(&options.runs_dirs);
+    for (uri, experiment) in &options.mlflow {
+        let fetched = crate::tracking::mlflow::fetch_runs(uri, experiment)
+            .map_err(|e| ExploreError::Mlflow(e.to_string()))?;
+        for run in fetched {
+            let metrics: Vec<String> = run.metrics.iter().map(|l| l.to_string()).collect();
+            match Run::from_value(&run.source, run.record, Some(&metrics.join("\n"))) {
+                Ok(r) => runs.push(r),
+                Err(reason) => skipped.push(Skipped {
+                    source: run.source,
+                    reason,
+                }),
+            }
+        }
+    }
     if runs.is_empty() {
         return Err(if skipped.is_empty() {
             ExploreError::NoRecords(options.runs_dirs.clone())

@@ -205,7 +205,7 @@ fn draw_frontier<DB: DrawingBackend>(
             let style = ("sans-serif", 14).into_font().color(&BLACK);
             chart
                 .draw_series(at.iter().map(|c| {
-                    EmptyElement::at(*c) + Text::new(p.recipe.clone(), (10, -18), style.clone())
+                    EmptyElement::at(*c) + Text::new(p.label.clone(), (10, -18), style.clone())
                 }))
                 .map_err(drawing_error)?;
         }

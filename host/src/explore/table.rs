@@ -54,7 +54,7 @@ fn row(group: &Group, p: &Point) -> Vec<String> {
         (false, false) => "no",
     };
     vec![
-        p.recipe.clone(),
+        p.label.clone(),
         p.runs.len().to_string(),
         with_spread(p.quality.mean(), p.quality.spread(), decimals),
         with_spread(p.wall_seconds.mean(), p.wall_seconds.spread(), 1),

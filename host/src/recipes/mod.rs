@@ -80,6 +80,8 @@ pub struct Recommendation {
     pub recipe_file: Option<PathBuf>,
     /// The command that trains the recommendation.
     pub command: Option<String>,
+    /// The Explorer's report over the search's runs (frontier plot, table, learning curves).
+    pub report: Option<PathBuf>,
 }
 
 /// Runs the search; `run` options are those of the sweeps it runs.
@@ -132,7 +134,13 @@ pub fn search(
             }
         }
         if let Some(signal) = outcome.stopped_by {
-            let rec = recommend(options, &base, &done, "the search was stopped".into())?;
+            let rec = recommend(
+                options,
+                &base,
+                &recipes,
+                &done,
+                "the search was stopped".into(),
+            )?;
             return Ok((rec, Some(signal)));
         }
         last_round_seconds = Some(round);
@@ -144,8 +152,31 @@ pub fn search(
             break;
         }
     }
-    let rec = recommend(options, &base, &done, stopped_because)?;
+    let mut rec = recommend(options, &base, &recipes, &done, stopped_because)?;
+    rec.report = evidence(&options.out);
     Ok((rec, None))
+}
+
+/// Runs the Explorer over the search's runs (into `<search>/explore`); its report is the
+/// evidence behind the recommendation. A failure is a warning: the table stands without it.
+fn evidence(dir: &Path) -> Option<PathBuf> {
+    let options = crate::explore::ExploreOptions {
+        runs_dirs: vec![dir.to_path_buf()],
+        out: Some(dir.join("explore")),
+        pricing: crate::explore::Pricing::Recorded,
+        metric: None,
+        mlflow: Vec::new(),
+    };
+    match crate::explore::explore(&options) {
+        Ok(explored) => explored
+            .written
+            .into_iter()
+            .find(|p| p.file_name().is_some_and(|n| n == "report.html")),
+        Err(e) => {
+            tracing::warn!("no frontier plot for the search: {e}");
+            None
+        }
+    }
 }
 
 /// The recipes to try: the user's files (with a baseline added) or the built-in ones.
@@ -237,6 +268,7 @@ fn final_value(record: &Value, metric: Metric) -> Option<f64> {
 fn recommend(
     options: &SearchOptions,
     base: &Config,
+    recipes: &[Recipe],
     done: &[(Config, Value)],
     stopped_because: String,
 ) -> Result<Recommendation> {
@@ -293,9 +325,7 @@ fn recommend(
     };
     let (recipe_file, command) = match &recommended {
         Some(point) => {
-            let recipe = candidates(options, base)?
-                .into_iter()
-                .find(|r| r.name == point.recipe);
+            let recipe = recipes.iter().find(|r| r.name == point.recipe);
             match recipe {
                 Some(recipe) => {
                     let file = options.out.join("recommended-recipe.toml");
@@ -326,6 +356,7 @@ fn recommend(
         stopped_because,
         recipe_file,
         command,
+        report: None,
     })
 }
 
@@ -418,6 +449,12 @@ pub fn describe(rec: &Recommendation) -> String {
             out.push('\n');
             if let Some(c) = &rec.command {
                 out.push_str(&format!("train it: {c}\n"));
+            }
+            if let Some(r) = &rec.report {
+                out.push_str(&format!(
+                    "frontier plot and learning curves: {}\n",
+                    r.display()
+                ));
             }
         }
         None => out.push_str(

@@ -43,16 +43,14 @@ impl PlannedRun {
         if !dir.exists() {
             return Ok(RunState::New);
         }
-        match std::fs::read_to_string(self.config_path()) {
-            Ok(existing) if existing != self.toml => bail!(
-                "the settings of run `{}` changed since it started ({} differs from what {} now \
-                 gives); restore the sweep file, or delete {} to run it again",
+        if !self.same_settings_as_before() {
+            bail!(
+                "the settings of run `{}` changed since it started ({} differs from what the \
+                 sweep now gives); restore the sweep file, or delete {} to run it again",
                 self.id,
                 self.config_path().display(),
-                "the sweep",
                 dir.display()
-            ),
-            _ => {}
+            );
         }
         let record = dir.join("run.json");
         if let Ok(text) = std::fs::read_to_string(&record) {
@@ -75,6 +73,27 @@ impl PlannedRun {
         } else {
             RunState::New
         })
+    }
+}
+
+impl PlannedRun {
+    /// Whether the `trainer.toml` in the run folder (if any) gives this run's configuration:
+    /// the same text, or text that reads as the same configuration (written by another
+    /// version, which may spell it differently).
+    fn same_settings_as_before(&self) -> bool {
+        let path = self.config_path();
+        let Ok(existing) = std::fs::read_to_string(&path) else {
+            return true;
+        };
+        if existing == self.toml {
+            return true;
+        }
+        match config::load(&path, &[]) {
+            Ok(before) => {
+                serde_json::to_value(&before).ok() == serde_json::to_value(&self.config).ok()
+            }
+            Err(_) => false,
+        }
     }
 }
 
@@ -220,18 +239,46 @@ fn unique(id: String, runs: &[PlannedRun]) -> String {
         .unwrap_or(id)
 }
 
+/// `path` made absolute against the current folder, with `.` and `..` resolved lexically
+/// (`/a/b/../c` is `/a/c`), so that messages and files name it plainly.
 fn absolute(path: &Path) -> Result<PathBuf> {
-    if path.is_absolute() {
-        return Ok(path.to_path_buf());
+    use std::path::Component;
+    let joined = if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        std::env::current_dir()
+            .context("reading the current folder")?
+            .join(path)
+    };
+    let mut out = PathBuf::new();
+    for part in joined.components() {
+        match part {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                out.pop();
+            }
+            other => out.push(other),
+        }
     }
-    Ok(std::env::current_dir()
-        .context("reading the current folder")?
-        .join(path))
+    Ok(out)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn paths_are_made_absolute_and_plain() {
+        assert_eq!(
+            absolute(Path::new("/a/b/./../c/../../d")).expect("a path"),
+            PathBuf::from("/d")
+        );
+        let here = std::env::current_dir().expect("cwd");
+        assert_eq!(
+            absolute(Path::new("x/../y")).expect("a path"),
+            here.join("y")
+        );
+    }
 
     #[test]
     fn run_names_come_from_the_axes_values() {
