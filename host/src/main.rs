@@ -415,6 +415,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 base.output_dir
                     .join(format!("{}-recipe-search", base.run_name))
             });
+            let out = std::path::absolute(&out)
+                .with_context(|| format!("resolving {}", out.display()))?;
             let options = tessera::recipes::SearchOptions {
                 config: path,
                 overrides,
