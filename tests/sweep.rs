@@ -276,3 +276,23 @@ fn sigterm_stops_the_running_runs_with_a_checkpoint_and_a_failing_run_not_the_ot
         );
     }
 }
+
+#[test]
+fn the_example_sweeps_plan_their_runs() {
+    // The committed recipe sweeps read and check (configs, recipe files, plugins' settings'
+    // syntax) without running anything.
+    for (file, runs) in [
+        ("examples/recipes/sweep.toml", 8),
+        ("examples/recipes/sweep-lengths.toml", 8),
+        ("examples/recipes/gpt/sweep.toml", 4),
+    ] {
+        let path = repo_root().join(file);
+        let out = tessera(
+            &["sweep", path.to_str().expect("a UTF-8 path"), "--dry-run"],
+            &repo_root(),
+            &[],
+        );
+        out.assert_success();
+        assert_eq!(out.stdout.lines().count(), runs, "{}", out.dump());
+    }
+}

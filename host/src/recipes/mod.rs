@@ -7,6 +7,7 @@
 pub mod catalog;
 
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 use anyhow::{bail, Context as _, Result};
 use serde::Serialize;
@@ -25,7 +26,8 @@ pub struct SearchOptions {
     pub config: PathBuf,
     /// `--set` overrides for every run.
     pub overrides: Vec<String>,
-    /// Wall-clock seconds the search may spend training (all its runs together).
+    /// Wall-clock seconds this invocation of the search may take (its runs, start-up
+    /// included).
     pub budget_seconds: f64,
     /// What the recommended recipe must reach; default: `train.target`, else the baseline's
     /// final quality at the longest length tried.
@@ -72,7 +74,8 @@ pub struct Recommendation {
     pub speedup: Option<f64>,
     /// Every point measured.
     pub points: Vec<Point>,
-    /// Seconds the search's runs took, all together.
+    /// Wall-clock seconds this invocation of the search took (runs finished by an earlier
+    /// invocation are not counted again).
     pub spent_seconds: f64,
     /// Why the search stopped adding lengths.
     pub stopped_because: String,
@@ -103,8 +106,9 @@ pub fn search(
     let mut done: Vec<(Config, Value)> = Vec::new();
     let mut stopped_because = "every length was tried".to_owned();
     let mut last_round_seconds: Option<f64> = None;
+    let started = Instant::now();
     for &ssr in &LADDER {
-        let so_far = spent(&done);
+        let so_far = started.elapsed().as_secs_f64();
         if let Some(previous) = last_round_seconds {
             // Twice as long as the last round: each run is twice as long.
             let predicted = 2.0 * previous;
@@ -119,14 +123,12 @@ pub fn search(
         }
         let spec = round_spec(options, &recipes, &base, ssr);
         let plan = sweep::plan(&spec, &[], None)?;
+        let round_started = Instant::now();
         let outcome = sweep::run_sweep(plan, &options.config, run)?;
-        let mut round = 0.0;
+        let round = round_started.elapsed().as_secs_f64();
         for (planned, result) in outcome.runs {
             match result {
-                RunOutcome::Done(record) => {
-                    round += record["wall_seconds"].as_f64().unwrap_or(0.0);
-                    done.push((planned.config, record));
-                }
+                RunOutcome::Done(record) => done.push((planned.config, record)),
                 RunOutcome::Failed(why) => {
                     tracing::warn!("run `{}` failed, left out: {why}", planned.id)
                 }
@@ -139,12 +141,15 @@ pub fn search(
                 &base,
                 &recipes,
                 &done,
-                "the search was stopped".into(),
+                (
+                    "the search was stopped".into(),
+                    started.elapsed().as_secs_f64(),
+                ),
             )?;
             return Ok((rec, Some(signal)));
         }
         last_round_seconds = Some(round);
-        if spent(&done) >= options.budget_seconds {
+        if started.elapsed().as_secs_f64() >= options.budget_seconds {
             stopped_because = format!(
                 "the budget ({:.0} s) was spent after {ssr} x max_duration",
                 options.budget_seconds
@@ -152,7 +157,13 @@ pub fn search(
             break;
         }
     }
-    let mut rec = recommend(options, &base, &recipes, &done, stopped_because)?;
+    let mut rec = recommend(
+        options,
+        &base,
+        &recipes,
+        &done,
+        (stopped_because, started.elapsed().as_secs_f64()),
+    )?;
     rec.report = evidence(&options.out);
     Ok((rec, None))
 }
@@ -239,13 +250,6 @@ fn round_spec(options: &SearchOptions, recipes: &[Recipe], base: &Config, ssr: f
     }
 }
 
-/// Wall seconds of the runs finished so far.
-fn spent(done: &[(Config, Value)]) -> f64 {
-    done.iter()
-        .map(|(_, r)| r["wall_seconds"].as_f64().unwrap_or(0.0))
-        .sum()
-}
-
 /// The metric a search compares by: perplexity for a language model, accuracy otherwise.
 fn default_metric(records: &[(Config, Value)]) -> Metric {
     let language = records
@@ -270,7 +274,7 @@ fn recommend(
     base: &Config,
     recipes: &[Recipe],
     done: &[(Config, Value)],
-    stopped_because: String,
+    (stopped_because, spent_seconds): (String, f64),
 ) -> Result<Recommendation> {
     let metric = options
         .target
@@ -352,7 +356,7 @@ fn recommend(
         baseline,
         speedup,
         points,
-        spent_seconds: spent(done),
+        spent_seconds,
         stopped_because,
         recipe_file,
         command,

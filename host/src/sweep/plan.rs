@@ -88,12 +88,38 @@ impl PlannedRun {
         if existing == self.toml {
             return true;
         }
-        match config::load(&path, &[]) {
-            Ok(before) => {
-                serde_json::to_value(&before).ok() == serde_json::to_value(&self.config).ok()
+        // Compared without where each method's entry was written (its line differs between a
+        // recipe file and the run's trainer.toml).
+        let as_json = |c: &Config| {
+            let mut value = serde_json::to_value(c).ok().map(plain_paths)?;
+            if let Some(entries) = value["algorithms"].as_array_mut() {
+                for entry in entries {
+                    if let Some(map) = entry.as_object_mut() {
+                        map.remove("line");
+                    }
+                }
             }
+            Some(value)
+        };
+        match config::load(&path, &[]) {
+            Ok(before) => as_json(&before) == as_json(&self.config),
             Err(_) => false,
         }
+    }
+}
+
+/// `value` with every absolute path in it written plainly (`/a/b/../c` as `/a/c`): earlier
+/// versions wrote the runs' paths without resolving `..`.
+fn plain_paths(value: Value) -> Value {
+    match value {
+        Value::String(s) if s.starts_with('/') => {
+            Value::String(absolute(Path::new(&s)).map_or(s, |p| p.display().to_string()))
+        }
+        Value::Array(items) => Value::Array(items.into_iter().map(plain_paths).collect()),
+        Value::Object(map) => {
+            Value::Object(map.into_iter().map(|(k, v)| (k, plain_paths(v))).collect())
+        }
+        other => other,
     }
 }
 
