@@ -224,25 +224,18 @@ impl Outbox {
 
     /// Waits until the sender has stopped or `deadline` passes.
     pub fn wait_until_stopped(&self, deadline: Instant) {
-        let mut s = self.lock();
-        while !s.stopped {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            s = self
-                .changed
-                .wait_timeout(s, left)
-                .map(|(s, _)| s)
-                .unwrap_or_else(|e| e.into_inner().0);
-        }
+        self.wait_until(deadline, |s| s.stopped);
     }
 
     /// Sleeps `pause`, or less when the trainer stops waiting.
     pub fn pause(&self, pause: Duration) {
-        let deadline = Instant::now() + pause;
+        self.wait_until(Instant::now() + pause, |s| s.abandoned);
+    }
+
+    /// Waits on the state's changes until `done` holds or `deadline` passes.
+    fn wait_until(&self, deadline: Instant, done: impl Fn(&State) -> bool) {
         let mut s = self.lock();
-        while !s.abandoned {
+        while !done(&s) {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 break;
