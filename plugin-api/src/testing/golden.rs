@@ -1,9 +1,9 @@
 //! Reference outputs ("golden files") for a plugin's tests: a case is `<case>.json` (what was
 //! run, each tensor's role, shape and dtype, scalar results) next to `<case>.safetensors` (the
-//! tensors), as written by the scripts of `shared/golden/` from Composer's own code.
+//! tensors), as written by `tests/golden/generate.py` from Composer's own code.
 //!
-//! The folder is `$TESSERA_GOLDEN_DIR`, else `shared/golden` beside the repository that holds
-//! this crate. Everything here panics with a message naming the file or tensor (it is test code).
+//! The folder is `$TESSERA_GOLDEN_DIR`, else `tests/golden` of the repository that holds this
+//! crate. Everything here panics with a message naming the file or tensor (it is test code).
 //!
 //! ```no_run
 //! use tessera_plugin_api::testing::golden::{assert_close, Golden};
@@ -22,12 +22,12 @@ use serde_json::Value;
 use tch::{Kind, Tensor};
 
 /// The folder of Composer's golden outputs: `$TESSERA_GOLDEN_DIR`, else the repository's
-/// sibling `shared/golden`. Panics with instructions when `<case>.json` is not there.
+/// `tests/golden`. Panics with instructions when `<case>.json` is not there.
 pub fn golden_dir(case: &str) -> PathBuf {
     let dir = match std::env::var_os("TESSERA_GOLDEN_DIR") {
         Some(dir) => PathBuf::from(dir),
         // This crate's folder is `<repository>/plugin-api`.
-        None => PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/golden")),
+        None => PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/golden")),
     };
     for ext in ["json", "safetensors"] {
         let file = dir.join(format!("{case}.{ext}"));
@@ -35,7 +35,7 @@ pub fn golden_dir(case: &str) -> PathBuf {
             file.is_file(),
             "golden file {} is missing: these tests need Composer's golden outputs \
              ({case}.json and {case}.safetensors). Point TESSERA_GOLDEN_DIR at the folder that \
-             holds them (default: the repository's sibling shared/golden).",
+             holds them (default: the repository's tests/golden).",
             file.display()
         );
     }

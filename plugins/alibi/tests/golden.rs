@@ -1,4 +1,4 @@
-//! ALiBi against Composer's golden cases (`shared/golden/alibi.*`, `alibi_surgery.*`).
+//! ALiBi against Composer's golden cases (`tests/golden/alibi.*`, `alibi_surgery.*`).
 //!
 //! - `alibi`: the head slopes (the `f64` tensors and the JSON table) and the causal
 //!   `(H, 1, L)` and bidirectional `(1, H, L, L)` bias for every head count in the file.

@@ -1,4 +1,4 @@
-//! AugMix against Composer's golden outputs (`shared/golden/augmix.*`).
+//! AugMix against Composer's golden outputs (`tests/golden/augmix.*`).
 //!
 //! Everything is read from the JSON and safetensors files: the input images and, per seeded
 //! `AugmentAndMixTransform` run and image, the full numpy trace (Dirichlet, Beta, chain depths,

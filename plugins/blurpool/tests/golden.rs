@@ -1,4 +1,4 @@
-//! BlurPool against Composer's golden outputs (`shared/golden/blurpool.*`).
+//! BlurPool against Composer's golden outputs (`tests/golden/blurpool.*`).
 //!
 //! Everything is read from the JSON and safetensors files: the filter, `blur_2d` at each stride
 //! named in the tensor keys, the BlurMaxPool outputs (kernel/stride/padding read from the keys),

@@ -1,4 +1,4 @@
-//! ChannelsLast against Composer's golden case (`shared/golden/channels_last.*`): a small conv
+//! ChannelsLast against Composer's golden case (`tests/golden/channels_last.*`): a small conv
 //! net (conv 3×3, BatchNorm, ReLU, conv 1×1, flatten, linear; indices as in the file's
 //! `param/<index>.<name>` keys) whose parameters and buffers are converted with the plugin's
 //! functional form. Every tensor's strides must be exactly those Composer recorded in

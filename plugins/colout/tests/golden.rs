@@ -1,4 +1,4 @@
-//! ColOut against Composer's golden outputs (`shared/golden/colout.*`).
+//! ColOut against Composer's golden outputs (`tests/golden/colout.*`).
 //!
 //! Everything is read from the JSON and safetensors files: the input (values encode
 //! `(n, c, row, col)`), the `(N, H, W)` target, and per recorded run (`results.runs`) the

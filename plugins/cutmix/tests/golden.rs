@@ -1,4 +1,4 @@
-//! CutMix against Composer's golden outputs (`shared/golden/cutmix.*`).
+//! CutMix against Composer's golden outputs (`tests/golden/cutmix.*`).
 //!
 //! Everything is read from the JSON and safetensors files: `cutmix_batch` with an explicit box
 //! and permutation (square and non-square images, showing that `x` indexes H and `y` W), the

@@ -1,4 +1,4 @@
-//! CutOut against Composer's golden outputs (`shared/golden/cutout.*`).
+//! CutOut against Composer's golden outputs (`tests/golden/cutout.*`).
 //!
 //! Everything is read from the JSON and safetensors files: the `_generate_mask` table (columns
 //! named in its description) with its masks, and the seeded `cutout_batch` runs listed in

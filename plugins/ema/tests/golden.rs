@@ -1,4 +1,4 @@
-//! EMA against Composer's golden outputs (`shared/golden/ema.*`).
+//! EMA against Composer's golden outputs (`tests/golden/ema.*`).
 //!
 //! Everything is read from the JSON and safetensors files: the model and EMA state dicts
 //! (`model/<name>`, `ema_before/<name>`), every recorded result `ema_after[_<k>x]/s=<s>/<name>`

@@ -1,4 +1,4 @@
-//! GatedLinearUnits against Composer's golden case (`shared/golden/gated_linear_units.*`).
+//! GatedLinearUnits against Composer's golden case (`tests/golden/gated_linear_units.*`).
 //!
 //! For every settings case of `results.surgery` (the default and `bias_relu`): with the new
 //! layer-0 weights Composer drew (`<case>/param/bert.encoder.layer.0.output.*`),

@@ -1,4 +1,4 @@
-//! Ghost batch norm against Composer's own outputs (`shared/golden/ghost_batchnorm.*`), read
+//! Ghost batch norm against Composer's own outputs (`tests/golden/ghost_batchnorm.*`), read
 //! generically: every case `<name>` with `<name>/input` and `<name>/init/*` tensors, its ghost
 //! batch size in the name (`..._ghost=4`), its chunk sizes in `results`.
 

@@ -1,4 +1,4 @@
-//! GradientClipping against Composer's golden case (`shared/golden/gradient_clipping.*`): the
+//! GradientClipping against Composer's golden case (`tests/golden/gradient_clipping.*`): the
 //! parameters `param/<p>` get the gradients `grad_in/<p>` (a parameter without one gets none),
 //! then every setting the file has outputs for (`grad_out/<type>=<threshold>/<p>`) is applied
 //! with the crate's functional form; each clipped gradient must match Composer's, a parameter

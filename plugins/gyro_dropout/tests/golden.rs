@@ -1,4 +1,4 @@
-//! GyroDropout against Composer's own outputs (`shared/golden/gyro_dropout.*`): given
+//! GyroDropout against Composer's own outputs (`tests/golden/gyro_dropout.*`): given
 //! Composer's preselected masks and picks the training outputs are exact; the selection
 //! period, the eval identity and the error cases match; Tessera's own draws satisfy the
 //! listed invariants and continue bit for bit from a saved state.

@@ -1,4 +1,4 @@
-//! Label smoothing against Composer's golden outputs (`shared/golden/label_smoothing.*`).
+//! Label smoothing against Composer's golden outputs (`tests/golden/label_smoothing.*`).
 //!
 //! Every case is read from the JSON and safetensors files: output tensors are named
 //! `<what>[_<variant>]/s=<smoothing>` (`smoothed/s=0.1`, `loss_kdim/s=0.1`, ...); their inputs

@@ -1,4 +1,4 @@
-//! LayerFreezing against Composer's golden case (`shared/golden/layer_freezing.*`): Composer's
+//! LayerFreezing against Composer's golden case (`tests/golden/layer_freezing.*`): Composer's
 //! test model (`conv` Conv2d, `bn` BatchNorm2d, `relu`, `block` = two Linear, `fc1`, `head`) as a
 //! stand-in module tree with the host's conventions (depth first, BatchNorm's running statistics
 //! as buffers), on which the crate's `freeze_layers` runs for every (start, level, duration) of

@@ -1,4 +1,4 @@
-//! LowPrecisionGroupNorm against Composer's own outputs (`shared/golden/low_precision_groupnorm.*`):
+//! LowPrecisionGroupNorm against Composer's own outputs (`tests/golden/low_precision_groupnorm.*`):
 //! the fp32 group norm, Composer's CPU no-op under bf16 autocast (quirk 16), the bf16 branch
 //! Composer runs under CUDA autocast (forced, with and without affine), and the whole model in
 //! fp32 and under CPU autocast.

@@ -1,4 +1,4 @@
-//! LowPrecisionLayerNorm against Composer's own outputs (`shared/golden/low_precision_layernorm.*`):
+//! LowPrecisionLayerNorm against Composer's own outputs (`tests/golden/low_precision_layernorm.*`):
 //! the fp32 layer norm, Composer's CPU no-op under bf16 autocast (quirk 8), the bf16 branch
 //! Composer runs under CUDA autocast (forced), and the whole Linear-LPLayerNorm-Linear model
 //! under CPU autocast.

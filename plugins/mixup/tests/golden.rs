@@ -1,4 +1,4 @@
-//! MixUp against Composer's golden outputs (`shared/golden/mixup.*`).
+//! MixUp against Composer's golden outputs (`tests/golden/mixup.*`).
 //!
 //! Everything is read from the JSON and safetensors files. Composer's draws (numpy's Beta,
 //! torch's `randperm`) cannot be reproduced, so the recorded mixing and permutations are fed

@@ -1,4 +1,4 @@
-//! ProgressiveResizing against Composer's golden outputs (`shared/golden/progressive_resizing.*`).
+//! ProgressiveResizing against Composer's golden outputs (`tests/golden/progressive_resizing.*`).
 //!
 //! Everything is read from the JSON and safetensors files: nearest resizes of the input and an
 //! index target at several scales, crops with the corner torch drew (`results.crops`), and the

@@ -1,4 +1,4 @@
-//! RandAugment against Composer's golden outputs (`shared/golden/randaugment.*`).
+//! RandAugment against Composer's golden outputs (`tests/golden/randaugment.*`).
 //!
 //! Everything is read from the JSON and safetensors files: the input images, the magnitude
 //! table, every primitive at every recorded severity with the numpy draws Composer was forced

@@ -1,4 +1,4 @@
-//! SAM against Composer's golden outputs (`shared/golden/sam.*`).
+//! SAM against Composer's golden outputs (`tests/golden/sam.*`).
 //!
 //! The case is a tiny MLP (`hyperparameters.model`, e.g. `Linear(4,3) - Tanh - Linear(3,2)`)
 //! with its weights (`w0/*`, named like an `nn.Sequential`), a batch `X`, `Y`, a mean

@@ -1,4 +1,4 @@
-//! Selective Backprop against Composer's golden outputs (`shared/golden/selective_backprop.*`).
+//! Selective Backprop against Composer's golden outputs (`tests/golden/selective_backprop.*`).
 //!
 //! Everything is read from the JSON and safetensors files: the `should_selective_backprop`
 //! truth table (columns and `start`/`end` named in its description), the per-rank selection

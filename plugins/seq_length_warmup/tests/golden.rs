@@ -1,4 +1,4 @@
-//! SeqLengthWarmup against Composer's golden case (`shared/golden/seq_length_warmup.*`): every
+//! SeqLengthWarmup against Composer's golden case (`tests/golden/seq_length_warmup.*`): every
 //! `L=..,truncate=..,preserve_eos=..` case of `set_batch_sequence_length` on the padded batch
 //! (input_ids, labels, attention_mask), and every row of the schedule table (both settings).
 

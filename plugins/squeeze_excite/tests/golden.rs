@@ -1,4 +1,4 @@
-//! SqueezeExcite against Composer's outputs (`shared/golden/squeeze_excite.*`): the gate on
+//! SqueezeExcite against Composer's outputs (`tests/golden/squeeze_excite.*`): the gate on
 //! recorded weights, a four-conv net after surgery, and which convolutions four settings
 //! change with which gate widths (the case's `results.surgery`, read generically).
 

@@ -1,4 +1,4 @@
-//! Stochastic depth against Composer's outputs (`shared/golden/stochastic_depth.*`): the drop
+//! Stochastic depth against Composer's outputs (`tests/golden/stochastic_depth.*`): the drop
 //! rate schedules of torchvision's ResNet-50, and a net of two bottleneck blocks in evaluation
 //! (block and sample), in training with every block kept or dropped, and in sample mode with
 //! the recorded masks. The blocks are computed here from the recorded weights with the same

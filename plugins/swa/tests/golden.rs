@@ -1,4 +1,4 @@
-//! SWA against Composer's golden outputs (`shared/golden/swa.*`).
+//! SWA against Composer's golden outputs (`tests/golden/swa.*`).
 //!
 //! The golden case trains a Linear-BatchNorm-ReLU-Linear net with plain SGD for 12 to 20 steps
 //! under Composer's `Trainer` with `SWA`, in several runs (`hyperparameters.runs`). Everything

@@ -1,4 +1,4 @@
-//! WeightStandardization against Composer's golden case (`shared/golden/weight_standardization.*`):
+//! WeightStandardization against Composer's golden case (`tests/golden/weight_standardization.*`):
 //! a 3-conv net (`param/<index>.<name>`: conv 3×3, ReLU, conv 3×3 without bias, ReLU, conv 1×1),
 //! rebuilt as a stand-in model from the golden weights, on which the plugin's own surgery
 //! (`apply_weight_standardization`) runs for every `n_last_layers_ignore` the file has results
