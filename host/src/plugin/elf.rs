@@ -226,6 +226,35 @@ mod tests {
         );
     }
 
+    /// The fuzz target's seeds and the regression inputs: the tiny library exporting the
+    /// symbol passes (so the fuzz target's copy of the symbol name is abi_stable's), everything
+    /// else is refused, nothing panics.
+    #[test]
+    fn fuzz_regressions_and_seed_corpus() {
+        let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+        let seeds = format!("{root}/fuzz/plugin-elf/corpus/plugin_elf");
+        let tiny = std::fs::read(format!("{seeds}/tiny-plugin.so")).expect("the seed plugin");
+        assert_eq!(check_plugin_library(&tiny, SYMBOL), Ok(()));
+        let other = std::fs::read(format!("{seeds}/no-symbol.so")).expect("the seed library");
+        assert_eq!(
+            check_plugin_library(&other, SYMBOL),
+            Err(ElfError::NoRootModule(SYMBOL.to_owned()))
+        );
+        let regressions = format!("{root}/tests/fuzz_regressions/plugin_elf");
+        let mut replayed = 0;
+        for entry in std::fs::read_dir(&regressions).expect("the regressions folder") {
+            let path = entry.expect("an entry").path();
+            let bytes = std::fs::read(&path).expect("a regression input");
+            assert!(
+                check_plugin_library(&bytes, SYMBOL).is_err(),
+                "{} was accepted",
+                path.display()
+            );
+            replayed += 1;
+        }
+        assert!(replayed > 0, "no regression inputs in {regressions}");
+    }
+
     #[test]
     fn every_prefix_of_a_file_is_refused_without_panicking() {
         let exe = own_executable();
