@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context as _;
-use tessera::sweep::{self, RunOutcome, RunState};
+use tessera::sweep::{self, FolderState, RunOutcome};
 use tessera::{config, trainer};
 
 use crate::install_stop_handlers;
@@ -52,9 +52,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     if dry_run {
         for run in &plan.runs {
             let what = match run.state()? {
-                RunState::Done(_) => "done (skipped)",
-                RunState::Resume => "continues from its checkpoint",
-                RunState::New => "starts",
+                FolderState::Done(_) => "done (skipped)",
+                FolderState::Resume => "continues from its checkpoint",
+                FolderState::New => "starts",
             };
             println!("{:<32} {what}", run.id);
         }
