@@ -580,8 +580,9 @@ pub fn wait_with_timeout(mut child: Child, command: &str, timeout: Duration) -> 
     let left = timeout
         .saturating_sub(started.elapsed())
         .max(Duration::from_secs(10));
+    let deadline = Instant::now() + left;
     let stderr = drain(&stderr, left);
-    let stdout = drain(&stdout, left);
+    let stdout = drain(&stdout, deadline.saturating_duration_since(Instant::now()));
     let (Some(stdout), Some(stderr)) = (stdout, stderr) else {
         panic!(
             "`{command}` exited ({status}) but a process it started still held its output \
@@ -908,4 +909,47 @@ pub fn transformers_imports() -> bool {
     assert!(!required, "{notice} and TESSERA_REQUIRE_TRANSFORMERS=1");
     eprintln!("{notice}");
     false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sh(script: &str) -> Command {
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", script]);
+        cmd
+    }
+
+    #[test]
+    fn a_command_returns_its_output() {
+        let out = run_with_timeout(sh("echo out; echo err >&2"), "sh", TOOL_TIMEOUT);
+        out.assert_success();
+        assert_eq!(
+            (out.stdout.as_str(), out.stderr.as_str()),
+            ("out\n", "err\n")
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "`sleep 20` ran longer than 1s; killed. stderr so far:\nstarted")]
+    fn a_command_past_its_timeout_is_killed_and_named() {
+        run_with_timeout(
+            sh("echo started >&2; exec sleep 20"),
+            "sleep 20",
+            Duration::from_secs(1),
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "`sh` exited (exit status: 0) but a process it started still held")]
+    fn output_held_open_by_a_process_it_started_fails_too() {
+        run_with_timeout(sh("sleep 20 & exit 0"), "sh", Duration::from_secs(1));
+    }
+
+    #[test]
+    fn a_missing_program_is_an_error_for_the_caller() {
+        let missing = Command::new("/nonexistent/tessera-tests-program");
+        assert!(try_run_with_timeout(missing, "missing", TOOL_TIMEOUT).is_err());
+    }
 }
