@@ -10,10 +10,9 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use serde::Serialize;
-use serde_json::Value;
 
 use crate::config::{self, Axis, AxisValue, Config, Location, Recipe, SweepSpec};
-use crate::report::{Comparison, Metric, Target};
+use crate::report::{Comparison, Metric, RunRecord, Target};
 use crate::sweep::{self, RunOutcome, SweepError, SweepOptions};
 
 /// Why a recipe search could not be run or its result written.
@@ -157,7 +156,7 @@ pub fn search(
         LADDER,
         base.train.max_duration
     );
-    let mut done: Vec<(Config, Value)> = Vec::new();
+    let mut done: Vec<(Config, RunRecord)> = Vec::new();
     let mut stopped_because = "every length was tried".to_owned();
     let mut last_round_seconds: Option<f64> = None;
     let started = Instant::now();
@@ -182,7 +181,7 @@ pub fn search(
         let round = round_started.elapsed().as_secs_f64();
         for (planned, result) in outcome.runs {
             match result {
-                RunOutcome::Done(record) => done.push((planned.config, record)),
+                RunOutcome::Done(record) => done.push((planned.config, *record)),
                 RunOutcome::Failed(why) => {
                     tracing::warn!("run `{}` failed, left out: {why}", planned.id)
                 }
@@ -302,10 +301,8 @@ fn round_spec(options: &SearchOptions, recipes: &[Recipe], base: &Config, ssr: f
 }
 
 /// The metric a search compares by: perplexity for a language model, accuracy otherwise.
-fn default_metric(records: &[(Config, Value)]) -> Metric {
-    let language = records
-        .iter()
-        .any(|(_, r)| r["final_perplexity"].as_f64().is_some());
+fn default_metric(records: &[(Config, RunRecord)]) -> Metric {
+    let language = records.iter().any(|(_, r)| r.final_perplexity.is_some());
     if language {
         Metric::Perplexity
     } else {
@@ -314,9 +311,8 @@ fn default_metric(records: &[(Config, Value)]) -> Metric {
 }
 
 /// A run's final value of `metric`.
-fn final_value(record: &Value, metric: Metric) -> Option<f64> {
-    let last = record["evals"].as_array()?.last()?;
-    last[metric.as_str()].as_f64()
+fn final_value(record: &RunRecord, metric: Metric) -> Option<f64> {
+    metric.value_in(record.evals.last()?)
 }
 
 /// Groups the runs into points, settles the target and picks the fastest point meeting it.
@@ -324,7 +320,7 @@ fn recommend(
     options: &SearchOptions,
     base: &Config,
     recipes: &[Recipe],
-    done: &[(Config, Value)],
+    done: &[(Config, RunRecord)],
     (stopped_because, spent_seconds): (String, f64),
 ) -> Result<Recommendation> {
     let metric = options
@@ -419,7 +415,7 @@ fn recommend(
 }
 
 /// The runs grouped by (recipe, length), means over their seeds, in run order.
-fn points(done: &[(Config, Value)], metric: Metric) -> Vec<Trial> {
+fn points(done: &[(Config, RunRecord)], metric: Metric) -> Vec<Trial> {
     let mut points: Vec<(Trial, usize)> = Vec::new();
     for (config, record) in done {
         let Some(quality) = final_value(record, metric) else {
@@ -427,8 +423,8 @@ fn points(done: &[(Config, Value)], metric: Metric) -> Vec<Trial> {
         };
         let recipe = config.recipe_label();
         let ssr = config.train.scale_schedule_ratio;
-        let wall = record["wall_seconds"].as_f64().unwrap_or(0.0);
-        let cost = record["estimated_cost_usd"].as_f64();
+        let wall = record.wall_seconds;
+        let cost = record.estimated_cost_usd;
         match points
             .iter_mut()
             .find(|(p, _)| p.recipe == recipe && p.scale_schedule_ratio == ssr)

@@ -47,7 +47,7 @@ pub struct EvalTime {
 }
 
 /// A loaded plugin, as recorded in the run record.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct PluginRecord {
     /// Method name.
     pub name: String,
@@ -61,8 +61,11 @@ pub struct PluginRecord {
     pub settings: Value,
 }
 
-/// The summary written to `run.json` when a run ends.
-#[derive(Debug, Clone, Serialize)]
+/// The summary written to `run.json` when a run ends, and read back through
+/// [`RunRecord::read`] by everything that looks at finished runs (sweeps, the recipe search,
+/// the explorer). Fields a record of an earlier version lacks read as their defaults.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
 pub struct RunRecord {
     /// Run name.
     pub run_name: String,
@@ -134,7 +137,7 @@ pub struct RunRecord {
 }
 
 /// A data-parallel run in its record.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DataParallelRecord {
     /// Ranks (processes).
     pub world_size: usize,
@@ -151,7 +154,7 @@ pub struct DataParallelRecord {
 }
 
 /// See [`DataParallelRecord::timing`].
-#[derive(Debug, Clone, Copy, Serialize)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 pub struct AllReduceTiming {
     /// Forward pass.
     pub forward_seconds: f64,
@@ -161,6 +164,58 @@ pub struct AllReduceTiming {
     pub backward_comm_seconds: f64,
     /// Communication that overlapped the backward computation.
     pub overlap_seconds: f64,
+}
+
+/// Why a run record could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    /// The file could not be read.
+    #[error("reading {}", path.display())]
+    Io {
+        /// The `run.json`.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not a run record.
+    #[error("{}: not a run record", path.display())]
+    Parse {
+        /// The `run.json`.
+        path: PathBuf,
+        /// The parser's message.
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+impl RunRecord {
+    /// Reads the run record at `path` (a `run.json`).
+    pub fn read(path: &Path) -> Result<RunRecord, RecordError> {
+        let text = std::fs::read_to_string(path).map_err(|source| RecordError::Io {
+            path: path.to_owned(),
+            source,
+        })?;
+        serde_json::from_str(&text).map_err(|source| RecordError::Parse {
+            path: path.to_owned(),
+            source,
+        })
+    }
+
+    /// Whether the run is over for good: completed, or stopped early by a method or its
+    /// target (an interrupted run continues from its checkpoint).
+    pub fn is_finished(&self) -> bool {
+        self.status == "completed" || self.status.starts_with("stopped early")
+    }
+
+    /// The final quality in words: perplexity for a language model, else accuracy.
+    pub fn quality_text(&self) -> String {
+        match (self.final_perplexity, self.final_accuracy) {
+            (Some(ppl), _) => format!("perplexity {ppl:.3}"),
+            (None, Some(acc)) => format!("accuracy {acc:.4}"),
+            _ => "no evaluation".to_owned(),
+        }
+    }
 }
 
 /// Progress bar, log lines and the metrics file of one run; each metrics line also goes to the

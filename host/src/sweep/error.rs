@@ -18,7 +18,7 @@ pub enum SweepError {
     },
     /// A run's configuration could not be written as the trainer.toml it trains from.
     #[error("{run}: {message}")]
-    Record {
+    Encode {
         /// The run, with its axes and the sweep file.
         run: String,
         /// The encoder's message.
@@ -39,15 +39,9 @@ pub enum SweepError {
         /// Its folder.
         dir: PathBuf,
     },
-    /// A run record that is not JSON.
-    #[error("reading {}", path.display())]
-    BadRecord {
-        /// The `run.json`.
-        path: PathBuf,
-        /// The parser's message.
-        #[source]
-        source: serde_json::Error,
-    },
+    /// A finished run's record could not be read.
+    #[error(transparent)]
+    Record(#[from] crate::report::RecordError),
     /// Another sweep holds the folder.
     #[error(
         "another `tessera sweep` is running on {} (it holds {}); wait for it or stop it",

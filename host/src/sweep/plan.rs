@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use super::error::{io, SweepError};
+use crate::report::RunRecord;
 use serde_json::Value;
 
 use crate::config::{self, AxisValue, Config, Recipe, SweepSpec};
@@ -50,16 +51,11 @@ impl PlannedRun {
                 dir,
             });
         }
-        let record = dir.join("run.json");
-        if let Ok(text) = std::fs::read_to_string(&record) {
-            let value: Value =
-                serde_json::from_str(&text).map_err(|source| SweepError::BadRecord {
-                    path: record.clone(),
-                    source,
-                })?;
-            let status = value["status"].as_str().unwrap_or_default();
-            if status == "completed" || status.starts_with("stopped early") {
-                return Ok(FolderState::Done(value));
+        let path = dir.join("run.json");
+        if path.is_file() {
+            let record = RunRecord::read(&path)?;
+            if record.is_finished() {
+                return Ok(FolderState::Done(Box::new(record)));
             }
         }
         let has_checkpoints = std::fs::read_dir(&self.config.checkpoint.folder)
@@ -128,7 +124,7 @@ fn plain_paths(value: Value) -> Value {
 #[derive(Debug, Clone)]
 pub enum FolderState {
     /// Finished (completed, or stopped early by a method or the target): its `run.json`.
-    Done(Value),
+    Done(Box<RunRecord>),
     /// Started before and stopped: it continues from its newest checkpoint.
     Resume,
     /// Not started (or stopped before its first checkpoint): it starts from the beginning.
@@ -194,7 +190,7 @@ pub fn plan(
         if let Some(threads) = threads.filter(|_| config.train.threads == 0) {
             config.train.threads = threads;
         }
-        let record_error = |message: String| SweepError::Record {
+        let record_error = |message: String| SweepError::Encode {
             run: describe(),
             message,
         };

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::error::{io, with_causes, SweepError};
+use crate::report::RunRecord;
 use serde_json::Value;
 
 use super::plan::{FolderState, Plan, PlannedRun};
@@ -40,7 +41,7 @@ pub struct SweepOptions {
 #[derive(Debug, Clone)]
 pub enum RunOutcome {
     /// Finished, now or in an earlier invocation: its `run.json`.
-    Done(Value),
+    Done(Box<RunRecord>),
     /// Its process failed: why.
     Failed(String),
     /// Stopped by a signal; it continues from its checkpoint next time.
@@ -324,7 +325,7 @@ fn entries(
                 (Some(RunOutcome::Interrupted), _) => ("interrupted", None, None),
                 (Some(RunOutcome::NotStarted) | None, _) => ("pending", None, None),
             };
-            let number = |key: &str| record.and_then(|r| r[key].as_f64());
+
             RunEntry {
                 id: run.id.clone(),
                 axes: run
@@ -335,9 +336,9 @@ fn entries(
                 folder: run.dir(),
                 status: status.to_owned(),
                 error,
-                wall_seconds: number("wall_seconds"),
-                final_accuracy: number("final_accuracy"),
-                final_perplexity: number("final_perplexity"),
+                wall_seconds: record.map(|r| r.wall_seconds),
+                final_accuracy: record.and_then(|r| r.final_accuracy),
+                final_perplexity: record.and_then(|r| r.final_perplexity),
             }
         })
         .collect()

@@ -75,15 +75,12 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     for (run, result) in &outcome.runs {
         let (status, quality, wall) = match result {
             RunOutcome::Done(r) => {
-                let quality = match (r["final_perplexity"].as_f64(), r["final_accuracy"].as_f64()) {
+                let quality = match (r.final_perplexity, r.final_accuracy) {
                     (Some(p), _) => format!("ppl {p:.3}"),
                     (None, Some(a)) => format!("acc {a:.4}"),
                     _ => "-".to_owned(),
                 };
-                let wall = r["wall_seconds"]
-                    .as_f64()
-                    .map_or("-".to_owned(), |w| format!("{w:.1}s"));
-                ("done", quality, wall)
+                ("done", quality, format!("{:.1}s", r.wall_seconds))
             }
             RunOutcome::Failed(_) => {
                 failed += 1;
