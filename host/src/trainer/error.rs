@@ -57,6 +57,9 @@ pub enum TrainError {
     /// A checkpoint cannot be read or written.
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
+    /// A model cannot be exported (`tessera export`).
+    #[error(transparent)]
+    Export(#[from] crate::export::ExportError),
     /// A configuration (a checkpoint's, for `tessera eval`) cannot be read.
     #[error(transparent)]
     Config(#[from] ConfigError),
