@@ -9,7 +9,7 @@ mod plan;
 mod progress;
 mod run;
 
-pub use error::{with_causes, SweepError};
+pub use error::SweepError;
 pub use outcome::RunOutcome;
 pub use plan::{plan, FolderState, Plan, PlannedRun};
 pub use run::{run_sweep, SweepOptions, SweepOutcome};

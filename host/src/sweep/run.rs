@@ -11,7 +11,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::error::{io, with_causes, SweepError};
+use super::error::{io, SweepError};
+use crate::with_causes;
 use serde_json::Value;
 
 use super::outcome::{log_tail, RunOutcome};
