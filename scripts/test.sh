@@ -108,5 +108,6 @@ phase data "Fashion-MNIST, Shakespeare, State of the Union"
 phase lints "cargo fmt --check, cargo clippy -D warnings"
 cargo fmt --all --check
 cargo clippy --release --workspace --all-targets -- -D warnings
-phase tests "cargo test --release --workspace"
-cargo test --release --workspace
+phase tests "cargo test --release --workspace --no-fail-fast"
+# --no-fail-fast: every test binary runs, so one failure does not hide the others.
+cargo test --release --workspace --no-fail-fast

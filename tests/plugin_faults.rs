@@ -108,11 +108,30 @@ fn a_plugin_listed_twice_is_refused() {
 #[test]
 fn plugins_are_never_loaded_from_the_working_directory() {
     let dir = TempDir::new("cwd");
-    // A real plugin sits in the folder tessera runs in, but no plugin folder is configured.
+    // A plugin file sits in the folder tessera runs in, and in no folder searched: not found,
+    // and the folders searched do not include the working directory.
+    std::fs::copy(plugin_path("cutout"), dir.join("libcwd_only.so")).expect("copy");
+    let mut toml = TrainerToml::new("cwd").algorithm("cwd_only", "");
+    toml.plugin_dirs = Vec::new();
+    toml.write_to(&dir);
+    let out = train(&dir, &[], &[]);
+    let line = out.assert_failure(&["plugin `cwd_only` not found"]);
+    let cwd = std::fs::canonicalize(dir.path()).expect("the folder");
+    assert!(
+        !line.contains(&format!("{} (", cwd.display())),
+        "the working directory was searched: {line}"
+    );
+    // A plugin of the same name as one in a folder searched (the build folder) is taken from
+    // that folder, never from the working directory.
     std::fs::copy(plugin_path("cutout"), dir.join("libcutout.so")).expect("copy");
     let mut toml = TrainerToml::new("cwd").algorithm("cutout", "");
     toml.plugin_dirs = Vec::new();
     toml.write_to(&dir);
-    let out = train(&dir, &[], &[]);
-    out.assert_failure(&["plugin `cutout` not found", "no folders"]);
+    train(&dir, &[], &[]).assert_success();
+    let record = read_json(&run_dir(&dir, "cwd").join("run.json"));
+    let loaded = record["plugins"][0]["path"].as_str().expect("a plugin path");
+    assert!(
+        !loaded.starts_with(&cwd.display().to_string()),
+        "loaded from the working directory: {loaded}"
+    );
 }
