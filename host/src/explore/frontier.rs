@@ -225,6 +225,31 @@ mod tests {
             .collect();
         assert_eq!(costs, [1.0, 2.0]);
         assert!(groups[0].points.iter().all(|p| p.on_cost_frontier));
+
+        // A run over two nodes pays for both: half the time, the same cost.
+        let record = serde_json::json!({
+            "run_name": "c", "recipe": "fast", "nodes": 2, "wall_seconds": 1800.0,
+            "config": {"seed": 1, "data": {"dataset": "fashion-mnist"},
+                       "model": {"name": "cnn", "width": 8}},
+            "evals": [{"epoch": 1, "batch": 1, "accuracy": 0.8, "cross_entropy": 1.0,
+                       "samples": 10}],
+        });
+        let two_nodes = crate::explore::Run::from_value("c/run.json", record, None).unwrap();
+        assert_eq!(two_nodes.nodes, 2);
+        let (groups, _) = group_runs(vec![two_nodes.clone()], None, &Pricing::PerHour(2.0));
+        assert_eq!(
+            groups[0].points[0].cost_usd.as_ref().map(|c| c.mean()),
+            Some(2.0)
+        );
+        let presets = crate::cost::Instances::builtin().unwrap();
+        let p4d = presets.get("aws/p4d.24xlarge").unwrap().clone();
+        let price = p4d.usd_per_hour;
+        let (groups, _) = group_runs(vec![two_nodes], None, &Pricing::Instance(p4d));
+        let cost = groups[0].points[0].cost_usd.as_ref().map(|c| c.mean());
+        assert!(
+            (cost.unwrap_or(-1.0) - price).abs() < 1e-9,
+            "half an hour on two nodes costs one hour's price: {cost:?}"
+        );
         let (groups, _) = group_runs(
             vec![run("a", "baseline", 1, &[(1.0, 0.8)], 1.0)],
             None,

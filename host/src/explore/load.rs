@@ -28,7 +28,9 @@ pub struct Run {
     pub wall_seconds: f64,
     /// Seconds spent training.
     pub train_seconds: Option<f64>,
-    /// The cost the run recorded (from its `usd_per_hour`).
+    /// Machines (nodes) the run used (`nodes`; 1 for records written before it existed).
+    pub nodes: usize,
+    /// The cost the run recorded (from its `usd_per_hour`, per node).
     pub estimated_cost_usd: Option<f64>,
     /// Training loss by batch, from `metrics.jsonl` (empty when absent).
     pub train_loss: Vec<(u64, f64)>,
@@ -50,8 +52,14 @@ struct RecordFields {
     wall_seconds: f64,
     #[serde(default)]
     train_seconds: Option<f64>,
+    #[serde(default = "one_node")]
+    nodes: usize,
     #[serde(default)]
     estimated_cost_usd: Option<f64>,
+}
+
+fn one_node() -> usize {
+    1
 }
 
 /// A record that could not be used, and why.
@@ -104,6 +112,7 @@ impl Run {
             eval_times,
             wall_seconds: fields.wall_seconds,
             train_seconds: fields.train_seconds,
+            nodes: fields.nodes.max(1),
             estimated_cost_usd: fields.estimated_cost_usd,
             train_loss: metrics_lines.map(train_loss).unwrap_or_default(),
         })
@@ -229,6 +238,7 @@ mod tests {
         assert!(run.eval_times.is_empty());
         assert_eq!(run.train_loss, vec![(1, 2.5)]);
         assert_eq!(run.estimated_cost_usd, None);
+        assert_eq!(run.nodes, 1, "records before `nodes` ran on one machine");
     }
 
     #[test]

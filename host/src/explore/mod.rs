@@ -28,9 +28,9 @@ use crate::cost::{cost_usd, Instance};
 pub enum Pricing {
     /// Each run's `estimated_cost_usd` (from the `usd_per_hour` it trained with).
     Recorded,
-    /// Every run re-priced by its wall time at this many USD per hour.
+    /// Every run re-priced by its wall time on its nodes at this many USD per hour per node.
     PerHour(f64),
-    /// Every run re-priced by its wall time at this instance's price.
+    /// Every run re-priced by its wall time on its nodes at this instance's price per node.
     Instance(Instance),
 }
 
@@ -39,8 +39,8 @@ impl Pricing {
     pub fn cost_of(&self, run: &Run) -> Option<f64> {
         match self {
             Pricing::Recorded => run.estimated_cost_usd,
-            Pricing::PerHour(usd) => Some(cost_usd(*usd, run.wall_seconds)),
-            Pricing::Instance(i) => Some(cost_usd(i.usd_per_hour, run.wall_seconds)),
+            Pricing::PerHour(usd) => Some(cost_usd(*usd, run.wall_seconds, run.nodes)),
+            Pricing::Instance(i) => Some(cost_usd(i.usd_per_hour, run.wall_seconds, run.nodes)),
         }
     }
 
@@ -48,11 +48,14 @@ impl Pricing {
     pub fn describe(&self) -> String {
         match self {
             Pricing::Recorded => "as each run recorded it (estimated_cost_usd, from its \
-                                  usd_per_hour); runs without a price have none"
+                                  usd_per_hour per node); runs without a price have none"
                 .to_owned(),
-            Pricing::PerHour(usd) => format!("every run's wall time at ${usd}/hour"),
+            Pricing::PerHour(usd) => {
+                format!("every run's wall time x its nodes at ${usd}/hour per node")
+            }
             Pricing::Instance(i) => format!(
-                "every run's wall time at {} (${}/hour on demand, {}; read {}; prices change)",
+                "every run's wall time x its nodes at {} (${}/hour per node on demand, {}; \
+                 read {}; prices change)",
                 i.id(),
                 i.usd_per_hour,
                 i.accelerator,
@@ -255,6 +258,7 @@ pub(crate) mod test_support {
                 .collect(),
             wall_seconds: wall,
             train_seconds: Some(wall),
+            nodes: 1,
             estimated_cost_usd: None,
             train_loss: Vec::new(),
         }

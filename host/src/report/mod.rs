@@ -103,7 +103,10 @@ pub struct RunRecord {
     /// Training throughput in tokens (language models).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tokens_per_second: Option<f64>,
-    /// Cost estimate from `usd_per_hour`, when given.
+    /// Machines (nodes) the run used, each rented for `wall_seconds`: ranks / ranks per node
+    /// (`LOCAL_WORLD_SIZE`) for a data-parallel run, else 1.
+    pub nodes: usize,
+    /// Cost estimate: `wall_seconds` x `nodes` at `usd_per_hour` (per node), when given.
     pub estimated_cost_usd: Option<f64>,
     /// Accuracy of the last evaluation.
     pub final_accuracy: Option<f64>,
