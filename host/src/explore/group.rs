@@ -37,6 +37,24 @@ impl Stats {
             (max - min) / 2.0
         }
     }
+
+    /// The smallest and largest value.
+    pub fn min_max(&self) -> (f64, f64) {
+        self.values
+            .iter()
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), v| {
+                (lo.min(*v), hi.max(*v))
+            })
+    }
+
+    /// `mean ± spread` with `decimals` places; the mean alone for one value.
+    pub fn describe(&self, decimals: usize) -> String {
+        if self.values.len() > 1 {
+            format!("{:.decimals$} ± {:.decimals$}", self.mean(), self.spread())
+        } else {
+            format!("{:.decimals$}", self.mean())
+        }
+    }
 }
 
 /// Runs of one recipe and config that differ only by seed: one point of the frontier.
@@ -420,5 +438,8 @@ mod tests {
         assert!((s.mean() - 0.6).abs() < 1e-12);
         assert!((s.spread() - 0.1).abs() < 1e-12);
         assert_eq!(Stats { values: vec![0.5] }.spread(), 0.0);
+        assert_eq!(s.describe(2), "0.60 ± 0.10");
+        assert_eq!(s.min_max(), (0.5, 0.7));
+        assert_eq!(Stats { values: vec![0.5] }.describe(2), "0.50");
     }
 }

@@ -193,7 +193,7 @@ pub fn write_outputs(
     let text = plot::text_available();
     let mut files: Vec<(PathBuf, Vec<u8>)> = Vec::new();
     for g in groups {
-        let svg = plot::frontier_svg(g, text).map_err(ExploreError::Plot)?;
+        let svg = plot::frontier_svg(g);
         let png = plot::frontier_png(g, text).map_err(ExploreError::Plot)?;
         files.push((
             out.join(format!("frontier-{}.svg", g.slug)),
@@ -201,7 +201,7 @@ pub fn write_outputs(
         ));
         files.push((out.join(format!("frontier-{}.png", g.slug)), png));
     }
-    let html = report::render(groups, &pricing.describe(), text).map_err(ExploreError::Plot)?;
+    let html = report::render(groups, &pricing.describe());
     files.push((out.join("report.html"), html.into_bytes()));
     for (path, bytes) in &files {
         crate::files::write_atomic(path, bytes).map_err(|source| ExploreError::Write {
