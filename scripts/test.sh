@@ -2,12 +2,60 @@
 # Runs Tessera's whole test suite. Installs what is missing (libtorch into ~/.cache/tessera,
 # Fashion-MNIST and the Shakespeare and State of the Union corpora into ~/.cache/tessera/data)
 # and reuses it when present. `.ci/run` calls this.
+#
+# Each phase prints its time when it ends (`== build: done (took 3m12s)`), and a summary of all
+# phases is printed at the end, also when a phase fails (the failing one is marked FAILED).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+PHASES=()
+PHASE=""
+PHASE_STARTED=0
+# 75 -> 1m15s
+took() {
+  local s=$1
+  if ((s >= 3600)); then
+    printf '%dh%02dm%02ds' $((s / 3600)) $((s % 3600 / 60)) $((s % 60))
+  elif ((s >= 60)); then
+    printf '%dm%02ds' $((s / 60)) $((s % 60))
+  else
+    printf '%ds' "$s"
+  fi
+}
+# Ends the current phase (if any) with outcome $1 and prints its time.
+end_phase() {
+  [ -n "$PHASE" ] || return 0
+  local seconds=$((SECONDS - PHASE_STARTED))
+  PHASES+=("$PHASE|$seconds|$1")
+  echo "== $PHASE: $1 (took $(took "$seconds"))"
+  PHASE=""
+}
+# `phase NAME WHAT`: ends the current phase and starts NAME, printing `== NAME: WHAT`.
+phase() {
+  end_phase done
+  PHASE=$1
+  PHASE_STARTED=$SECONDS
+  echo "== $1: $2"
+}
+summary() {
+  local rc=$?
+  if ((rc == 0)); then end_phase done; else end_phase FAILED; fi
+  echo "== summary"
+  local entry name seconds outcome
+  for entry in "${PHASES[@]}"; do
+    IFS='|' read -r name seconds outcome <<<"$entry"
+    printf '   %-10s %9s  %s\n' "$name" "$(took "$seconds")" "$outcome"
+  done
+  printf '   %-10s %9s  %s\n' total "$(took "$SECONDS")" "$( ((rc == 0)) && echo passed || echo "FAILED (exit $rc)")"
+  exit "$rc"
+}
+trap summary EXIT
+
+phase libtorch "libtorch (~/.cache/tessera, or LIBTORCH)"
 LIBTORCH="$(./scripts/ensure-libtorch.sh)"
 export LIBTORCH
 
-echo "== PyTorch for the export comparison (tests/export.rs) and the TorchScript models (tests/torchscript.rs)"
+phase pytorch "PyTorch for the export comparison (tests/export.rs) and the TorchScript models (tests/torchscript.rs)"
 # The torch wheel that provides libtorch is also the Python package: its folder goes on
 # PYTHONPATH. With your own LIBTORCH (not the wheel), the wheel is installed into the cache too.
 PYTHON=${PYTHON:-python3}
@@ -37,7 +85,7 @@ export TESSERA_TORCH_PYTHONPATH
 export TESSERA_REQUIRE_PYTORCH=1
 export TESSERA_REQUIRE_TRANSFORMERS=1
 
-echo "== MLflow for the tracking tests (tests/mlflow.rs)"
+phase mlflow "MLflow for the tracking tests (tests/mlflow.rs)"
 # A tracking server from PyPI, in its own cache folder (about 830 MB, under a minute to install
 # on a warm network; reused after). The test starts it on the loopback address.
 TESSERA_MLFLOW_PYTHONPATH="$(./scripts/ensure-mlflow.sh)"
@@ -45,20 +93,20 @@ export TESSERA_MLFLOW_PYTHONPATH
 # The MLflow server tests must run: missing MLflow is a test failure, not a skip.
 export TESSERA_REQUIRE_MLFLOW=1
 
-echo "== Chromium for the explorer's report (tests/explore.rs)"
+phase chromium "Chromium for the explorer's report (tests/explore.rs)"
 TESSERA_CHROMIUM="$(./scripts/ensure-chromium.sh)"
 export TESSERA_CHROMIUM
 # The browser test must run: a missing browser is a test failure, not a skip.
 export TESSERA_REQUIRE_CHROMIUM=1
 
-echo "== build (release: tests, demo and benchmarks share one build of libtorch's wrapper)"
+phase build "release: tests, demo and benchmarks share one build of libtorch's wrapper"
 cargo build --release --workspace --all-targets
-echo "== data"
+phase data "Fashion-MNIST, Shakespeare, State of the Union"
 ./target/release/tessera data fetch fashion-mnist
 ./target/release/tessera data fetch shakespeare
 ./target/release/tessera data fetch sotu
-echo "== format and lints"
+phase lints "cargo fmt --check, cargo clippy -D warnings"
 cargo fmt --all --check
 cargo clippy --release --workspace --all-targets -- -D warnings
-echo "== tests"
+phase tests "cargo test --release --workspace"
 cargo test --release --workspace

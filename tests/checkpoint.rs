@@ -4,7 +4,6 @@
 //! checkpoints are refused or skipped with messages that name them.
 
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use tessera::checkpoint::{self, Checkpoint};
@@ -12,7 +11,7 @@ use tessera_tests::resume::{
     assert_continues, assert_same_checkpoint, ckpt_dir, finish, metrics, names, signal, spawn,
     train_straight, wait_for, with_checkpoints,
 };
-use tessera_tests::{read_json, run_dir, train, TempDir, TrainerToml};
+use tessera_tests::{read_json, run_dir, tool, train, TempDir, TrainerToml};
 
 /// Methods whose state or randomness matter: EMA (shadow weights, swapped in at checkpoints),
 /// selective backprop and CutOut (host RNG), label smoothing, the fake plugin (a counter
@@ -127,11 +126,7 @@ fn kill_9_while_writing_a_checkpoint_leaves_the_previous_one_usable() {
     // the middle of the checkpoint's bytes; no hook in the trainer is needed.
     std::fs::create_dir_all(&folder).expect("create the checkpoint folder");
     let fifo = folder.join(format!(".tmp-ep0-ba4.ckpt.{}", child.id()));
-    let made = Command::new("mkfifo")
-        .arg(&fifo)
-        .status()
-        .expect("run mkfifo");
-    assert!(made.success(), "mkfifo {}", fifo.display());
+    tool("mkfifo", &[fifo.to_str().expect("a UTF-8 temp path")]);
     let temporary = || {
         std::fs::read_dir(&folder)
             .map(|d| {

@@ -102,7 +102,7 @@ fn plugins_list_shows_both_plugins() {
 }
 
 #[test]
-fn plugins_list_of_an_empty_folder_says_so() {
+fn plugins_list_shows_every_folder_searched_in_order() {
     let dir = TempDir::new("list-empty");
     let out = tessera(
         &[
@@ -115,9 +115,28 @@ fn plugins_list_of_an_empty_folder_says_so() {
         &[],
     );
     out.assert_success();
-    assert!(out.stdout.is_empty(), "{}", out.dump());
+    let build = std::fs::canonicalize(target_dir()).expect("the build folder");
+    let searched = format!(
+        "searched, in order:\n  {} (configured)\n  {} (user folder) — no such folder\n  {} (build folder)\n",
+        dir.path().display(),
+        no_user_data().join("tessera/plugins").display(),
+        build.display()
+    );
+    assert!(out.stdout.starts_with(&searched), "{}", out.dump());
+    // The empty folder adds nothing; the build folder's plugins are listed with their folder.
     assert!(
-        out.stderr.contains("no plugin files (*.so) in: "),
+        out.stdout.contains(&format!(
+            "  path:       {}\n",
+            build.join("liblabel_smoothing.so").display()
+        )),
+        "{}",
+        out.dump()
+    );
+    assert!(
+        out.stdout.contains(&format!(
+            "  folder:     {} (build folder)\n",
+            build.display()
+        )),
         "{}",
         out.dump()
     );

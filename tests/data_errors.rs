@@ -6,9 +6,8 @@
 //! `PATH`, made from the good cache), so they need no network.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-use tessera_tests::{data_root, sha256_hex, tessera, train, TempDir, TrainerToml};
+use tessera_tests::{data_root, sha256_hex, tessera, tool, train, TempDir, TrainerToml};
 
 const FILES: [&str; 4] = [
     "train-images-idx3-ubyte",
@@ -156,14 +155,10 @@ fn stand_in_registry(dir: &TempDir) -> String {
     let package = dir.join("package");
     std::fs::create_dir_all(&package).unwrap();
     for name in FILES {
-        let gz = std::fs::File::create(package.join(format!("{name}.gz"))).unwrap();
-        let status = Command::new("gzip")
-            .args(["-1", "-c"])
-            .arg(source.join(name))
-            .stdout(gz)
-            .status()
-            .expect("gzip runs");
-        assert!(status.success(), "gzip {name}");
+        // Compressed in place: `package/<name>` becomes `package/<name>.gz`.
+        let copy = package.join(name);
+        std::fs::copy(source.join(name), &copy).unwrap();
+        tool("gzip", &["-1", copy.to_str().expect("a UTF-8 temp path")]);
     }
     let log = dir.join("apt-get.log");
     dir.write(

@@ -543,11 +543,7 @@ fn a_killed_rank_stops_every_rank_and_leaves_the_checkpoints_intact() {
     );
     let victim = rank_pid(child.id(), 1).expect("rank 1's process");
     let survivor = rank_pid(child.id(), 0).expect("rank 0's process");
-    let killed = std::process::Command::new("kill")
-        .args(["-9", &victim.to_string()])
-        .status()
-        .expect("run kill");
-    assert!(killed.success());
+    tessera_tests::kill("-9", victim);
     let started = std::time::Instant::now();
     let (status, stderr) = finish(child);
     assert!(!status.success(), "{stderr}");
@@ -612,10 +608,10 @@ fn two_nodes_on_the_loopback_address() {
     };
     let (first, second) = (node("0"), node("1"));
     let (a, b) = (
-        first.wait_with_output().expect("node 0"),
-        second.wait_with_output().expect("node 1"),
+        wait_with_timeout(first, "tessera launch (node 0)", COMMAND_TIMEOUT),
+        wait_with_timeout(second, "tessera launch (node 1)", COMMAND_TIMEOUT),
     );
-    let text = |o: &std::process::Output| String::from_utf8_lossy(&o.stderr).into_owned();
+    let text = |o: &Output| o.stderr.clone();
     assert!(
         a.status.success() && b.status.success(),
         "{}\n---\n{}",
@@ -659,8 +655,8 @@ fn tessera_launch_trains_the_example() {
         ],
         &[],
     );
-    let out = child.wait_with_output().expect("tessera launch");
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let out = wait_with_timeout(child, "tessera launch train", COMMAND_TIMEOUT);
+    let stderr = &out.stderr;
     assert!(out.status.success(), "{stderr}");
     assert!(
         stderr.contains("global batch 256 = 128 per rank x 2 ranks"),

@@ -209,13 +209,11 @@ fn chromium() -> Option<PathBuf> {
         .filter(|v| !v.is_empty())
         .map(PathBuf::from);
     let found = named.or_else(|| {
+        let path = std::env::var_os("PATH").unwrap_or_default();
         ["chromium", "chromium-browser"].iter().find_map(|name| {
-            let out = Command::new("sh")
-                .args(["-c", &format!("command -v {name}")])
-                .output()
-                .ok()?;
-            let path = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-            (out.status.success() && !path.is_empty()).then(|| PathBuf::from(path))
+            std::env::split_paths(&path)
+                .map(|dir| dir.join(name))
+                .find(|p| p.is_file())
         })
     });
     if let Some(path) = found.filter(|p| p.is_file()) {
@@ -235,34 +233,29 @@ fn chromium() -> Option<PathBuf> {
 /// charts are drawn at their own size).
 const WINDOW: &str = "--window-size=1200,1000";
 
-/// Runs headless Chromium on `url` with `args`; returns its stdout.
+/// Runs headless Chromium on `url` with `args`; returns its stdout. A browser still running
+/// after [`BROWSER_TIMEOUT`] is killed and fails the test.
 fn run_chromium(browser: &Path, profile: &Path, args: &[&str], url: &str) -> String {
-    let out = Command::new(browser)
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--hide-scrollbars",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--force-device-scale-factor=1",
-            WINDOW,
-        ])
-        .arg(format!("--user-data-dir={}", profile.display()))
-        .args(args)
-        .arg(url)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", browser.display()));
-    assert!(
-        out.status.success(),
-        "{} failed ({}):\n{}",
-        browser.display(),
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    let mut cmd = Command::new(browser);
+    cmd.args([
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--hide-scrollbars",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--force-device-scale-factor=1",
+        WINDOW,
+    ])
+    .arg(format!("--user-data-dir={}", profile.display()))
+    .args(args)
+    .arg(url);
+    let command = format!("{} --headless {} {url}", browser.display(), args.join(" "));
+    let out = run_with_timeout(cmd, &command, BROWSER_TIMEOUT);
+    assert!(out.status.success(), "{}", out.dump());
+    out.stdout
 }
 
 /// The start tags of `class` elements in `html`, in document order.

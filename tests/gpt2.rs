@@ -13,16 +13,13 @@
 //! notice when transformers does not import, unless `TESSERA_REQUIRE_TRANSFORMERS=1`.
 
 use std::collections::BTreeSet;
-use std::process::Command;
 
 use tessera::export::{aliases, export_model};
 use tessera::model::{Attr, Gpt2Config, InputShape, Layer, Model, ModelConfig, ModelName};
 use tessera::precision::{AutocastGuard, Precision};
 use tessera_plugin_api::tch::{self, Device, Kind, TchError, Tensor};
 use tessera_plugin_api::testing::golden::Golden;
-use tessera_tests::{
-    python_can_import, repo_root, torch_pythonpath, transformers_imports, TempDir,
-};
+use tessera_tests::{python_can_import, python_with_env, transformers_imports, TempDir};
 
 #[path = "support/gpt2_golden.rs"]
 mod gpt2_golden;
@@ -465,17 +462,15 @@ fn check_export(
     case: &std::path::Path,
     twin: bool,
 ) -> (Option<i32>, String) {
-    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".to_owned());
-    let out = Command::new(&python)
-        .args(["scripts/check_export.py"])
-        .arg(exported)
-        .arg(case)
-        .current_dir(repo_root())
-        .env("PYTHONPATH", torch_pythonpath())
-        .env("PYTHONWARNINGS", "ignore")
-        .env("TESSERA_GPT2_TWIN", if twin { "1" } else { "0" })
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {python}: {e}"));
+    let out = python_with_env(
+        &[
+            "scripts/check_export.py",
+            exported.to_str().expect("a UTF-8 temp path"),
+            case.to_str().expect("a UTF-8 temp path"),
+        ],
+        &[("TESSERA_GPT2_TWIN", if twin { "1" } else { "0" })],
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),

@@ -58,13 +58,35 @@ fn a_new_plugin_builds_outside_the_workspace_and_trains() {
          target folder:\n{progress}"
     );
 
-    // Install: copy the library into a plugins folder, and keep the workspace's target/release
-    // free of it (other tests list the plugins there).
-    let built = target_dir().join("libmy_scale.so");
+    // Install from the crate folder: `tessera plugins install` builds it (sharing the
+    // workspace's target folder, so nothing is rebuilt) against this tessera's libtorch, checks
+    // the library and copies it into plugins/ beside the trainer.toml. Then keep the
+    // workspace's target/release free of it (other tests list the plugins there).
     let plugins = tmp.join("plugins");
-    std::fs::create_dir_all(&plugins).expect("create the plugins folder");
-    std::fs::copy(&built, plugins.join("libmy_scale.so"))
-        .unwrap_or_else(|e| panic!("cannot copy {}: {e}", built.display()));
+    let workspace_target = target_dir().parent().expect("target/").to_owned();
+    let installed = run_with_timeout(
+        tessera_command(
+            &["plugins", "install", krate_arg, "--to", "plugins"],
+            tmp.path(),
+            &[
+                (
+                    "CARGO_TARGET_DIR",
+                    workspace_target.to_str().expect("UTF-8"),
+                ),
+                ("LIBTORCH", &libtorch()),
+            ],
+        ),
+        "tessera plugins install <crate folder>",
+        CARGO_TIMEOUT,
+    );
+    installed.assert_success();
+    assert!(
+        installed
+            .stdout
+            .starts_with("installed my_scale 0.1.0 plugins/libmy_scale.so"),
+        "{}",
+        installed.dump()
+    );
     for ext in ["so", "rlib", "d"] {
         let _ = std::fs::remove_file(target_dir().join(format!("libmy_scale.{ext}")));
     }
@@ -82,8 +104,9 @@ fn a_new_plugin_builds_outside_the_workspace_and_trains() {
     let name = "my_scale/input_abs_mean";
     let mut runs = Vec::new();
     for (run, factor) in [("scale-1", "1.0"), ("scale-half", "0.5")] {
+        // No [plugins] dirs: plugins/ beside the trainer.toml is searched without configuration.
         let mut toml = TrainerToml::new(run).algorithm("my_scale", &format!("factor = {factor}"));
-        toml.plugin_dirs = vec![PathBuf::from("plugins")];
+        toml.plugin_dirs = Vec::new();
         toml.device = Some("cpu".to_owned());
         toml.write_to(&tmp);
         let out = train(&tmp, &[], &[]);

@@ -71,9 +71,127 @@ fn a_missing_plugin_names_the_files_and_folders_searched() {
         &[],
         &[
             "plugin `no_such_plugin` not found; looked for libno_such_plugin.so or no_such_plugin.so in: ",
-            &format!("{}, {}", plugins.display(), target.display()),
+            &format!(
+                "{} (configured), {} (configured), ",
+                plugins.display(),
+                target.display()
+            ),
+            &format!("{} (user folder)", no_user_data().join("tessera/plugins").display()),
+            "; `tessera plugins list` shows the plugins found",
         ],
     );
+}
+
+#[test]
+fn a_misspelled_plugin_gets_close_names() {
+    let (dir, plugins) = setup("misspelled");
+    refused(
+        &dir,
+        &plugins,
+        "label_smothing",
+        "",
+        &[],
+        &[
+            "plugin `label_smothing` not found; ",
+            "; did you mean `label_smoothing`?",
+        ],
+    );
+}
+
+/// The first bytes of a real plugin, cut inside its first segment: once made `tessera plugins
+/// inspect` die of SIGBUS (dlopen mapped pages past the end of the file).
+#[test]
+fn a_truncated_plugin_is_refused_before_it_is_mapped() {
+    let (dir, plugins) = setup("truncated");
+    let bytes = std::fs::read(plugin_path("label_smoothing")).expect("read the plugin");
+    let file = plugins.join("libtruncated.so");
+    std::fs::write(&file, &bytes[..3000]).expect("write");
+    refused(
+        &dir,
+        &plugins,
+        "truncated",
+        "",
+        &[],
+        &[&format!(
+            "{}: not a loadable shared library: truncated or damaged: a loadable segment spans bytes ",
+            shown(&file)
+        )],
+    );
+    let out = tessera(
+        &["plugins", "inspect", file.to_str().expect("UTF-8")],
+        dir.path(),
+        &[],
+    );
+    out.assert_failure(&["truncated or damaged"]);
+}
+
+#[test]
+fn a_plugin_for_another_architecture_is_refused() {
+    let (dir, plugins) = setup("foreign-arch");
+    let mut bytes = std::fs::read(plugin_path("label_smoothing")).expect("read the plugin");
+    // e_machine (offset 18, little-endian here): AArch64 (183) on x86-64, else x86-64 (62).
+    let (other, name) = if cfg!(target_arch = "aarch64") {
+        (62u16, "x86-64")
+    } else {
+        (183u16, "AArch64")
+    };
+    bytes[18..20].copy_from_slice(&other.to_le_bytes());
+    let file = plugins.join("libforeign_arch.so");
+    std::fs::write(&file, &bytes).expect("write");
+    refused(
+        &dir,
+        &plugins,
+        "foreign_arch",
+        "",
+        &[],
+        &[&format!(
+            "{}: not a loadable shared library: built for {name}, but this machine is ",
+            shown(&file)
+        )],
+    );
+}
+
+#[test]
+fn garbage_with_an_elf_magic_is_refused() {
+    let (dir, plugins) = setup("garbage");
+    let mut bytes = b"\x7fELF\x02\x01\x01".to_vec();
+    // A fixed pseudo-random tail (xorshift), so the test is the same every run.
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    for _ in 0..4096 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        bytes.push(x as u8);
+    }
+    let file = plugins.join("libgarbage.so");
+    std::fs::write(&file, &bytes).expect("write");
+    refused(
+        &dir,
+        &plugins,
+        "garbage",
+        "",
+        &[],
+        &[&format!(
+            "{}: not a loadable shared library: ",
+            shown(&file)
+        )],
+    );
+}
+
+/// libtorch's own `libc10.so` is a real shared library whose initialisers register kernels:
+/// opening it a second time once ended the process with `Key already registered`. It is refused
+/// from its bytes (no Tessera root module), so none of its code runs.
+#[test]
+fn inspecting_a_libtorch_library_runs_none_of_its_code() {
+    let dir = TempDir::new("inspect-libc10");
+    let libc10 = Path::new(&libtorch()).join("lib").join("libc10.so");
+    let out = tessera(
+        &["plugins", "inspect", libc10.to_str().expect("UTF-8")],
+        dir.path(),
+        &[],
+    );
+    out.assert_failure(&["not a Tessera plugin (it exports no Tessera plugin module)"]);
+    assert!(!out.stderr.contains("already registered"), "{}", out.dump());
 }
 
 #[test]

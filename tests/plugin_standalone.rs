@@ -231,14 +231,16 @@ fn a_plugin_folder_copied_out_of_the_repository_builds_and_passes_its_tests() {
     for ext in ["json", "safetensors"] {
         std::fs::remove_file(goldens.join(format!("{PLUGIN}.{ext}"))).expect("remove a golden");
     }
-    let failed = cargo_command(
-        &krate,
-        &["test", "--release", "--test", "golden"],
-        &[("TESSERA_GOLDEN_DIR", goldens_arg)],
-    )
-    .output()
-    .expect("run cargo");
-    let stdout = String::from_utf8_lossy(&failed.stdout);
+    let failed = run_with_timeout(
+        cargo_command(
+            &krate,
+            &["test", "--release", "--test", "golden"],
+            &[("TESSERA_GOLDEN_DIR", goldens_arg)],
+        ),
+        "cargo test --release --test golden",
+        CARGO_TIMEOUT,
+    );
+    let stdout = &failed.stdout;
     assert!(!failed.status.success(), "{stdout}");
     assert!(
         stdout.contains(&format!(

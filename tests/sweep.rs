@@ -1,9 +1,14 @@
 //! `tessera sweep`: every combination of the axes runs in its own folder from one command; a
 //! sweep run again skips what is done; a killed sweep continues where it stopped (the
 //! half-finished run from its checkpoint, bit for bit); a failing run does not stop the others.
+//!
+//! The runs that a test stops mid-way are held by the fake plugin (`TESSERA_FAKE_HOLD_DIR`) at
+//! a batch end until the test lets them go, and the signals reach them while they are stopped
+//! (SIGSTOP), seen pending in `/proc`: which run is where when the signal lands never depends
+//! on how fast the machine is.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use serde_json::Value;
 use tessera_tests::resume::{assert_same_checkpoint, finish, names, signal, wait_for};
@@ -56,6 +61,77 @@ fn sweep(dir: &TempDir, args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut all = vec!["sweep", "sweep.toml"];
     all.extend_from_slice(args);
     tessera(&all, dir.path(), env)
+}
+
+/// The processes held by the fake plugin in `hold` (`held-<pid>` files), in no order.
+fn held(hold: &TempDir) -> Vec<u32> {
+    std::fs::read_dir(hold.path())
+        .map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .filter_map(|e| e.file_name().to_str()?.strip_prefix("held-")?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Waits until `n` processes are held in `hold`; returns them.
+fn wait_until_held(hold: &TempDir, n: usize, what: &str) -> Vec<u32> {
+    let mut pids = Vec::new();
+    wait_for(what, COMMAND_TIMEOUT, || {
+        pids = held(hold);
+        pids.len() >= n
+    });
+    pids
+}
+
+/// Whether process `pid` has a SIGTERM pending (it is stopped, so it cannot handle it yet).
+fn sigterm_pending(pid: u32) -> bool {
+    const SIGTERM_BIT: u64 = 1 << (15 - 1);
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status.lines().any(|line| {
+        ["SigPnd:", "ShdPnd:"].iter().any(|key| {
+            line.strip_prefix(key)
+                .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+                .is_some_and(|mask| mask & SIGTERM_BIT != 0)
+        })
+    })
+}
+
+/// Whether process `pid` still runs (a zombie does not).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|s| {
+        !s.lines()
+            .any(|l| l.starts_with("State:") && l.contains('Z'))
+    })
+}
+
+/// With `pids` held and stopped (SIGSTOP), and `send` making the sweep pass a SIGTERM on to
+/// each: waits until every one has it pending, lets them go on from where they are held, and
+/// continues them. Each handles the signal as it continues, and stops after its step.
+fn release_with_sigterm(hold: &TempDir, pids: &[u32], send: impl FnOnce()) {
+    send();
+    wait_for("SIGTERM to reach the held runs", COMMAND_TIMEOUT, || {
+        pids.iter().all(|pid| sigterm_pending(*pid))
+    });
+    std::fs::write(hold.join("release"), "").expect("write the release file");
+    for pid in pids {
+        kill("-CONT", *pid);
+    }
+}
+
+/// Checks that `run` of the sweep in `dir` stopped on SIGTERM after a batch before its last,
+/// with that batch's checkpoint.
+fn assert_interrupted_with_checkpoint(dir: &TempDir, run: &str) {
+    let r = record(dir, run);
+    assert_eq!(r["status"], "interrupted by SIGTERM", "{run}: {r:#}");
+    let batch = r["batches"].as_u64().expect("batches");
+    assert!(batch < 6, "{run} trained to its end: {r:#}");
+    let checkpoints = names(&sweep_folder(dir).join(run).join("checkpoints"));
+    assert!(
+        checkpoints.contains(&format!("ep0-ba{batch}.ckpt")),
+        "{run} stopped after batch {batch} without its checkpoint: {checkpoints:?}"
+    );
 }
 
 fn modified(path: &Path) -> SystemTime {
@@ -152,29 +228,51 @@ fn a_killed_sweep_continues_where_it_stopped_and_ends_as_an_uninterrupted_one() 
     sweep(&straight, &[], &[]).assert_success();
 
     let dir = sweep_dir("sweep-killed", "");
-    // Slow steps (the fake plugin sleeps each batch) so that the kill lands mid-run.
-    let mut child = tessera_command(
+    // Every run holds at the end of its third batch (after its batch-2 checkpoint): the first
+    // is let go at once and finishes; the second is killed there, mid-run.
+    let hold = TempDir::new("sweep-killed-hold");
+    let hold_dir = hold.path().to_str().expect("a UTF-8 temp path");
+    let child = tessera_command(
         &["sweep", "sweep.toml"],
         dir.path(),
-        &[("TESSERA_FAKE_SLEEP_MS", "150")],
+        &[
+            ("TESSERA_FAKE_HOLD_DIR", hold_dir),
+            ("TESSERA_FAKE_HOLD_AT", "3"),
+        ],
     )
     .spawn()
     .expect("start tessera sweep");
-    let second = sweep_folder(&dir).join("plain-seed2").join("checkpoints");
-    wait_for(
-        "the second run's first checkpoint",
-        Duration::from_secs(120),
-        || second.join("ep0-ba2.ckpt").exists(),
+    let first = wait_until_held(&hold, 1, "the first run to reach batch 3")[0];
+    std::fs::write(hold.join(&format!("release-{first}")), "").expect("release the first run");
+    let second = *wait_until_held(&hold, 2, "the second run to reach batch 3")
+        .iter()
+        .find(|pid| **pid != first)
+        .expect("the second run's pid");
+    assert!(
+        sweep_folder(&dir)
+            .join("plain-seed2")
+            .join("checkpoints")
+            .join("ep0-ba2.ckpt")
+            .exists(),
+        "the second run is held after its batch-2 checkpoint"
     );
+    // The sweep is killed; Linux sends its run SIGTERM (the sweep asked for it) as the sweep
+    // exits, before the test can reap it. The run's main thread, waiting in the hold, handles
+    // it before it goes on: it writes a checkpoint and stops by itself. (Not stopped with
+    // SIGSTOP here: a stopped process in a process group that loses its parent gets SIGHUP.)
     signal(&child, "-KILL");
-    let _ = child.wait();
-    // The orphaned run got SIGTERM from Linux (the sweep asked for it): it writes a checkpoint
-    // and stops by itself.
-    let stopped = sweep_folder(&dir).join("plain-seed2").join("run.json");
-    wait_for("the orphaned run to stop", Duration::from_secs(60), || {
-        std::fs::read_to_string(&stopped).is_ok_and(|t| t.contains("interrupted by SIGTERM"))
+    let (status, _) = finish(child);
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(9)
+    );
+    std::fs::write(hold.join("release"), "").expect("release the second run");
+    wait_for("the orphaned run to stop", COMMAND_TIMEOUT, || {
+        !alive(second)
     });
+    assert_interrupted_with_checkpoint(&dir, "plain-seed2");
     let first_done = modified(&sweep_folder(&dir).join("plain-seed1").join("run.json"));
+    assert_eq!(record(&dir, "plain-seed1")["status"], "completed");
     assert!(!sweep_folder(&dir).join("smooth-seed1").exists());
 
     let out = sweep(&dir, &[], &[]);
@@ -212,21 +310,27 @@ fn a_killed_sweep_continues_where_it_stopped_and_ends_as_an_uninterrupted_one() 
 #[test]
 fn sigterm_stops_the_running_runs_with_a_checkpoint_and_a_failing_run_not_the_others() {
     let dir = sweep_dir("sweep-sigterm", "parallel = 2");
+    // Both running runs hold at the end of their third batch (after their batch-2 checkpoints):
+    // mid-run, and neither can finish, so the other two cannot start.
+    let hold = TempDir::new("sweep-sigterm-hold");
     let child = tessera_command(
         &["sweep", "sweep.toml"],
         dir.path(),
-        &[("TESSERA_FAKE_SLEEP_MS", "150")],
+        &[
+            (
+                "TESSERA_FAKE_HOLD_DIR",
+                hold.path().to_str().expect("a UTF-8 temp path"),
+            ),
+            ("TESSERA_FAKE_HOLD_AT", "3"),
+        ],
     )
     .spawn()
     .expect("start tessera sweep");
-    let first = sweep_folder(&dir).join("plain-seed1").join("checkpoints");
-    let second = sweep_folder(&dir).join("plain-seed2").join("checkpoints");
-    wait_for(
-        "both runs' first checkpoints",
-        Duration::from_secs(120),
-        || first.join("ep0-ba2.ckpt").exists() && second.join("ep0-ba2.ckpt").exists(),
-    );
-    signal(&child, "-TERM");
+    let running = wait_until_held(&hold, 2, "both runs to reach batch 3");
+    for pid in &running {
+        kill("-STOP", *pid);
+    }
+    release_with_sigterm(&hold, &running, || signal(&child, "-TERM"));
     let (status, stderr) = finish(child);
     assert_eq!(status.code(), Some(143), "{stderr}");
     assert!(stderr.contains("run the same command again"), "{stderr}");
@@ -241,6 +345,12 @@ fn sigterm_stops_the_running_runs_with_a_checkpoint_and_a_failing_run_not_the_ot
         statuses,
         ["interrupted", "interrupted", "pending", "pending"]
     );
+    for run in ["plain-seed1", "plain-seed2"] {
+        assert_interrupted_with_checkpoint(&dir, run);
+    }
+    for run in ["smooth-seed1", "smooth-seed2"] {
+        assert!(!sweep_folder(&dir).join(run).exists(), "{run} started");
+    }
     // Two at a time: each run had half the cores.
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let written =

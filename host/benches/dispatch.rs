@@ -25,6 +25,10 @@ fn noop_plugin() -> LoadedPlugin {
         .and_then(|d| d.parent())
         .map(PathBuf::from)
         .expect("target dir");
+    let dir = tessera::plugin::SearchDir {
+        path: dir,
+        origin: tessera::plugin::Origin::Configured,
+    };
     LoadedPlugin::load_named("noop_plugin", &[dir], None)
         .expect("libnoop_plugin.so: run `cargo build --release --workspace` first")
 }

@@ -16,9 +16,6 @@ use tessera_plugin_api::API_VERSION;
 /// The `plugin-api` folder next to the `host` folder this binary was built from.
 const PLUGIN_API_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../plugin-api");
 
-/// This tessera's `Cargo.lock`.
-const WORKSPACE_LOCK: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.lock");
-
 /// Why a plugin crate could not be created.
 #[derive(Debug, thiserror::Error)]
 pub enum ScaffoldError {
@@ -168,12 +165,33 @@ pub enum ApiSource {
 }
 
 impl ApiSource {
-    /// The `plugin-api` folder this tessera was built from when it still exists, else a version
-    /// requirement for this tessera's interface version.
+    /// The plugin-api this tessera's installation ships (`share/tessera/plugin-api` beside
+    /// its `bin/`, written by `scripts/install.sh` and the wheel), else the `plugin-api` folder
+    /// this tessera was built from when it still exists, else a version requirement for this
+    /// tessera's interface version.
     pub fn detect() -> ApiSource {
-        match std::fs::canonicalize(PLUGIN_API_DIR) {
-            Ok(dir) if dir.join("Cargo.toml").is_file() => ApiSource::Path(dir),
-            _ => ApiSource::Version(minor_requirement()),
+        let installed = std::env::current_exe()
+            .and_then(std::fs::canonicalize)
+            .ok()
+            .and_then(|exe| Some(exe.parent()?.parent()?.join("share/tessera/plugin-api")));
+        let built_from = std::fs::canonicalize(PLUGIN_API_DIR).ok();
+        match installed
+            .into_iter()
+            .chain(built_from)
+            .find(|dir| dir.join("Cargo.toml").is_file())
+        {
+            Some(dir) => ApiSource::Path(dir),
+            None => ApiSource::Version(minor_requirement()),
+        }
+    }
+
+    /// The `Cargo.lock` that goes with a plugin-api folder: the checkout's (its parent is the
+    /// workspace root) or the installation's (`share/tessera/Cargo.lock`), so the new crate
+    /// resolves exactly the dependency versions the host was built with.
+    fn lock_file(&self) -> Option<PathBuf> {
+        match self {
+            ApiSource::Path(dir) => Some(dir.parent()?.join("Cargo.lock")).filter(|f| f.is_file()),
+            ApiSource::Version(_) => None,
         }
     }
 }
@@ -472,9 +490,9 @@ pub fn create(name: &str, dir: &Path) -> Result<Vec<PathBuf>, ScaffoldError> {
     }
     // Same dependency versions as this tessera (abi_stable, tch, ...), and cargo then finds
     // everything in its local cache.
-    if matches!(api, ApiSource::Path(_)) && Path::new(WORKSPACE_LOCK).is_file() {
+    if let Some(lock) = api.lock_file() {
         let path = dir.join("Cargo.lock");
-        std::fs::copy(WORKSPACE_LOCK, &path).map_err(io(&path))?;
+        std::fs::copy(&lock, &path).map_err(io(&path))?;
         written.push(path);
     }
     Ok(written)

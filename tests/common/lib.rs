@@ -13,8 +13,9 @@
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -471,15 +472,28 @@ impl Output {
     }
 }
 
+/// The user's plugin folder the tests' `tessera` sees unless a test sets `XDG_DATA_HOME`: a
+/// folder that does not exist, so plugins a developer installed never leak into a test.
+pub fn no_user_data() -> PathBuf {
+    std::env::temp_dir().join("tessera-tests-no-user-data")
+}
+
 /// The `tessera args...` command in `cwd` with `env` added and piped output, without
 /// `LD_LIBRARY_PATH` (the binary's rpath must find libtorch), `TESSERA_PLUGIN_PATH`, the fake
-/// plugin's variables and the checkpoint-write pause unless given.
+/// plugin's variables and the checkpoint-write pause unless given, and with the user's plugin
+/// folder at [`no_user_data`].
 pub fn tessera_command(args: &[&str], cwd: &Path, env: &[(&str, &str)]) -> Command {
-    let mut cmd = Command::new(tessera_bin());
+    program_command(&tessera_bin(), args, cwd, env)
+}
+
+/// [`tessera_command`] for another program (an installed `tessera`, its launcher).
+pub fn program_command(program: &Path, args: &[&str], cwd: &Path, env: &[(&str, &str)]) -> Command {
+    let mut cmd = Command::new(program);
     cmd.args(args)
         .current_dir(cwd)
         .env_remove("LD_LIBRARY_PATH")
         .env_remove("TESSERA_PLUGIN_PATH")
+        .env("XDG_DATA_HOME", no_user_data())
         .env_remove("TESSERA_FAKE_API_VERSION")
         .env_remove("TESSERA_FAKE_LIBTORCH_VERSION")
         .env_remove("TESSERA_FAKE_SLEEP_MS")
@@ -499,42 +513,118 @@ pub fn tessera_command(args: &[&str], cwd: &Path, env: &[(&str, &str)]) -> Comma
 /// rpath must find libtorch), `TESSERA_PLUGIN_PATH` and the fake plugin's variables unless
 /// given, and kills it after [`COMMAND_TIMEOUT`].
 pub fn tessera(args: &[&str], cwd: &Path, env: &[(&str, &str)]) -> Output {
-    let bin = tessera_bin();
-    let mut cmd = tessera_command(args, cwd, env);
     let command = format!("tessera {}", args.join(" "));
-    let mut child = cmd
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", bin.display()));
-    let reader = |mut pipe: Box<dyn Read + Send>| {
+    run_with_timeout(tessera_command(args, cwd, env), &command, COMMAND_TIMEOUT)
+}
+
+/// Runs `cmd` (its output piped) to its end and returns its output; a command still running
+/// after `timeout` is killed and the test fails, naming `command` and showing its stderr so far.
+pub fn run_with_timeout(cmd: Command, command: &str, timeout: Duration) -> Output {
+    try_run_with_timeout(cmd, command, timeout)
+        .unwrap_or_else(|e| panic!("cannot run `{command}`: {e}"))
+}
+
+/// [`run_with_timeout`], except that a program that cannot be started (not installed) is an
+/// error for the caller to handle rather than a failure.
+pub fn try_run_with_timeout(
+    mut cmd: Command,
+    command: &str,
+    timeout: Duration,
+) -> std::io::Result<Output> {
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    Ok(wait_with_timeout(child, command, timeout))
+}
+
+/// Waits for a started `child` (its stdout and stderr piped, or not captured) and returns its
+/// output; a child still running after `timeout` is killed and the test fails, naming
+/// `command` and showing its stderr so far. The output is read to its end within the same
+/// time: a process the child started that keeps its pipes open fails the test too.
+pub fn wait_with_timeout(mut child: Child, command: &str, timeout: Duration) -> Output {
+    // Reads a pipe to its end on a thread; sends what it held (nothing, without a pipe).
+    fn reader(pipe: Option<impl Read + Send + 'static>) -> mpsc::Receiver<String> {
+        let (sender, receiver) = mpsc::channel();
         std::thread::spawn(move || {
             let mut bytes = Vec::new();
-            let _ = pipe.read_to_end(&mut bytes);
-            String::from_utf8_lossy(&bytes).into_owned()
-        })
-    };
-    let stdout = reader(Box::new(child.stdout.take().expect("piped stdout")));
-    let stderr = reader(Box::new(child.stderr.take().expect("piped stderr")));
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_end(&mut bytes);
+            }
+            let _ = sender.send(String::from_utf8_lossy(&bytes).into_owned());
+        });
+        receiver
+    }
+    let stdout = reader(child.stdout.take());
+    let stderr = reader(child.stderr.take());
     let started = Instant::now();
+    // What a pipe held, waiting at most `wait` for its end.
+    let drain = |pipe: &mpsc::Receiver<String>, wait: Duration| pipe.recv_timeout(wait).ok();
     let status = loop {
-        if let Some(status) = child.try_wait().expect("wait for tessera") {
+        if let Some(status) = child.try_wait().expect("wait for the command") {
             break status;
         }
-        if started.elapsed() > COMMAND_TIMEOUT {
+        if started.elapsed() > timeout {
             let _ = child.kill();
             let _ = child.wait();
-            panic!(
-                "`{command}` ran longer than {COMMAND_TIMEOUT:?}; killed. stderr so far:\n{}",
-                stderr.join().unwrap_or_default()
-            );
+            // A process it started may still hold the pipe: show what came within a while.
+            let so_far = drain(&stderr, Duration::from_secs(10)).unwrap_or_else(|| {
+                "(unavailable: a process it started still holds its stderr)".to_owned()
+            });
+            panic!("`{command}` ran longer than {timeout:?}; killed. stderr so far:\n{so_far}");
         }
         std::thread::sleep(Duration::from_millis(20));
     };
+    // The pipes end when the child and whatever it started have closed them.
+    let left = timeout
+        .saturating_sub(started.elapsed())
+        .max(Duration::from_secs(10));
+    let deadline = Instant::now() + left;
+    let stderr = drain(&stderr, left);
+    let stdout = drain(&stdout, deadline.saturating_duration_since(Instant::now()));
+    let (Some(stdout), Some(stderr)) = (stdout, stderr) else {
+        panic!(
+            "`{command}` exited ({status}) but a process it started still held its output \
+             {left:?} later"
+        );
+    };
     Output {
-        command,
+        command: command.to_owned(),
         status,
-        stdout: stdout.join().expect("stdout reader"),
-        stderr: stderr.join().expect("stderr reader"),
+        stdout,
+        stderr,
     }
+}
+
+/// How long a cargo build or test of a crate outside the workspace may take (it shares the
+/// workspace's target folder, so libtorch's bindings are not rebuilt).
+pub const CARGO_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// How long one Python script (loading PyTorch, transformers or MLflow) may take.
+pub const PYTHON_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// How long one headless Chromium command (a screenshot, the DOM) may take.
+pub const BROWSER_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// How long a small system tool (`kill`, `mkfifo`, `gzip` of a data file, `ldconfig -p`) may
+/// take.
+pub const TOOL_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Runs a small system tool (`kill`, `mkfifo`, `gzip`) with `args` and panics unless it
+/// succeeds within [`TOOL_TIMEOUT`].
+pub fn tool(program: &str, args: &[&str]) -> Output {
+    let mut cmd = Command::new(program);
+    cmd.args(args);
+    let out = run_with_timeout(cmd, &format!("{program} {}", args.join(" ")), TOOL_TIMEOUT);
+    out.assert_success();
+    out
+}
+
+/// Sends `signal` (`-TERM`, `-KILL`, `-STOP`, ...) to process `pid` with `kill`; panics when
+/// that fails.
+pub fn kill(signal: &str, pid: u32) {
+    tool("kill", &[signal, &pid.to_string()]);
 }
 
 /// `tessera train <dir>/trainer.toml --set ...` in `dir`.
@@ -591,8 +681,10 @@ pub fn copy_foreign_shared_library(dest: &Path) {
     ];
     let mut candidates: Vec<PathBuf> = Vec::new();
     for ldconfig in ["ldconfig", "/sbin/ldconfig", "/usr/sbin/ldconfig"] {
-        if let Ok(out) = Command::new(ldconfig).arg("-p").output() {
-            let text = String::from_utf8_lossy(&out.stdout);
+        let mut cmd = Command::new(ldconfig);
+        cmd.arg("-p");
+        if let Ok(out) = try_run_with_timeout(cmd, &format!("{ldconfig} -p"), TOOL_TIMEOUT) {
+            let text = out.stdout;
             for name in NAMES {
                 for line in text.lines() {
                     let line = line.trim();
@@ -653,28 +745,23 @@ pub struct CargoOutput {
 
 /// `cargo <args>` in `dir` with `env` added, sharing the workspace's target folder, so that a
 /// crate built outside the workspace reuses its build of libtorch's bindings (torch-sys, tch),
-/// and with the workspace's [`libtorch`]. Panics with the output on failure.
+/// and with the workspace's [`libtorch`]. Panics with the output on failure, or when it runs
+/// longer than [`CARGO_TIMEOUT`].
 pub fn cargo(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> CargoOutput {
-    let out = cargo_command(dir, args, env)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run cargo: {e}"));
-    let output = CargoOutput {
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    };
-    assert!(
-        out.status.success(),
-        "`cargo {}` in {} failed ({}):\n--- stdout ---\n{}\n--- stderr ---\n{}",
-        args.join(" "),
-        dir.display(),
-        out.status,
-        output.stdout,
-        output.stderr
+    let out = run_with_timeout(
+        cargo_command(dir, args, env),
+        &format!("cargo {} (in {})", args.join(" "), dir.display()),
+        CARGO_TIMEOUT,
     );
-    output
+    assert!(out.status.success(), "{}", out.dump());
+    CargoOutput {
+        stdout: out.stdout,
+        stderr: out.stderr,
+    }
 }
 
-/// The command [`cargo`] runs, for a test that expects it to fail.
+/// The command [`cargo`] runs, for a test that expects it to fail (run it with
+/// [`run_with_timeout`] and [`CARGO_TIMEOUT`]).
 pub fn cargo_command(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Command {
     let workspace_target = target_dir()
         .parent()
@@ -751,16 +838,34 @@ pub fn torch_pythonpath() -> PathBuf {
 }
 
 /// Runs `$PYTHON` (default `python3`) with `args` in the repository root, with
-/// [`torch_pythonpath`] as `PYTHONPATH`.
+/// [`torch_pythonpath`] as `PYTHONPATH`; `Err` when Python cannot be started. A script still
+/// running after [`PYTHON_TIMEOUT`] is killed and fails the test.
 pub fn python(args: &[&str]) -> Result<std::process::Output, String> {
+    python_with_env(args, &[])
+}
+
+/// [`python`] with `env` added.
+pub fn python_with_env(
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Result<std::process::Output, String> {
     let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".to_owned());
-    Command::new(&python)
-        .args(args)
+    let mut cmd = Command::new(&python);
+    cmd.args(args)
         .current_dir(repo_root())
         .env("PYTHONPATH", torch_pythonpath())
-        .env("PYTHONWARNINGS", "ignore")
-        .output()
-        .map_err(|e| format!("cannot run {python}: {e}"))
+        .env("PYTHONWARNINGS", "ignore");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let command = format!("{python} {}", args.join(" "));
+    let out = try_run_with_timeout(cmd, &command, PYTHON_TIMEOUT)
+        .map_err(|e| format!("cannot run {python}: {e}"))?;
+    Ok(std::process::Output {
+        status: out.status,
+        stdout: out.stdout.into_bytes(),
+        stderr: out.stderr.into_bytes(),
+    })
 }
 
 /// Whether `import <module>` works (`torch`, `torchvision`); prints a notice that the
@@ -804,4 +909,47 @@ pub fn transformers_imports() -> bool {
     assert!(!required, "{notice} and TESSERA_REQUIRE_TRANSFORMERS=1");
     eprintln!("{notice}");
     false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sh(script: &str) -> Command {
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", script]);
+        cmd
+    }
+
+    #[test]
+    fn a_command_returns_its_output() {
+        let out = run_with_timeout(sh("echo out; echo err >&2"), "sh", TOOL_TIMEOUT);
+        out.assert_success();
+        assert_eq!(
+            (out.stdout.as_str(), out.stderr.as_str()),
+            ("out\n", "err\n")
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "`sleep 20` ran longer than 1s; killed. stderr so far:\nstarted")]
+    fn a_command_past_its_timeout_is_killed_and_named() {
+        run_with_timeout(
+            sh("echo started >&2; exec sleep 20"),
+            "sleep 20",
+            Duration::from_secs(1),
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "`sh` exited (exit status: 0) but a process it started still held")]
+    fn output_held_open_by_a_process_it_started_fails_too() {
+        run_with_timeout(sh("sleep 20 & exit 0"), "sh", Duration::from_secs(1));
+    }
+
+    #[test]
+    fn a_missing_program_is_an_error_for_the_caller() {
+        let missing = Command::new("/nonexistent/tessera-tests-program");
+        assert!(try_run_with_timeout(missing, "missing", TOOL_TIMEOUT).is_err());
+    }
 }

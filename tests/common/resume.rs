@@ -4,15 +4,15 @@
 //! ([`assert_killed_and_resumed_is_exact`]).
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tessera::checkpoint::{self, Checkpoint};
 
 use crate::{
-    read_json, read_jsonl, require_fashion_mnist, run_dir, tessera_command, train,
-    uses_fashion_mnist, TempDir, TrainerToml,
+    kill, read_json, read_jsonl, require_fashion_mnist, run_dir, tessera_command, train,
+    uses_fashion_mnist, wait_with_timeout, TempDir, TrainerToml, COMMAND_TIMEOUT,
 };
 
 /// Checkpoints every 2 batches; logs every batch.
@@ -133,7 +133,7 @@ pub fn assert_continues(dir: &TempDir, straight: &str, resumed: &str, from: u64)
     }
 }
 
-/// Starts `tessera train trainer.toml` in `dir` without waiting.
+/// Starts `tessera train trainer.toml` in `dir` without waiting; [`finish`] waits for it.
 pub fn spawn(dir: &TempDir, env: &[(&str, &str)]) -> Child {
     if uses_fashion_mnist(dir) {
         require_fashion_mnist();
@@ -145,6 +145,7 @@ pub fn spawn(dir: &TempDir, env: &[(&str, &str)]) -> Child {
         .expect("start tessera")
 }
 
+/// Waits until `done` holds, checking every 20 ms; fails after `timeout`, naming `what`.
 pub fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
     let started = Instant::now();
     while !done() {
@@ -153,21 +154,17 @@ pub fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
     }
 }
 
+/// Waits for a `tessera` process started with piped output (by [`spawn`] or
+/// [`tessera_command`]) and returns its exit status and stderr; one still running after
+/// [`COMMAND_TIMEOUT`] is killed and fails the test.
 pub fn finish(child: Child) -> (std::process::ExitStatus, String) {
-    let out = child.wait_with_output().expect("wait for tessera");
-    (
-        out.status,
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    let out = wait_with_timeout(child, "the spawned tessera", COMMAND_TIMEOUT);
+    (out.status, out.stderr)
 }
 
+/// Sends `sig` (`-TERM`, `-KILL`) to `child`.
 pub fn signal(child: &Child, sig: &str) {
-    let ok = Command::new("kill")
-        .args([sig, &child.id().to_string()])
-        .status()
-        .expect("run kill")
-        .success();
-    assert!(ok, "kill {sig} failed");
+    kill(sig, child.id());
 }
 
 /// Trains the 8-batch run `config` (a `trainer.toml` with checkpoints every 2 batches, run

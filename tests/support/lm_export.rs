@@ -2,7 +2,6 @@
 //! PyTorch twins: shared by tests/alibi.rs and tests/gated_linear_units.rs (`#[path]` module).
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use serde_json::Value;
 use tessera::config;
@@ -53,17 +52,15 @@ pub fn check_with_plain_twin(exported: &Path, case: &Path) -> Option<String> {
     if !python_can_import("torch", "the export against the plain twin") {
         return None;
     }
-    let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".to_owned());
-    let out = Command::new(&python)
-        .arg("scripts/check_export.py")
-        .arg(exported)
-        .arg(case)
-        .current_dir(repo_root())
-        .env("PYTHONPATH", torch_pythonpath())
-        .env("PYTHONWARNINGS", "ignore")
-        .env("TESSERA_GPT2_TWIN", "1")
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {python}: {e}"));
+    let out = python_with_env(
+        &[
+            "scripts/check_export.py",
+            exported.to_str().expect("a UTF-8 temp path"),
+            case.to_str().expect("a UTF-8 temp path"),
+        ],
+        &[("TESSERA_GPT2_TWIN", "1")],
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),

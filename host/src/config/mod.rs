@@ -222,9 +222,10 @@ fn build(root: &Node, base: &Path, file: &str, stem: &str) -> Result<Config, Con
     let optimizer = optimizer::read(&top)?;
     let scheduler = scheduler::read(&top)?;
     let train = train::read(&top, &data)?;
-    let plugins = top
+    let mut plugins = top
         .section("plugins", PluginsConfig::default)?
         .unwrap_or_default();
+    plugins.beside = Some(base.join("plugins")).filter(|p| p.is_dir());
     let algorithms = algorithms::read(&top)?;
     let checkpoint = checkpoint::read(&top, &output_dir.join(&run_name))?;
     let distributed = distributed::read(&top)?;

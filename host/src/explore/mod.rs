@@ -18,7 +18,7 @@ pub mod table;
 use std::path::{Path, PathBuf};
 
 pub use group::{group_runs, Group, Point, Stats};
-pub use load::{load_dirs, Loaded, Run, Skipped};
+pub use load::{load_dirs, Loaded, Run, Skipped, UnusableRecord};
 pub use quality::QualityMetric;
 
 use crate::cost::{cost_usd, Instance};
@@ -158,7 +158,7 @@ pub fn explore(options: &ExploreOptions) -> Result<Explored, ExploreError> {
                 Ok(r) => runs.push(r),
                 Err(reason) => skipped.push(Skipped {
                     source: run.source,
-                    reason,
+                    reason: reason.to_string(),
                 }),
             }
         }

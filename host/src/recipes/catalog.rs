@@ -96,7 +96,7 @@ pub fn builtin(config: &Config) -> Result<(Vec<Recipe>, Vec<Skipped>), config::C
             owned(&CONV)
         }
     };
-    let dirs = plugin::search_dirs(&config.plugins.dirs);
+    let dirs = plugin::search_dirs(plugin::configured_dirs(&config.plugins));
     let mut recipes = Vec::new();
     let mut skipped = Vec::new();
     for (file, text) in texts {

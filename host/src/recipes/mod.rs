@@ -9,13 +9,66 @@ pub mod catalog;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use anyhow::{bail, Context as _, Result};
 use serde::Serialize;
-use serde_json::Value;
 
 use crate::config::{self, Axis, AxisValue, Config, Location, Recipe, SweepSpec};
-use crate::report::{Comparison, Metric, Target};
-use crate::sweep::{self, RunOutcome, SweepOptions};
+use crate::report::{Comparison, Metric, RunRecord, Target};
+use crate::sweep::{self, RunOutcome, SweepError, SweepOptions};
+
+/// Why a recipe search could not be run or its result written.
+#[derive(Debug, thiserror::Error)]
+pub enum SearchError {
+    /// The trainer.toml or a recipe file does not load.
+    #[error(transparent)]
+    Config(Box<config::ConfigError>),
+    /// A round's sweep could not be planned or run.
+    #[error(transparent)]
+    Sweep(Box<SweepError>),
+    /// Only the baseline to try.
+    #[error(
+        "nothing to compare: no recipe besides the baseline (install plugins, or give recipe \
+         files with --recipe)"
+    )]
+    NothingToCompare,
+    /// The recommended recipe or the recommendation could not be encoded.
+    #[error("{what}: {message}")]
+    Encode {
+        /// What was being encoded.
+        what: &'static str,
+        /// The encoder's message.
+        message: String,
+    },
+    /// A result file could not be written.
+    #[error("writing {}", path.display())]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+type Result<T> = std::result::Result<T, SearchError>;
+
+impl From<config::ConfigError> for SearchError {
+    fn from(e: config::ConfigError) -> Self {
+        SearchError::Config(Box::new(e))
+    }
+}
+
+impl From<SweepError> for SearchError {
+    fn from(e: SweepError) -> Self {
+        SearchError::Sweep(Box::new(e))
+    }
+}
+
+fn write_error(path: &Path) -> impl FnOnce(std::io::Error) -> SearchError + '_ {
+    move |source| SearchError::Write {
+        path: path.to_owned(),
+        source,
+    }
+}
 
 /// The lengths tried, as fractions of the configuration's `max_duration`, shortest first.
 pub const LADDER: [f64; 4] = [0.125, 0.25, 0.5, 1.0];
@@ -42,7 +95,7 @@ pub struct SearchOptions {
 
 /// One (recipe, length) of the search, over its seeds.
 #[derive(Debug, Clone, Serialize)]
-pub struct Point {
+pub struct Trial {
     /// The recipe's name.
     pub recipe: String,
     /// `scale_schedule_ratio` of its runs.
@@ -67,13 +120,13 @@ pub struct Recommendation {
     /// Where the target came from (`--target`, `train.target`, the baseline).
     pub target_source: String,
     /// The fastest point meeting the target, if any did.
-    pub recommended: Option<Point>,
+    pub recommended: Option<Trial>,
     /// The baseline's fastest point meeting the target, if any did.
-    pub baseline: Option<Point>,
+    pub baseline: Option<Trial>,
     /// Baseline wall time / recommended wall time, when both met the target.
     pub speedup: Option<f64>,
     /// Every point measured.
-    pub points: Vec<Point>,
+    pub points: Vec<Trial>,
     /// Wall-clock seconds this invocation of the search took (runs finished by an earlier
     /// invocation are not counted again).
     pub spent_seconds: f64,
@@ -103,7 +156,7 @@ pub fn search(
         LADDER,
         base.train.max_duration
     );
-    let mut done: Vec<(Config, Value)> = Vec::new();
+    let mut done: Vec<(Config, RunRecord)> = Vec::new();
     let mut stopped_because = "every length was tried".to_owned();
     let mut last_round_seconds: Option<f64> = None;
     let started = Instant::now();
@@ -128,7 +181,7 @@ pub fn search(
         let round = round_started.elapsed().as_secs_f64();
         for (planned, result) in outcome.runs {
             match result {
-                RunOutcome::Done(record) => done.push((planned.config, record)),
+                RunOutcome::Done(record) => done.push((planned.config, *record)),
                 RunOutcome::Failed(why) => {
                     tracing::warn!("run `{}` failed, left out: {why}", planned.id)
                 }
@@ -209,10 +262,7 @@ fn candidates(options: &SearchOptions, base: &Config) -> Result<Vec<Recipe>> {
         recipes.insert(0, baseline);
     }
     if recipes.len() < 2 {
-        bail!(
-            "nothing to compare: no recipe besides the baseline (install plugins, or give recipe \
-             files with --recipe)"
-        );
+        return Err(SearchError::NothingToCompare);
     }
     Ok(recipes)
 }
@@ -251,10 +301,8 @@ fn round_spec(options: &SearchOptions, recipes: &[Recipe], base: &Config, ssr: f
 }
 
 /// The metric a search compares by: perplexity for a language model, accuracy otherwise.
-fn default_metric(records: &[(Config, Value)]) -> Metric {
-    let language = records
-        .iter()
-        .any(|(_, r)| r["final_perplexity"].as_f64().is_some());
+fn default_metric(records: &[(Config, RunRecord)]) -> Metric {
+    let language = records.iter().any(|(_, r)| r.final_perplexity.is_some());
     if language {
         Metric::Perplexity
     } else {
@@ -263,9 +311,8 @@ fn default_metric(records: &[(Config, Value)]) -> Metric {
 }
 
 /// A run's final value of `metric`.
-fn final_value(record: &Value, metric: Metric) -> Option<f64> {
-    let last = record["evals"].as_array()?.last()?;
-    last[metric.as_str()].as_f64()
+fn final_value(record: &RunRecord, metric: Metric) -> Option<f64> {
+    metric.value_in(record.evals.last()?)
 }
 
 /// Groups the runs into points, settles the target and picks the fastest point meeting it.
@@ -273,7 +320,7 @@ fn recommend(
     options: &SearchOptions,
     base: &Config,
     recipes: &[Recipe],
-    done: &[(Config, Value)],
+    done: &[(Config, RunRecord)],
     (stopped_because, spent_seconds): (String, f64),
 ) -> Result<Recommendation> {
     let metric = options
@@ -333,9 +380,12 @@ fn recommend(
             match recipe {
                 Some(recipe) => {
                     let file = options.out.join("recommended-recipe.toml");
-                    let text = recipe.to_toml().context("writing the recommended recipe")?;
+                    let text = recipe.to_toml().map_err(|e| SearchError::Encode {
+                        what: "writing the recommended recipe",
+                        message: e.to_string(),
+                    })?;
                     crate::files::write_atomic(&file, text.as_bytes())
-                        .with_context(|| format!("writing {}", file.display()))?;
+                        .map_err(write_error(&file))?;
                     let command = format!(
                         "tessera train {} --recipe {} --set train.scale_schedule_ratio={}",
                         options.config.display(),
@@ -365,16 +415,16 @@ fn recommend(
 }
 
 /// The runs grouped by (recipe, length), means over their seeds, in run order.
-fn points(done: &[(Config, Value)], metric: Metric) -> Vec<Point> {
-    let mut points: Vec<(Point, usize)> = Vec::new();
+fn points(done: &[(Config, RunRecord)], metric: Metric) -> Vec<Trial> {
+    let mut points: Vec<(Trial, usize)> = Vec::new();
     for (config, record) in done {
         let Some(quality) = final_value(record, metric) else {
             continue;
         };
         let recipe = config.recipe_label();
         let ssr = config.train.scale_schedule_ratio;
-        let wall = record["wall_seconds"].as_f64().unwrap_or(0.0);
-        let cost = record["estimated_cost_usd"].as_f64();
+        let wall = record.wall_seconds;
+        let cost = record.estimated_cost_usd;
         match points
             .iter_mut()
             .find(|(p, _)| p.recipe == recipe && p.scale_schedule_ratio == ssr)
@@ -388,7 +438,7 @@ fn points(done: &[(Config, Value)], metric: Metric) -> Vec<Point> {
                 *n += 1;
             }
             None => points.push((
-                Point {
+                Trial {
                     recipe,
                     scale_schedule_ratio: ssr,
                     runs: 1,
@@ -407,10 +457,12 @@ fn points(done: &[(Config, Value)], metric: Metric) -> Vec<Point> {
 /// Writes the recommendation as `recommendation.json` in the search folder.
 pub fn write_recommendation(dir: &Path, rec: &Recommendation) -> Result<PathBuf> {
     let path = dir.join("recommendation.json");
-    let mut text = serde_json::to_vec_pretty(rec).context("encoding the recommendation")?;
+    let mut text = serde_json::to_vec_pretty(rec).map_err(|e| SearchError::Encode {
+        what: "encoding the recommendation",
+        message: e.to_string(),
+    })?;
     text.push(b'\n');
-    crate::files::write_atomic(&path, &text)
-        .with_context(|| format!("writing {}", path.display()))?;
+    crate::files::write_atomic(&path, &text).map_err(write_error(&path))?;
     Ok(path)
 }
 

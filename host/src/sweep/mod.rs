@@ -3,11 +3,13 @@
 //! ones continue from their checkpoints), with a progress view of the whole sweep and a
 //! summary file (`sweep.json`) that `tessera explore` and people can read.
 
+mod error;
 mod plan;
 mod progress;
 mod run;
 
-pub use plan::{plan, Plan, PlannedRun, RunState};
+pub use error::{with_causes, SweepError};
+pub use plan::{plan, FolderState, Plan, PlannedRun};
 pub use run::{run_sweep, RunOutcome, SweepOptions, SweepOutcome};
 
 use std::path::Path;

@@ -3,7 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context as _, Result};
+use super::error::{io, SweepError};
+use crate::report::RunRecord;
 use serde_json::Value;
 
 use crate::config::{self, AxisValue, Config, Recipe, SweepSpec};
@@ -38,27 +39,23 @@ impl PlannedRun {
     }
 
     /// What the run folder holds.
-    pub fn state(&self) -> Result<RunState> {
+    pub fn state(&self) -> Result<FolderState, SweepError> {
         let dir = self.dir();
         if !dir.exists() {
-            return Ok(RunState::New);
+            return Ok(FolderState::New);
         }
         if !self.same_settings_as_before() {
-            bail!(
-                "the settings of run `{}` changed since it started ({} differs from what the \
-                 sweep now gives); restore the sweep file, or delete {} to run it again",
-                self.id,
-                self.config_path().display(),
-                dir.display()
-            );
+            return Err(SweepError::SettingsChanged {
+                id: self.id.clone(),
+                config: self.config_path(),
+                dir,
+            });
         }
-        let record = dir.join("run.json");
-        if let Ok(text) = std::fs::read_to_string(&record) {
-            let value: Value = serde_json::from_str(&text)
-                .with_context(|| format!("reading {}", record.display()))?;
-            let status = value["status"].as_str().unwrap_or_default();
-            if status == "completed" || status.starts_with("stopped early") {
-                return Ok(RunState::Done(value));
+        let path = dir.join("run.json");
+        if path.is_file() {
+            let record = RunRecord::read(&path)?;
+            if record.is_finished() {
+                return Ok(FolderState::Done(Box::new(record)));
             }
         }
         let has_checkpoints = std::fs::read_dir(&self.config.checkpoint.folder)
@@ -69,9 +66,9 @@ impl PlannedRun {
             })
             .unwrap_or(false);
         Ok(if has_checkpoints {
-            RunState::Resume
+            FolderState::Resume
         } else {
-            RunState::New
+            FolderState::New
         })
     }
 }
@@ -125,9 +122,9 @@ fn plain_paths(value: Value) -> Value {
 
 /// What a run's folder says about it.
 #[derive(Debug, Clone)]
-pub enum RunState {
+pub enum FolderState {
     /// Finished (completed, or stopped early by a method or the target): its `run.json`.
-    Done(Value),
+    Done(Box<RunRecord>),
     /// Started before and stopped: it continues from its newest checkpoint.
     Resume,
     /// Not started (or stopped before its first checkpoint): it starts from the beginning.
@@ -147,7 +144,11 @@ pub struct Plan {
 /// `--set` overrides for every run (after the sweep's own `set`); `threads`, when given, is
 /// each run's share of the cores for runs whose configuration leaves `train.threads` at 0.
 /// Every configuration is built and checked here, before anything runs.
-pub fn plan(spec: &SweepSpec, extra: &[String], threads: Option<usize>) -> Result<Plan> {
+pub fn plan(
+    spec: &SweepSpec,
+    extra: &[String],
+    threads: Option<usize>,
+) -> Result<Plan, SweepError> {
     // Absolute paths: the runs' files then name the same places from any working folder.
     let output_dir = absolute(&spec.output_dir)?;
     let base = absolute(&spec.base)?;
@@ -174,8 +175,12 @@ pub fn plan(spec: &SweepSpec, extra: &[String], threads: Option<usize>) -> Resul
                 spec.file.display()
             )
         };
-        let mut config =
-            config::load_with_recipe(&base, &overrides, recipe).with_context(describe)?;
+        let mut config = config::load_with_recipe(&base, &overrides, recipe).map_err(|source| {
+            SweepError::Config {
+                run: describe(),
+                source: Box::new(source),
+            }
+        })?;
         config.run_name = id.clone();
         config.output_dir = output_dir.clone();
         config.checkpoint.folder = output_dir.join(&id).join("checkpoints");
@@ -185,10 +190,17 @@ pub fn plan(spec: &SweepSpec, extra: &[String], threads: Option<usize>) -> Resul
         if let Some(threads) = threads.filter(|_| config.train.threads == 0) {
             config.train.threads = threads;
         }
-        let recorded = serde_json::to_value(&config).with_context(describe)?;
-        let toml = config::recorded_toml(&recorded).with_context(describe)?;
+        let record_error = |message: String| SweepError::Encode {
+            run: describe(),
+            message,
+        };
+        let recorded = serde_json::to_value(&config).map_err(|e| record_error(e.to_string()))?;
+        let toml = config::recorded_toml(&recorded).map_err(|e| record_error(e.to_string()))?;
         // The file the run trains from must read back as this configuration.
-        config::from_recorded(&recorded, &id, &[]).with_context(describe)?;
+        config::from_recorded(&recorded, &id, &[]).map_err(|source| SweepError::Config {
+            run: describe(),
+            source: Box::new(source),
+        })?;
         runs.push(PlannedRun {
             id,
             axes,
@@ -267,13 +279,13 @@ fn unique(id: String, runs: &[PlannedRun]) -> String {
 
 /// `path` made absolute against the current folder, with `.` and `..` resolved lexically
 /// (`/a/b/../c` is `/a/c`), so that messages and files name it plainly.
-fn absolute(path: &Path) -> Result<PathBuf> {
+fn absolute(path: &Path) -> Result<PathBuf, SweepError> {
     use std::path::Component;
     let joined = if path.is_absolute() {
         path.to_path_buf()
     } else {
         std::env::current_dir()
-            .context("reading the current folder")?
+            .map_err(io("reading the current folder", Path::new(".")))?
             .join(path)
     };
     let mut out = PathBuf::new();

@@ -95,7 +95,7 @@ impl Progress {
         let what = match outcome {
             RunOutcome::Done(record) => {
                 self.durations.push(seconds);
-                format!("done in {}: {}", clock(seconds), quality(record))
+                format!("done in {}: {}", clock(seconds), record.quality_text())
             }
             RunOutcome::Failed(why) => format!("FAILED: {why}"),
             RunOutcome::Interrupted => {
@@ -192,18 +192,6 @@ fn last_train_line(run: &PlannedRun) -> Option<Value> {
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
         .find(|v| v["kind"] == "train")
         .map(|v| v["data"].clone())
-}
-
-/// A run record's final quality in words.
-pub(super) fn quality(record: &Value) -> String {
-    match (
-        record["final_perplexity"].as_f64(),
-        record["final_accuracy"].as_f64(),
-    ) {
-        (Some(ppl), _) => format!("perplexity {ppl:.3}"),
-        (None, Some(acc)) => format!("accuracy {acc:.4}"),
-        _ => "no evaluation".to_owned(),
-    }
 }
 
 /// Seconds as `42s`, `3m05s` or `1h02m`.

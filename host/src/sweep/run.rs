@@ -11,10 +11,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context as _, Result};
+use super::error::{io, with_causes, SweepError};
+use crate::report::RunRecord;
 use serde_json::Value;
 
-use super::plan::{Plan, PlannedRun, RunState};
+use super::plan::{FolderState, Plan, PlannedRun};
 use super::progress::Progress;
 use super::{write_summary, RunEntry};
 
@@ -40,7 +41,7 @@ pub struct SweepOptions {
 #[derive(Debug, Clone)]
 pub enum RunOutcome {
     /// Finished, now or in an earlier invocation: its `run.json`.
-    Done(Value),
+    Done(Box<RunRecord>),
     /// Its process failed: why.
     Failed(String),
     /// Stopped by a signal; it continues from its checkpoint next time.
@@ -64,17 +65,21 @@ struct Running {
 }
 
 /// Runs the plan's runs that are not done yet; `sweep_file` is named in `sweep.json`.
-pub fn run_sweep(plan: Plan, sweep_file: &Path, options: &SweepOptions) -> Result<SweepOutcome> {
+pub fn run_sweep(
+    plan: Plan,
+    sweep_file: &Path,
+    options: &SweepOptions,
+) -> Result<SweepOutcome, SweepError> {
     let Plan { dir, runs } = plan;
     let dir = dir.as_path();
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    std::fs::create_dir_all(dir).map_err(io("creating", dir))?;
     let _lock = lock(dir)?;
     let mut outcomes: Vec<Option<RunOutcome>> = Vec::with_capacity(runs.len());
     let mut queue = VecDeque::new();
     for (i, run) in runs.iter().enumerate() {
         match run.state()? {
-            RunState::Done(record) => outcomes.push(Some(RunOutcome::Done(record))),
-            RunState::Resume | RunState::New => {
+            FolderState::Done(record) => outcomes.push(Some(RunOutcome::Done(record))),
+            FolderState::Resume | FolderState::New => {
                 outcomes.push(None);
                 queue.push_back(i);
             }
@@ -119,7 +124,13 @@ pub fn run_sweep(plan: Plan, sweep_file: &Path, options: &SweepOptions) -> Resul
                     changed = true;
                 }
                 Ok(None) => i += 1,
-                Err(e) => bail!("waiting for run `{}`: {e}", runs[running[i].index].id),
+                Err(source) => {
+                    return Err(SweepError::Process {
+                        action: "waiting for".to_owned(),
+                        id: runs[running[i].index].id.clone(),
+                        source,
+                    })
+                }
             }
         }
         while stopped_by.is_none() && running.len() < options.parallel {
@@ -137,7 +148,7 @@ pub fn run_sweep(plan: Plan, sweep_file: &Path, options: &SweepOptions) -> Resul
                     });
                 }
                 Err(e) => {
-                    let outcome = RunOutcome::Failed(format!("{e:#}"));
+                    let outcome = RunOutcome::Failed(with_causes(&e));
                     progress.finished(run, &outcome, Duration::ZERO);
                     outcomes[index] = Some(outcome);
                 }
@@ -173,51 +184,47 @@ pub fn run_sweep(plan: Plan, sweep_file: &Path, options: &SweepOptions) -> Resul
 
 /// Holds an exclusive lock on the sweep folder while the sweep runs: two sweeps writing the
 /// same run folders would corrupt each other's runs.
-fn lock(dir: &Path) -> Result<File> {
+fn lock(dir: &Path) -> Result<File, SweepError> {
     let path = dir.join(".sweep.lock");
     let file = OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
         .open(&path)
-        .with_context(|| format!("opening {}", path.display()))?;
+        .map_err(io("opening", &path))?;
     // SAFETY: flock on a file descriptor this function owns.
     let held = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
     if held != 0 {
-        bail!(
-            "another `tessera sweep` is running on {} (it holds {}); wait for it or stop it",
-            dir.display(),
-            path.display()
-        );
+        return Err(SweepError::Locked {
+            dir: dir.to_owned(),
+            lock: path,
+        });
     }
     Ok(file)
 }
 
 /// Starts `tessera train` on the run's own `trainer.toml`, its output appended to `train.log`.
-fn start(run: &PlannedRun, program: &Path) -> Result<Child> {
+fn start(run: &PlannedRun, program: &Path) -> Result<Child, SweepError> {
     let dir = run.dir();
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    std::fs::create_dir_all(&dir).map_err(io("creating", &dir))?;
     let config = run.config_path();
     if std::fs::read_to_string(&config).ok().as_deref() != Some(run.toml.as_str()) {
-        crate::files::write_atomic(&config, run.toml.as_bytes())
-            .with_context(|| format!("writing {}", config.display()))?;
+        crate::files::write_atomic(&config, run.toml.as_bytes()).map_err(io("writing", &config))?;
     }
     let log_path = run.log_path();
     let mut log = OpenOptions::new()
         .create(true)
         .append(true)
         .open(&log_path)
-        .with_context(|| format!("opening {}", log_path.display()))?;
+        .map_err(io("opening", &log_path))?;
     writeln!(
         log,
         "== tessera sweep: {} train {}",
         program.display(),
         config.display()
     )
-    .with_context(|| format!("writing {}", log_path.display()))?;
-    let err = log
-        .try_clone()
-        .with_context(|| format!("opening {}", log_path.display()))?;
+    .map_err(io("writing", &log_path))?;
+    let err = log.try_clone().map_err(io("opening", &log_path))?;
     let mut command = Command::new(program);
     command
         .arg("train")
@@ -229,9 +236,11 @@ fn start(run: &PlannedRun, program: &Path) -> Result<Child> {
         // one SIGTERM on (a run that got two signals would stop without its checkpoint).
         .process_group(0);
     crate::launch::stop_with_parent(&mut command);
-    command
-        .spawn()
-        .with_context(|| format!("starting {} for run `{}`", program.display(), run.id))
+    command.spawn().map_err(|source| SweepError::Process {
+        action: format!("starting {} for", program.display()),
+        id: run.id.clone(),
+        source,
+    })
 }
 
 fn terminate(child: &Child) {
@@ -247,7 +256,7 @@ fn terminate(child: &Child) {
 fn finished(run: &PlannedRun, status: ExitStatus, stopping: bool) -> RunOutcome {
     if status.success() {
         return match run.state() {
-            Ok(RunState::Done(record)) => RunOutcome::Done(record),
+            Ok(FolderState::Done(record)) => RunOutcome::Done(record),
             // Exit 0 without a finished record: it was stopped by a signal (its record says
             // `interrupted by ...`), by us or by someone else.
             Ok(_) => RunOutcome::Interrupted,
@@ -316,7 +325,7 @@ fn entries(
                 (Some(RunOutcome::Interrupted), _) => ("interrupted", None, None),
                 (Some(RunOutcome::NotStarted) | None, _) => ("pending", None, None),
             };
-            let number = |key: &str| record.and_then(|r| r[key].as_f64());
+
             RunEntry {
                 id: run.id.clone(),
                 axes: run
@@ -327,9 +336,9 @@ fn entries(
                 folder: run.dir(),
                 status: status.to_owned(),
                 error,
-                wall_seconds: number("wall_seconds"),
-                final_accuracy: number("final_accuracy"),
-                final_perplexity: number("final_perplexity"),
+                wall_seconds: record.map(|r| r.wall_seconds),
+                final_accuracy: record.and_then(|r| r.final_accuracy),
+                final_perplexity: record.and_then(|r| r.final_perplexity),
             }
         })
         .collect()

@@ -428,7 +428,7 @@ fn load_methods(
     config: &Config,
     extra: Vec<Box<dyn Algorithm>>,
 ) -> Result<(Engine, Vec<PluginRecord>)> {
-    let dirs = crate::plugin::search_dirs(&config.plugins.dirs);
+    let dirs = crate::plugin::search_dirs(crate::plugin::configured_dirs(&config.plugins));
     let mut algorithms: Vec<(Box<dyn Algorithm>, OnError)> = Vec::new();
     let mut plugins = Vec::new();
     let mut seen = std::collections::BTreeSet::new();
