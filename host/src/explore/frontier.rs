@@ -1,52 +1,9 @@
 //! The Pareto frontier (no other point is both cheaper and better) and the speed-up at equal
 //! quality over the baseline.
 
-use super::group::Point;
 use super::load::Run;
+use super::point::{Point, TimeToBaseline};
 use super::quality::QualityMetric;
-
-/// When a point first reached the baseline's final quality, and what that makes its speed-up.
-#[derive(Debug, Clone, PartialEq)]
-pub enum TimeToBaseline {
-    /// The group has no baseline point.
-    NoBaseline,
-    /// This is the baseline: its time is its mean wall time, its speed-up 1.
-    Reference {
-        /// The baseline's mean wall seconds.
-        baseline_seconds: f64,
-    },
-    /// Every seed reached the baseline's quality.
-    Reached {
-        /// Mean over seeds of the wall seconds at the first evaluation that met it.
-        seconds: f64,
-        /// Baseline wall seconds / `seconds`.
-        speedup: f64,
-    },
-    /// Some seed never reached it.
-    NotReached,
-    /// Some run's record has no `eval_times` (written before they were recorded).
-    NoEvalTimes,
-}
-
-impl TimeToBaseline {
-    /// Seconds to the baseline's quality, when known.
-    pub fn seconds(&self) -> Option<f64> {
-        match self {
-            TimeToBaseline::Reference { baseline_seconds } => Some(*baseline_seconds),
-            TimeToBaseline::Reached { seconds, .. } => Some(*seconds),
-            _ => None,
-        }
-    }
-
-    /// The speed-up over the baseline, when known.
-    pub fn speedup(&self) -> Option<f64> {
-        match self {
-            TimeToBaseline::Reference { .. } => Some(1.0),
-            TimeToBaseline::Reached { speedup, .. } => Some(*speedup),
-            _ => None,
-        }
-    }
-}
 
 /// For each point `(cost[i], quality[i])`, whether no other point dominates it: costs no more
 /// and is at least as good, and is strictly cheaper or strictly better.

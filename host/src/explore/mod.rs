@@ -11,14 +11,16 @@ pub mod frontier;
 pub mod group;
 pub mod load;
 pub mod plot;
+pub mod point;
 pub mod quality;
 pub mod report;
 pub mod table;
 
 use std::path::{Path, PathBuf};
 
-pub use group::{group_runs, Group, Point, Stats};
+pub use group::{group_runs, Group};
 pub use load::{load_dirs, Loaded, Run, Skipped, UnusableRecord};
+pub use point::{Point, Stats, TimeToBaseline};
 pub use quality::QualityMetric;
 
 use crate::cost::{cost_usd, Instance};

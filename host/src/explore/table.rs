@@ -1,7 +1,7 @@
 //! The table of a group's points, as cells that the terminal and the HTML report both render.
 
-use super::frontier::TimeToBaseline;
-use super::group::{Group, Point};
+use super::group::Group;
+use super::point::{Point, TimeToBaseline};
 
 /// Column headers of [`rows`].
 pub fn headers(group: &Group) -> Vec<String> {

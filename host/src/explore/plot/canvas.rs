@@ -13,8 +13,6 @@ use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 use plotters::style::FontTransform;
 
-use super::escape;
-
 /// The environment variable naming a TrueType font file for the PNG plots' text.
 pub const FONT_ENV: &str = "TESSERA_FONT";
 /// Where Debian's `fonts-dejavu-core` puts its sans-serif font.
@@ -644,6 +642,22 @@ fn png_shape<DB: DrawingBackend>(
         }
     }
     Ok(())
+}
+
+/// `text` escaped for HTML and XML text and attribute values.
+pub fn escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 #[cfg(test)]

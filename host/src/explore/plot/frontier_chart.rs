@@ -9,7 +9,8 @@ use super::axes::{draw_axes, Axis, Frame};
 use super::canvas::{fit_text, text_size, Anchor, Canvas, Font, Item, Meta, Rgb, Shape, Stroke};
 use super::labels::{place_labels, Area};
 use super::{recipe_colour, titled_chart, LEGEND_WIDTH};
-use crate::explore::group::{Group, Point};
+use crate::explore::group::Group;
+use crate::explore::point::Point;
 use crate::explore::quality::QualityMetric;
 use crate::explore::table;
 

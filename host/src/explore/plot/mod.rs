@@ -11,7 +11,7 @@ mod curve_chart;
 mod frontier_chart;
 pub mod labels;
 
-pub use canvas::{text_available, Rgb, FONT_ENV};
+pub use canvas::{escape, text_available, Rgb, FONT_ENV};
 pub use curve_chart::{curve_canvas, Curve};
 pub use frontier_chart::frontier_canvas;
 
@@ -81,22 +81,6 @@ pub fn frontier_svg(group: &Group) -> String {
 /// The frontier plot of `group` as a PNG file's bytes (text only when `text`).
 pub fn frontier_png(group: &Group, text: bool) -> Result<Vec<u8>, String> {
     frontier_canvas(group).png(text)
-}
-
-/// `text` escaped for HTML and XML text and attribute values.
-pub fn escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
 }
 
 #[cfg(test)]
