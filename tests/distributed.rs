@@ -421,7 +421,8 @@ fn a_rank_that_never_comes_times_out_with_a_clear_message() {
     );
     let port = tessera_tests::dist::free_port().to_string();
     let config = dir.join("trainer.toml");
-    let started = std::time::Instant::now();
+    // A rank that never hears from its peer gives up (the process ends, with the error below)
+    // instead of waiting for ever: `tessera()` fails the test if it runs past its timeout.
     let out = tessera(
         &["train", config.to_str().expect("utf-8")],
         dir.path(),
@@ -429,7 +430,6 @@ fn a_rank_that_never_comes_times_out_with_a_clear_message() {
     );
     let line = out.assert_failure(&["rank 0 of 2", "rendezvous_timeout", "1/2"]);
     assert!(!line.contains("frame #"), "{line}");
-    assert!(started.elapsed().as_secs() < 60, "{:?}", started.elapsed());
     // Nothing was written: no checkpoint folder, no run record.
     assert!(!run_dir(&dir, "alone").join("run.json").exists());
 }
@@ -544,17 +544,13 @@ fn a_killed_rank_stops_every_rank_and_leaves_the_checkpoints_intact() {
     let victim = rank_pid(child.id(), 1).expect("rank 1's process");
     let survivor = rank_pid(child.id(), 0).expect("rank 0's process");
     tessera_tests::kill("-9", victim);
-    let started = std::time::Instant::now();
+    // The launcher notices the dead rank and stops the survivor; `finish` fails the test if
+    // the launch is still running after its timeout (it would hang on a rank left waiting).
     let (status, stderr) = finish(child);
     assert!(!status.success(), "{stderr}");
     assert!(
         stderr.contains("rank 1") && stderr.contains("killed by signal 9"),
         "{stderr}"
-    );
-    assert!(
-        started.elapsed().as_secs() < 60,
-        "took {:?}",
-        started.elapsed()
     );
     // Rank 0 is gone too, and every checkpoint written reads back and verifies.
     let alive = std::fs::read_to_string(format!("/proc/{survivor}/status"))

@@ -151,33 +151,6 @@ fn a_plugin_for_another_architecture_is_refused() {
     );
 }
 
-#[test]
-fn garbage_with_an_elf_magic_is_refused() {
-    let (dir, plugins) = setup("garbage");
-    let mut bytes = b"\x7fELF\x02\x01\x01".to_vec();
-    // A fixed pseudo-random tail (xorshift), so the test is the same every run.
-    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-    for _ in 0..4096 {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        bytes.push(x as u8);
-    }
-    let file = plugins.join("libgarbage.so");
-    std::fs::write(&file, &bytes).expect("write");
-    refused(
-        &dir,
-        &plugins,
-        "garbage",
-        "",
-        &[],
-        &[&format!(
-            "{}: not a loadable shared library: ",
-            shown(&file)
-        )],
-    );
-}
-
 /// libtorch's own `libc10.so` is a real shared library whose initialisers register kernels:
 /// opening it a second time once ended the process with `Key already registered`. It is refused
 /// from its bytes (no Tessera root module), so none of its code runs.
@@ -195,21 +168,36 @@ fn inspecting_a_libtorch_library_runs_none_of_its_code() {
 }
 
 #[test]
-fn a_text_file_is_not_a_shared_library() {
-    let (dir, plugins) = setup("text");
-    let file = plugins.join("libnotaplugin.so");
-    std::fs::write(&file, "this is not an ELF file\n").expect("write");
-    refused(
-        &dir,
-        &plugins,
-        "notaplugin",
-        "",
-        &[],
-        &[&format!(
-            "{}: not a loadable shared library: ",
-            shown(&file)
-        )],
-    );
+fn a_text_file_or_garbage_is_not_a_shared_library() {
+    // Garbage that starts like an ELF file: a fixed pseudo-random tail (xorshift), so the test
+    // is the same every run.
+    let mut garbage = b"\x7fELF\x02\x01\x01".to_vec();
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    for _ in 0..4096 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        garbage.push(x as u8);
+    }
+    for (label, bytes) in [
+        ("text", b"this is not an ELF file\n".to_vec()),
+        ("garbage", garbage),
+    ] {
+        let (dir, plugins) = setup(label);
+        let file = plugins.join("libnotaplugin.so");
+        std::fs::write(&file, &bytes).expect("write");
+        refused(
+            &dir,
+            &plugins,
+            "notaplugin",
+            "",
+            &[],
+            &[&format!(
+                "{}: not a loadable shared library: ",
+                shown(&file)
+            )],
+        );
+    }
 }
 
 #[test]

@@ -1,4 +1,6 @@
-//! `tessera export`: a checkpoint's model as a plain safetensors file that PyTorch loads.
+//! The export file: a model as a plain safetensors file that PyTorch loads (`tessera export`
+//! reads a checkpoint and rebuilds a run with methods in `trainer::export_checkpoint`; this
+//! module knows nothing of the trainer, which also uses it for the weights it hands to MLflow).
 //!
 //! The file holds exactly the tensors of the model's `state_dict()` in PyTorch (parameters and
 //! buffers, `num_batches_tracked` included), under the same names (`layer1.0.conv1.weight`,
@@ -32,7 +34,6 @@ use tch::{Device, TchError, Tensor};
 use crate::checkpoint::{blob_of, Blob, Checkpoint, CheckpointError, MethodMeta};
 use crate::files::same_file;
 use crate::model::{Attr, InputShape, LayerInfo, Model, Role};
-use crate::trainer::{TrainError, Trainer};
 
 /// Metadata key of the model's configuration (JSON).
 pub const MODEL_KEY: &str = "tessera.model";
@@ -45,7 +46,6 @@ pub const METHODS_KEY: &str = "tessera.methods";
 /// Metadata key of the plugin modules kept in the exported network (JSON).
 pub const MODULES_KEY: &str = "tessera.modules";
 
-/// What [`export`] wrote.
 /// Why an export wrote nothing.
 #[derive(Debug, thiserror::Error)]
 pub enum ExportError {
@@ -74,14 +74,6 @@ pub enum ExportError {
         /// Which tensor differs, and how.
         message: String,
     },
-    /// The run's model could not be rebuilt with its methods.
-    #[error("{path}: rebuilding the trained model with its methods (as `tessera eval` does: the plugins and the data must be available): {source}")]
-    Rebuild {
-        /// The checkpoint.
-        path: PathBuf,
-        /// Why.
-        source: Box<TrainError>,
-    },
     /// A plugin's module could not be written.
     #[error("exporting the model's plugin modules: {0}")]
     Fold(String),
@@ -98,6 +90,7 @@ pub enum ExportError {
     Serialize(String),
 }
 
+/// What an export wrote.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExportSummary {
     /// The file written.
@@ -115,15 +108,8 @@ pub struct ExportSummary {
     pub kept: Vec<(String, String)>,
 }
 
-/// Writes the model of the checkpoint at `checkpoint` to `to` as a plain safetensors file
-/// (atomically: temporary file in the same folder, fsync, rename).
-///
-/// Fails, writing nothing, when `to` is the checkpoint itself or a folder, when the checkpoint
-/// cannot be read or verified, when a run without methods has model tensors that are not
-/// exactly those of the zoo model its config names (a missing, extra or misshapen tensor), and
-/// when a run with methods cannot be rebuilt (a plugin or the data missing) or a plugin fails
-/// to export its module.
-pub fn export(checkpoint: &Path, to: &Path) -> Result<ExportSummary, ExportError> {
+/// Refuses an export onto the checkpoint itself or onto a folder.
+pub fn check_target(checkpoint: &Path, to: &Path) -> Result<(), ExportError> {
     if same_file(checkpoint, to) {
         return Err(ExportError::Target(format!(
             "refusing to export {} onto itself (--to {} is that file): give another --to file",
@@ -137,14 +123,24 @@ pub fn export(checkpoint: &Path, to: &Path) -> Result<ExportSummary, ExportError
             to.display()
         )));
     }
+    Ok(())
+}
+
+/// Writes the model of `ckpt` (read from `checkpoint`), a run without methods, to `to` as a
+/// plain safetensors file (atomically: temporary file in the same folder, fsync, rename).
+///
+/// Fails, writing nothing, when the checkpoint's model tensors are not exactly those of the zoo
+/// model its config names (a missing, extra or misshapen tensor). A run with methods is
+/// rebuilt first (`trainer::export_checkpoint`), then written by [`export_model`].
+pub fn export_plain(
+    checkpoint: &Path,
+    ckpt: &Checkpoint,
+    to: &Path,
+) -> Result<ExportSummary, ExportError> {
     let not_plain = |message: String| ExportError::NotPlain {
         path: checkpoint.to_owned(),
         message,
     };
-    let ckpt = Checkpoint::read(checkpoint)?;
-    if !ckpt.meta.methods.is_empty() {
-        return export_rebuilt(checkpoint, &ckpt, to);
-    }
     let source = format!("{} (its recorded config)", checkpoint.display());
     let config = crate::config::from_recorded(&ckpt.meta.config, &source, &[])?;
     let model_config = &config.model;
@@ -313,36 +309,6 @@ fn write(
 /// BatchNorm's statistics: buffers, whatever module holds them.
 const STATISTICS: [&str; 3] = ["running_mean", "running_var", "num_batches_tracked"];
 
-/// Exports a run that trained with methods: the model rebuilt as `tessera eval` rebuilds it
-/// (plugins, surgery, weights), written as its plugins say ([`crate::model::Layer::export`]).
-fn export_rebuilt(
-    checkpoint: &Path,
-    ckpt: &Checkpoint,
-    to: &Path,
-) -> Result<ExportSummary, ExportError> {
-    let rebuild = |e: TrainError| ExportError::Rebuild {
-        path: checkpoint.to_owned(),
-        source: Box::new(e),
-    };
-    // On the CPU whatever device the run used: the file is the same.
-    let config = crate::trainer::standalone_config(checkpoint, &["train.device=cpu".to_owned()])
-        .map_err(rebuild)?;
-    let model_json = ckpt
-        .meta
-        .config
-        .get("model")
-        .cloned()
-        .unwrap_or(Value::Null);
-    let trainer = Trainer::standalone(config, Vec::new()).map_err(rebuild)?;
-    export_model(
-        trainer.model(),
-        &model_json,
-        trainer.input_shape(),
-        &ckpt.meta.methods,
-        to,
-    )
-}
-
 /// The second names of tied weights: where `model`'s export tree lists a tensor of the store
 /// twice, once under its store name and once under another (GPT-2's `lm_head.weight`, which is
 /// `transformer.wte.weight`), as (other name, store name), in tree order. A tensor a plugin's
@@ -452,7 +418,7 @@ mod tests {
         std::fs::write(&file, b"x").unwrap();
         assert!(same_file(&file, &dir.join(".").join("a.ckpt")));
         assert!(!same_file(&file, &dir.join("b.safetensors")));
-        let e = export(&file, &file).unwrap_err().to_string();
+        let e = check_target(&file, &file).unwrap_err().to_string();
         assert!(e.contains("onto itself"), "{e}");
         let _ = std::fs::remove_dir_all(&dir);
     }

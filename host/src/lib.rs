@@ -33,6 +33,18 @@ pub mod time;
 pub mod tracking;
 pub mod trainer;
 
+/// An error and its causes on one line, `what: cause: cause`, as the command line prints them.
+pub fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
 /// Helpers shared by unit tests.
 #[cfg(test)]
 pub(crate) mod test_support {

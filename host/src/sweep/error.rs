@@ -90,15 +90,3 @@ pub(crate) fn io(
         source,
     }
 }
-
-/// An error and its causes on one line, `what: cause: cause`, as the command line prints them.
-pub fn with_causes(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}

@@ -4,13 +4,15 @@
 //! summary file (`sweep.json`) that `tessera explore` and people can read.
 
 mod error;
+mod outcome;
 mod plan;
 mod progress;
 mod run;
 
-pub use error::{with_causes, SweepError};
+pub use error::SweepError;
+pub use outcome::RunOutcome;
 pub use plan::{plan, FolderState, Plan, PlannedRun};
-pub use run::{run_sweep, RunOutcome, SweepOptions, SweepOutcome};
+pub use run::{run_sweep, SweepOptions, SweepOutcome};
 
 use std::path::Path;
 

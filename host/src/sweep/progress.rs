@@ -9,8 +9,8 @@ use std::time::Duration;
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use serde_json::Value;
 
+use super::outcome::{log_tail, RunOutcome};
 use super::plan::PlannedRun;
-use super::run::{log_tail, RunOutcome};
 
 pub(super) struct Progress {
     bars: Option<Bars>,

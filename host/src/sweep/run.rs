@@ -2,7 +2,7 @@
 
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::Write;
 use std::os::unix::io::AsRawFd;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
@@ -11,10 +11,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::error::{io, with_causes, SweepError};
-use crate::report::RunRecord;
+use super::error::{io, SweepError};
+use crate::with_causes;
 use serde_json::Value;
 
+use super::outcome::{log_tail, RunOutcome};
 use super::plan::{FolderState, Plan, PlannedRun};
 use super::progress::Progress;
 use super::{write_summary, RunEntry};
@@ -35,19 +36,6 @@ pub struct SweepOptions {
     /// Set to the signal number by SIGINT/SIGTERM handlers: the sweep passes SIGTERM on to its
     /// runs (each writes a checkpoint and stops) and starts no more.
     pub stop: Arc<AtomicUsize>,
-}
-
-/// How one run of the sweep ended.
-#[derive(Debug, Clone)]
-pub enum RunOutcome {
-    /// Finished, now or in an earlier invocation: its `run.json`.
-    Done(Box<RunRecord>),
-    /// Its process failed: why.
-    Failed(String),
-    /// Stopped by a signal; it continues from its checkpoint next time.
-    Interrupted,
-    /// Never started (the sweep was stopped first).
-    NotStarted,
 }
 
 /// What a sweep did.
@@ -283,28 +271,6 @@ fn finished(run: &PlannedRun, status: ExitStatus, stopping: bool) -> RunOutcome 
         run.log_path().display(),
         tail.join("\n")
     ))
-}
-
-/// The last `n` lines of a text file (read from its end).
-pub(super) fn log_tail(path: &Path, n: usize) -> Vec<String> {
-    let Ok(mut file) = File::open(path) else {
-        return Vec::new();
-    };
-    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
-    let from = len.saturating_sub(16 * 1024);
-    if file.seek(SeekFrom::Start(from)).is_err() {
-        return Vec::new();
-    }
-    let mut bytes = Vec::new();
-    if file.read_to_end(&mut bytes).is_err() {
-        return Vec::new();
-    }
-    let text = String::from_utf8_lossy(&bytes);
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(n)..]
-        .iter()
-        .map(|l| l.to_string())
-        .collect()
 }
 
 /// The summary entries of every run.

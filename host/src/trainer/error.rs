@@ -57,6 +57,9 @@ pub enum TrainError {
     /// A checkpoint cannot be read or written.
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
+    /// A model cannot be exported (`tessera export`).
+    #[error(transparent)]
+    Export(#[from] crate::export::ExportError),
     /// A configuration (a checkpoint's, for `tessera eval`) cannot be read.
     #[error(transparent)]
     Config(#[from] ConfigError),
@@ -129,7 +132,7 @@ mod tests {
         assert_eq!(e.to_string(), "building the model");
         let cause = std::error::Error::source(&e).expect("a cause");
         assert!(cause.to_string().contains("bad kind"), "{cause}");
-        let chained = format!("{:#}", anyhow_like(&e));
+        let chained = crate::with_causes(&e);
         assert!(chained.starts_with("building the model: "), "{chained}");
         assert_eq!(chained.matches("bad kind").count(), 1, "{chained}");
         let none: Option<u8> = None;
@@ -137,17 +140,5 @@ mod tests {
             none.context("no input").unwrap_err().to_string(),
             "no input"
         );
-    }
-
-    /// `context: cause: cause`, as the binary prints errors.
-    fn anyhow_like(e: &dyn std::error::Error) -> String {
-        let mut out = e.to_string();
-        let mut next = e.source();
-        while let Some(s) = next {
-            out.push_str(": ");
-            out.push_str(&s.to_string());
-            next = s.source();
-        }
-        out
     }
 }

@@ -20,6 +20,7 @@ mod build;
 mod dist;
 mod error;
 mod eval;
+mod export;
 mod fit;
 mod resume;
 mod standalone;
@@ -29,6 +30,7 @@ mod tracking;
 
 pub use build::load_datasets;
 pub use error::{Result, TrainError};
+pub use export::export_checkpoint;
 pub use standalone::{standalone_config, PredictSummary};
 
 /// A summary of a finished `fit`.

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use tessera::export;
+use tessera::trainer;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -16,7 +16,7 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     let Args { checkpoint, to } = args;
-    let s = export::export(&checkpoint, &to)?;
+    let s = trainer::export_checkpoint(&checkpoint, &to)?;
     println!(
         "exported {} tensors ({} parameters) to {}",
         s.tensors,

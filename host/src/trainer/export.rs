@@ -1,0 +1,52 @@
+//! `tessera export` of a checkpoint: a run without methods is written straight from its
+//! checkpoint ([`crate::export::export_plain`]); a run with methods is rebuilt as `tessera eval`
+//! rebuilds it (its plugins loaded, their surgery replayed, the checkpoint's weights loaded) and
+//! its live model written ([`crate::export::export_model`]). The file format lives in
+//! `crate::export`, which knows nothing of the trainer.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::checkpoint::Checkpoint;
+use crate::export::{self, ExportSummary};
+
+use super::error::{Context as _, Result};
+use super::{standalone_config, Trainer};
+
+/// Writes the model of the checkpoint at `checkpoint` to `to` as a plain safetensors file
+/// (atomically). Fails, writing nothing, when `to` is the checkpoint itself or a folder, when
+/// the checkpoint cannot be read or verified, when a run without methods has model tensors that
+/// are not exactly those of its zoo model, and when a run with methods cannot be rebuilt (a
+/// plugin or the data missing) or a plugin fails to export its module.
+pub fn export_checkpoint(checkpoint: &Path, to: &Path) -> Result<ExportSummary> {
+    export::check_target(checkpoint, to)?;
+    let ckpt = Checkpoint::read(checkpoint)?;
+    if ckpt.meta.methods.is_empty() {
+        return Ok(export::export_plain(checkpoint, &ckpt, to)?);
+    }
+    let rebuilding = || {
+        format!(
+            "{}: rebuilding the trained model with its methods (as `tessera eval` does: the \
+             plugins and the data must be available)",
+            checkpoint.display()
+        )
+    };
+    // On the CPU whatever device the run used: the file is the same.
+    let config =
+        standalone_config(checkpoint, &["train.device=cpu".to_owned()]).with_context(rebuilding)?;
+    let trainer = Trainer::standalone(config, Vec::new()).with_context(rebuilding)?;
+    let model_json = ckpt
+        .meta
+        .config
+        .get("model")
+        .cloned()
+        .unwrap_or(Value::Null);
+    Ok(export::export_model(
+        trainer.model(),
+        &model_json,
+        trainer.input_shape(),
+        &ckpt.meta.methods,
+        to,
+    )?)
+}
