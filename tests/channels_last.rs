@@ -104,7 +104,8 @@ fn every_4d_tensor_is_channels_last_and_checkpoints_keep_the_values() {
     let ckpt_path = cl.last_checkpoint().expect("a checkpoint").to_owned();
     let ckpt = Checkpoint::read(&ckpt_path).expect("the checkpoint reads back");
     let exported = dir.join("model.safetensors");
-    tessera::trainer::export_checkpoint(&ckpt_path, &exported).expect("export of a channels_last run");
+    tessera::trainer::export_checkpoint(&ckpt_path, &exported)
+        .expect("export of a channels_last run");
     let exported: std::collections::HashMap<String, Tensor> = Tensor::read_safetensors(&exported)
         .expect("the export reads back")
         .into_iter()

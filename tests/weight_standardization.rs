@@ -171,7 +171,8 @@ fn the_surgery_keeps_the_weights_and_equals_the_folded_plain_model() {
     ws.fit().expect("training with weight standardization");
     let ckpt = ws.last_checkpoint().expect("a checkpoint").to_owned();
     let exported = dir.join("model.safetensors");
-    tessera::trainer::export_checkpoint(&ckpt, &exported).expect("the export of a standardized run");
+    tessera::trainer::export_checkpoint(&ckpt, &exported)
+        .expect("the export of a standardized run");
     let exported: HashMap<String, Tensor> = Tensor::read_safetensors(&exported)
         .expect("the export reads back")
         .into_iter()
