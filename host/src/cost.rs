@@ -165,9 +165,11 @@ impl Instances {
     }
 }
 
-/// The cost in USD of `wall_seconds` at `usd_per_hour`.
-pub fn cost_usd(usd_per_hour: f64, wall_seconds: f64) -> f64 {
-    usd_per_hour * wall_seconds / 3600.0
+/// The cost in USD of `wall_seconds` on `nodes` machines at `usd_per_hour` each: a price is
+/// per instance (node), and a run over several nodes rents every one of them for its whole
+/// wall time.
+pub fn cost_usd(usd_per_hour: f64, wall_seconds: f64, nodes: usize) -> f64 {
+    usd_per_hour * wall_seconds / 3600.0 * nodes.max(1) as f64
 }
 
 #[cfg(test)]
@@ -230,7 +232,12 @@ read = "2026-11-01"
     }
 
     #[test]
-    fn cost_is_price_times_hours() {
-        assert!((cost_usd(3.6, 100.0) - 0.1).abs() < 1e-12);
+    fn cost_is_price_times_hours_times_nodes() {
+        assert!((cost_usd(3.6, 100.0, 1) - 0.1).abs() < 1e-12);
+        // Two nodes of 8 GPUs at $32.77/h each, for half an hour: both instances are paid.
+        assert!((cost_usd(32.77, 1800.0, 2) - 32.77).abs() < 1e-9);
+        assert!((cost_usd(3.6, 100.0, 3) - 0.3).abs() < 1e-12);
+        // No run has zero nodes; a zero read from somewhere counts as one.
+        assert!((cost_usd(3.6, 100.0, 0) - 0.1).abs() < 1e-12);
     }
 }

@@ -122,6 +122,12 @@ pub struct RankEnv {
 }
 
 impl RankEnv {
+    /// Machines (nodes) in the run: ranks / ranks per node, rounded up (a run whose last
+    /// node has fewer ranks still rents it). 1 when `LOCAL_WORLD_SIZE` is not set.
+    pub fn nodes(&self) -> usize {
+        self.world.div_ceil(self.local_world.max(1))
+    }
+
     /// The rank this process's environment describes; `None` for a single-process run (no
     /// `WORLD_SIZE`, or `WORLD_SIZE = 1`).
     pub fn from_env() -> Result<Option<RankEnv>, DistError> {
@@ -530,6 +536,7 @@ mod tests {
         .unwrap()
         .unwrap();
         assert_eq!((e.rank, e.world, e.local_rank, e.local_world), (3, 4, 1, 2));
+        assert_eq!(e.nodes(), 2, "4 ranks, 2 per node");
         assert_eq!((e.master_addr.as_str(), e.master_port), ("10.0.0.1", 29500));
     }
 

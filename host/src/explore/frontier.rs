@@ -1,52 +1,9 @@
 //! The Pareto frontier (no other point is both cheaper and better) and the speed-up at equal
 //! quality over the baseline.
 
-use super::group::Point;
 use super::load::Run;
+use super::point::{Point, TimeToBaseline};
 use super::quality::QualityMetric;
-
-/// When a point first reached the baseline's final quality, and what that makes its speed-up.
-#[derive(Debug, Clone, PartialEq)]
-pub enum TimeToBaseline {
-    /// The group has no baseline point.
-    NoBaseline,
-    /// This is the baseline: its time is its mean wall time, its speed-up 1.
-    Reference {
-        /// The baseline's mean wall seconds.
-        baseline_seconds: f64,
-    },
-    /// Every seed reached the baseline's quality.
-    Reached {
-        /// Mean over seeds of the wall seconds at the first evaluation that met it.
-        seconds: f64,
-        /// Baseline wall seconds / `seconds`.
-        speedup: f64,
-    },
-    /// Some seed never reached it.
-    NotReached,
-    /// Some run's record has no `eval_times` (written before they were recorded).
-    NoEvalTimes,
-}
-
-impl TimeToBaseline {
-    /// Seconds to the baseline's quality, when known.
-    pub fn seconds(&self) -> Option<f64> {
-        match self {
-            TimeToBaseline::Reference { baseline_seconds } => Some(*baseline_seconds),
-            TimeToBaseline::Reached { seconds, .. } => Some(*seconds),
-            _ => None,
-        }
-    }
-
-    /// The speed-up over the baseline, when known.
-    pub fn speedup(&self) -> Option<f64> {
-        match self {
-            TimeToBaseline::Reference { .. } => Some(1.0),
-            TimeToBaseline::Reached { speedup, .. } => Some(*speedup),
-            _ => None,
-        }
-    }
-}
 
 /// For each point `(cost[i], quality[i])`, whether no other point dominates it: costs no more
 /// and is at least as good, and is strictly cheaper or strictly better.
@@ -225,6 +182,31 @@ mod tests {
             .collect();
         assert_eq!(costs, [1.0, 2.0]);
         assert!(groups[0].points.iter().all(|p| p.on_cost_frontier));
+
+        // A run over two nodes pays for both: half the time, the same cost.
+        let record = serde_json::json!({
+            "run_name": "c", "recipe": "fast", "nodes": 2, "wall_seconds": 1800.0,
+            "config": {"seed": 1, "data": {"dataset": "fashion-mnist"},
+                       "model": {"name": "cnn", "width": 8}},
+            "evals": [{"epoch": 1, "batch": 1, "accuracy": 0.8, "cross_entropy": 1.0,
+                       "samples": 10}],
+        });
+        let two_nodes = crate::explore::Run::from_value("c/run.json", record, None).unwrap();
+        assert_eq!(two_nodes.nodes, 2);
+        let (groups, _) = group_runs(vec![two_nodes.clone()], None, &Pricing::PerHour(2.0));
+        assert_eq!(
+            groups[0].points[0].cost_usd.as_ref().map(|c| c.mean()),
+            Some(2.0)
+        );
+        let presets = crate::cost::Instances::builtin().unwrap();
+        let p4d = presets.get("aws/p4d.24xlarge").unwrap().clone();
+        let price = p4d.usd_per_hour;
+        let (groups, _) = group_runs(vec![two_nodes], None, &Pricing::Instance(p4d));
+        let cost = groups[0].points[0].cost_usd.as_ref().map(|c| c.mean());
+        assert!(
+            (cost.unwrap_or(-1.0) - price).abs() < 1e-9,
+            "half an hour on two nodes costs one hour's price: {cost:?}"
+        );
         let (groups, _) = group_runs(
             vec![run("a", "baseline", 1, &[(1.0, 0.8)], 1.0)],
             None,

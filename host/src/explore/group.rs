@@ -5,63 +5,11 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use super::frontier::{self, TimeToBaseline};
+use super::frontier;
 use super::load::{Run, Skipped};
+use super::point::{Point, Stats, TimeToBaseline};
 use super::quality::QualityMetric;
 use super::Pricing;
-
-/// Values over the seeds of a point.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Stats {
-    /// One value per run, in the point's run order.
-    pub values: Vec<f64>,
-}
-
-impl Stats {
-    /// The mean.
-    pub fn mean(&self) -> f64 {
-        self.values.iter().sum::<f64>() / self.values.len().max(1) as f64
-    }
-
-    /// Half the range (max - min) / 2: the `±` shown after the mean (0 for one seed).
-    pub fn spread(&self) -> f64 {
-        let max = self
-            .values
-            .iter()
-            .copied()
-            .fold(f64::NEG_INFINITY, f64::max);
-        let min = self.values.iter().copied().fold(f64::INFINITY, f64::min);
-        if self.values.len() < 2 {
-            0.0
-        } else {
-            (max - min) / 2.0
-        }
-    }
-}
-
-/// Runs of one recipe and config that differ only by seed: one point of the frontier.
-#[derive(Debug, Clone)]
-pub struct Point {
-    /// The recipe's label.
-    pub recipe: String,
-    /// The recipe, and the settings that tell this point from the group's other points of the
-    /// same recipe: `mild (ssr 0.5)`, `baseline (optimizer.lr 0.05)`.
-    pub label: String,
-    /// Its runs (one per seed), sorted by seed.
-    pub runs: Vec<Run>,
-    /// Final quality of each run.
-    pub quality: Stats,
-    /// Wall seconds of each run.
-    pub wall_seconds: Stats,
-    /// Cost of each run, when every run has one.
-    pub cost_usd: Option<Stats>,
-    /// On the frontier of wall time against quality.
-    pub on_time_frontier: bool,
-    /// On the frontier of cost against quality (false without costs).
-    pub on_cost_frontier: bool,
-    /// When it reached the baseline's quality, and the speed-up that gives.
-    pub time_to_baseline: TimeToBaseline,
-}
 
 /// The runs of one dataset and model.
 #[derive(Debug, Clone)]
@@ -190,28 +138,6 @@ impl Group {
     /// Every run of the group with its point's recipe, by point then seed.
     pub fn runs(&self) -> impl Iterator<Item = &Run> {
         self.points.iter().flat_map(|p| p.runs.iter())
-    }
-}
-
-impl Point {
-    fn new(mut runs: Vec<Run>, metric: QualityMetric, pricing: &Pricing) -> Point {
-        runs.sort_by_key(|r| (r.seed(), r.run_name.clone()));
-        let stats = |f: &dyn Fn(&Run) -> f64| Stats {
-            values: runs.iter().map(f).collect(),
-        };
-        let cost_usd: Option<Vec<f64>> = runs.iter().map(|r| pricing.cost_of(r)).collect();
-        let recipe = runs.first().map(|r| r.recipe.clone()).unwrap_or_default();
-        Point {
-            label: recipe.clone(),
-            recipe,
-            quality: stats(&|r| metric.final_of(r).unwrap_or(f64::NAN)),
-            wall_seconds: stats(&|r| r.wall_seconds),
-            cost_usd: cost_usd.map(|values| Stats { values }),
-            runs,
-            on_time_frontier: false,
-            on_cost_frontier: false,
-            time_to_baseline: TimeToBaseline::NoBaseline,
-        }
     }
 }
 
@@ -420,5 +346,8 @@ mod tests {
         assert!((s.mean() - 0.6).abs() < 1e-12);
         assert!((s.spread() - 0.1).abs() < 1e-12);
         assert_eq!(Stats { values: vec![0.5] }.spread(), 0.0);
+        assert_eq!(s.describe(2), "0.60 ± 0.10");
+        assert_eq!(s.min_max(), (0.5, 0.7));
+        assert_eq!(Stats { values: vec![0.5] }.describe(2), "0.50");
     }
 }

@@ -3,10 +3,9 @@
 
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
 use serde_json::Value;
 
-use crate::report::{EvalRecord, EvalTime};
+use crate::report::{EvalRecord, EvalTime, RecordError, RunRecord};
 
 /// One finished run, as the explorer needs it.
 #[derive(Debug, Clone, PartialEq)]
@@ -28,30 +27,29 @@ pub struct Run {
     pub wall_seconds: f64,
     /// Seconds spent training.
     pub train_seconds: Option<f64>,
-    /// The cost the run recorded (from its `usd_per_hour`).
+    /// Machines (nodes) the run used (`nodes`; 1 for records written before it existed).
+    pub nodes: usize,
+    /// The cost the run recorded (from its `usd_per_hour`, per node).
     pub estimated_cost_usd: Option<f64>,
     /// Training loss by batch, from `metrics.jsonl` (empty when absent).
     pub train_loss: Vec<(u64, f64)>,
 }
 
-/// The fields of `run.json` the explorer reads; the others are ignored, optional ones may be
-/// absent.
-#[derive(Deserialize)]
-struct RecordFields {
-    run_name: String,
-    #[serde(default)]
-    recipe: Option<String>,
-    #[serde(default)]
-    config: Value,
-    #[serde(default)]
-    evals: Vec<EvalRecord>,
-    #[serde(default)]
-    eval_times: Vec<EvalTime>,
-    wall_seconds: f64,
-    #[serde(default)]
-    train_seconds: Option<f64>,
-    #[serde(default)]
-    estimated_cost_usd: Option<f64>,
+/// Why a run record cannot be explored.
+#[derive(Debug, thiserror::Error)]
+pub enum UnusableRecord {
+    /// The file cannot be read.
+    #[error("{0}")]
+    Unreadable(std::io::Error),
+    /// The text is not JSON, or not a run record.
+    #[error("not JSON: {0}")]
+    NotJson(serde_json::Error),
+    /// The record's `wall_seconds` is not a duration.
+    #[error("wall_seconds is {0}")]
+    WallSeconds(f64),
+    /// A run without any evaluation has no quality to place.
+    #[error("it has no evaluation")]
+    NoEvaluation,
 }
 
 /// A record that could not be used, and why.
@@ -79,46 +77,61 @@ impl Run {
         source: &str,
         record: Value,
         metrics_lines: Option<&str>,
-    ) -> Result<Run, String> {
-        let fields: RecordFields = serde_json::from_value(record).map_err(|e| e.to_string())?;
-        if !fields.wall_seconds.is_finite() || fields.wall_seconds < 0.0 {
-            return Err(format!("wall_seconds is {}", fields.wall_seconds));
+    ) -> Result<Run, UnusableRecord> {
+        let record: RunRecord = serde_json::from_value(record).map_err(UnusableRecord::NotJson)?;
+        Run::from_record(source, record, metrics_lines)
+    }
+
+    /// A run from its record, read through the one typed [`RunRecord`].
+    fn from_record(
+        source: &str,
+        record: RunRecord,
+        metrics_lines: Option<&str>,
+    ) -> Result<Run, UnusableRecord> {
+        if !record.wall_seconds.is_finite() || record.wall_seconds < 0.0 {
+            return Err(UnusableRecord::WallSeconds(record.wall_seconds));
         }
-        if fields.evals.is_empty() {
-            return Err("it has no evaluation".to_owned());
+        if record.evals.is_empty() {
+            return Err(UnusableRecord::NoEvaluation);
         }
-        let recipe = fields
-            .recipe
-            .unwrap_or_else(|| recipe_from_config(&fields.config));
-        let eval_times = if fields.eval_times.len() == fields.evals.len() {
-            fields.eval_times
+        let recipe = if record.recipe.is_empty() {
+            recipe_from_config(&record.config)
+        } else {
+            record.recipe
+        };
+        let eval_times = if record.eval_times.len() == record.evals.len() {
+            record.eval_times
         } else {
             Vec::new()
         };
         Ok(Run {
             source: source.to_owned(),
-            run_name: fields.run_name,
+            run_name: record.run_name,
             recipe,
-            config: fields.config,
-            evals: fields.evals,
+            config: record.config,
+            evals: record.evals,
             eval_times,
-            wall_seconds: fields.wall_seconds,
-            train_seconds: fields.train_seconds,
-            estimated_cost_usd: fields.estimated_cost_usd,
+            wall_seconds: record.wall_seconds,
+            // Records written before it existed read as 0: not measured.
+            train_seconds: (record.train_seconds > 0.0).then_some(record.train_seconds),
+            nodes: record.nodes.max(1),
+            estimated_cost_usd: record.estimated_cost_usd,
             train_loss: metrics_lines.map(train_loss).unwrap_or_default(),
         })
     }
 
     /// The run recorded in `run.json` at `path`, with the `metrics.jsonl` beside it when there
     /// is one.
-    pub fn from_file(path: &Path) -> Result<Run, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
-        let record: Value = serde_json::from_str(&text).map_err(|e| format!("not JSON: {e}"))?;
+    pub fn from_file(path: &Path) -> Result<Run, UnusableRecord> {
+        let record = RunRecord::read(path).map_err(|e| match e {
+            RecordError::Io { source, .. } => UnusableRecord::Unreadable(source),
+            RecordError::Parse { source, .. } => UnusableRecord::NotJson(source),
+        })?;
         let metrics = path
             .parent()
             .map(|dir| dir.join("metrics.jsonl"))
             .and_then(|m| std::fs::read_to_string(m).ok());
-        Run::from_value(&path.display().to_string(), record, metrics.as_deref())
+        Run::from_record(&path.display().to_string(), record, metrics.as_deref())
     }
 
     /// `config.<dotted path>`, when present.
@@ -171,7 +184,7 @@ pub fn load_dirs(dirs: &[PathBuf]) -> Loaded {
                 Ok(run) => loaded.runs.push(run),
                 Err(reason) => loaded.skipped.push(Skipped {
                     source: path.display().to_string(),
-                    reason,
+                    reason: reason.to_string(),
                 }),
             }
         }
@@ -229,14 +242,16 @@ mod tests {
         assert!(run.eval_times.is_empty());
         assert_eq!(run.train_loss, vec![(1, 2.5)]);
         assert_eq!(run.estimated_cost_usd, None);
+        assert_eq!(run.nodes, 1, "records before `nodes` ran on one machine");
     }
 
     #[test]
     fn unusable_records_say_why() {
         let err = Run::from_value("mem", json!({"run_name": "a"}), None).unwrap_err();
-        assert!(err.contains("wall_seconds"), "{err}");
-        let err = Run::from_value("mem", json!({"run_name": "a", "wall_seconds": 1.0}), None)
-            .unwrap_err();
-        assert!(err.contains("no evaluation"), "{err}");
+        assert!(err.to_string().contains("wall_seconds"), "{err}");
+        let record =
+            json!({"run_name": "a", "wall_seconds": 1.0, "evals": [], "status": "completed"});
+        let err = Run::from_value("mem", record, None).unwrap_err();
+        assert!(err.to_string().contains("no evaluation"), "{err}");
     }
 }

@@ -11,14 +11,16 @@ pub mod frontier;
 pub mod group;
 pub mod load;
 pub mod plot;
+pub mod point;
 pub mod quality;
 pub mod report;
 pub mod table;
 
 use std::path::{Path, PathBuf};
 
-pub use group::{group_runs, Group, Point, Stats};
-pub use load::{load_dirs, Loaded, Run, Skipped};
+pub use group::{group_runs, Group};
+pub use load::{load_dirs, Loaded, Run, Skipped, UnusableRecord};
+pub use point::{Point, Stats, TimeToBaseline};
 pub use quality::QualityMetric;
 
 use crate::cost::{cost_usd, Instance};
@@ -28,9 +30,9 @@ use crate::cost::{cost_usd, Instance};
 pub enum Pricing {
     /// Each run's `estimated_cost_usd` (from the `usd_per_hour` it trained with).
     Recorded,
-    /// Every run re-priced by its wall time at this many USD per hour.
+    /// Every run re-priced by its wall time on its nodes at this many USD per hour per node.
     PerHour(f64),
-    /// Every run re-priced by its wall time at this instance's price.
+    /// Every run re-priced by its wall time on its nodes at this instance's price per node.
     Instance(Instance),
 }
 
@@ -39,8 +41,8 @@ impl Pricing {
     pub fn cost_of(&self, run: &Run) -> Option<f64> {
         match self {
             Pricing::Recorded => run.estimated_cost_usd,
-            Pricing::PerHour(usd) => Some(cost_usd(*usd, run.wall_seconds)),
-            Pricing::Instance(i) => Some(cost_usd(i.usd_per_hour, run.wall_seconds)),
+            Pricing::PerHour(usd) => Some(cost_usd(*usd, run.wall_seconds, run.nodes)),
+            Pricing::Instance(i) => Some(cost_usd(i.usd_per_hour, run.wall_seconds, run.nodes)),
         }
     }
 
@@ -48,11 +50,14 @@ impl Pricing {
     pub fn describe(&self) -> String {
         match self {
             Pricing::Recorded => "as each run recorded it (estimated_cost_usd, from its \
-                                  usd_per_hour); runs without a price have none"
+                                  usd_per_hour per node); runs without a price have none"
                 .to_owned(),
-            Pricing::PerHour(usd) => format!("every run's wall time at ${usd}/hour"),
+            Pricing::PerHour(usd) => {
+                format!("every run's wall time x its nodes at ${usd}/hour per node")
+            }
             Pricing::Instance(i) => format!(
-                "every run's wall time at {} (${}/hour on demand, {}; read {}; prices change)",
+                "every run's wall time x its nodes at {} (${}/hour per node on demand, {}; \
+                 read {}; prices change)",
                 i.id(),
                 i.usd_per_hour,
                 i.accelerator,
@@ -155,7 +160,7 @@ pub fn explore(options: &ExploreOptions) -> Result<Explored, ExploreError> {
                 Ok(r) => runs.push(r),
                 Err(reason) => skipped.push(Skipped {
                     source: run.source,
-                    reason,
+                    reason: reason.to_string(),
                 }),
             }
         }
@@ -190,7 +195,7 @@ pub fn write_outputs(
     let text = plot::text_available();
     let mut files: Vec<(PathBuf, Vec<u8>)> = Vec::new();
     for g in groups {
-        let svg = plot::frontier_svg(g, text).map_err(ExploreError::Plot)?;
+        let svg = plot::frontier_svg(g);
         let png = plot::frontier_png(g, text).map_err(ExploreError::Plot)?;
         files.push((
             out.join(format!("frontier-{}.svg", g.slug)),
@@ -198,7 +203,7 @@ pub fn write_outputs(
         ));
         files.push((out.join(format!("frontier-{}.png", g.slug)), png));
     }
-    let html = report::render(groups, &pricing.describe(), text).map_err(ExploreError::Plot)?;
+    let html = report::render(groups, &pricing.describe());
     files.push((out.join("report.html"), html.into_bytes()));
     for (path, bytes) in &files {
         crate::files::write_atomic(path, bytes).map_err(|source| ExploreError::Write {
@@ -255,6 +260,7 @@ pub(crate) mod test_support {
                 .collect(),
             wall_seconds: wall,
             train_seconds: Some(wall),
+            nodes: 1,
             estimated_cost_usd: None,
             train_loss: Vec::new(),
         }

@@ -1,7 +1,7 @@
 //! The table of a group's points, as cells that the terminal and the HTML report both render.
 
-use super::frontier::TimeToBaseline;
-use super::group::{Group, Point};
+use super::group::Group;
+use super::point::{Point, TimeToBaseline};
 
 /// Column headers of [`rows`].
 pub fn headers(group: &Group) -> Vec<String> {
@@ -26,19 +26,26 @@ pub fn rows(group: &Group) -> Vec<Vec<String>> {
 }
 
 fn row(group: &Group, p: &Point) -> Vec<String> {
-    let decimals = group.metric.decimals();
-    let with_spread = |mean: f64, spread: f64, decimals: usize| {
-        if p.runs.len() > 1 {
-            format!("{mean:.decimals$} ± {spread:.decimals$}")
-        } else {
-            format!("{mean:.decimals$}")
-        }
-    };
     let cost = p
         .cost_usd
         .as_ref()
-        .map_or_else(|| "-".to_owned(), |c| with_spread(c.mean(), c.spread(), 4));
-    let (time, speedup) = match &p.time_to_baseline {
+        .map_or_else(|| "-".to_owned(), |c| c.describe(4));
+    let (time, speedup) = time_and_speedup(&p.time_to_baseline);
+    vec![
+        p.label.clone(),
+        p.runs.len().to_string(),
+        p.quality.describe(group.metric.decimals()),
+        p.wall_seconds.describe(1),
+        cost,
+        time,
+        speedup,
+        frontier_cell(p).to_owned(),
+    ]
+}
+
+/// The "time to baseline quality s" and "speed-up" cells.
+pub fn time_and_speedup(t: &TimeToBaseline) -> (String, String) {
+    match t {
         TimeToBaseline::NoBaseline => ("no baseline".to_owned(), "-".to_owned()),
         TimeToBaseline::NotReached => ("not reached".to_owned(), "-".to_owned()),
         TimeToBaseline::NoEvalTimes => ("no eval times".to_owned(), "-".to_owned()),
@@ -46,23 +53,17 @@ fn row(group: &Group, p: &Point) -> Vec<String> {
             t.seconds().map_or_else(String::new, |s| format!("{s:.1}")),
             t.speedup().map_or_else(String::new, |s| format!("{s:.2}x")),
         ),
-    };
-    let frontier = match (p.on_time_frontier, p.on_cost_frontier) {
+    }
+}
+
+/// The "frontier" cell: which frontiers the point is on.
+pub fn frontier_cell(p: &Point) -> &'static str {
+    match (p.on_time_frontier, p.on_cost_frontier) {
         (true, true) => "yes (time, cost)",
         (true, false) => "yes (time)",
         (false, true) => "yes (cost)",
         (false, false) => "no",
-    };
-    vec![
-        p.label.clone(),
-        p.runs.len().to_string(),
-        with_spread(p.quality.mean(), p.quality.spread(), decimals),
-        with_spread(p.wall_seconds.mean(), p.wall_seconds.spread(), 1),
-        cost,
-        time,
-        speedup,
-        frontier.to_owned(),
-    ]
+    }
 }
 
 /// The group's table as aligned text, with a title line and a note on the baseline.

@@ -47,7 +47,7 @@ pub struct EvalTime {
 }
 
 /// A loaded plugin, as recorded in the run record.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PluginRecord {
     /// Method name.
     pub name: String,
@@ -63,76 +63,99 @@ pub struct PluginRecord {
 
 /// The summary written to `run.json` when a run ends, and read back through
 /// [`RunRecord::read`] by everything that looks at finished runs (sweeps, the recipe search,
-/// the explorer). Fields a record of an earlier version lacks read as their defaults.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(default)]
+/// the explorer). Fields a record of an earlier version lacks read as their defaults; a record
+/// without `run_name` or `wall_seconds` is no run record.
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RunRecord {
     /// Run name.
     pub run_name: String,
     /// The recipe's label: `recipe`, else the methods' names joined by `+`, else `baseline`.
+    #[serde(default)]
     pub recipe: String,
     /// `tessera` version.
+    #[serde(default)]
     pub tessera_version: String,
     /// libtorch version.
+    #[serde(default)]
     pub libtorch_version: String,
     /// Device trained on.
+    #[serde(default)]
     pub device: String,
     /// The resolved configuration.
+    #[serde(default)]
     pub config: Value,
     /// Plugins used.
+    #[serde(default)]
     pub plugins: Vec<PluginRecord>,
     /// Every evaluation, in order.
+    #[serde(default)]
     pub evals: Vec<EvalRecord>,
     /// When each evaluation of `evals` ran (same order; empty for runs resumed from a
     /// checkpoint of an earlier version).
+    #[serde(default)]
     pub eval_times: Vec<EvalTime>,
     /// Epochs completed.
+    #[serde(default)]
     pub epochs: u64,
     /// Batches completed.
+    #[serde(default)]
     pub batches: u64,
     /// Samples trained on.
+    #[serde(default)]
     pub samples: u64,
     /// Tokens trained on (language models; as the loader gave them).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokens: Option<u64>,
     /// Wall-clock seconds of the whole run, from start to the record; a resumed run adds the
     /// wall time its checkpoint had recorded (the work lost after that checkpoint is counted
     /// once, when it is redone).
     pub wall_seconds: f64,
     /// Seconds spent training (excluding evaluation).
+    #[serde(default)]
     pub train_seconds: f64,
     /// Training throughput.
+    #[serde(default)]
     pub samples_per_second: f64,
     /// Training throughput in tokens (language models).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokens_per_second: Option<f64>,
-    /// Cost estimate from `usd_per_hour`, when given.
+    /// Machines (nodes) the run used, each rented for `wall_seconds`: ranks / ranks per node
+    /// (`LOCAL_WORLD_SIZE`) for a data-parallel run, else 1.
+    #[serde(default = "one_node")]
+    pub nodes: usize,
+    /// Cost estimate: `wall_seconds` x `nodes` at `usd_per_hour` (per node), when given.
+    #[serde(default)]
     pub estimated_cost_usd: Option<f64>,
     /// Accuracy of the last evaluation.
+    #[serde(default)]
     pub final_accuracy: Option<f64>,
     /// Perplexity of the last evaluation (language models).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub final_perplexity: Option<f64>,
     /// When an evaluation first met `train.target`; `null` when it never did (or no target
     /// was set).
+    #[serde(default)]
     pub target_reached: Option<TargetReached>,
     /// `completed`, `interrupted by SIGINT`/`SIGTERM` (a checkpoint was written), or
     /// `stopped early: <reason>` when a method asked the run to stop (`request_stop`).
+    #[serde(default)]
     pub status: String,
     /// The checkpoint this run continued from.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resumed_from: Option<PathBuf>,
     /// The newest checkpoint written.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_checkpoint: Option<PathBuf>,
     /// Training steps skipped because the loss was NaN or infinite (`nonfinite_loss = "skip"`).
+    #[serde(default)]
     pub skipped_steps: u64,
     /// Samples the model trained on; fewer than `samples` (which counts every sample loaded,
     /// as Composer's clock does) when a method such as selective backprop drops some.
+    #[serde(default)]
     pub trained_samples: u64,
     /// How a data-parallel run was split and what its gradient all-reduce cost (absent for a
     /// single process).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data_parallel: Option<DataParallelRecord>,
 }
 
@@ -164,6 +187,11 @@ pub struct AllReduceTiming {
     pub backward_comm_seconds: f64,
     /// Communication that overlapped the backward computation.
     pub overlap_seconds: f64,
+}
+
+/// A record written before `nodes` existed ran on one machine.
+fn one_node() -> usize {
+    1
 }
 
 /// Why a run record could not be read.

@@ -24,6 +24,8 @@ pub(super) struct DataParallel {
     pub group: Arc<Group>,
     /// Ranks on this machine (they share its cores).
     pub local_world: usize,
+    /// Machines in the run (each priced at `usd_per_hour`).
+    pub nodes: usize,
     /// Gradient averaging (c10d's reducer), set up once the parameters are final.
     pub reducer: Option<GradReducer>,
     /// Checkpoints this rank took part in: every rank counts the same, so the count names a
@@ -72,6 +74,7 @@ pub(super) fn join(config: &Config) -> Result<Option<DataParallel>> {
     Ok(Some(DataParallel {
         group,
         local_world: env.local_world,
+        nodes: env.nodes(),
         reducer: None,
         checkpoints: 0,
     }))
@@ -121,6 +124,11 @@ impl Trainer {
 
     pub(super) fn world(&self) -> usize {
         self.dp.as_ref().map_or(1, DataParallel::world)
+    }
+
+    /// Machines the run uses: 1 for a single process.
+    pub(super) fn nodes(&self) -> usize {
+        self.dp.as_ref().map_or(1, |dp| dp.nodes)
     }
 
     /// Rank 0 writes files and logs; every rank of a single-process run is rank 0.

@@ -234,11 +234,11 @@ impl Trainer {
         Ok(())
     }
 
-    /// The cost of `wall_seconds` at `usd_per_hour`, when it is given.
+    /// The cost of `wall_seconds` on the run's nodes at `usd_per_hour` each, when it is given.
     pub(super) fn estimated_cost_usd(&self, wall_seconds: f64) -> Option<f64> {
         self.config
             .usd_per_hour
-            .map(|usd| usd * wall_seconds / 3600.0)
+            .map(|usd| crate::cost::cost_usd(usd, wall_seconds, self.nodes()))
     }
 
     /// Wall-clock seconds of the run: this process's, plus those recorded in the checkpoint
@@ -278,6 +278,7 @@ impl Trainer {
             } else {
                 0.0
             },
+            nodes: self.nodes(),
             estimated_cost_usd: self.estimated_cost_usd(wall_seconds),
             final_accuracy: self.evals.last().map(|e| e.accuracy),
             final_perplexity: self.evals.last().and_then(|e| e.perplexity),

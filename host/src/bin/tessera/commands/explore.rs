@@ -24,12 +24,12 @@ pub struct Args {
     /// ./explore).
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
-    /// Re-price every run: its wall time at this many USD per hour (default: the cost each
-    /// run recorded).
+    /// Re-price every run: its wall time on each of its nodes at this many USD per hour per
+    /// node (default: the cost each run recorded).
     #[arg(long, value_name = "USD", conflicts_with = "instance")]
     usd_per_hour: Option<f64>,
-    /// Re-price every run at an instance preset's on-demand price (`aws/p4d.24xlarge`; see
-    /// --list-instances).
+    /// Re-price every run at an instance preset's on-demand price per node
+    /// (`aws/p4d.24xlarge`; see --list-instances).
     #[arg(long, value_name = "NAME")]
     instance: Option<String>,
     /// The quality measure: accuracy (higher is better) or perplexity (lower is better);
