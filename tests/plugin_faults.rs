@@ -129,7 +129,9 @@ fn plugins_are_never_loaded_from_the_working_directory() {
     toml.write_to(&dir);
     train(&dir, &[], &[]).assert_success();
     let record = read_json(&run_dir(&dir, "cwd").join("run.json"));
-    let loaded = record["plugins"][0]["path"].as_str().expect("a plugin path");
+    let loaded = record["plugins"][0]["path"]
+        .as_str()
+        .expect("a plugin path");
     assert!(
         !loaded.starts_with(&cwd.display().to_string()),
         "loaded from the working directory: {loaded}"
