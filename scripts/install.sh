@@ -42,10 +42,10 @@ RELEASE="${CARGO_TARGET_DIR:-target}/release"
 if [ "$BUILD" = 1 ]; then
   LIBTORCH="$(./scripts/ensure-libtorch.sh)"
   export LIBTORCH
-  packages=(-p tessera)
-  for p in "${PLUGINS[@]}"; do packages+=(-p "$p"); done
+  # The whole workspace, as scripts/demo.sh and scripts/test.sh build it: the same features
+  # resolved, so a build either of them made is reused as it is.
   echo "== building tessera and ${#PLUGINS[@]} plugins (release)" >&2
-  cargo build --release "${packages[@]}"
+  cargo build --release --workspace
 fi
 missing=()
 [ -f "$RELEASE/tessera" ] || missing+=("$RELEASE/tessera")
