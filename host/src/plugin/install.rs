@@ -42,6 +42,9 @@ pub enum InstallError {
         /// What went wrong.
         reason: String,
     },
+    /// A name that cannot be a plugin's (it would name a file outside the folder).
+    #[error("`{0}` is not a plugin name (letters, digits, `_` and `-` only)")]
+    BadName(String),
     /// `remove` found no such plugin in the folder.
     #[error("plugin `{name}` is not in {dir}{elsewhere}")]
     NotInstalled {
@@ -58,6 +61,20 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> InstallError + '_ {
     move |source| InstallError::Io {
         path: path.to_owned(),
         source,
+    }
+}
+
+/// Refuses names that are not plain file-name stems (a plugin's name becomes `lib<name>.so`
+/// in the folder; `../x` or `a/b` would write or delete elsewhere).
+fn check_name(name: &str) -> Result<(), InstallError> {
+    let plain = !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    if plain {
+        Ok(())
+    } else {
+        Err(InstallError::BadName(name.to_owned()))
     }
 }
 
@@ -86,6 +103,7 @@ pub fn destination(to: Option<&Path>) -> Result<PathBuf, InstallError> {
 /// versions) and copies it atomically into `dest` as `lib<name>.so`.
 pub fn install_file(file: &Path, dest: &Path) -> Result<Installed, InstallError> {
     let plugin = LoadedPlugin::load(file, None)?;
+    check_name(&plugin.name)?;
     std::fs::create_dir_all(dest).map_err(io(dest))?;
     let target = dest.join(format!("lib{}.so", plugin.name));
     let replaced = target.exists();
@@ -183,6 +201,7 @@ pub fn build_crate(dir: &Path) -> Result<PathBuf, InstallError> {
 /// Removes plugin `name` (`lib<name>.so` or `<name>.so`) from `dest`. When it is not there,
 /// the error names the other folders of `others` that hold it.
 pub fn remove(name: &str, dest: &Path, others: &[SearchDir]) -> Result<PathBuf, InstallError> {
+    check_name(name)?;
     for file in super::file_names(name) {
         let path = dest.join(file);
         if path.is_file() {
@@ -207,4 +226,25 @@ pub fn remove(name: &str, dest: &Path, others: &[SearchDir]) -> Result<PathBuf, 
             )
         },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_that_would_leave_the_folder_are_refused() {
+        for name in ["cutout", "my_method", "blur-pool2"] {
+            assert!(check_name(name).is_ok(), "{name}");
+        }
+        for name in ["", "../cutout", "a/b", "..", "x y", "cut\0out"] {
+            let e = check_name(name).expect_err(name).to_string();
+            assert!(e.contains("is not a plugin name"), "{e}");
+        }
+        let dir = std::env::temp_dir().join(format!("tessera-remove-{}", std::process::id()));
+        let e = remove("../etc", &dir, &[])
+            .expect_err("refused")
+            .to_string();
+        assert!(e.contains("`../etc` is not a plugin name"), "{e}");
+    }
 }
