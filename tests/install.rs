@@ -21,7 +21,7 @@ fn script(name: &str, args: &[&str]) -> Output {
     cmd.arg(repo_root().join("scripts").join(name))
         .args(args)
         .current_dir(repo_root())
-        .env("CARGO_TARGET_DIR", target_dir().parent().expect("target/"))
+        .env("CARGO_TARGET_DIR", workspace_target_dir())
         .env("LIBTORCH", libtorch());
     let label = format!("scripts/{name} {}", args.join(" "));
     run_with_timeout(cmd, &label, SCRIPT_TIMEOUT)
@@ -153,7 +153,7 @@ fn install_sh_installs_a_tessera_that_trains_the_example_with_its_bundled_plugin
         "the new crate does not use the installed plugin-api:\n{manifest}"
     );
     assert!(krate.join("Cargo.lock").is_file(), "no Cargo.lock copied");
-    let workspace_target = target_dir().parent().expect("target/").to_owned();
+    let workspace_target = workspace_target_dir();
     let user = author.join("data");
     let out = run_with_timeout(
         program_command(
@@ -178,9 +178,7 @@ fn install_sh_installs_a_tessera_that_trains_the_example_with_its_bundled_plugin
         "{}",
         out.dump()
     );
-    for ext in ["so", "rlib", "d"] {
-        let _ = std::fs::remove_file(target_dir().join(format!("libmy_shift.{ext}")));
-    }
+    remove_built_plugin("my_shift");
 
     // Installing again replaces the files in place and keeps a working installation.
     script("install.sh", &["--no-build", "--prefix", prefix_arg]).assert_success();

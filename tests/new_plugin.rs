@@ -63,7 +63,7 @@ fn a_new_plugin_builds_outside_the_workspace_and_trains() {
     // the library and copies it into plugins/ beside the trainer.toml. Then keep the
     // workspace's target/release free of it (other tests list the plugins there).
     let plugins = tmp.join("plugins");
-    let workspace_target = target_dir().parent().expect("target/").to_owned();
+    let workspace_target = workspace_target_dir();
     let installed = run_with_timeout(
         tessera_command(
             &["plugins", "install", krate_arg, "--to", "plugins"],
@@ -87,9 +87,7 @@ fn a_new_plugin_builds_outside_the_workspace_and_trains() {
         "{}",
         installed.dump()
     );
-    for ext in ["so", "rlib", "d"] {
-        let _ = std::fs::remove_file(target_dir().join(format!("libmy_scale.{ext}")));
-    }
+    remove_built_plugin("my_scale");
 
     let listed = tessera(&["plugins", "list", "--dir", "plugins"], tmp.path(), &[]);
     listed.assert_success();

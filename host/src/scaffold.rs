@@ -170,10 +170,8 @@ impl ApiSource {
     /// this tessera was built from when it still exists, else a version requirement for this
     /// tessera's interface version.
     pub fn detect() -> ApiSource {
-        let installed = std::env::current_exe()
-            .and_then(std::fs::canonicalize)
-            .ok()
-            .and_then(|exe| Some(exe.parent()?.parent()?.join("share/tessera/plugin-api")));
+        let installed = crate::plugin::binary_dir()
+            .and_then(|bin| Some(bin.parent()?.join("share/tessera/plugin-api")));
         let built_from = std::fs::canonicalize(PLUGIN_API_DIR).ok();
         match installed
             .into_iter()

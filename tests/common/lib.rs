@@ -760,13 +760,28 @@ pub fn cargo(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> CargoOutput {
     }
 }
 
+/// The workspace's cargo target folder (the parent of [`target_dir`]): a crate built outside
+/// the workspace with `CARGO_TARGET_DIR` set to it reuses the workspace's build of libtorch's
+/// bindings.
+pub fn workspace_target_dir() -> PathBuf {
+    target_dir()
+        .parent()
+        .expect("target/release has a parent")
+        .to_owned()
+}
+
+/// Removes what building the outside crate `name` left in [`target_dir`], so that the tests
+/// listing the plugins there do not see it.
+pub fn remove_built_plugin(name: &str) {
+    for ext in ["so", "rlib", "d"] {
+        let _ = std::fs::remove_file(target_dir().join(format!("lib{name}.{ext}")));
+    }
+}
+
 /// The command [`cargo`] runs, for a test that expects it to fail (run it with
 /// [`run_with_timeout`] and [`CARGO_TIMEOUT`]).
 pub fn cargo_command(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Command {
-    let workspace_target = target_dir()
-        .parent()
-        .expect("target/release has a parent")
-        .to_owned();
+    let workspace_target = workspace_target_dir();
     let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
     cmd.args(args)
         .current_dir(dir)

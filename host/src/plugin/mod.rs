@@ -294,16 +294,19 @@ pub fn user_dir() -> Option<PathBuf> {
     Some(data.join("tessera").join("plugins"))
 }
 
+/// The folder of the running `tessera` binary (links resolved): an installation's `bin/`, or a
+/// cargo build folder.
+pub fn binary_dir() -> Option<PathBuf> {
+    let exe = std::fs::canonicalize(std::env::current_exe().ok()?).ok()?;
+    exe.parent().map(Path::to_path_buf)
+}
+
 /// The installation's own plugin folders: `<bin>/../lib/tessera/plugins` when the running
 /// binary sits in an installation's `bin/` (`scripts/install.sh`, the wheel), and the binary's
 /// own folder when it is a cargo build folder (it holds cargo's `.cargo-lock`), where the
 /// workspace's plugins are built next to it.
 pub fn installation_dirs() -> Vec<SearchDir> {
-    let Some(bin_dir) = std::env::current_exe()
-        .and_then(std::fs::canonicalize)
-        .ok()
-        .and_then(|exe| exe.parent().map(Path::to_path_buf))
-    else {
+    let Some(bin_dir) = binary_dir() else {
         return Vec::new();
     };
     let mut dirs = Vec::new();
