@@ -7,10 +7,12 @@
 use std::path::PathBuf;
 
 fn main() {
+    println!("cargo:rerun-if-changed=csrc/amp.cpp");
     println!("cargo:rerun-if-changed=csrc/autocast.cpp");
     println!("cargo:rerun-if-changed=csrc/dist.cpp");
     println!("cargo:rerun-if-changed=csrc/gloo-decls");
     println!("cargo:rerun-if-changed=csrc/grad.cpp");
+    println!("cargo:rerun-if-changed=csrc/oom.cpp");
     println!("cargo:rerun-if-changed=csrc/rng.cpp");
     println!("cargo:rerun-if-changed=csrc/script_module.cpp");
     println!("cargo:rerun-if-env-changed=DEP_TCH_LIBTORCH_LIB");
@@ -36,9 +38,11 @@ fn main() {
     let cxx11_abi = std::env::var("LIBTORCH_CXX11_ABI").unwrap_or_else(|_| "1".to_owned());
     cc::Build::new()
         .cpp(true)
+        .file("csrc/amp.cpp")
         .file("csrc/autocast.cpp")
         .file("csrc/dist.cpp")
         .file("csrc/grad.cpp")
+        .file("csrc/oom.cpp")
         .file("csrc/rng.cpp")
         .file("csrc/script_module.cpp")
         .include("csrc/gloo-decls")

@@ -29,6 +29,7 @@ pub mod recipes;
 pub mod report;
 pub mod scaffold;
 pub mod sweep;
+pub mod sync;
 pub mod time;
 pub mod tracking;
 pub mod trainer;

@@ -3,7 +3,7 @@
 //! ([`GradScaler`], PyTorch's `torch.amp.GradScaler`).
 
 use serde::{Deserialize, Serialize};
-use tch::{Device, TchError, Tensor};
+use tch::{Device, Kind, TchError, Tensor};
 
 /// Numeric precision of training (`train.precision`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
@@ -78,7 +78,13 @@ impl AutocastGuard {
 /// (`backoff_factor`); after `growth_interval` steps in a row without one the scale doubles
 /// (`growth_factor`). The scale and the count of good steps are saved in checkpoints, so a
 /// resumed run scales exactly as the run that never stopped.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+///
+/// As PyTorch's, it lives on the device: the check and the unscaling are one multi-tensor call
+/// (`_amp_foreach_non_finite_check_and_unscale_`), the skip decision is a device flag the
+/// optimizer's kernels take ([`GradScaler::found_inf`]), and the scale is updated by
+/// `_amp_update_scale_`; nothing is read on the host during a step. The public fields are the
+/// host copy, brought up to date by [`GradScaler::sync`] (at log lines and checkpoints).
+#[derive(Debug, Serialize, Deserialize)]
 pub struct GradScaler {
     /// The current scale (PyTorch's `init_scale` 2^16 at the start).
     pub scale: f64,
@@ -92,9 +98,58 @@ pub struct GradScaler {
     pub growth_tracker: u64,
     /// Steps skipped because their gradients were not finite.
     pub skipped_steps: u64,
-    /// Whether the gradients unscaled in the current step held an infinity or a NaN.
+    /// The state on the device, made from the fields above at the first use.
     #[serde(skip)]
-    found_inf: bool,
+    live: Option<Live>,
+}
+
+/// The scaler's state on the training device.
+#[derive(Debug)]
+struct Live {
+    /// `[1]` float32.
+    scale: Tensor,
+    /// `[1]` int32.
+    growth_tracker: Tensor,
+    /// `[1]` float32: 1 when the gradients unscaled in the current step were not finite.
+    found_inf: Tensor,
+    /// `[1]` float64: steps skipped.
+    skipped: Tensor,
+}
+
+impl Clone for GradScaler {
+    /// A copy of the host fields (the device state is made again from them at its first use);
+    /// call [`GradScaler::sync`] first for the current values.
+    fn clone(&self) -> Self {
+        GradScaler {
+            scale: self.scale,
+            growth_factor: self.growth_factor,
+            backoff_factor: self.backoff_factor,
+            growth_interval: self.growth_interval,
+            growth_tracker: self.growth_tracker,
+            skipped_steps: self.skipped_steps,
+            live: None,
+        }
+    }
+}
+
+impl PartialEq for GradScaler {
+    fn eq(&self, other: &Self) -> bool {
+        (
+            self.scale,
+            self.growth_factor,
+            self.backoff_factor,
+            self.growth_interval,
+            self.growth_tracker,
+            self.skipped_steps,
+        ) == (
+            other.scale,
+            other.growth_factor,
+            other.backoff_factor,
+            other.growth_interval,
+            other.growth_tracker,
+            other.skipped_steps,
+        )
+    }
 }
 
 impl Default for GradScaler {
@@ -106,57 +161,142 @@ impl Default for GradScaler {
             growth_interval: 2000,
             growth_tracker: 0,
             skipped_steps: 0,
-            found_inf: false,
+            live: None,
         }
     }
 }
 
+extern "C" {
+    fn tessera_amp_unscale(
+        grads: *mut *mut std::ffi::c_void,
+        n: i32,
+        found_inf: *mut std::ffi::c_void,
+        inv_scale: *mut std::ffi::c_void,
+    ) -> i32;
+    fn tessera_amp_last_error() -> *const std::ffi::c_char;
+}
+
 impl GradScaler {
-    /// `loss · scale`, the tensor to run the backward pass on.
-    pub fn scale_loss(&self, loss: &Tensor) -> Result<Tensor, TchError> {
-        loss.f_mul_scalar(self.scale)
+    fn live(&mut self, device: Device) -> Result<&mut Live, TchError> {
+        let stale = match &self.live {
+            Some(l) => l.scale.device() != device,
+            None => true,
+        };
+        if stale {
+            let on = |v: Tensor| v.f_to_device(device);
+            self.live = Some(Live {
+                scale: on(Tensor::f_from_slice(&[self.scale as f32])?)?,
+                growth_tracker: on(Tensor::f_from_slice(&[self.growth_tracker as i32])?)?,
+                found_inf: on(Tensor::f_from_slice(&[0f32])?)?,
+                skipped: on(Tensor::f_from_slice(&[self.skipped_steps as f64])?)?,
+            });
+        }
+        match &mut self.live {
+            Some(l) => Ok(l),
+            None => Err(TchError::Kind("the loss scaler has no device state".into())),
+        }
+    }
+
+    /// `loss · scale`, the tensor to run the backward pass on (a device multiplication).
+    pub fn scale_loss(&mut self, loss: &Tensor) -> Result<Tensor, TchError> {
+        let live = self.live(loss.device())?;
+        loss.f_mul(&live.scale.f_view([])?)
     }
 
     /// Divides every defined gradient of `params` by the scale in place (multiplying by the
-    /// float32 reciprocal, as PyTorch does) and records whether any held an infinity or a NaN.
+    /// float32 reciprocal, as PyTorch does) and records on the device whether any held an
+    /// infinity or a NaN ([`GradScaler::found_inf`]): one multi-tensor call per device, no read.
     pub fn unscale<'a>(
         &mut self,
         params: impl Iterator<Item = &'a Tensor>,
     ) -> Result<(), TchError> {
-        let inverse = f64::from((1.0 / self.scale) as f32);
         let _guard = tch::no_grad_guard();
-        for p in params {
-            let mut g = p.grad();
-            if !g.defined() {
-                continue;
-            }
-            if !self.found_inf && g.f_isfinite()?.f_all()?.f_int64_value(&[])? == 0 {
-                self.found_inf = true;
-            }
-            let _ = g.f_mul_scalar_(inverse)?;
+        let mut grads: Vec<Tensor> = params.map(|p| p.grad()).filter(|g| g.defined()).collect();
+        let device = match grads.first() {
+            Some(g) => g.device(),
+            None => return Ok(()),
+        };
+        let live = self.live(device)?;
+        let _ = live.found_inf.f_zero_()?;
+        let mut inverse = live
+            .scale
+            .f_to_kind(Kind::Double)?
+            .f_reciprocal()?
+            .f_to_kind(Kind::Float)?;
+        let mut pointers: Vec<*mut std::ffi::c_void> =
+            grads.iter_mut().map(|g| g.as_mut_ptr().cast()).collect();
+        // SAFETY: every pointer is the `at::Tensor*` of a live tensor owned by `grads`,
+        // `live.found_inf` or `inverse`, all alive for the call; the shim catches libtorch's
+        // exceptions.
+        let rc = unsafe {
+            tessera_amp_unscale(
+                pointers.as_mut_ptr(),
+                pointers.len() as i32,
+                live.found_inf.as_mut_ptr().cast(),
+                inverse.as_mut_ptr().cast(),
+            )
+        };
+        if rc != 0 {
+            // SAFETY: the shim returns a pointer to its thread-local, NUL-terminated message.
+            let message = unsafe { std::ffi::CStr::from_ptr(tessera_amp_last_error()) };
+            return Err(TchError::Torch(format!(
+                "unscaling the gradients: {}",
+                message.to_string_lossy()
+            )));
         }
         Ok(())
     }
 
-    /// Whether the current step's gradients held an infinity or a NaN (its update is skipped).
-    pub fn found_inf(&self) -> bool {
-        self.found_inf
+    /// The current step's flag on the device: a 0-dim float32 tensor, 1 when the gradients
+    /// unscaled in this step held an infinity or a NaN (the update is skipped), else 0.
+    /// `None` before the first [`GradScaler::unscale`].
+    pub fn found_inf(&self) -> Option<Tensor> {
+        self.live.as_ref().and_then(|l| l.found_inf.f_view([]).ok())
     }
 
-    /// Ends the step: backs off after a non-finite step (counted as skipped), grows after
-    /// `growth_interval` good steps in a row (PyTorch's `_amp_update_scale_`).
-    pub fn update(&mut self) {
-        if std::mem::take(&mut self.found_inf) {
-            self.scale *= self.backoff_factor;
-            self.growth_tracker = 0;
-            self.skipped_steps += 1;
-        } else {
-            self.growth_tracker += 1;
-            if self.growth_tracker == self.growth_interval {
-                self.scale *= self.growth_factor;
-                self.growth_tracker = 0;
-            }
+    /// Ends the step on the device: backs off after a non-finite step (counted as skipped),
+    /// grows after `growth_interval` good steps in a row (PyTorch's `_amp_update_scale_`).
+    pub fn update(&mut self) -> Result<(), TchError> {
+        let (growth, backoff, interval) = (
+            self.growth_factor,
+            self.backoff_factor,
+            self.growth_interval as i64,
+        );
+        let Some(live) = self.live.as_mut() else {
+            return Ok(());
+        };
+        let _ = live.scale.f_internal_amp_update_scale_(
+            &live.growth_tracker,
+            &live.found_inf,
+            growth,
+            backoff,
+            interval,
+        )?;
+        let _ = live.skipped.f_add_(&live.found_inf)?;
+        let _ = live.found_inf.f_zero_()?;
+        Ok(())
+    }
+
+    /// Brings the host fields up to date with the device state (one counted read, see
+    /// [`crate::sync`]); nothing to do before the first step.
+    pub fn sync(&mut self) -> Result<(), TchError> {
+        let Some(live) = &self.live else {
+            return Ok(());
+        };
+        let values = crate::sync::read(&Tensor::f_cat(
+            &[
+                live.scale.f_to_kind(Kind::Double)?,
+                live.growth_tracker.f_to_kind(Kind::Double)?,
+                live.skipped.shallow_clone(),
+            ],
+            0,
+        )?)?;
+        if let [scale, tracker, skipped] = values[..] {
+            self.scale = scale;
+            self.growth_tracker = tracker as u64;
+            self.skipped_steps = skipped as u64;
         }
+        Ok(())
     }
 }
 
@@ -191,36 +331,48 @@ mod tests {
             ..GradScaler::default()
         };
         let p = Tensor::ones([2], (Kind::Float, Device::Cpu)).set_requires_grad(true);
-        let backward = |s: &GradScaler, value: f64| {
+        let backward = |s: &mut GradScaler, value: f64| {
             let loss = (&p * value).sum(Kind::Float);
             s.scale_loss(&loss).unwrap().backward();
         };
+        let found = |s: &GradScaler| f64::try_from(s.found_inf().unwrap()).unwrap();
         // A finite step: the gradient comes back unscaled, the step counts towards growth.
-        backward(&s, 3.0);
+        backward(&mut s, 3.0);
         s.unscale([&p].into_iter()).unwrap();
-        assert!(!s.found_inf());
+        assert_eq!(found(&s), 0.0);
         assert_eq!(Vec::<f32>::try_from(p.grad()).unwrap(), [3.0, 3.0]);
-        s.update();
+        s.update().unwrap();
+        s.sync().unwrap();
         assert_eq!((s.scale, s.growth_tracker), (65536.0, 1));
         // An overflowing step: found, skipped, the scale halves and the tracker resets.
         let _ = p.grad().zero_();
-        backward(&s, f64::INFINITY);
+        backward(&mut s, f64::INFINITY);
         s.unscale([&p].into_iter()).unwrap();
-        assert!(s.found_inf());
-        s.update();
+        assert_eq!(found(&s), 1.0);
+        s.update().unwrap();
+        s.sync().unwrap();
         assert_eq!(
             (s.scale, s.growth_tracker, s.skipped_steps),
             (32768.0, 0, 1)
         );
-        assert!(!s.found_inf());
+        assert_eq!(found(&s), 0.0);
         // Three good steps in a row: the scale doubles.
         for _ in 0..3 {
             let _ = p.grad().zero_();
-            backward(&s, 1.0);
+            backward(&mut s, 1.0);
             s.unscale([&p].into_iter()).unwrap();
-            s.update();
+            s.update().unwrap();
         }
+        s.sync().unwrap();
         assert_eq!((s.scale, s.growth_tracker), (65536.0, 0));
+        // A copy (a checkpoint's) starts its device state from the synced fields.
+        let mut copy = s.clone();
+        assert_eq!(copy, s);
+        let loss = Tensor::from(2.0f32);
+        assert_eq!(
+            f64::try_from(copy.scale_loss(&loss).unwrap()).unwrap(),
+            131072.0
+        );
     }
 
     #[test]

@@ -63,6 +63,10 @@ pub struct TrainerMeta {
     /// When an evaluation first met `train.target` (a resumed run reports that first time).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_reached: Option<TargetReached>,
+    /// Samples per forward/backward pass when the checkpoint was written: the size
+    /// `train.microbatch_size = "auto"` found (absent in checkpoints before Tessera 0.2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub microbatch_size: Option<usize>,
 }
 
 /// One method's entry.

@@ -71,6 +71,7 @@ fn sample() -> Checkpoint {
             disabled: vec![],
             skipped_steps: 0,
             grad_scaler: None,
+            microbatch_size: None,
             trained_samples: 3,
             target_reached: None,
         },

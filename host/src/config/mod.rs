@@ -48,7 +48,7 @@ pub use logging::LoggingConfig;
 pub use recipe::{load_recipe, load_with_recipe, recipe_from_str, Recipe};
 pub use recorded::{from_recorded, recorded_toml};
 pub use sweep::{load_sweep, Axis, AxisValue, SweepSpec};
-pub use train::TrainConfig;
+pub use train::{MicrobatchSize, TrainConfig};
 
 use crate::model::ModelConfig;
 use crate::optim::{schedule::Schedule, Rule};

@@ -225,7 +225,7 @@ impl<'a> Tbl<'a> {
         )
     }
 
-    fn wrong_type(&self, key: &str, node: &Node, expected: &str) -> ConfigError {
+    pub(super) fn wrong_type(&self, key: &str, node: &Node, expected: &str) -> ConfigError {
         ConfigError::new(
             self.file,
             node.loc.clone(),
@@ -340,7 +340,7 @@ impl<'a> Tbl<'a> {
         Ok(Some(time))
     }
 
-    fn uint_of(&self, key: &str, node: &Node, min: u64) -> Result<usize, ConfigError> {
+    pub(super) fn uint_of(&self, key: &str, node: &Node, min: u64) -> Result<usize, ConfigError> {
         let expected = if min == 0 {
             "a non-negative integer".to_string()
         } else {

@@ -18,8 +18,9 @@ use crate::time::{Time, TimeUnit};
 pub struct TrainConfig {
     /// How long to train, in a count unit (ep, ba, sp, tok, iter).
     pub max_duration: Time,
-    /// Samples per forward/backward pass (default: `data.batch_size`); <= batch size.
-    pub microbatch_size: usize,
+    /// Samples per forward/backward pass (default: `data.batch_size`); <= batch size, or
+    /// `"auto"`: start at the batch size and halve on out-of-memory errors.
+    pub microbatch_size: MicrobatchSize,
     /// Numeric precision (default fp32).
     pub precision: Precision,
     /// Device (default auto).
@@ -53,7 +54,7 @@ pub struct TrainConfig {
 
 section!(TrainConfig {
     max_duration,
-    microbatch_size: uint(1),
+    microbatch_size: microbatch_size(),
     precision: choice("precision", &Precision::CHOICES),
     device: parse::<Device>("\"auto\", \"cpu\", \"cuda\" or \"cuda:N\""),
     scale_schedule_ratio: float(Bounds::POSITIVE),
@@ -78,7 +79,7 @@ pub(super) fn read(top: &Tbl<'_>, data: &DataConfig) -> Result<TrainConfig, Conf
     })?;
     let train = TrainConfig {
         max_duration,
-        microbatch_size: data.batch_size,
+        microbatch_size: MicrobatchSize::Fixed(data.batch_size),
         precision: Precision::default(),
         device: Device::default(),
         scale_schedule_ratio: 1.0,
@@ -117,15 +118,74 @@ pub(super) fn read(top: &Tbl<'_>, data: &DataConfig) -> Result<TrainConfig, Conf
             ),
         ));
     }
-    if train.microbatch_size > data.batch_size {
-        return Err(t.err(
-            "microbatch_size",
-            ErrorKind::InvalidValue,
-            format!(
-                "must be <= data.batch_size ({}), got {}",
-                data.batch_size, train.microbatch_size
-            ),
-        ));
+    if let MicrobatchSize::Fixed(size) = train.microbatch_size {
+        if size > data.batch_size {
+            return Err(t.err(
+                "microbatch_size",
+                ErrorKind::InvalidValue,
+                format!(
+                    "must be <= data.batch_size ({}), got {size}",
+                    data.batch_size
+                ),
+            ));
+        }
     }
     Ok(train)
+}
+
+/// `train.microbatch_size`: samples per forward/backward pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MicrobatchSize {
+    /// This many samples (the last microbatch of a batch may have fewer).
+    Fixed(usize),
+    /// Composer's `device_train_microbatch_size = "auto"`: start with the whole batch and, when
+    /// a pass runs out of device memory, halve the microbatch and train the batch again. The size
+    /// found is logged, and kept in checkpoints and run.json.
+    Auto,
+}
+
+impl MicrobatchSize {
+    /// The size a run starts with, for batches of `batch_size`.
+    pub fn initial(self, batch_size: usize) -> usize {
+        match self {
+            MicrobatchSize::Fixed(n) => n,
+            MicrobatchSize::Auto => batch_size,
+        }
+    }
+}
+
+impl PartialEq<usize> for MicrobatchSize {
+    fn eq(&self, other: &usize) -> bool {
+        *self == MicrobatchSize::Fixed(*other)
+    }
+}
+
+impl Serialize for MicrobatchSize {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            MicrobatchSize::Fixed(n) => s.serialize_u64(*n as u64),
+            MicrobatchSize::Auto => s.serialize_str("auto"),
+        }
+    }
+}
+
+impl Tbl<'_> {
+    /// `microbatch_size`: an integer >= 1 or `"auto"`.
+    fn microbatch_size(&self, key: &str) -> Result<Option<MicrobatchSize>, ConfigError> {
+        let Some(e) = self.entry(key) else {
+            return Ok(None);
+        };
+        match &e.node.val {
+            super::tree::Val::Str(s) if s == "auto" => Ok(Some(MicrobatchSize::Auto)),
+            super::tree::Val::Str(s) => Err(self.err(
+                key,
+                ErrorKind::InvalidValue,
+                format!("expected an integer >= 1 or \"auto\", got {s:?}"),
+            )),
+            super::tree::Val::Int(_) => self
+                .uint_of(key, &e.node, 1)
+                .map(|n| Some(MicrobatchSize::Fixed(n))),
+            _ => Err(self.wrong_type(key, &e.node, "an integer >= 1 or \"auto\"")),
+        }
+    }
 }

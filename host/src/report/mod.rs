@@ -157,6 +157,14 @@ pub struct RunRecord {
     /// single process).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data_parallel: Option<DataParallelRecord>,
+    /// The trainer's device→host reads: inside steps (0 in the default configuration) and in
+    /// all (absent in records of Tessera before 0.2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_reads: Option<crate::sync::HostReads>,
+    /// Samples per forward/backward pass at the end of the run (what
+    /// `train.microbatch_size = "auto"` found); absent in records before Tessera 0.2.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub microbatch_size: Option<usize>,
 }
 
 /// A data-parallel run in its record.

@@ -44,6 +44,14 @@ impl Trainer {
             Purpose::Standalone => None,
         };
         let device = config.train.device.resolve()?;
+        if config.train.microbatch_size == crate::config::MicrobatchSize::Auto {
+            if dp.is_some() {
+                fail!("train.microbatch_size = \"auto\" is not supported in data-parallel runs yet (a rank that runs out of memory mid-backward would leave the others waiting in the gradient all-reduce); give a number");
+            }
+            if purpose == Purpose::Fit && !super::microbatch::watch_oom() {
+                tracing::warn!("train.microbatch_size = \"auto\": another memory reporter (a profiler) is installed, so out-of-memory errors cannot be recognised and will stop the run");
+            }
+        }
         // Every rank builds the same model from the run's seed; each gets its own streams
         // after set-up (`seed_rank`).
         tch::manual_seed(config.seed as i64);
@@ -160,8 +168,13 @@ impl Trainer {
             evals: Vec::new(),
             eval_times: Vec::new(),
             last_eval_batch: None,
-            running_loss: None,
+            running_loss: 0.0,
             running_batches: 0,
+            pending: Default::default(),
+            scale_logged: false,
+            host_reads: Default::default(),
+            reads_at_start: 0,
+            microbatch: config.train.microbatch_size.initial(config.data.batch_size),
             train_seconds: 0.0,
             started,
             wall_before: 0.0,

@@ -256,29 +256,42 @@ impl Trainer {
         Ok(())
     }
 
-    /// The step's values agreed over the ranks: the mean of the batch losses, a stop signal
-    /// if any rank got one, and the samples trained on (summed). One all-reduce per step.
-    pub(super) fn agree_step(
-        &mut self,
-        loss: Option<f64>,
-        trained: u64,
-    ) -> Result<(Option<f64>, Option<i32>, u64)> {
+    /// The step's host values agreed over the ranks: a stop signal if any rank got one, and the
+    /// samples trained on (summed). One all-reduce of two host numbers per step (Gloo, on the
+    /// CPU: it waits for the other ranks, never for the device).
+    pub(super) fn agree_step(&mut self, trained: u64) -> Result<(Option<i32>, u64)> {
         let local_stop = self.stop_requested_locally();
         let Some(dp) = &self.dp else {
-            return Ok((loss, local_stop, trained));
+            return Ok((local_stop, trained));
         };
-        let values = [
-            loss.unwrap_or(0.0),
-            f64::from(u8::from(loss.is_some())),
-            f64::from(u8::from(local_stop.is_some())),
-            trained as f64,
-        ];
+        let values = [f64::from(u8::from(local_stop.is_some())), trained as f64];
         let v = dp.group.all_reduce_values(&values, Op::Sum)?;
-        let with_loss = v[1].round() as usize;
-        let loss = (with_loss > 0).then(|| v[0] / with_loss as f64);
         // A rank that got no signal itself stops as if it had got SIGTERM (the launcher's).
-        let stop = (v[2] > 0.0).then(|| local_stop.unwrap_or(15));
-        Ok((loss, stop, v[3].round() as u64))
+        let stop = (v[0] > 0.0).then(|| local_stop.unwrap_or(15));
+        Ok((stop, v[1].round() as u64))
+    }
+
+    /// The step's non-finite flag (a device tensor, 1 when this rank's loss was not finite)
+    /// agreed over the ranks: the maximum, so that every rank skips the update alike. A device
+    /// collective, no host read.
+    pub(super) fn agree_flag(&self, flag: Tensor) -> Result<Tensor> {
+        let Some(dp) = &self.dp else {
+            return Ok(flag);
+        };
+        let flag = flag.f_contiguous()?;
+        dp.group.all_reduce(&flag, Op::Max)?;
+        Ok(flag)
+    }
+
+    /// Averages `sum` (this rank's loss summed over `count` finite steps) over the ranks:
+    /// `(Σ sums) / world`, so every rank holds the same running loss (the mean over the global
+    /// batch). The ranks take the same steps, so their counts agree.
+    pub(super) fn mean_over_ranks(&self, sum: f64) -> Result<f64> {
+        let Some(dp) = &self.dp else {
+            return Ok(sum);
+        };
+        let v = dp.group.all_reduce_values(&[sum], Op::Sum)?;
+        Ok(v[0] / self.world() as f64)
     }
 
     /// Sums per-rank evaluation totals over the ranks.

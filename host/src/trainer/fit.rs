@@ -21,6 +21,7 @@ impl Trainer {
         if self.purpose == Purpose::Standalone {
             fail!("this trainer was built to evaluate or predict (Trainer::standalone); build one with Trainer::new to train");
         }
+        self.reads_at_start = crate::sync::reads();
         self.fire(Event::FIT_START)?;
         // A resumed run keeps the learning rate the checkpoint holds: the schedule is stepped
         // before the clock advances, so the next step's rate is a function of the previous
@@ -131,6 +132,8 @@ impl Trainer {
             self.log_train_line()?;
             self.report_target_missed();
         }
+        // The last steps' losses are checked (a stop, a skip) before the record is written.
+        self.settle_steps()?;
         // Data-parallel: every rank must end with the same model.
         self.check_ranks_agree()?;
         self.reporter.finish();
@@ -203,10 +206,11 @@ impl Trainer {
     }
 
     pub(super) fn log_train_line(&mut self) -> Result<()> {
-        let loss = match self.running_loss.take() {
-            Some(sum) => sum.f_double_value(&[])? / self.running_batches.max(1) as f64,
-            None => return Ok(()),
-        };
+        self.settle_steps()?;
+        if self.running_batches == 0 {
+            return Ok(());
+        }
+        let loss = std::mem::take(&mut self.running_loss) / self.running_batches as f64;
         self.running_batches = 0;
         let t = &self.state.clock.timestamp;
         let per_second = |n: u64| {
@@ -229,7 +233,7 @@ impl Trainer {
             line["tokens_per_second"] = json!(per_second(t.token));
         }
         // Steps with a non-finite loss never reach the running loss: they stop the run or are
-        // skipped (`skip_nonfinite_step`), so the average is finite.
+        // skipped (`settle_steps`), so the average is finite.
         self.reporter.train_line(line);
         Ok(())
     }
@@ -289,6 +293,11 @@ impl Trainer {
             skipped_steps: self.skipped_steps,
             trained_samples: self.trained_samples,
             data_parallel: self.data_parallel_record(),
+            microbatch_size: Some(self.microbatch),
+            host_reads: Some(crate::sync::HostReads {
+                total: crate::sync::reads() - self.reads_at_start,
+                ..self.host_reads.clone()
+            }),
         }
     }
 }

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use tch::{Device, Tensor};
+use tch::Device;
 
 use crate::config::Config;
 use crate::data::Loader;
@@ -22,6 +22,8 @@ mod error;
 mod eval;
 mod export;
 mod fit;
+mod losses;
+mod microbatch;
 mod resume;
 mod standalone;
 mod step;
@@ -80,8 +82,21 @@ pub struct Trainer {
     /// When each of `evals` ran.
     eval_times: Vec<EvalTime>,
     last_eval_batch: Option<u64>,
-    running_loss: Option<Tensor>,
+    /// The finite training losses summed since the last metrics line (read from the device
+    /// by `settle_steps`), and how many.
+    running_loss: f64,
     running_batches: u64,
+    /// Steps whose loss and non-finite flag are still on the device.
+    pending: losses::Pending,
+    /// Whether the loss scale was logged yet (`amp_fp16`: at the first check, then on change).
+    scale_logged: bool,
+    /// The trainer's device→host reads (run.json's `host_reads`).
+    host_reads: crate::sync::HostReads,
+    /// Samples per forward/backward pass now (`train.microbatch_size`; "auto" halves it on
+    /// out-of-memory errors).
+    microbatch: usize,
+    /// `crate::sync::reads()` when `fit` started.
+    reads_at_start: u64,
     train_seconds: f64,
     started: Instant,
     /// Wall seconds of the run before this process (recorded in the checkpoint it resumed).

@@ -8,6 +8,7 @@ use crate::checkpoint::{self, Checkpoint, Parts, SavedClock, TrainerMeta};
 use crate::config;
 use crate::engine::Event;
 use crate::time::Timestamp;
+use tch::Tensor;
 
 use super::error::{fail, Context as _, Result};
 use super::{Purpose, Trainer};
@@ -77,16 +78,26 @@ impl Trainer {
         self.skipped_steps = t.skipped_steps;
         self.trained_samples = t.trained_samples;
         self.target_reached = self.restored_target(t.target_reached);
+        // The microbatch "auto" found goes on; a fixed size is the config's.
+        if let (true, Some(size)) = (self.auto_microbatch(), t.microbatch_size) {
+            self.microbatch = size;
+        }
         match (&mut self.state.scaler, t.grad_scaler) {
-            (Some(scaler), Some(saved)) => *scaler = saved,
+            (Some(scaler), Some(saved)) => {
+                *scaler = saved;
+                // The run before the checkpoint logged the scale already.
+                self.scale_logged = true;
+            }
             (Some(_), None) => tracing::warn!(
                 "the checkpoint holds no loss-scaler state (it was not written under amp_fp16); the scale starts at its initial value"
             ),
             _ => {}
         }
+        // The running loss is a host number (read once here; checkpoints before Tessera 0.2
+        // held a float32 device sum, which converts exactly).
         self.running_loss = match parts.running_loss {
-            Some(l) => Some(l.f_to_device(self.state.device())?),
-            None => None,
+            Some(l) => crate::sync::read_one(&l)?,
+            None => 0.0,
         };
         self.last_checkpoint_batch = Some(self.state.clock.timestamp.batch);
         self.resumed_from = Some(path.to_owned());
@@ -97,6 +108,10 @@ impl Trainer {
     /// and applies the retention policy (`checkpoint.keep`).
     pub fn save_checkpoint(&mut self) -> Result<PathBuf> {
         let started = Instant::now();
+        // The pending steps' losses are checked first: a non-finite loss under
+        // `nonfinite_loss = "stop"` ends the run before a checkpoint is written; the running
+        // loss and the loss scaler it saves are up to date.
+        self.settle_steps()?;
         let folder = self.config.checkpoint.folder.clone();
         let path = folder.join(checkpoint::file_name(&self.state.clock.timestamp));
         // Data-parallel: ranks 1.. hand their random streams to rank 0, which writes.
@@ -139,9 +154,10 @@ impl Trainer {
                 skipped_steps: self.skipped_steps,
                 trained_samples: self.trained_samples,
                 grad_scaler: self.state.scaler.clone(),
+                microbatch_size: Some(self.microbatch),
                 target_reached: self.target_reached.clone(),
             },
-            running_loss: self.running_loss.as_ref().map(|l| l.shallow_clone()),
+            running_loss: (self.running_batches > 0).then(|| Tensor::from(self.running_loss)),
             torch_rng: Some(checkpoint::torch_rng::cpu_state()?),
             world_size: self.world(),
             ranks,

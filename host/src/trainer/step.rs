@@ -6,11 +6,10 @@ use tch::Tensor;
 
 use crate::data::{self};
 use crate::engine::{Batch, Event};
-use crate::model::NonFiniteLoss;
 use crate::time::Timestamp;
 
 use super::error::{fail, Context as _, Result};
-use super::Trainer;
+use super::{losses, Trainer};
 
 impl Trainer {
     /// Steps the learning-rate schedule for the current clock.
@@ -52,7 +51,7 @@ impl Trainer {
         self.state.pass_index = 0;
         let mut first_pass_loss = None;
         loop {
-            let loss = self.forward_backward()?;
+            let loss = self.forward_backward_fitting()?;
             if first_pass_loss.is_none() {
                 first_pass_loss = loss;
             }
@@ -66,95 +65,38 @@ impl Trainer {
                 );
             }
         }
-        let local = match &first_pass_loss {
-            Some(loss) => Some(loss.f_double_value(&[])?),
-            None => None,
-        };
-        // Data-parallel: the loss, a stop request and the samples trained on, agreed over the
-        // ranks (so that every rank skips, steps and stops alike).
-        let (agreed, stop, trained) = self.agree_step(local, self.step_samples)?;
+        // Data-parallel: a stop request and the samples trained on, agreed over the ranks
+        // (host numbers), so that every rank steps and stops alike.
+        let (stop, trained) = self.agree_step(self.step_samples)?;
         self.agreed_stop = stop;
         self.trained_samples += trained;
-        let first_pass_loss = match (first_pass_loss, agreed) {
-            (Some(loss), Some(value)) if self.dp.is_some() => Some(
-                Tensor::f_from_slice(&[value])?
-                    .f_to_device(loss.device())?
-                    .f_view([])?,
-            ),
-            (loss, _) => loss,
+        // The non-finite guard, on the device: the flag (agreed over the ranks) goes to the
+        // optimizer, which leaves the parameters and its state as they were when it is set;
+        // `settle_steps` reads it later with the loss and applies `train.nonfinite_loss`.
+        let loss_flag = match &first_pass_loss {
+            Some(loss) => Some(self.agree_flag(losses::nonfinite_flag(loss)?)?),
+            None => None,
         };
-        if let Some(value) = agreed {
-            if !value.is_finite() && self.skip_nonfinite_step(value)? {
-                if let Some(scaler) = &mut self.state.scaler {
-                    scaler.update();
-                }
-                return Ok(());
-            }
+        // amp_fp16: a step whose (unscaled) gradients overflowed is skipped too, and the scale
+        // backs off, as PyTorch's GradScaler does.
+        let grads_flag = match &self.state.scaler {
+            Some(scaler) => scaler.found_inf(),
+            None => None,
+        };
+        let skip = match (&loss_flag, grads_flag) {
+            (Some(a), Some(b)) => Some(a.f_maximum(&b)?),
+            (Some(a), None) => Some(a.shallow_clone()),
+            (None, b) => b,
+        };
+        self.state.optimizer.step_masked(skip.as_ref())?;
+        if let Some(scaler) = &mut self.state.scaler {
+            scaler.update()?;
         }
-        match &mut self.state.scaler {
-            // amp_fp16: a step whose (unscaled) gradients overflowed is skipped and the scale
-            // backs off, as PyTorch's GradScaler does.
-            Some(scaler) => {
-                let (before, skip) = (scaler.scale, scaler.found_inf());
-                if skip {
-                    self.state.optimizer.skip_step();
-                } else {
-                    self.state.optimizer.step()?;
-                }
-                scaler.update();
-                // Logged at the first step and whenever it changes, not every step.
-                let (scale, skipped) = (scaler.scale, scaler.skipped_steps);
-                if scale != before || self.state.optimizer.steps() <= 1 {
-                    self.state
-                        .metrics
-                        .push(("train/loss_scale".to_owned(), scale));
-                }
-                if skip {
-                    self.state
-                        .metrics
-                        .push(("train/amp_skipped_steps".to_owned(), skipped as f64));
-                }
-            }
-            None => self.state.optimizer.step()?,
-        }
-        if let Some(loss) = first_pass_loss {
-            self.running_loss = Some(match self.running_loss.take() {
-                None => loss,
-                Some(sum) => sum.f_add(&loss)?,
-            });
-            self.running_batches += 1;
+        if let (Some(loss), Some(flag)) = (first_pass_loss, loss_flag) {
+            let t = &self.state.clock.timestamp;
+            self.pending.push(t.batch + 1, t.epoch, loss, flag);
         }
         Ok(())
-    }
-
-    /// What to do about a non-finite training loss (`train.nonfinite_loss`): an error that stops
-    /// the run before the update, or `true` to skip the update (counted, logged).
-    fn skip_nonfinite_step(&mut self, value: f64) -> Result<bool> {
-        let t = &self.state.clock.timestamp;
-        let (batch, epoch) = (t.batch + 1, t.epoch);
-        match self.config.train.nonfinite_loss {
-            NonFiniteLoss::Stop => {
-                let kept = match &self.last_checkpoint {
-                    Some(p) => format!("; the last checkpoint, {}, is intact", p.display()),
-                    None => String::new(),
-                };
-                fail!(
-                    "the training loss is {value} at batch {batch} (epoch {epoch}); stopped before the update{kept}. Lower the learning rate, check the data, or set train.nonfinite_loss = \"skip\" to skip such steps"
-                );
-            }
-            NonFiniteLoss::Skip => {
-                self.skipped_steps += 1;
-                tracing::warn!(
-                    "the training loss is {value} at batch {batch} (epoch {epoch}); skipping the update ({} skipped so far)",
-                    self.skipped_steps
-                );
-                self.state.optimizer.zero_grad();
-                self.state
-                    .metrics
-                    .push(("train/skipped_steps".to_owned(), self.skipped_steps as f64));
-                Ok(true)
-            }
-        }
     }
 
     /// One forward/backward pass over the batch, from `before_train_batch` to
@@ -171,7 +113,7 @@ impl Trainer {
                 self.state.clock.timestamp.batch
             );
         }
-        let microbatch = (self.config.train.microbatch_size as i64).clamp(1, total);
+        let microbatch = (self.microbatch as i64).clamp(1, total);
         let parts = full.split(microbatch)?;
         let count = parts.len();
         let mut batch_loss: Option<Tensor> = None;
@@ -199,7 +141,7 @@ impl Trainer {
             let loss = self.state.loss.as_ref().context("the loss was removed")?;
             let weight = size as f64 / total as f64;
             let weighted = loss.f_mul_scalar(weight)?;
-            let root = match &self.state.scaler {
+            let root = match &mut self.state.scaler {
                 // As Composer: the loss is scaled, then weighted by the microbatch's share.
                 Some(scaler) => scaler.scale_loss(loss)?.f_mul_scalar(weight)?,
                 None => weighted.shallow_clone(),
@@ -237,6 +179,7 @@ impl Trainer {
     pub fn step(&mut self, batch: Batch, started: Instant) -> Result<Timestamp> {
         let samples = batch.len() as u64;
         let tokens = batch.tokens();
+        let reads_before = crate::sync::reads();
         self.state.batch = batch;
         self.fire(Event::AFTER_DATALOADER)?;
         self.step_samples = self.state.batch.len() as u64;
@@ -263,6 +206,8 @@ impl Trainer {
         self.reporter
             .batch_done(count as f64 / self.train_seconds.max(1e-9), unit);
         self.fire(Event::BATCH_END)?;
+        self.host_reads.in_steps += crate::sync::reads() - reads_before;
+        self.host_reads.steps += 1;
         Ok(previous)
     }
 }
