@@ -266,6 +266,8 @@ impl SideStream {
 /// The loader's position is not what a checkpoint records (the clock is): a batch fetched
 /// ahead but not trained when the run stops is made again by the resumed run, so none is lost
 /// or skipped. A loader error is reported when its batch is due, after the batches before it.
+/// The host's part of fetching batch n + 1 happens within step n's timed interval (from its
+/// request for data to its end), so training time still counts every batch's preparation.
 pub(super) struct TrainInput<I> {
     batches: I,
     device: Device,
