@@ -3,7 +3,9 @@
 //! never referenced directly, so CUDA kernels get registered). Also compiles the small C++ shims
 //! for CPU/CUDA autocast, for resetting gradients to undefined and for TorchScript models
 //! (their buffers and training mode, which tch's `CModule` does not reach), and the c10d shim for
-//! data-parallel training (`csrc/dist.cpp`; `csrc/gloo-decls` says why it declares Gloo types).
+//! data-parallel training (`csrc/dist.cpp`; `csrc/gloo-decls` says why it declares Gloo types),
+//! and the input pipeline's pinned memory, streams and events (`csrc/stream.cpp`, through c10's
+//! device-generic interface, so it needs no CUDA headers).
 use std::path::PathBuf;
 
 fn main() {
@@ -15,6 +17,7 @@ fn main() {
     println!("cargo:rerun-if-changed=csrc/oom.cpp");
     println!("cargo:rerun-if-changed=csrc/rng.cpp");
     println!("cargo:rerun-if-changed=csrc/script_module.cpp");
+    println!("cargo:rerun-if-changed=csrc/stream.cpp");
     println!("cargo:rerun-if-env-changed=DEP_TCH_LIBTORCH_LIB");
     let lib = match std::env::var("DEP_TCH_LIBTORCH_LIB") {
         Ok(lib) => PathBuf::from(lib),
@@ -45,6 +48,7 @@ fn main() {
         .file("csrc/oom.cpp")
         .file("csrc/rng.cpp")
         .file("csrc/script_module.cpp")
+        .file("csrc/stream.cpp")
         .include("csrc/gloo-decls")
         .include(root.join("include"))
         .include(root.join("include/torch/csrc/api/include"))

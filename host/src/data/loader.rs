@@ -6,6 +6,11 @@
 //! epoch `e` from a generator keyed by (seed, e) on stream `p`. So the batches do not depend on the
 //! number of workers, and [`Loader::epoch`] can start at any batch without replaying the ones
 //! before it.
+//!
+//! Image batches stay `u8` while the transforms only move pixels (crop, flip): the device scales
+//! them to [0, 1] and runs a final `normalize` ([`HostInput::Pixels`]), so a quarter of the bytes
+//! cross to it. A transform that computes new values (a method's) makes the batches `f32` from
+//! that transform on.
 
 use std::any::Any;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -18,7 +23,7 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-use super::transforms::{Sample, Transform};
+use super::transforms::{Normalize, Sample, Transform};
 use super::{DataError, SampleSource};
 
 /// One batch in host memory, ready to become tensors.
@@ -35,14 +40,17 @@ pub struct HostBatch {
 /// The input half of a [`HostBatch`].
 #[derive(Debug, Clone, PartialEq)]
 pub enum HostInput {
-    /// B×C×H×W pixels after the transforms, with their shape `[B, C, H, W]`; B is smaller than
-    /// the batch size only for the last batch when `drop_last` is off, or when the source left
-    /// samples out (skipped bad files).
+    /// B×C×H×W pixels after the host's transforms, with their shape `[B, C, H, W]`; B is smaller
+    /// than the batch size only for the last batch when `drop_last` is off, or when the source
+    /// left samples out (skipped bad files). What the model sees is [`HostBatch::input_f32`]:
+    /// the device computes it from `data` and `normalize`.
     Pixels {
         /// The pixels, sample after sample.
-        data: Vec<f32>,
+        data: Pixels,
         /// `[B, C, H, W]`.
         shape: [usize; 4],
+        /// The normalization still to run (on the device), after the scaling of `u8` pixels.
+        normalize: Option<Arc<Normalize>>,
     },
     /// B×T token ids with their shape `[B, T]`.
     Tokens {
@@ -51,6 +59,39 @@ pub enum HostInput {
         /// `[B, T]`.
         shape: [usize; 2],
     },
+}
+
+/// The pixels of an image batch, sample after sample.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Pixels {
+    /// `u8` pixels, as decoded and moved by crops and flips: the device scales them to [0, 1]
+    /// (÷255).
+    Bytes(Vec<u8>),
+    /// `f32` values in [0, 1]: a transform that computes new values (a method's) ran.
+    Floats(Vec<f32>),
+}
+
+impl Pixels {
+    /// Values in the batch.
+    pub fn len(&self) -> usize {
+        match self {
+            Pixels::Bytes(v) => v.len(),
+            Pixels::Floats(v) => v.len(),
+        }
+    }
+
+    /// Whether the batch holds no values.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The size of the buffer in bytes: what crosses to the device.
+    pub fn size_in_bytes(&self) -> usize {
+        match self {
+            Pixels::Bytes(v) => v.len(),
+            Pixels::Floats(v) => std::mem::size_of_val(v.as_slice()),
+        }
+    }
 }
 
 impl HostBatch {
@@ -76,10 +117,41 @@ impl HostBatch {
     }
 
     /// The pixels of an image batch (`None` for token sequences).
-    pub fn pixels(&self) -> Option<&[f32]> {
+    pub fn pixels(&self) -> Option<&Pixels> {
         match &self.input {
             HostInput::Pixels { data, .. } => Some(data),
             HostInput::Tokens { .. } => None,
+        }
+    }
+
+    /// The input of an image batch as the model sees it, computed on the host: `u8` pixels
+    /// scaled to [0, 1] (÷255), then normalized, `(x - mean) * (1 / std)` per channel, in `f32`.
+    /// The device computes the same from [`HostInput::Pixels`]; this is its reference, and what
+    /// the loader served before it left those steps to the device. `None` for token sequences.
+    pub fn input_f32(&self) -> Option<Vec<f32>> {
+        let HostInput::Pixels {
+            data,
+            shape,
+            normalize,
+        } = &self.input
+        else {
+            return None;
+        };
+        let mut values = match data {
+            Pixels::Bytes(bytes) => bytes.iter().map(|&p| f32::from(p) / 255.0).collect(),
+            Pixels::Floats(values) => values.clone(),
+        };
+        if let Some(n) = normalize {
+            n.normalize_planes(&mut values, shape[1], shape[2] * shape[3]);
+        }
+        Some(values)
+    }
+
+    /// Bytes of the input buffer: what crosses to the device.
+    pub fn input_size_in_bytes(&self) -> usize {
+        match &self.input {
+            HostInput::Pixels { data, .. } => data.size_in_bytes(),
+            HostInput::Tokens { ids, .. } => std::mem::size_of_val(ids.as_slice()),
         }
     }
 
@@ -191,6 +263,7 @@ enum Source {
     Images {
         dataset: Arc<dyn SampleSource>,
         transforms: Arc<Vec<Transform>>,
+        stages: Stages,
     },
     /// Token sequences, served as they are.
     Tokens(Arc<dyn TokenSource>),
@@ -202,6 +275,39 @@ impl Source {
             Source::Images { dataset, .. } => dataset.len(),
             Source::Tokens(tokens) => tokens.len(),
         }
+    }
+}
+
+/// Where a loader runs each of its image transforms: `transforms[..bytes]` (crops and flips) on
+/// the `u8` pixels, `transforms[bytes..host]` on `f32` values (from the first transform that
+/// computes new values), and a final `normalize` on the device.
+#[derive(Debug, Clone)]
+struct Stages {
+    bytes: usize,
+    host: usize,
+    device_normalize: Option<Arc<Normalize>>,
+}
+
+impl Stages {
+    fn of(transforms: &[Transform]) -> Stages {
+        let (host, device_normalize) = match transforms.last() {
+            Some(Transform::Normalize(n)) => (transforms.len() - 1, Some(Arc::new(n.clone()))),
+            _ => (transforms.len(), None),
+        };
+        let bytes = transforms[..host]
+            .iter()
+            .position(|t| !t.works_on_bytes())
+            .unwrap_or(host);
+        Stages {
+            bytes,
+            host,
+            device_normalize,
+        }
+    }
+
+    /// Whether batches stay `u8` to the device.
+    fn bytes_to_device(&self) -> bool {
+        self.bytes == self.host
     }
 }
 
@@ -221,10 +327,12 @@ impl Loader {
                 .output_shape(shape)
                 .map_err(|e| DataError::Invalid(format!("transform {i}: {e}")))?;
         }
+        let stages = Stages::of(&transforms);
         Ok(Loader {
             source: Source::Images {
                 dataset,
                 transforms,
+                stages,
             },
             options,
             sample_shape: shape,
@@ -256,6 +364,15 @@ impl Loader {
     /// Whether the loader serves token sequences.
     pub fn is_tokens(&self) -> bool {
         matches!(self.source, Source::Tokens(_))
+    }
+
+    /// Whether image batches stay `u8` to the device ([`Pixels::Bytes`]): every host transform
+    /// only moves pixels. `false` for token sequences.
+    pub fn serves_bytes(&self) -> bool {
+        match &self.source {
+            Source::Images { stages, .. } => stages.bytes_to_device(),
+            Source::Tokens(_) => false,
+        }
     }
 
     /// Samples (images or sequences) this loader serves in one epoch, before batching: its
@@ -346,9 +463,11 @@ impl Loader {
             Source::Images {
                 dataset,
                 transforms,
+                stages,
             } => {
                 let dataset = Arc::clone(dataset);
                 let transforms = Arc::clone(transforms);
+                let stages = stages.clone();
                 let shape = self.sample_shape;
                 let transform_key = TransformKey {
                     key: key(self.options.seed, epoch, *b"transfrm"),
@@ -359,6 +478,7 @@ impl Loader {
                     make_batch(
                         &*dataset,
                         &transforms,
+                        &stages,
                         &order,
                         batch_size,
                         shape,
@@ -430,9 +550,11 @@ impl TransformKey {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn make_batch(
     dataset: &dyn SampleSource,
     transforms: &[Transform],
+    stages: &Stages,
     order: &[u32],
     batch_size: usize,
     shape: (usize, usize, usize),
@@ -443,8 +565,16 @@ fn make_batch(
     let end = start.saturating_add(batch_size).min(order.len());
     let (channels, height, width) = shape;
     let per = channels * height * width;
-    let mut input = Vec::with_capacity((end - start) * per);
+    let capacity = (end - start) * per;
+    let mut input = if stages.bytes_to_device() {
+        Pixels::Bytes(Vec::with_capacity(capacity))
+    } else {
+        Pixels::Floats(Vec::with_capacity(capacity))
+    };
     let mut target = Vec::with_capacity(end - start);
+    let failed = |i: usize, index: usize, e: super::transforms::TransformError| {
+        DataError::Invalid(format!("transform {i} on sample {index}: {e}"))
+    };
     for (position, &index) in order.iter().enumerate().take(end).skip(start) {
         let index = index as usize;
         // A sample the source leaves out (a skipped bad file) makes the batch shorter.
@@ -452,20 +582,53 @@ fn make_batch(
             continue;
         };
         let (c, h, w) = dataset.shape();
-        let mut sample = Sample::from_u8(&pixels, c, h, w);
         let mut rng = transform_key.rng(position);
-        for (i, transform) in transforms.iter().enumerate() {
-            transform
-                .apply(&mut sample, &mut rng)
-                .map_err(|e| DataError::Invalid(format!("transform {i} on sample {index}: {e}")))?;
-        }
-        if sample.shape() != shape || sample.data.len() != per {
+        // Crops and flips on the u8 pixels (a copy only when there are some).
+        let moved;
+        let (bytes, bytes_shape): (&[u8], _) = if stages.bytes == 0 {
+            (&pixels, (c, h, w))
+        } else {
+            let mut sample = Sample {
+                data: pixels.into_owned(),
+                channels: c,
+                height: h,
+                width: w,
+            };
+            for (i, transform) in transforms[..stages.bytes].iter().enumerate() {
+                transform
+                    .apply_to_bytes(&mut sample, &mut rng)
+                    .map_err(|e| failed(i, index, e))?;
+            }
+            moved = sample;
+            (&moved.data, moved.shape())
+        };
+        let out_shape = match &mut input {
+            Pixels::Bytes(out) => {
+                if bytes.len() == per {
+                    out.extend_from_slice(bytes);
+                }
+                (bytes_shape, bytes.len())
+            }
+            Pixels::Floats(out) => {
+                let (c, h, w) = bytes_shape;
+                let mut sample = Sample::from_u8(bytes, c, h, w);
+                for (i, transform) in transforms[stages.bytes..stages.host].iter().enumerate() {
+                    transform
+                        .apply(&mut sample, &mut rng)
+                        .map_err(|e| failed(stages.bytes + i, index, e))?;
+                }
+                if sample.data.len() == per {
+                    out.extend_from_slice(&sample.data);
+                }
+                (sample.shape(), sample.data.len())
+            }
+        };
+        if out_shape != (shape, per) {
             return Err(DataError::Invalid(format!(
                 "loader: sample {index} came out as {:?}, expected {shape:?}",
-                sample.shape()
+                out_shape.0
             )));
         }
-        input.extend_from_slice(&sample.data);
         target.push(label);
     }
     if target.is_empty() && end > start {
@@ -477,6 +640,7 @@ fn make_batch(
         input: HostInput::Pixels {
             data: input,
             shape: [target.len(), channels, height, width],
+            normalize: stages.device_normalize.clone(),
         },
         target,
         index: batch,

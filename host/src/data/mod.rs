@@ -3,8 +3,10 @@
 //! Pure Rust: this module reads and fetches image datasets ([`idx`], [`mod@fetch`]), holds them in
 //! memory ([`ImageDataset`]) or lists an image folder whose files are decoded on demand
 //! ([`ImageFolder`]), both read through a [`SampleSource`], augments samples ([`Transform`]) and
-//! serves batches of `f32` pixels on worker threads ([`Loader`]). The trainer turns
-//! [`HostBatch`]es into tensors.
+//! serves batches on worker threads ([`Loader`]): `u8` pixels (or `f32` values when a method's
+//! transform computes new ones) with the normalization still to run, or `i64` token ids. The
+//! trainer turns [`HostBatch`]es into tensors on the device, where the pixels are scaled and
+//! normalized.
 
 pub mod dataset;
 mod download;
@@ -27,7 +29,7 @@ pub use fetch::{
 };
 pub use folder::{FolderConfig, ImageFolder, OnBadFile};
 pub use idx::{read_images, read_labels, Images};
-pub use loader::{EpochIter, HostBatch, HostInput, Loader, LoaderOptions, TokenSource};
+pub use loader::{EpochIter, HostBatch, HostInput, Loader, LoaderOptions, Pixels, TokenSource};
 pub use source::SampleSource;
 pub use spec::{Dataset, DatasetShape, SyntheticConfig, TextConfig};
 pub use text::{

@@ -1,7 +1,11 @@
-//! Per-sample image transforms on an `f32` C×H×W buffer.
+//! Per-sample image transforms on a C×H×W buffer of `u8` pixels or of `f32` values.
 //!
-//! Pixels enter as `u8` and are scaled to [0, 1] (÷255, like torchvision's `ToTensor`) by
-//! [`Sample::from_u8`] before any transform runs. Transforms run in the order given; each random
+//! Crop and flip only move pixels, so they run on the `u8` pixels as decoded
+//! ([`Transform::apply_to_bytes`]) and give exactly what they give on the `f32` values: the loader
+//! keeps batches in `u8` (a quarter of the bytes) until the device, which scales them to [0, 1]
+//! (÷255, like torchvision's `ToTensor`) and normalizes them. Transforms that compute new values
+//! (methods' transforms, a normalize that is not last) run on `f32` values in [0, 1]
+//! ([`Sample::from_u8`], [`Transform::apply`]). Transforms run in the order given; each random
 //! transform draws only from the generator it is handed, so the loader can make the draws a pure
 //! function of (seed, epoch, position).
 
@@ -10,11 +14,12 @@ use std::sync::Arc;
 use rand::{Rng, RngCore};
 use serde::Serialize;
 
-/// One image being transformed: channel-major `f32` pixels and their shape.
+/// One image being transformed: channel-major pixels (`f32` values in [0, 1], or `u8` as
+/// decoded) and their shape.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Sample {
+pub struct Sample<T = f32> {
     /// C×H×W values.
-    pub data: Vec<f32>,
+    pub data: Vec<T>,
     /// Channels (C).
     pub channels: usize,
     /// Rows (H).
@@ -33,7 +38,9 @@ impl Sample {
             width,
         }
     }
+}
 
+impl<T> Sample<T> {
     /// The shape as (C, H, W).
     pub fn shape(&self) -> (usize, usize, usize) {
         (self.channels, self.height, self.width)
@@ -251,6 +258,15 @@ impl Transform {
         }
     }
 
+    /// Whether the transform only moves pixels (crop, flip): it then runs on `u8` pixels
+    /// ([`Transform::apply_to_bytes`]) with exactly the result it has on their `f32` values.
+    pub fn works_on_bytes(&self) -> bool {
+        matches!(
+            self,
+            Transform::RandomCrop(_) | Transform::HorizontalFlip(_)
+        )
+    }
+
     /// Applies the transform to `sample` in place, drawing any randomness from `rng`.
     ///
     /// Fails (without touching the sample) when the settings are invalid or do not fit its shape.
@@ -262,6 +278,42 @@ impl Transform {
                 .apply(sample, rng)
                 .map_err(|e| TransformError(format!("{}: {e}", m.method)));
         }
+        self.check(sample)?;
+        match self {
+            Transform::Normalize(n) => normalize(n, sample),
+            _ => self.move_pixels(sample, rng),
+        }
+        Ok(())
+    }
+
+    /// Applies a transform that [works on bytes](Transform::works_on_bytes) to `u8` pixels:
+    /// the same pixels in the same places, from the same draws, as [`Transform::apply`] makes of
+    /// their `f32` values.
+    ///
+    /// Fails (without touching the sample) for a transform that computes new values, or when the
+    /// settings do not fit the sample.
+    pub fn apply_to_bytes(
+        &self,
+        sample: &mut Sample<u8>,
+        rng: &mut impl Rng,
+    ) -> Result<(), TransformError> {
+        let name = match self {
+            Transform::Normalize(_) => "normalize",
+            Transform::Method(m) => &m.method,
+            _ => "",
+        };
+        if !self.works_on_bytes() {
+            return Err(TransformError(format!(
+                "{name}: computes new pixel values, so it runs on f32 values, not on u8 pixels"
+            )));
+        }
+        self.check(sample)?;
+        self.move_pixels(sample, rng);
+        Ok(())
+    }
+
+    /// Checks the settings against the sample's shape and the buffer against the shape.
+    fn check<T>(&self, sample: &Sample<T>) -> Result<(), TransformError> {
         self.output_shape(sample.shape())?;
         if sample.data.len() != sample.channels * sample.height * sample.width {
             return Err(TransformError(format!(
@@ -272,35 +324,64 @@ impl Transform {
                 sample.width
             )));
         }
+        Ok(())
+    }
+
+    /// Runs a crop or a flip (nothing for the other transforms).
+    fn move_pixels<T: Copy + Default>(&self, sample: &mut Sample<T>, rng: &mut impl Rng) {
         match self {
-            Transform::Normalize(n) => normalize(n, sample),
             Transform::RandomCrop(c) => random_crop(c, sample, rng),
             Transform::HorizontalFlip(f) => {
                 if rng.gen_bool(f.p) {
                     flip(sample);
                 }
             }
-            Transform::Method(_) => {}
+            Transform::Normalize(_) | Transform::Method(_) => {}
         }
-        Ok(())
     }
 }
 
 fn normalize(n: &Normalize, sample: &mut Sample) {
-    let plane = sample.height * sample.width;
-    if plane == 0 {
-        return;
+    n.normalize_planes(
+        &mut sample.data,
+        sample.channels,
+        sample.height * sample.width,
+    );
+}
+
+impl Normalize {
+    /// The mean and the reciprocal of the std of each of `channels` channels (one value given
+    /// applies to every channel): `(x - mean) * inv_std` is the normalization, on the host and
+    /// on the device alike. (An empty list, which [`Transform::validate`] rejects, counts as
+    /// mean 0 or std 1.)
+    pub fn per_channel(&self, channels: usize) -> (Vec<f32>, Vec<f32>) {
+        let pick = |values: &[f32], channel: usize, empty: f32| {
+            let last = values.len().saturating_sub(1);
+            values.get(channel.min(last)).copied().unwrap_or(empty)
+        };
+        (0..channels)
+            .map(|c| (pick(&self.mean, c, 0.0), 1.0 / pick(&self.std, c, 1.0)))
+            .unzip()
     }
-    for (channel, values) in sample.data.chunks_exact_mut(plane).enumerate() {
-        let mean = n.mean[channel.min(n.mean.len() - 1)];
-        let inv_std = 1.0 / n.std[channel.min(n.std.len() - 1)];
-        values.iter_mut().for_each(|v| *v = (*v - mean) * inv_std);
+
+    /// Normalizes channel-major values in place: images one after the other, each of `channels`
+    /// planes of `plane` values. Needs 1 or `channels` values of mean and std (see
+    /// [`Transform::output_shape`]).
+    pub fn normalize_planes(&self, values: &mut [f32], channels: usize, plane: usize) {
+        if plane == 0 || channels == 0 {
+            return;
+        }
+        let (mean, inv_std) = self.per_channel(channels);
+        for (i, values) in values.chunks_exact_mut(plane).enumerate() {
+            let (mean, inv_std) = (mean[i % channels], inv_std[i % channels]);
+            values.iter_mut().for_each(|v| *v = (*v - mean) * inv_std);
+        }
     }
 }
 
 /// Crops a window whose top-left corner, in padded coordinates, is drawn uniformly; pixels that
 /// fall in the padding are zero. Same-size crops without padding draw nothing (as torchvision).
-fn random_crop(c: &RandomCrop, sample: &mut Sample, rng: &mut impl Rng) {
+fn random_crop<T: Copy + Default>(c: &RandomCrop, sample: &mut Sample<T>, rng: &mut impl Rng) {
     let (channels, height, width) = sample.shape();
     let (padded_h, padded_w) = (height + 2 * c.padding, width + 2 * c.padding);
     if c.size == padded_h && c.size == padded_w && c.padding == 0 {
@@ -308,7 +389,7 @@ fn random_crop(c: &RandomCrop, sample: &mut Sample, rng: &mut impl Rng) {
     }
     let top = rng.gen_range(0..=padded_h - c.size);
     let left = rng.gen_range(0..=padded_w - c.size);
-    let mut out = vec![0f32; channels * c.size * c.size];
+    let mut out = vec![T::default(); channels * c.size * c.size];
     for channel in 0..channels {
         for y in 0..c.size {
             // Row in the unpadded image; skip rows that lie in the padding.
@@ -328,7 +409,7 @@ fn random_crop(c: &RandomCrop, sample: &mut Sample, rng: &mut impl Rng) {
     sample.width = c.size;
 }
 
-fn flip(sample: &mut Sample) {
+fn flip<T>(sample: &mut Sample<T>) {
     if sample.width == 0 {
         return;
     }
@@ -373,6 +454,80 @@ mod tests {
         let never = Transform::HorizontalFlip(HorizontalFlip { p: 0.0 });
         never.apply(&mut s, &mut rng).unwrap();
         assert_eq!(s, original);
+    }
+
+    #[test]
+    fn crops_and_flips_on_bytes_equal_them_on_floats() {
+        let pixels: Vec<u8> = (0..3 * 5 * 7).map(|i| (i * 37 % 256) as u8).collect();
+        let transforms = [
+            crop(6, 2),
+            Transform::HorizontalFlip(HorizontalFlip { p: 0.5 }),
+            crop(4, 0),
+        ];
+        for seed in 0..50 {
+            let (mut rng_bytes, mut rng_floats) = (
+                ChaCha8Rng::seed_from_u64(seed),
+                ChaCha8Rng::seed_from_u64(seed),
+            );
+            let mut bytes = Sample {
+                data: pixels.clone(),
+                channels: 3,
+                height: 5,
+                width: 7,
+            };
+            let mut floats = Sample::from_u8(&pixels, 3, 5, 7);
+            for t in &transforms {
+                assert!(t.works_on_bytes());
+                t.apply_to_bytes(&mut bytes, &mut rng_bytes).unwrap();
+                t.apply(&mut floats, &mut rng_floats).unwrap();
+            }
+            assert_eq!(Sample::from_u8(&bytes.data, 3, 4, 4), floats, "seed {seed}");
+        }
+    }
+
+    #[test]
+    fn transforms_that_compute_values_refuse_bytes() {
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
+        let normalize = Transform::Normalize(Normalize {
+            mean: vec![0.5],
+            std: vec![0.5],
+        });
+        assert!(!normalize.works_on_bytes());
+        let mut s = Sample {
+            data: vec![1u8, 2],
+            channels: 1,
+            height: 1,
+            width: 2,
+        };
+        let msg = normalize.apply_to_bytes(&mut s, &mut rng).unwrap_err();
+        assert!(
+            msg.0.starts_with("normalize:") && msg.0.contains("f32"),
+            "{msg}"
+        );
+        assert_eq!(s.data, vec![1, 2], "the sample is left alone");
+    }
+
+    #[test]
+    fn normalize_planes_normalizes_a_batch_as_each_sample() {
+        let n = Normalize {
+            mean: vec![0.1, 0.2, 0.3],
+            std: vec![0.5, 0.25, 2.0],
+        };
+        let pixels: Vec<u8> = (0..2 * 3 * 4).map(|i| (i * 11) as u8).collect();
+        let mut batch: Vec<f32> = pixels.iter().map(|&p| f32::from(p) / 255.0).collect();
+        n.normalize_planes(&mut batch, 3, 4);
+        let mut rng = ChaCha8Rng::seed_from_u64(8);
+        let mut expected = Vec::new();
+        for image in pixels.chunks(12) {
+            let mut s = Sample::from_u8(image, 3, 2, 2);
+            Transform::Normalize(n.clone())
+                .apply(&mut s, &mut rng)
+                .unwrap();
+            expected.extend(s.data);
+        }
+        assert_eq!(batch, expected);
+        let (mean, inv_std) = n.per_channel(3);
+        assert_eq!((mean, inv_std), (vec![0.1, 0.2, 0.3], vec![2.0, 4.0, 0.5]));
     }
 
     #[test]

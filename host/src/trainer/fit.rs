@@ -12,6 +12,7 @@ use crate::time::{Time, TimeUnit, Timestamp};
 use crate::tracking::mlflow::RunStatus;
 
 use super::error::{fail, Context as _, Result};
+use super::input::TrainInput;
 use super::{signal_name, FitSummary, Purpose, Trainer};
 
 impl Trainer {
@@ -60,17 +61,18 @@ impl Trainer {
                 self.state.clock.run.batches_per_epoch,
                 start,
             );
-            let mut batches = self.train_loader.epoch(epoch, start);
+            // The next batch is copied while the current step runs (see `input`).
+            let mut batches =
+                TrainInput::new(self.train_loader.epoch(epoch, start), self.state.device())?;
             let mut finished_early = false;
             loop {
                 // Training time counts from the request for data to the end of the step.
                 let step_started = Instant::now();
                 self.fire(Event::BEFORE_DATALOADER)?;
-                let Some(host_batch) = batches.next() else {
+                let Some(batch) = batches.next_batch() else {
                     break;
                 };
-                let batch = self.device_batch(host_batch?)?;
-                let previous = self.step(batch, step_started)?;
+                let previous = self.step(batch?, step_started)?;
                 if self.due(&log_every, &previous, Event::BATCH_END) {
                     self.log_train_line()?;
                 }

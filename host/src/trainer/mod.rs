@@ -22,6 +22,7 @@ mod error;
 mod eval;
 mod export;
 mod fit;
+pub mod input;
 mod losses;
 mod microbatch;
 mod resume;

@@ -4,7 +4,6 @@ use std::time::Instant;
 
 use tch::Tensor;
 
-use crate::data::{self};
 use crate::engine::{Batch, Event};
 use crate::time::Timestamp;
 
@@ -17,30 +16,6 @@ impl Trainer {
         self.state
             .optimizer
             .schedule_step(&self.state.clock.timestamp, &self.state.clock.run);
-    }
-
-    /// Moves a loader batch to the device as the state's batch.
-    ///
-    /// Images become a `[B, C, H, W]` float input and `[B]` class indices; token sequences a
-    /// `[B, T]` int64 input and `[B, T]` next-token targets.
-    pub(super) fn device_batch(&self, b: data::HostBatch) -> Result<Batch> {
-        let device = self.state.device();
-        let (input, target) = match &b.input {
-            data::HostInput::Pixels { data, shape } => {
-                let [n, c, h, w] = shape.map(|v| v as i64);
-                let input = Tensor::f_from_slice(data)?.f_view([n, c, h, w])?;
-                (input, Tensor::f_from_slice(&b.target)?)
-            }
-            data::HostInput::Tokens { ids, shape } => {
-                let [n, t] = shape.map(|v| v as i64);
-                let input = Tensor::f_from_slice(ids)?.f_view([n, t])?;
-                (input, Tensor::f_from_slice(&b.target)?.f_view([n, t])?)
-            }
-        };
-        Ok(Batch::new(
-            input.f_to_device(device)?,
-            target.f_to_device(device)?,
-        ))
     }
 
     /// Trains one batch already in `state.batch`: `before_train_batch`, the microbatch loop
