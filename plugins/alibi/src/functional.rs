@@ -321,7 +321,11 @@ pub fn alibi_sdpa_attention(
 ) -> Result<Tensor, Error> {
     let p = project(x, weights, n_head, alibi)?;
     let mask = alibi_attention_mask(alibi, p.t, options.padding_mask, p.q.kind())?;
-    let dropout = if options.train { options.attn_pdrop } else { 0.0 };
+    let dropout = if options.train {
+        options.attn_pdrop
+    } else {
+        0.0
+    };
     let context = Tensor::f_scaled_dot_product_attention(
         &p.q,
         &p.k,
@@ -352,10 +356,9 @@ pub fn alibi_attention_with(
     let p = project(x, weights, n_head, alibi)?;
     let (b, t) = (p.b, p.t);
     let d = p.c / n_head;
-    let scores = p
-        .q
-        .f_matmul(&p.k.f_transpose(-1, -2)?)?
-        .f_div_scalar((d as f64).sqrt())?;
+    let scores =
+        p.q.f_matmul(&p.k.f_transpose(-1, -2)?)?
+            .f_div_scalar((d as f64).sqrt())?;
     let scores = scores.f_add(&alibi.f_narrow(2, 0, t)?)?;
     let causal = Tensor::f_ones([t, t], (Kind::Bool, x.device()))?.f_tril(0)?;
     let masked = Tensor::f_full(

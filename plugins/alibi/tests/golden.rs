@@ -290,7 +290,13 @@ fn gpt2(
                     let fused = m.forward_with(&h, mask, false).expect("attention");
                     let (explicit, probs) =
                         m.forward_with_probs(&h, mask, false).expect("attention");
-                    check(&format!("{path}: SDPA == explicit"), &fused, &explicit, 0.0, 1e-6);
+                    check(
+                        &format!("{path}: SDPA == explicit"),
+                        &fused,
+                        &explicit,
+                        0.0,
+                        1e-6,
+                    );
                     (fused, probs)
                 }
                 AlibiModule::Positions(_) => panic!("attention became positions"),

@@ -22,7 +22,8 @@ fn max_abs_diff(a: &Tensor, b: &Tensor) -> f64 {
 /// Random GPT-2 attention weights of width `c` (std 0.5 on q/k so that the scores, not only the
 /// bias, shape the attention), in `kind`.
 fn weights(c: i64, kind: Kind) -> Gpt2AttentionWeights {
-    let w = |shape: &[i64], std: f64| (Tensor::randn(shape, (Kind::Float, CPU)) * std).to_kind(kind);
+    let w =
+        |shape: &[i64], std: f64| (Tensor::randn(shape, (Kind::Float, CPU)) * std).to_kind(kind);
     Gpt2AttentionWeights {
         c_attn_weight: w(&[c, 3 * c], 0.5),
         c_attn_bias: w(&[3 * c], 0.1),
@@ -95,11 +96,17 @@ fn in_bfloat16_the_mask_is_exact_on_the_diagonal_and_rounded_relatively_next_to_
     for (h, &m) in slopes.iter().enumerate() {
         let row = next.get(h as i64);
         let worst = (row + m).abs().max().double_value(&[]) / m;
-        assert!(worst <= 2f64.powi(-8), "head {h} (slope {m}): relative error {worst}");
+        assert!(
+            worst <= 2f64.powi(-8),
+            "head {h} (slope {m}): relative error {worst}"
+        );
     }
     // Composer's buffer itself in bfloat16 loses the distances at the end of the row:
     // alibi[0, 0, 1022] = 511 and alibi[0, 0, 1023] = 511.5 both round to 512.
-    let unshifted = alibi.narrow(2, 0, t).to_kind(Kind::BFloat16).to_kind(Kind::Double);
+    let unshifted = alibi
+        .narrow(2, 0, t)
+        .to_kind(Kind::BFloat16)
+        .to_kind(Kind::Double);
     assert_eq!(
         unshifted.double_value(&[0, 0, t - 1]) - unshifted.double_value(&[0, 0, t - 2]),
         0.0
@@ -114,7 +121,8 @@ fn the_fused_path_equals_the_explicit_one_in_float32() {
     let alibi = causal_alibi_bias(&slopes, 64, (Kind::Float, CPU)).expect("bias");
     let w = weights(c, Kind::Float);
     let x = Tensor::randn([b, t, c], (Kind::Float, CPU));
-    let fused = alibi_sdpa_attention(&x, &w, h, &alibi, AttentionOptions::default()).expect("fused");
+    let fused =
+        alibi_sdpa_attention(&x, &w, h, &alibi, AttentionOptions::default()).expect("fused");
     let (explicit, _) =
         alibi_attention_with(&x, &w, h, &alibi, AttentionOptions::default()).expect("explicit");
     close("fused vs explicit, float32", &fused, &explicit);
@@ -181,7 +189,10 @@ fn a_bfloat16_mask_moves_the_attention_far_less_than_composers_bias_in_bfloat16(
         "attention with the mask in bfloat16 vs float32: shifted {shifted_err:e}, \
          Composer's bias {composer_err:e}"
     );
-    assert!(shifted_err < composer_err, "{shifted_err} vs {composer_err}");
+    assert!(
+        shifted_err < composer_err,
+        "{shifted_err} vs {composer_err}"
+    );
 }
 
 #[test]
@@ -195,8 +206,11 @@ fn left_padded_rows_stay_finite_in_bfloat16() {
     let alibi = causal_alibi_bias(&slopes, t, (Kind::Float, CPU)).expect("bias");
     let w = to_kind(&weights(c, Kind::Float), Kind::BFloat16);
     let x = Tensor::randn([b, t, c], (Kind::Float, CPU)).to_kind(Kind::BFloat16);
-    let padding = Tensor::ones([b, t], (Kind::Int64, CPU))
-        .index_fill(1, &Tensor::arange(4, (Kind::Int64, CPU)), 0);
+    let padding = Tensor::ones([b, t], (Kind::Int64, CPU)).index_fill(
+        1,
+        &Tensor::arange(4, (Kind::Int64, CPU)),
+        0,
+    );
     let mask = alibi_attention_mask(&alibi, t, Some(&padding), Kind::BFloat16).expect("mask");
     assert_eq!(mask.size(), [b, h, t, t]);
     assert_eq!(mask.isfinite().all().int64_value(&[]), 1);
