@@ -154,7 +154,20 @@ def run_tessera(cmd, log_path, timeout, env):
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.PIPE, text=True, env=env,
                                 start_new_session=True)
-        killer = threading.Timer(timeout, lambda: os.killpg(proc.pid, signal.SIGKILL))
+        def kill(*_):
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+        # The run is in its own session: when this script is stopped (gpu-check.sh's
+        # `timeout`), it must not outlive it and hold the GPU for the next step.
+        def stopped(signum, _frame):
+            kill()
+            sys.exit(128 + signum)
+
+        signal.signal(signal.SIGTERM, stopped)
+        killer = threading.Timer(timeout, kill)
         killer.start()
         try:
             for raw in proc.stderr:

@@ -252,8 +252,12 @@ if begin nccl "5. one rank through $BACKEND: tessera launch --nproc 1, [distribu
     --set 'checkpoint.save=false' >"$OUT/nccl.log" 2>&1
   rc=$?
   cp "$WORK/runs/nccl/run.json" "$OUT/nccl.run.json" 2>/dev/null
-  backend=$(grep -oiE "c10d (nccl|gloo)|processgroup(nccl|gloo)|backend[ =:\"]+(nccl|gloo)" "$OUT/nccl.log" | head -1)
-  finish nccl $rc "$OUT/nccl.log" "${backend:-the log names no backend}"
+  # The data-parallel start line names the process group: "(c10d NCCL)" or "(c10d Gloo)".
+  backend=""
+  [ $rc = 0 ] && backend=$(grep -oiE "c10d (nccl|gloo)|ProcessGroup(NCCL|Gloo)" "$OUT/nccl.log" | head -1)
+  note="distributed.backend = \"$BACKEND\""
+  [ $rc = 0 ] && note="${backend:-the log names no process group}"
+  finish nccl $rc "$OUT/nccl.log" "$note"
   if [ $rc = 0 ]; then
     report nccl "1 rank, $BACKEND"
     say "backend in the log: ${backend:-none named}"
@@ -265,9 +269,13 @@ if begin resume "6. resume on $DEVICE with train.deterministic = true: ${STRAIGH
   export CUBLAS_WORKSPACE_CONFIG=:4096:8
   ckpt=(--set "checkpoint.interval=\"${HALF}ba\"" --set "train.max_duration=\"${STRAIGHT}ba\""
     --set "train.eval_interval=\"${STRAIGHT}ba\"" --set "data.workers=0")
+  # The CPU rehearsal evaluates a few batches only (the whole test set takes long there).
+  [ "$QUICK" = 1 ] && ckpt+=(--set "train.eval_subset_batches=2")
   det=(--set "train.deterministic=true")
-  # Each run gets a third of the step's time.
-  whole=$T; T=$((whole / 3))
+  # Each run gets what is left of the step's time box.
+  deadline=$(($(date +%s) + T))
+  rest() { T=$((deadline - $(date +%s))); [ "$T" -ge 5 ] || T=5; }
+  rest
   train straight-a "${ckpt[@]}" "${det[@]}"
   rc=$?
   note="deterministic"
@@ -276,14 +284,17 @@ if begin resume "6. resume on $DEVICE with train.deterministic = true: ${STRAIGH
     say "train.deterministic: needs the config key (not in this build); resume checked without it"
     record resume-deterministic "needs the config key" 0 "train.deterministic"
     det=(); note="without train.deterministic (needs the config key)"
+    rest
     train straight-a "${ckpt[@]}"
     rc=$?
   fi
   resume_ok=1
   [ $rc = 0 ] || resume_ok=0
+  rest
   train straight-b "${ckpt[@]}" "${det[@]}" || resume_ok=0
   half=$(ls "$WORK/runs/straight-a/checkpoints/"*-ba"$HALF".ckpt 2>/dev/null | head -1)
   if [ -n "$half" ]; then
+    rest
     train resumed "${ckpt[@]}" "${det[@]}" --set "checkpoint.load=\"$half\"" || resume_ok=0
   else
     say "no checkpoint at batch $HALF in straight-a"; resume_ok=0
