@@ -152,16 +152,16 @@ def run_tessera(cmd, log_path, timeout, env):
     the time is the line's own timestamp when the log has one, else its arrival here."""
     lines = []
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.PIPE, text=True, env=env,
-                                start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.PIPE, text=True, env=env)
+
         def kill(*_):
             try:
-                os.killpg(proc.pid, signal.SIGKILL)
+                proc.kill()
             except ProcessLookupError:
                 pass
 
-        # The run is in its own session: when this script is stopped (gpu-check.sh's
-        # `timeout`), it must not outlive it and hold the GPU for the next step.
+        # When this script is stopped (gpu-check.sh's `timeout`), the run must not outlive it
+        # and hold the GPU for the next step.
         def stopped(signum, _frame):
             kill()
             sys.exit(128 + signum)

@@ -19,8 +19,9 @@
 # Every step runs under `timeout` (its own limit, cut to what is left of BUDGET); a step that
 # fails, times out or finds no time left is recorded as such and the script goes on. Throughput
 # is warm steady state: warmup steps left out, CUDA synchronized around the timed steps.
-# Writes ONE summary: $OUT/summary.txt (text) and $OUT/summary.json (every figure), beside
-# each step's log, JSON result and run.json.
+# Writes ONE summary, $OUT/summary.txt (text, written as the steps go) and $OUT/summary.json
+# (every figure), and $OUT/details.tar.gz (each step's log, JSON result and run.json): three
+# files, as the device tool brings back at most 8 from $OUT.
 #
 #   bash scripts/gpu-check.sh        # docs/gpu.md says how it is run through the device tool
 #
@@ -39,10 +40,17 @@ ROUNDS=${ROUNDS:-1}
 BUDGET=${BUDGET:-540}
 PEAK_TFLOPS=${PEAK_TFLOPS:-989}
 QUICK=${QUICK:-0}
-mkdir -p "$OUT/results"
-rm -f "$OUT"/results/*.json "$OUT/steps.jsonl"
+mkdir -p "$OUT"
+rm -f "$OUT/summary.txt" "$OUT/summary.json" "$OUT/details.tar.gz"
 WORK=$(mktemp -d)
-trap 'rm -rf "$WORK"' EXIT
+# Everything but the summary goes to DETAILS, packed into $OUT/details.tar.gz at the end.
+DETAILS="$WORK/details"
+mkdir -p "$DETAILS/results"
+finish_all() {
+  tar -czf "$OUT/details.tar.gz" -C "$WORK" details 2>/dev/null
+  rm -rf "$WORK"
+}
+trap finish_all EXIT
 SUMMARY="$OUT/summary.txt"
 : >"$SUMMARY"
 say() { echo "$*" | tee -a "$SUMMARY"; }
@@ -73,17 +81,17 @@ if [ "$DEVICE" != cpu ]; then
   "$PYTHON" -c "import torch; assert torch.cuda.is_available(), 'torch sees no GPU'" || exit 1
 fi
 say "budget ${BUDGET}s; quick=$QUICK; device $DEVICE"
-"$PYTHON" - "$OUT/env.json" "$TORCH_VERSION" "$(cat "$BUNDLE/BUILT_AGAINST")" \
+"$PYTHON" - "$DETAILS/env.json" "$TORCH_VERSION" "$(cat "$BUNDLE/BUILT_AGAINST")" \
   "$(cat "$BUNDLE/COMMIT" 2>/dev/null)" "$GPU_NAME" "$DEVICE" "$QUICK" "$BUDGET" <<'PY'
 import json, sys
 keys = ["torch", "bundle_libtorch", "commit", "gpu", "device", "quick", "budget_s"]
 json.dump(dict(zip(keys, sys.argv[2:])), open(sys.argv[1], "w"), indent=1)
 PY
 
-# `record STEP STATUS SECONDS NOTE`: one line of $OUT/steps.jsonl.
+# `record STEP STATUS SECONDS NOTE`: one line of $DETAILS/steps.jsonl.
 record() {
   "$PYTHON" -c 'import json, sys; print(json.dumps({"step": sys.argv[1], "status": sys.argv[2], "seconds": int(sys.argv[3]), "note": sys.argv[4]}))' \
-    "$1" "$2" "$3" "${4:-}" >>"$OUT/steps.jsonl"
+    "$1" "$2" "$3" "${4:-}" >>"$DETAILS/steps.jsonl"
 }
 # `status_of RC LOG`: ok, timed out, needs the config key (a key this build does not have
 # yet, named in LOG), or failed.
@@ -120,7 +128,7 @@ finish() {
   status=$(status_of "$2" "$3")
   record "$1" "$status" $(($(date +%s) - STEP_START)) "${4:-}"
   if [ "$status" != ok ]; then
-    say "$status (exit $2, after $(($(date +%s) - STEP_START))s): tail of $3:"
+    say "$status (exit $2, after $(($(date +%s) - STEP_START))s): tail of details/$(basename "$3"):"
     tail -5 "$3" 2>/dev/null | tee -a "$SUMMARY"
   fi
 }
@@ -151,11 +159,11 @@ tessera_bench() {
   timeout -k 5 "$T" "$PYTHON" scripts/bench_gpu_tessera.py "$model" --tessera "$TESSERA" \
     --plugins "$PLUGINS" --work "$WORK/bench" --name "$name" --device "$DEVICE" \
     --timeout "$((T - 5))" --peak-tflops "$PEAK_TFLOPS" "$@" \
-    >"$OUT/results/$name.json" 2>"$OUT/$name.err"
+    >"$DETAILS/results/$name.json" 2>"$DETAILS/$name.err"
   local rc=$?
-  cp "$WORK/bench/$name.log" "$OUT/$name.log" 2>/dev/null
-  cp "$WORK/bench/$name/run.json" "$OUT/$name.run.json" 2>/dev/null
-  cat "$OUT/$name.err" >>"$OUT/$name.log" 2>/dev/null
+  cp "$WORK/bench/$name.log" "$DETAILS/$name.log" 2>/dev/null
+  cp "$WORK/bench/$name/run.json" "$DETAILS/$name.run.json" 2>/dev/null
+  cat "$DETAILS/$name.err" >>"$DETAILS/$name.log" 2>/dev/null
   return $rc
 }
 # `pytorch_bench NAME MODEL ARGS...`: scripts/bench_gpu_pytorch.py; JSON to results/NAME.json.
@@ -163,11 +171,11 @@ pytorch_bench() {
   local name=$1 model=$2
   shift 2
   timeout -k 5 "$T" "$PYTHON" scripts/bench_gpu_pytorch.py "$model" --device "$DEVICE" \
-    --peak-tflops "$PEAK_TFLOPS" "$@" >"$OUT/results/$name.json" 2>"$OUT/$name.log"
+    --peak-tflops "$PEAK_TFLOPS" "$@" >"$DETAILS/results/$name.json" 2>"$DETAILS/$name.log"
 }
 # `show NAME`: the one-line figure of a bench result.
 show() {
-  "$PYTHON" - "$OUT/results/$1.json" <<'PY' | tee -a "$SUMMARY"
+  "$PYTHON" - "$DETAILS/results/$1.json" <<'PY' | tee -a "$SUMMARY"
 import json, sys
 r = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
 unit = "tokens" if "tokens_per_second" in r else "images"
@@ -187,22 +195,22 @@ GPT_DESC="GPT-2 small (124M), bf16 autocast"
 [ "$QUICK" = 1 ] && GPT_DESC="GPT-2 (QUICK: 2 layers, width 64, seq 64), bf16 autocast"
 if begin gpt2-tessera "1. $GPT_DESC: Tessera" 150 30; then
   tessera_bench gpt2-tessera gpt2 "${GPT[@]}" "${GPT_TESSERA[@]}"
-  rc=$?; finish gpt2-tessera $rc "$OUT/gpt2-tessera.log"; [ $rc = 0 ] && show gpt2-tessera
+  rc=$?; finish gpt2-tessera $rc "$DETAILS/gpt2-tessera.log"; [ $rc = 0 ] && show gpt2-tessera
 fi
 if begin gpt2-eager "2. the same model in plain PyTorch, eager" 120 30; then
   pytorch_bench gpt2-eager gpt2 --mode eager "${GPT[@]}"
-  rc=$?; finish gpt2-eager $rc "$OUT/gpt2-eager.log"; [ $rc = 0 ] && show gpt2-eager
+  rc=$?; finish gpt2-eager $rc "$DETAILS/gpt2-eager.log"; [ $rc = 0 ] && show gpt2-eager
 fi
 
 RESNET_DESC="ResNet-50, bf16 autocast, channels-last, batch 256, 224x224 synthetic images"
 [ "$QUICK" = 1 ] && RESNET_DESC="ResNet-50 (QUICK: batch 2, 64x64, 10 classes), bf16, channels-last"
 if begin resnet50-tessera "3. $RESNET_DESC: Tessera" 150 30; then
   tessera_bench resnet50-tessera resnet50 "${RESNET[@]}" "${RESNET_TESSERA[@]}"
-  rc=$?; finish resnet50-tessera $rc "$OUT/resnet50-tessera.log"; [ $rc = 0 ] && show resnet50-tessera
+  rc=$?; finish resnet50-tessera $rc "$DETAILS/resnet50-tessera.log"; [ $rc = 0 ] && show resnet50-tessera
 fi
 if begin resnet50-eager "4. the same model in plain PyTorch, eager" 120 30; then
   pytorch_bench resnet50-eager resnet50 --mode eager "${RESNET[@]}"
-  rc=$?; finish resnet50-eager $rc "$OUT/resnet50-eager.log"; [ $rc = 0 ] && show resnet50-eager
+  rc=$?; finish resnet50-eager $rc "$DETAILS/resnet50-eager.log"; [ $rc = 0 ] && show resnet50-eager
 fi
 
 # Fashion-MNIST from the bundle (no network here), for the example runs.
@@ -217,19 +225,19 @@ common=(--set "train.device=\"$DEVICE\"" --set "data.data_dir=\"$DATA\"" --set "
   --set "plugins.dirs=[\"$PLUGINS\"]" --set "output_dir=\"$WORK/runs\""
   --set "train.progress=false")
 # `train NAME ARGS...`: one tessera run of the example within T seconds; its log and run.json
-# go to $OUT/NAME.*.
+# go to details/NAME.*.
 train() {
   local name=$1
   shift
   timeout -k 5 "$T" "$TESSERA" train "$EXAMPLE" "${common[@]}" --set "run_name=\"$name\"" "$@" \
-    >"$OUT/$name.log" 2>&1
+    >"$DETAILS/$name.log" 2>&1
   local rc=$?
-  cp "$WORK/runs/$name/run.json" "$OUT/$name.run.json" 2>/dev/null
+  cp "$WORK/runs/$name/run.json" "$DETAILS/$name.run.json" 2>/dev/null
   return $rc
 }
 # `report NAME LABEL`: accuracy and throughput of a finished run (and results/NAME.json).
 report() {
-  "$PYTHON" - "$OUT/$1.run.json" "$2" "$OUT/results/$1.json" <<'PY' | tee -a "$SUMMARY"
+  "$PYTHON" - "$DETAILS/$1.run.json" "$2" "$DETAILS/results/$1.json" <<'PY' | tee -a "$SUMMARY"
 import json, sys
 r = json.load(open(sys.argv[1]))
 keep = ["status", "device", "batches", "final_accuracy", "samples_per_second", "train_seconds"]
@@ -249,15 +257,15 @@ if begin nccl "5. one rank through $BACKEND: tessera launch --nproc 1, [distribu
   timeout -k 5 "$T" "$TESSERA" launch --nproc 1 train "$EXAMPLE" "${common[@]}" \
     --set 'run_name="nccl"' --set "distributed.backend=\"$BACKEND\"" \
     --set "train.max_duration=\"${STRAIGHT}ba\"" --set 'data.workers=2' \
-    --set 'checkpoint.save=false' >"$OUT/nccl.log" 2>&1
+    --set 'checkpoint.save=false' >"$DETAILS/nccl.log" 2>&1
   rc=$?
-  cp "$WORK/runs/nccl/run.json" "$OUT/nccl.run.json" 2>/dev/null
+  cp "$WORK/runs/nccl/run.json" "$DETAILS/nccl.run.json" 2>/dev/null
   # The data-parallel start line names the process group: "(c10d NCCL)" or "(c10d Gloo)".
   backend=""
-  [ $rc = 0 ] && backend=$(grep -oiE "c10d (nccl|gloo)|ProcessGroup(NCCL|Gloo)" "$OUT/nccl.log" | head -1)
+  [ $rc = 0 ] && backend=$(grep -oiE "c10d (nccl|gloo)|ProcessGroup(NCCL|Gloo)" "$DETAILS/nccl.log" | head -1)
   note="distributed.backend = \"$BACKEND\""
   [ $rc = 0 ] && note="${backend:-the log names no process group}"
-  finish nccl $rc "$OUT/nccl.log" "$note"
+  finish nccl $rc "$DETAILS/nccl.log" "$note"
   if [ $rc = 0 ]; then
     report nccl "1 rank, $BACKEND"
     say "backend in the log: ${backend:-none named}"
@@ -279,7 +287,7 @@ if begin resume "6. resume on $DEVICE with train.deterministic = true: ${STRAIGH
   train straight-a "${ckpt[@]}" "${det[@]}"
   rc=$?
   note="deterministic"
-  if [ "$(status_of $rc "$OUT/straight-a.log")" = "needs the config key" ]; then
+  if [ "$(status_of $rc "$DETAILS/straight-a.log")" = "needs the config key" ]; then
     # This build has no train.deterministic yet: today's check, and the step says so.
     say "train.deterministic: needs the config key (not in this build); resume checked without it"
     record resume-deterministic "needs the config key" 0 "train.deterministic"
@@ -304,50 +312,50 @@ if begin resume "6. resume on $DEVICE with train.deterministic = true: ${STRAIGH
     for other in resumed straight-b; do
       result=$("$PYTHON" scripts/compare_checkpoints.py "$WORK/runs/straight-a/checkpoints/$final" \
         "$WORK/runs/$other/checkpoints/$final")
-      echo "$result" >"$OUT/results/resume-straight-a-vs-$other.json"
+      echo "$result" >"$DETAILS/results/resume-straight-a-vs-$other.json"
       say "straight-a vs $other at $final: $result"
     done
     record resume ok $(($(date +%s) - STEP_START)) "$note"
   else
     record resume failed $(($(date +%s) - STEP_START)) "$note"
-    say "FAILED: see $OUT/straight-a.log, straight-b.log, resumed.log"
+    say "FAILED: see details/straight-a.log, straight-b.log, resumed.log"
   fi
   unset CUBLAS_WORKSPACE_CONFIG
 fi
 
 if begin gpt2-compile "7. $GPT_DESC: plain PyTorch, torch.compile" 200 60; then
   pytorch_bench gpt2-compile gpt2 --mode compile "${GPT[@]}"
-  rc=$?; finish gpt2-compile $rc "$OUT/gpt2-compile.log"; [ $rc = 0 ] && show gpt2-compile
+  rc=$?; finish gpt2-compile $rc "$DETAILS/gpt2-compile.log"; [ $rc = 0 ] && show gpt2-compile
 fi
 if begin resnet50-compile "8. $RESNET_DESC: plain PyTorch, torch.compile" 200 60; then
   pytorch_bench resnet50-compile resnet50 --mode compile "${RESNET[@]}" "${RESNET_COMPILE[@]}"
-  rc=$?; finish resnet50-compile $rc "$OUT/resnet50-compile.log"; [ $rc = 0 ] && show resnet50-compile
+  rc=$?; finish resnet50-compile $rc "$DETAILS/resnet50-compile.log"; [ $rc = 0 ] && show resnet50-compile
 fi
 
 if begin gpt2-alibi-tessera "9. $GPT_DESC with the alibi plugin (fused SDPA with a float mask): Tessera" 120 30; then
   tessera_bench gpt2-alibi-tessera gpt2 --alibi "${GPT[@]}" "${GPT_TESSERA[@]}"
-  rc=$?; finish gpt2-alibi-tessera $rc "$OUT/gpt2-alibi-tessera.log"; [ $rc = 0 ] && show gpt2-alibi-tessera
+  rc=$?; finish gpt2-alibi-tessera $rc "$DETAILS/gpt2-alibi-tessera.log"; [ $rc = 0 ] && show gpt2-alibi-tessera
 fi
 
 if begin example-fp32 "10a. the example on $DEVICE, fp32 ($EPOCHS)" 90 20; then
   train example-fp32 --set "train.max_duration=\"$EPOCHS\"" --set "data.workers=4"
-  rc=$?; finish example-fp32 $rc "$OUT/example-fp32.log"; [ $rc = 0 ] && report example-fp32 "fp32"
+  rc=$?; finish example-fp32 $rc "$DETAILS/example-fp32.log"; [ $rc = 0 ] && report example-fp32 "fp32"
 fi
 if begin example-bf16 "10b. the same in bf16 autocast" 90 20; then
   train example-bf16 --set "train.max_duration=\"$EPOCHS\"" --set "data.workers=4" \
     --set 'train.precision="amp_bf16"'
-  rc=$?; finish example-bf16 $rc "$OUT/example-bf16.log"; [ $rc = 0 ] && report example-bf16 "amp_bf16"
+  rc=$?; finish example-bf16 $rc "$DETAILS/example-bf16.log"; [ $rc = 0 ] && report example-bf16 "amp_bf16"
 fi
 
 if begin bench-vs-pytorch "11. whole runs against plain PyTorch on $DEVICE ($ROUNDS rounds, alternating)" 300 40; then
   DEVICE=$DEVICE SCALE=$SCALE ROUNDS=$ROUNDS THREADS=4 TESSERA="$TESSERA" DATA="$DATA/fashion-mnist" \
-    timeout -k 5 "$T" "$PYTHON" -W ignore scripts/bench_vs_pytorch.py >"$OUT/bench.log" 2>&1
+    timeout -k 5 "$T" "$PYTHON" -W ignore scripts/bench_vs_pytorch.py >"$DETAILS/bench.log" 2>&1
   rc=$?
-  grep -E "^(torch|cnn|resnet20|mlp)" "$OUT/bench.log" | tee -a "$SUMMARY"
-  finish bench-vs-pytorch $rc "$OUT/bench.log"
+  grep -E "^(torch|cnn|resnet20|mlp)" "$DETAILS/bench.log" | tee -a "$SUMMARY"
+  finish bench-vs-pytorch $rc "$DETAILS/bench.log"
 fi
 
 say ""
-"$PYTHON" scripts/gpu_check_summary.py "$OUT" | tee -a "$SUMMARY"
+"$PYTHON" scripts/gpu_check_summary.py "$DETAILS" "$OUT" | tee -a "$SUMMARY"
 say ""
-say "== done in $(elapsed); results in $OUT (summary.txt, summary.json)"
+say "== done in $(elapsed); results in $OUT (summary.txt, summary.json, details.tar.gz)"

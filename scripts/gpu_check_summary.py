@@ -1,8 +1,8 @@
-"""The end of scripts/gpu-check.sh: reads what its steps left in OUT (env.json, steps.jsonl,
-results/*.json), prints the figures against the targets and writes OUT/summary.json with every
-figure (the raw results too).
+"""The end of scripts/gpu-check.sh: reads what its steps left in DETAILS (env.json,
+steps.jsonl, results/*.json), prints the figures against the targets and writes
+OUT/summary.json with every figure (the raw results too).
 
-    python3 scripts/gpu_check_summary.py OUT
+    python3 scripts/gpu_check_summary.py DETAILS [OUT]     # OUT: DETAILS by default
 
 Targets (issue 23): Tessera's step time at most 1.0x PyTorch eager's on ResNet-50 (bf16,
 channels-last, batch 256); GPT-2 small MFU at least 40 %.
@@ -34,6 +34,7 @@ def last_json(path):
 
 def main():
     out = Path(sys.argv[1])
+    dest = Path(sys.argv[2]) if len(sys.argv) > 2 else out
     try:
         env = json.loads((out / "env.json").read_text())
     except (OSError, json.JSONDecodeError):
@@ -158,7 +159,7 @@ def main():
         lines.append(f"  {s['step']:22} {s['status']:22} {s['seconds']:4d} s{note}")
     print("\n".join(lines))
     summary = {"env": env, "figures": figures, "steps": steps, "results": results}
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    (dest / "summary.json").write_text(json.dumps(summary, indent=1))
 
 
 if __name__ == "__main__":
