@@ -147,18 +147,23 @@ pub struct AttentionOptions<'a> {
     pub train: bool,
 }
 
-/// GPT-2 attention with ALiBi, as Composer's patched `GPT2Attention._attn` computes it, on
-/// `x` `(B, T, n_embd)` with the causal bias buffer `alibi` `(H, 1, L ≥ T)`
-/// ([`causal_alibi_bias`]): `w = q kᵀ / √d + alibi[:, :, :T]`, causally masked with `−1e4`,
-/// plus the padding mask if any, softmax (cast back to v's dtype), dropout, `w v`, heads merged,
-/// `c_proj`, dropout. Returns the output `(B, T, n_embd)` and the probabilities `(B, H, T, T)`.
-pub fn alibi_attention_with(
+/// Queries, keys and values `(B, H, T, d)` of a GPT-2 attention block on `x` `(B, T, n_embd)`,
+/// after checking `x`, the weights and the bias buffer `alibi` `(H, 1, L ≥ T)`.
+struct Projected {
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    b: i64,
+    t: i64,
+    c: i64,
+}
+
+fn project(
     x: &Tensor,
     weights: &Gpt2AttentionWeights,
     n_head: i64,
     alibi: &Tensor,
-    options: AttentionOptions<'_>,
-) -> Result<(Tensor, Tensor), Error> {
+) -> Result<Projected, Error> {
     let c = weights.n_embd()?;
     let size = x.size();
     let [b, t, xc] = size[..] else {
@@ -191,10 +196,169 @@ pub fn alibi_attention_with(
     let heads = |p: &Tensor| -> Result<Tensor, Error> {
         Ok(p.f_view([b, t, h, d])?.f_permute([0, 2, 1, 3])?)
     };
-    let (q, k, v) = (heads(&parts[0])?, heads(&parts[1])?, heads(&parts[2])?);
-    let scores = q
-        .f_matmul(&k.f_transpose(-1, -2)?)?
-        .f_div_scalar((d as f64).sqrt())?;
+    Ok(Projected {
+        q: heads(&parts[0])?,
+        k: heads(&parts[1])?,
+        v: heads(&parts[2])?,
+        b,
+        t,
+        c,
+    })
+}
+
+/// Heads merged, `c_proj`, residual dropout: the end of every GPT-2 attention.
+fn output(
+    context: &Tensor,
+    p: &Projected,
+    weights: &Gpt2AttentionWeights,
+    options: &AttentionOptions<'_>,
+) -> Result<Tensor, Error> {
+    let merged = context
+        .f_permute([0, 2, 1, 3])?
+        .f_contiguous()?
+        .f_view([p.b, p.t, p.c])?;
+    Ok(merged
+        .f_matmul(&weights.c_proj_weight)?
+        .f_add(&weights.c_proj_bias)?
+        .f_dropout(
+            options.resid_pdrop,
+            options.train && options.resid_pdrop > 0.0,
+        )?)
+}
+
+/// Hugging Face's padding mask `(B, T)` as the additive float32 `(B, 1, 1, T)`
+/// `(1 − m)·finfo(f32).min`, after checking its shape.
+fn padding_additive(mask: &Tensor, b: i64, t: i64) -> Result<Tensor, Error> {
+    if mask.size() != [b, t] {
+        return Err(format!(
+            "the padding mask has shape {:?}, expected [{b}, {t}]",
+            mask.size()
+        )
+        .into());
+    }
+    Ok(mask
+        .f_to_kind(Kind::Float)?
+        .f_neg()?
+        .f_add_scalar(1.0)?
+        .f_mul_scalar(f32::MIN as f64)?
+        .f_view([b, 1, 1, t])?)
+}
+
+/// The most negative finite value of a floating kind (what a masked score may become without
+/// overflowing to `−inf`, which would turn a fully masked row into NaN).
+fn finite_min(kind: Kind) -> f64 {
+    match kind {
+        Kind::Half => -65504.0,
+        Kind::BFloat16 => -3.389_531_389_251_535_5e38,
+        _ => f32::MIN as f64,
+    }
+}
+
+/// The additive float mask `(1, H, T, T)` (or `(B, H, T, T)` with a padding mask) that makes
+/// libtorch's `scaled_dot_product_attention` compute Composer's ALiBi attention from the causal
+/// bias buffer `alibi` `(H, 1, L ≥ T)` ([`causal_alibi_bias`]), in `kind` (the query's: SDPA
+/// wants the mask in the query's dtype):
+///
+/// - on and below the diagonal (`j ≤ i`): `alibi[h, 0, j] − alibi[h, 0, i]`, i.e.
+///   `−m_h · (i − j)`. Composer adds `alibi[h, 0, j] = m_h · j`; the two differ by `m_h · i`, the
+///   same for every key of query row `i`, which the softmax removes. The shifted form is 0 on
+///   the diagonal and small near it, so it stays exact where the weights are large when the
+///   mask is bfloat16 or float16 (`m_h · j` itself reaches `m_h · (T − 1)`, 511.5 for the
+///   first of 12 heads at `T = 1024`, where a bfloat16 step is 4);
+/// - above the diagonal: [`MASKED_BIAS`] (`−1e4`). Composer *replaces* those scores by `−1e4`,
+///   here `−1e4` is added to them; both weigh `exp(−1e4 − max) = 0` after the softmax as long as
+///   the row has one unmasked score far above `−1e4`, which the diagonal is;
+/// - with a padding mask, `(1 − m)·finfo(f32).min` added, as GPT-2 does, clamped to `kind`'s
+///   most negative finite value.
+///
+/// The causal part is folded in, so SDPA is called with `is_causal = false` (libtorch refuses
+/// a float mask together with `is_causal`).
+pub fn alibi_attention_mask(
+    alibi: &Tensor,
+    t: i64,
+    padding_mask: Option<&Tensor>,
+    kind: Kind,
+) -> Result<Tensor, Error> {
+    let s = alibi.size();
+    if s.len() != 3 || s[1] != 1 || t > s[2] || t < 0 {
+        return Err(format!(
+            "the ALiBi bias has shape {s:?}: it cannot give the mask of a sequence of {t} \
+             tokens (expected (H, 1, L) with {t} <= L)"
+        )
+        .into());
+    }
+    let device = alibi.device();
+    let keys = alibi.f_narrow(2, 0, t)?.f_to_kind(Kind::Float)?;
+    let shifted = keys.f_sub(&keys.f_transpose(1, 2)?)?;
+    let causal = Tensor::f_ones([t, t], (Kind::Bool, device))?.f_tril(0)?;
+    let masked = Tensor::f_full([] as [i64; 0], MASKED_BIAS, (Kind::Float, device))?;
+    let mask = shifted.f_where_self(&causal, &masked)?.f_unsqueeze(0)?;
+    let mask = match padding_mask {
+        Some(m) => {
+            let b = *m.size().first().ok_or("the padding mask is a scalar")?;
+            mask.f_add(&padding_additive(&m.f_to_device(device)?, b, t)?)?
+                .f_clamp_min(finite_min(kind))?
+        }
+        None => mask,
+    };
+    Ok(mask.f_to_kind(kind)?)
+}
+
+/// GPT-2 attention with ALiBi on libtorch's fused `scaled_dot_product_attention` (what the
+/// surgery's module runs): `x` `(B, T, n_embd)` with the causal bias buffer `alibi`
+/// `(H, 1, L ≥ T)`, the bias and the causal mask passed as one float `attn_mask`
+/// ([`alibi_attention_mask`], `is_causal = false`), attention dropout `attn_pdrop` inside SDPA
+/// in training, heads merged, `c_proj`, dropout. Equal to [`alibi_attention_with`] (Composer's
+/// explicit matmul/softmax) within float rounding; on CUDA libtorch can pick its
+/// memory-efficient (or cuDNN) kernel, which takes an additive bias, instead of materialising
+/// the `(B, H, T, T)` scores and probabilities.
+pub fn alibi_sdpa_attention(
+    x: &Tensor,
+    weights: &Gpt2AttentionWeights,
+    n_head: i64,
+    alibi: &Tensor,
+    options: AttentionOptions<'_>,
+) -> Result<Tensor, Error> {
+    let p = project(x, weights, n_head, alibi)?;
+    let mask = alibi_attention_mask(alibi, p.t, options.padding_mask, p.q.kind())?;
+    let dropout = if options.train {
+        options.attn_pdrop
+    } else {
+        0.0
+    };
+    let context = Tensor::f_scaled_dot_product_attention(
+        &p.q,
+        &p.k,
+        &p.v,
+        Some(mask),
+        dropout,
+        false,
+        None,
+        false,
+    )?;
+    output(&context, &p, weights, &options)
+}
+
+/// GPT-2 attention with ALiBi, as Composer's patched `GPT2Attention._attn` computes it, on
+/// `x` `(B, T, n_embd)` with the causal bias buffer `alibi` `(H, 1, L ≥ T)`
+/// ([`causal_alibi_bias`]): `w = q kᵀ / √d + alibi[:, :, :T]`, causally masked with `−1e4`,
+/// plus the padding mask if any, softmax (cast back to v's dtype), dropout, `w v`, heads merged,
+/// `c_proj`, dropout. Returns the output `(B, T, n_embd)` and the probabilities `(B, H, T, T)`.
+/// The explicit reference: the surgery's module runs [`alibi_sdpa_attention`], which gives the
+/// same output on a fused kernel; this form is for when the probabilities are wanted.
+pub fn alibi_attention_with(
+    x: &Tensor,
+    weights: &Gpt2AttentionWeights,
+    n_head: i64,
+    alibi: &Tensor,
+    options: AttentionOptions<'_>,
+) -> Result<(Tensor, Tensor), Error> {
+    let p = project(x, weights, n_head, alibi)?;
+    let (b, t) = (p.b, p.t);
+    let d = p.c / n_head;
+    let scores =
+        p.q.f_matmul(&p.k.f_transpose(-1, -2)?)?
+            .f_div_scalar((d as f64).sqrt())?;
     let scores = scores.f_add(&alibi.f_narrow(2, 0, t)?)?;
     let causal = Tensor::f_ones([t, t], (Kind::Bool, x.device()))?.f_tril(0)?;
     let masked = Tensor::f_full(
@@ -204,43 +368,19 @@ pub fn alibi_attention_with(
     )?;
     let mut scores = scores.f_where_self(&causal, &masked)?;
     if let Some(mask) = options.padding_mask {
-        if mask.size() != [b, t] {
-            return Err(format!(
-                "the padding mask has shape {:?}, expected [{b}, {t}]",
-                mask.size()
-            )
-            .into());
-        }
-        let additive = mask
-            .f_to_kind(scores.kind())?
-            .f_neg()?
-            .f_add_scalar(1.0)?
-            .f_mul_scalar(f32::MIN as f64)?
-            .f_view([b, 1, 1, t])?;
-        scores = scores.f_add(&additive)?;
+        scores = scores.f_add(&padding_additive(mask, b, t)?.f_to_kind(scores.kind())?)?;
     }
-    let probs = scores.f_softmax(-1, None::<Kind>)?.f_to_kind(v.kind())?;
+    let probs = scores.f_softmax(-1, None::<Kind>)?.f_to_kind(p.v.kind())?;
     let dropped = probs.f_dropout(
         options.attn_pdrop,
         options.train && options.attn_pdrop > 0.0,
     )?;
-    let context = dropped
-        .f_matmul(&v)?
-        .f_permute([0, 2, 1, 3])?
-        .f_contiguous()?
-        .f_view([b, t, c])?;
-    let out = context
-        .f_matmul(&weights.c_proj_weight)?
-        .f_add(&weights.c_proj_bias)?
-        .f_dropout(
-            options.resid_pdrop,
-            options.train && options.resid_pdrop > 0.0,
-        )?;
-    Ok((out, probs))
+    let context = dropped.f_matmul(&p.v)?;
+    Ok((output(&context, &p, weights, &options)?, probs))
 }
 
 /// GPT-2 attention with ALiBi in evaluation mode (no dropout, no padding): the output
-/// `(B, T, n_embd)` of [`alibi_attention_with`] with the causal bias of `slopes` built for `T`.
+/// `(B, T, n_embd)` of [`alibi_sdpa_attention`] with the causal bias of `slopes` built for `T`.
 pub fn alibi_attention(
     x: &Tensor,
     c_attn_weight: &Tensor,
@@ -264,8 +404,7 @@ pub fn alibi_attention(
         c_proj_weight: c_proj_weight.shallow_clone(),
         c_proj_bias: c_proj_bias.shallow_clone(),
     };
-    let (out, _) = alibi_attention_with(x, &weights, n_head, &alibi, AttentionOptions::default())?;
-    Ok(out)
+    alibi_sdpa_attention(x, &weights, n_head, &alibi, AttentionOptions::default())
 }
 
 /// The shape Composer's ALiBi gives a batch tensor `(B, S, ...)` at `AFTER_DATALOADER` with

@@ -10,9 +10,9 @@ use tessera_plugin_api::{
 };
 
 pub use functional::{
-    alibi_attention, alibi_attention_with, alibi_batch_shape, alibi_head_slopes,
-    bidirectional_alibi_bias, causal_alibi_bias, reshape_for_alibi, AttentionOptions,
-    Gpt2AttentionWeights, MASKED_BIAS,
+    alibi_attention, alibi_attention_mask, alibi_attention_with, alibi_batch_shape,
+    alibi_head_slopes, alibi_sdpa_attention, bidirectional_alibi_bias, causal_alibi_bias,
+    reshape_for_alibi, AttentionOptions, Gpt2AttentionWeights, MASKED_BIAS,
 };
 pub use modules::{AlibiAttention, AlibiModule, ZeroPositions, ALIBI_ATTENTION, ZERO_POSITIONS};
 pub use surgery::{apply_alibi, Model, Outcome, EMBEDDING, GPT2_ATTENTION, WPE_PATH};

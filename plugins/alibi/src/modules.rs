@@ -4,7 +4,9 @@
 use tessera_plugin_api::tch::{Device, Kind, Tensor};
 use tessera_plugin_api::{Error, Module};
 
-use crate::functional::{alibi_attention_with, AttentionOptions, Gpt2AttentionWeights};
+use crate::functional::{
+    alibi_attention_with, alibi_sdpa_attention, AttentionOptions, Gpt2AttentionWeights,
+};
 
 /// Kind of the ALiBi attention module in the module tree.
 pub const ALIBI_ATTENTION: &str = "alibi_gpt2_attention";
@@ -71,9 +73,36 @@ impl AlibiAttention {
         ]
     }
 
-    /// Output and attention probabilities, with an optional padding mask (see
-    /// [`AttentionOptions`]).
+    fn options<'a>(&self, padding_mask: Option<&'a Tensor>, train: bool) -> AttentionOptions<'a> {
+        AttentionOptions {
+            padding_mask,
+            attn_pdrop: self.attn_pdrop,
+            resid_pdrop: self.resid_pdrop,
+            train,
+        }
+    }
+
+    /// The output, with an optional padding mask (see [`AttentionOptions`]), on libtorch's fused
+    /// `scaled_dot_product_attention` ([`alibi_sdpa_attention`]): what [`Module::forward`] runs.
     pub fn forward_with(
+        &self,
+        x: &Tensor,
+        padding_mask: Option<&Tensor>,
+        train: bool,
+    ) -> Result<Tensor, Error> {
+        alibi_sdpa_attention(
+            x,
+            &self.weights,
+            self.n_head,
+            &self.alibi,
+            self.options(padding_mask, train),
+        )
+    }
+
+    /// Output and attention probabilities, computed explicitly as Composer does
+    /// ([`alibi_attention_with`]; the same output as [`AlibiAttention::forward_with`] within
+    /// float rounding, with the `(B, H, T, T)` probabilities materialised).
+    pub fn forward_with_probs(
         &self,
         x: &Tensor,
         padding_mask: Option<&Tensor>,
@@ -84,12 +113,7 @@ impl AlibiAttention {
             &self.weights,
             self.n_head,
             &self.alibi,
-            AttentionOptions {
-                padding_mask,
-                attn_pdrop: self.attn_pdrop,
-                resid_pdrop: self.resid_pdrop,
-                train,
-            },
+            self.options(padding_mask, train),
         )
     }
 }
@@ -113,7 +137,7 @@ impl Module for AlibiAttention {
     }
 
     fn forward(&self, input: &Tensor, train: bool) -> Result<Tensor, Error> {
-        Ok(self.forward_with(input, None, train)?.0)
+        self.forward_with(input, None, train)
     }
     // `export`: the default (kept): ALiBi changes what the network computes, it does not fold
     // into a plain `gpt2_attention`.

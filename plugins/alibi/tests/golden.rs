@@ -284,7 +284,21 @@ fn gpt2(
                 .expect("attention")
             }
             Variant::Alibi(fake) => match &fake.replaced[&path] {
-                AlibiModule::Attention(m) => m.forward_with(&h, mask, false).expect("attention"),
+                AlibiModule::Attention(m) => {
+                    // The module's fused SDPA path (what the model runs) and Composer's
+                    // explicit matmul/softmax (which also gives the probabilities).
+                    let fused = m.forward_with(&h, mask, false).expect("attention");
+                    let (explicit, probs) =
+                        m.forward_with_probs(&h, mask, false).expect("attention");
+                    check(
+                        &format!("{path}: SDPA == explicit"),
+                        &fused,
+                        &explicit,
+                        0.0,
+                        1e-6,
+                    );
+                    (fused, probs)
+                }
                 AlibiModule::Positions(_) => panic!("attention became positions"),
             },
         };
