@@ -65,6 +65,12 @@ impl Trainer {
                  dropout draws after the resume differ from an uninterrupted run's"
             ),
         }
+        let on_cuda = self.state.device().is_cuda();
+        if let Some(missing) =
+            checkpoint::torch_rng::set_cuda_states(&parts.torch_cuda_rng, on_cuda)?
+        {
+            tracing::warn!("{missing}");
+        }
         self.restore_rank_streams(parts.ranks)?;
         self.state.clock.timestamp = parts.clock.timestamp;
         let t = parts.trainer;
@@ -143,6 +149,7 @@ impl Trainer {
             },
             running_loss: self.running_loss.as_ref().map(|l| l.shallow_clone()),
             torch_rng: Some(checkpoint::torch_rng::cpu_state()?),
+            torch_cuda_rng: checkpoint::torch_rng::cuda_states()?,
             world_size: self.world(),
             ranks,
         };
