@@ -752,6 +752,7 @@ mod tests {
         .err()
         .unwrap()
         .to_string();
+        eprintln!("NCCL ERROR: {e}");
         assert!(e.contains("(NCCL on cuda:0)"), "{e}");
         assert!(
             e.contains("GPU") || e.contains("CUDA") || e.contains("cuda"),
