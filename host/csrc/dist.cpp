@@ -37,6 +37,7 @@ struct Group {
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::ProcessGroup> pg;
   std::chrono::milliseconds timeout;
+  bool nccl = false;
 };
 
 struct Reducer {
@@ -183,12 +184,21 @@ void* tessera_dist_init(const char* addr, int port, int rank, int world,
       pg->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
       pg->setBackend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::GLOO, gloo);
     }
-    out = new Group{base, pg, std::chrono::milliseconds(op_timeout_ms)};
+    out = new Group{base, pg, std::chrono::milliseconds(op_timeout_ms), backend == 1};
   });
   return out;
 }
 
-void tessera_dist_free(void* group) { delete static_cast<Group*>(group); }
+// Leaves the group. NCCL's communicators are aborted first: when the group goes, the run's
+// collectives have completed (or a rank failed, and a clean NCCL shutdown could wait on it),
+// and a ProcessGroupNCCL destroyed without it warns.
+void tessera_dist_free(void* group) {
+  auto* g = static_cast<Group*>(group);
+  if (g != nullptr && g->nccl) {
+    guarded([&] { g->pg->abort(); });
+  }
+  delete g;
+}
 
 // In place over the ranks: op 0 sum, 1 max, 2 min. Waits for the result.
 int tessera_dist_all_reduce(void* group, void** tensors, int n, int op) {
