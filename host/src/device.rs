@@ -271,14 +271,14 @@ pub fn cublas_workspace_for_determinism(
 
 /// The process-wide settings of a run: deterministic algorithms (and cuDNN's deterministic
 /// mode) when `deterministic`, cuDNN's benchmark mode otherwise when `device` is CUDA, and the
-/// float32 matmul precision. Under `deterministic`, sets `CUBLAS_WORKSPACE_CONFIG` when unset
-/// (call this before any CUDA work: cuBLAS reads it when it makes its first handle).
+/// float32 matmul precision. Under `deterministic` on CUDA, sets `CUBLAS_WORKSPACE_CONFIG` when
+/// unset (call this before any CUDA work: cuBLAS reads it when it makes its first handle).
 pub fn apply_settings(
     deterministic: bool,
     precision: MatmulPrecision,
     device: tch::Device,
 ) -> Result<(), ContextError> {
-    if deterministic {
+    if deterministic && device.is_cuda() {
         let current = std::env::var("CUBLAS_WORKSPACE_CONFIG").ok();
         match cublas_workspace_for_determinism(current.as_deref()) {
             Ok(Some(value)) => std::env::set_var("CUBLAS_WORKSPACE_CONFIG", value),
@@ -479,7 +479,8 @@ mod tests {
     /// sets each combination, reads it back from libtorch's context, and restores the defaults.
     #[test]
     fn settings_reach_libtorch() {
-        apply_settings(true, MatmulPrecision::Medium, tch::Device::Cpu).unwrap();
+        // Setting the flags for a CUDA device does no CUDA work (this machine may have none).
+        apply_settings(true, MatmulPrecision::Medium, tch::Device::Cuda(0)).unwrap();
         assert_eq!(
             settings().unwrap(),
             Settings {
@@ -510,6 +511,10 @@ mod tests {
         let s = settings().unwrap();
         assert!(!s.cudnn_benchmark && !s.deterministic_algorithms);
         assert_eq!(s.matmul_precision, MatmulPrecision::High);
+        // On the CPU, determinism needs no cuBLAS setting, and cuDNN's benchmark stays off.
+        apply_settings(true, MatmulPrecision::High, tch::Device::Cpu).unwrap();
+        let s = settings().unwrap();
+        assert!(s.deterministic_algorithms && s.cudnn_deterministic && !s.cudnn_benchmark);
         apply_settings(false, MatmulPrecision::Highest, tch::Device::Cpu).unwrap();
     }
 }
