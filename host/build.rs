@@ -4,13 +4,67 @@
 //! for CPU/CUDA autocast, for resetting gradients to undefined and for TorchScript models
 //! (their buffers and training mode, which tch's `CModule` does not reach), and the c10d shim for
 //! data-parallel training (`csrc/dist.cpp`; `csrc/gloo-decls` says why it declares Gloo types),
-//! and the input pipeline's pinned memory, streams and events (`csrc/stream.cpp`, through c10's
-//! device-generic interface, so it needs no CUDA headers).
-use std::path::PathBuf;
+//! libtorch's global CUDA settings (`csrc/context.cpp`), the input pipeline's pinned memory,
+//! streams and events (`csrc/stream.cpp`, through c10's device-generic interface, so it needs no
+//! CUDA headers), the loss scaler's multi-tensor unscale (`csrc/amp.cpp`) and the recognition of
+//! out-of-memory errors (`csrc/oom.cpp`).
+//!
+//! The c10d shim gets its NCCL backend (`-DUSE_C10D_NCCL`) when the libtorch has CUDA and the
+//! NCCL and CUDA headers are found: next to a PyPI wheel's libtorch (`$LIBTORCH/../nvidia/*/
+//! include`: `nccl` and `cu13` for CUDA 13 wheels; `nccl`, `cuda_runtime`, `cublas`, ... for
+//! CUDA 12 ones), in `$TESSERA_CUDA_INCLUDE` (folders separated by `:`) or in
+//! `$CUDA_HOME/include`. `TESSERA_C10D_NCCL` (1/0) tells the crate which it got.
+use std::path::{Path, PathBuf};
+
+/// The headers `ProcessGroupNCCL.hpp` needs, directly or through ATen's CUDA context.
+const NCCL_HEADERS: &[&str] = &[
+    "nccl.h",
+    "cuda_runtime_api.h",
+    "crt/host_config.h",
+    "nv/target",
+    "cublas_v2.h",
+    "cublasLt.h",
+    "cusparse.h",
+    "cusolverDn.h",
+];
+
+/// The folders that hold every header of [`NCCL_HEADERS`], or the names of those missing.
+fn nccl_includes(libtorch: &Path) -> Result<Vec<PathBuf>, Vec<&'static str>> {
+    let mut candidates: Vec<PathBuf> = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(libtorch.join("../nvidia")) {
+        let mut found: Vec<PathBuf> = entries
+            .flatten()
+            .map(|e| e.path().join("include"))
+            .filter(|p| p.is_dir())
+            .collect();
+        found.sort();
+        candidates.extend(found);
+    }
+    if let Some(extra) = std::env::var_os("TESSERA_CUDA_INCLUDE") {
+        candidates.extend(std::env::split_paths(&extra));
+    }
+    if let Some(home) = std::env::var_os("CUDA_HOME") {
+        candidates.push(PathBuf::from(home).join("include"));
+    }
+    let missing: Vec<&str> = NCCL_HEADERS
+        .iter()
+        .copied()
+        .filter(|h| !candidates.iter().any(|d| d.join(h).is_file()))
+        .collect();
+    if missing.is_empty() {
+        Ok(candidates
+            .into_iter()
+            .filter(|d| NCCL_HEADERS.iter().any(|h| d.join(h).is_file()))
+            .collect())
+    } else {
+        Err(missing)
+    }
+}
 
 fn main() {
     println!("cargo:rerun-if-changed=csrc/amp.cpp");
     println!("cargo:rerun-if-changed=csrc/autocast.cpp");
+    println!("cargo:rerun-if-changed=csrc/context.cpp");
     println!("cargo:rerun-if-changed=csrc/dist.cpp");
     println!("cargo:rerun-if-changed=csrc/gloo-decls");
     println!("cargo:rerun-if-changed=csrc/grad.cpp");
@@ -19,6 +73,8 @@ fn main() {
     println!("cargo:rerun-if-changed=csrc/script_module.cpp");
     println!("cargo:rerun-if-changed=csrc/stream.cpp");
     println!("cargo:rerun-if-env-changed=DEP_TCH_LIBTORCH_LIB");
+    println!("cargo:rerun-if-env-changed=TESSERA_CUDA_INCLUDE");
+    println!("cargo:rerun-if-env-changed=CUDA_HOME");
     let lib = match std::env::var("DEP_TCH_LIBTORCH_LIB") {
         Ok(lib) => PathBuf::from(lib),
         Err(_) => {
@@ -28,7 +84,8 @@ fn main() {
     };
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib.display());
     println!("cargo:rustc-link-arg=-Wl,--no-as-needed");
-    if lib.join("libtorch_cuda.so").exists() {
+    let has_cuda = lib.join("libtorch_cuda.so").exists();
+    if has_cuda {
         println!("cargo:rustc-link-arg=-ltorch_cuda");
         println!("cargo:rustc-env=TESSERA_LIBTORCH_HAS_CUDA=1");
     } else {
@@ -39,21 +96,54 @@ fn main() {
 
     let root = lib.parent().map(PathBuf::from).unwrap_or_default();
     let cxx11_abi = std::env::var("LIBTORCH_CXX11_ABI").unwrap_or_else(|_| "1".to_owned());
-    cc::Build::new()
-        .cpp(true)
+    let base = || {
+        let mut b = cc::Build::new();
+        b.cpp(true)
+            .include(root.join("include"))
+            .include(root.join("include/torch/csrc/api/include"))
+            .flag("-std=c++17")
+            .flag(format!("-D_GLIBCXX_USE_CXX11_ABI={cxx11_abi}"))
+            .warnings(false);
+        b
+    };
+    base()
         .file("csrc/amp.cpp")
         .file("csrc/autocast.cpp")
-        .file("csrc/dist.cpp")
+        .file("csrc/context.cpp")
         .file("csrc/grad.cpp")
         .file("csrc/oom.cpp")
         .file("csrc/rng.cpp")
         .file("csrc/script_module.cpp")
         .file("csrc/stream.cpp")
-        .include("csrc/gloo-decls")
-        .include(root.join("include"))
-        .include(root.join("include/torch/csrc/api/include"))
-        .flag("-std=c++17")
-        .flag(format!("-D_GLIBCXX_USE_CXX11_ABI={cxx11_abi}"))
-        .warnings(false)
         .compile("tessera_autocast");
+
+    // The c10d shim, with NCCL when it can be built.
+    let mut dist = base();
+    dist.file("csrc/dist.cpp").include("csrc/gloo-decls");
+    let nccl = if has_cuda {
+        match nccl_includes(&root) {
+            Ok(dirs) => {
+                for d in dirs {
+                    println!("cargo:rerun-if-changed={}", d.display());
+                    dist.include(d);
+                }
+                dist.define("USE_C10D_NCCL", None);
+                true
+            }
+            Err(missing) => {
+                println!(
+                    "cargo:warning=no NCCL backend for data-parallel CUDA runs: {} not found next \
+                     to libtorch ({}/../nvidia/*/include), in TESSERA_CUDA_INCLUDE or CUDA_HOME \
+                     (scripts/ensure-libtorch.sh installs them from PyPI)",
+                    missing.join(", "),
+                    root.display()
+                );
+                false
+            }
+        }
+    } else {
+        false
+    };
+    println!("cargo:rustc-env=TESSERA_C10D_NCCL={}", u8::from(nccl));
+    dist.compile("tessera_dist");
 }

@@ -13,6 +13,11 @@
 # built against; on another machine, point LD_LIBRARY_PATH at that machine's `torch/lib`
 # (scripts/gpu-check.sh does).
 #
+# c10d's NCCL backend is compiled in when the NCCL and CUDA headers are found (host/build.rs):
+# for a wheel, ensure-libtorch.sh installs the missing ones next to it from PyPI; for your own
+# LIBTORCH, set TESSERA_CUDA_INCLUDE (folders separated by `:`) or CUDA_HOME to where they are,
+# else the build warns and data-parallel CUDA runs use Gloo (docs/distributed.md, "Backends").
+#
 # tch 0.26's C++ wrapper has one function per operator of libtorch 2.13; against another
 # version a few of them do not compile. scripts/patch_torch_sys.py copies torch-sys into the
 # target folder with just those functions turned into an error at call time (Tessera calls none

@@ -1,7 +1,11 @@
 // Data-parallel training on libtorch's own collective engine, c10d: a `TCPStore` rendezvous, a
-// Gloo process group (CPU tensors, and CUDA tensors through host copies), and c10d's `Reducer`,
-// the engine of PyTorch's DistributedDataParallel: it registers hooks on the parameters'
-// gradient accumulators and all-reduces gradients in buckets while the backward pass goes on.
+// process group with a Gloo backend for CPU tensors and, for CUDA tensors, either NCCL (GPU to
+// GPU) or Gloo (through host copies), and c10d's `Reducer`, the engine of PyTorch's
+// DistributedDataParallel: it registers hooks on the parameters' gradient accumulators and
+// all-reduces gradients in buckets while the backward pass goes on.
+//
+// The NCCL backend is compiled only with `-DUSE_C10D_NCCL` (build.rs sets it when it finds the
+// NCCL and CUDA runtime headers and a libtorch_cuda to link: its symbols live there).
 //
 // Every function catches libtorch's exceptions; a failing call returns null or -1 and leaves its
 // message for `tessera_dist_last_error` (per thread).
@@ -13,10 +17,15 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/csrc/distributed/c10d/logger.hpp>
 #include <torch/csrc/distributed/c10d/reducer.hpp>
+#ifdef USE_C10D_NCCL
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
 
 #include <algorithm>
 #include <chrono>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -28,6 +37,7 @@ struct Group {
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::ProcessGroup> pg;
   std::chrono::milliseconds timeout;
+  bool nccl = false;
 };
 
 struct Reducer {
@@ -113,12 +123,32 @@ extern "C" {
 
 const char* tessera_dist_last_error() { return last_error.c_str(); }
 
+// 1 when this build has c10d's NCCL backend, 0 otherwise.
+int tessera_dist_has_nccl() {
+#ifdef USE_C10D_NCCL
+  return 1;
+#else
+  return 0;
+#endif
+}
+
 // Joins the group of `world` ranks whose store rank 0 serves at `addr:port`. Waits up to
-// `timeout_ms` for every rank (rendezvous); collectives time out after `op_timeout_ms`.
+// `timeout_ms` for every rank (rendezvous); collectives time out after `op_timeout_ms`. CPU
+// tensors always go through Gloo; CUDA tensors through NCCL on device `cuda_device` when
+// `backend` is 1 (the communicator is created here, so a failing NCCL shows at the join),
+// through Gloo when it is 0.
 void* tessera_dist_init(const char* addr, int port, int rank, int world,
-                        int64_t timeout_ms, int64_t op_timeout_ms) {
+                        int64_t timeout_ms, int64_t op_timeout_ms, int backend,
+                        int cuda_device) {
   Group* out = nullptr;
   guarded([&] {
+#ifndef USE_C10D_NCCL
+    if (backend == 1) {
+      throw std::runtime_error(
+          "this Tessera was built without c10d's NCCL backend (its build found no NCCL and "
+          "CUDA runtime headers, or no libtorch_cuda); see docs/distributed.md");
+    }
+#endif
     c10d::TCPStoreOptions options;
     options.port = static_cast<uint16_t>(port);
     options.isServer = rank == 0;
@@ -126,24 +156,49 @@ void* tessera_dist_init(const char* addr, int port, int rank, int world,
     options.waitWorkers = true;
     options.timeout = std::chrono::milliseconds(timeout_ms);
     auto store = c10::make_intrusive<c10d::TCPStore>(std::string(addr), options);
+    auto base = c10::static_intrusive_pointer_cast<c10d::Store>(store);
     auto gloo_options =
         c10d::ProcessGroupGloo::Options::create(std::chrono::milliseconds(op_timeout_ms));
     // The device binds the address this host resolves to, or the loopback address.
     gloo_options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
-    auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(
-        c10::static_intrusive_pointer_cast<c10d::Store>(store), rank, world, gloo_options);
-    auto pg = c10::make_intrusive<c10d::ProcessGroup>(
-        c10::static_intrusive_pointer_cast<c10d::Store>(store), rank, world);
+    auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(base, rank, world, gloo_options);
+    auto pg = c10::make_intrusive<c10d::ProcessGroup>(base, rank, world);
+    // Barriers and the trainer's small host values stay on Gloo.
     pg->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
-    pg->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
-    pg->setBackend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::GLOO, gloo);
-    out = new Group{c10::static_intrusive_pointer_cast<c10d::Store>(store), pg,
-                    std::chrono::milliseconds(op_timeout_ms)};
+#ifdef USE_C10D_NCCL
+    if (backend == 1) {
+      at::Device device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(cuda_device));
+      pg->setBoundDeviceId(device);
+      auto nccl_options = c10d::ProcessGroupNCCL::Options::create();
+      nccl_options->timeout = std::chrono::milliseconds(op_timeout_ms);
+      // Its own key space in the store, as PyTorch gives each backend.
+      auto nccl_store = c10::make_intrusive<c10d::PrefixStore>("nccl/", base);
+      auto nccl =
+          c10::make_intrusive<c10d::ProcessGroupNCCL>(nccl_store, rank, world, nccl_options);
+      pg->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
+      pg->setBackend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::NCCL, nccl);
+      nccl->eagerConnectSingleDevice(device);
+    } else
+#endif
+    {
+      pg->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
+      pg->setBackend(c10::DeviceType::CUDA, c10d::ProcessGroup::BackendType::GLOO, gloo);
+    }
+    out = new Group{base, pg, std::chrono::milliseconds(op_timeout_ms), backend == 1};
   });
   return out;
 }
 
-void tessera_dist_free(void* group) { delete static_cast<Group*>(group); }
+// Leaves the group. NCCL's communicators are aborted first: when the group goes, the run's
+// collectives have completed (or a rank failed, and a clean NCCL shutdown could wait on it),
+// and a ProcessGroupNCCL destroyed without it warns.
+void tessera_dist_free(void* group) {
+  auto* g = static_cast<Group*>(group);
+  if (g != nullptr && g->nccl) {
+    guarded([&] { g->pg->abort(); });
+  }
+  delete g;
+}
 
 // In place over the ranks: op 0 sum, 1 max, 2 min. Waits for the result.
 int tessera_dist_all_reduce(void* group, void** tensors, int n, int op) {
@@ -278,7 +333,10 @@ const char* kNone =
 }
 extern "C" {
 const char* tessera_dist_last_error() { return kNone; }
-void* tessera_dist_init(const char*, int, int, int, int64_t, int64_t) { return nullptr; }
+int tessera_dist_has_nccl() { return 0; }
+void* tessera_dist_init(const char*, int, int, int, int64_t, int64_t, int, int) {
+  return nullptr;
+}
 void tessera_dist_free(void*) {}
 int tessera_dist_all_reduce(void*, void**, int, int) { return -1; }
 int tessera_dist_broadcast(void*, void**, int, int) { return -1; }

@@ -5,7 +5,9 @@
 //! - tensors `model/<name>` (weights and buffers, PyTorch names), `optim/<param>.<buffer>`
 //!   (optimizer state), `method/<method>/<name>` (each method's tensors) and
 //!   `method/<method>/__bytes__` (its serialized counters), `trainer/running_loss`,
-//!   `trainer/torch_cpu_rng` and, for a data-parallel run, `rank/<r>/torch_cpu_rng` (ranks 1..);
+//!   `trainer/torch_cpu_rng`, `trainer/torch_cuda_rng/<i>` (CUDA device i's generator, for each
+//!   device of the machine that wrote it; none without CUDA) and, for a data-parallel run,
+//!   `rank/<r>/torch_cpu_rng` and `rank/<r>/torch_cuda_rng/<i>` (ranks 1..);
 //! - metadata `tessera.checkpoint`: a JSON [`Meta`] (format version, clock, optimizer
 //!   position, RNG state, methods and their settings, the resolved config, ...), and
 //!   `tessera.sha256`: a checksum over the metadata and every tensor's name, dtype, shape and

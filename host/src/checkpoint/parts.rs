@@ -135,6 +135,8 @@ pub struct RankPart {
     pub rng: ChaCha8Rng,
     /// libtorch's CPU generator (`u8` state).
     pub torch_rng: Tensor,
+    /// Its CUDA devices' generators, in device order (empty without CUDA).
+    pub torch_cuda_rng: Vec<Tensor>,
 }
 
 /// The methods' random stream as metadata.
@@ -201,6 +203,9 @@ pub struct Parts {
     /// libtorch's CPU generator (`u8` state; absent in checkpoints written before it was
     /// saved).
     pub torch_rng: Option<Tensor>,
+    /// libtorch's CUDA generators, one per device of the machine that wrote it, in device
+    /// order (empty without CUDA, and in checkpoints written before they were saved).
+    pub torch_cuda_rng: Vec<Tensor>,
     /// Ranks of the run (1 for a single process).
     pub world_size: usize,
     /// Ranks 1..world_size's own parts, in rank order (empty for a single process).
@@ -212,8 +217,38 @@ const OPTIMIZER: &str = "optim/";
 const METHOD: &str = "method/";
 const RUNNING_LOSS: &str = "trainer/running_loss";
 const TORCH_RNG: &str = "trainer/torch_cpu_rng";
-/// `rank/<r>/torch_cpu_rng`: libtorch's CPU generator of rank r >= 1.
+/// `trainer/torch_cuda_rng/<i>`: libtorch's generator of CUDA device i.
+const TORCH_CUDA_RNG: &str = "trainer/torch_cuda_rng/";
+/// `rank/<r>/torch_cpu_rng` and `rank/<r>/torch_cuda_rng/<i>`: libtorch's generators of rank
+/// r >= 1.
 const RANK: &str = "rank/";
+
+/// `prefix<i>` for each state, in order.
+fn numbered(prefix: &str, states: Vec<Tensor>) -> impl Iterator<Item = (String, Tensor)> + '_ {
+    states
+        .into_iter()
+        .enumerate()
+        .map(move |(i, t)| (format!("{prefix}{i}"), t))
+}
+
+/// The tensors named `prefix<i>` for i = 0, 1, ... (removed from `tensors`), in order; an error
+/// when the numbers have a gap.
+fn take_numbered(
+    tensors: &mut std::collections::HashMap<String, Tensor>,
+    prefix: &str,
+) -> Result<Vec<Tensor>, CheckpointError> {
+    let count = tensors.keys().filter(|n| n.starts_with(prefix)).count();
+    (0..count)
+        .map(|i| {
+            let name = format!("{prefix}{i}");
+            tensors.remove(&name).ok_or_else(|| {
+                CheckpointError::Part(format!(
+                    "{count} tensors `{prefix}<i>` but `{name}` is missing"
+                ))
+            })
+        })
+        .collect()
+}
 /// A method's serialized counters, beside its named tensors.
 const METHOD_BYTES: &str = "__bytes__";
 
@@ -232,6 +267,7 @@ impl Checkpoint {
             mut trainer,
             running_loss,
             torch_rng,
+            torch_cuda_rng,
             world_size,
             ranks,
         } = parts;
@@ -282,9 +318,14 @@ impl Checkpoint {
         if let Some(r) = torch_rng {
             tensors.push((TORCH_RNG.to_owned(), r));
         }
+        tensors.extend(numbered(TORCH_CUDA_RNG, torch_cuda_rng));
         let mut rank_rngs = Vec::with_capacity(ranks.len());
         for (i, part) in ranks.into_iter().enumerate() {
             tensors.push((format!("{RANK}{}/torch_cpu_rng", i + 1), part.torch_rng));
+            tensors.extend(numbered(
+                &format!("{RANK}{}/torch_cuda_rng/", i + 1),
+                part.torch_cuda_rng,
+            ));
             rank_rngs.push(rng_meta(&part.rng));
         }
         trainer.disabled = disabled_methods;
@@ -318,6 +359,7 @@ impl Checkpoint {
         let mut method_tensors = std::collections::HashMap::new();
         let mut running_loss = None;
         let mut torch_rng = None;
+        let mut cuda_rng = std::collections::HashMap::new();
         let mut rank_torch = std::collections::HashMap::new();
         for (name, t) in tensors {
             if let Some(n) = name.strip_prefix(MODEL) {
@@ -330,6 +372,8 @@ impl Checkpoint {
                 running_loss = Some(t);
             } else if name == TORCH_RNG {
                 torch_rng = Some(t);
+            } else if name.starts_with(TORCH_CUDA_RNG) {
+                cuda_rng.insert(name, t);
             } else if name.starts_with(RANK) {
                 rank_torch.insert(name, t);
             }
@@ -340,11 +384,15 @@ impl Checkpoint {
             let torch_rng = rank_torch.remove(&name).ok_or_else(|| {
                 CheckpointError::Part(format!("rank {}: `{name}` is missing", i + 1))
             })?;
+            let torch_cuda_rng =
+                take_numbered(&mut rank_torch, &format!("{RANK}{}/torch_cuda_rng/", i + 1))?;
             ranks.push(RankPart {
                 rng: rng_from_meta(rng)?,
                 torch_rng,
+                torch_cuda_rng,
             });
         }
+        let torch_cuda_rng = take_numbered(&mut cuda_rng, TORCH_CUDA_RNG)?;
         let mut methods = Vec::with_capacity(meta.methods.len());
         for m in meta.methods {
             let prefix = format!("{METHOD}{}/", m.name);
@@ -399,6 +447,7 @@ impl Checkpoint {
             trainer,
             running_loss,
             torch_rng,
+            torch_cuda_rng,
             world_size: meta.world_size,
             ranks,
         })

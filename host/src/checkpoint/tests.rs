@@ -77,10 +77,84 @@ fn sample() -> Checkpoint {
         },
         running_loss: Some(Tensor::from_slice(&[0.75f32])),
         torch_rng: Some(Tensor::from_slice(&[1u8, 2, 3])),
+        torch_cuda_rng: Vec::new(),
         world_size: 1,
         ranks: Vec::new(),
     };
     Checkpoint::from_parts(parts).unwrap()
+}
+
+/// A data-parallel checkpoint with CUDA generator states: 2 devices on rank 0, 2 on rank 1.
+fn with_cuda_states() -> Checkpoint {
+    let mut parts = sample().into_parts().unwrap();
+    parts.torch_cuda_rng = vec![
+        Tensor::from_slice(&[10u8; 16]),
+        Tensor::from_slice(&[11u8; 16]),
+    ];
+    parts.world_size = 2;
+    parts.ranks = vec![RankPart {
+        rng: rand_chacha::ChaCha8Rng::seed_from_u64(4),
+        torch_rng: Tensor::from_slice(&[4u8, 5]),
+        torch_cuda_rng: vec![
+            Tensor::from_slice(&[20u8; 16]),
+            Tensor::from_slice(&[21u8; 16]),
+        ],
+    }];
+    Checkpoint::from_parts(parts).unwrap()
+}
+
+#[test]
+fn cuda_generator_states_round_trip_in_device_order() {
+    let c = with_cuda_states();
+    let names: Vec<&str> = c.tensors.iter().map(|(n, _)| n.as_str()).collect();
+    for n in [
+        "trainer/torch_cuda_rng/0",
+        "trainer/torch_cuda_rng/1",
+        "rank/1/torch_cuda_rng/0",
+        "rank/1/torch_cuda_rng/1",
+    ] {
+        assert!(names.contains(&n), "{n} in {names:?}");
+    }
+    let back = Checkpoint::from_bytes(&c.to_bytes().unwrap(), Path::new("x.ckpt"))
+        .unwrap()
+        .into_parts()
+        .unwrap();
+    let bytes = |ts: &[Tensor]| -> Vec<Vec<u8>> {
+        ts.iter().map(|t| Vec::<u8>::try_from(t).unwrap()).collect()
+    };
+    assert_eq!(
+        bytes(&back.torch_cuda_rng),
+        vec![vec![10u8; 16], vec![11u8; 16]]
+    );
+    assert_eq!(back.ranks.len(), 1);
+    assert_eq!(
+        bytes(&back.ranks[0].torch_cuda_rng),
+        vec![vec![20u8; 16], vec![21u8; 16]]
+    );
+    assert_eq!(
+        Vec::<u8>::try_from(&back.ranks[0].torch_rng).unwrap(),
+        vec![4u8, 5]
+    );
+}
+
+#[test]
+fn checkpoints_without_cuda_states_load_and_a_gap_is_an_error() {
+    // Written on the CPU or before the CUDA states were saved: none, nothing else changes.
+    let parts = sample().into_parts().unwrap();
+    assert!(parts.torch_cuda_rng.is_empty());
+    assert!(parts.torch_rng.is_some());
+    // A state missing in the middle is a damaged checkpoint, not one device fewer.
+    let mut c = with_cuda_states();
+    c.tensors.retain(|(n, _)| n != "trainer/torch_cuda_rng/0");
+    let e = c.into_parts().err().unwrap().to_string();
+    assert!(
+        e.contains("trainer/torch_cuda_rng/0") && e.contains("missing"),
+        "{e}"
+    );
+    let mut c = with_cuda_states();
+    c.tensors.retain(|(n, _)| n != "rank/1/torch_cuda_rng/0");
+    let e = c.into_parts().err().unwrap().to_string();
+    assert!(e.contains("rank/1/torch_cuda_rng/0"), "{e}");
 }
 
 fn temp_dir(tag: &str) -> PathBuf {

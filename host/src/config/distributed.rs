@@ -6,6 +6,7 @@ use serde::Serialize;
 use super::error::ConfigError;
 use super::reader::{Bounds, Tbl};
 use super::section::section;
+use crate::dist::Backend;
 
 /// `[distributed]`
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -25,6 +26,9 @@ pub struct DistributedConfig {
     /// Batch-norm statistics over the global batch (all ranks) instead of each rank's share
     /// (default false: local, as PyTorch DDP).
     pub sync_batchnorm: bool,
+    /// What carries the CUDA tensors' collectives: `auto` (default: NCCL on CUDA, Gloo on the
+    /// CPU), `nccl` or `gloo`. CPU values always go through Gloo.
+    pub backend: Backend,
 }
 
 section!(DistributedConfig {
@@ -33,6 +37,7 @@ section!(DistributedConfig {
     bucket_mb: float(Bounds::POSITIVE),
     find_unused_parameters: bool(),
     sync_batchnorm: bool(),
+    backend: choice("backend", &Backend::CHOICES),
 });
 
 impl Default for DistributedConfig {
@@ -43,6 +48,7 @@ impl Default for DistributedConfig {
             bucket_mb: 25.0,
             find_unused_parameters: true,
             sync_batchnorm: false,
+            backend: Backend::Auto,
         }
     }
 }

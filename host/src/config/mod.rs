@@ -38,6 +38,8 @@ mod tree;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_cuda;
 
 pub use algorithms::AlgorithmConfig;
 pub use checkpoint::{CheckpointConfig, PluginsConfig};

@@ -326,7 +326,7 @@ fn devices() {
     for (text, dev) in [
         ("auto", Device::Auto),
         ("cpu", Device::Cpu),
-        ("cuda", Device::Cuda(0)),
+        ("cuda", Device::CudaLocalRank),
         ("cuda:3", Device::Cuda(3)),
     ] {
         assert_eq!(text.parse::<Device>(), Ok(dev));

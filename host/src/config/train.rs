@@ -7,7 +7,7 @@ use super::error::{ConfigError, ErrorKind};
 use super::reader::{quote_list, Bounds, Tbl, COUNT_UNITS, INTERVAL_UNITS};
 use super::required_table;
 use super::section::{section, Section};
-use crate::device::Device;
+use crate::device::{Device, MatmulPrecision};
 use crate::model::NonFiniteLoss;
 use crate::precision::Precision;
 use crate::report::{Metric, Target};
@@ -50,6 +50,13 @@ pub struct TrainConfig {
     /// Whether the run stops once `target` is met (default true); false trains on to
     /// `max_duration`, still recording the first time.
     pub stop_at_target: bool,
+    /// Deterministic algorithms (`torch.use_deterministic_algorithms(True)`, deterministic
+    /// cuDNN, `CUBLAS_WORKSPACE_CONFIG=:4096:8`); false (default): cuDNN benchmarks its
+    /// algorithms on CUDA and keeps the fastest.
+    pub deterministic: bool,
+    /// Float32 matmul precision, as `torch.set_float32_matmul_precision` (default `high`:
+    /// TF32 on GPUs that have it).
+    pub matmul_precision: MatmulPrecision,
 }
 
 section!(TrainConfig {
@@ -67,6 +74,8 @@ section!(TrainConfig {
     iteration_length: time(&["ep"]),
     target: parse::<Target>("a string such as \"accuracy >= 0.9\""),
     stop_at_target: bool(),
+    deterministic: bool(),
+    matmul_precision: choice("matmul_precision", &MatmulPrecision::CHOICES),
 });
 
 pub(super) fn read(top: &Tbl<'_>, data: &DataConfig) -> Result<TrainConfig, ConfigError> {
@@ -92,6 +101,8 @@ pub(super) fn read(top: &Tbl<'_>, data: &DataConfig) -> Result<TrainConfig, Conf
         iteration_length: None,
         target: None,
         stop_at_target: true,
+        deterministic: false,
+        matmul_precision: MatmulPrecision::default(),
     }
     .read_keys(&t)?;
     if let Some(target) = &train.target {

@@ -5,6 +5,10 @@
 //! A process is one rank. `RANK`, `WORLD_SIZE`, `MASTER_ADDR` and `MASTER_PORT` say which and
 //! where the group meets (`tessera launch` sets them, as do torchrun, Slurm scripts and
 //! Kubernetes operators); without them, or with `WORLD_SIZE = 1`, a run has no group.
+//!
+//! CPU tensors always travel through Gloo; CUDA tensors through NCCL or Gloo
+//! (`[distributed] backend`, [`Backend::choose`]). NCCL exists when the build found its headers
+//! (see `host/build.rs`; [`nccl_built`]).
 
 use std::ffi::{c_void, CStr, CString};
 use std::time::Duration;
@@ -20,7 +24,10 @@ extern "C" {
         world: i32,
         timeout_ms: i64,
         op_timeout_ms: i64,
+        backend: i32,
+        cuda_device: i32,
     ) -> *mut c_void;
+    fn tessera_dist_has_nccl() -> i32;
     fn tessera_dist_free(group: *mut c_void);
     fn tessera_dist_all_reduce(
         group: *mut c_void,
@@ -104,6 +111,77 @@ fn check(rc: i32, what: impl FnOnce() -> String) -> Result<(), DistError> {
     }
 }
 
+/// `[distributed] backend`: what carries the CUDA tensors' collectives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Backend {
+    /// NCCL when the device is CUDA (Gloo when this build has no NCCL, with a warning), Gloo
+    /// on the CPU (default).
+    #[default]
+    Auto,
+    /// NCCL: GPU to GPU (NVLink, InfiniBand, sockets); needs a CUDA device and a build with it.
+    Nccl,
+    /// Gloo: CUDA tensors through host copies.
+    Gloo,
+}
+
+impl Backend {
+    /// Accepted spellings, for the config reader.
+    pub const CHOICES: [(&'static str, Backend); 3] = [
+        ("auto", Backend::Auto),
+        ("nccl", Backend::Nccl),
+        ("gloo", Backend::Gloo),
+    ];
+
+    /// The backend of CUDA tensors for a run on `device`, given whether this build has NCCL:
+    /// the choice and, when `auto` could not have NCCL, a warning that says why.
+    pub fn choose(
+        self,
+        device: tch::Device,
+        nccl_built: bool,
+    ) -> Result<(Collectives, Option<String>), DistError> {
+        let no_nccl = "this Tessera was built without c10d's NCCL backend (its build found no \
+                       NCCL and CUDA headers next to libtorch, or a libtorch without CUDA; \
+                       scripts/ensure-libtorch.sh installs them, see docs/distributed.md)";
+        match (self, device.is_cuda()) {
+            (Backend::Gloo, _) | (Backend::Auto, false) => Ok((Collectives::Gloo, None)),
+            (Backend::Nccl, false) => Err(DistError::Env(format!(
+                "[distributed] backend = \"nccl\" needs a CUDA device, and train.device \
+                 resolved to {device:?}; use backend = \"gloo\" (or \"auto\") on the CPU"
+            ))),
+            (Backend::Nccl, true) if !nccl_built => Err(DistError::Env(format!(
+                "[distributed] backend = \"nccl\": {no_nccl}; backend = \"gloo\" all-reduces \
+                 CUDA tensors through host copies"
+            ))),
+            (Backend::Auto, true) if !nccl_built => Ok((
+                Collectives::Gloo,
+                Some(format!(
+                    "[distributed] backend = \"auto\" on CUDA uses Gloo (gradients through host \
+                     copies, much slower than NCCL): {no_nccl}"
+                )),
+            )),
+            (Backend::Nccl | Backend::Auto, true) => Ok((Collectives::Nccl, None)),
+        }
+    }
+}
+
+/// What carries a group's CUDA tensors (CPU tensors always go through Gloo).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Collectives {
+    /// Gloo, through host copies.
+    Gloo,
+    /// NCCL.
+    Nccl,
+}
+
+/// Whether this build has c10d's NCCL backend (`host/build.rs` found its headers and a
+/// libtorch with CUDA).
+pub fn nccl_built() -> bool {
+    // SAFETY: plain C call without arguments.
+    unsafe { tessera_dist_has_nccl() == 1 }
+}
+
 /// Where this process stands in a data-parallel run, from torchrun-style environment variables.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RankEnv {
@@ -122,6 +200,14 @@ pub struct RankEnv {
 }
 
 impl RankEnv {
+    /// This process's place on its machine (which GPU `train.device = "auto"` gives it).
+    pub fn local(&self) -> crate::device::LocalRank {
+        crate::device::LocalRank {
+            rank: self.local_rank,
+            world: self.local_world,
+        }
+    }
+
     /// Machines (nodes) in the run: ranks / ranks per node, rounded up (a run whose last
     /// node has fewer ranks still rents it). 1 when `LOCAL_WORLD_SIZE` is not set.
     pub fn nodes(&self) -> usize {
@@ -223,13 +309,16 @@ pub enum Op {
     Min,
 }
 
-/// This process's membership of a group of ranks (c10d Gloo process group and TCP store).
+/// This process's membership of a group of ranks (c10d process group: Gloo, and NCCL for CUDA
+/// tensors when chosen; TCP store).
 pub struct Group {
     handle: *mut c_void,
     /// This rank.
     pub rank: usize,
     /// Number of ranks.
     pub world: usize,
+    /// What carries CUDA tensors.
+    pub collectives: Collectives,
 }
 
 // SAFETY: c10d's process group and store are thread-safe objects; the handle is only freed in
@@ -244,12 +333,24 @@ fn ptrs(tensors: &[&Tensor]) -> Vec<*mut c_void> {
 
 impl Group {
     /// Joins the group `env` describes: waits up to `rendezvous` for every rank to reach rank
-    /// 0's store; collectives then fail after `timeout` without an answer.
+    /// 0's store; collectives then fail after `timeout` without an answer. CUDA tensors go
+    /// through `collectives` (NCCL on `device`, which must then be a CUDA device).
     pub fn join(
         env: &RankEnv,
         rendezvous: Duration,
         timeout: Duration,
+        collectives: Collectives,
+        device: tch::Device,
     ) -> Result<Group, DistError> {
+        let (backend, cuda_device) = match (collectives, device) {
+            (Collectives::Gloo, _) => (0, -1),
+            (Collectives::Nccl, tch::Device::Cuda(i)) => (1, i as i32),
+            (Collectives::Nccl, other) => {
+                return Err(DistError::Env(format!(
+                    "NCCL needs a CUDA device, not {other:?}"
+                )))
+            }
+        };
         let addr = CString::new(env.master_addr.clone())
             .map_err(|_| DistError::Env("MASTER_ADDR holds a NUL byte".into()))?;
         // SAFETY: `addr` is a NUL-terminated string alive for the call.
@@ -261,6 +362,8 @@ impl Group {
                 env.world as i32,
                 rendezvous.as_millis().min(i64::MAX as u128) as i64,
                 timeout.as_millis().min(i64::MAX as u128) as i64,
+                backend,
+                cuda_device,
             )
         };
         if handle.is_null() {
@@ -279,8 +382,15 @@ impl Group {
             };
             return Err(DistError::C10d {
                 what: format!(
-                    "rank {} of {}: joining the group at {}:{}",
-                    env.rank, env.world, env.master_addr, env.master_port
+                    "rank {} of {}: joining the group at {}:{}{}",
+                    env.rank,
+                    env.world,
+                    env.master_addr,
+                    env.master_port,
+                    match collectives {
+                        Collectives::Nccl => format!(" (NCCL on cuda:{cuda_device})"),
+                        Collectives::Gloo => String::new(),
+                    }
                 ),
                 message: format!("{message}{hint}"),
             });
@@ -290,6 +400,7 @@ impl Group {
             handle,
             rank: env.rank,
             world: env.world,
+            collectives,
         })
     }
 
@@ -552,5 +663,110 @@ mod tests {
         assert!(
             msg(&[("WORLD_SIZE", "2"), ("RANK", "1"), ("MASTER_PORT", "99999")]).contains("port")
         );
+    }
+
+    #[test]
+    fn the_backend_follows_the_device() {
+        let cuda = tch::Device::Cuda(1);
+        let cpu = tch::Device::Cpu;
+        for built in [true, false] {
+            assert_eq!(
+                Backend::Auto.choose(cpu, built).unwrap(),
+                (Collectives::Gloo, None)
+            );
+            assert_eq!(
+                Backend::Gloo.choose(cpu, built).unwrap(),
+                (Collectives::Gloo, None)
+            );
+            assert_eq!(
+                Backend::Gloo.choose(cuda, built).unwrap(),
+                (Collectives::Gloo, None)
+            );
+            let e = Backend::Nccl.choose(cpu, built).unwrap_err().to_string();
+            assert!(
+                e.contains("backend = \"nccl\" needs a CUDA device") && e.contains("Cpu"),
+                "{e}"
+            );
+        }
+        assert_eq!(
+            Backend::Auto.choose(cuda, true).unwrap(),
+            (Collectives::Nccl, None)
+        );
+        assert_eq!(
+            Backend::Nccl.choose(cuda, true).unwrap(),
+            (Collectives::Nccl, None)
+        );
+        // A build without NCCL: auto falls back to Gloo and says why; nccl is an error.
+        let (c, warning) = Backend::Auto.choose(cuda, false).unwrap();
+        assert_eq!(c, Collectives::Gloo);
+        let warning = warning.unwrap();
+        assert!(
+            warning.contains("uses Gloo") && warning.contains("without c10d's NCCL"),
+            "{warning}"
+        );
+        let e = Backend::Nccl.choose(cuda, false).unwrap_err().to_string();
+        assert!(
+            e.contains("built without c10d's NCCL backend") && e.contains("gloo"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn this_build_has_nccl_when_its_libtorch_has_cuda() {
+        // build.rs compiles the NCCL backend when libtorch_cuda and the headers are there, as
+        // they are for the PyPI CUDA wheel that scripts/ensure-libtorch.sh installs.
+        if env!("TESSERA_LIBTORCH_HAS_CUDA") == "1" {
+            assert!(
+                nccl_built(),
+                "libtorch has CUDA but the c10d shim was built without NCCL"
+            );
+        }
+    }
+
+    /// A one-rank group asked for NCCL reaches c10d's `ProcessGroupNCCL` (its symbols link from
+    /// libtorch_cuda): on a machine without a GPU, its own refusal comes back as the error.
+    #[test]
+    fn nccl_is_linked_and_refuses_a_machine_without_gpu() {
+        if !nccl_built() || crate::device::cuda_device_count() > 0 {
+            return;
+        }
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .unwrap();
+        let env = RankEnv {
+            rank: 0,
+            world: 1,
+            local_rank: 0,
+            local_world: 1,
+            master_addr: "127.0.0.1".into(),
+            master_port: port,
+        };
+        let e = Group::join(
+            &env,
+            Duration::from_secs(20),
+            Duration::from_secs(20),
+            Collectives::Nccl,
+            tch::Device::Cuda(0),
+        )
+        .err()
+        .unwrap()
+        .to_string();
+        eprintln!("NCCL ERROR: {e}");
+        assert!(e.contains("(NCCL on cuda:0)"), "{e}");
+        assert!(
+            e.contains("GPU") || e.contains("CUDA") || e.contains("cuda"),
+            "{e}"
+        );
+        // The same group over Gloo works on this machine.
+        let g = Group::join(
+            &env,
+            Duration::from_secs(20),
+            Duration::from_secs(20),
+            Collectives::Gloo,
+            tch::Device::Cpu,
+        )
+        .unwrap();
+        assert_eq!(g.all_reduce_values(&[1.5], Op::Sum).unwrap(), vec![1.5]);
     }
 }

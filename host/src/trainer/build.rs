@@ -39,11 +39,27 @@ impl Trainer {
         let started = Instant::now();
         // A data-parallel rank joins its group first: a rank that never comes is reported
         // before any work.
-        let dp = match purpose {
-            Purpose::Fit => super::dist::join(&config)?,
+        let rank_env = match purpose {
+            Purpose::Fit => crate::dist::RankEnv::from_env()?,
             Purpose::Standalone => None,
         };
-        let device = config.train.device.resolve()?;
+        // One GPU per rank (cuda:LOCAL_RANK) unless the config names one; then libtorch's
+        // process-wide settings, before any CUDA work (cuBLAS reads CUBLAS_WORKSPACE_CONFIG
+        // at its first handle).
+        let device = config
+            .train
+            .device
+            .resolve_for(rank_env.as_ref().map(crate::dist::RankEnv::local))?;
+        crate::device::apply_settings(
+            config.train.deterministic,
+            config.train.matmul_precision,
+            device,
+        )
+        .map_err(crate::device::DeviceError::from)?;
+        let dp = match rank_env {
+            Some(env) => Some(super::dist::join(&config, &env, device)?),
+            None => None,
+        };
         if config.train.microbatch_size == crate::config::MicrobatchSize::Auto {
             if dp.is_some() {
                 fail!("train.microbatch_size = \"auto\" is not supported in data-parallel runs yet (a rank that runs out of memory mid-backward would leave the others waiting in the gradient all-reduce); give a number");

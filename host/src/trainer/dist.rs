@@ -50,18 +50,25 @@ impl DataParallel {
 struct RankStreams {
     rng: checkpoint::RngMeta,
     torch_rng: Vec<u8>,
+    /// One state per CUDA device.
+    #[serde(default)]
+    torch_cuda_rng: Vec<Vec<u8>>,
 }
 
-/// Joins the group the environment describes, if any (see `crate::dist::RankEnv`).
-pub(super) fn join(config: &Config) -> Result<Option<DataParallel>> {
-    let Some(env) = RankEnv::from_env()? else {
-        return Ok(None);
-    };
+/// Joins the group `env` describes (see `crate::dist::RankEnv`), CUDA tensors through the
+/// backend `[distributed] backend` chooses for `device`.
+pub(super) fn join(config: &Config, env: &RankEnv, device: tch::Device) -> Result<DataParallel> {
     let d = &config.distributed;
+    let (collectives, warning) = d.backend.choose(device, crate::dist::nccl_built())?;
+    if let Some(w) = warning.filter(|_| env.rank == 0) {
+        tracing::warn!("{w}");
+    }
     let group = Group::join(
-        &env,
+        env,
         Duration::from_secs_f64(d.rendezvous_timeout),
         Duration::from_secs_f64(d.timeout),
+        collectives,
+        device,
     )?;
     let group = Arc::new(group);
     if d.sync_batchnorm {
@@ -71,13 +78,13 @@ pub(super) fn join(config: &Config) -> Result<Option<DataParallel>> {
                 .map_err(|e| tch::TchError::Torch(e.to_string()))
         })));
     }
-    Ok(Some(DataParallel {
+    Ok(DataParallel {
         group,
         local_world: env.local_world,
         nodes: env.nodes(),
         reducer: None,
         checkpoints: 0,
-    }))
+    })
 }
 
 /// Checks that every rank found the same checkpoint to resume from (the checkpoint folder
@@ -146,8 +153,12 @@ impl Trainer {
         }
         let per_rank = self.config.data.batch_size;
         tracing::info!(
-            "data-parallel: {} ranks (c10d Gloo), global batch {} = {} per rank x {} ranks, {} batches per epoch on each rank",
+            "data-parallel: {} ranks (c10d {}), global batch {} = {} per rank x {} ranks, {} batches per epoch on each rank",
             dp.world(),
+            match dp.group.collectives {
+                crate::dist::Collectives::Nccl => "NCCL, Gloo for host values",
+                crate::dist::Collectives::Gloo => "Gloo",
+            },
             per_rank * dp.world(),
             per_rank,
             dp.world(),
@@ -358,6 +369,10 @@ impl Trainer {
             let part = RankStreams {
                 rng: checkpoint::rng_meta(self.state.rng()),
                 torch_rng: Vec::<u8>::try_from(&checkpoint::torch_rng::cpu_state()?)?,
+                torch_cuda_rng: checkpoint::torch_rng::cuda_states()?
+                    .iter()
+                    .map(Vec::<u8>::try_from)
+                    .collect::<std::result::Result<_, _>>()?,
             };
             dp.group
                 .store_set(&key(dp.rank()), &serde_json::to_vec(&part)?)?;
@@ -371,6 +386,11 @@ impl Trainer {
             parts.push(RankPart {
                 rng: checkpoint::rng_from_meta(&part.rng)?,
                 torch_rng: Tensor::from_slice(&part.torch_rng),
+                torch_cuda_rng: part
+                    .torch_cuda_rng
+                    .iter()
+                    .map(|b| Tensor::from_slice(b))
+                    .collect(),
             });
         }
         Ok(parts)
@@ -399,6 +419,9 @@ impl Trainer {
             Some(part) => {
                 self.state.set_rng(part.rng);
                 checkpoint::torch_rng::set_cpu_state(&part.torch_rng)?;
+                // Rank 0's CUDA states, restored with the rest, are replaced by this rank's.
+                let on_cuda = self.state.device().is_cuda();
+                checkpoint::torch_rng::set_cuda_states(&part.torch_cuda_rng, on_cuda)?;
             }
             None => self.seed_rank(),
         }

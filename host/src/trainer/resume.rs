@@ -66,6 +66,12 @@ impl Trainer {
                  dropout draws after the resume differ from an uninterrupted run's"
             ),
         }
+        let on_cuda = self.state.device().is_cuda();
+        if let Some(missing) =
+            checkpoint::torch_rng::set_cuda_states(&parts.torch_cuda_rng, on_cuda)?
+        {
+            tracing::warn!("{missing}");
+        }
         self.restore_rank_streams(parts.ranks)?;
         self.state.clock.timestamp = parts.clock.timestamp;
         let t = parts.trainer;
@@ -159,6 +165,7 @@ impl Trainer {
             },
             running_loss: (self.running_batches > 0).then(|| Tensor::from(self.running_loss)),
             torch_rng: Some(checkpoint::torch_rng::cpu_state()?),
+            torch_cuda_rng: checkpoint::torch_rng::cuda_states()?,
             world_size: self.world(),
             ranks,
         };
