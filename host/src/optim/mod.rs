@@ -1,7 +1,6 @@
 //! Optimizers (SGD, AdamW) written over libtorch tensor ops, so that their state is visible to
 //! checkpoints (tch's C++ optimizers expose no state), and learning-rate schedules.
 
-mod masked_interim;
 pub mod schedule;
 
 use serde::{Deserialize, Serialize};
