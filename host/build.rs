@@ -1,7 +1,7 @@
 //! Links the `tessera` binary so that it runs without `LD_LIBRARY_PATH` (rpath to libtorch) and
 //! with CUDA when the libtorch has it (`--no-as-needed` keeps `libtorch_cuda`, whose symbols are
 //! never referenced directly, so CUDA kernels get registered). Also compiles the small C++ shims
-//! for CPU/CUDA autocast, for resetting gradients to undefined and for TorchScript models
+//! for CPU/CUDA autocast, for resetting gradients to undefined, for multi-tensor optimizer steps (`csrc/optim.cpp`) and for TorchScript models
 //! (their buffers and training mode, which tch's `CModule` does not reach), and the c10d shim for
 //! data-parallel training (`csrc/dist.cpp`; `csrc/gloo-decls` says why it declares Gloo types).
 use std::path::PathBuf;
@@ -11,6 +11,7 @@ fn main() {
     println!("cargo:rerun-if-changed=csrc/dist.cpp");
     println!("cargo:rerun-if-changed=csrc/gloo-decls");
     println!("cargo:rerun-if-changed=csrc/grad.cpp");
+    println!("cargo:rerun-if-changed=csrc/optim.cpp");
     println!("cargo:rerun-if-changed=csrc/rng.cpp");
     println!("cargo:rerun-if-changed=csrc/script_module.cpp");
     println!("cargo:rerun-if-env-changed=DEP_TCH_LIBTORCH_LIB");
@@ -39,6 +40,7 @@ fn main() {
         .file("csrc/autocast.cpp")
         .file("csrc/dist.cpp")
         .file("csrc/grad.cpp")
+        .file("csrc/optim.cpp")
         .file("csrc/rng.cpp")
         .file("csrc/script_module.cpp")
         .include("csrc/gloo-decls")
