@@ -204,3 +204,53 @@ fn bad_groups_are_errors_naming_the_group() {
     assert_eq!(e.key, "optimizer.groups");
     assert_eq!(e.kind, ErrorKind::WrongType);
 }
+
+/// Every key of `[optimizer]` and `[[optimizer.groups]]` is in `docs/trainer-reference.toml`'s
+/// optimizer part, and so is the GPT rule.
+#[test]
+fn the_reference_documents_the_optimizer_keys_and_the_gpt_rule() {
+    use super::section::Section;
+    use crate::optim::{AdamW, Sgd};
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../docs/trainer-reference.toml"
+    ))
+    .unwrap();
+    let start = text.find("\n[optimizer]\n").expect("an [optimizer] table");
+    let end = start
+        + text[start..]
+            .find("\n[scheduler]")
+            .expect("[scheduler] after it");
+    let part = &text[start..end];
+    let word = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    let mentions = |key: &str| {
+        part.match_indices(key)
+            .any(|(i, _)| !part[..i].ends_with(word) && !part[i + key.len()..].starts_with(word))
+    };
+    let keys = [
+        Sgd::KEYS,
+        AdamW::KEYS,
+        Adam::KEYS,
+        Lion::KEYS,
+        GroupSpec::KEYS,
+        &["name", "implementation", "groups"],
+    ];
+    for key in keys.iter().flat_map(|k| k.iter()) {
+        assert!(
+            mentions(key),
+            "`{key}` is not in the reference's [optimizer]"
+        );
+    }
+    for name in ["sgd", "adamw", "adam", "lion", "fused", "per_param"] {
+        assert!(part.contains(&format!("\"{name}\"")), "{name}");
+    }
+    // The documented GPT rule, uncommented, reads as one group.
+    let rule: String = part
+        .lines()
+        .skip_while(|l| !l.contains("[[optimizer.groups]]"))
+        .take(3)
+        .map(|l| format!("{}\n", l.trim_start_matches("# ")))
+        .collect();
+    let c = ok(&format!("[optimizer]\nname = \"adamw\"\n{rule}"));
+    assert_eq!(c.optimizer.groups, ok(GPT_RULE).optimizer.groups);
+}
