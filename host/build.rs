@@ -1,7 +1,7 @@
 //! Links the `tessera` binary so that it runs without `LD_LIBRARY_PATH` (rpath to libtorch) and
 //! with CUDA when the libtorch has it (`--no-as-needed` keeps `libtorch_cuda`, whose symbols are
 //! never referenced directly, so CUDA kernels get registered). Also compiles the small C++ shims
-//! for CPU/CUDA autocast, for resetting gradients to undefined and for TorchScript models
+//! for CPU/CUDA autocast, for resetting gradients to undefined, for multi-tensor optimizer steps (`csrc/optim.cpp`) and for TorchScript models
 //! (their buffers and training mode, which tch's `CModule` does not reach), and the c10d shim for
 //! data-parallel training (`csrc/dist.cpp`; `csrc/gloo-decls` says why it declares Gloo types),
 //! libtorch's global CUDA settings (`csrc/context.cpp`), the input pipeline's pinned memory,
@@ -69,6 +69,7 @@ fn main() {
     println!("cargo:rerun-if-changed=csrc/gloo-decls");
     println!("cargo:rerun-if-changed=csrc/grad.cpp");
     println!("cargo:rerun-if-changed=csrc/oom.cpp");
+    println!("cargo:rerun-if-changed=csrc/optim.cpp");
     println!("cargo:rerun-if-changed=csrc/rng.cpp");
     println!("cargo:rerun-if-changed=csrc/script_module.cpp");
     println!("cargo:rerun-if-changed=csrc/stream.cpp");
@@ -112,6 +113,7 @@ fn main() {
         .file("csrc/context.cpp")
         .file("csrc/grad.cpp")
         .file("csrc/oom.cpp")
+        .file("csrc/optim.cpp")
         .file("csrc/rng.cpp")
         .file("csrc/script_module.cpp")
         .file("csrc/stream.cpp")

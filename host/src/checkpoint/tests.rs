@@ -8,7 +8,7 @@ use tch::Tensor;
 
 use super::*;
 use crate::engine::{MethodRecord, MethodSnapshot};
-use crate::optim::{Position, Snapshot};
+use crate::optim::{GroupPosition, Position, Snapshot};
 use crate::time::Timestamp;
 
 fn sample() -> Checkpoint {
@@ -39,6 +39,12 @@ fn sample() -> Checkpoint {
                 members: vec!["w".into()],
                 lr_multiplier: Some(0.5),
                 lr_scale: Some(1.0),
+                groups: vec![GroupPosition {
+                    name: "no_decay".into(),
+                    lr_multiplier: 0.5,
+                    weight_decay: 0.0,
+                    members: vec!["w".into()],
+                }],
             },
             tensors: vec![(
                 "w.momentum_buffer".into(),

@@ -40,6 +40,8 @@ mod tree;
 mod tests;
 #[cfg(test)]
 mod tests_cuda;
+#[cfg(test)]
+mod tests_optim;
 
 pub use algorithms::AlgorithmConfig;
 pub use checkpoint::{CheckpointConfig, PluginsConfig};
@@ -53,7 +55,7 @@ pub use sweep::{load_sweep, Axis, AxisValue, SweepSpec};
 pub use train::{MicrobatchSize, TrainConfig};
 
 use crate::model::ModelConfig;
-use crate::optim::{schedule::Schedule, Rule};
+use crate::optim::{schedule::Schedule, OptimizerConfig};
 use reader::{Bounds, Tbl};
 use section::{section, Section};
 use serde::Serialize;
@@ -86,8 +88,8 @@ pub struct Config {
     pub data: DataConfig,
     /// `[model]`
     pub model: ModelConfig,
-    /// `[optimizer]` (default SGD).
-    pub optimizer: Rule,
+    /// `[optimizer]` (default SGD, no groups, fused).
+    pub optimizer: OptimizerConfig,
     /// `[scheduler]` (default `{ name = "constant" }`).
     pub scheduler: Schedule,
     /// `[train]`

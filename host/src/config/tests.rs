@@ -179,7 +179,7 @@ fn full_file() {
         }
     );
     assert_eq!(
-        c.optimizer,
+        c.optimizer.rule,
         Rule::AdamW(AdamW {
             lr: 3e-4,
             betas: (0.8, 0.99),
@@ -261,9 +261,9 @@ fn defaults() {
     assert_eq!(c.model.width, Some(32));
     assert_eq!(c.model.num_classes, 10);
     assert!(c.model.hidden.is_empty());
-    assert_eq!(c.optimizer, Rule::Sgd(Sgd::default()));
+    assert_eq!(c.optimizer.rule, Rule::Sgd(Sgd::default()));
     assert_eq!(c.optimizer.lr(), 0.1);
-    assert!(matches!(&c.optimizer, Rule::Sgd(s) if s.weight_decay == 0.0));
+    assert!(matches!(&c.optimizer.rule, Rule::Sgd(s) if s.weight_decay == 0.0));
     let t = &c.train;
     assert_eq!(t.microbatch_size, 128);
     assert_eq!(t.precision, Precision::Fp32);
@@ -285,11 +285,11 @@ fn model_and_optimizer_defaults_by_name() {
     let c = ok(&MINIMAL.replace("\"cnn\"", "\"resnet56\""));
     assert_eq!(c.model.width, Some(16));
     let c = ok(&with("[optimizer]\nname = \"adamw\"\n"));
-    assert_eq!(c.optimizer, Rule::AdamW(AdamW::default()));
-    assert!(matches!(&c.optimizer, Rule::AdamW(a) if a.weight_decay == 0.01));
+    assert_eq!(c.optimizer.rule, Rule::AdamW(AdamW::default()));
+    assert!(matches!(&c.optimizer.rule, Rule::AdamW(a) if a.weight_decay == 0.01));
     let c = ok(&with("[optimizer]\nlr = 1\nnesterov = true\n"));
     assert_eq!(
-        c.optimizer,
+        c.optimizer.rule,
         Rule::Sgd(Sgd {
             lr: 1.0,
             nesterov: true,
@@ -1058,11 +1058,11 @@ fn unknown_names() {
         ),
         case(
             "optimizer",
-            with("[optimizer]\nname = \"adam\"\n"),
+            with("[optimizer]\nname = \"lionn\"\n"),
             InvalidValue,
             "optimizer.name",
             Some(11),
-            "unknown optimizer \"adam\" (did you mean \"adamw\"?)",
+            "unknown optimizer \"lionn\" (did you mean \"lion\"?)",
         ),
         case(
             "scheduler",
@@ -1322,7 +1322,7 @@ fn overrides_create_missing_tables() {
         c.data.transforms.horizontal_flip,
         Some(HorizontalFlip { p: 0.3 })
     );
-    assert_eq!(c.optimizer, Rule::AdamW(AdamW::default()));
+    assert_eq!(c.optimizer.rule, Rule::AdamW(AdamW::default()));
     assert_eq!(c.plugins.dirs, vec![PathBuf::from("/base/dir/p")]);
     assert_eq!(c.algorithms.len(), 2);
     assert_eq!(c.algorithms[0].plugin, "cutout");

@@ -1,12 +1,23 @@
-//! Optimizers (SGD, AdamW) written over libtorch tensor ops, so that their state is visible to
-//! checkpoints (tch's C++ optimizers expose no state), and learning-rate schedules.
+//! Optimizers (SGD, AdamW, Adam, Lion) with parameter groups, whose state is visible to
+//! checkpoints (tch's C++ optimizers expose none), and learning-rate schedules.
+//!
+//! Two implementations of the same update rules ([`Implementation`]): the default runs each
+//! parameter group through libtorch's fused multi-tensor kernels (`_fused_sgd_`, `_fused_adam_`,
+//! `_fused_adamw_`; Lion on `_foreach_*` operators): a handful of libtorch calls per group and
+//! step, whatever the number of parameters, on CPU and CUDA. `per_param` steps one parameter at
+//! a time with plain tensor operations: the reference the fused path is tested against.
 
+mod fused;
+pub mod groups;
 pub mod schedule;
+
+pub use fused::{OpCount, OpCounter};
+pub use groups::{GroupSpec, Groups, GroupsError, ParamKind};
 
 use serde::{Deserialize, Serialize};
 use tch::{TchError, Tensor};
 
-use crate::model::ParamStore;
+use crate::model::{LayerInfo, ParamStore};
 use crate::time::{RunLength, Timestamp};
 use schedule::Schedule;
 
@@ -20,10 +31,16 @@ extern "C" {
 #[error("{0}")]
 pub struct OptimizerStateError(String);
 
+impl From<GroupsError> for OptimizerStateError {
+    fn from(e: GroupsError) -> Self {
+        OptimizerStateError(e.0)
+    }
+}
+
 /// The optimizer's position: what, besides its state tensors, it needs to continue exactly.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Position {
-    /// `sgd` or `adamw`.
+    /// `sgd`, `adamw`, `adam` or `lion`.
     pub algorithm: String,
     /// Learning rate of the next step.
     pub lr: f64,
@@ -40,6 +57,23 @@ pub struct Position {
     /// Methods' pending scaling of the next step's rate (see [`Optimizer::scale_lr`]).
     #[serde(default)]
     pub lr_scale: Option<f64>,
+    /// The parameter groups and their members (empty in checkpoints without groups: of
+    /// Tessera before groups, or of a run that configured none).
+    #[serde(default)]
+    pub groups: Vec<GroupPosition>,
+}
+
+/// One parameter group as a checkpoint records it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GroupPosition {
+    /// The group's name (`[[optimizer.groups]] name`).
+    pub name: String,
+    /// Its learning-rate multiplier.
+    pub lr_multiplier: f64,
+    /// Its weight decay.
+    pub weight_decay: f64,
+    /// The parameters it trained, in the optimizer's order.
+    pub members: Vec<String>,
 }
 
 /// The optimizer's whole state: its position and its state tensors, named
@@ -108,6 +142,57 @@ impl Default for AdamW {
     }
 }
 
+/// Adam hyperparameters, with PyTorch's `torch.optim.Adam` semantics: weight decay is L2
+/// regularization added to the gradient (`[optimizer] name = "adam"`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Adam {
+    /// Learning rate, > 0 (default 0.001); schedules multiply it.
+    pub lr: f64,
+    /// Exponential decay rates of the first and second moments, each in [0, 1)
+    /// (default `[0.9, 0.999]`).
+    pub betas: (f64, f64),
+    /// Added to the denominator, > 0 (default 1e-8).
+    pub eps: f64,
+    /// L2 penalty: `g ← g + wd·p`, >= 0 (default 0).
+    pub weight_decay: f64,
+}
+
+impl Default for Adam {
+    fn default() -> Self {
+        Adam {
+            lr: 1e-3,
+            betas: (0.9, 0.999),
+            eps: 1e-8,
+            weight_decay: 0.0,
+        }
+    }
+}
+
+/// Lion hyperparameters (Chen et al. 2023, "Symbolic Discovery of Optimization Algorithms", as
+/// lucidrains' lion-pytorch; `[optimizer] name = "lion"`): `c = sign(β1·m + (1−β1)·g)`,
+/// `p ← p·(1 − lr·wd) − lr·c`, `m ← β2·m + (1−β2)·g`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Lion {
+    /// Learning rate, > 0 (default 1e-4: Lion's updates have unit size, so its rate is 3–10×
+    /// smaller than AdamW's); schedules multiply it.
+    pub lr: f64,
+    /// Interpolation of the update and decay rate of the momentum, each in [0, 1)
+    /// (default `[0.9, 0.99]`).
+    pub betas: (f64, f64),
+    /// Decoupled weight decay: `p ← p·(1 − lr·wd)`, >= 0 (default 0).
+    pub weight_decay: f64,
+}
+
+impl Default for Lion {
+    fn default() -> Self {
+        Lion {
+            lr: 1e-4,
+            betas: (0.9, 0.99),
+            weight_decay: 0.0,
+        }
+    }
+}
+
 /// The update rule an [`Optimizer`] runs, with its hyperparameters (`[optimizer]`, tagged by
 /// `name`; default SGD).
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -119,6 +204,12 @@ pub enum Rule {
     /// Adam with decoupled weight decay.
     #[serde(rename = "adamw")]
     AdamW(AdamW),
+    /// Adam with L2 weight decay.
+    #[serde(rename = "adam")]
+    Adam(Adam),
+    /// Lion (sign of an interpolated momentum).
+    #[serde(rename = "lion")]
+    Lion(Lion),
 }
 
 impl Default for Rule {
@@ -133,6 +224,86 @@ impl Rule {
         match self {
             Rule::Sgd(h) => h.lr,
             Rule::AdamW(h) => h.lr,
+            Rule::Adam(h) => h.lr,
+            Rule::Lion(h) => h.lr,
+        }
+    }
+
+    /// The base weight decay (the default group's).
+    pub fn weight_decay(&self) -> f64 {
+        match self {
+            Rule::Sgd(h) => h.weight_decay,
+            Rule::AdamW(h) => h.weight_decay,
+            Rule::Adam(h) => h.weight_decay,
+            Rule::Lion(h) => h.weight_decay,
+        }
+    }
+
+    /// The name as written in `[optimizer] name` and in checkpoints.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Rule::Sgd(_) => "sgd",
+            Rule::AdamW(_) => "adamw",
+            Rule::Adam(_) => "adam",
+            Rule::Lion(_) => "lion",
+        }
+    }
+
+    /// The names of the state buffers kept per parameter.
+    fn buffer_names(&self) -> &'static [&'static str] {
+        match self {
+            Rule::Sgd(_) => &["momentum_buffer"],
+            Rule::AdamW(_) | Rule::Adam(_) => &["exp_avg", "exp_avg_sq"],
+            Rule::Lion(_) => &["exp_avg"],
+        }
+    }
+}
+
+/// How the update is computed (`[optimizer] implementation`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Implementation {
+    /// Multi-tensor kernels, one call per group and operation (default): libtorch's fused
+    /// SGD, Adam and AdamW; Lion on `_foreach_*` operators.
+    #[default]
+    Fused,
+    /// One parameter at a time with plain tensor operations (the reference).
+    PerParam,
+}
+
+impl Implementation {
+    /// The names written in `implementation = ...`, with their values.
+    pub const CHOICES: [(&'static str, Implementation); 2] = [
+        ("fused", Implementation::Fused),
+        ("per_param", Implementation::PerParam),
+    ];
+}
+
+/// `[optimizer]`: the update rule, its parameter groups and implementation.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct OptimizerConfig {
+    /// The update rule and its base hyperparameters (`name`, `lr`, ...).
+    #[serde(flatten)]
+    pub rule: Rule,
+    /// How the update is computed.
+    pub implementation: Implementation,
+    /// `[[optimizer.groups]]`, in file order.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<GroupSpec>,
+}
+
+impl OptimizerConfig {
+    /// The base learning rate.
+    pub fn lr(&self) -> f64 {
+        self.rule.lr()
+    }
+}
+
+impl From<Rule> for OptimizerConfig {
+    fn from(rule: Rule) -> Self {
+        OptimizerConfig {
+            rule,
+            ..OptimizerConfig::default()
         }
     }
 }
@@ -140,55 +311,111 @@ impl Rule {
 struct Slot {
     name: String,
     param: Tensor,
-    /// SGD: momentum buffer. AdamW: first and second moments.
+    /// SGD: momentum buffer. AdamW, Adam: first and second moments. Lion: momentum.
     state: Vec<Tensor>,
+    /// Index into the optimizer's groups (the default group is last).
+    group: usize,
+}
+
+/// A group's resolved hyperparameters.
+#[derive(Debug, Clone)]
+struct GroupHyper {
+    name: String,
+    lr_multiplier: f64,
+    weight_decay: f64,
 }
 
 /// An optimizer over the trainable parameters of a [`ParamStore`]. It owns the learning rate:
-/// the rate of a step is `initial_lr × schedule multiplier × scale`, where the schedule sets the
-/// multiplier ([`Optimizer::schedule_step`]) and methods the scale ([`Optimizer::scale_lr`]).
+/// the rate of a step is `initial_lr × schedule multiplier × scale` (× the group's
+/// multiplier), where the schedule sets the multiplier ([`Optimizer::schedule_step`]) and
+/// methods the scale ([`Optimizer::scale_lr`]).
 pub struct Optimizer {
     algorithm: Rule,
+    implementation: Implementation,
+    groups: Groups,
+    /// The configured groups' hyperparameters, then the default group's.
+    hyper: Vec<GroupHyper>,
     schedule: Schedule,
     scale_schedule_ratio: f64,
     initial_lr: f64,
     lr_multiplier: f64,
     lr_scale: f64,
+    /// Steps attempted (taken, or masked by a `found_inf` the host has not read).
     steps: u64,
+    /// The sum of the `found_inf` flags of masked steps (a device scalar; `None` before the
+    /// first masked step): steps taken = `steps` − this.
+    skipped: Option<Tensor>,
+    /// Adam's step count for the fused kernels (float32 0-dim on the parameters' device), made
+    /// from `steps` at the first fused step after construction or restore.
+    step_count: Option<Tensor>,
     slots: Vec<Slot>,
 }
 
 impl Optimizer {
     /// An optimizer over every parameter of `params` that requires a gradient, starting at the
-    /// algorithm's learning rate and following `schedule` (stretched by `scale_schedule_ratio`).
+    /// algorithm's learning rate and following `schedule` (stretched by `scale_schedule_ratio`),
+    /// with the parameter groups of `config` resolved against `params` (every parameter,
+    /// frozen ones included, so that a parameter unfrozen later joins its group) and the layer
+    /// kinds of `layers` (the model's `root.walk()`; may be empty). Fails naming a group that
+    /// selects nothing or a parameter two groups select.
     pub fn new(
-        algorithm: Rule,
+        config: OptimizerConfig,
         schedule: Schedule,
         scale_schedule_ratio: f64,
         params: &ParamStore,
-    ) -> Self {
-        let lr = algorithm.lr();
-        let slots = params
-            .trainable()
-            .map(|e| Slot {
+        layers: &[LayerInfo],
+    ) -> Result<Self, GroupsError> {
+        let OptimizerConfig {
+            rule,
+            groups,
+            implementation,
+        } = config;
+        let groups = Groups::new(&groups, params, layers)?;
+        let mut hyper: Vec<GroupHyper> = groups
+            .specs()
+            .iter()
+            .map(|g| GroupHyper {
+                name: g.name.clone(),
+                lr_multiplier: g.lr_multiplier,
+                weight_decay: g.weight_decay.unwrap_or(rule.weight_decay()),
+            })
+            .collect();
+        hyper.push(GroupHyper {
+            name: "default".to_owned(),
+            lr_multiplier: 1.0,
+            weight_decay: rule.weight_decay(),
+        });
+        let mut slots = Vec::new();
+        for e in params.trainable() {
+            let group = groups
+                .assign(&e.name, e.tensor.dim())?
+                .unwrap_or(hyper.len() - 1);
+            slots.push(Slot {
                 name: e.name.clone(),
                 param: e.tensor.shallow_clone(),
                 state: Vec::new(),
-            })
-            .collect();
-        Optimizer {
-            algorithm,
+                group,
+            });
+        }
+        let lr = rule.lr();
+        Ok(Optimizer {
+            algorithm: rule,
+            implementation,
+            groups,
+            hyper,
             schedule,
             scale_schedule_ratio,
             initial_lr: lr,
             lr_multiplier: 1.0,
             lr_scale: 1.0,
             steps: 0,
+            skipped: None,
+            step_count: None,
             slots,
-        }
+        })
     }
 
-    /// The learning rate the next step uses.
+    /// The learning rate the next step uses (the default group's).
     pub fn lr(&self) -> f64 {
         self.initial_lr * self.lr_multiplier * self.lr_scale
     }
@@ -211,8 +438,21 @@ impl Optimizer {
         self.initial_lr
     }
 
-    /// Steps taken so far.
+    /// Steps taken so far. After a [`Optimizer::step_masked`] with a flag, the count lives on
+    /// the device and this reads it (a device→host transfer); [`Optimizer::attempted_steps`]
+    /// never does.
     pub fn steps(&self) -> u64 {
+        let skipped = self
+            .skipped
+            .as_ref()
+            .and_then(|s| s.f_double_value(&[]).ok())
+            .map_or(0, |s| s.max(0.0).round() as u64);
+        self.steps.saturating_sub(skipped)
+    }
+
+    /// Steps attempted so far: taken, or masked by a flag the host has not read (known on the
+    /// host, no transfer).
+    pub fn attempted_steps(&self) -> u64 {
         self.steps
     }
 
@@ -226,16 +466,48 @@ impl Optimizer {
         self.slots.iter().map(|s| s.name.as_str())
     }
 
+    /// The parameter groups and their current members (the default group last, also when it
+    /// has no members), as checkpoints record them.
+    pub fn group_positions(&self) -> Vec<GroupPosition> {
+        self.hyper
+            .iter()
+            .enumerate()
+            .map(|(i, h)| GroupPosition {
+                name: h.name.clone(),
+                lr_multiplier: h.lr_multiplier,
+                weight_decay: h.weight_decay,
+                members: self
+                    .slots
+                    .iter()
+                    .filter(|s| s.group == i)
+                    .map(|s| s.name.clone())
+                    .collect(),
+            })
+            .collect()
+    }
+
     /// Adds (`member`) or removes a parameter; a removed parameter loses its optimizer state,
-    /// as in Composer's layer freezing.
+    /// as in Composer's layer freezing. An added parameter joins the group its name and kind
+    /// select (the default group when none, or when two groups would: an error that
+    /// construction already reports for the model's parameters).
     pub fn set_member(&mut self, name: &str, param: &Tensor, member: bool) {
         let position = self.slots.iter().position(|s| s.name == name);
         match (position, member) {
-            (None, true) => self.slots.push(Slot {
-                name: name.to_owned(),
-                param: param.shallow_clone(),
-                state: Vec::new(),
-            }),
+            (None, true) => {
+                let default = self.hyper.len() - 1;
+                let group = self
+                    .groups
+                    .assign(name, param.dim())
+                    .ok()
+                    .flatten()
+                    .unwrap_or(default);
+                self.slots.push(Slot {
+                    name: name.to_owned(),
+                    param: param.shallow_clone(),
+                    state: Vec::new(),
+                    group,
+                })
+            }
             (Some(i), false) => {
                 self.slots.remove(i);
             }
@@ -262,25 +534,15 @@ impl Optimizer {
         }
     }
 
-    /// The names of the state buffers kept per parameter.
-    fn buffer_names(&self) -> &'static [&'static str] {
-        match self.algorithm {
-            Rule::Sgd(_) => &["momentum_buffer"],
-            Rule::AdamW(_) => &["exp_avg", "exp_avg_sq"],
-        }
-    }
-
-    /// The algorithm's name as written in checkpoints (`sgd`, `adamw`).
+    /// The algorithm's name as written in checkpoints (`sgd`, `adamw`, `adam`, `lion`).
     pub fn algorithm_name(&self) -> &'static str {
-        match self.algorithm {
-            Rule::Sgd(_) => "sgd",
-            Rule::AdamW(_) => "adamw",
-        }
+        self.algorithm.name()
     }
 
-    /// The whole state (shallow copies of the state tensors), for checkpoints.
+    /// The whole state (shallow copies of the state tensors), for checkpoints. Reads the step
+    /// count from the device after masked steps (see [`Optimizer::steps`]).
     pub fn snapshot(&self) -> Snapshot {
-        let names = self.buffer_names();
+        let names = self.algorithm.buffer_names();
         let tensors = self
             .slots
             .iter()
@@ -291,23 +553,30 @@ impl Optimizer {
                     .map(move |(t, n)| (format!("{}.{n}", s.name), t.shallow_clone()))
             })
             .collect();
+        let groups = if self.groups.specs().is_empty() {
+            Vec::new()
+        } else {
+            self.group_positions()
+        };
         Snapshot {
             position: Position {
                 algorithm: self.algorithm_name().to_owned(),
                 lr: self.lr(),
                 initial_lr: self.initial_lr,
-                steps: self.steps,
+                steps: self.steps(),
                 members: self.slots.iter().map(|s| s.name.clone()).collect(),
                 lr_multiplier: Some(self.lr_multiplier),
                 lr_scale: Some(self.lr_scale),
+                groups,
             },
             tensors,
         }
     }
 
     /// Restores a [`Snapshot`]: step count, learning rate, parameter membership (`members`,
-    /// looked up in `params`) and the state tensors (copied, on the parameters' device). Fails
-    /// naming what does not fit.
+    /// looked up in `params`) and the state tensors (copied, on the parameters' device). The
+    /// checkpoint's groups, when it records any, must hold the same parameters as this run's
+    /// (hyperparameters come from this run's configuration). Fails naming what does not fit.
     pub fn restore(
         &mut self,
         snapshot: &Snapshot,
@@ -323,7 +592,8 @@ impl Optimizer {
                 self.algorithm_name()
             ));
         }
-        let names = self.buffer_names();
+        let names = self.algorithm.buffer_names();
+        let default = self.hyper.len() - 1;
         let mut slots = Vec::with_capacity(members.len());
         for name in members {
             let Some(entry) = params.get(name) else {
@@ -358,12 +628,21 @@ impl Optimizer {
             if !buffers.is_empty() && buffers.len() != names.len() {
                 return fail(format!("optimizer state of `{name}` is incomplete"));
             }
-            let _ = entry.tensor.shallow_clone().set_requires_grad(true);
+            let group = self
+                .groups
+                .assign(name, entry.tensor.dim())
+                .map_err(|e| OptimizerStateError(e.0))?
+                .unwrap_or(default);
             slots.push(Slot {
                 name: name.clone(),
                 param: entry.tensor.shallow_clone(),
                 state: buffers,
+                group,
             });
+        }
+        self.check_groups(&position.groups, &slots)?;
+        for slot in &slots {
+            let _ = slot.param.shallow_clone().set_requires_grad(true);
         }
         for entry in params.entries() {
             if entry.role == crate::model::Role::Parameter && !members.contains(&entry.name) {
@@ -372,6 +651,8 @@ impl Optimizer {
         }
         self.slots = slots;
         self.steps = position.steps;
+        self.skipped = None;
+        self.step_count = None;
         self.initial_lr = position.initial_lr;
         self.lr_scale = position.lr_scale.unwrap_or(1.0);
         self.lr_multiplier = match position.lr_multiplier {
@@ -379,6 +660,51 @@ impl Optimizer {
             None if position.initial_lr != 0.0 => position.lr / position.initial_lr,
             None => 1.0,
         };
+        Ok(())
+    }
+
+    /// Checks a checkpoint's recorded groups against this run's assignment of `slots`.
+    fn check_groups(
+        &self,
+        recorded: &[GroupPosition],
+        slots: &[Slot],
+    ) -> Result<(), OptimizerStateError> {
+        let configured = self.groups.specs();
+        if recorded.is_empty() {
+            // A checkpoint without groups: of an older Tessera, or of a run without groups,
+            // whose parameters are all in the default group.
+            return match slots.iter().find(|s| s.group != self.hyper.len() - 1) {
+                Some(s) if !configured.is_empty() => Err(OptimizerStateError(format!(
+                    "the checkpoint's optimizer has no parameter groups; this run puts `{}` in group {}",
+                    s.name, self.hyper[s.group].name
+                ))),
+                _ => Ok(()),
+            };
+        }
+        let names: Vec<&str> = recorded.iter().map(|g| g.name.as_str()).collect();
+        let ours: Vec<&str> = self.hyper.iter().map(|g| g.name.as_str()).collect();
+        if names != ours {
+            return Err(OptimizerStateError(format!(
+                "the checkpoint's optimizer groups are {names:?}, this run's are {ours:?}"
+            )));
+        }
+        for (i, g) in recorded.iter().enumerate() {
+            let mine: Vec<&str> = slots
+                .iter()
+                .filter(|s| s.group == i)
+                .map(|s| s.name.as_str())
+                .collect();
+            if g.members
+                .iter()
+                .map(String::as_str)
+                .ne(mine.iter().copied())
+            {
+                return Err(OptimizerStateError(format!(
+                    "optimizer group {} holds {:?} in the checkpoint but {:?} in this run",
+                    g.name, g.members, mine
+                )));
+            }
+        }
         Ok(())
     }
 
@@ -393,34 +719,314 @@ impl Optimizer {
 
     /// Applies one update with the current learning rate.
     pub fn step(&mut self) -> Result<(), TchError> {
+        self.step_masked(None)
+    }
+
+    /// Applies one update unless `found_inf` (a 0-dim float32 tensor on the parameters' device
+    /// holding 0 or 1) holds 1: then parameters, state and the step count stay as they were,
+    /// as with torch.optim's fused optimizers under a `GradScaler`. The host does not read the
+    /// flag for SGD, Adam and AdamW with the fused implementation: the kernels read it on the
+    /// device, and the step count is kept there until [`Optimizer::steps`] is asked. Lion and
+    /// the `per_param` implementation read it once. The pending [`Optimizer::scale_lr`] is
+    /// used up either way, as by [`Optimizer::skip_step`]. Parameters without a gradient are
+    /// left alone.
+    pub fn step_masked(&mut self, found_inf: Option<&Tensor>) -> Result<(), TchError> {
         let _guard = tch::no_grad_guard();
-        self.steps += 1;
         let lr = self.lr();
         // A method's scaling was meant for this step only.
         self.lr_scale = 1.0;
-        match &self.algorithm {
+        let previous = self.steps;
+        self.steps += 1;
+        let result = match self.implementation {
+            Implementation::PerParam => self.per_param_step(lr, found_inf),
+            Implementation::Fused => self.fused_step(lr, previous, found_inf),
+        };
+        if let Err(e) = result {
+            self.steps = previous;
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Counts a masked step in `skipped` (on the device).
+    fn count_masked(&mut self, found_inf: &Tensor) -> Result<(), TchError> {
+        match &mut self.skipped {
+            Some(s) => {
+                let _ = s.f_add_(found_inf)?;
+            }
+            // A copy: the caller's flag must not be added to.
+            None => self.skipped = Some(found_inf.f_to_dtype(tch::Kind::Double, false, true)?),
+        }
+        Ok(())
+    }
+
+    fn per_param_step(&mut self, lr: f64, found_inf: Option<&Tensor>) -> Result<(), TchError> {
+        if let Some(flag) = found_inf {
+            // The reference path reads the flag.
+            if flag.f_double_value(&[])? != 0.0 {
+                self.steps -= 1;
+                return Ok(());
+            }
+        }
+        let steps = self.steps();
+        for slot in &mut self.slots {
+            let h = &self.hyper[slot.group];
+            let (lr_g, wd) = (lr * h.lr_multiplier, h.weight_decay);
+            match &self.algorithm {
+                Rule::Sgd(s) => sgd_update(slot, s, lr_g, wd, lr / self.initial_lr)?,
+                Rule::AdamW(a) => adam_update(slot, a.betas, a.eps, lr_g, wd, true, steps)?,
+                Rule::Adam(a) => adam_update(slot, a.betas, a.eps, lr_g, wd, false, steps)?,
+                Rule::Lion(l) => lion_update(slot, l.betas, lr_g, wd)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// The slots with a gradient, by group and by (device, dtype) within a group (the fused
+    /// kernels take tensors of one device and dtype), in slot order.
+    fn buckets(&self) -> Vec<Vec<usize>> {
+        let mut keys: Vec<(usize, tch::Device, tch::Kind)> = Vec::new();
+        let mut out: Vec<Vec<usize>> = Vec::new();
+        for (i, s) in self.slots.iter().enumerate() {
+            if !s.param.grad().defined() {
+                continue;
+            }
+            let key = (s.group, s.param.device(), s.param.kind());
+            match keys.iter().position(|k| *k == key) {
+                Some(b) => out[b].push(i),
+                None => {
+                    keys.push(key);
+                    out.push(vec![i]);
+                }
+            }
+        }
+        out
+    }
+
+    fn fused_step(
+        &mut self,
+        lr: f64,
+        previous: u64,
+        found_inf: Option<&Tensor>,
+    ) -> Result<(), TchError> {
+        let buckets = self.buckets();
+        match self.algorithm.clone() {
             Rule::Sgd(h) => {
-                for slot in &mut self.slots {
-                    sgd_update(slot, h, lr, self.initial_lr)?;
+                for bucket in &buckets {
+                    self.fused_sgd(bucket, &h, lr, found_inf)?;
                 }
             }
-            Rule::AdamW(h) => {
-                for slot in &mut self.slots {
-                    adamw_update(slot, h, lr, self.steps)?;
+            Rule::AdamW(AdamW { betas, eps, .. }) | Rule::Adam(Adam { betas, eps, .. }) => {
+                let decoupled = matches!(self.algorithm, Rule::AdamW(_));
+                let step = self.advance_step_count(previous)?;
+                for bucket in &buckets {
+                    self.fused_adam(bucket, &step, lr, betas, eps, decoupled, found_inf)?;
+                }
+                if let Some(flag) = found_inf {
+                    let _ = step.shallow_clone().f_sub_(flag)?;
                 }
             }
+            Rule::Lion(h) => {
+                // Non-finite gradients cannot be masked by multiplying: Lion reads the flag.
+                if let Some(flag) = found_inf {
+                    if flag.f_double_value(&[])? != 0.0 {
+                        self.steps -= 1;
+                        return Ok(());
+                    }
+                }
+                for bucket in &buckets {
+                    self.foreach_lion(bucket, &h, lr)?;
+                }
+                return Ok(());
+            }
+        }
+        if let Some(flag) = found_inf {
+            self.count_masked(flag)?;
+        }
+        Ok(())
+    }
+
+    /// Adam's float32 step count, advanced by one for this step (torch.optim's fused Adam adds
+    /// one before the kernel and, when the step is masked, takes the flag back after it).
+    fn advance_step_count(&mut self, previous: u64) -> Result<Tensor, TchError> {
+        let step = match &self.step_count {
+            Some(s) => s.shallow_clone(),
+            None => {
+                let Some(first) = self.slots.first() else {
+                    return Tensor::f_zeros([] as [i64; 0], (tch::Kind::Float, tch::Device::Cpu));
+                };
+                let device = first.param.device();
+                let mut s =
+                    Tensor::f_full([] as [i64; 0], previous as f64, (tch::Kind::Float, device))?;
+                if let Some(skipped) = &self.skipped {
+                    let _ = s.f_sub_(skipped)?;
+                }
+                self.step_count = Some(s.shallow_clone());
+                s
+            }
+        };
+        let _ = step.shallow_clone().f_add_scalar_(1.0)?;
+        Ok(step)
+    }
+
+    fn fused_sgd(
+        &mut self,
+        bucket: &[usize],
+        h: &Sgd,
+        lr: f64,
+        found_inf: Option<&Tensor>,
+    ) -> Result<(), TchError> {
+        let group = &self.hyper[self.slots[bucket[0]].group];
+        let (lr_g, wd) = (lr * group.lr_multiplier, group.weight_decay);
+        let params: Vec<Tensor> = bucket
+            .iter()
+            .map(|&i| self.slots[i].param.shallow_clone())
+            .collect();
+        if h.decoupled_weight_decay && wd != 0.0 {
+            // Composer's DecoupledSGDW: p ← p·(1 − (lr/initial_lr)·wd), before the update.
+            let c = (lr / self.initial_lr) * wd;
+            let refs: Vec<&Tensor> = params.iter().collect();
+            match found_inf {
+                None => fused::mul(&refs, fused::Factor::Number(1.0 - c))?,
+                Some(flag) => {
+                    // 1 − c·(1 − found_inf): 1 when the step is masked.
+                    let factor = flag.f_mul_scalar(c)?.f_add_scalar(1.0 - c)?;
+                    fused::mul(&refs, fused::Factor::Tensor(&factor))?
+                }
+            }
+        }
+        let l2 = if h.decoupled_weight_decay { 0.0 } else { wd };
+        // New momentum buffers take the gradient as it is (`is_first_step`); a bucket whose
+        // parameters have buffers and some that have none (one unfrozen later) takes two calls.
+        let (mut fresh, old): (Vec<usize>, Vec<usize>) = if h.momentum == 0.0 {
+            (Vec::new(), bucket.to_vec())
+        } else {
+            bucket
+                .iter()
+                .partition(|&&i| self.slots[i].state.is_empty())
+        };
+        if let Some(flag) = found_inf {
+            // A masked step leaves new buffers at zero, which the next step treats as momentum
+            // (`m·0 + (1 − dampening)·g`): the same as a first step (`g`) only without
+            // dampening. With dampening, the steps that make buffers (the first, and the
+            // first after a parameter is unfrozen) read the flag.
+            if !fresh.is_empty() && h.dampening != 0.0 && flag.f_double_value(&[])? != 0.0 {
+                fresh.clear();
+            }
+        }
+        for (part, first) in [(fresh, true), (old, false)] {
+            if part.is_empty() {
+                continue;
+            }
+            if first {
+                for &i in &part {
+                    // Zeros, not uninitialized memory: a masked first step leaves them so.
+                    let buf = self.slots[i].param.f_zeros_like()?;
+                    self.slots[i].state.push(buf);
+                }
+            }
+            let p: Vec<&Tensor> = part.iter().map(|&i| &self.slots[i].param).collect();
+            let grads: Vec<Tensor> = part.iter().map(|&i| self.slots[i].param.grad()).collect();
+            let g: Vec<&Tensor> = grads.iter().collect();
+            let b: Vec<&Tensor> = if h.momentum == 0.0 {
+                Vec::new()
+            } else {
+                part.iter().map(|&i| &self.slots[i].state[0]).collect()
+            };
+            let args = fused::SgdArgs {
+                weight_decay: l2,
+                momentum: h.momentum,
+                lr: lr_g,
+                dampening: h.dampening,
+                nesterov: h.nesterov,
+                is_first_step: first,
+            };
+            fused::sgd(&p, &g, &b, &args, found_inf)?;
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn fused_adam(
+        &mut self,
+        bucket: &[usize],
+        step: &Tensor,
+        lr: f64,
+        betas: (f64, f64),
+        eps: f64,
+        decoupled: bool,
+        found_inf: Option<&Tensor>,
+    ) -> Result<(), TchError> {
+        let group = &self.hyper[self.slots[bucket[0]].group];
+        let args = fused::AdamArgs {
+            lr: lr * group.lr_multiplier,
+            betas,
+            weight_decay: group.weight_decay,
+            eps,
+            decoupled,
+        };
+        for &i in bucket {
+            let slot = &mut self.slots[i];
+            if slot.state.is_empty() {
+                slot.state.push(slot.param.f_zeros_like()?);
+                slot.state.push(slot.param.f_zeros_like()?);
+            }
+        }
+        let p: Vec<&Tensor> = bucket.iter().map(|&i| &self.slots[i].param).collect();
+        let grads: Vec<Tensor> = bucket.iter().map(|&i| self.slots[i].param.grad()).collect();
+        let g: Vec<&Tensor> = grads.iter().collect();
+        let m: Vec<&Tensor> = bucket.iter().map(|&i| &self.slots[i].state[0]).collect();
+        let v: Vec<&Tensor> = bucket.iter().map(|&i| &self.slots[i].state[1]).collect();
+        fused::adam(&p, &g, &m, &v, step, &args, found_inf)
+    }
+
+    fn foreach_lion(&mut self, bucket: &[usize], h: &Lion, lr: f64) -> Result<(), TchError> {
+        let group = &self.hyper[self.slots[bucket[0]].group];
+        let args = fused::LionArgs {
+            lr: lr * group.lr_multiplier,
+            betas: h.betas,
+            weight_decay: group.weight_decay,
+        };
+        let fresh: Vec<usize> = bucket
+            .iter()
+            .copied()
+            .filter(|&i| self.slots[i].state.is_empty())
+            .collect();
+        let made: Vec<Tensor> = fresh
+            .iter()
+            .map(|&i| self.slots[i].param.f_zeros_like())
+            .collect::<Result<_, _>>()?;
+        let p: Vec<&Tensor> = bucket.iter().map(|&i| &self.slots[i].param).collect();
+        let grads: Vec<Tensor> = bucket.iter().map(|&i| self.slots[i].param.grad()).collect();
+        let g: Vec<&Tensor> = grads.iter().collect();
+        let m: Vec<&Tensor> = bucket
+            .iter()
+            .map(|&i| match fresh.iter().position(|&f| f == i) {
+                Some(k) => &made[k],
+                None => &self.slots[i].state[0],
+            })
+            .collect();
+        fused::lion(&p, &g, &m, &args)?;
+        for (i, buf) in fresh.into_iter().zip(made) {
+            self.slots[i].state.push(buf);
         }
         Ok(())
     }
 }
 
-fn sgd_update(slot: &mut Slot, h: &Sgd, lr: f64, initial_lr: f64) -> Result<(), TchError> {
+fn sgd_update(
+    slot: &mut Slot,
+    h: &Sgd,
+    lr: f64,
+    weight_decay: f64,
+    schedule_ratio: f64,
+) -> Result<(), TchError> {
     let grad = slot.param.grad();
     if !grad.defined() {
         return Ok(());
     }
-    let mut d_p = if h.weight_decay != 0.0 && !h.decoupled_weight_decay {
-        grad.f_add(&slot.param.f_mul_scalar(h.weight_decay)?)?
+    let mut d_p = if weight_decay != 0.0 && !h.decoupled_weight_decay {
+        grad.f_add(&slot.param.f_mul_scalar(weight_decay)?)?
     } else {
         grad
     };
@@ -439,17 +1045,25 @@ fn sgd_update(slot: &mut Slot, h: &Sgd, lr: f64, initial_lr: f64) -> Result<(), 
             buf.shallow_clone()
         };
     }
-    if h.decoupled_weight_decay && h.weight_decay != 0.0 {
+    if h.decoupled_weight_decay && weight_decay != 0.0 {
         let _ = slot
             .param
-            .f_mul_scalar_(1.0 - (lr / initial_lr) * h.weight_decay)?;
+            .f_mul_scalar_(1.0 - schedule_ratio * weight_decay)?;
     }
     let _ = slot.param.f_sub_(&d_p.f_mul_scalar(lr)?)?;
     Ok(())
 }
 
-fn adamw_update(slot: &mut Slot, h: &AdamW, lr: f64, step: u64) -> Result<(), TchError> {
-    let grad = slot.param.grad();
+fn adam_update(
+    slot: &mut Slot,
+    betas: (f64, f64),
+    eps: f64,
+    lr: f64,
+    weight_decay: f64,
+    decoupled: bool,
+    step: u64,
+) -> Result<(), TchError> {
+    let mut grad = slot.param.grad();
     if !grad.defined() {
         return Ok(());
     }
@@ -457,9 +1071,13 @@ fn adamw_update(slot: &mut Slot, h: &AdamW, lr: f64, step: u64) -> Result<(), Tc
         slot.state.push(slot.param.f_zeros_like()?);
         slot.state.push(slot.param.f_zeros_like()?);
     }
-    let (b1, b2) = h.betas;
-    if h.weight_decay != 0.0 {
-        let _ = slot.param.f_mul_scalar_(1.0 - lr * h.weight_decay)?;
+    let (b1, b2) = betas;
+    if weight_decay != 0.0 {
+        if decoupled {
+            let _ = slot.param.f_mul_scalar_(1.0 - lr * weight_decay)?;
+        } else {
+            grad = grad.f_add(&slot.param.f_mul_scalar(weight_decay)?)?;
+        }
     }
     let (m, v) = slot.state.split_at_mut(1);
     let (m, v) = (&mut m[0], &mut v[0]);
@@ -468,18 +1086,45 @@ fn adamw_update(slot: &mut Slot, h: &AdamW, lr: f64, step: u64) -> Result<(), Tc
     let _ = v.f_addcmul_(&grad, &grad.f_mul_scalar(1.0 - b2)?)?;
     let bias1 = 1.0 - b1.powi(step as i32);
     let bias2 = 1.0 - b2.powi(step as i32);
-    let denom = v
-        .f_sqrt()?
-        .f_div_scalar(bias2.sqrt())?
-        .f_add_scalar(h.eps)?;
+    let denom = v.f_sqrt()?.f_div_scalar(bias2.sqrt())?.f_add_scalar(eps)?;
     let _ = slot
         .param
         .f_addcdiv_(&m.f_mul_scalar(-lr / bias1)?, &denom)?;
     Ok(())
 }
 
+fn lion_update(
+    slot: &mut Slot,
+    betas: (f64, f64),
+    lr: f64,
+    weight_decay: f64,
+) -> Result<(), TchError> {
+    let grad = slot.param.grad();
+    if !grad.defined() {
+        return Ok(());
+    }
+    if slot.state.is_empty() {
+        slot.state.push(slot.param.f_zeros_like()?);
+    }
+    let (b1, b2) = betas;
+    let m = &mut slot.state[0];
+    let update = m
+        .f_mul_scalar(b1)?
+        .f_add(&grad.f_mul_scalar(1.0 - b1)?)?
+        .f_sign()?;
+    if weight_decay != 0.0 {
+        let _ = slot.param.f_mul_scalar_(1.0 - lr * weight_decay)?;
+    }
+    let _ = slot.param.f_sub_(&update.f_mul_scalar(lr)?)?;
+    let _ = m.f_mul_scalar_(b2)?;
+    let _ = m.f_add_(&grad.f_mul_scalar(1.0 - b2)?)?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod pytorch_steps;
+#[cfg(test)]
+mod step_tests;
 
 #[cfg(test)]
 mod tests {
@@ -515,7 +1160,8 @@ mod tests {
             weight_decay: 0.1,
             decoupled_weight_decay: false,
         };
-        let mut opt = Optimizer::new(Rule::Sgd(h), Schedule::default(), 1.0, &store);
+        let mut opt =
+            Optimizer::new(Rule::Sgd(h).into(), Schedule::default(), 1.0, &store, &[]).unwrap();
         // step 1: d = g + wd p = [0.5+0.1, 1-0.2] = [0.6, 0.8]; buf = d; nesterov d + 0.9 buf
         set_grad(&p, &[0.5, 1.0]);
         opt.step().unwrap();
@@ -551,7 +1197,8 @@ mod tests {
             eps: 1e-8,
             weight_decay: 0.0,
         };
-        let mut opt = Optimizer::new(Rule::AdamW(h), Schedule::default(), 1.0, &store);
+        let mut opt =
+            Optimizer::new(Rule::AdamW(h).into(), Schedule::default(), 1.0, &store, &[]).unwrap();
         set_grad(&p, &[3.0, -0.5]);
         opt.step().unwrap();
         // The first bias-corrected Adam step is lr·sign(g).
@@ -574,13 +1221,21 @@ mod tests {
             weight_decay: 0.0,
             decoupled_weight_decay: false,
         };
-        let mut opt = Optimizer::new(Rule::Sgd(h.clone()), Schedule::default(), 1.0, &store);
+        let mut opt = Optimizer::new(
+            Rule::Sgd(h.clone()).into(),
+            Schedule::default(),
+            1.0,
+            &store,
+            &[],
+        )
+        .unwrap();
         opt.scale_lr(0.5);
         opt.scale_lr(0.5);
         assert_eq!(opt.lr(), 0.125, "scales compound");
         // A checkpoint taken now carries the pending scale.
         let snapshot = opt.snapshot();
-        let mut restored = Optimizer::new(Rule::Sgd(h), Schedule::default(), 1.0, &store);
+        let mut restored =
+            Optimizer::new(Rule::Sgd(h).into(), Schedule::default(), 1.0, &store, &[]).unwrap();
         restored.restore(&snapshot, &store).unwrap();
         assert_eq!(restored.lr(), 0.125);
         set_grad(&p, &[1.0]);

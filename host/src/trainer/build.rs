@@ -145,7 +145,10 @@ impl Trainer {
             config.scheduler.clone(),
             config.train.scale_schedule_ratio,
             &setup.model.params,
-        );
+            &setup.model.root.walk(),
+        )
+        .map_err(crate::optim::OptimizerStateError::from)
+        .context("[optimizer.groups]")?;
         let state = RunState::new(setup, optimizer);
 
         let read_started = Instant::now();
