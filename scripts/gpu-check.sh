@@ -26,6 +26,7 @@
 #   bash scripts/gpu-check.sh        # docs/gpu.md says how it is run through the device tool
 #
 # Environment: OUT (where results go; default /tmp/gpu-check), BUNDLE (gpu-bundle), PYTHON,
+# ONLY (comma-separated step names, e.g. ONLY=nccl,resume: run just those),
 # DEVICE (cuda; `cpu` rehearses the whole script on a machine without a GPU), QUICK=1 (tiny
 # sizes and short runs, for that rehearsal), BUDGET (540 s), ROUNDS (1, whole-run benchmark
 # rounds), PEAK_TFLOPS (989: H100/H200 dense bf16), GPT_BATCH (16), RESNET_BATCH (256).
@@ -112,6 +113,10 @@ timebox() {
 # `begin STEP TITLE WANT MIN`: prints the step's title; sets T (its time box) or records it
 # as skipped and returns 1.
 begin() {
+  if [ -n "${ONLY:-}" ] && [[ ",$ONLY," != *",$1,"* ]]; then
+    record "$1" "skipped: not in ONLY" 0 ""
+    return 1
+  fi
   say ""
   say "== $2 [$(elapsed)]"
   T=$(timebox "$3" "$4")

@@ -1,7 +1,7 @@
 //! The training loss and the non-finite guard without host reads in the step.
 //!
-//! Each step leaves its loss (a detached device scalar) and its non-finite flag (agreed over the
-//! ranks) in [`Pending`]; the optimizer takes the flag on the device and skips the update when it
+//! Each step adds its loss (a detached device scalar) and its non-finite flag (agreed over the
+//! ranks) to [`Pending`], on the device; the optimizer takes the flag on the device and skips the update when it
 //! is set, so no update ever comes from a non-finite loss. [`Trainer::settle_steps`] reads the
 //! pending values in one transfer — at log lines, before checkpoints and evaluations, at the end
 //! of the run — adds the finite losses to the running loss of the next metrics line and applies
@@ -15,35 +15,83 @@ use crate::model::NonFiniteLoss;
 use super::error::{fail, Result};
 use super::Trainer;
 
-/// One step's values, still on the device.
-pub(super) struct PendingStep {
-    /// The batch number of the step (1-based, as messages print it) and its epoch.
-    batch: u64,
-    epoch: u64,
-    /// This rank's loss, a 0-dim float tensor.
-    loss: Tensor,
-    /// 1.0 when the loss of any rank was not finite (the update was skipped), else 0.0.
-    flag: Tensor,
-}
-
-/// Steps whose loss has not been read yet.
+/// The steps' values since the last read, accumulated on the device in one float64 tensor of
+/// [`SLOTS`] values, updated in place (a step keeps no tensor of its own alive: on the CPU, small
+/// long-lived allocations between a step's large ones would fragment the heap):
+/// `[loss sum of finite steps, finite steps, non-finite steps, first non-finite step's batch,
+/// its epoch, its loss]`.
 #[derive(Default)]
 pub(super) struct Pending {
-    steps: Vec<PendingStep>,
+    acc: Option<Tensor>,
+    /// Steps added since the last read (host count: nothing to read when 0).
+    steps: u64,
 }
 
+const SLOTS: i64 = 6;
+
 impl Pending {
-    pub(super) fn push(&mut self, batch: u64, epoch: u64, loss: Tensor, flag: Tensor) {
-        self.steps.push(PendingStep {
-            batch,
-            epoch,
-            loss,
-            flag,
-        });
+    /// Adds a step: `loss` (0-dim, this rank's) and `flag` (0-dim, 1.0 when any rank's loss was
+    /// not finite). Device operations only; `batch` (1-based) and `epoch` go in as scalars.
+    pub(super) fn push(
+        &mut self,
+        batch: u64,
+        epoch: u64,
+        loss: &Tensor,
+        flag: &Tensor,
+    ) -> Result<()> {
+        let _guard = tch::no_grad_guard();
+        let device = loss.device();
+        let acc = match &mut self.acc {
+            Some(a) if a.device() == device => a,
+            slot => slot.insert(Tensor::f_zeros([SLOTS], (Kind::Double, device))?),
+        };
+        let value = loss.f_to_kind(Kind::Double)?.f_reshape([1])?;
+        let bad_f = flag.f_to_kind(Kind::Double)?.f_reshape([1])?;
+        let bad = bad_f.f_gt(0.5)?;
+        // NaN-safe: `where` picks, it does not multiply.
+        let finite_value = value.f_where_scalarother(&bad.f_logical_not()?, 0.0)?;
+        let sums = Tensor::f_cat(
+            &[
+                finite_value,
+                bad_f.f_neg()?.f_add_scalar(1.0)?,
+                bad_f.shallow_clone(),
+            ],
+            0,
+        )?;
+        // The first non-finite step since the last read: this one if it is bad and none was.
+        let first = bad.f_logical_and(&acc.f_narrow(0, 2, 1)?.f_eq(0.0)?)?;
+        let marks = Tensor::f_cat(
+            &[
+                Tensor::f_full([1], batch as f64, (Kind::Double, device))?,
+                Tensor::f_full([1], epoch as f64, (Kind::Double, device))?,
+                value,
+            ],
+            0,
+        )?;
+        let mut kept = acc.f_narrow(0, 3, 3)?;
+        let chosen = marks.f_where_self(&first, &kept)?;
+        let _ = kept.f_copy_(&chosen)?;
+        let _ = acc.f_narrow(0, 0, 3)?.f_add_(&sums)?;
+        self.steps += 1;
+        Ok(())
     }
 
-    pub(super) fn is_empty(&self) -> bool {
-        self.steps.is_empty()
+    /// Reads the accumulated values (one counted transfer) and starts over.
+    fn take(&mut self) -> Result<Option<[f64; SLOTS as usize]>> {
+        let Some(acc) = &mut self.acc else {
+            return Ok(None);
+        };
+        if self.steps == 0 {
+            return Ok(None);
+        }
+        let values = crate::sync::read(acc)?;
+        let _ = acc.f_zero_()?;
+        self.steps = 0;
+        let mut out = [0.0; SLOTS as usize];
+        for (o, v) in out.iter_mut().zip(values) {
+            *o = v;
+        }
+        Ok(Some(out))
     }
 }
 
@@ -76,40 +124,19 @@ impl Trainer {
             }
             self.report_metrics(metrics);
         }
-        if self.pending.is_empty() {
+        let Some([sum, finite, bad, batch, epoch, value]) = self.pending.take()? else {
             return Ok(());
-        }
-        let steps = std::mem::take(&mut self.pending.steps);
-        let mut parts = Vec::with_capacity(2 * steps.len());
-        for s in &steps {
-            parts.push(s.loss.f_to_kind(Kind::Double)?.f_view([1])?);
-        }
-        for s in &steps {
-            parts.push(s.flag.f_to_kind(Kind::Double)?.f_view([1])?);
-        }
-        let values = crate::sync::read(&Tensor::f_cat(&parts, 0)?)?;
-        let (losses, flags) = values.split_at(steps.len());
-        let mut sum = 0.0;
-        let mut finite = 0;
-        let mut first_bad = None;
-        let mut bad = 0;
-        for ((step, &loss), &flag) in steps.iter().zip(losses).zip(flags) {
-            if flag > 0.0 {
-                bad += 1;
-                first_bad.get_or_insert((step.batch, step.epoch, loss));
-            } else {
-                sum += loss;
-                finite += 1;
-            }
-        }
+        };
+        let (finite, bad) = (finite.round() as u64, bad.round() as u64);
         // Data-parallel: every rank holds the mean over the ranks (the flags are agreed, so
         // the ranks count the same finite steps).
         let sum = self.mean_over_ranks(sum)?;
         self.running_loss += sum;
         self.running_batches += finite;
-        let Some((batch, epoch, value)) = first_bad else {
+        if bad == 0 {
             return Ok(());
-        };
+        }
+        let (batch, epoch) = (batch.round() as u64, epoch.round() as u64);
         let now = self.state.clock.timestamp.batch;
         match self.config.train.nonfinite_loss {
             NonFiniteLoss::Stop => {

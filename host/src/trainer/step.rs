@@ -69,7 +69,7 @@ impl Trainer {
         }
         if let (Some(loss), Some(flag)) = (first_pass_loss, loss_flag) {
             let t = &self.state.clock.timestamp;
-            self.pending.push(t.batch + 1, t.epoch, loss, flag);
+            self.pending.push(t.batch + 1, t.epoch, &loss, &flag)?;
         }
         Ok(())
     }
