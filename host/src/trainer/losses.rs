@@ -70,7 +70,7 @@ impl Pending {
         )?;
         let mut kept = acc.f_narrow(0, 3, 3)?;
         let chosen = marks.f_where_self(&first, &kept)?;
-        let _ = kept.f_copy_(&chosen)?;
+        kept.f_copy_(&chosen)?;
         let _ = acc.f_narrow(0, 0, 3)?.f_add_(&sums)?;
         self.steps += 1;
         Ok(())
