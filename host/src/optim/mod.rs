@@ -613,10 +613,13 @@ impl Optimizer {
                                 entry.tensor.size()
                             ));
                         }
-                        let copy = t
-                            .f_to_device(entry.tensor.device())
-                            .and_then(|t| t.f_to_kind(entry.tensor.kind()))
-                            .and_then(|t| t.f_detach_copy())
+                        // In the parameter's layout (channels-last weights stay so): the
+                        // fused kernels walk parameter, gradient and state as flat memory.
+                        let copy = entry
+                            .tensor
+                            .f_empty_like()
+                            .and_then(|mut c| c.f_copy_(t).map(|_| c))
+                            .and_then(|c| c.f_detach())
                             .map_err(|e| {
                                 OptimizerStateError(format!("optimizer state `{key}`: {e}"))
                             })?;
@@ -926,7 +929,10 @@ impl Optimizer {
                 }
             }
             let p: Vec<&Tensor> = part.iter().map(|&i| &self.slots[i].param).collect();
-            let grads: Vec<Tensor> = part.iter().map(|&i| self.slots[i].param.grad()).collect();
+            let grads: Vec<Tensor> = part
+                .iter()
+                .map(|&i| same_layout(&self.slots[i].param.grad(), &self.slots[i].param))
+                .collect::<Result<_, _>>()?;
             let g: Vec<&Tensor> = grads.iter().collect();
             let b: Vec<&Tensor> = if h.momentum == 0.0 {
                 Vec::new()
@@ -973,7 +979,10 @@ impl Optimizer {
             }
         }
         let p: Vec<&Tensor> = bucket.iter().map(|&i| &self.slots[i].param).collect();
-        let grads: Vec<Tensor> = bucket.iter().map(|&i| self.slots[i].param.grad()).collect();
+        let grads: Vec<Tensor> = bucket
+            .iter()
+            .map(|&i| same_layout(&self.slots[i].param.grad(), &self.slots[i].param))
+            .collect::<Result<_, _>>()?;
         let g: Vec<&Tensor> = grads.iter().collect();
         let m: Vec<&Tensor> = bucket.iter().map(|&i| &self.slots[i].state[0]).collect();
         let v: Vec<&Tensor> = bucket.iter().map(|&i| &self.slots[i].state[1]).collect();
@@ -997,7 +1006,10 @@ impl Optimizer {
             .map(|&i| self.slots[i].param.f_zeros_like())
             .collect::<Result<_, _>>()?;
         let p: Vec<&Tensor> = bucket.iter().map(|&i| &self.slots[i].param).collect();
-        let grads: Vec<Tensor> = bucket.iter().map(|&i| self.slots[i].param.grad()).collect();
+        let grads: Vec<Tensor> = bucket
+            .iter()
+            .map(|&i| same_layout(&self.slots[i].param.grad(), &self.slots[i].param))
+            .collect::<Result<_, _>>()?;
         let g: Vec<&Tensor> = grads.iter().collect();
         let m: Vec<&Tensor> = bucket
             .iter()
@@ -1243,4 +1255,16 @@ mod tests {
         assert!((values(&p)[0] - 0.875).abs() < 1e-7, "the step used 0.125");
         assert_eq!(opt.lr(), 0.5, "the scale was for that step only");
     }
+}
+
+/// `t` in the layout (strides) of `like`: the fused kernels walk a parameter, its gradient and
+/// its state as flat memory, so all must share one layout. A copy only when they differ (a
+/// gradient computed in another memory format).
+fn same_layout(t: &Tensor, like: &Tensor) -> Result<Tensor, TchError> {
+    if t.stride() == like.stride() {
+        return Ok(t.shallow_clone());
+    }
+    let mut out = like.f_empty_like()?;
+    out.f_copy_(t)?;
+    Ok(out)
 }
