@@ -1133,6 +1133,18 @@ fn lion_update(
     Ok(())
 }
 
+/// `t` in the layout (strides) of `like`: the fused kernels walk a parameter, its gradient and
+/// its state as flat memory, so all must share one layout. A copy only when they differ (a
+/// gradient computed in another memory format).
+fn same_layout(t: &Tensor, like: &Tensor) -> Result<Tensor, TchError> {
+    if t.stride() == like.stride() {
+        return Ok(t.shallow_clone());
+    }
+    let mut out = like.f_empty_like()?;
+    out.f_copy_(t)?;
+    Ok(out)
+}
+
 #[cfg(test)]
 mod pytorch_steps;
 #[cfg(test)]
@@ -1255,16 +1267,4 @@ mod tests {
         assert!((values(&p)[0] - 0.875).abs() < 1e-7, "the step used 0.125");
         assert_eq!(opt.lr(), 0.5, "the scale was for that step only");
     }
-}
-
-/// `t` in the layout (strides) of `like`: the fused kernels walk a parameter, its gradient and
-/// its state as flat memory, so all must share one layout. A copy only when they differ (a
-/// gradient computed in another memory format).
-fn same_layout(t: &Tensor, like: &Tensor) -> Result<Tensor, TchError> {
-    if t.stride() == like.stride() {
-        return Ok(t.shallow_clone());
-    }
-    let mut out = like.f_empty_like()?;
-    out.f_copy_(t)?;
-    Ok(out)
 }
