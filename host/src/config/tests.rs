@@ -9,7 +9,8 @@ use crate::optim::{AdamW, Rule, Sgd};
 use crate::precision::Precision;
 use crate::time::{Time, TimeUnit};
 
-const MINIMAL: &str = r#"
+/// The smallest valid config (shared with the other config test modules).
+pub(super) const MINIMAL: &str = r#"
 [data]
 dataset = "fashion-mnist"
 
@@ -94,7 +95,8 @@ sizes = [1, 2.5, "x"]
 nested = { a = 1, b = { c = "d" } }
 "#;
 
-fn parse(text: &str) -> Result<Config, ConfigError> {
+/// Reads `text` as a trainer.toml in `/base/dir` (shared with the other config test modules).
+pub(super) fn parse(text: &str) -> Result<Config, ConfigError> {
     from_str(text, Path::new("/base/dir"), "trainer.toml")
 }
 

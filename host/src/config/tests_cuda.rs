@@ -5,20 +5,7 @@ use super::*;
 use crate::device::MatmulPrecision;
 use crate::dist::Backend;
 
-const MINIMAL: &str = r#"
-[data]
-dataset = "fashion-mnist"
-
-[model]
-name = "cnn"
-
-[train]
-max_duration = "3ep"
-"#;
-
-fn parse(text: &str) -> Result<Config, ConfigError> {
-    from_str(text, Path::new("/base/dir"), "trainer.toml")
-}
+use super::tests::{parse, MINIMAL};
 
 fn parse_with(text: &str, overrides: &[&str]) -> Result<Config, ConfigError> {
     let overrides: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();

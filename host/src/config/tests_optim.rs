@@ -1,28 +1,13 @@
 //! Tests of `[optimizer]`: the four rules, `implementation` and `[[optimizer.groups]]`.
 
-use std::path::Path;
-
 use super::error::ErrorKind;
-use super::{from_str, Config, ConfigError};
+use super::{Config, ConfigError};
 use crate::optim::{Adam, GroupSpec, Implementation, Lion, ParamKind, Rule};
 
-const MINIMAL: &str = r#"
-[data]
-dataset = "fashion-mnist"
-
-[model]
-name = "cnn"
-
-[train]
-max_duration = "3ep"
-"#;
+use super::tests::MINIMAL;
 
 fn parse(extra: &str) -> Result<Config, ConfigError> {
-    from_str(
-        &format!("{MINIMAL}{extra}"),
-        Path::new("/base/dir"),
-        "trainer.toml",
-    )
+    super::tests::parse(&format!("{MINIMAL}{extra}"))
 }
 
 fn ok(extra: &str) -> Config {
