@@ -25,6 +25,13 @@ const FIXTURES: &[(&str, &[(&str, &str)])] = &[
     ("1.2.0", &[("sam", "rho = 0.05")]),
     ("1.3.0", &[("ghost_batchnorm", "ghost_batch_size = 4")]),
     ("1.4.0", &[("low_precision_layernorm", "")]),
+    (
+        "1.5.0",
+        &[(
+            "gradient_clipping",
+            "clipping_type = \"norm\"\nclipping_threshold = 1.0",
+        )],
+    ),
 ];
 
 /// The plugin built against the current interface that runs beside the old ones.

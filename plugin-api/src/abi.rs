@@ -128,6 +128,12 @@ events! {
     PREDICT_BATCH_END = 38, "predict_batch_end";
     /// End of prediction.
     PREDICT_END = 39, "predict_end";
+    /// Tessera's own (plugin-api 1.6; Composer has none): right after the host's optimizer
+    /// stepped the parameters it trains, before `batch_end`. A method that claimed parameters
+    /// ([`HostApi::claim_parameters`]) updates them here; [`HostApi::step_info`] gives the
+    /// step's learning rate, and the tensor `found_inf` (see `keys::FOUND_INF`) says whether
+    /// the host skipped its own update. Fired once per optimizer step, on every rank.
+    OPTIMIZER_STEP = 40, "optimizer_step";
 }
 
 impl Event {
@@ -395,6 +401,67 @@ pub struct HostApi {
     // ---- 1.5: appended; the accessor returns `None` in an older host ----
     /// This process's place in a data-parallel run (rank 0 of 1 for a single process).
     pub ranks: extern "C" fn(HostCtx) -> RankInfo,
+
+    // ---- 1.6: appended; accessors return `None` in an older host ----
+    /// Takes over the update of the parameters `names` (only at `init`): the host's optimizer
+    /// leaves them out (they keep their gradients, which the host still clears, unscales and
+    /// averages over the ranks), and the calling method updates them at `optimizer_step`. A
+    /// parameter can be claimed once; a buffer or an unknown name is an error naming it.
+    pub claim_parameters: extern "C" fn(HostCtx, names: RVec<RString>) -> RResult<(), RString>,
+    /// The learning rate of the optimizer step being taken (at `optimizer_step`), or of the next
+    /// one (elsewhere).
+    pub step_info: extern "C" fn(HostCtx) -> StepInfo,
+    /// The host optimizer's parameter groups, the default group last (not at `init`: the
+    /// optimizer is built after it).
+    pub param_groups: extern "C" fn(HostCtx) -> RResult<RVec<ParamGroup>, RString>,
+    /// Sets a parameter group's learning-rate multiplier and weight decay, from the next
+    /// optimizer step on (not at `init`). Both must be finite and not negative.
+    pub set_param_group: extern "C" fn(
+        HostCtx,
+        name: RStr<'_>,
+        lr_multiplier: f64,
+        weight_decay: f64,
+    ) -> RResult<(), RString>,
+    /// Up to `samples` training samples as the model sees them (on the training device,
+    /// normalised; `input` and `target`), read from the start of the first epoch's order without
+    /// moving the run's loader or clock. Only at `init` (before training: data-aware
+    /// initialisation, such as whitening the first layer).
+    pub training_sample:
+        extern "C" fn(HostCtx, samples: u64) -> RResult<RVec<NamedTensor>, RString>,
+    /// Runs the model on `input` in evaluation mode (batch-norm statistics used, dropout off)
+    /// under the run's precision, without gradient: test-time augmentation's extra forwards.
+    pub forward_eval: extern "C" fn(HostCtx, input: TensorHandle) -> RResult<TensorHandle, RString>,
+}
+
+/// The learning rate of an optimizer step (plugin-api 1.6), for a method that updates the
+/// parameters it claimed at `optimizer_step` with the run's schedule.
+#[repr(C)]
+#[derive(StableAbi, Copy, Clone, Debug, PartialEq)]
+pub struct StepInfo {
+    /// The default group's learning rate of the step: the optimizer's `lr` × the schedule's
+    /// multiplier × the methods' scaling of this step.
+    pub lr: f64,
+    /// `lr` divided by the optimizer's configured `lr`: the schedule's multiplier times the
+    /// methods' scaling. A method with its own base rate multiplies that rate by this factor.
+    pub lr_factor: f64,
+    /// The optimizer's configured learning rate.
+    pub initial_lr: f64,
+    /// Optimizer steps attempted before this one (taken or skipped).
+    pub step: u64,
+}
+
+/// One of the host optimizer's parameter groups (plugin-api 1.6).
+#[repr(C)]
+#[derive(StableAbi, Clone, Debug, PartialEq)]
+pub struct ParamGroup {
+    /// The group's name (`[[optimizer.groups]] name`, or `default`).
+    pub name: RString,
+    /// Multiplies the run's learning rate for the group's parameters.
+    pub lr_multiplier: f64,
+    /// The group's weight decay.
+    pub weight_decay: f64,
+    /// The group's trainable parameters, in the optimizer's order.
+    pub params: RVec<RString>,
 }
 
 /// A process's place in a data-parallel run (plugin-api 1.5): each rank is one process training
@@ -693,6 +760,29 @@ pub trait SampleTransformObject: Send + Sync {
     /// Transforms one sample, drawing any randomness from `rng`.
     #[sabi(last_prefix_field)]
     fn apply(&self, sample: SampleBuf, rng: SampleRng) -> RResult<SampleBuf, PluginError>;
+
+    // ---- 1.6: appended with a default body (an older plugin gets it) ----
+    /// Transforms one sample knowing which it is (plugin-api 1.6): a 1.6 host calls this
+    /// instead of [`SampleTransformObject::apply`]. By default it calls `apply`.
+    fn apply_at(
+        &self,
+        sample: SampleBuf,
+        rng: SampleRng,
+        at: SamplePlace,
+    ) -> RResult<SampleBuf, PluginError> {
+        let _ = at;
+        self.apply(sample, rng)
+    }
+}
+
+/// Which sample a per-sample transform is working on (plugin-api 1.6).
+#[repr(C)]
+#[derive(StableAbi, Copy, Clone, Debug, PartialEq, Eq, Default)]
+pub struct SamplePlace {
+    /// The epoch (0 for the first).
+    pub epoch: u64,
+    /// The sample's index in the training set (the same in every epoch).
+    pub index: u64,
 }
 
 /// An owned per-sample transform.

@@ -61,7 +61,7 @@
 //! crate-type = ["cdylib", "rlib"]
 //!
 //! [dependencies]
-//! tessera-plugin-api = "1.5"
+//! tessera-plugin-api = "1.6"
 //! tch = "=0.26.0"
 //! ```
 //!
@@ -132,6 +132,7 @@ use abi::{
     ModuleObject_TO, NamedTensor, PluginError, PluginInfo, PluginModule, PluginModule_Ref,
     SampleTransformBox, TensorHandle,
 };
+pub use abi::{ParamGroup, SamplePlace, StepInfo};
 pub use time::{Time, TimeError, TimeUnit};
 
 /// The version of this interface crate; plugins report it and the host checks it.
@@ -150,6 +151,12 @@ pub mod keys {
     /// The training loss of the current microbatch (a floating scalar), set from `after_loss`
     /// on.
     pub const LOSS: &str = "loss";
+    /// At `optimizer_step` (plugin-api 1.6): a 0-dim float32 tensor on the training device
+    /// holding 1 when the host skipped its own update of this step (a non-finite loss, or
+    /// overflowed gradients under `amp_fp16`), else 0. A method updating claimed parameters
+    /// skips its update too (read it on the device, e.g. as a mask, to keep the step free of
+    /// host reads). Absent when the host never skips.
+    pub const FOUND_INF: &str = "found_inf";
 }
 
 /// The libtorch version this crate (and so the plugin or host using it) was compiled against.
@@ -527,6 +534,80 @@ impl Context<'_> {
             Some(f) => f(self.host.ctx),
             None => RankInfo::SINGLE,
         }
+    }
+
+    // ---- plugin-api 1.6 ----
+
+    /// Takes over the update of the parameters `names` (only at `init`), as an optimizer
+    /// method does (Muon for the hidden matrices): the host's optimizer leaves them out, and
+    /// this method updates them when it receives `optimizer_step` (it must hook that event; the
+    /// host refuses the run otherwise). Their gradients are still cleared before each step,
+    /// unscaled under `amp_fp16` and averaged over the ranks by the host. Keep the method's
+    /// optimizer state in [`Method::state`] so checkpoints carry it. Each parameter can be
+    /// claimed once; a buffer or an unknown name is an error naming it.
+    pub fn claim_parameters(&mut self, names: &[String]) -> Result<(), Error> {
+        let f = self.host_fn_since(self.host.api.claim_parameters(), "claim_parameters", "1.6")?;
+        let names: RVec<RString> = names.iter().map(|n| RString::from(n.as_str())).collect();
+        host_result(f(self.host.ctx, names))
+    }
+
+    /// The learning rate of the optimizer step being taken (at `optimizer_step`) or of the next
+    /// one: the run's rate with its schedule and the methods' scaling, and that factor alone
+    /// ([`StepInfo::lr_factor`]) for a method with its own base rate.
+    pub fn step_info(&self) -> Result<StepInfo, Error> {
+        let f = self.host_fn_since(self.host.api.step_info(), "step_info", "1.6")?;
+        Ok(f(self.host.ctx))
+    }
+
+    /// The host optimizer's parameter groups, the default group last (from `fit_start`; not at
+    /// `init`, before the optimizer exists).
+    pub fn param_groups(&self) -> Result<Vec<ParamGroup>, Error> {
+        let f = self.host_fn_since(self.host.api.param_groups(), "param_groups", "1.6")?;
+        host_result(f(self.host.ctx)).map(RVec::into_vec)
+    }
+
+    /// Sets the learning-rate multiplier and weight decay of the parameter group `name` (as
+    /// [`Context::param_groups`] names it) from the next optimizer step on (not at `init`).
+    /// A resumed run starts from the configured values, so set them at `fit_start` (which
+    /// every run, resumed or not, receives) or later.
+    pub fn set_param_group(
+        &mut self,
+        name: &str,
+        lr_multiplier: f64,
+        weight_decay: f64,
+    ) -> Result<(), Error> {
+        let f = self.host_fn_since(self.host.api.set_param_group(), "set_param_group", "1.6")?;
+        host_result(f(
+            self.host.ctx,
+            RStr::from_str(name),
+            lr_multiplier,
+            weight_decay,
+        ))
+    }
+
+    /// Up to `samples` training samples as the model sees them — `input` (normalised, on the
+    /// training device) and `target` — from the start of the first epoch's order, with the
+    /// run's augmentation, without moving the run's loader or clock. Only at `init`: for
+    /// data-aware initialisation (whitening the first layer from the images' patches). In a
+    /// data-parallel run each rank reads its own share; the host then copies rank 0's model to
+    /// every rank.
+    pub fn training_sample(&mut self, samples: usize) -> Result<Vec<(String, tch::Tensor)>, Error> {
+        let f = self.host_fn_since(self.host.api.training_sample(), "training_sample", "1.6")?;
+        let entries = host_result(f(self.host.ctx, samples as u64))?;
+        Ok(entries
+            .into_iter()
+            .map(|e| (e.name.into_string(), e.tensor.into_tensor()))
+            .collect())
+    }
+
+    /// Runs the model on `input` in evaluation mode (batch-norm statistics, no dropout) under
+    /// the run's precision and without gradient. At `eval_after_forward` a method may run
+    /// extra forwards (flipped or shifted images: test-time augmentation) and replace `output`
+    /// with [`Context::set_tensor`]: the evaluation's metrics score the replaced output.
+    pub fn forward_eval(&mut self, input: &tch::Tensor) -> Result<tch::Tensor, Error> {
+        let f = self.host_fn_since(self.host.api.forward_eval(), "forward_eval", "1.6")?;
+        let handle = TensorHandle::from_tensor(input.shallow_clone());
+        host_result(f(self.host.ctx, handle)).map(TensorHandle::into_tensor)
     }
 }
 

@@ -13,8 +13,8 @@
 use abi_stable::std_types::{RResult, RVec};
 
 use crate::abi::{
-    PluginError, SampleBuf, SampleRng, SampleShape, SampleTransformBox, SampleTransformObject,
-    SampleTransformObject_TO,
+    PluginError, SampleBuf, SamplePlace, SampleRng, SampleShape, SampleTransformBox,
+    SampleTransformObject, SampleTransformObject_TO,
 };
 use crate::{guard, Error, ErrorKind};
 
@@ -96,6 +96,20 @@ pub trait SampleTransform: Send + Sync + 'static {
 
     /// Transforms `sample` in place, drawing any randomness from `rng`.
     fn apply(&self, sample: &mut Sample, rng: &mut SampleRandom<'_>) -> Result<(), Error>;
+
+    /// Transforms `sample`, knowing which sample of which epoch it is (plugin-api 1.6): a
+    /// transform that depends on the sample's identity (a flip that alternates per image and
+    /// epoch) overrides this. A 1.6 host calls it; an older host calls [`SampleTransform::apply`].
+    /// By default it calls `apply`.
+    fn apply_at(
+        &self,
+        sample: &mut Sample,
+        rng: &mut SampleRandom<'_>,
+        at: SamplePlace,
+    ) -> Result<(), Error> {
+        let _ = at;
+        self.apply(sample, rng)
+    }
 }
 
 /// Adapts a [`SampleTransform`] to the ABI, guarding every call.
@@ -113,6 +127,27 @@ impl SampleTransformObject for SampleAdapter {
     }
 
     fn apply(&self, sample: SampleBuf, rng: SampleRng) -> RResult<SampleBuf, PluginError> {
+        self.run(sample, rng, None)
+    }
+
+    fn apply_at(
+        &self,
+        sample: SampleBuf,
+        rng: SampleRng,
+        at: SamplePlace,
+    ) -> RResult<SampleBuf, PluginError> {
+        self.run(sample, rng, Some(at))
+    }
+}
+
+impl SampleAdapter {
+    /// One guarded call of the transform (`apply_at` when the host says which sample it is).
+    fn run(
+        &self,
+        sample: SampleBuf,
+        rng: SampleRng,
+        at: Option<SamplePlace>,
+    ) -> RResult<SampleBuf, PluginError> {
         let mut s = Sample {
             channels: sample.channels as usize,
             height: sample.height as usize,
@@ -124,7 +159,10 @@ impl SampleTransformObject for SampleAdapter {
             _call: std::marker::PhantomData,
         };
         guard(|| {
-            self.0.apply(&mut s, &mut random)?;
+            match at {
+                Some(at) => self.0.apply_at(&mut s, &mut random, at)?,
+                None => self.0.apply(&mut s, &mut random)?,
+            }
             let shape = abi_shape(s.shape())?;
             if s.data.len() != s.channels * s.height * s.width {
                 return Err(Error::new(

@@ -3,7 +3,7 @@
 //!
 //! ```toml
 //! [dev-dependencies]
-//! tessera-plugin-api = { version = "1.5", features = ["testing"] }
+//! tessera-plugin-api = { version = "1.6", features = ["testing"] }
 //! ```
 //!
 //! ```no_run
@@ -39,7 +39,7 @@ use crate::abi::{
     ModuleInfo, NamedTensor, ParamInfo, SampleBuf, SampleRng, SampleRngState, SampleShape,
     TensorHandle, WrapperBox,
 };
-use crate::{Event, Sample, Settings, TimeInfo};
+use crate::{Event, ParamGroup, Sample, SamplePlace, Settings, StepInfo, TimeInfo};
 
 pub mod golden;
 
@@ -119,6 +119,19 @@ pub struct TestHost {
     pub precision: String,
     /// Reported by `ranks` (1.5; default rank 0 of 1).
     pub ranks: crate::abi::RankInfo,
+    /// Reported by `time` (default: all zero, training).
+    pub time: TimeInfo,
+    /// The parameters the method claimed with `claim_parameters` (1.6), in order; claiming a
+    /// name twice, a buffer or an unknown name fails as in the host.
+    pub claimed: Vec<String>,
+    /// Reported by `step_info` (1.6; default: `lr` 0.1, factor 1, step 0).
+    pub step: StepInfo,
+    /// Reported by `param_groups` and changed by `set_param_group` (1.6).
+    pub groups: Vec<ParamGroup>,
+    /// What `training_sample` (1.6) hands out: every entry cut to the samples asked for.
+    pub sample: Vec<(String, Tensor)>,
+    /// The model `forward_eval` (1.6) runs; none: `forward_eval` fails.
+    pub eval_model: Option<Box<dyn Fn(&Tensor) -> Tensor>>,
 }
 
 impl TestHost {
@@ -140,6 +153,20 @@ impl TestHost {
             stop_requested: None,
             precision: "fp32".to_owned(),
             ranks: crate::abi::RankInfo::SINGLE,
+            time: TimeInfo {
+                training: true,
+                ..TimeInfo::default()
+            },
+            claimed: Vec::new(),
+            step: StepInfo {
+                lr: 0.1,
+                lr_factor: 1.0,
+                initial_lr: 0.1,
+                step: 0,
+            },
+            groups: Vec::new(),
+            sample: Vec::new(),
+            eval_model: None,
         }
     }
 
@@ -230,6 +257,12 @@ fn api() -> HostApi_Ref {
             wrap_module,
             precision,
             ranks,
+            claim_parameters,
+            step_info,
+            param_groups,
+            set_param_group,
+            training_sample,
+            forward_eval,
         }
         .leak_into_prefix()
     })
@@ -240,10 +273,83 @@ fn host<'a>(ctx: HostCtx) -> &'a mut TestHost {
     unsafe { &mut *(ctx.0 as *mut TestHost) }
 }
 
-extern "C" fn time(_ctx: HostCtx) -> TimeInfo {
-    TimeInfo {
-        training: true,
-        ..TimeInfo::default()
+extern "C" fn time(ctx: HostCtx) -> TimeInfo {
+    host(ctx).time
+}
+
+extern "C" fn claim_parameters(ctx: HostCtx, names: RVec<RString>) -> RResult<(), RString> {
+    let h = host(ctx);
+    for name in names {
+        let name = name.into_string();
+        if h.buffers.contains(&name) {
+            return RResult::RErr(format!("`{name}` is a buffer, not a parameter").into());
+        }
+        if !h.params.contains_key(&name) {
+            return RResult::RErr(format!("the model has no parameter `{name}`").into());
+        }
+        if h.claimed.contains(&name) {
+            return RResult::RErr(format!("`{name}` is already claimed").into());
+        }
+        h.claimed.push(name);
+    }
+    RResult::ROk(())
+}
+
+extern "C" fn step_info(ctx: HostCtx) -> StepInfo {
+    host(ctx).step
+}
+
+extern "C" fn param_groups(ctx: HostCtx) -> RResult<RVec<ParamGroup>, RString> {
+    RResult::ROk(host(ctx).groups.iter().cloned().collect())
+}
+
+extern "C" fn set_param_group(
+    ctx: HostCtx,
+    name: RStr<'_>,
+    lr_multiplier: f64,
+    weight_decay: f64,
+) -> RResult<(), RString> {
+    match host(ctx)
+        .groups
+        .iter_mut()
+        .find(|g| g.name.as_str() == name.as_str())
+    {
+        Some(g) => {
+            g.lr_multiplier = lr_multiplier;
+            g.weight_decay = weight_decay;
+            RResult::ROk(())
+        }
+        None => RResult::RErr(format!("there is no parameter group `{name}`").into()),
+    }
+}
+
+extern "C" fn training_sample(ctx: HostCtx, samples: u64) -> RResult<RVec<NamedTensor>, RString> {
+    let h = host(ctx);
+    if h.sample.is_empty() {
+        return unsupported("training_sample");
+    }
+    let mut out = RVec::new();
+    for (name, t) in &h.sample {
+        let n = t.size().first().copied().unwrap_or(0).min(samples as i64);
+        match t.f_narrow(0, 0, n) {
+            Ok(part) => out.push(NamedTensor {
+                name: name.as_str().into(),
+                tensor: TensorHandle::from_tensor(part),
+            }),
+            Err(e) => return RResult::RErr(e.to_string().into()),
+        }
+    }
+    RResult::ROk(out)
+}
+
+extern "C" fn forward_eval(ctx: HostCtx, input: TensorHandle) -> RResult<TensorHandle, RString> {
+    match &host(ctx).eval_model {
+        Some(model) => {
+            let input = input.into_tensor();
+            let out = tch::no_grad(|| model(&input));
+            RResult::ROk(TensorHandle::from_tensor(out))
+        }
+        None => unsupported("forward_eval"),
     }
 }
 
@@ -307,6 +413,45 @@ pub fn apply_sample_transform(
                 next_u64: sample_rng_next,
                 state,
             },
+        )
+        .into_result()
+        .map_err(|e| e.message.into_string())?;
+    Ok(Sample {
+        channels: out.channels as usize,
+        height: out.height as usize,
+        width: out.width as usize,
+        data: out.data.into_vec(),
+    })
+}
+
+/// Runs a method's per-sample transform as a 1.6 host does, telling it which sample of which
+/// epoch it is (`apply_at`); otherwise as [`apply_sample_transform`].
+pub fn apply_sample_transform_at(
+    method: &MethodBox,
+    sample: &Sample,
+    rng: &mut RandomSource,
+    at: SamplePlace,
+) -> Result<Sample, String> {
+    let transform = method
+        .sample_transform()
+        .into_option()
+        .ok_or("the method has no sample transform")?;
+    let shape = SampleShape::new(sample.shape())?;
+    let buf = SampleBuf {
+        channels: shape.channels,
+        height: shape.height,
+        width: shape.width,
+        data: RVec::from(sample.data.clone()),
+    };
+    let state = SampleRngState(rng as *mut RandomSource as *mut c_void);
+    let out = transform
+        .apply_at(
+            buf,
+            SampleRng {
+                next_u64: sample_rng_next,
+                state,
+            },
+            at,
         )
         .into_result()
         .map_err(|e| e.message.into_string())?;

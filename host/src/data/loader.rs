@@ -473,6 +473,7 @@ impl Loader {
                     key: key(self.options.seed, epoch, *b"transfrm"),
                     rank,
                     world,
+                    epoch,
                 };
                 Arc::new(move |batch| {
                     make_batch(
@@ -539,6 +540,8 @@ struct TransformKey {
     key: [u8; 32],
     rank: u64,
     world: u64,
+    /// The epoch, told to methods' transforms with the sample's index.
+    epoch: u64,
 }
 
 impl TransformKey {
@@ -613,8 +616,12 @@ fn make_batch(
                 let (c, h, w) = bytes_shape;
                 let mut sample = Sample::from_u8(bytes, c, h, w);
                 for (i, transform) in transforms[stages.bytes..stages.host].iter().enumerate() {
+                    let at = tessera_plugin_api::SamplePlace {
+                        epoch: transform_key.epoch,
+                        index: index as u64,
+                    };
                     transform
-                        .apply(&mut sample, &mut rng)
+                        .apply_at(&mut sample, &mut rng, at)
                         .map_err(|e| failed(stages.bytes + i, index, e))?;
                 }
                 if sample.data.len() == per {

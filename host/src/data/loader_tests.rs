@@ -366,7 +366,12 @@ impl crate::data::SampleFn for Invert {
         Ok(shape)
     }
 
-    fn apply(&self, sample: &mut Sample, _rng: &mut dyn rand::RngCore) -> Result<(), String> {
+    fn apply(
+        &self,
+        sample: &mut Sample,
+        _rng: &mut dyn rand::RngCore,
+        _at: tessera_plugin_api::SamplePlace,
+    ) -> Result<(), String> {
         sample.data.iter_mut().for_each(|v| *v = 1.0 - *v);
         Ok(())
     }

@@ -132,8 +132,14 @@ pub enum Transform {
 pub trait SampleFn: Send + Sync {
     /// The (C, H, W) it makes of an input of `shape`, or why it cannot run on it.
     fn output_shape(&self, shape: (usize, usize, usize)) -> Result<(usize, usize, usize), String>;
-    /// Transforms `sample`, drawing randomness from `rng`.
-    fn apply(&self, sample: &mut Sample, rng: &mut dyn RngCore) -> Result<(), String>;
+    /// Transforms `sample` (the sample `at.index` of the training set in epoch `at.epoch`),
+    /// drawing randomness from `rng`.
+    fn apply(
+        &self,
+        sample: &mut Sample,
+        rng: &mut dyn RngCore,
+        at: tessera_plugin_api::SamplePlace,
+    ) -> Result<(), String>;
 }
 
 /// A method's per-sample transform, with the method's name for messages.
@@ -271,11 +277,22 @@ impl Transform {
     ///
     /// Fails (without touching the sample) when the settings are invalid or do not fit its shape.
     pub fn apply(&self, sample: &mut Sample, rng: &mut impl Rng) -> Result<(), TransformError> {
+        self.apply_at(sample, rng, tessera_plugin_api::SamplePlace::default())
+    }
+
+    /// [`Transform::apply`] to the sample `at.index` of epoch `at.epoch`, which a method's
+    /// transform may depend on (an alternating flip).
+    pub fn apply_at(
+        &self,
+        sample: &mut Sample,
+        rng: &mut impl Rng,
+        at: tessera_plugin_api::SamplePlace,
+    ) -> Result<(), TransformError> {
         if let Transform::Method(m) = self {
             // The loader checked the shapes once; the method checks its own input.
             return m
                 .transform
-                .apply(sample, rng)
+                .apply(sample, rng, at)
                 .map_err(|e| TransformError(format!("{}: {e}", m.method)));
         }
         self.check(sample)?;

@@ -10,7 +10,7 @@ mod state;
 
 use std::sync::Arc;
 
-pub use state::{Batch, CallError, Clock, RunState, SetupState, Stage};
+pub use state::{Batch, CallError, Clock, RunState, Sampler, SetupState, Stage};
 pub use tessera_plugin_api::{Event, Hook};
 
 use crate::data::{MethodTransform, SampleFn};
@@ -195,6 +195,7 @@ impl Engine {
             if entry.disabled {
                 continue;
             }
+            stage.set_current_method(i);
             if let Err(e) = entry.algorithm.on_event(event, stage) {
                 let error = EngineError {
                     method: entry.algorithm.name().to_owned(),
@@ -226,6 +227,11 @@ impl Engine {
                     })
             })
             .collect()
+    }
+
+    /// The name of the method at `index` (configuration order).
+    pub fn name_of(&self, index: usize) -> Option<&str> {
+        self.entries.get(index).map(|e| e.algorithm.name())
     }
 
     /// How many times `event` has fired.

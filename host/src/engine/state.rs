@@ -162,8 +162,19 @@ pub struct SetupState {
     pub lr_scale: f64,
     /// Whether a method listed the model's modules (to look for layers to change by surgery).
     pub modules_listed: bool,
+    /// Parameters methods claimed to update themselves (plugin-api 1.6), with the index of the
+    /// method (in configuration order) that claimed each.
+    pub claims: Vec<(usize, String)>,
+    /// The index of the method the engine is calling.
+    pub current_method: usize,
+    /// Reads training samples for `training_sample` (plugin-api 1.6); none in unit tests.
+    pub sampler: Option<Sampler>,
     rng: ChaCha8Rng,
 }
+
+/// Reads up to `n` training samples as the model sees them (named batch tensors on the
+/// training device), without moving the run's loader.
+pub type Sampler = Box<dyn FnMut(usize) -> Result<Vec<(String, Tensor)>, CallError>>;
 
 impl SetupState {
     /// The set-up state of a run of `model`; `seed` fixes the methods' random stream.
@@ -186,6 +197,9 @@ impl SetupState {
             initial_lr,
             lr_scale: 1.0,
             modules_listed: false,
+            claims: Vec::new(),
+            current_method: 0,
+            sampler: None,
             // A stream of its own, so methods drawing numbers never shift the data order.
             rng: ChaCha8Rng::seed_from_u64(seed ^ 0x7e55_e4a0_0000_0001),
         }
@@ -251,6 +265,11 @@ pub struct RunState {
     pub stop_reason: Option<String>,
     /// Dynamic loss scaling, under `amp_fp16` only.
     pub scaler: Option<GradScaler>,
+    /// The optimizer step being taken, while `optimizer_step` fires (plugin-api 1.6).
+    pub step: Option<tessera_plugin_api::StepInfo>,
+    /// Whether the host skipped its update of the step being taken (a device flag), while
+    /// `optimizer_step` fires.
+    pub found_inf: Option<Tensor>,
     rng: ChaCha8Rng,
 }
 
@@ -284,6 +303,8 @@ impl RunState {
             metrics,
             last_eval: None,
             stop_reason: None,
+            step: None,
+            found_inf: None,
             rng,
         }
     }
@@ -320,6 +341,7 @@ impl RunState {
         match key {
             keys::OUTPUT => self.output.as_ref().map(Tensor::shallow_clone),
             keys::LOSS => self.loss.as_ref().map(Tensor::shallow_clone),
+            keys::FOUND_INF => self.found_inf.as_ref().map(Tensor::shallow_clone),
             _ => self.batch.get(key).map(Tensor::shallow_clone),
         }
     }
@@ -440,6 +462,13 @@ impl RunState {
         Ok(())
     }
 
+    /// A method's extra forward in evaluation mode, without gradient (test-time augmentation).
+    pub fn eval_forward(&self, input: &Tensor) -> Result<Tensor, CallError> {
+        self.check_device(keys::INPUT, input)?;
+        tch::no_grad(|| self.forward(input, false))
+            .map_err(|e| CallError(format!("forward failed: {e}")))
+    }
+
     /// A method's extra forward in training mode, with or without gradient.
     pub fn extra_forward(&self, input: &Tensor, grad: bool) -> Result<Tensor, CallError> {
         self.check_device(keys::INPUT, input)?;
@@ -472,6 +501,71 @@ pub enum Stage<'a> {
 }
 
 impl Stage<'_> {
+    /// Notes which method (its index in configuration order) the engine calls next.
+    pub fn set_current_method(&mut self, index: usize) {
+        if let Stage::Setup(s) = self {
+            s.current_method = index;
+        }
+    }
+
+    /// The calling method takes over the update of parameters `names` (only at `init`).
+    pub fn claim_parameters(&mut self, names: Vec<String>) -> Result<(), CallError> {
+        let Stage::Setup(s) = self else {
+            return Err(CallError(
+                "claim_parameters is only possible at `init`, before the optimizer is built".into(),
+            ));
+        };
+        for name in names {
+            let Some(entry) = s.model.params.get(&name) else {
+                return Err(CallError(format!("the model has no parameter `{name}`")));
+            };
+            if entry.role != Role::Parameter {
+                return Err(CallError(format!("`{name}` is a buffer, not a parameter")));
+            }
+            if s.claims.iter().any(|(_, n)| *n == name) {
+                return Err(CallError(format!(
+                    "`{name}` is already claimed by a method"
+                )));
+            }
+            s.claims.push((s.current_method, name));
+        }
+        Ok(())
+    }
+
+    /// The learning rate of the step being taken (at `optimizer_step`) or of the next one.
+    pub fn step_info(&self) -> tessera_plugin_api::StepInfo {
+        match self {
+            Stage::Setup(s) => tessera_plugin_api::StepInfo {
+                lr: s.initial_lr * s.lr_scale,
+                lr_factor: s.lr_scale,
+                initial_lr: s.initial_lr,
+                step: 0,
+            },
+            Stage::Run(s) => s.step.unwrap_or_else(|| {
+                let (lr, initial) = (s.optimizer.lr(), s.optimizer.initial_lr());
+                tessera_plugin_api::StepInfo {
+                    lr,
+                    lr_factor: if initial != 0.0 { lr / initial } else { 0.0 },
+                    initial_lr: initial,
+                    step: s.optimizer.attempted_steps(),
+                }
+            }),
+        }
+    }
+
+    /// Up to `n` training samples as the model sees them (only at `init`).
+    pub fn training_sample(&mut self, n: usize) -> Result<Vec<(String, Tensor)>, CallError> {
+        match self {
+            Stage::Setup(s) => match &mut s.sampler {
+                Some(read) => read(n),
+                None => Err(CallError("this run has no training data to sample".into())),
+            },
+            Stage::Run(_) => Err(CallError(
+                "training_sample is only possible at `init`, before the loader runs".into(),
+            )),
+        }
+    }
+
     /// Notes that a method listed the model's modules (at set-up, where surgery happens).
     pub fn note_modules_listed(&mut self) {
         if let Stage::Setup(s) = self {

@@ -349,6 +349,9 @@ pub struct Optimizer {
     /// from `steps` at the first fused step after construction or restore.
     step_count: Option<Tensor>,
     slots: Vec<Slot>,
+    /// Parameters a method updates itself (plugin-api 1.6 `claim_parameters`): left out of
+    /// the steps and the state, but their gradients are cleared and unscaled with the others.
+    external: Vec<(String, Tensor)>,
 }
 
 impl Optimizer {
@@ -412,7 +415,65 @@ impl Optimizer {
             skipped: None,
             step_count: None,
             slots,
+            external: Vec::new(),
         })
+    }
+
+    /// Leaves the parameters `names` to the methods that claimed them: they leave the steps
+    /// (and the state, groups and checkpoints of this optimizer) but stay in
+    /// [`Optimizer::params`], so their gradients are still cleared, unscaled and averaged.
+    /// Call once, right after construction.
+    pub fn hand_over(&mut self, names: &[String]) {
+        let mut kept = Vec::with_capacity(self.slots.len());
+        for slot in self.slots.drain(..) {
+            if names.contains(&slot.name) {
+                self.external.push((slot.name, slot.param));
+            } else {
+                kept.push(slot);
+            }
+        }
+        self.slots = kept;
+    }
+
+    /// Whether `name` is updated by a method rather than by this optimizer.
+    pub fn is_handed_over(&self, name: &str) -> bool {
+        self.external.iter().any(|(n, _)| n == name)
+    }
+
+    /// The parameter groups as methods see them (plugin-api 1.6): name, learning-rate
+    /// multiplier, weight decay and members, the default group last.
+    pub fn groups(&self) -> Vec<GroupPosition> {
+        self.group_positions()
+    }
+
+    /// Sets group `name`'s learning-rate multiplier and weight decay from the next step on (a
+    /// method's request). Both must be finite and not negative.
+    pub fn set_group(
+        &mut self,
+        name: &str,
+        lr_multiplier: f64,
+        weight_decay: f64,
+    ) -> Result<(), String> {
+        for (what, v) in [
+            ("lr_multiplier", lr_multiplier),
+            ("weight_decay", weight_decay),
+        ] {
+            if !v.is_finite() || v < 0.0 {
+                return Err(format!("{what} = {v}: must be finite and not negative"));
+            }
+        }
+        let names: Vec<String> = self.hyper.iter().map(|h| h.name.clone()).collect();
+        match self.hyper.iter_mut().find(|h| h.name == name) {
+            Some(h) => {
+                h.lr_multiplier = lr_multiplier;
+                h.weight_decay = weight_decay;
+                Ok(())
+            }
+            None => Err(format!(
+                "there is no parameter group `{name}` (the groups are {})",
+                names.join(", ")
+            )),
+        }
     }
 
     /// The learning rate the next step uses (the default group's).
@@ -456,9 +517,13 @@ impl Optimizer {
         self.steps
     }
 
-    /// The parameters this optimizer trains, in order.
+    /// The parameters this optimizer trains, in order, then those it handed over to methods
+    /// ([`Optimizer::hand_over`]): every parameter whose gradient the step uses.
     pub fn params(&self) -> impl Iterator<Item = &Tensor> {
-        self.slots.iter().map(|s| &s.param)
+        self.slots
+            .iter()
+            .map(|s| &s.param)
+            .chain(self.external.iter().map(|(_, t)| t))
     }
 
     /// Names of the parameters this optimizer trains, in order.
@@ -491,6 +556,10 @@ impl Optimizer {
     /// select (the default group when none, or when two groups would: an error that
     /// construction already reports for the model's parameters).
     pub fn set_member(&mut self, name: &str, param: &Tensor, member: bool) {
+        // A parameter a method updates stays with the method; its gradient switches alone.
+        if self.is_handed_over(name) {
+            return;
+        }
         let position = self.slots.iter().position(|s| s.name == name);
         match (position, member) {
             (None, true) => {
@@ -521,14 +590,19 @@ impl Optimizer {
     /// being stepped with zeros — and a resumed run, whose gradients start undefined, steps
     /// exactly as the run that never stopped.
     pub fn zero_grad(&mut self) {
-        for slot in &mut self.slots {
-            if slot.param.grad().defined() {
+        let params = self
+            .slots
+            .iter_mut()
+            .map(|s| &mut s.param)
+            .chain(self.external.iter_mut().map(|(_, t)| t));
+        for param in params {
+            if param.grad().defined() {
                 // SAFETY: `as_mut_ptr` is the `at::Tensor*` of a live tensor; the shim only
                 // resets its gradient slot.
-                let failed = unsafe { tessera_reset_grad(slot.param.as_mut_ptr().cast()) } != 0;
+                let failed = unsafe { tessera_reset_grad(param.as_mut_ptr().cast()) } != 0;
                 if failed {
                     // Not expected; zeroing keeps the step correct for this parameter.
-                    let _ = slot.param.grad().f_zero_();
+                    let _ = param.grad().f_zero_();
                 }
             }
         }
@@ -648,7 +722,10 @@ impl Optimizer {
             let _ = slot.param.shallow_clone().set_requires_grad(true);
         }
         for entry in params.entries() {
-            if entry.role == crate::model::Role::Parameter && !members.contains(&entry.name) {
+            if entry.role == crate::model::Role::Parameter
+                && !members.contains(&entry.name)
+                && !self.is_handed_over(&entry.name)
+            {
                 let _ = entry.tensor.shallow_clone().set_requires_grad(false);
             }
         }

@@ -9,9 +9,9 @@ use abi_stable::prefix_type::PrefixTypeTrait;
 use abi_stable::std_types::{ROption, RResult, RStr, RString, RVec};
 use tessera_plugin_api::abi::{
     Attribute, EvalResults, HostApi, HostApi_Ref, HostCtx, HostHandle, Metric, ModuleBox,
-    ModuleInfo, NamedTensor, ParamInfo, TensorHandle, WrapperBox,
+    ModuleInfo, NamedTensor, ParamGroup, ParamInfo, TensorHandle, WrapperBox,
 };
-use tessera_plugin_api::TimeInfo;
+use tessera_plugin_api::{StepInfo, TimeInfo};
 
 use crate::engine::{CallError, Stage};
 use crate::model::{Attr, Role};
@@ -53,6 +53,12 @@ fn api() -> HostApi_Ref {
             wrap_module,
             precision,
             ranks,
+            claim_parameters,
+            step_info,
+            param_groups,
+            set_param_group,
+            training_sample,
+            forward_eval,
         }
         .leak_into_prefix()
     })
@@ -360,5 +366,74 @@ extern "C" fn wrap_module(
                 })
                 .map_err(|e| CallError(e.0))
         }))
+    })
+}
+
+// ---- 1.6 ----
+
+extern "C" fn claim_parameters(ctx: HostCtx, names: RVec<RString>) -> RResult<(), RString> {
+    let names: Vec<String> = names.into_iter().map(RString::into_string).collect();
+    with_state(ctx, |s| result(s.claim_parameters(names)))
+}
+
+extern "C" fn step_info(ctx: HostCtx) -> StepInfo {
+    with_state(ctx, |s| s.step_info())
+}
+
+extern "C" fn param_groups(ctx: HostCtx) -> RResult<RVec<ParamGroup>, RString> {
+    with_state(ctx, |s| {
+        result(s.run("param_groups").map(|r| {
+            r.optimizer
+                .groups()
+                .into_iter()
+                .map(|g| ParamGroup {
+                    name: g.name.into(),
+                    lr_multiplier: g.lr_multiplier,
+                    weight_decay: g.weight_decay,
+                    params: g.members.into_iter().map(RString::from).collect(),
+                })
+                .collect()
+        }))
+    })
+}
+
+extern "C" fn set_param_group(
+    ctx: HostCtx,
+    name: RStr<'_>,
+    lr_multiplier: f64,
+    weight_decay: f64,
+) -> RResult<(), RString> {
+    with_state(ctx, |s| {
+        result(s.run("set_param_group").and_then(|r| {
+            r.optimizer
+                .set_group(name.as_str(), lr_multiplier, weight_decay)
+                .map_err(CallError)
+        }))
+    })
+}
+
+extern "C" fn training_sample(ctx: HostCtx, samples: u64) -> RResult<RVec<NamedTensor>, RString> {
+    with_state(ctx, |s| {
+        let n = usize::try_from(samples).unwrap_or(usize::MAX);
+        result(s.training_sample(n).map(|entries| {
+            entries
+                .into_iter()
+                .map(|(name, t)| NamedTensor {
+                    name: name.into(),
+                    tensor: TensorHandle::from_tensor(t),
+                })
+                .collect()
+        }))
+    })
+}
+
+extern "C" fn forward_eval(ctx: HostCtx, input: TensorHandle) -> RResult<TensorHandle, RString> {
+    let input = input.into_tensor();
+    with_state(ctx, |s| {
+        result(
+            s.run("forward_eval")
+                .and_then(|r| r.eval_forward(&input))
+                .map(TensorHandle::from_tensor),
+        )
     })
 }

@@ -36,7 +36,12 @@ impl SampleFn for PluginSampleTransform {
         Ok(out.dims())
     }
 
-    fn apply(&self, sample: &mut Sample, mut rng: &mut dyn RngCore) -> Result<(), String> {
+    fn apply(
+        &self,
+        sample: &mut Sample,
+        mut rng: &mut dyn RngCore,
+        at: tessera_plugin_api::SamplePlace,
+    ) -> Result<(), String> {
         let shape = SampleShape::new(sample.shape())?;
         let buf = SampleBuf {
             channels: shape.channels,
@@ -47,7 +52,7 @@ impl SampleFn for PluginSampleTransform {
         let state = SampleRngState(&mut rng as *mut &mut dyn RngCore as *mut std::ffi::c_void);
         let out = self
             .object
-            .apply(buf, SampleRng { next_u64, state })
+            .apply_at(buf, SampleRng { next_u64, state }, at)
             .into_result()
             .map_err(message)?;
         let (c, h, w) = (

@@ -135,8 +135,11 @@ impl Trainer {
             config.optimizer.lr(),
             config.seed,
         );
+        setup.sampler = Some(training_sampler(train_loader.clone(), device));
         engine.fire(Event::INIT, &mut Stage::Setup(&mut setup))?;
+        setup.sampler = None;
         check_context_length(&config, &setup.model)?;
+        let claimed = check_claims(&engine, &setup)?;
         if let Some(file) = &config.model.torchscript {
             announce_torchscript(file, &setup);
         }
@@ -149,6 +152,8 @@ impl Trainer {
         )
         .map_err(crate::optim::OptimizerStateError::from)
         .context("[optimizer.groups]")?;
+        let mut optimizer = optimizer;
+        optimizer.hand_over(&claimed);
         let state = RunState::new(setup, optimizer);
 
         let read_started = Instant::now();
@@ -245,6 +250,76 @@ impl Trainer {
         trainer.start_reducer()?;
         Ok(trainer)
     }
+}
+
+/// Reads training samples for methods at `init` (plugin-api 1.6 `training_sample`): the first
+/// batches of epoch 0 of a copy of the training loader (so the run's loader does not move), as
+/// the training step puts them on the device.
+fn training_sampler(loader: crate::data::Loader, device: tch::Device) -> crate::engine::Sampler {
+    Box::new(move |n: usize| {
+        let fail = |e: String| crate::engine::CallError(format!("reading training samples: {e}"));
+        let mut parts: Vec<crate::engine::Batch> = Vec::new();
+        let mut have = 0usize;
+        for batch in loader.epoch(0, 0) {
+            if have >= n {
+                break;
+            }
+            let batch = batch.map_err(|e| fail(e.to_string()))?;
+            let batch = super::input::to_device(&batch, device).map_err(|e| fail(e.to_string()))?;
+            have += batch.len() as usize;
+            parts.push(batch);
+        }
+        let Some(first) = parts.first() else {
+            return Err(fail("the training set is empty".into()));
+        };
+        let mut out = Vec::new();
+        for key in first.keys() {
+            let tensors: Vec<&tch::Tensor> = parts.iter().filter_map(|b| b.get(&key)).collect();
+            let all = tch::Tensor::f_cat(&tensors, 0).map_err(|e| fail(e.to_string()))?;
+            let keep = (n as i64).min(all.size().first().copied().unwrap_or(0));
+            out.push((
+                key,
+                all.f_narrow(0, 0, keep).map_err(|e| fail(e.to_string()))?,
+            ));
+        }
+        Ok(out)
+    })
+}
+
+/// The parameters methods claimed at `init` (plugin-api 1.6), after checking that each method
+/// that claimed some receives `optimizer_step`, where it must update them.
+fn check_claims(engine: &crate::engine::Engine, setup: &SetupState) -> Result<Vec<String>> {
+    let updating = engine.order_at(Event::OPTIMIZER_STEP);
+    for (index, name) in &setup.claims {
+        let method = engine.name_of(*index).unwrap_or("?");
+        if !updating.contains(&method) {
+            fail!("method `{method}` claimed parameter `{name}` but does not hook `optimizer_step`, where it would update it: the parameter would never train");
+        }
+    }
+    if !setup.claims.is_empty() {
+        tracing::info!(
+            "{} parameters are updated by methods: {}",
+            setup.claims.len(),
+            engine_summary(engine, &setup.claims)
+        );
+    }
+    Ok(setup.claims.iter().map(|(_, n)| n.clone()).collect())
+}
+
+/// `method (n parameters)` for every method that claimed parameters.
+fn engine_summary(engine: &crate::engine::Engine, claims: &[(usize, String)]) -> String {
+    let mut counts: Vec<(usize, usize)> = Vec::new();
+    for (i, _) in claims {
+        match counts.iter_mut().find(|(m, _)| m == i) {
+            Some((_, c)) => *c += 1,
+            None => counts.push((*i, 1)),
+        }
+    }
+    counts
+        .iter()
+        .map(|(i, c)| format!("{} ({c})", engine.name_of(*i).unwrap_or("?")))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// A language model whose learned position embeddings (`transformer.wpe`, still there after

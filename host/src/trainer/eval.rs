@@ -60,9 +60,10 @@ impl Trainer {
             self.fire_as(Event::EVAL_BATCH_START, false)?;
             self.fire_as(Event::EVAL_BEFORE_FORWARD, false)?;
             self.state.forward_batch(false)?;
-            // The metrics use the model's own output, whatever a method does to it afterwards.
-            let output = self.state.tensor(keys::OUTPUT).context("no output")?;
             self.fire_as(Event::EVAL_AFTER_FORWARD, false)?;
+            // As Composer: the metrics score `output` as the methods left it (test-time
+            // augmentation replaces it by an average over augmented views).
+            let output = self.state.tensor(keys::OUTPUT).context("no output")?;
             let target = self
                 .state
                 .batch

@@ -63,7 +63,15 @@ impl Trainer {
             (Some(a), None) => Some(a.shallow_clone()),
             (None, b) => b,
         };
+        let step = crate::engine::Stage::Run(&mut self.state).step_info();
         self.state.optimizer.step_masked(skip.as_ref())?;
+        // Methods that claimed parameters update them now, with this step's rate and flag.
+        self.state.step = Some(step);
+        self.state.found_inf = skip.as_ref().map(Tensor::shallow_clone);
+        let fired = self.fire(Event::OPTIMIZER_STEP);
+        self.state.step = None;
+        self.state.found_inf = None;
+        fired?;
         if let Some(scaler) = &mut self.state.scaler {
             scaler.update()?;
         }
