@@ -1023,7 +1023,9 @@ mod tests {
 
     #[test]
     fn events_round_trip_by_name() {
-        assert_eq!(Event::ALL.len(), 40);
+        // Composer's 40 events and Tessera's `optimizer_step` (1.6).
+        assert_eq!(Event::ALL.len(), 41);
+        assert_eq!(Event::OPTIMIZER_STEP.name(), "optimizer_step");
         for (i, e) in Event::ALL.iter().enumerate() {
             assert_eq!(e.0 as usize, i);
             assert_eq!(Event::from_name(e.name()), Some(*e));

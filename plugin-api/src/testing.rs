@@ -85,6 +85,9 @@ pub fn splitmix64(state: &mut u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// The model `TestHost::forward_eval` runs (plugin-api 1.6).
+pub type EvalModel = Box<dyn Fn(&Tensor) -> Tensor>;
+
 /// The host state a method sees through its `Context`: named tensors, an RNG, logged metrics.
 pub struct TestHost {
     /// The tensors a method can get and set (`input`, `target`, `output`, `loss`, ...).
@@ -131,7 +134,7 @@ pub struct TestHost {
     /// What `training_sample` (1.6) hands out: every entry cut to the samples asked for.
     pub sample: Vec<(String, Tensor)>,
     /// The model `forward_eval` (1.6) runs; none: `forward_eval` fails.
-    pub eval_model: Option<Box<dyn Fn(&Tensor) -> Tensor>>,
+    pub eval_model: Option<EvalModel>,
 }
 
 impl TestHost {
