@@ -197,3 +197,262 @@ fn steps_match_torch_optim_muon_and_kellers_definition() {
         "only {same} of {steps} steps agree with the references to 1e-6"
     );
 }
+
+// ---- through the binary ----
+
+/// The CNN on Fashion-MNIST (SGD with momentum for what Muon leaves) with `muon` and
+/// `settings`, `batches` batches on the CPU.
+fn cnn(run: &str, settings: &str, batches: u32) -> TrainerToml {
+    let mut toml = TrainerToml::new(run).algorithm("muon", settings);
+    toml.max_duration = format!("{batches}ba");
+    toml.device = Some("cpu".to_owned());
+    toml
+}
+
+/// The tiny GPT (AdamW for what Muon leaves) with `muon` and `settings`.
+fn gpt(run: &str, settings: &str, batches: u32) -> TrainerToml {
+    let mut toml = TrainerToml::tiny_gpt(run).algorithm("muon", settings);
+    toml.max_duration = format!("{batches}ba");
+    toml.device = Some("cpu".to_owned());
+    toml
+}
+
+/// Trains `toml` in `dir` with a checkpoint at the end (and every `every` batches); returns
+/// the training losses and the output.
+fn train_run(
+    dir: &TempDir,
+    toml: &TrainerToml,
+    every: &str,
+    env: &[(&str, &str)],
+) -> (Vec<f64>, Output) {
+    dir.write(
+        "trainer.toml",
+        &format!("{}\n[checkpoint]\ninterval = \"{every}\"\n", toml.render()),
+    );
+    let out = train(dir, &[], env);
+    out.assert_success();
+    let lines = read_jsonl(&run_dir(dir, &toml.run_name).join("metrics.jsonl"));
+    (train_losses(&lines), out)
+}
+
+fn checkpoint(dir: &TempDir, run: &str, name: &str) -> tessera::checkpoint::Checkpoint {
+    let path = run_dir(dir, run).join("checkpoints").join(name);
+    tessera::checkpoint::Checkpoint::read(&path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The parameters Muon's state holds momentum for (`method/muon/<name>`), with their momentum.
+fn momentum(c: &tessera::checkpoint::Checkpoint) -> Vec<(String, Tensor)> {
+    c.tensors
+        .iter()
+        .filter_map(|(n, t)| {
+            n.strip_prefix("method/muon/")
+                .map(|n| (n.to_owned(), t.shallow_clone()))
+        })
+        .filter(|(n, _)| !n.starts_with("__"))
+        .collect()
+}
+
+/// Muon trains exactly `claimed ∪ left == every ≥2-D model parameter` with `left` the
+/// expected ones; the host optimizer's state mentions no claimed parameter but some others; the
+/// momentum has each parameter's shape and has moved; the log names the parameters.
+fn assert_ownership(c: &tessera::checkpoint::Checkpoint, left: &[&str], out: &Output) {
+    let claimed = momentum(c);
+    let matrices: Vec<(String, Vec<i64>)> = c
+        .tensors
+        .iter()
+        .filter_map(|(n, t)| n.strip_prefix("model/").map(|n| (n.to_owned(), t.size())))
+        .filter(|(_, s)| s.len() >= 2)
+        .collect();
+    let mut not_claimed: Vec<&str> = matrices
+        .iter()
+        .filter(|(n, _)| !claimed.iter().any(|(c, _)| c == n))
+        .map(|(n, _)| n.as_str())
+        .collect();
+    not_claimed.sort_unstable();
+    let mut expected = left.to_vec();
+    expected.sort_unstable();
+    assert_eq!(
+        not_claimed,
+        expected,
+        "claimed: {:?}",
+        claimed.iter().map(|c| &c.0).collect::<Vec<_>>()
+    );
+    for (name, m) in &claimed {
+        let shape = &matrices
+            .iter()
+            .find(|(n, _)| n == name)
+            .unwrap_or_else(|| panic!("{name} is no model matrix"))
+            .1;
+        assert_eq!(&m.size(), shape, "{name}");
+        assert!(
+            m.abs().sum(Kind::Double).double_value(&[]) > 0.0,
+            "{name}: momentum never moved"
+        );
+        assert!(
+            out.stderr.contains(name.as_str()),
+            "the log does not name {name}: {}",
+            out.dump()
+        );
+    }
+    let optim: Vec<&str> = c
+        .tensors
+        .iter()
+        .filter_map(|(n, _)| n.strip_prefix("optim/"))
+        .collect();
+    assert!(!optim.is_empty(), "the host optimizer keeps no state");
+    for (name, _) in &claimed {
+        assert!(
+            !optim.iter().any(|o| o.contains(name.as_str())),
+            "the host optimizer keeps state for {name}, which Muon trains: {optim:?}"
+        );
+    }
+    assert!(
+        out.stderr
+            .contains("parameters are updated by methods: muon"),
+        "{}",
+        out.dump()
+    );
+}
+
+/// Mean of the first and of the last `n` losses.
+fn first_and_last(losses: &[f64], n: usize) -> (f64, f64) {
+    assert!(losses.len() >= 2 * n, "{losses:?}");
+    let mean = |s: &[f64]| s.iter().sum::<f64>() / s.len() as f64;
+    (mean(&losses[..n]), mean(&losses[losses.len() - n..]))
+}
+
+#[test]
+fn the_cnn_trains_with_muon_for_its_matrices_and_sgd_for_the_rest() {
+    require_fashion_mnist();
+    let dir = TempDir::new("muon-cnn");
+    for (run, settings) in [("torch", "lr = 0.02"), ("keller", "variant = \"keller\"")] {
+        let (losses, out) = train_run(&dir, &cnn(run, settings, 12), "12ba", &[]);
+        let (first, last) = first_and_last(&losses, 3);
+        assert!(last < 0.8 * first, "{run}: losses {losses:?}");
+        let c = checkpoint(&dir, run, "ep0-ba12.ckpt");
+        // The CNN's head is its last linear layer: SGD trains it, Muon every other matrix.
+        let heads: Vec<String> = momentum(&c).iter().map(|(n, _)| n.clone()).collect();
+        assert!(heads.len() >= 2, "{heads:?}");
+        let head = c
+            .tensors
+            .iter()
+            .filter_map(|(n, t)| n.strip_prefix("model/").filter(|_| t.size().len() >= 2))
+            .filter(|n| !heads.iter().any(|h| h == n))
+            .map(str::to_owned)
+            .collect::<Vec<_>>();
+        assert_eq!(
+            head.len(),
+            1,
+            "expected only the head left to SGD: {head:?}"
+        );
+        assert_ownership(&c, &[head[0].as_str()], &out);
+    }
+}
+
+#[test]
+fn the_tiny_gpt_trains_with_muon_for_its_blocks_and_adamw_for_the_rest() {
+    let dir = TempDir::new("muon-gpt");
+    let (losses, out) = train_run(&dir, &gpt("gpt", "variant = \"keller\"", 20), "20ba", &[]);
+    let (first, last) = first_and_last(&losses, 4);
+    assert!(last < 0.9 * first, "losses {losses:?}");
+    let c = checkpoint(&dir, "gpt", "ep0-ba20.ckpt");
+    // Tied head: the embeddings are the only matrices left to AdamW.
+    assert_ownership(
+        &c,
+        &["transformer.wpe.weight", "transformer.wte.weight"],
+        &out,
+    );
+}
+
+#[test]
+fn settings_that_select_nothing_or_are_wrong_are_refused_naming_the_key() {
+    let dir = TempDir::new("muon-settings");
+    for (settings, words) in [
+        (
+            "exclude = [\"*\"]",
+            &["no parameter selected", "exclude"][..],
+        ),
+        ("include = [\"nothing.*\"]", &["include", "nothing.*"][..]),
+        ("variant = \"adam\"", &["variant", "adam"][..]),
+        (
+            "variant = \"keller\"\nadjust_lr = \"original\"",
+            &["adjust_lr"][..],
+        ),
+        ("momentum = 1.5", &["momentum"][..]),
+    ] {
+        gpt("bad", settings, 2).write_to(&dir);
+        train(&dir, &[], &[]).assert_failure(words);
+    }
+}
+
+#[test]
+fn killed_and_resumed_run_equals_the_straight_run_bit_for_bit() {
+    tessera_tests::resume::assert_killed_and_resumed_is_exact("muon-resume", |run| {
+        cnn(run, "lr = 0.02\nweight_decay = 0.01", 8)
+    });
+}
+
+/// A NaN loss at batch 3 with `nonfinite_loss = "skip"`: the host skips its step and Muon
+/// skips its own: the claimed parameters and their momentum are the same bit for bit after
+/// batch 3 as after batch 2, and move in the steps around it. Under `amp_fp16` on the CPU, so
+/// the flag also carries the loss scaler's verdict.
+#[test]
+fn a_skipped_step_leaves_the_claimed_parameters_and_momentum_alone() {
+    require_fashion_mnist();
+    let dir = TempDir::new("muon-skip");
+    let mut toml = cnn("skip", "lr = 0.02\nweight_decay = 0.1", 4).algorithm("fake_plugin", "");
+    toml.precision = Some("amp_fp16".to_owned());
+    dir.write(
+        "trainer.toml",
+        &format!("{}\n[checkpoint]\ninterval = \"1ba\"\n", toml.render()),
+    );
+    let out = train(
+        &dir,
+        &["train.nonfinite_loss=\"skip\""],
+        &[("TESSERA_FAKE_NAN_AT_BATCH", "3")],
+    );
+    out.assert_success();
+    let at = |b: u32| checkpoint(&dir, "skip", &format!("ep0-ba{b}.ckpt"));
+    let (c1, c2, c3, c4) = (at(1), at(2), at(3), at(4));
+    let claimed = momentum(&c2);
+    assert!(!claimed.is_empty());
+    let model = |c: &tessera::checkpoint::Checkpoint, n: &str| {
+        c.tensors
+            .iter()
+            .find(|(m, _)| m == &format!("model/{n}"))
+            .map(|(_, t)| t.shallow_clone())
+            .unwrap_or_else(|| panic!("no model/{n}"))
+    };
+    let mom = |c: &tessera::checkpoint::Checkpoint, n: &str| {
+        momentum(c)
+            .into_iter()
+            .find(|(m, _)| m == n)
+            .map(|(_, t)| t)
+            .unwrap_or_else(|| panic!("no momentum for {n}"))
+    };
+    for (name, _) in &claimed {
+        assert!(
+            model(&c3, name).equal(&model(&c2, name)),
+            "{name} moved in the skipped step"
+        );
+        assert!(
+            mom(&c3, name).equal(&mom(&c2, name)),
+            "{name}'s momentum moved in the skipped step"
+        );
+        assert!(
+            !model(&c2, name).equal(&model(&c1, name)),
+            "{name} did not move at batch 2"
+        );
+        assert!(
+            !model(&c4, name).equal(&model(&c3, name)),
+            "{name} did not move at batch 4"
+        );
+        assert!(
+            !mom(&c4, name).equal(&mom(&c3, name)),
+            "{name}'s momentum did not move at batch 4"
+        );
+    }
+    let record = read_json(&run_dir(&dir, "skip").join("run.json"));
+    assert_eq!(record["skipped_steps"], 1, "{record:#}");
+}

@@ -117,9 +117,11 @@ impl MuonConfig {
         }
         let ns_coefficients: [f64; 3] = match ns_coefficients.as_slice() {
             [a, b, c] if [a, b, c].iter().all(|v| v.is_finite()) => [*a, *b, *c],
-            other => return Err(Error::config(format!(
+            other => {
+                return Err(Error::config(format!(
                 "setting `ns_coefficients` must be three finite numbers [a, b, c], got {other:?}"
-            ))),
+            )))
+            }
         };
         if !(eps.is_finite() && eps > 0.0) {
             return Err(Error::config(format!(
