@@ -11,7 +11,7 @@ use crate::select::select_parameters;
 use crate::update::MatrixGroup;
 
 /// The current layout of [`Method::state`]: one tensor per parameter, its momentum buffer in
-/// the parameter's shape, named as the parameter.
+/// the parameter's shape, named as the parameter; the bytes list the claimed names, one a line.
 pub const STATE_FORMAT_VERSION: u32 = 1;
 
 /// Priority at `init`: after model surgery by other methods (which hook `init` at 0), so that
@@ -171,7 +171,9 @@ impl Method for Muon {
         }
         Ok(State {
             format_version: STATE_FORMAT_VERSION,
-            bytes: Vec::new(),
+            // The claimed names, one a line: for a reader of the checkpoint (the tensors
+            // carry the same names); never empty, as tools expect some bytes.
+            bytes: self.claimed.join("\n").into_bytes(),
             tensors,
         })
     }
