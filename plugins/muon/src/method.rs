@@ -1,0 +1,197 @@
+//! The method: claims the hidden matrices at `init`, steps them at `optimizer_step`, and keeps
+//! their momentum in its state.
+
+use std::collections::HashMap;
+
+use tessera_plugin_api::tch::{Device, Kind, Tensor};
+use tessera_plugin_api::{keys, Context, Error, Event, Method, State};
+
+use crate::config::MuonConfig;
+use crate::select::select_parameters;
+use crate::update::MatrixGroup;
+
+/// The current layout of [`Method::state`]: one tensor per parameter, its momentum buffer in
+/// the parameter's shape, named as the parameter; the bytes list the claimed names, one a line.
+pub const STATE_FORMAT_VERSION: u32 = 1;
+
+/// Priority at `init`: after model surgery by other methods (which hook `init` at 0), so that
+/// Muon selects from the final model.
+pub const INIT_PRIORITY: i32 = -1000;
+
+/// The Muon method.
+pub struct Muon {
+    config: MuonConfig,
+    /// The parameters claimed at `init`, in the model's order.
+    claimed: Vec<String>,
+    /// The claimed parameters by shape, kind and device, with their momentum; built at the
+    /// first step.
+    groups: Vec<MatrixGroup>,
+    /// Momentum restored by `load_state` before the groups exist.
+    loaded: HashMap<String, Tensor>,
+}
+
+impl Muon {
+    /// A method with these settings (parameters are chosen at `init`).
+    pub fn new(config: MuonConfig) -> Muon {
+        Muon {
+            config,
+            claimed: Vec::new(),
+            groups: Vec::new(),
+            loaded: HashMap::new(),
+        }
+    }
+
+    /// The resolved settings.
+    pub fn config(&self) -> &MuonConfig {
+        &self.config
+    }
+
+    /// The parameters Muon trains.
+    pub fn claimed(&self) -> &[String] {
+        &self.claimed
+    }
+
+    fn parameter(ctx: &Context<'_>, name: &str) -> Result<Tensor, Error> {
+        ctx.parameter(name)?.ok_or_else(|| {
+            Error::from(format!("the model no longer has `{name}` (Muon trains it)"))
+        })
+    }
+
+    /// Groups the claimed parameters by shape, kind and device (first appearance order) with
+    /// zero momentum, or the momentum `load_state` restored.
+    fn build_groups(&mut self, ctx: &Context<'_>) -> Result<(), Error> {
+        type Key = (Vec<i64>, Kind, Device);
+        let mut members: Vec<(Key, Vec<String>)> = Vec::new();
+        for name in &self.claimed {
+            let p = Self::parameter(ctx, name)?;
+            let key = (p.size(), p.kind(), p.device());
+            match members.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, names)) => names.push(name.clone()),
+                None => members.push((key, vec![name.clone()])),
+            }
+        }
+        let groups = members
+            .into_iter()
+            .map(|((shape, kind, device), names)| MatrixGroup::new(names, shape, kind, device))
+            .collect::<Result<Vec<_>, Error>>()?;
+        self.groups = groups;
+        if !self.loaded.is_empty() {
+            let loaded = std::mem::take(&mut self.loaded);
+            self.restore(loaded)?;
+        }
+        Ok(())
+    }
+
+    /// Copies checkpointed momentum (by parameter name) into the groups.
+    fn restore(&mut self, mut loaded: HashMap<String, Tensor>) -> Result<(), Error> {
+        let _no_grad = tessera_plugin_api::tch::no_grad_guard();
+        for g in &self.groups {
+            for (i, name) in g.names.iter().enumerate() {
+                let saved = loaded.remove(name).ok_or_else(|| {
+                    Error::from(format!(
+                        "the checkpoint has no Muon momentum for `{name}` (were the settings changed?)"
+                    ))
+                })?;
+                let mut buffer = g.momentum_of(i)?;
+                if saved.size() != buffer.size() {
+                    return Err(format!(
+                        "the checkpoint's Muon momentum for `{name}` has shape {:?}, the parameter {:?}",
+                        saved.size(),
+                        buffer.size()
+                    )
+                    .into());
+                }
+                buffer.f_copy_(&saved)?;
+            }
+        }
+        if let Some(name) = loaded.keys().next() {
+            return Err(format!(
+                "the checkpoint has Muon momentum for `{name}`, which Muon does not train in this run (were the settings changed?)"
+            )
+            .into());
+        }
+        Ok(())
+    }
+
+    fn init(&mut self, ctx: &mut Context<'_>) -> Result<(), Error> {
+        let names = select_parameters(&ctx.parameters()?, &ctx.modules()?, &self.config)?;
+        ctx.claim_parameters(&names)?;
+        ctx.info(&format!(
+            "muon ({:?}): trains {} parameters: {}",
+            self.config.variant,
+            names.len(),
+            names.join(", ")
+        ));
+        ctx.log_metric("muon/parameters", names.len() as f64);
+        self.claimed = names;
+        Ok(())
+    }
+
+    fn step(&mut self, ctx: &mut Context<'_>) -> Result<(), Error> {
+        if self.groups.is_empty() {
+            self.build_groups(ctx)?;
+        }
+        let lr = self.config.lr * ctx.step_info()?.lr_factor;
+        let skip = ctx.tensor(keys::FOUND_INF);
+        for g in &mut self.groups {
+            let params = g
+                .names
+                .iter()
+                .map(|n| Self::parameter(ctx, n))
+                .collect::<Result<Vec<_>, Error>>()?;
+            let grads: Vec<Tensor> = params.iter().map(Tensor::grad).collect();
+            g.step(&params, &grads, &self.config, lr, skip.as_ref())?;
+        }
+        Ok(())
+    }
+}
+
+impl Method for Muon {
+    fn on_event(&mut self, event: Event, ctx: &mut Context<'_>) -> Result<(), Error> {
+        match event {
+            Event::INIT => self.init(ctx),
+            Event::OPTIMIZER_STEP => self.step(ctx),
+            _ => Ok(()),
+        }
+    }
+
+    fn state(&self) -> Result<State, Error> {
+        let mut tensors = Vec::new();
+        if self.groups.is_empty() {
+            for name in &self.claimed {
+                if let Some(t) = self.loaded.get(name) {
+                    tensors.push((name.clone(), t.f_detach_copy()?));
+                }
+            }
+        }
+        for g in &self.groups {
+            for (i, name) in g.names.iter().enumerate() {
+                tensors.push((name.clone(), g.momentum_of(i)?.f_detach_copy()?));
+            }
+        }
+        Ok(State {
+            format_version: STATE_FORMAT_VERSION,
+            // The claimed names, one a line: for a reader of the checkpoint (the tensors
+            // carry the same names); never empty, as tools expect some bytes.
+            bytes: self.claimed.join("\n").into_bytes(),
+            tensors,
+        })
+    }
+
+    fn load_state(&mut self, state: State) -> Result<(), Error> {
+        if state.format_version != STATE_FORMAT_VERSION {
+            return Err(format!(
+                "unknown Muon state format {} (this plugin reads {STATE_FORMAT_VERSION})",
+                state.format_version
+            )
+            .into());
+        }
+        let loaded: HashMap<String, Tensor> = state.tensors.into_iter().collect();
+        if self.groups.is_empty() {
+            self.loaded = loaded;
+            Ok(())
+        } else {
+            self.restore(loaded)
+        }
+    }
+}
