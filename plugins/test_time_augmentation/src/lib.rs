@@ -60,10 +60,11 @@ impl TestTimeAugmentation {
 fn check_image(input: &Tensor, what: &str) -> Result<(), Error> {
     let size = input.size();
     if size.len() != 4 || size[2] < 2 || size[3] < 2 {
-        return Err(Error::config(format!(
+        return Err(format!(
             "test_time_augmentation works on image batches (N, C, H, W) of at least 2x2 \
              pixels; {what} has shape {size:?} (a language model's tokens cannot be flipped)"
-        )));
+        )
+        .into());
     }
     Ok(())
 }
@@ -78,12 +79,10 @@ impl Method for TestTimeAugmentation {
                     .iter()
                     .find(|(name, _)| name == keys::INPUT)
                     .map(|(_, t)| t)
-                    .ok_or_else(|| {
-                        Error::config(
-                            "test_time_augmentation works on image batches; the training \
-                             batches have no `input` (a language model's are `input_ids`)",
-                        )
-                    })?;
+                    .ok_or(
+                        "test_time_augmentation works on image batches; the training batches \
+                         have no `input`",
+                    )?;
                 check_image(input, "a training batch's `input`")
             }
             Event::EVAL_START => {

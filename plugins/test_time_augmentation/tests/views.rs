@@ -145,7 +145,7 @@ fn text_batches_are_refused_at_init() {
         Tensor::zeros([4, 16], (Kind::Int64, tessera_plugin_api::tch::Device::Cpu)),
     )];
     let err = h.fire(&mut method("{}"), Event::INIT).unwrap_err();
-    assert!(err.contains("no `input`"), "{err}");
+    assert!(err.contains("have no `input`"), "{err}");
     h.sample = vec![(keys::INPUT.to_owned(), Tensor::zeros([4, 16], FLOAT_CPU))];
     let err = h.fire(&mut method("{}"), Event::INIT).unwrap_err();
     assert!(
