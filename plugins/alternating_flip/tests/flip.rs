@@ -72,14 +72,9 @@ fn key_of(m: &MethodBox) -> u64 {
 fn every_image_is_seen_once_each_way_in_any_two_consecutive_epochs() {
     let m = method(3);
     let epochs: Vec<Vec<bool>> = (0..6).map(|e| pattern(&m, e)).collect();
-    for e in 0..5 {
-        for i in 0..IMAGES as usize {
-            assert_ne!(
-                epochs[e][i],
-                epochs[e + 1][i],
-                "image {i}, epochs {e}, {}",
-                e + 1
-            );
+    for (e, pair) in epochs.windows(2).enumerate() {
+        for (i, (now, next)) in pair[0].iter().zip(&pair[1]).enumerate() {
+            assert_ne!(now, next, "image {i}, epochs {e}, {}", e + 1);
         }
     }
     // Even epochs repeat epoch 0's choice, odd ones its complement.
