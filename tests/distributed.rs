@@ -144,6 +144,7 @@ fn batch_norm_is_local_unless_synchronised() {
 /// 2 ranks x 64 train what 1 process x 128 trains. Per-sample transforms (RandAugment, AugMix)
 /// are keyed by the sample's position in the epoch, so they are among them.
 const SAME_AS_ONE_PROCESS: &[&str] = &[
+    "alternating_flip",
     "augmix",
     "blurpool",
     "channels_last",
@@ -161,6 +162,7 @@ const SAME_AS_ONE_PROCESS: &[&str] = &[
     "sam",
     "squeeze_excite",
     "swa",
+    "test_time_augmentation",
     "weight_standardization",
 ];
 
@@ -267,6 +269,7 @@ macro_rules! same_as_one_process {
 mod same_as_one_process {
     use super::*;
     same_as_one_process!(
+        alternating_flip,
         augmix,
         blurpool,
         channels_last,
@@ -284,6 +287,7 @@ mod same_as_one_process {
         sam,
         squeeze_excite,
         swa,
+        test_time_augmentation,
         weight_standardization,
     );
 }
