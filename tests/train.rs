@@ -233,3 +233,65 @@ fn fake_plugin_with_true_versions_loads_and_runs() {
         "the fake plugin's hooks were not called as expected"
     );
 }
+
+/// `[scheduler] name = "warmup_stable_decay"` through the binary: the rate of every step (a
+/// train line's `lr` is the next step's rate, the schedule at the batches done before the
+/// line's batch, as Composer steps it) follows the definition, `scale_schedule_ratio`
+/// stretches the stable phase and the cooldown but not the warmup, and a warmup that runs into
+/// the cooldown stops the run before it trains.
+#[test]
+fn warmup_stable_decay_sets_every_steps_rate() {
+    let dir = TempDir::new("wsd");
+    let mut toml = TrainerToml::new("wsd");
+    toml.model = "name = \"mlp\"\nhidden = [32]".to_owned();
+    toml.max_duration = "10ba".to_owned();
+    toml.device = Some("cpu".to_owned());
+    let schedule = |warmup: &str| {
+        format!(
+            "\n\n[scheduler]\nname = \"warmup_stable_decay\"\nt_warmup = \"{warmup}\"\n\
+             decay_fraction = 0.4\nalpha_f = 0.1\ndecay_shape = \"sqrt\"\n"
+        )
+    };
+    let base = toml.optimizer.clone();
+    toml.optimizer = format!("{base}{}", schedule("2ba"));
+    toml.write_to(&dir);
+    // From the definition: warmup over 2 batches, the cooldown over the last round(0.4·M).
+    let alpha = |t: u64, m: u64| {
+        if t < 2 {
+            return t as f64 / 2.0;
+        }
+        let d = (0.4 * m as f64).round() as u64;
+        if t < m - d {
+            return 1.0;
+        }
+        let p = ((t - (m - d)) as f64 / d as f64).min(1.0);
+        0.1 + 0.9 * (1.0 - p.sqrt())
+    };
+    for (run, ssr, batches) in [("plain", "1.0", 10u64), ("stretched", "2.0", 20)] {
+        let set_run = format!("run_name={run}");
+        let set_ssr = format!("train.scale_schedule_ratio={ssr}");
+        train(&dir, &[&set_run, &set_ssr], &[]).assert_success();
+        let lines = read_jsonl(&run_dir(&dir, run).join("metrics.jsonl"));
+        let rates: Vec<(u64, f64)> = lines_of_kind(&lines, "train")
+            .iter()
+            .filter_map(|l| Some((l["data"]["batch"].as_u64()?, l["data"]["lr"].as_f64()?)))
+            .collect();
+        assert_eq!(
+            rates.iter().map(|(b, _)| *b).collect::<Vec<_>>(),
+            (1..=batches).collect::<Vec<_>>(),
+            "{run}"
+        );
+        for (b, lr) in rates {
+            let want = 0.05 * alpha(b - 1, batches);
+            assert!(
+                (lr - want).abs() <= 1e-12 * want.max(1e-300),
+                "{run}: after batch {b}: lr {lr}, want {want}"
+            );
+        }
+    }
+    // Warmup 7 > the cooldown's start 6.
+    toml.optimizer = format!("{base}{}", schedule("7ba"));
+    toml.write_to(&dir);
+    train(&dir, &["run_name=overlap"], &[])
+        .assert_failure(&["warmup_stable_decay", "runs into the cooldown"]);
+}

@@ -42,6 +42,8 @@ pub fn plugin_settings(plugin: &str) -> &'static str {
         // Updates at batches 1, 2 and 3; the average replaces the model at batch 3.
         "swa" => "swa_start = \"0.3dur\"\nswa_end = \"0.9dur\"\nupdate_interval = \"1ba\"",
         "gradient_clipping" => "clipping_type = \"norm\"\nclipping_threshold = 1.0",
+        // Syncs at batch 2; the slow weights go into the model at batch 3 (the end).
+        "lookahead" => "k = 2",
         _ => "",
     }
 }

@@ -54,6 +54,25 @@ fn located(s: &Tbl<'_>, node: &Node, e: DeError) -> ConfigError {
             let hint = suggest(&variant, expected)
                 .map(|h| format!(" (did you mean {h:?}?)"))
                 .unwrap_or_default();
+            // Not the schedule's name: the value of one of its keys (`decay_shape`).
+            let is_name = matches!(
+                s.entry("name").map(|e| &e.node.val),
+                Some(Val::Str(n)) if *n == variant
+            );
+            let error = DeError::UnknownVariant {
+                variant: variant.clone(),
+                expected,
+            };
+            if let Some(key) = (!is_name).then(|| culprit(node, &error)).flatten() {
+                return s.err(
+                    &key,
+                    ErrorKind::InvalidValue,
+                    format!(
+                        "unknown value {variant:?}{hint} for {schedule}; expected {}",
+                        quote_list(expected)
+                    ),
+                );
+            }
             s.err(
                 "name",
                 ErrorKind::InvalidValue,

@@ -2276,3 +2276,62 @@ fn an_instance_sets_the_price_and_survives_the_recorded_config() {
     assert_eq!(again.usd_per_hour, c.usd_per_hour);
     assert_eq!(again.instance, c.instance);
 }
+
+#[test]
+fn warmup_stable_decay_scheduler_errors() {
+    let wsd = "[scheduler]\nname = \"warmup_stable_decay\"\nt_warmup = \"1ba\"\n";
+    check(vec![
+        case(
+            "unknown decay shape",
+            with(&format!("{wsd}decay_shape = \"quadratic\"\n")),
+            ErrorKind::InvalidValue,
+            "scheduler.decay_shape",
+            Some(13),
+            "unknown value \"quadratic\" for schedule \"warmup_stable_decay\"; expected",
+        ),
+        case(
+            "misspelt decay shape",
+            with(&format!("{wsd}decay_shape = \"sqrtt\"\n")),
+            ErrorKind::InvalidValue,
+            "scheduler.decay_shape",
+            Some(13),
+            "did you mean \"sqrt\"",
+        ),
+        case(
+            "decay fraction above 1",
+            with(&format!("{wsd}decay_fraction = 1.5\n")),
+            ErrorKind::InvalidValue,
+            "scheduler.decay_fraction",
+            Some(13),
+            "decay_fraction must be in [0, 1], got 1.5",
+        ),
+        case(
+            "negative floor",
+            with(&format!("{wsd}alpha_f = -0.1\n")),
+            ErrorKind::InvalidValue,
+            "scheduler.alpha_f",
+            Some(13),
+            "must be a finite number",
+        ),
+        case(
+            "no warmup given",
+            with("[scheduler]\nname = \"warmup_stable_decay\"\n"),
+            ErrorKind::MissingKey,
+            "scheduler.t_warmup",
+            Some(10),
+            "missing required key",
+        ),
+        case(
+            "bad time",
+            with(&format!("{wsd}t_max = \"1 epoch\"\n")),
+            ErrorKind::InvalidValue,
+            "scheduler.t_max",
+            Some(13),
+            "1 epoch",
+        ),
+    ]);
+    let c = ok(&with(&format!(
+        "{wsd}decay_fraction = 0.6\nalpha_f = 0.15\ndecay_shape = \"sqrt\"\n"
+    )));
+    assert_eq!(c.scheduler.name(), "warmup_stable_decay");
+}

@@ -38,6 +38,37 @@ fn whole_run() -> Time {
     Time::dur(1.0)
 }
 
+fn fifth() -> f64 {
+    0.2
+}
+
+/// The shape of `warmup_stable_decay`'s cooldown, as a function of its progress `p` ∈ [0, 1]
+/// (`p` = 0 where the cooldown starts, 1 at `t_max`): the multiplier is
+/// `alpha_f + (1 − alpha_f)·s(p)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DecayShape {
+    /// s(p) = 1 − p.
+    #[default]
+    Linear,
+    /// s(p) = 1 − √p (Hägele et al. 2024's "1 − sqrt" cooldown).
+    Sqrt,
+    /// s(p) = ½(1 + cos(πp)).
+    Cosine,
+}
+
+impl DecayShape {
+    /// s(p), with `p` clamped to [0, 1].
+    pub fn value(self, p: f64) -> f64 {
+        let p = p.clamp(0.0, 1.0);
+        match self {
+            DecayShape::Linear => 1.0 - p,
+            DecayShape::Sqrt => 1.0 - p.sqrt(),
+            DecayShape::Cosine => (1.0 + (p * PI).cos()) / 2.0,
+        }
+    }
+}
+
 /// A learning-rate multiplier schedule (α(t) in Composer's notation).
 ///
 /// Deserialized from a table whose `name` field picks the variant; unknown fields are
@@ -149,6 +180,28 @@ pub enum Schedule {
         /// Decay factor (default 0.1).
         #[serde(default = "tenth")]
         gamma: f64,
+    },
+    /// Warmup–stable–decay ("WSD", trapezoidal; Hägele et al. 2024, arXiv 2405.18392): linear
+    /// warmup 0 → 1 over `t_warmup`, then 1, then a cooldown over the last `decay_fraction` of
+    /// `t_max` to `alpha_f`, shaped by `decay_shape`. With `M` = `t_max` resolved and
+    /// `D` = round(`decay_fraction`·M) steps, the cooldown starts at `S` = M − D and
+    /// α = `alpha_f` + (1 − `alpha_f`)·s((t − S)/D), then `alpha_f` after `t_max`.
+    #[serde(rename = "warmup_stable_decay")]
+    WarmupStableDecay {
+        /// Warmup length (required; not scaled by SSR; `"0ba"` for none).
+        t_warmup: Time,
+        /// The share of `t_max` the cooldown takes, in [0, 1] (default 0.2).
+        #[serde(default = "fifth")]
+        decay_fraction: f64,
+        /// Final multiplier (default 0.0).
+        #[serde(default)]
+        alpha_f: f64,
+        /// The cooldown's shape (default `"linear"`; `"sqrt"`, `"cosine"`).
+        #[serde(default)]
+        decay_shape: DecayShape,
+        /// Schedule length, warmup and cooldown included (default `"1dur"`).
+        #[serde(default = "whole_run")]
+        t_max: Time,
     },
 }
 
@@ -263,6 +316,7 @@ impl Schedule {
             Schedule::LinearWithWarmup { .. } => "linear_with_warmup",
             Schedule::CosineWithWarmup { .. } => "cosine_with_warmup",
             Schedule::MultiStepWithWarmup { .. } => "multistep_with_warmup",
+            Schedule::WarmupStableDecay { .. } => "warmup_stable_decay",
         }
     }
 
@@ -359,6 +413,16 @@ impl Schedule {
                 }
                 multistep(milestones, *gamma, now, run, ssr)
             }
+            Schedule::WarmupStableDecay {
+                t_warmup,
+                decay_fraction,
+                alpha_f,
+                decay_shape,
+                t_max,
+            } => {
+                let w = Wsd::resolve(t_warmup, t_max, *decay_fraction, run, ssr)?;
+                Ok(w.multiplier(now, *alpha_f, *decay_shape))
+            }
         }
     }
 
@@ -407,10 +471,22 @@ impl Schedule {
                     format!("step_size = \"{step_size}\" must be greater than zero"),
                 )
             }
-            Schedule::Linear { t_max, .. } | Schedule::Cosine { t_max, .. } if zero(t_max) => {
+            Schedule::Linear { t_max, .. }
+            | Schedule::Cosine { t_max, .. }
+            | Schedule::WarmupStableDecay { t_max, .. }
+                if zero(t_max) =>
+            {
                 return fail(
                     "t_max",
                     format!("t_max = \"{t_max}\" must be greater than zero"),
+                )
+            }
+            Schedule::WarmupStableDecay { decay_fraction, .. }
+                if !(0.0..=1.0).contains(decay_fraction) =>
+            {
+                return fail(
+                    "decay_fraction",
+                    format!("decay_fraction must be in [0, 1], got {decay_fraction}"),
                 )
             }
             _ => {}
@@ -470,6 +546,20 @@ impl Schedule {
                 .in_schedule(name));
             }
         }
+        if let Schedule::WarmupStableDecay { decay_fraction, .. } = self {
+            let w = Wsd::resolve(t_warmup, t_max, *decay_fraction, run, ssr)
+                .map_err(|e| e.in_schedule(name))?;
+            if w.warmup > w.decay_start {
+                return Err(ScheduleError::Coverage(format!(
+                    "t_warmup = \"{t_warmup}\" ({warmup}) runs into the cooldown, which starts \
+                     at {}{} (the last decay_fraction = {decay_fraction} of t_max = \"{t_max}\", \
+                     {max}); shorten the warmup or the cooldown",
+                    w.decay_start,
+                    max.unit()
+                ))
+                .in_schedule(name));
+            }
+        }
         Ok(())
     }
 
@@ -491,6 +581,11 @@ impl Schedule {
             Schedule::Cosine { alpha_f, .. } | Schedule::CosineWithWarmup { alpha_f, .. } => {
                 vec![("alpha_f", *alpha_f)]
             }
+            Schedule::WarmupStableDecay {
+                alpha_f,
+                decay_fraction,
+                ..
+            } => vec![("alpha_f", *alpha_f), ("decay_fraction", *decay_fraction)],
         }
     }
 
@@ -511,6 +606,9 @@ impl Schedule {
                 t_warmup, t_max, ..
             }
             | Schedule::CosineWithWarmup {
+                t_warmup, t_max, ..
+            }
+            | Schedule::WarmupStableDecay {
                 t_warmup, t_max, ..
             } => vec![("t_warmup", t_warmup), ("t_max", t_max)],
             Schedule::MultiStepWithWarmup {
@@ -533,6 +631,9 @@ impl Schedule {
                 t_warmup, t_max, ..
             }
             | Schedule::CosineWithWarmup {
+                t_warmup, t_max, ..
+            }
+            | Schedule::WarmupStableDecay {
                 t_warmup, t_max, ..
             } => Some((t_warmup, t_max)),
             _ => None,
@@ -617,6 +718,71 @@ fn warmup_then(
         0.0
     };
     Ok(decay(frac.min(1.0)))
+}
+
+/// `warmup_stable_decay` resolved for a run: the warmup length `W`, the start of the cooldown
+/// `S` = M − D and its length `D` = round(`decay_fraction`·M), all in the unit of the resolved
+/// `t_max` (M).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Wsd {
+    unit: TimeUnit,
+    warmup: u64,
+    warmup_time: Time,
+    decay_start: u64,
+    decay_len: u64,
+}
+
+impl Wsd {
+    /// Resolves the times as the other warmup schedules do: `t_warmup` unscaled, `t_max`
+    /// scaled by `ssr`, both to the same unit.
+    fn resolve(
+        t_warmup: &Time,
+        t_max: &Time,
+        decay_fraction: f64,
+        run: &RunLength,
+        ssr: f64,
+    ) -> Result<Wsd, ScheduleError> {
+        let warmup = run.resolve(t_warmup, 1.0)?;
+        let max = run.resolve(t_max, ssr)?;
+        if warmup.unit() != max.unit() {
+            return Err(ScheduleError::Units {
+                t_warmup: *t_warmup,
+                warmup,
+                t_max: *t_max,
+                max,
+            });
+        }
+        let m = count(&max);
+        if m == 0 {
+            return Err(ScheduleError::ZeroLength {
+                field: "t_max",
+                time: *t_max,
+                resolved: max,
+            });
+        }
+        // `validate` keeps the fraction in [0, 1]; clamp anyway so that D ≤ M.
+        let decay_len = ((decay_fraction.clamp(0.0, 1.0) * m as f64).round() as u64).min(m);
+        Ok(Wsd {
+            unit: max.unit(),
+            warmup: count(&warmup),
+            warmup_time: warmup,
+            decay_start: m - decay_len,
+            decay_len,
+        })
+    }
+
+    /// α at `now`: the warmup ramp while it lasts, then 1 until `S`, then the cooldown.
+    fn multiplier(&self, now: &Timestamp, alpha_f: f64, shape: DecayShape) -> f64 {
+        if let Some(alpha) = warmup_value(&self.warmup_time, 1.0, now) {
+            return alpha;
+        }
+        let t = current(now, self.unit);
+        if t < self.decay_start || self.decay_len == 0 {
+            return 1.0;
+        }
+        let p = (t - self.decay_start) as f64 / self.decay_len as f64;
+        alpha_f + (1.0 - alpha_f) * shape.value(p)
+    }
 }
 
 #[cfg(test)]
