@@ -173,6 +173,7 @@ fn full_file() {
             name: ModelName::Resnet20,
             torchscript: None,
             hidden: vec![],
+            widths: Vec::new(),
             width: Some(8),
             num_classes: 7,
             dropout: 0.0,

@@ -395,6 +395,7 @@ fn all_on_host_f32(l: &Loader, transforms: &[Transform], epoch: u64) -> Vec<Vec<
         key: key(l.options.seed, epoch, *b"transfrm"),
         rank: 0,
         world: 1,
+        epoch,
     };
     let (c, h, w) = dataset.shape();
     order
