@@ -145,8 +145,10 @@ fn batch_norm_is_local_unless_synchronised() {
 /// are keyed by the sample's position in the epoch, so they are among them.
 const SAME_AS_ONE_PROCESS: &[&str] = &[
     "augmix",
+    "batchnorm_tricks",
     "blurpool",
     "channels_last",
+    "dirac_init",
     "early_stopping",
     "ema",
     "factorize",
@@ -173,6 +175,7 @@ const PER_RANK: &[&str] = &[
     "ghost_batchnorm",
     "gyro_dropout",
     "mixup",
+    "patch_whitening",
     "selective_backprop",
     "stochastic_depth",
 ];
@@ -216,6 +219,10 @@ fn method_toml(plugin: &str) -> TrainerToml {
         TrainerToml::new(&format!("dp-{plugin}")).algorithm(plugin, plugin_settings(plugin));
     if ON_AN_MLP.contains(&plugin) {
         toml.model = "name = \"mlp\"\nhidden = [64, 32]".to_owned();
+    } else if plugin == "patch_whitening" {
+        // Each rank whitens from its own share of the sample; rank 0's filters go to all. It
+        // needs a whitening-ready first conv.
+        toml.model = "name = \"airbench\"\nwidths = [8, 16, 16]".to_owned();
     } else if ["colout", "progressive_resizing"].contains(&plugin) {
         // Methods that change the image size need a model that pools globally.
         toml.model = "name = \"resnet20\"\nwidth = 4".to_owned();
@@ -267,8 +274,10 @@ mod same_as_one_process {
     use super::*;
     same_as_one_process!(
         augmix,
+        batchnorm_tricks,
         blurpool,
         channels_last,
+        dirac_init,
         early_stopping,
         ema,
         factorize,
@@ -304,6 +313,7 @@ mod per_rank {
         ghost_batchnorm,
         gyro_dropout,
         mixup,
+        patch_whitening,
         stochastic_depth
     );
 

@@ -522,7 +522,12 @@ mod tests {
             .iter()
             .map(|e| (e.name.clone(), e.tensor.size()))
             .collect();
-        let find = |n: &str| shapes.iter().find(|(name, _)| name == n).map(|(_, s)| s.clone());
+        let find = |n: &str| {
+            shapes
+                .iter()
+                .find(|(name, _)| name == n)
+                .map(|(_, s)| s.clone())
+        };
         // 2 x (1 x 2 x 2) whitening channels for one input channel.
         assert_eq!(find("whiten.weight"), Some(vec![8, 1, 2, 2]));
         assert_eq!(find("whiten.bias"), Some(vec![8]));
@@ -550,7 +555,10 @@ mod tests {
         assert_eq!(node("layers.2").kind, "conv_group");
         assert_eq!(node("layers.2.pool").kind, "max_pool2d");
         assert_eq!(node("layers.4").kind, "global_max_pool");
-        assert_eq!(node("scale").attrs.get("factor"), Some(&Attr::Float(1.0 / 9.0)));
+        assert_eq!(
+            node("scale").attrs.get("factor"),
+            Some(&Attr::Float(1.0 / 9.0))
+        );
         let bn = node("layers.1.norm1");
         assert_eq!(bn.attrs.get("momentum"), Some(&Attr::Float(0.4)));
         assert_eq!(bn.attrs.get("eps"), Some(&Attr::Float(1e-12)));

@@ -66,9 +66,7 @@ impl ModelName {
     /// TorchScript model (whose file fixes its sizes).
     pub fn default_width(self) -> Option<usize> {
         match self {
-            ModelName::Mlp | ModelName::Gpt2 | ModelName::Airbench | ModelName::Torchscript => {
-                None
-            }
+            ModelName::Mlp | ModelName::Gpt2 | ModelName::Airbench | ModelName::Torchscript => None,
             ModelName::Cnn => Some(32),
             ModelName::Resnet20 | ModelName::Resnet56 => Some(16),
             ModelName::Resnet18 | ModelName::Resnet50 => Some(64),

@@ -284,7 +284,14 @@ pub fn airbench(
     let mut cin = whiten_width;
     for (i, &cout) in widths.iter().enumerate() {
         let path = format!("layers.{}", i + 1);
-        let group = ConvGroup::new(store, &path, cin, cout, AIRBENCH_NORMS, TORCH_DEFAULT_WEIGHT)?;
+        let group = ConvGroup::new(
+            store,
+            &path,
+            cin,
+            cout,
+            AIRBENCH_NORMS,
+            TORCH_DEFAULT_WEIGHT,
+        )?;
         layers = layers.add((i + 1).to_string(), group);
         cin = cout;
     }
