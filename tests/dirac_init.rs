@@ -136,10 +136,11 @@ fn every_3x3_conv_of_airbench_starts_from_identity_filters() {
             "{name}: identity filters"
         );
         assert!(
-            close(
-                &w.narrow(0, rows, s[0] - rows),
-                &plain.narrow(0, rows, s[0] - rows)
-            ),
+            s[0] == rows
+                || close(
+                    &w.narrow(0, rows, s[0] - rows),
+                    &plain.narrow(0, rows, s[0] - rows)
+                ),
             "{name}: the other filters keep their init"
         );
     }
@@ -173,13 +174,14 @@ fn two_ranks_start_from_the_same_identity_filters() {
     );
     let outputs = train_ranks(&dir, 2, &[]);
     assert_all_succeeded(&outputs);
-    for o in &outputs {
-        assert!(
-            o.stderr.contains("identity-initialised 6 convolution(s)"),
-            "{}",
-            o.dump()
-        );
-    }
+    // Rank 0 reports (the other ranks log nothing).
+    assert!(
+        outputs[0]
+            .stderr
+            .contains("identity-initialised 6 convolution(s)"),
+        "{}",
+        outputs[0].dump()
+    );
     let c = read(&dir, "dp", "ep0-ba1.ckpt");
     let w = model_tensor(&c, "layers.2.conv2.weight");
     for d in 0..16 {
