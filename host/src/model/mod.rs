@@ -544,7 +544,7 @@ mod tests {
         let convs = 64 * 8 * 9 + 64 * 64 * 9 + 256 * 64 * 9 + 256 * 256 * 9 * 3;
         let norms = 2 * (2 * 64 + 4 * 256);
         assert_eq!(
-            m.params.num_trainable_scalars() as i64,
+            m.params.num_trainable_scalars(),
             40 + convs + norms + 256 * 10
         );
         let walk = m.root.walk();

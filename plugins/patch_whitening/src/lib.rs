@@ -28,12 +28,15 @@ pub fn whitening_filters(images: &Tensor, kh: i64, kw: i64, eps: f64) -> Result<
     let d = c * kh * kw;
     let covariance = patch_covariance(images, kh, kw)?;
     let (eigenvalues, eigenvectors) = covariance.f_linalg_eigh("U")?;
-    let scaled = eigenvectors.f_transpose(0, 1)?.f_reshape([d, c, kh, kw])?.f_div(
-        &eigenvalues
-            .f_add_scalar(eps)?
-            .f_sqrt()?
-            .f_view([d, 1, 1, 1])?,
-    )?;
+    let scaled = eigenvectors
+        .f_transpose(0, 1)?
+        .f_reshape([d, c, kh, kw])?
+        .f_div(
+            &eigenvalues
+                .f_add_scalar(eps)?
+                .f_sqrt()?
+                .f_view([d, 1, 1, 1])?,
+        )?;
     Tensor::f_cat(&[&scaled, &scaled.f_neg()?], 0)
 }
 
@@ -120,7 +123,7 @@ impl PatchWhitening {
             let filters = filters
                 .f_to_device(weight.device())?
                 .f_to_kind(weight.kind())?;
-            let _ = weight.shallow_clone().f_copy_(&filters)?;
+            weight.shallow_clone().f_copy_(&filters)?;
             Ok(())
         })?;
         ctx.set_trainable(&weight_name, false)?;
