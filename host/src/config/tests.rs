@@ -1057,7 +1057,7 @@ fn unknown_names() {
             InvalidValue,
             "model.name",
             Some(6),
-            "unknown model \"vit\"; expected \"mlp\", \"cnn\", \"resnet20\", \"resnet56\", \"resnet18\", \"resnet50\" or \"gpt2\"",
+            "unknown model \"vit\"; expected \"mlp\", \"cnn\", \"resnet20\", \"resnet56\", \"resnet18\", \"resnet50\", \"gpt2\" or \"airbench\"",
         ),
         case(
             "optimizer",
