@@ -41,6 +41,7 @@ __all__ = [
     "BasicBlock",
     "CifarResNet",
     "GPT2LMHeadModel",
+    "Airbench",
     "build",
     "apply_modules",
     "read_safetensors",
@@ -186,6 +187,62 @@ class CifarResNet(nn.Module):
         return self.fc(self.avgpool(x))
 
 
+class ConvGroup(nn.Module):
+    """airbench's `ConvGroup`: conv1 (3x3, pad 1, no bias) -> pool (MaxPool2d(2)) -> norm1 ->
+    GELU -> conv2 -> norm2 -> GELU, norms `BatchNorm2d(eps=1e-12, momentum=0.4)` (airbench's
+    `BatchNorm(momentum=0.6)`)."""
+
+    def __init__(self, cin, cout):
+        super().__init__()
+        self.conv1 = _conv(cin, cout, 3, 1, 1)
+        self.pool = nn.MaxPool2d(2)
+        self.norm1 = nn.BatchNorm2d(cout, eps=AIRBENCH_BN_EPS, momentum=AIRBENCH_BN_MOMENTUM)
+        self.conv2 = _conv(cout, cout, 3, 1, 1)
+        self.norm2 = nn.BatchNorm2d(cout, eps=AIRBENCH_BN_EPS, momentum=AIRBENCH_BN_MOMENTUM)
+        self.activ = nn.GELU()
+
+    def forward(self, x):
+        x = self.activ(self.norm1(self.pool(self.conv1(x))))
+        return self.activ(self.norm2(self.conv2(x)))
+
+
+class GlobalMaxPool(nn.Module):
+    """Max over the spatial dimensions: `(N, C, H, W) -> (N, C)` (airbench's `MaxPool2d(3)` +
+    flatten on its last 3x3 map)."""
+
+    def forward(self, x):
+        return x.amax(dim=(-2, -1))
+
+
+# airbench's BatchNorm (eps 1e-12, momentum 0.6 in its convention = 0.4 in PyTorch's) and head
+# scaling (1/9).
+AIRBENCH_BN_EPS = 1e-12
+AIRBENCH_BN_MOMENTUM = 0.4
+AIRBENCH_SCALING = 1 / 9
+
+
+class Airbench(nn.Module):
+    """Keller Jordan's airbench network (airbench94_muon.py's `CifarNet` names): `whiten` a 2x2
+    conv with bias to 2*C*4 channels, `layers` = GELU, three `ConvGroup`s, global max-pool;
+    `head` a linear layer without bias; the output times 1/9."""
+
+    def __init__(self, channels, widths, num_classes):
+        super().__init__()
+        whiten_width = 2 * channels * 2 * 2
+        self.whiten = nn.Conv2d(channels, whiten_width, 2, padding=0, bias=True)
+        self.layers = nn.Sequential(
+            nn.GELU(),
+            ConvGroup(whiten_width, widths[0]),
+            ConvGroup(widths[0], widths[1]),
+            ConvGroup(widths[1], widths[2]),
+            GlobalMaxPool(),
+        )
+        self.head = nn.Linear(widths[2], num_classes, bias=False)
+
+    def forward(self, x):
+        return self.head(self.layers(self.whiten(x))) * AIRBENCH_SCALING
+
+
 def _input_shape(input_shape):
     if input_shape is None:
         return 1, 28, 28
@@ -223,6 +280,9 @@ def build(model_config, input_shape=None):
         return _torchvision_resnet(name, channels, int(model_config.get("width") or 64), classes)
     if name == "gpt2":
         return _gpt2(model_config, classes)
+    if name == "airbench":
+        widths = [int(w) for w in model_config.get("widths") or [64, 256, 256]]
+        return Airbench(channels, widths, classes)
     raise ValueError(f"unknown Tessera model {name!r}")
 
 

@@ -146,8 +146,10 @@ fn batch_norm_is_local_unless_synchronised() {
 const SAME_AS_ONE_PROCESS: &[&str] = &[
     "alternating_flip",
     "augmix",
+    "batchnorm_tricks",
     "blurpool",
     "channels_last",
+    "dirac_init",
     "early_stopping",
     "ema",
     "factorize",
@@ -177,6 +179,7 @@ const PER_RANK: &[&str] = &[
     "ghost_batchnorm",
     "gyro_dropout",
     "mixup",
+    "patch_whitening",
     "selective_backprop",
     "stochastic_depth",
 ];
@@ -221,6 +224,10 @@ fn method_toml(plugin: &str) -> TrainerToml {
         TrainerToml::new(&format!("dp-{plugin}")).algorithm(plugin, plugin_settings(plugin));
     if ON_AN_MLP.contains(&plugin) {
         toml.model = "name = \"mlp\"\nhidden = [64, 32]".to_owned();
+    } else if plugin == "patch_whitening" {
+        // Each rank whitens from its own share of the sample; rank 0's filters go to all. It
+        // needs a whitening-ready first conv.
+        toml.model = "name = \"airbench\"\nwidths = [8, 16, 16]".to_owned();
     } else if ["colout", "progressive_resizing"].contains(&plugin) {
         // Methods that change the image size need a model that pools globally.
         toml.model = "name = \"resnet20\"\nwidth = 4".to_owned();
@@ -273,8 +280,10 @@ mod same_as_one_process {
     same_as_one_process!(
         alternating_flip,
         augmix,
+        batchnorm_tricks,
         blurpool,
         channels_last,
+        dirac_init,
         early_stopping,
         ema,
         factorize,
@@ -313,6 +322,7 @@ mod per_rank {
         ghost_batchnorm,
         gyro_dropout,
         mixup,
+        patch_whitening,
         stochastic_depth
     );
 

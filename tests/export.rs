@@ -345,3 +345,14 @@ fn bad_checkpoints_and_targets_are_refused() {
         .assert_failure(&["lacks tensor `features.1.num_batches_tracked`"]);
     assert!(!out_file.exists());
 }
+
+#[test]
+fn airbench_exports_and_matches_pytorch() {
+    export_and_compare(
+        "airbench",
+        "name = \"airbench\"\nwidths = [4, 8, 8]",
+        3,
+        12,
+        12,
+    );
+}

@@ -60,6 +60,7 @@ fn main() {
             name: tessera::model::ModelName::Mlp,
             torchscript: None,
             hidden: vec![4],
+            widths: Vec::new(),
             width: None,
             num_classes: 2,
             dropout: 0.0,

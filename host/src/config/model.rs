@@ -25,6 +25,7 @@ section!(ModelConfig {
     vocab_size,
     tie_embeddings,
     layer_norm_epsilon,
+    widths: uint_list(1),
 });
 
 /// The `[model]` keys of gpt2's sizes ([`Gpt2Config`]), read by [`gpt2`].
@@ -57,7 +58,7 @@ pub(super) fn read(top: &Tbl<'_>, data: &DataConfig) -> Result<ModelConfig, Conf
             ))
         }
         (None, Some(_)) => {
-            for key in ["hidden", "width", "dropout", "norm"]
+            for key in ["hidden", "width", "dropout", "norm", "widths"]
                 .into_iter()
                 .chain(GPT2_KEYS)
             {
@@ -120,6 +121,21 @@ pub(super) fn read(top: &Tbl<'_>, data: &DataConfig) -> Result<ModelConfig, Conf
                     )?;
                 }
             }
+            if name != ModelName::Airbench {
+                m.reject(
+                    "widths",
+                    &format!(
+                        "`widths` only applies to model \"airbench\", not {:?}",
+                        name.as_str()
+                    ),
+                )?;
+            } else {
+                m.reject(
+                    "width",
+                    "`width` does not apply to model \"airbench\": give its three conv-group \
+                     widths as `widths = [64, 256, 256]`",
+                )?;
+            }
             if name == ModelName::Mlp {
                 m.reject(
                     "width",
@@ -157,6 +173,16 @@ pub(super) fn read(top: &Tbl<'_>, data: &DataConfig) -> Result<ModelConfig, Conf
     let mut model = model.read_keys(&m)?;
     if model.name == ModelName::Gpt2 {
         model.gpt2 = Some(gpt2(&m, classes)?);
+    }
+    if model.name == ModelName::Airbench && model.widths.len() != 3 {
+        return Err(m.err(
+            "widths",
+            ErrorKind::InvalidValue,
+            format!(
+                "airbench has three conv groups: give three widths (e.g. [64, 256, 256]), got {}",
+                model.widths.len()
+            ),
+        ));
     }
     if let Some(norm) = model.norm {
         let allowed = Norm::choices(model.name);

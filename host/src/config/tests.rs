@@ -173,6 +173,7 @@ fn full_file() {
             name: ModelName::Resnet20,
             torchscript: None,
             hidden: vec![],
+            widths: Vec::new(),
             width: Some(8),
             num_classes: 7,
             dropout: 0.0,
@@ -1056,7 +1057,7 @@ fn unknown_names() {
             InvalidValue,
             "model.name",
             Some(6),
-            "unknown model \"vit\"; expected \"mlp\", \"cnn\", \"resnet20\", \"resnet56\", \"resnet18\", \"resnet50\" or \"gpt2\"",
+            "unknown model \"vit\"; expected \"mlp\", \"cnn\", \"resnet20\", \"resnet56\", \"resnet18\", \"resnet50\", \"gpt2\" or \"airbench\"",
         ),
         case(
             "optimizer",
@@ -2334,4 +2335,41 @@ fn warmup_stable_decay_scheduler_errors() {
         "{wsd}decay_fraction = 0.6\nalpha_f = 0.15\ndecay_shape = \"sqrt\"\n"
     )));
     assert_eq!(c.scheduler.name(), "warmup_stable_decay");
+}
+
+#[test]
+fn airbench_widths_default_validate_and_record() {
+    let airbench =
+        |extra: &str| MINIMAL.replace("name = \"cnn\"", &format!("name = \"airbench\"{extra}"));
+    let c = ok(&airbench(""));
+    assert_eq!(c.model.name, ModelName::Airbench);
+    assert_eq!(
+        (c.model.widths.clone(), c.model.width),
+        (vec![64, 256, 256], None)
+    );
+    let c = ok(&airbench("\nwidths = [8, 16, 32]"));
+    assert_eq!(c.model.widths, [8, 16, 32]);
+    let recorded = serde_json::to_value(&c).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(recorded["model"]["widths"], serde_json::json!([8, 16, 32]));
+    // A resumed run reads the recorded config back.
+    let again = from_recorded(&recorded, "run.json", &[]).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(again.model, c.model);
+    for (extra, fragment) in [
+        ("\nwidths = [8, 16]", "three widths"),
+        ("\nwidths = [8, 0, 16]", "model.widths.1"),
+        ("\nwidth = 8", "give its three conv-group widths"),
+        ("\nnorm = \"group\"", "\"batch\""),
+        ("\nhidden = [4]", "only applies to model \"mlp\""),
+    ] {
+        let e = err(&airbench(extra)).to_string();
+        assert!(e.contains(fragment), "{extra}: {e}");
+    }
+    let e =
+        err(&MINIMAL.replace("name = \"cnn\"", "name = \"cnn\"\nwidths = [8, 8, 8]")).to_string();
+    assert!(e.contains("only applies to model \"airbench\""), "{e}");
+    assert!(
+        !serde_json::to_value(ok(MINIMAL)).unwrap_or_default()["model"]
+            .as_object()
+            .is_some_and(|m| m.contains_key("widths"))
+    );
 }

@@ -214,6 +214,7 @@ impl SetupState {
             name: crate::model::ModelName::Mlp,
             torchscript: None,
             hidden: vec![4],
+            widths: Vec::new(),
             width: None,
             num_classes: 2,
             dropout: 0.0,

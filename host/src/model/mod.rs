@@ -1,6 +1,6 @@
 //! Models: the layers ([`layers`], every one a [`Layer`]), the module tree they form
 //! ([`LayerInfo`], paths and surgery), the named parameter store ([`ParamStore`]) and the model
-//! zoo (MLP, small CNN, CIFAR-style ResNet-20/56, ImageNet-style ResNet-18/50, GPT-2), or a model made
+//! zoo (MLP, small CNN, CIFAR-style ResNet-20/56, ImageNet-style ResNet-18/50, airbench's net, GPT-2), or a model made
 //! in PyTorch and saved as TorchScript ([`TorchscriptModel`]). Names follow PyTorch conventions so weights
 //! map 1:1 to a PyTorch `state_dict`.
 
@@ -97,6 +97,12 @@ impl Model {
                 input,
                 zoo::ImagenetDepth::Resnet50,
                 config.base_width(),
+                num_classes,
+            )?),
+            ModelName::Airbench => zoo(zoo::airbench(
+                store,
+                input,
+                config.airbench_widths(),
                 num_classes,
             )?),
             ModelName::Gpt2 => {
@@ -215,6 +221,7 @@ mod tests {
             name,
             torchscript: None,
             hidden: vec![32, 16],
+            widths: Vec::new(),
             width: None,
             num_classes: 10,
             dropout: 0.0,
@@ -494,6 +501,7 @@ mod tests {
             ModelName::Resnet56,
             ModelName::Resnet18,
             ModelName::Resnet50,
+            ModelName::Airbench,
         ] {
             for c in [1, 3] {
                 let m = Model::build(&config(name), shape(c), 10, Device::Cpu).unwrap();
@@ -502,6 +510,84 @@ mod tests {
                 assert_eq!(y.size(), vec![2, 10], "{name:?} with {c} channels");
             }
         }
+    }
+
+    #[test]
+    fn airbench_has_airbench94s_names_shapes_and_settings() {
+        let mut c = ModelConfig::new(ModelName::Airbench, 10);
+        let m = Model::build(&c, shape(1), 10, Device::Cpu).unwrap();
+        let shapes: Vec<(String, Vec<i64>)> = m
+            .params
+            .entries()
+            .iter()
+            .map(|e| (e.name.clone(), e.tensor.size()))
+            .collect();
+        let find = |n: &str| {
+            shapes
+                .iter()
+                .find(|(name, _)| name == n)
+                .map(|(_, s)| s.clone())
+        };
+        // 2 x (1 x 2 x 2) whitening channels for one input channel.
+        assert_eq!(find("whiten.weight"), Some(vec![8, 1, 2, 2]));
+        assert_eq!(find("whiten.bias"), Some(vec![8]));
+        assert_eq!(find("layers.1.conv1.weight"), Some(vec![64, 8, 3, 3]));
+        assert_eq!(find("layers.2.conv1.weight"), Some(vec![256, 64, 3, 3]));
+        assert_eq!(find("layers.3.conv2.weight"), Some(vec![256, 256, 3, 3]));
+        assert_eq!(find("layers.3.norm2.running_var"), Some(vec![256]));
+        assert_eq!(find("head.weight"), Some(vec![10, 256]));
+        assert_eq!(find("head.bias"), None);
+        assert!(!shapes.iter().any(|(n, _)| n.contains("conv1.bias")));
+        // whiten 2, 3 groups x (2 convs + 2 norms x 5 tensors), head 1.
+        assert_eq!(shapes.len(), 2 + 3 * 12 + 1);
+        // Trainable scalars, counted by hand: whiten 8*4+8, group convs and norm scale/shift.
+        let convs = 64 * 8 * 9 + 64 * 64 * 9 + 256 * 64 * 9 + 256 * 256 * 9 * 3;
+        let norms = 2 * (2 * 64 + 4 * 256);
+        assert_eq!(
+            m.params.num_trainable_scalars(),
+            40 + convs + norms + 256 * 10
+        );
+        let walk = m.root.walk();
+        let node = |p: &str| walk.iter().find(|i| i.path == p).unwrap();
+        assert_eq!(node("whiten").attrs.get("kernel_size"), Some(&Attr::Int(2)));
+        assert_eq!(node("whiten").attrs.get("padding"), Some(&Attr::Int(0)));
+        assert_eq!(node("layers.0").kind, "gelu");
+        assert_eq!(node("layers.2").kind, "conv_group");
+        assert_eq!(node("layers.2.pool").kind, "max_pool2d");
+        assert_eq!(node("layers.4").kind, "global_max_pool");
+        assert_eq!(
+            node("scale").attrs.get("factor"),
+            Some(&Attr::Float(1.0 / 9.0))
+        );
+        let bn = node("layers.1.norm1");
+        assert_eq!(bn.attrs.get("momentum"), Some(&Attr::Float(0.4)));
+        assert_eq!(bn.attrs.get("eps"), Some(&Attr::Float(1e-12)));
+        // Fashion-MNIST and CIFAR sizes, and other widths.
+        for (channels, size) in [(1, 28), (3, 32)] {
+            let input = InputShape {
+                channels,
+                height: size,
+                width: size,
+            };
+            c.widths = vec![8, 16, 24];
+            let m = Model::build(&c, input, 10, Device::Cpu).unwrap();
+            let whiten = m.params.get("whiten.weight").unwrap().tensor.size();
+            assert_eq!(whiten, [8 * channels, channels, 2, 2]);
+            let x = Tensor::randn([3, channels, size, size], (tch::Kind::Float, Device::Cpu));
+            let features = walk_to_features(&m, &x);
+            assert_eq!(features.size(), [3, 24, 3, 3], "{size}x{size}");
+            assert_eq!(m.forward(&x, true).unwrap().size(), [3, 10]);
+        }
+    }
+
+    /// airbench's activations before the global max-pool: whiten, then `layers.0..3`.
+    fn walk_to_features(m: &Model, x: &Tensor) -> Tensor {
+        let root = m.root.children();
+        let whiten = root[0].1.forward(x, false).unwrap();
+        let layers = root[1].1.children();
+        layers[..4]
+            .iter()
+            .fold(whiten, |x, (_, l)| l.forward(&x, false).unwrap())
     }
 
     #[test]
@@ -593,6 +679,7 @@ mod surgery_tests {
             name: ModelName::Resnet20,
             torchscript: None,
             hidden: Vec::new(),
+            widths: Vec::new(),
             width: None,
             num_classes: 10,
             dropout: 0.0,

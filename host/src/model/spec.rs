@@ -23,6 +23,9 @@ pub enum ModelName {
     /// A GPT-2 decoder over token ids (Hugging Face's `GPT2LMHeadModel` names), sized by
     /// [`ModelConfig::gpt2`].
     Gpt2,
+    /// Keller Jordan's airbench CIFAR-10 network (a 2×2 whitening-ready convolution, three
+    /// conv groups of [`ModelConfig::widths`], GELU, global max-pool, a scaled linear head).
+    Airbench,
     /// A model made in PyTorch, from the file [`ModelConfig::torchscript`] names (`[model]
     /// torchscript = "model.pt"` instead of `name`).
     Torchscript,
@@ -31,7 +34,7 @@ pub enum ModelName {
 impl ModelName {
     /// Every zoo architecture with the name used in `trainer.toml` (a TorchScript model is named
     /// by its file instead).
-    pub const CHOICES: [(&'static str, ModelName); 7] = [
+    pub const CHOICES: [(&'static str, ModelName); 8] = [
         ("mlp", ModelName::Mlp),
         ("cnn", ModelName::Cnn),
         ("resnet20", ModelName::Resnet20),
@@ -39,6 +42,7 @@ impl ModelName {
         ("resnet18", ModelName::Resnet18),
         ("resnet50", ModelName::Resnet50),
         ("gpt2", ModelName::Gpt2),
+        ("airbench", ModelName::Airbench),
     ];
 
     /// The name used in `trainer.toml`.
@@ -51,16 +55,18 @@ impl ModelName {
             ModelName::Resnet18 => "resnet18",
             ModelName::Resnet50 => "resnet50",
             ModelName::Gpt2 => "gpt2",
+            ModelName::Airbench => "airbench",
             ModelName::Torchscript => "torchscript",
         }
     }
 
     /// The base width when none is given: 32 for cnn, 16 for the CIFAR resnets, 64 for the
     /// ImageNet ones (torchvision's), `None` for mlp (which has hidden widths instead), for gpt2
-    /// (sized by [`Gpt2Config`]) and for a TorchScript model (whose file fixes its sizes).
+    /// (sized by [`Gpt2Config`]), for airbench (which has [`ModelConfig::widths`]) and for a
+    /// TorchScript model (whose file fixes its sizes).
     pub fn default_width(self) -> Option<usize> {
         match self {
-            ModelName::Mlp | ModelName::Gpt2 | ModelName::Torchscript => None,
+            ModelName::Mlp | ModelName::Gpt2 | ModelName::Airbench | ModelName::Torchscript => None,
             ModelName::Cnn => Some(32),
             ModelName::Resnet20 | ModelName::Resnet56 => Some(16),
             ModelName::Resnet18 | ModelName::Resnet50 => Some(64),
@@ -161,6 +167,10 @@ pub struct ModelConfig {
     /// Hidden layer widths; mlp only (default `[256, 128]`), empty for other models.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub hidden: Vec<usize>,
+    /// airbench only (default `[64, 256, 256]`, airbench94's), empty for other models: the
+    /// widths of its three conv groups.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub widths: Vec<usize>,
     /// Base width: `Some` for cnn and the resnets ([`ModelName::default_width`]), `None` for mlp.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub width: Option<usize>,
@@ -218,6 +228,9 @@ impl Default for Gpt2Config {
     }
 }
 
+/// airbench94's conv-group widths, the default of [`ModelConfig::widths`].
+pub const AIRBENCH_WIDTHS: [usize; 3] = [64, 256, 256];
+
 fn is_zero(v: &f64) -> bool {
     *v == 0.0
 }
@@ -230,6 +243,10 @@ impl ModelConfig {
             torchscript: None,
             hidden: match name {
                 ModelName::Mlp => vec![256, 128],
+                _ => Vec::new(),
+            },
+            widths: match name {
+                ModelName::Airbench => AIRBENCH_WIDTHS.to_vec(),
                 _ => Vec::new(),
             },
             width: name.default_width(),
@@ -253,6 +270,15 @@ impl ModelConfig {
         self.norm
             .or(Norm::choices(self.name).first().copied())
             .unwrap_or(Norm::None)
+    }
+
+    /// airbench's three conv-group widths: the given ones (the config reader makes sure there
+    /// are three), else [`AIRBENCH_WIDTHS`].
+    pub(crate) fn airbench_widths(&self) -> [i64; 3] {
+        match self.widths[..] {
+            [a, b, c] => [a as i64, b as i64, c as i64],
+            _ => AIRBENCH_WIDTHS.map(|w| w as i64),
+        }
     }
 
     /// The base width used to build: the given one, else the architecture's default.

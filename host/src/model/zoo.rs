@@ -1,4 +1,5 @@
-//! The model zoo: MLP, a small CNN, CIFAR-style ResNets and torchvision's ImageNet ResNets,
+//! The model zoo: MLP, a small CNN, CIFAR-style ResNets, torchvision's ImageNet ResNets and
+//! airbench's network,
 //! named as their PyTorch counterparts so weights map 1:1 to a PyTorch `state_dict`.
 
 use tch::nn::init::{FanInOut, NonLinearity, NormalOrUniform};
@@ -7,8 +8,9 @@ use tch::TchError;
 
 use super::layers::init::TORCH_DEFAULT_WEIGHT;
 use super::layers::{
-    Attr, BatchNorm2d, Bottleneck, Conv2d, Conv2dConfig, Dropout, Flatten, GlobalAvgPool,
-    GroupNorm, Layer, LayerNorm, Linear, MaxPool2d, Relu, ResidualBlock, Sequential, EXPANSION,
+    Attr, BatchNorm2d, Bottleneck, Conv2d, Conv2dConfig, ConvGroup, Dropout, Flatten, Gelu,
+    GlobalAvgPool, GlobalMaxPool, GroupNorm, GroupNorms, Layer, LayerNorm, Linear, MaxPool2d, Mul,
+    Relu, ResidualBlock, Sequential, EXPANSION,
 };
 use super::{InputShape, Norm, ParamStore};
 
@@ -233,4 +235,70 @@ pub fn imagenet_resnet(
     Ok(root
         .add("avgpool", GlobalAvgPool)
         .add("fc", Linear::new(store, "fc", cin, classes)?))
+}
+
+/// airbench's batch norms: `BatchNorm(momentum=0.6)` in airbench's convention (the weight of the
+/// old statistics), i.e. PyTorch's `momentum=0.4`, and `eps=1e-12`.
+pub const AIRBENCH_NORMS: GroupNorms = GroupNorms {
+    momentum: 0.4,
+    eps: 1e-12,
+};
+
+/// airbench's factor on the head's output (`scaling_factor: 1/9` in legacy/airbench94.py).
+pub const AIRBENCH_SCALING: f64 = 1.0 / 9.0;
+
+/// The output channels of airbench's first convolution for `channels` input channels: twice
+/// the length of a 2×2 patch (`2 · C · 2 · 2`), room for the patch-whitening filters and their
+/// negatives (24 for RGB, 8 for one channel).
+pub fn airbench_whiten_width(channels: i64) -> i64 {
+    2 * channels * 2 * 2
+}
+
+/// Keller Jordan's airbench network (cifar10-airbench `airbench94_muon.py`'s `CifarNet`; the
+/// legacy `airbench94.py` is the same net as one `nn.Sequential`): `whiten`, a 2×2 convolution
+/// without padding, with bias, to [`airbench_whiten_width`] channels; `layers`: `0` GELU, `1`..`3`
+/// [`ConvGroup`]s of `widths` (each halves the size with its max-pool), `4` a global max-pool;
+/// `head`, a linear layer without bias; `scale`, the output times [`AIRBENCH_SCALING`]. Batch
+/// norms use [`AIRBENCH_NORMS`]. The initialisation is PyTorch's default everywhere (airbench's
+/// patch-whitening, identity init and frozen norm scales are the `patch_whitening`,
+/// `dirac_init` and `batchnorm_tricks` plugins). On 28×28 (Fashion-MNIST) the sizes run
+/// 27 → 13 → 6 → 3, on 32×32 (CIFAR-10) 31 → 15 → 7 → 3, so the global max-pool is airbench's
+/// `MaxPool2d(3)`; any input of at least 10×10 works (9 → 4 → 2 → 1).
+pub fn airbench(
+    store: &mut ParamStore,
+    input: InputShape,
+    widths: [i64; 3],
+    classes: i64,
+) -> Result<Sequential, TchError> {
+    let whiten_width = airbench_whiten_width(input.channels);
+    let whiten = Conv2d::new(
+        store,
+        "whiten",
+        input.channels,
+        whiten_width,
+        2,
+        Conv2dConfig::default(),
+        TORCH_DEFAULT_WEIGHT,
+    )?;
+    let mut layers = Sequential::new().add("0", Gelu);
+    let mut cin = whiten_width;
+    for (i, &cout) in widths.iter().enumerate() {
+        let path = format!("layers.{}", i + 1);
+        let group = ConvGroup::new(
+            store,
+            &path,
+            cin,
+            cout,
+            AIRBENCH_NORMS,
+            TORCH_DEFAULT_WEIGHT,
+        )?;
+        layers = layers.add((i + 1).to_string(), group);
+        cin = cout;
+    }
+    layers = layers.add("4", GlobalMaxPool);
+    Ok(Sequential::new()
+        .add("whiten", whiten)
+        .add("layers", layers)
+        .add("head", Linear::no_bias(store, "head", cin, classes)?)
+        .add("scale", Mul::new(AIRBENCH_SCALING)))
 }

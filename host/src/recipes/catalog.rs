@@ -92,9 +92,11 @@ pub fn builtin(config: &Config) -> Result<(Vec<Recipe>, Vec<Skipped>), config::C
         ModelName::Gpt2 => language_recipes(config),
         ModelName::Cnn => owned(&FIXED_SIZE_CONV),
         ModelName::Torchscript => Vec::new(),
-        ModelName::Resnet20 | ModelName::Resnet56 | ModelName::Resnet18 | ModelName::Resnet50 => {
-            owned(&CONV)
-        }
+        ModelName::Resnet20
+        | ModelName::Resnet56
+        | ModelName::Resnet18
+        | ModelName::Resnet50
+        | ModelName::Airbench => owned(&CONV),
     };
     let dirs = plugin::search_dirs(plugin::configured_dirs(&config.plugins));
     let mut recipes = Vec::new();

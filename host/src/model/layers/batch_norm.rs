@@ -36,6 +36,19 @@ impl BatchNorm2d {
         path: &str,
         num_features: i64,
     ) -> Result<BatchNorm2d, TchError> {
+        BatchNorm2d::with_settings(store, path, num_features, 0.1, 1e-5)
+    }
+
+    /// The same with running-statistics `momentum` (PyTorch's convention: the weight of the new
+    /// batch's statistics) and `eps`, as airbench's `BatchNorm(momentum=0.6, eps=1e-12)`, which is
+    /// PyTorch's `BatchNorm2d(eps=1e-12, momentum=0.4)`.
+    pub fn with_settings(
+        store: &mut ParamStore,
+        path: &str,
+        num_features: i64,
+        momentum: f64,
+        eps: f64,
+    ) -> Result<BatchNorm2d, TchError> {
         let channels = [num_features];
         // Fields are evaluated in the order written: the store keeps PyTorch's order.
         Ok(BatchNorm2d {
@@ -45,8 +58,8 @@ impl BatchNorm2d {
             running_var: store.buffer(join(path, "running_var"), &channels, 1.0)?,
             num_batches_tracked: store.buffer_int64(join(path, "num_batches_tracked"), 0)?,
             num_features,
-            momentum: 0.1,
-            eps: 1e-5,
+            momentum,
+            eps,
         })
     }
 }

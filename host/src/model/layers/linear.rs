@@ -11,8 +11,8 @@ use crate::model::{tree::join, ParamStore};
 pub struct Linear {
     /// `(out, in)`.
     weight: Tensor,
-    /// `(out)`.
-    bias: Tensor,
+    /// `(out)`; `None` for a layer built with [`Linear::no_bias`].
+    bias: Option<Tensor>,
     in_features: i64,
     out_features: i64,
 }
@@ -38,7 +38,27 @@ impl Linear {
         )?;
         Ok(Linear {
             weight,
-            bias,
+            bias: Some(bias),
+            in_features,
+            out_features,
+        })
+    }
+
+    /// The same without a bias (PyTorch `Linear(..., bias=False)`): only `{path}.weight`.
+    pub fn no_bias(
+        store: &mut ParamStore,
+        path: &str,
+        in_features: i64,
+        out_features: i64,
+    ) -> Result<Linear, TchError> {
+        let weight = store.parameter(
+            join(path, "weight"),
+            &[out_features, in_features],
+            TORCH_DEFAULT_WEIGHT,
+        )?;
+        Ok(Linear {
+            weight,
+            bias: None,
             in_features,
             out_features,
         })
@@ -58,10 +78,14 @@ impl Layer for Linear {
     }
 
     fn tensors(&self) -> Vec<(&str, &Tensor)> {
-        vec![("weight", &self.weight), ("bias", &self.bias)]
+        let mut tensors = vec![("weight", &self.weight)];
+        if let Some(bias) = &self.bias {
+            tensors.push(("bias", bias));
+        }
+        tensors
     }
 
     fn forward(&self, xs: &Tensor, _train: bool) -> Result<Tensor, TchError> {
-        xs.f_linear(&self.weight, Some(&self.bias))
+        xs.f_linear(&self.weight, self.bias.as_ref())
     }
 }

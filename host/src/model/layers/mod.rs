@@ -6,6 +6,7 @@ mod activation;
 mod batch_norm;
 mod bottleneck;
 mod conv2d;
+mod conv_group;
 mod dropout;
 mod embedding;
 mod flatten;
@@ -21,17 +22,18 @@ use std::fmt;
 
 use tch::{TchError, Tensor};
 
-pub use activation::Relu;
+pub use activation::{Gelu, Mul, Relu};
 pub use batch_norm::{set_sync as set_batch_norm_sync, BatchNorm2d, RankSum};
 pub use bottleneck::{Bottleneck, EXPANSION};
 pub use conv2d::{Conv2d, Conv2dConfig};
+pub use conv_group::{ConvGroup, GroupNorms};
 pub use dropout::Dropout;
 pub use embedding::Embedding;
 pub use flatten::Flatten;
 pub use gpt2::{Gpt2Attention, Gpt2Block, Gpt2LmHeadModel, Gpt2Mlp, Gpt2Model, LmHead};
 pub use linear::Linear;
 pub use norm::{GroupNorm, LayerNorm};
-pub use pooling::{GlobalAvgPool, MaxPool2d};
+pub use pooling::{GlobalAvgPool, GlobalMaxPool, MaxPool2d};
 pub use residual_block::ResidualBlock;
 pub use sequential::Sequential;
 

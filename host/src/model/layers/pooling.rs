@@ -66,3 +66,18 @@ impl Layer for GlobalAvgPool {
         xs.f_mean_dim(&[-2i64, -1][..], false, None)
     }
 }
+
+/// Maximum over the spatial dimensions, then flatten: `(N, C, H, W) -> (N, C)`. On airbench's
+/// last 3×3 feature map (28×28 and 32×32 inputs) this is its `MaxPool2d(3)` + flatten.
+#[derive(Debug)]
+pub struct GlobalMaxPool;
+
+impl Layer for GlobalMaxPool {
+    fn kind(&self) -> &str {
+        "global_max_pool"
+    }
+
+    fn forward(&self, xs: &Tensor, _train: bool) -> Result<Tensor, TchError> {
+        xs.f_amax(&[-2i64, -1][..], false)
+    }
+}
