@@ -21,7 +21,8 @@ A model a method changed by surgery keeps some plugin modules in the export (lis
 `tessera.modules` metadata: path, kind, attributes); `apply_modules` puts their twins in place,
 with Composer's module names (BlurPool's `BlurConv2d`/`BlurMaxPool2d`, `SqueezeExciteConv2d`,
 Factorize's `FactorizedConv2d`/`FactorizedLinear`, ALiBi's attention on GPT-2 with its zero
-position table, the gated MLP of gated linear units), so the state dict loads strictly.
+position table, the gated MLP of gated linear units, the attention of rotary/qk_norm, the
+squared-ReLU MLP and the soft-capped head), so the state dict loads strictly.
 Train-time-only methods (weight standardization, Ghost BatchNorm, stochastic depth) are folded
 into plain modules by `tessera export` and need nothing here.
 """
@@ -643,6 +644,113 @@ class GluGPT2MLP(nn.Module):
         return self.dropout(self.wo(self.act(self.gated_layer(x)) * self.non_gated_layer(x)))
 
 
+def rotate_half(x):
+    """GPT-NeoX's (and Hugging Face LLaMA's) `rotate_half`: `[x1, x2]` -> `[-x2, x1]` over the
+    last dimension split in halves."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rotary_cos_sin(t, dims, base, device, dtype):
+    """The rotary cosines and sines `(t, dims)` for positions `0..t`: angles
+    `m * base^(-2i/dims)` duplicated over both halves (GPT-NeoX's `emb = cat(freqs, freqs)`),
+    computed in float64 and rounded once to `dtype`, as plugins/gpt_surgery computes them."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, dims, 2, dtype=torch.float64, device=device) / dims))
+    angles = torch.outer(torch.arange(t, dtype=torch.float64, device=device), inv_freq)
+    emb = torch.cat((angles, angles), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rotary(x, cos, sin):
+    """Rotates the first `cos.shape[-1]` features of every head of `x` `(B, H, T, D)`
+    (GPT-NeoX's partial rotary: `x_rot * cos + rotate_half(x_rot) * sin`, the rest passed
+    through), in float32 for a half-precision `x`, returning `x`'s dtype."""
+    dims = cos.shape[-1]
+    y = x.to(cos.dtype)
+    rot, rest = y[..., :dims], y[..., dims:]
+    return torch.cat((rot * cos + rotate_half(rot) * sin, rest), dim=-1).to(x.dtype)
+
+
+class GPT2AttentionExt(nn.Module):
+    """`gpt2_attention_ext` (plugins/rotary and plugins/qk_norm, built by plugins/gpt_surgery):
+    GPT-2's attention over the same `c_attn`/`c_proj` whose q and k are RMS-normalised per head
+    (`qk_norm`: `F.rms_norm(x, (D,))`, no weight) and rotated by their positions (`rotary`:
+    the first `rotary_dims` features of each head, base `rotary_base`), then the fused causal
+    `scaled_dot_product_attention`, `c_proj` and residual dropout. Inside Hugging Face's
+    `GPT2Block` (`hugging_face`) it returns `(output, None)` as the block expects."""
+
+    def __init__(self, attrs, hugging_face=False):
+        super().__init__()
+        n_embd, self.n_head = int(attrs["n_embd"]), int(attrs["n_head"])
+        self.hugging_face = hugging_face
+        self.c_attn = Conv1D(3 * n_embd, n_embd)
+        self.c_proj = Conv1D(n_embd, n_embd)
+        self.attn_pdrop = float(attrs.get("attn_pdrop", 0.0))
+        self.resid_dropout = nn.Dropout(float(attrs.get("resid_pdrop", 0.0)))
+        self.qk_norm = bool(attrs.get("qk_norm", 0))
+        self.rotary_dims = int(attrs.get("rotary_dims", 0)) if attrs.get("rotary", 0) else 0
+        self.rotary_base = float(attrs.get("rotary_base", 10000.0))
+
+    def forward(self, x, *args, **kwargs):
+        b, t, c = x.shape
+        d = c // self.n_head
+        q, k, v = self.c_attn(x).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.n_head, d).transpose(1, 2) for z in (q, k, v))
+        if self.qk_norm:
+            q = nn.functional.rms_norm(q, (d,)).to(v.dtype)
+            k = nn.functional.rms_norm(k, (d,)).to(v.dtype)
+        if self.rotary_dims:
+            dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+            cos, sin = rotary_cos_sin(t, self.rotary_dims, self.rotary_base, x.device, dtype)
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        p = self.attn_pdrop if self.training else 0.0
+        y = nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+        out = self.resid_dropout(self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c)))
+        return (out, None) if self.hugging_face else out
+
+
+class ReluSquaredGPT2MLP(nn.Module):
+    """relu_squared's `relu_squared_gpt2_mlp` (Primer; modded-nanogpt): GPT-2's MLP over the
+    same `c_fc`/`c_proj` with `relu(x)^2` in place of GELU."""
+
+    def __init__(self, attrs):
+        super().__init__()
+        n_embd, n_inner = int(attrs["n_embd"]), int(attrs["n_inner"])
+        self.c_fc = Conv1D(n_inner, n_embd)
+        self.c_proj = Conv1D(n_embd, n_inner)
+        self.dropout = nn.Dropout(float(attrs.get("resid_pdrop", 0.0)))
+
+    def forward(self, x):
+        return self.dropout(self.c_proj(torch.relu(self.c_fc(x)).square()))
+
+
+class LogitSoftcapLMHead(nn.Module):
+    """logit_softcap's `logit_softcap_lm_head`: GPT-2's head, then `cap * tanh(logits / cap)` in
+    float32. Untied, it holds `weight` (`lm_head.weight`); tied (`tied` = 1), it multiplies by
+    the token embedding's weight and holds no tensor (the export has no `lm_head.weight`).
+    Half-precision logits are capped in float32 (modded-nanogpt's `logits.float()`)."""
+
+    def __init__(self, attrs, wte=None):
+        super().__init__()
+        self.cap = float(attrs["cap"])
+        if bool(attrs.get("tied", 0)):
+            # Not registered: the weight is `transformer.wte.weight`, loaded there.
+            object.__setattr__(self, "wte", wte)
+            self.weight = None
+        else:
+            self.wte = None
+            self.weight = nn.Parameter(
+                torch.zeros(int(attrs["out_features"]), int(attrs["in_features"]))
+            )
+
+    def forward(self, x):
+        weight = self.wte.weight if self.weight is None else self.weight
+        logits = nn.functional.linear(x, weight)
+        if logits.dtype in (torch.float16, torch.bfloat16):
+            logits = logits.float()
+        return self.cap * torch.tanh(logits / self.cap)
+
+
 def _resize_positions(model, tensors):
     """ALiBi folds its zero position table into a plain `transformer.wpe` of
     `(max_sequence_length, n_embd)`: the embedding takes the exported table's size."""
@@ -684,6 +792,14 @@ def apply_modules(model, modules, tensors):
             _resize_positions(model, tensors)
         elif kind == "glu_gpt2_mlp":
             twin = GluGPT2MLP(attrs)
+        elif kind == "gpt2_attention_ext":
+            hugging_face = type(model).__module__.startswith("transformers")
+            twin = GPT2AttentionExt(attrs, hugging_face)
+            _resize_positions(model, tensors)
+        elif kind == "relu_squared_gpt2_mlp":
+            twin = ReluSquaredGPT2MLP(attrs)
+        elif kind == "logit_softcap_lm_head":
+            twin = LogitSoftcapLMHead(attrs, model.get_submodule("transformer.wte"))
         else:
             raise ValueError(
                 f"the export keeps a plugin module of kind {kind!r} at {path!r}, which "

@@ -14,7 +14,10 @@ use std::path::PathBuf;
 use tessera_tests::dist::{
     assert_all_succeeded, max_difference, train_ranks, train_ranks_with_env,
 };
-use tessera_tests::plugins::{plugin_settings, repository_plugins, LANGUAGE_PLUGINS};
+use tessera_tests::plugins::{
+    plugin_settings, repository_plugins, COMPOSER_LANGUAGE_PLUGINS, LANGUAGE_PLUGINS,
+    MODDED_NANOGPT_PLUGINS,
+};
 use tessera_tests::resume::assert_same_checkpoint;
 use tessera_tests::*;
 
@@ -338,7 +341,7 @@ mod per_rank {
 fn language_methods_train_what_one_process_trains() {
     // ALiBi, gated linear units and sequence-length warmup on the tiny GPT (no dropout).
     let mut toml = TrainerToml::tiny_gpt("dp-gpt");
-    for p in LANGUAGE_PLUGINS {
+    for p in COMPOSER_LANGUAGE_PLUGINS {
         let settings = match p {
             "seq_length_warmup" => {
                 "duration = 0.67\nmin_seq_length = 8\nmax_seq_length = 32\nstep_size = 24"
@@ -357,6 +360,42 @@ fn language_methods_train_what_one_process_trains() {
     let record = read_json(&run_dir(&dir, "ranks").join("run.json"));
     let single = read_json(&run_dir(&dir, "one").join("run.json"));
     assert_eq!(record["tokens"], single["tokens"], "{record:#}");
+}
+
+#[test]
+fn modded_nanogpt_methods_train_what_one_process_trains() {
+    // Rotary positions, QK-norm, squared ReLU, soft-capped logits and zero-initialised output
+    // projections on the tiny GPT (no dropout): the surgery is the same on every rank, and the
+    // zeroed projections start equal everywhere.
+    let mut toml = TrainerToml::tiny_gpt("dp-modded");
+    for p in MODDED_NANOGPT_PLUGINS {
+        toml = toml.algorithm(
+            p,
+            if p == "logit_softcap" {
+                "cap = 15.0"
+            } else {
+                ""
+            },
+        );
+    }
+    let dir = two_ranks_and_one_process("dp-modded", &toml, "", 4);
+    assert_same_training(
+        &dir,
+        "gpt with rotary, qk_norm, relu_squared, logit_softcap, zero_init_projections",
+        NORMALISED_TOLERANCE,
+    );
+    let record = read_json(&run_dir(&dir, "ranks").join("run.json"));
+    let single = read_json(&run_dir(&dir, "one").join("run.json"));
+    assert_eq!(record["tokens"], single["tokens"], "{record:#}");
+    // Not vacuous: the projections trained away from their zero start.
+    let saved = tessera::checkpoint::Checkpoint::read(&ckpt(&dir, "ranks", "ep0-ba3.ckpt"))
+        .expect("the checkpoint reads");
+    let (_, proj) = saved
+        .tensors
+        .iter()
+        .find(|(n, _)| n == "model/transformer.h.0.attn.c_proj.weight")
+        .expect("the projection is saved");
+    assert!(proj.abs().max().double_value(&[]) > 0.0);
 }
 
 /// `toml` with checkpoints every `every` batches.

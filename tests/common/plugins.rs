@@ -5,8 +5,31 @@
 use crate::repo_root;
 
 /// Methods for language models (GPT-2 attention and MLP surgery, token-sequence batches): they
-/// have nothing to act on in a ResNet and are trained together on the GPT instead.
-pub const LANGUAGE_PLUGINS: [&str; 3] = ["alibi", "gated_linear_units", "seq_length_warmup"];
+/// have nothing to act on in a ResNet and are trained on the GPT instead.
+pub const LANGUAGE_PLUGINS: [&str; 8] = [
+    "alibi",
+    "gated_linear_units",
+    "seq_length_warmup",
+    "rotary",
+    "qk_norm",
+    "relu_squared",
+    "logit_softcap",
+    "zero_init_projections",
+];
+
+/// The Composer methods for language models, which train together.
+pub const COMPOSER_LANGUAGE_PLUGINS: [&str; 3] =
+    ["alibi", "gated_linear_units", "seq_length_warmup"];
+
+/// modded-nanogpt's architecture changes, which train together (rotary and alibi both replace
+/// the positions, relu_squared and gated_linear_units both the MLP: they refuse each other).
+pub const MODDED_NANOGPT_PLUGINS: [&str; 5] = [
+    "rotary",
+    "qk_norm",
+    "relu_squared",
+    "logit_softcap",
+    "zero_init_projections",
+];
 
 /// The plugin crates of the repository for vision models: every folder of `plugins/` whose
 /// Cargo.toml builds a `cdylib`, less [`LANGUAGE_PLUGINS`].

@@ -1,0 +1,133 @@
+//! The relu_squared plugin on the host's GPT-2.
+//!
+//! - In-process: the real `librelu_squared.so` replaces every `gpt2_mlp` by a
+//!   `relu_squared_gpt2_mlp` over the same tensors; the MLP (several batch shapes) and the
+//!   model's logits equal the float64 PyTorch reference (`F.relu(x).square()`,
+//!   `tests/support/gpt_reference.py`).
+//! - Through the binary: training learns, the replaced count is logged, the checkpoint rebuilds
+//!   with the module, gated linear units are refused in either order (the MLPs would already be
+//!   gated), and the export keeps the module and matches the PyTorch twins.
+
+use serde_json::json;
+use tessera::model::Role;
+use tessera_tests::export::assert_export_matches_rebuilt_run_on;
+use tessera_tests::*;
+
+#[path = "support/gpt_models.rs"]
+mod gpt_models;
+use gpt_models::*;
+#[path = "support/lm_export.rs"]
+mod lm_export;
+use lm_export::{check_with_plain_twin, tokens, train_and_export};
+
+const TOL: f64 = 1e-5;
+
+#[test]
+fn the_plugin_on_the_host_gpt2_equals_the_pytorch_reference() {
+    let dir = TempDir::new("relu2-model");
+    let trainer = trainer(&dir, &gpt("relu2", &[("relu_squared", "")]));
+    let model = trainer.model();
+    for i in 0..2 {
+        let path = format!("transformer.h.{i}.mlp");
+        let (kind, attrs) = node(model, &path);
+        assert_eq!(kind, "relu_squared_gpt2_mlp");
+        assert_eq!((attrs["n_embd"], attrs["n_inner"]), (32.0, 128.0));
+        for leaf in ["c_fc.weight", "c_fc.bias", "c_proj.weight", "c_proj.bias"] {
+            let e = model.params.get(&format!("{path}.{leaf}")).expect(leaf);
+            assert_eq!(e.role, Role::Parameter);
+        }
+    }
+    // The attention is untouched.
+    assert_eq!(node(model, "transformer.h.0.attn").0, "gpt2_attention");
+    randomize(model, 0.3, 4);
+    let spec = json!({"n_head": 2, "n_layer": 2, "relu_squared": true});
+    let Some(m) = check_module(
+        model,
+        "transformer.h.1.mlp",
+        "mlp",
+        &spec,
+        &[(1, 1), (2, 9), (3, 64)],
+        Vec::new(),
+        TOL,
+    ) else {
+        return;
+    };
+    let l = check_model(model, &spec, 2, 30, TOL).expect("torch imports");
+    println!("relu_squared vs PyTorch: mlp {m:e}, logits {l:e}");
+}
+
+#[test]
+fn training_with_relu_squared_learns_and_the_checkpoint_rebuilds_it() {
+    let dir = TempDir::new("relu2-binary");
+    let (record, lines, stderr) = run(&dir, &gpt("relu2", &[("relu_squared", "")]), &[]);
+    assert!(
+        stderr.contains("relu_squared: 2 gpt2_mlp blocks use relu(x)^2 instead of GELU"),
+        "{stderr}"
+    );
+    assert_eq!(
+        method_metric(&lines, "relu_squared/num_replacements"),
+        [(0, 2.0)]
+    );
+    assert_trains(&record, &lines);
+    let dir2 = TempDir::new("relu2-plain");
+    let (_, plain, _) = run(&dir2, &gpt("plain", &[]), &[]);
+    assert_ne!(losses(&plain), losses(&lines));
+    let k = kinds(rebuilt(&dir, "relu2").model());
+    assert_eq!(k["transformer.h.1.mlp"], "relu_squared_gpt2_mlp");
+}
+
+#[test]
+fn gated_linear_units_and_settings_are_refused_naming_them() {
+    for order in [
+        ["gated_linear_units", "relu_squared"],
+        ["relu_squared", "gated_linear_units"],
+    ] {
+        let dir = TempDir::new("relu2-glu");
+        gpt("both", &[(order[0], ""), (order[1], "")]).write_to(&dir);
+        train(&dir, &[], &[]).assert_failure(&[
+            "relu_squared cannot be combined with gated_linear_units",
+            "glu_gpt2_mlp",
+            "act_fn",
+        ]);
+    }
+    let dir = TempDir::new("relu2-settings");
+    gpt("bad", &[("relu_squared", "power = 3")]).write_to(&dir);
+    train(&dir, &[], &[]).assert_failure(&["power"]);
+}
+
+#[test]
+fn the_export_keeps_the_squared_relu_mlps_and_the_twins_match_the_rebuilt_run() {
+    let dir = TempDir::new("relu2-export");
+    let mut toml = gpt("exported", &[("relu_squared", "")]);
+    toml.model.push_str("\ndropout = 0.1");
+    let (ckpt, exported, tensors, modules) = train_and_export(&dir, &toml);
+    let kept: Vec<(&str, &str)> = modules
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|m| (m["path"].as_str().unwrap(), m["kind"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        kept,
+        [
+            ("transformer.h.0.mlp", "relu_squared_gpt2_mlp"),
+            ("transformer.h.1.mlp", "relu_squared_gpt2_mlp")
+        ],
+        "{modules:#}"
+    );
+    assert_eq!(modules[0]["attrs"]["resid_pdrop"].as_f64(), Some(0.1));
+    assert!(tensors
+        .iter()
+        .any(|(n, _)| n == "transformer.h.1.mlp.c_fc.weight"));
+    assert_export_matches_rebuilt_run_on(
+        &dir,
+        &ckpt,
+        &exported,
+        &tokens(24),
+        "torch",
+        "gpt2 with relu_squared",
+    );
+    if let Some(text) = check_with_plain_twin(&exported, &dir.join("case.safetensors")) {
+        eprintln!("gpt2 with relu_squared, plain twin: {}", text.trim());
+    }
+}
