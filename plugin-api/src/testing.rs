@@ -397,34 +397,7 @@ pub fn apply_sample_transform(
     sample: &Sample,
     rng: &mut RandomSource,
 ) -> Result<Sample, String> {
-    let transform = method
-        .sample_transform()
-        .into_option()
-        .ok_or("the method has no sample transform")?;
-    let shape = SampleShape::new(sample.shape())?;
-    let buf = SampleBuf {
-        channels: shape.channels,
-        height: shape.height,
-        width: shape.width,
-        data: RVec::from(sample.data.clone()),
-    };
-    let state = SampleRngState(rng as *mut RandomSource as *mut c_void);
-    let out = transform
-        .apply(
-            buf,
-            SampleRng {
-                next_u64: sample_rng_next,
-                state,
-            },
-        )
-        .into_result()
-        .map_err(|e| e.message.into_string())?;
-    Ok(Sample {
-        channels: out.channels as usize,
-        height: out.height as usize,
-        width: out.width as usize,
-        data: out.data.into_vec(),
-    })
+    run_sample_transform(method, sample, rng, None)
 }
 
 /// Runs a method's per-sample transform as a 1.6 host does, telling it which sample of which
@@ -434,6 +407,16 @@ pub fn apply_sample_transform_at(
     sample: &Sample,
     rng: &mut RandomSource,
     at: SamplePlace,
+) -> Result<Sample, String> {
+    run_sample_transform(method, sample, rng, Some(at))
+}
+
+/// One call of the transform through the ABI: `apply`, or `apply_at` when `at` is given.
+fn run_sample_transform(
+    method: &MethodBox,
+    sample: &Sample,
+    rng: &mut RandomSource,
+    at: Option<SamplePlace>,
 ) -> Result<Sample, String> {
     let transform = method
         .sample_transform()
@@ -447,17 +430,16 @@ pub fn apply_sample_transform_at(
         data: RVec::from(sample.data.clone()),
     };
     let state = SampleRngState(rng as *mut RandomSource as *mut c_void);
-    let out = transform
-        .apply_at(
-            buf,
-            SampleRng {
-                next_u64: sample_rng_next,
-                state,
-            },
-            at,
-        )
-        .into_result()
-        .map_err(|e| e.message.into_string())?;
+    let rng = SampleRng {
+        next_u64: sample_rng_next,
+        state,
+    };
+    let out = match at {
+        Some(at) => transform.apply_at(buf, rng, at),
+        None => transform.apply(buf, rng),
+    }
+    .into_result()
+    .map_err(|e| e.message.into_string())?;
     Ok(Sample {
         channels: out.channels as usize,
         height: out.height as usize,
@@ -467,7 +449,7 @@ pub fn apply_sample_transform_at(
 }
 
 extern "C" fn sample_rng_next(state: SampleRngState) -> u64 {
-    // SAFETY: made by `apply_sample_transform` from a `&mut RandomSource` borrowed for the call.
+    // SAFETY: made by `run_sample_transform` from a `&mut RandomSource` borrowed for the call.
     let rng = unsafe { &mut *(state.0 as *mut RandomSource) };
     rng.next_u64().unwrap_or(0)
 }
