@@ -395,6 +395,10 @@ fn the_example_sweeps_plan_their_runs() {
         ("examples/recipes/sweep.toml", 8),
         ("examples/recipes/sweep-lengths.toml", 8),
         ("examples/recipes/gpt/sweep.toml", 4),
+        ("examples/recipes/speedrun/sweep.toml", 6),
+        ("examples/recipes/speedrun/sweep-baseline.toml", 3),
+        ("examples/recipes/gpt/speedrun/sweep.toml", 3),
+        ("examples/recipes/gpt/speedrun/sweep-baseline.toml", 6),
     ] {
         let path = repo_root().join(file);
         let out = tessera(

@@ -16,9 +16,11 @@ use super::Pricing;
 pub struct Group {
     /// `config.data.dataset`.
     pub dataset: String,
-    /// `config.model`.
+    /// `config.model` (of the first run: with [`GroupBy::Dataset`] the runs may differ).
     pub model: Value,
-    /// `fashion-mnist, cnn width=8`.
+    /// `fashion-mnist, cnn width=8`; with [`GroupBy::Dataset`] the models' names, sorted and
+    /// joined by ` / `, and how many model tables the group holds: `fashion-mnist, airbench /
+    /// resnet20 (2 model configurations)`.
     pub title: String,
     /// A file-name-safe form of the title, unique among the groups.
     pub slug: String,
@@ -31,6 +33,19 @@ pub struct Group {
     pub baseline: Option<usize>,
 }
 
+/// What makes two runs comparable in one group (`tessera explore --group-by`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum GroupBy {
+    /// The dataset and the whole `[model]` table (the default): a recipe's speed-up is measured
+    /// against the baseline of the same model.
+    #[default]
+    Model,
+    /// The dataset only: runs of different models share one group, their points are labelled by
+    /// the model settings that differ, and a recipe that changes the model (a speedrun's own
+    /// network) is measured against the baseline of another.
+    Dataset,
+}
+
 /// Groups `runs` by dataset and model and analyses each group: points, frontiers, speed-ups.
 /// `metric` forces the quality measure (else it is chosen per group); runs without a value for
 /// it are returned as skipped.
@@ -39,9 +54,37 @@ pub fn group_runs(
     metric: Option<QualityMetric>,
     pricing: &Pricing,
 ) -> (Vec<Group>, Vec<Skipped>) {
+    group_runs_by(runs, metric, pricing, GroupBy::Model)
+}
+
+impl std::str::FromStr for GroupBy {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<GroupBy, String> {
+        match s {
+            "model" => Ok(GroupBy::Model),
+            "dataset" => Ok(GroupBy::Dataset),
+            other => Err(format!(
+                "unknown grouping `{other}`: expected `model` (dataset and model, the default) or `dataset`"
+            )),
+        }
+    }
+}
+
+/// [`group_runs`], grouping as `by` says.
+pub fn group_runs_by(
+    runs: Vec<Run>,
+    metric: Option<QualityMetric>,
+    pricing: &Pricing,
+    by: GroupBy,
+) -> (Vec<Group>, Vec<Skipped>) {
     let mut by_model: BTreeMap<String, Vec<Run>> = BTreeMap::new();
     for run in runs {
-        by_model.entry(group_key(&run)).or_default().push(run);
+        let key = match by {
+            GroupBy::Model => group_key(&run),
+            GroupBy::Dataset => dataset_of(&run),
+        };
+        by_model.entry(key).or_default().push(run);
     }
     let mut groups = Vec::new();
     let mut skipped = Vec::new();
@@ -54,7 +97,7 @@ pub fn group_runs(
             reason: format!("its last evaluation has no finite {metric}"),
             source: r.source,
         }));
-        if let Some(group) = Group::new(usable, metric, pricing) {
+        if let Some(group) = Group::new(usable, metric, pricing, by) {
             groups.push(group);
         }
     }
@@ -63,11 +106,40 @@ pub fn group_runs(
 }
 
 impl Group {
-    fn new(runs: Vec<Run>, metric: QualityMetric, pricing: &Pricing) -> Option<Group> {
+    fn new(runs: Vec<Run>, metric: QualityMetric, pricing: &Pricing, by: GroupBy) -> Option<Group> {
         let first = runs.first()?;
         let dataset = dataset_of(first);
         let model = first.config_at("model").cloned().unwrap_or(Value::Null);
-        let title = format!("{dataset}, {}", describe_model(&model));
+        let title = match by {
+            GroupBy::Model => format!("{dataset}, {}", describe_model(&model)),
+            GroupBy::Dataset => {
+                // Names only: whole model tables of several models make an unreadable title.
+                let mut names: Vec<String> = Vec::new();
+                let mut configs = 0;
+                let mut seen: Vec<&Value> = Vec::new();
+                for run in &runs {
+                    let m = run.config_at("model").unwrap_or(&Value::Null);
+                    if !seen.contains(&m) {
+                        seen.push(m);
+                        configs += 1;
+                    }
+                    let name = m
+                        .get("name")
+                        .and_then(Value::as_str)
+                        .unwrap_or("unknown model")
+                        .to_owned();
+                    if !names.contains(&name) {
+                        names.push(name);
+                    }
+                }
+                names.sort();
+                let plural = if configs == 1 { "" } else { "s" };
+                format!(
+                    "{dataset}, {} ({configs} model configuration{plural})",
+                    names.join(" / ")
+                )
+            }
+        };
         let mut by_point: BTreeMap<String, Vec<Run>> = BTreeMap::new();
         for run in runs {
             by_point.entry(point_key(&run)).or_default().push(run);
@@ -276,7 +348,12 @@ fn describe_model(model: &Value) -> String {
     parts.join(" ")
 }
 
-/// Lower-case letters, digits and single dashes.
+/// The longest slug: file names (`frontier-<slug>.svg`) stay far below the usual 255-byte limit
+/// however many models a `--group-by dataset` title lists; groups whose slugs then coincide are
+/// told apart by [`make_slugs_unique`].
+const MAX_SLUG: usize = 80;
+
+/// Lower-case letters, digits and single dashes, at most [`MAX_SLUG`] of them.
 fn slug(text: &str) -> String {
     let mut out = String::new();
     for c in text.chars() {
@@ -286,6 +363,7 @@ fn slug(text: &str) -> String {
             out.push('-');
         }
     }
+    out.truncate(MAX_SLUG);
     let out = out.trim_end_matches('-').to_owned();
     if out.is_empty() {
         "group".to_owned()
@@ -330,12 +408,68 @@ mod tests {
     }
 
     #[test]
+    fn grouping_by_dataset_compares_a_recipe_on_another_model_with_the_baseline() {
+        use crate::explore::test_support::run;
+        let on = |name: &str, recipe: &str, seed: u64, model: &str, evals: &[(f64, f64)]| {
+            let mut r = run(name, recipe, seed, evals, evals[evals.len() - 1].0);
+            r.config["model"] = serde_json::json!({ "name": model });
+            r
+        };
+        let runs = || {
+            vec![
+                on(
+                    "b1",
+                    "baseline",
+                    1,
+                    "resnet20",
+                    &[(50.0, 0.85), (100.0, 0.90)],
+                ),
+                on(
+                    "b2",
+                    "baseline",
+                    2,
+                    "resnet20",
+                    &[(50.0, 0.85), (100.0, 0.90)],
+                ),
+                on("s1", "speedrun", 1, "airbench", &[(20.0, 0.91)]),
+                on("s2", "speedrun", 2, "airbench", &[(30.0, 0.92)]),
+            ]
+        };
+        let (by_model, _) = group_runs(runs(), None, &Pricing::Recorded);
+        assert_eq!(by_model.len(), 2);
+        let speedrun = by_model.iter().find(|g| g.baseline.is_none()).unwrap();
+        assert!(matches!(
+            speedrun.points[0].time_to_baseline,
+            TimeToBaseline::NoBaseline
+        ));
+        let (groups, _) = group_runs_by(runs(), None, &Pricing::Recorded, GroupBy::Dataset);
+        assert_eq!(groups.len(), 1);
+        let g = &groups[0];
+        assert_eq!(
+            g.title,
+            "fashion-mnist, airbench / resnet20 (2 model configurations)"
+        );
+        let speedrun = g.points.iter().find(|p| p.recipe == "speedrun").unwrap();
+        assert_eq!(speedrun.runs.len(), 2);
+        match &speedrun.time_to_baseline {
+            TimeToBaseline::Reached { seconds, speedup } => {
+                assert!((seconds - 25.0).abs() < 1e-9);
+                assert!((speedup - 4.0).abs() < 1e-9);
+            }
+            other => panic!("expected a speed-up, got {other:?}"),
+        }
+    }
+
+    #[test]
     fn slugs_are_file_names() {
         assert_eq!(
             slug("fashion-mnist, cnn width=8"),
             "fashion-mnist-cnn-width-8"
         );
         assert_eq!(slug("///"), "group");
+        let long = slug(&"gpt2 n_embd=256 layer_norm_epsilon=0.00001 / ".repeat(20));
+        assert_eq!(long.len(), MAX_SLUG - 1, "{long}");
+        assert!(!long.ends_with('-'));
     }
 
     #[test]

@@ -18,7 +18,7 @@ pub mod table;
 
 use std::path::{Path, PathBuf};
 
-pub use group::{group_runs, Group};
+pub use group::{group_runs, group_runs_by, Group, GroupBy};
 pub use load::{load_dirs, Loaded, Run, Skipped, UnusableRecord};
 pub use point::{Point, Stats, TimeToBaseline};
 pub use quality::QualityMetric;
@@ -82,6 +82,8 @@ pub struct ExploreOptions {
     pub metric: Option<QualityMetric>,
     /// MLflow experiments whose runs are read too: `(tracking URI, experiment name)`.
     pub mlflow: Vec<(String, String)>,
+    /// What makes runs comparable (default: dataset and model).
+    pub group_by: GroupBy,
 }
 
 impl ExploreOptions {
@@ -172,7 +174,8 @@ pub fn explore(options: &ExploreOptions) -> Result<Explored, ExploreError> {
             ExploreError::NoUsableRuns(skipped)
         });
     }
-    let (groups, unusable) = group_runs(runs, options.metric, &options.pricing);
+    let (groups, unusable) =
+        group_runs_by(runs, options.metric, &options.pricing, options.group_by);
     skipped.extend(unusable);
     if groups.is_empty() {
         return Err(ExploreError::NoUsableRuns(skipped));

@@ -2,7 +2,11 @@
 //! recipes (the files of `examples/recipes/`) for the ResNets, the same without the methods
 //! that change the image size for the `cnn` (its classifier takes a fixed size), the methods
 //! that need no convolutions for an MLP, ALiBi and sequence-length warmup for a GPT-2 — each kept
-//! only when every plugin it needs is installed.
+//! only when every plugin it needs is installed. Beside them, the record-setting methods: Muon
+//! (with label smoothing and channels-last) for every convolutional network, the whole
+//! Fashion-MNIST speedrun (`examples/recipes/speedrun/speedrun.toml`, patch-whitening included)
+//! for `airbench`, and Muon alone and modded-nanogpt's set
+//! (`examples/recipes/gpt/speedrun/speedrun.toml`) for a GPT-2.
 
 use crate::config::{self, Config, Recipe};
 use crate::model::ModelName;
@@ -58,6 +62,34 @@ const FIXED_SIZE_CONV: [(&str, &str); 4] = [
     ),
 ];
 
+/// Muon (Keller Jordan's variant, at the speedrun's settings) on the convolution filters, with
+/// label smoothing and channels-last: the speedrun's methods that fit any convolutional network.
+const MUON_CONV: (&str, &str) = (
+    "muon.toml",
+    "recipe = \"muon\"\n[[algorithms]]\nplugin = \"channels_last\"\n\
+     [[algorithms]]\nplugin = \"muon\"\nvariant = \"keller\"\nlr = 0.08\nmomentum = 0.85\n\
+     [[algorithms]]\nplugin = \"label_smoothing\"\nsmoothing = 0.2\n",
+);
+
+/// The Fashion-MNIST speedrun's methods, for `airbench` (patch-whitening needs its first conv).
+const AIRBENCH_SPEEDRUN: (&str, &str) = (
+    "speedrun.toml",
+    include_str!("../../../examples/recipes/speedrun/speedrun.toml"),
+);
+
+/// Muon alone on a GPT-2's hidden matrices (modded-nanogpt's settings).
+const MUON_GPT: (&str, &str) = (
+    "muon.toml",
+    "recipe = \"muon\"\n[[algorithms]]\nplugin = \"muon\"\nvariant = \"keller\"\nlr = 0.02\n\
+     momentum = 0.95\n",
+);
+
+/// modded-nanogpt's optimizer and architecture on the GPT-2 zoo model.
+const GPT_SPEEDRUN: (&str, &str) = (
+    "speedrun.toml",
+    include_str!("../../../examples/recipes/gpt/speedrun/speedrun.toml"),
+);
+
 /// Methods that act on the loss, the targets, the optimizer or the weights only.
 const DENSE: [(&str, &str); 3] = [
     ("baseline.toml", "recipe = \"baseline\"\n"),
@@ -90,13 +122,12 @@ pub fn builtin(config: &Config) -> Result<(Vec<Recipe>, Vec<Skipped>), config::C
     let texts: Vec<(String, String)> = match config.model.name {
         ModelName::Mlp => owned(&DENSE),
         ModelName::Gpt2 => language_recipes(config),
-        ModelName::Cnn => owned(&FIXED_SIZE_CONV),
+        ModelName::Cnn => owned(&[&FIXED_SIZE_CONV[..], &[MUON_CONV]].concat()),
         ModelName::Torchscript => Vec::new(),
-        ModelName::Resnet20
-        | ModelName::Resnet56
-        | ModelName::Resnet18
-        | ModelName::Resnet50
-        | ModelName::Airbench => owned(&CONV),
+        ModelName::Resnet20 | ModelName::Resnet56 | ModelName::Resnet18 | ModelName::Resnet50 => {
+            owned(&[&CONV[..], &[MUON_CONV]].concat())
+        }
+        ModelName::Airbench => owned(&[&CONV[..], &[MUON_CONV, AIRBENCH_SPEEDRUN]].concat()),
     };
     let dirs = plugin::search_dirs(plugin::configured_dirs(&config.plugins));
     let mut recipes = Vec::new();
@@ -158,5 +189,37 @@ fn language_recipes(config: &Config) -> Vec<(String, String)> {
             "alibi+seq_length_warmup.toml".into(),
             format!("recipe = \"alibi+seq_length_warmup\"\n{alibi}{warmup}"),
         ),
+        (MUON_GPT.0.into(), MUON_GPT.1.into()),
+        (GPT_SPEEDRUN.0.into(), GPT_SPEEDRUN.1.into()),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every fixed built-in recipe parses, names itself after its file, and uses only plugins
+    /// this repository builds (a typo in a plugin's name would silently drop the recipe).
+    #[test]
+    fn the_built_in_recipes_parse_and_name_plugins_that_exist() {
+        let plugins = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins");
+        let mut all: Vec<(&str, &str)> = Vec::new();
+        all.extend(CONV);
+        all.extend(FIXED_SIZE_CONV);
+        all.extend(DENSE);
+        all.extend([MUON_CONV, AIRBENCH_SPEEDRUN, MUON_GPT, GPT_SPEEDRUN]);
+        for (file, text) in all {
+            let stem = file.trim_end_matches(".toml");
+            let recipe =
+                config::recipe_from_str(text, file, stem).unwrap_or_else(|e| panic!("{file}: {e}"));
+            assert_eq!(recipe.name, stem, "{file}");
+            for a in &recipe.algorithms {
+                assert!(
+                    plugins.join(&a.plugin).join("Cargo.toml").is_file(),
+                    "{file}: no plugin crate plugins/{}",
+                    a.plugin
+                );
+            }
+        }
+    }
 }

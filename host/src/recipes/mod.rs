@@ -230,6 +230,7 @@ fn evidence(dir: &Path) -> Option<PathBuf> {
         pricing: crate::explore::Pricing::Recorded,
         metric: None,
         mlflow: Vec::new(),
+        group_by: crate::explore::GroupBy::Model,
     };
     match crate::explore::explore(&options) {
         Ok(explored) => explored

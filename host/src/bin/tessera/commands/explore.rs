@@ -36,6 +36,11 @@ pub struct Args {
     /// default: perplexity for language models, else accuracy.
     #[arg(long, value_name = "METRIC")]
     metric: Option<explore::QualityMetric>,
+    /// What makes runs comparable: `model` (the same dataset and `[model]` table; the
+    /// default) or `dataset` (runs of any model on one dataset share a group, so a recipe that
+    /// brings its own network is measured against the baseline of another).
+    #[arg(long, value_name = "BY", default_value = "model")]
+    group_by: explore::GroupBy,
     /// Print the instance presets (with TESSERA_INSTANCES applied), their prices and when
     /// they were read, and exit.
     #[arg(long)]
@@ -51,6 +56,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         usd_per_hour,
         instance,
         metric,
+        group_by,
         list_instances,
     } = args;
     if list_instances {
@@ -77,6 +83,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         pricing,
         metric,
         mlflow: mlflow_uri.into_iter().zip(mlflow_experiment).collect(),
+        group_by,
     };
     run_explore(&options)?;
     Ok(ExitCode::SUCCESS)
