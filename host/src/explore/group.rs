@@ -40,9 +40,9 @@ pub enum GroupBy {
     /// against the baseline of the same model.
     #[default]
     Model,
-    /// The dataset only: runs of different models share one group, their points are labelled by
-    /// the model settings that differ, and a recipe that changes the model (a speedrun's own
-    /// network) is measured against the baseline of another.
+    /// The dataset only: runs of different models share one group (points of one recipe on two
+    /// models are labelled by the model settings that differ), and a recipe that changes the
+    /// model (a speedrun's own network) is measured against the baseline of another.
     Dataset,
 }
 
