@@ -111,10 +111,17 @@ fn two_ranks_of_64_train_what_one_process_of_128_trains() {
     for (x, y) in a.iter().zip(&b) {
         assert!((x - y).abs() < 1e-5, "losses {a:?} vs {b:?}");
     }
-    // Evaluation: each rank scored its share of the test batches; together, one process's.
+    // Evaluation: the same fixed subset (`eval_subset_batches = 1` of 500) on any number of
+    // ranks, each rank scoring its share of it.
     let (ea, eb) = (&record["evals"][0], &single["evals"][0]);
-    assert_eq!(ea["samples"], 1000, "{record:#}");
+    assert_eq!(ea["samples"], 500, "{record:#}");
     assert_eq!(eb["samples"], 500, "{single:#}");
+    assert_eq!(record["eval_subset"], single["eval_subset"]);
+    assert_eq!(
+        record["eval_subset"]["indices"].as_array().map(Vec::len),
+        Some(500)
+    );
+    assert_eq!(record["eval_subset"]["stratified"], true, "{record:#}");
     let config = &record["config"]["distributed"];
     assert_eq!(config["bucket_mb"], 25.0, "{record:#}");
 }

@@ -284,3 +284,63 @@ fn decoding_matches_torchvision_resize_and_centre_crop() {
     }
     assert_eq!(compared, 12, "6 images, 2 channel counts each");
 }
+
+/// `train.eval_subset_batches` scores a fixed, stratified sample of the whole evaluation set,
+/// not its first batches: an image folder lists its files class by class, so 2 batches of 10 of
+/// the 80 validation images (8 per class) used to hold the first three classes only.
+#[test]
+fn the_evaluation_subset_of_a_class_sorted_folder_holds_every_class() {
+    let dir = TempDir::new("folder-subset");
+    let images = export(&dir, "images", 8);
+    folder_toml(&dir, &images, "subset", "");
+    let sets = [
+        "train.max_duration=2ba",
+        "train.eval_interval=1ba",
+        "train.eval_subset_batches=2",
+        "data.eval_batch_size=10",
+    ];
+    train(&dir, &sets, &[]).assert_success();
+    let record = read_json(&run_dir(&dir, "subset").join("run.json"));
+    let subset = &record["eval_subset"];
+    assert_eq!(subset["of"], 80, "{record:#}");
+    assert_eq!(subset["seed"], 0, "{record:#}");
+    assert_eq!(subset["stratified"], true, "{record:#}");
+    let indices: Vec<u64> = subset["indices"]
+        .as_array()
+        .expect("the evaluated indices")
+        .iter()
+        .map(|i| i.as_u64().expect("an index"))
+        .collect();
+    assert_eq!(indices.len(), 20, "{record:#}");
+    // The validation folder lists 8 images of each class in class order: index / 8 is the class.
+    let mut per_class = [0usize; 10];
+    for &i in &indices {
+        per_class[(i / 8) as usize] += 1;
+    }
+    assert_eq!(per_class, [2; 10], "evaluated indices {indices:?}");
+    // Every evaluation (after batch 1 and batch 2) scored those 20 samples.
+    let evals = record["evals"].as_array().expect("evaluations");
+    assert_eq!(evals.len(), 2, "{record:#}");
+    for eval in evals {
+        assert_eq!(eval["samples"], 20, "{eval:#}");
+    }
+
+    // Another subset seed draws other samples, still 2 of each class; the training is the same.
+    let out = train(
+        &dir,
+        &[
+            &sets[..],
+            &["run_name=subset-seed", "train.eval_subset_seed=5"],
+        ]
+        .concat(),
+        &[],
+    );
+    out.assert_success();
+    let other = read_json(&run_dir(&dir, "subset-seed").join("run.json"));
+    assert_ne!(other["eval_subset"]["indices"], subset["indices"]);
+    assert_eq!(other["eval_subset"]["seed"], 5);
+    assert_eq!(
+        train_losses(&run_dir(&dir, "subset-seed")),
+        train_losses(&run_dir(&dir, "subset"))
+    );
+}

@@ -122,9 +122,15 @@ fn eval_and_predict_reproduce_the_run() {
         "one line per test sample"
     );
     assert_eq!(Value::from(accuracy_of(&lines)), full["accuracy"]);
-    // The evaluation's 500 images are the first 500 lines.
-    let subset = last["samples"].as_u64().unwrap() as usize;
-    assert_eq!(Value::from(accuracy_of(&lines[..subset])), last["accuracy"]);
+    // The evaluation's 500 images are those the run record lists.
+    let subset: Vec<Value> = record["eval_subset"]["indices"]
+        .as_array()
+        .expect("the evaluated indices")
+        .iter()
+        .map(|i| lines[i.as_u64().expect("an index") as usize].clone())
+        .collect();
+    assert_eq!(Value::from(subset.len()), last["samples"]);
+    assert_eq!(Value::from(accuracy_of(&subset)), last["accuracy"]);
     for (i, line) in lines.iter().enumerate() {
         assert_eq!(line["index"], i, "{line}");
         let p: Vec<f64> = line["probabilities"]

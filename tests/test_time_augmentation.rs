@@ -171,8 +171,8 @@ fn levels_change_the_evaluation_only_and_deterministically() {
 }
 
 /// `tessera eval` of a level-2 run's checkpoint evaluates as the run did (the recorded config
-/// loads the plugin), and `tessera predict`'s probabilities give the same accuracy on those
-/// 500 images: both apply the augmentation.
+/// loads the plugin), and `tessera predict`'s probabilities give the same accuracy on the 500
+/// images the run record lists as evaluated: both apply the augmentation.
 #[test]
 fn eval_and_predict_apply_it() {
     let dir = TempDir::new("tta-standalone");
@@ -195,8 +195,15 @@ fn eval_and_predict_apply_it() {
     );
     out.assert_success();
     let lines = read_jsonl(&predictions);
-    let hits = lines[..500]
+    // The run evaluated the fixed subset its record lists (`eval_subset_batches = 1` of 500).
+    let record = read_json(&run_dir(&dir, "tta").join("run.json"));
+    let subset = record["eval_subset"]["indices"]
+        .as_array()
+        .expect("the evaluated indices");
+    assert_eq!(subset.len(), 500, "{record:#}");
+    let hits = subset
         .iter()
+        .map(|i| &lines[i.as_u64().expect("an index") as usize])
         .filter(|l| l["predicted"] == l["target"])
         .count();
     assert_eq!(Value::from(hits as f64 / 500.0), last["accuracy"]);

@@ -29,8 +29,14 @@ pub struct TrainConfig {
     pub scale_schedule_ratio: f64,
     /// How often to evaluate, in a count unit or `dur` (default `1ep`); also at the end.
     pub eval_interval: Time,
-    /// Evaluate on at most this many batches; 0 = all (default 0).
+    /// Evaluate on a fixed sample of this many batches (`eval_subset_batches` ×
+    /// `data.eval_batch_size` samples of the whole evaluation set, stratified by class where the
+    /// labels are known, the same at every evaluation and on any number of ranks); 0 = all
+    /// (default 0).
     pub eval_subset_batches: usize,
+    /// Seed of the evaluation subset's draw (default 0): independent of the run's `seed`, so
+    /// the runs of a sweep over seeds score the same samples.
+    pub eval_subset_seed: u64,
     /// libtorch intra-op threads; 0 = all cores (default 0).
     pub threads: usize,
     /// How often a metrics line is written, in a count unit or `dur` (default `50ba`).
@@ -67,6 +73,7 @@ section!(TrainConfig {
     scale_schedule_ratio: float(Bounds::POSITIVE),
     eval_interval: time(INTERVAL_UNITS),
     eval_subset_batches: uint(0),
+    eval_subset_seed: u64(),
     threads: uint(0),
     log_interval: time(INTERVAL_UNITS),
     progress: bool(),
@@ -94,6 +101,7 @@ pub(super) fn read(top: &Tbl<'_>, data: &DataConfig) -> Result<TrainConfig, Conf
         scale_schedule_ratio: 1.0,
         eval_interval: Time::new(1, TimeUnit::Epoch),
         eval_subset_batches: 0,
+        eval_subset_seed: 0,
         threads: 0,
         log_interval: Time::new(50, TimeUnit::Batch),
         progress: true,

@@ -23,6 +23,7 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
+use super::subset::{self, SubsetChoice};
 use super::transforms::{Normalize, Sample, Transform};
 use super::{DataError, SampleSource};
 
@@ -405,6 +406,46 @@ impl Loader {
     /// Whether the loader has no samples.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// A fixed, seeded sample of `count` of this loader's samples (its whole source, before
+    /// any [`shard`](Loader::shard)), stratified by class when the source knows every label
+    /// (see [`super::subset`]): the loader serving it, with the same transforms and options, and
+    /// the choice made.
+    pub fn subset(&self, count: usize, seed: u64) -> Result<(Loader, SubsetChoice), DataError> {
+        let (source, choice) = match &self.source {
+            Source::Images {
+                dataset,
+                transforms,
+                stages,
+            } => {
+                let labels = subset::labels_of(&**dataset);
+                let choice = subset::choose(dataset.len(), count, seed, labels.as_deref())?;
+                let indices = Arc::new(choice.indices.clone());
+                let dataset: Arc<dyn SampleSource> =
+                    Arc::new(subset::Subset::new(Arc::clone(dataset), indices)?);
+                let source = Source::Images {
+                    dataset,
+                    transforms: Arc::clone(transforms),
+                    stages: stages.clone(),
+                };
+                (source, choice)
+            }
+            Source::Tokens(tokens) => {
+                let choice = subset::choose(tokens.len(), count, seed, None)?;
+                let indices = Arc::new(choice.indices.clone());
+                let tokens: Arc<dyn TokenSource> =
+                    Arc::new(subset::TokenSubset::new(Arc::clone(tokens), indices)?);
+                (Source::Tokens(tokens), choice)
+            }
+        };
+        let loader = Loader {
+            source,
+            options: self.options.clone(),
+            sample_shape: self.sample_shape,
+            shard: self.shard,
+        };
+        Ok((loader, choice))
     }
 }
 

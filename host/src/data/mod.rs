@@ -16,6 +16,7 @@ pub mod idx;
 pub mod loader;
 pub mod source;
 pub mod spec;
+pub mod subset;
 pub mod text;
 pub mod tokens;
 pub mod transforms;
@@ -32,6 +33,7 @@ pub use idx::{read_images, read_labels, Images};
 pub use loader::{EpochIter, HostBatch, HostInput, Loader, LoaderOptions, Pixels, TokenSource};
 pub use source::SampleSource;
 pub use spec::{Dataset, DatasetShape, SyntheticConfig, TextConfig};
+pub use subset::SubsetChoice;
 pub use text::{
     fetch_corpus, known_corpora, load_text, CorpusConfig, PackedSequences, TextTokenizer,
     TokenCorpus,

@@ -30,6 +30,13 @@ pub trait SampleSource: Send + Sync + std::fmt::Debug {
     /// Sample `index`; `Ok(None)` when it is to be left out (an undecodable file skipped by
     /// setting).
     fn read(&self, index: usize) -> Result<Option<RawSample<'_>>, DataError>;
+
+    /// The label of sample `index` when the source knows it without reading the sample (a
+    /// dataset in memory, a folder's class); `None` otherwise or past the end. Evaluation
+    /// subsets are stratified by class when every label is known.
+    fn label(&self, _index: usize) -> Option<i64> {
+        None
+    }
 }
 
 impl SampleSource for ImageDataset {
@@ -50,6 +57,10 @@ impl SampleSource for ImageDataset {
         })?;
         Ok(Some((Cow::Borrowed(pixels), self.labels[index])))
     }
+
+    fn label(&self, index: usize) -> Option<i64> {
+        self.labels.get(index).copied()
+    }
 }
 
 impl SampleSource for ImageFolder {
@@ -65,5 +76,9 @@ impl SampleSource for ImageFolder {
         Ok(self
             .load(index)?
             .map(|pixels| (Cow::Owned(pixels), self.labels()[index])))
+    }
+
+    fn label(&self, index: usize) -> Option<i64> {
+        self.labels().get(index).copied()
     }
 }

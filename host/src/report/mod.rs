@@ -165,6 +165,11 @@ pub struct RunRecord {
     /// `train.microbatch_size = "auto"` found); absent in records before Tessera 0.2.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub microbatch_size: Option<usize>,
+    /// The samples the evaluations scored when `train.eval_subset_batches` is set: their
+    /// indices into the evaluation set, its size, the seed and whether the draw was stratified
+    /// by class; absent when every evaluation scored the whole set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eval_subset: Option<crate::data::SubsetChoice>,
 }
 
 /// A data-parallel run in its record.

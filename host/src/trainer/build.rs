@@ -97,13 +97,26 @@ impl Trainer {
                 .barrier()
                 .context("waiting for the other ranks to join")?;
         }
+        // The evaluation subset is chosen from the whole set, the same on any number of ranks.
+        let eval_subset = match config.train.eval_subset_batches {
+            0 => None,
+            n => {
+                let count = n.saturating_mul(config.data.eval_batch_size);
+                let (loader, choice) = eval_loader
+                    .subset(count, config.train.eval_subset_seed)
+                    .context("choosing the evaluation subset (train.eval_subset_batches)")?;
+                Some((loader, choice))
+            }
+        };
         // Each rank trains on its share of every epoch and evaluates its share of the test set.
-        let (train_loader, eval_loader) = match &dp {
+        let (train_loader, eval_loader, eval_subset) = match &dp {
             Some(dp) => (
                 train_loader.shard(dp.rank(), dp.world(), true),
                 eval_loader.shard(dp.rank(), dp.world(), false),
+                eval_subset
+                    .map(|(loader, choice)| (loader.shard(dp.rank(), dp.world(), false), choice)),
             ),
-            None => (train_loader, eval_loader),
+            None => (train_loader, eval_loader, eval_subset),
         };
         let (c, h, w) = train_loader.sample_shape();
         let input = InputShape {
@@ -187,6 +200,7 @@ impl Trainer {
             state,
             train_loader,
             eval_loader,
+            eval_subset,
             reporter,
             plugins,
             evals: Vec::new(),

@@ -38,7 +38,7 @@ impl Trainer {
     }
 
     /// The evaluation loop (Composer's `_eval_loop`): `eval_start`, each test batch with its
-    /// events, `eval_end`; at most `train.eval_subset_batches` batches.
+    /// events, `eval_end`; over the fixed subset of `train.eval_subset_batches` when set.
     pub(super) fn eval_loop(&mut self) -> Result<EvalRecord> {
         self.fire_as(Event::EVAL_START, false)?;
         let _no_grad = tch::no_grad_guard();
@@ -47,14 +47,11 @@ impl Trainer {
         let mut loss_sum = Tensor::f_zeros([], (Kind::Double, self.state.device()))?;
         let mut samples = 0u64;
         let mut tokens = 0u64;
-        let limit = match self.config.train.eval_subset_batches {
-            0 => u64::MAX,
-            n => n as u64,
+        let loader = match &self.eval_subset {
+            Some((subset, _)) => subset.clone(),
+            None => self.eval_loader.clone(),
         };
-        for (i, batch) in self.eval_loader.epoch(0, 0).enumerate() {
-            if i as u64 >= limit {
-                break;
-            }
+        for batch in loader.epoch(0, 0) {
             let batch = batch?;
             self.state.batch = self.device_batch(batch)?;
             self.fire_as(Event::EVAL_BATCH_START, false)?;

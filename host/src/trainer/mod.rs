@@ -76,7 +76,11 @@ pub struct Trainer {
     /// truth for the device, the precision and the clock.
     state: RunState,
     train_loader: Loader,
+    /// The whole evaluation set (`tessera predict`).
     eval_loader: Loader,
+    /// What evaluations score: the fixed subset of `train.eval_subset_batches` (and the choice,
+    /// for the run record), or `None` for the whole set.
+    eval_subset: Option<(Loader, crate::data::SubsetChoice)>,
     reporter: Reporter,
     plugins: Vec<PluginRecord>,
     evals: Vec<EvalRecord>,
