@@ -1,7 +1,7 @@
 //! The modules ALiBi's surgery puts into a GPT-2: [`AlibiAttention`] in place of every
 //! `gpt2_attention`, [`ZeroPositions`] in place of `transformer.wpe`.
 
-use tessera_plugin_api::tch::{Device, Kind, Tensor};
+use tessera_plugin_api::tch::Tensor;
 use tessera_plugin_api::{Error, Module};
 
 use crate::functional::{
@@ -143,71 +143,9 @@ impl Module for AlibiAttention {
     // into a plain `gpt2_attention`.
 }
 
-/// The position embedding after ALiBi's surgery: a zero, frozen `weight`
-/// `(max_sequence_length, n_embd)` (a buffer), so every position embeds to zeros.
-#[derive(Debug)]
-pub struct ZeroPositions {
-    weight: Tensor,
-}
-
-impl ZeroPositions {
-    /// Zeros `(max_sequence_length, n_embd)` with `options`, not requiring a gradient.
-    pub fn new(
-        max_sequence_length: i64,
-        n_embd: i64,
-        options: (Kind, Device),
-    ) -> Result<ZeroPositions, Error> {
-        Ok(ZeroPositions {
-            weight: Tensor::f_zeros([max_sequence_length, n_embd], options)?
-                .set_requires_grad(false),
-        })
-    }
-
-    /// The tensor registered under the module's path: `weight` (a buffer: it needs no gradient).
-    pub fn tensors(&self) -> Vec<(&'static str, Tensor)> {
-        vec![("weight", self.weight.shallow_clone())]
-    }
-}
-
-impl Module for ZeroPositions {
-    fn kind(&self) -> &str {
-        ZERO_POSITIONS
-    }
-
-    fn attrs(&self) -> Vec<(String, f64)> {
-        let s = self.weight.size();
-        vec![
-            ("max_sequence_length".to_owned(), s[0] as f64),
-            ("n_embd".to_owned(), s[1] as f64),
-        ]
-    }
-
-    /// Position ids `(T)` (or `(B, T)`) to zeros `(..., n_embd)`: what the zero table's lookup
-    /// gives. A position beyond the table is an error (from the shape: ids are `0..T`).
-    fn forward(&self, input: &Tensor, _train: bool) -> Result<Tensor, Error> {
-        let s = self.weight.size();
-        let mut shape = input.size();
-        let t = shape.last().copied().unwrap_or(1);
-        if t > s[0] {
-            return Err(format!(
-                "a sequence of {t} positions is longer than ALiBi's max_sequence_length {}",
-                s[0]
-            )
-            .into());
-        }
-        shape.push(s[1]);
-        Ok(Tensor::f_zeros(
-            &shape,
-            (self.weight.kind(), self.weight.device()),
-        )?)
-    }
-
-    /// Folds back into a plain `embedding` whose weight is the zero table
-    /// `(max_sequence_length, n_embd)`: Composer's model after `apply_alibi`.
-    fn export(&self) -> Result<Option<Vec<(String, Tensor)>>, Error> {
-        Ok(Some(vec![("weight".to_owned(), self.weight.copy())]))
-    }
-}
+/// The position embedding after ALiBi's surgery: `gpt_surgery`'s zero, frozen table of kind
+/// [`ZERO_POSITIONS`] (made with [`ZeroPositions::with_kind`]), the one rotary uses too.
+pub use gpt_surgery::ZeroPositions;
 
 /// Either ALiBi module, as surgery hands it to the model.
 #[derive(Debug)]

@@ -121,7 +121,9 @@ pub fn apply_alibi(model: &mut impl Model, max_sequence_length: i64) -> Result<O
             .size()
             .get(1)
             .ok_or_else(|| format!("`{WPE_PATH}.weight` is not a (positions, n_embd) table"))?;
-        let module = ZeroPositions::new(
+        let module = ZeroPositions::with_kind(
+            crate::modules::ZERO_POSITIONS,
+            "ALiBi",
             max_sequence_length,
             n_embd,
             (weight.kind(), weight.device()),

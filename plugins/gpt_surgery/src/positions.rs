@@ -5,18 +5,41 @@ use tessera_plugin_api::{Error, Module};
 
 use crate::kinds::ROTARY_ZERO_POSITIONS;
 
-/// `transformer.wpe` after rotary's surgery (kind [`ROTARY_ZERO_POSITIONS`]): a zero
-/// `weight` `(max_sequence_length, n_embd)` that needs no gradient (a buffer: saved, never
-/// trained), so every position embeds to zeros and the positions come from the rotation of q
-/// and k alone. ALiBi's `alibi_zero_positions` does the same for its biases.
+/// `transformer.wpe` after a surgery that moves the positions elsewhere: a zero `weight`
+/// `(max_sequence_length, n_embd)` that needs no gradient (a buffer: saved, never trained), so
+/// every position embeds to zeros. Rotary's (kind [`ROTARY_ZERO_POSITIONS`]) leaves the
+/// positions to the rotation of q and k; ALiBi's (kind `alibi_zero_positions`, made with
+/// [`ZeroPositions::with_kind`]) to its attention biases. The kind is what checkpoints and
+/// exports record, so each method keeps its own.
 #[derive(Debug)]
 pub struct ZeroPositions {
     weight: Tensor,
+    kind: &'static str,
+    /// The method's name in errors ("rotary", "ALiBi").
+    method: &'static str,
 }
 
 impl ZeroPositions {
-    /// Zeros `(max_sequence_length, n_embd)` with `options`, not requiring a gradient.
+    /// Rotary's zeros `(max_sequence_length, n_embd)` with `options`, not requiring a gradient.
     pub fn new(
+        max_sequence_length: i64,
+        n_embd: i64,
+        options: (Kind, Device),
+    ) -> Result<ZeroPositions, Error> {
+        Self::with_kind(
+            ROTARY_ZERO_POSITIONS,
+            "rotary",
+            max_sequence_length,
+            n_embd,
+            options,
+        )
+    }
+
+    /// Zeros `(max_sequence_length, n_embd)` of module kind `kind` for method `method` (named
+    /// in errors), with `options`, not requiring a gradient.
+    pub fn with_kind(
+        kind: &'static str,
+        method: &'static str,
         max_sequence_length: i64,
         n_embd: i64,
         options: (Kind, Device),
@@ -24,6 +47,8 @@ impl ZeroPositions {
         Ok(ZeroPositions {
             weight: Tensor::f_zeros([max_sequence_length, n_embd], options)?
                 .set_requires_grad(false),
+            kind,
+            method,
         })
     }
 
@@ -40,7 +65,7 @@ impl ZeroPositions {
 
 impl Module for ZeroPositions {
     fn kind(&self) -> &str {
-        ROTARY_ZERO_POSITIONS
+        self.kind
     }
 
     fn attrs(&self) -> Vec<(String, f64)> {
@@ -59,8 +84,8 @@ impl Module for ZeroPositions {
         let t = shape.last().copied().unwrap_or(1);
         if t > s[0] {
             return Err(format!(
-                "a sequence of {t} positions is longer than rotary's max_sequence_length {}",
-                s[0]
+                "a sequence of {t} positions is longer than {}'s max_sequence_length {}",
+                self.method, s[0]
             )
             .into());
         }
@@ -71,7 +96,8 @@ impl Module for ZeroPositions {
         )?)
     }
 
-    /// Folds back into a plain `embedding` whose weight is the zero table.
+    /// Folds back into a plain `embedding` whose weight is the zero table `(max_sequence_length,
+    /// n_embd)` (after ALiBi: Composer's model after `apply_alibi`).
     fn export(&self) -> Result<Option<Vec<(String, Tensor)>>, Error> {
         Ok(Some(vec![("weight".to_owned(), self.weight.copy())]))
     }
