@@ -78,10 +78,10 @@ impl Dataset {
     /// `synthetic`, whose shape is its [`SyntheticConfig`], and `folder`, whose shape is its
     /// [`FolderConfig`](super::FolderConfig) and class folders.
     pub fn registry_shape(self) -> Option<DatasetShape> {
-        if self.is_text() {
-            return None;
+        match self {
+            Dataset::FashionMnist | Dataset::Mnist => Some(DatasetShape::IDX_28X28_10_CLASSES),
+            _ => None,
         }
-        super::fetch::registry_shape(self.as_str())
     }
 }
 
@@ -102,6 +102,16 @@ pub struct DatasetShape {
     pub width: usize,
     /// Number of classes.
     pub classes: usize,
+}
+
+impl DatasetShape {
+    /// MNIST's and Fashion-MNIST's: 1×28×28 grey images of 10 classes.
+    pub const IDX_28X28_10_CLASSES: DatasetShape = DatasetShape {
+        channels: 1,
+        height: 28,
+        width: 28,
+        classes: 10,
+    };
 }
 
 /// `[data.synthetic]`: shape of a generated dataset (every value >= 1).
