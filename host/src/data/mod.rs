@@ -15,7 +15,8 @@
 //!    cache root); it knows no dataset.
 //! 3. [`spec`] (which dataset, shapes, settings), [`dataset`] (images in memory), [`folder`]
 //!    (an image folder), [`source`] (both as a [`SampleSource`]).
-//! 4. [`text`]: corpora (pinned for `registry`), tokenizers, the token cache, packing.
+//! 4. [`text`]: corpora (pinned for `registry`), the user's own text, tokenizers, the token
+//!    cache, packing.
 //! 5. [`mod@fetch`]: the image datasets' pins and the catalogue of every registry dataset
 //!    ([`fn@fetch`], [`load`], [`known_datasets`]).
 //! 6. [`loader`] (batches on worker threads) and [`tokens`] (token streams as a
@@ -45,8 +46,8 @@ pub use registry::{default_cache_root, Pin, VERIFIED_MARKER};
 pub use source::SampleSource;
 pub use spec::{Dataset, DatasetShape, SyntheticConfig, TextConfig};
 pub use text::{
-    fetch_corpus, known_corpora, load_text, CorpusConfig, PackedSequences, TextTokenizer,
-    TokenCorpus,
+    fetch_corpus, known_corpora, load_own_text, load_text, CorpusConfig, OwnTextConfig,
+    PackedSequences, TextTokenizer, TokenCorpus,
 };
 pub use tokens::synthetic_tokens;
 pub use transforms::{

@@ -9,6 +9,8 @@
 //! * [`cache`]: the token cache, each split's ids encoded once per tokenizer.
 //! * [`corpus`]: the registry corpora (`sotu`, `shakespeare`): pins, how to obtain them (for the
 //!   one registry fetcher) and their split into documents.
+//! * [`own`]: the user's own text (`dataset = "text"`): `.txt`/`.jsonl` documents, their
+//!   content hash, the evaluation split, tokenized through the same cache.
 //! * this file: the `[data.text]` settings of a corpus and [`load_text`], which puts them
 //!   together.
 //!
@@ -23,6 +25,7 @@
 
 pub mod cache;
 pub mod corpus;
+pub mod own;
 pub mod packing;
 pub mod tokenizer;
 
@@ -31,6 +34,7 @@ use std::path::{Path, PathBuf};
 
 pub use cache::{token_cache_dir, token_width, OnDamage};
 pub use corpus::{fetch_corpus, is_text_corpus, known_corpora, DOCUMENTS, TRAIN_TEXT, VAL_TEXT};
+pub use own::{load_own_text, Document, Documents, OwnTextConfig};
 pub use packing::PackedSequences;
 pub use tokenizer::{
     bpe_file_name, train_bpe, TextTokenizer, DEFAULT_VOCAB_SIZE, EOS_TOKEN, MIN_VOCAB_SIZE,
