@@ -169,6 +169,10 @@ pub(super) fn load_spec(
     )
 }
 
+/// A document (or the piece of one a split cut) to encode: its text, and whether the document
+/// ends there (then the end-of-document token follows it).
+type Piece<'t> = (&'t str, bool);
+
 /// The token streams of both splits of the text in `dir` (`key` names it in the token cache's
 /// manifest): the tokenizer loaded from `tokenizer`, else a BPE of `vocab_size` trained on the
 /// training documents once and cached in `dir`; then both splits encoded once and cached.
@@ -177,7 +181,7 @@ fn tokenize(
     key: &str,
     tokenizer: Option<&Path>,
     vocab_size: usize,
-    (train_docs, val_docs): (&[(&str, bool)], &[(&str, bool)]),
+    (train_docs, val_docs): (&[Piece<'_>], &[Piece<'_>]),
     on_damage: OnDamage,
 ) -> Result<TokenCorpus, DataError> {
     let tokenizer = match tokenizer {

@@ -32,7 +32,7 @@ use sha2::{Digest, Sha256};
 
 use super::cache::OnDamage;
 use super::tokenizer::MIN_VOCAB_SIZE;
-use super::{tokenize, TokenCorpus, EOS_TOKEN};
+use super::{tokenize, Piece, TokenCorpus, EOS_TOKEN};
 use crate::data::DataError;
 
 /// The file describing a cache folder's key, for people.
@@ -344,7 +344,7 @@ pub fn tokenize_documents(
             cfg.vocab_size
         )));
     }
-    let (train_docs, eval_docs): (Vec<(&str, bool)>, Vec<(&str, bool)>) = match eval {
+    let (train_docs, eval_docs): (Vec<Piece<'_>>, Vec<Piece<'_>>) = match eval {
         EvalSplit::Given(docs) => (
             train.docs.iter().map(|d| (d.text.as_str(), true)).collect(),
             docs.docs.iter().map(|d| (d.text.as_str(), true)).collect(),
