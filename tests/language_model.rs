@@ -219,3 +219,129 @@ fn the_export_of_a_trained_gpt_loads_into_hugging_face_gpt2() {
         "a trained tiny GPT",
     );
 }
+
+/// `n` documents of pseudo-random sentences over a small vocabulary (a fixed LCG, so every run
+/// writes the same text), each about 2 KB.
+fn own_documents(n: usize) -> Vec<String> {
+    const WORDS: [&str; 24] = [
+        "the", "river", "runs", "to", "sea", "and", "a", "boat", "sails", "under", "grey", "sky",
+        "while", "gulls", "call", "over", "old", "harbour", "wall", "at", "dawn", "light", "falls",
+        "softly",
+    ];
+    let mut state: u64 = 0x2545_f491_4f6c_dd1d;
+    (0..n)
+        .map(|i| {
+            let mut text = format!("Document {i}.");
+            for w in 0..400 {
+                state = state
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1_442_695_040_888_963_407);
+                let word = WORDS[(state >> 33) as usize % WORDS.len()];
+                text.push_str(if w % 12 == 0 { ". " } else { " " });
+                text.push_str(word);
+            }
+            text
+        })
+        .collect()
+}
+
+/// Writes `own_documents(n)` as `texts/doc-NN.txt` and as `docs.jsonl` (field `body`) in `dir`.
+fn write_own_text(dir: &TempDir, n: usize) {
+    let docs = own_documents(n);
+    let folder = dir.join("texts");
+    std::fs::create_dir_all(&folder).expect("texts folder");
+    let mut jsonl = String::new();
+    for (i, doc) in docs.iter().enumerate() {
+        std::fs::write(folder.join(format!("doc-{i:02}.txt")), doc).expect("a text file");
+        jsonl.push_str(&serde_json::json!({ "id": i, "body": doc }).to_string());
+        jsonl.push('\n');
+    }
+    dir.write("docs.jsonl", &jsonl);
+}
+
+/// `[data]` of the user's own text at `source`, tokens cached in `cache`: a BPE of 300 trained
+/// on it, sequences of 32, batches of 8.
+fn own_text_data(source: &std::path::Path, cache: &std::path::Path, extra: &str) -> String {
+    format!(
+        "dataset = \"text\"\ndata_dir = '{}'\nbatch_size = 8\neval_batch_size = 16\nworkers = 1\n\n\
+         [data.text]\nseq_len = 32\nvocab_size = 300\ncache_dir = '{}'\n{extra}",
+        source.display(),
+        cache.display()
+    )
+}
+
+#[test]
+fn a_gpt_trains_on_your_own_text_from_a_folder_and_from_jsonl() {
+    let dir = TempDir::new("lm-own");
+    write_own_text(&dir, 40);
+    let cache = dir.join("cache");
+    let run = |label: &str, source: &str, extra: &str| {
+        let mut toml = TrainerToml::gpt(label);
+        toml.data = own_text_data(&dir.join(source), &cache, extra);
+        toml.max_duration = "4ba".to_owned();
+        toml.write_to(&dir);
+        let out = train(&dir, &["train.eval_subset_batches=2"], &[]);
+        out.assert_success();
+        let record = run_record(&dir, label);
+        assert_eq!(record["tokens"], 4 * 8 * 32, "{record:#}");
+        let e = &record["evals"][0];
+        assert_eq!(e["tokens"], 2 * 16 * 32, "{record:#}");
+        let ppl = e["perplexity"].as_f64().expect("perplexity");
+        // Four steps from a uniform guess over the 300 tokens.
+        assert!(ppl.is_finite() && ppl < 300.0 * 1.5, "{ppl}");
+        out
+    };
+    // The folder: the first run trains the tokenizer and encodes, the second reads the cache.
+    let first = run("own-txt", "texts", "");
+    assert!(
+        first.stderr.contains("trained the byte-level BPE")
+            && first.stderr.contains("encoded the corpus"),
+        "{}",
+        first.dump()
+    );
+    let second = run("own-txt-again", "texts", "");
+    assert!(
+        !second.stderr.contains("trained the byte-level BPE")
+            && !second.stderr.contains("encoded the corpus"),
+        "{}",
+        second.dump()
+    );
+    // The .jsonl file (another source: its own tokenizer and cache folder).
+    let jsonl = run("own-jsonl", "docs.jsonl", "text_field = \"body\"\n");
+    assert!(
+        jsonl.stderr.contains("encoded the corpus"),
+        "{}",
+        jsonl.dump()
+    );
+    let folders = std::fs::read_dir(&cache)
+        .expect("the token cache")
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().starts_with("text-"))
+        .count();
+    assert_eq!(folders, 2);
+    // A .jsonl line without the field is named with its line.
+    let broken = dir.write(
+        "broken.jsonl",
+        "{\"body\": \"fine\"}\n{\"title\": \"no body\"}\n",
+    );
+    let mut toml = TrainerToml::gpt("own-broken");
+    toml.data = own_text_data(&broken, &cache, "text_field = \"body\"\n");
+    toml.write_to(&dir);
+    train(&dir, &[], &[]).assert_failure(&["broken.jsonl", "line 2", "no field \"body\""]);
+}
+
+#[test]
+fn killed_and_resumed_own_text_run_equals_the_straight_run_bit_for_bit() {
+    // 38 training documents of about 950 tokens (36 545 with the BPE of 300: 142 batches of
+    // 8 × 32 per epoch), so the kill near batch 4 and the resume are mid-epoch.
+    let data = TempDir::new("lm-own-resume-data");
+    write_own_text(&data, 40);
+    let (texts, cache) = (data.join("texts"), data.join("cache"));
+    assert_killed_and_resumed_is_exact("lm-own-resume", |run| {
+        let mut toml = TrainerToml::gpt(run);
+        toml.model = format!("{TINY_GPT}\ndropout = 0.1");
+        toml.data = own_text_data(&texts, &cache, "");
+        toml.max_duration = "8ba".to_owned();
+        toml
+    });
+}

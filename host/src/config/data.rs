@@ -19,7 +19,8 @@ pub struct DataConfig {
     /// Which dataset.
     pub dataset: Dataset,
     /// Dataset cache root, resolved against the file's folder; `None` = the loader's default.
-    /// For `folder`, the image folder itself (required).
+    /// For `folder`, the image folder itself (required); for `text`, the text itself (a folder
+    /// of `.txt`/`.jsonl` files or one such file; required).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub data_dir: Option<PathBuf>,
     /// Fetch a missing registry dataset (default true; no effect on `synthetic` and `folder`).
@@ -110,7 +111,17 @@ section!(TextConfig {
     tokenizer: path(),
     tokens: uint(2),
     eval_tokens: uint(2),
+    eval_path: path(),
+    eval_fraction: float(Bounds {
+        lo: Some((0.0, false)),
+        hi: Some((1.0, false)),
+    }),
+    text_field: string(),
+    cache_dir: path(),
 });
+
+/// The `[data.text]` keys only `dataset = "text"` (the user's own text) takes.
+const OWN_TEXT_KEYS: [&str; 4] = ["eval_path", "eval_fraction", "text_field", "cache_dir"];
 
 section!(SyntheticConfig {
     samples: uint(1),
@@ -203,6 +214,24 @@ pub(super) fn read(top: &Tbl<'_>) -> Result<DataConfig, ConfigError> {
                         "synthetic-text is generated as token ids; it has no tokenizer",
                     )?;
                 }
+                if dataset != Dataset::Text {
+                    for key in OWN_TEXT_KEYS {
+                        t.reject(
+                            key,
+                            &format!(
+                                "[data.text] {key} only applies to dataset = \"text\" (your own \
+                                 text), not {:?}",
+                                dataset.as_str()
+                            ),
+                        )?;
+                    }
+                } else if t.entry("eval_path").is_some() {
+                    t.reject(
+                        "eval_fraction",
+                        "give either eval_path (the evaluation text) or eval_fraction (the share \
+                         of documents held out), not both",
+                    )?;
+                }
                 TextConfig::default().read_keys(&t)?
             }
             None => TextConfig::default(),
@@ -212,12 +241,19 @@ pub(super) fn read(top: &Tbl<'_>) -> Result<DataConfig, ConfigError> {
         d.reject(
             "text",
             &format!(
-                "[data.text] only applies to text datasets (sotu, shakespeare, synthetic-text), not {:?}",
+                "[data.text] only applies to text datasets (sotu, shakespeare, synthetic-text, text), not {:?}",
                 dataset.as_str()
             ),
         )?;
         None
     };
+    if dataset == Dataset::Text && d.entry("data_dir").is_none() {
+        return Err(d.missing(
+            "data_dir",
+            "your text: a folder of .txt files (each a document) and/or .jsonl files (one JSON \
+             object with a \"text\" field per line), or one such file",
+        ));
+    }
     let shape = match (&synthetic, &folder) {
         _ if text.is_some() => {
             let t = text

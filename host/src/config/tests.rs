@@ -739,7 +739,7 @@ fn wrong_types() {
             WrongType,
             "data.dataset",
             Some(3),
-            "expected one of \"fashion-mnist\", \"mnist\", \"synthetic\", \"folder\", \"sotu\", \"shakespeare\" or \"synthetic-text\"",
+            "expected one of \"fashion-mnist\", \"mnist\", \"synthetic\", \"folder\", \"sotu\", \"shakespeare\", \"synthetic-text\" or \"text\"",
         ),
         case(
             "algorithms table",
@@ -1041,7 +1041,7 @@ fn unknown_names() {
             InvalidValue,
             "data.dataset",
             Some(3),
-            "unknown dataset \"cifar10\"; expected \"fashion-mnist\", \"mnist\", \"synthetic\", \"folder\", \"sotu\", \"shakespeare\" or \"synthetic-text\"",
+            "unknown dataset \"cifar10\"; expected \"fashion-mnist\", \"mnist\", \"synthetic\", \"folder\", \"sotu\", \"shakespeare\", \"synthetic-text\" or \"text\"",
         ),
         case(
             "dataset typo",
@@ -1112,7 +1112,7 @@ fn missing_required() {
             MissingKey,
             "data.dataset",
             Some(2),
-            "expected \"fashion-mnist\", \"mnist\", \"synthetic\", \"folder\", \"sotu\", \"shakespeare\" or \"synthetic-text\"",
+            "expected \"fashion-mnist\", \"mnist\", \"synthetic\", \"folder\", \"sotu\", \"shakespeare\", \"synthetic-text\" or \"text\"",
         ),
         case(
             "model name",
@@ -2196,6 +2196,69 @@ fn text_configs_round_trip_through_the_recorded_config() {
     let again = recorded::from_recorded(&recorded, "again", &[]).unwrap_or_else(|e| panic!("{e}"));
     let t = again.data.text.as_ref().expect("a text config");
     assert_eq!((t.tokens(), t.eval_tokens()), (1000, 300));
+}
+
+#[test]
+fn own_text_keys_are_read_checked_and_round_trip() {
+    let own = MINIMAL
+        .replace(
+            "\"fashion-mnist\"",
+            "\"text\"\ndata_dir = \"my-text\"\n[data.text]\nseq_len = 64\nvocab_size = 512\n\
+             eval_fraction = 0.1\ntext_field = \"body\"\ncache_dir = \"tok-cache\"",
+        )
+        .replace("\"cnn\"", "\"gpt2\"");
+    let c = ok(&own);
+    assert_eq!(c.data.dataset, Dataset::Text);
+    assert!(c
+        .data
+        .data_dir
+        .as_ref()
+        .is_some_and(|p| p.ends_with("my-text")));
+    let t = c.data.text.as_ref().expect("a text config");
+    assert_eq!((t.eval_fraction(), t.text_field()), (0.1, "body"));
+    assert!(t
+        .cache_dir
+        .as_ref()
+        .is_some_and(|p| p.ends_with("tok-cache")));
+    assert_eq!(t.eval_path, None);
+    let recorded = serde_json::to_value(&c).unwrap_or_else(|e| panic!("{e}"));
+    let again = recorded::from_recorded(&recorded, "again", &[]).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(again.data, c.data);
+    // Defaults: 5 % held out, the "text" field.
+    let plain = own.replace("eval_fraction = 0.1\ntext_field = \"body\"\n", "");
+    let t = ok(&plain).data.text.expect("a text config");
+    assert_eq!((t.eval_fraction(), t.text_field()), (0.05, "text"));
+    // An evaluation source instead.
+    let given = plain.replace(
+        "vocab_size = 512",
+        "vocab_size = 512\neval_path = \"val.jsonl\"",
+    );
+    let t = ok(&given).data.text.expect("a text config");
+    assert!(t.eval_path.is_some_and(|p| p.ends_with("val.jsonl")));
+    // Refused by name.
+    refused(
+        &own.replace("data_dir = \"my-text\"\n", ""),
+        "data.data_dir",
+        &["missing", ".txt", ".jsonl"],
+    );
+    refused(
+        &own.replace(
+            "eval_fraction = 0.1",
+            "eval_fraction = 0.1\neval_path = \"v\"",
+        ),
+        "data.text.eval_fraction",
+        &["either eval_path", "not both"],
+    );
+    refused(
+        &own.replace("eval_fraction = 0.1", "eval_fraction = 1.0"),
+        "data.text.eval_fraction",
+        &["1"],
+    );
+    refused(
+        &own.replace("\"text\"\ndata_dir", "\"shakespeare\"\ndata_dir"),
+        "data.text.eval_fraction",
+        &["only applies to dataset = \"text\"", "shakespeare"],
+    );
 }
 
 #[test]

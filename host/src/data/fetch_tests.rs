@@ -1,8 +1,12 @@
 //! Unit tests of `fetch`.
+use std::ffi::OsString;
+use std::fs;
+use std::process::Output;
+
 use super::super::idx::tests::{gzip, TempDir};
 use super::*;
 use crate::data::download::{find_file, tail};
-use std::process::Output;
+use crate::data::{default_cache_root, Dataset};
 
 #[test]
 fn known_names_and_unknown_error() {
@@ -18,6 +22,16 @@ fn known_names_and_unknown_error() {
         msg.contains("known datasets: fashion-mnist, mnist"),
         "{msg}"
     );
+}
+
+#[test]
+fn the_dataset_enum_and_the_pins_agree_on_shapes() {
+    for (name, dataset) in Dataset::CHOICES {
+        assert_eq!(dataset.registry_shape(), registry_shape(name), "{name}");
+    }
+    for name in known_datasets() {
+        assert!(registry_shape(name).is_some(), "{name}");
+    }
 }
 
 #[test]

@@ -1,12 +1,26 @@
 //! Datasets, the batch loader and per-sample transforms.
 //!
-//! Pure Rust: this module reads and fetches image datasets ([`idx`], [`mod@fetch`]), holds them in
-//! memory ([`ImageDataset`]) or lists an image folder whose files are decoded on demand
+//! Pure Rust: this module reads and fetches image datasets ([`idx`], [`mod@fetch`]) and text
+//! corpora ([`text`]), holds images in memory ([`ImageDataset`]) or lists an image folder whose files are decoded on demand
 //! ([`ImageFolder`]), both read through a [`SampleSource`], augments samples ([`Transform`]) and
 //! serves batches on worker threads ([`Loader`]): `u8` pixels (or `f32` values when a method's
 //! transform computes new ones) with the normalization still to run, or `i64` token ids. The
 //! trainer turns [`HostBatch`]es into tensors on the device, where the pixels are scaled and
 //! normalized.
+//!
+//! Layering: each module uses only those listed before it (and `DataError`, defined here).
+//!
+//! 1. [`idx`], `download` (the registry clients: `apt-get`, `pip`, `npm`), [`transforms`].
+//! 2. `registry`: the one fetcher of registry datasets (pins, verification, atomic install, the
+//!    cache root); it knows no dataset.
+//! 3. [`spec`] (which dataset, shapes, settings), [`dataset`] (images in memory), [`folder`]
+//!    (an image folder), [`source`] (both as a [`SampleSource`]).
+//! 4. [`text`]: corpora (pinned for `registry`), the user's own text, tokenizers, the token
+//!    cache, packing.
+//! 5. [`mod@fetch`]: the image datasets' pins and the catalogue of every registry dataset
+//!    ([`fn@fetch`], [`load`], [`known_datasets`]).
+//! 6. [`loader`] (batches on worker threads) and [`tokens`] (token streams as a
+//!    [`TokenSource`]).
 
 pub mod dataset;
 mod download;
@@ -14,6 +28,7 @@ pub mod fetch;
 pub mod folder;
 pub mod idx;
 pub mod loader;
+mod registry;
 pub mod source;
 pub mod spec;
 pub mod subset;
@@ -24,19 +39,17 @@ pub mod transforms;
 use std::path::PathBuf;
 
 pub use dataset::{ImageDataset, Split};
-pub use fetch::{
-    default_cache_root, fetch, fetch_again, known_datasets, load, registry_class_names,
-    registry_shape,
-};
+pub use fetch::{fetch, fetch_again, known_datasets, load, registry_class_names, registry_shape};
 pub use folder::{FolderConfig, ImageFolder, OnBadFile};
 pub use idx::{read_images, read_labels, Images};
 pub use loader::{EpochIter, HostBatch, HostInput, Loader, LoaderOptions, Pixels, TokenSource};
+pub use registry::{default_cache_root, Pin, VERIFIED_MARKER};
 pub use source::SampleSource;
 pub use spec::{Dataset, DatasetShape, SyntheticConfig, TextConfig};
 pub use subset::SubsetChoice;
 pub use text::{
-    fetch_corpus, known_corpora, load_text, CorpusConfig, PackedSequences, TextTokenizer,
-    TokenCorpus,
+    fetch_corpus, known_corpora, load_own_text, load_text, CorpusConfig, OwnTextConfig,
+    PackedSequences, TextTokenizer, TokenCorpus,
 };
 pub use tokens::synthetic_tokens;
 pub use transforms::{

@@ -31,11 +31,15 @@ pub enum Dataset {
     /// shaped by a [`TextConfig`].
     #[serde(rename = "synthetic-text")]
     SyntheticText,
+    /// The user's own text: `.txt` files and/or `.jsonl` lines (`[data] data_dir`), tokenized
+    /// as a corpus is.
+    #[serde(rename = "text")]
+    Text,
 }
 
 impl Dataset {
     /// Every dataset with the name used in `trainer.toml`.
-    pub const CHOICES: [(&'static str, Dataset); 7] = [
+    pub const CHOICES: [(&'static str, Dataset); 8] = [
         ("fashion-mnist", Dataset::FashionMnist),
         ("mnist", Dataset::Mnist),
         ("synthetic", Dataset::Synthetic),
@@ -43,6 +47,7 @@ impl Dataset {
         ("sotu", Dataset::Sotu),
         ("shakespeare", Dataset::Shakespeare),
         ("synthetic-text", Dataset::SyntheticText),
+        ("text", Dataset::Text),
     ];
 
     /// The name used in `trainer.toml` (and by [`fetch`](super::fetch()) for registry datasets).
@@ -55,6 +60,7 @@ impl Dataset {
             Dataset::Sotu => "sotu",
             Dataset::Shakespeare => "shakespeare",
             Dataset::SyntheticText => "synthetic-text",
+            Dataset::Text => "text",
         }
     }
 
@@ -62,7 +68,7 @@ impl Dataset {
     pub fn is_text(self) -> bool {
         matches!(
             self,
-            Dataset::Sotu | Dataset::Shakespeare | Dataset::SyntheticText
+            Dataset::Sotu | Dataset::Shakespeare | Dataset::SyntheticText | Dataset::Text
         )
     }
 
@@ -70,7 +76,7 @@ impl Dataset {
     pub fn is_registry(self) -> bool {
         !matches!(
             self,
-            Dataset::Synthetic | Dataset::Folder | Dataset::SyntheticText
+            Dataset::Synthetic | Dataset::Folder | Dataset::SyntheticText | Dataset::Text
         )
     }
 
@@ -78,10 +84,10 @@ impl Dataset {
     /// `synthetic`, whose shape is its [`SyntheticConfig`], and `folder`, whose shape is its
     /// [`FolderConfig`](super::FolderConfig) and class folders.
     pub fn registry_shape(self) -> Option<DatasetShape> {
-        if self.is_text() {
-            return None;
+        match self {
+            Dataset::FashionMnist | Dataset::Mnist => Some(DatasetShape::IDX_28X28_10_CLASSES),
+            _ => None,
         }
-        super::fetch::registry_shape(self.as_str())
     }
 }
 
@@ -102,6 +108,16 @@ pub struct DatasetShape {
     pub width: usize,
     /// Number of classes.
     pub classes: usize,
+}
+
+impl DatasetShape {
+    /// MNIST's and Fashion-MNIST's: 1×28×28 grey images of 10 classes.
+    pub const IDX_28X28_10_CLASSES: DatasetShape = DatasetShape {
+        channels: 1,
+        height: 28,
+        width: 28,
+        classes: 10,
+    };
 }
 
 /// `[data.synthetic]`: shape of a generated dataset (every value >= 1).
@@ -147,7 +163,7 @@ impl SyntheticConfig {
 }
 
 /// `[data.text]`: how text becomes token sequences (text datasets only).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct TextConfig {
     /// Tokens per training and evaluation sequence (default 128).
     pub seq_len: usize,
@@ -171,6 +187,20 @@ pub struct TextConfig {
     /// [`TextConfig::eval_tokens`]); recorded only when set, as `tokens`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub eval_tokens: Option<usize>,
+    /// `text` only: the evaluation text (a folder or a `.txt`/`.jsonl` file, resolved against
+    /// the file's folder) instead of a held-out fraction. Recorded only when set, as `tokens`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eval_path: Option<std::path::PathBuf>,
+    /// `text` only: the share of documents held out for evaluation without `eval_path`, in
+    /// (0, 1) (default 0.05, [`TextConfig::eval_fraction`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eval_fraction: Option<f64>,
+    /// `text` only: the key of a `.jsonl` line's text (default `"text"`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub text_field: Option<String>,
+    /// `text` only: the folder of the token caches (default: `text/` in the data cache root).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cache_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for TextConfig {
@@ -182,11 +212,21 @@ impl Default for TextConfig {
             tokenizer: None,
             tokens: None,
             eval_tokens: None,
+            eval_path: None,
+            eval_fraction: None,
+            text_field: None,
+            cache_dir: None,
         }
     }
 }
 
 impl TextConfig {
+    /// Default `eval_fraction` of `text`.
+    pub const DEFAULT_EVAL_FRACTION: f64 = 0.05;
+
+    /// Default `text_field` of `text`.
+    pub const DEFAULT_TEXT_FIELD: &'static str = "text";
+
     /// Tokens per evaluation sequence.
     pub fn eval_seq_len(&self) -> usize {
         self.eval_seq_len.unwrap_or(self.seq_len)
@@ -200,6 +240,18 @@ impl TextConfig {
     /// `synthetic-text`: evaluation tokens generated (default 32768).
     pub fn eval_tokens(&self) -> usize {
         self.eval_tokens.unwrap_or(32_768)
+    }
+
+    /// `text`: the share of documents held out for evaluation (default 0.05).
+    pub fn eval_fraction(&self) -> f64 {
+        self.eval_fraction.unwrap_or(Self::DEFAULT_EVAL_FRACTION)
+    }
+
+    /// `text`: the key of a `.jsonl` line's text (default `"text"`).
+    pub fn text_field(&self) -> &str {
+        self.text_field
+            .as_deref()
+            .unwrap_or(Self::DEFAULT_TEXT_FIELD)
     }
 }
 

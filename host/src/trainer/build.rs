@@ -493,7 +493,7 @@ pub type TokenSets = (
 
 /// The training and evaluation token sequences of a text dataset and its vocabulary size:
 /// `synthetic-text` generated from the run's seed, a corpus loaded (fetched when allowed) and
-/// tokenized.
+/// tokenized, or the user's own text read, split and tokenized (cached by its content hash).
 pub fn load_token_sets(cfg: &Config) -> Result<TokenSets> {
     let d = &cfg.data;
     let Some(text) = &d.text else {
@@ -509,6 +509,31 @@ pub fn load_token_sets(cfg: &Config) -> Result<TokenSets> {
             )?,
             text.vocab_size,
         ),
+        data::Dataset::Text => {
+            let Some(path) = d.data_dir.clone() else {
+                fail!("dataset = \"text\" needs data.data_dir: the text to train on");
+            };
+            let cfg = data::OwnTextConfig {
+                path,
+                eval_path: text.eval_path.clone(),
+                eval_fraction: text.eval_fraction(),
+                text_field: text.text_field().to_owned(),
+                vocab_size: text.vocab_size,
+                tokenizer: text.tokenizer.clone(),
+                cache_dir: text
+                    .cache_dir
+                    .clone()
+                    .unwrap_or_else(|| data::default_cache_root().join("text")),
+            };
+            let loaded = data::load_own_text(&cfg)
+                .with_context(|| format!("loading the text at {}", cfg.path.display()))?;
+            tracing::info!(
+                "tokenizer {} (sha256 {})",
+                loaded.tokenizer_path.display(),
+                loaded.tokenizer_sha256
+            );
+            (loaded.train, loaded.val, loaded.vocab_size)
+        }
         corpus => {
             let root = d.data_dir.clone().unwrap_or_else(data::default_cache_root);
             let loaded = data::load_text(

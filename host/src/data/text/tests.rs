@@ -1,7 +1,18 @@
 //! Unit tests of `text`: splitting, packing, the tokenizer and the caches (a stand-in corpus,
 //! no network), and the real fetch of both corpora (ignored; needs npm, pip and the registries).
-use super::super::idx::tests::TempDir;
+use std::collections::BTreeMap;
+use std::fs::{self, File};
+use std::path::Path;
+use std::sync::Arc;
+
+use super::cache::{bytes_to_ids, ids_to_bytes, read_token_cache, TOKEN_MANIFEST};
+use super::corpus::{
+    canonical, documents_tsv, install_split, read_texts, split_files, Part, SplitCorpus, SplitRule,
+    TextSource,
+};
 use super::*;
+use crate::data::idx::tests::TempDir;
+use crate::data::registry::{cache_problem, write_marker, Pin, VERIFIED_MARKER};
 
 /// The non-ASCII characters of the SOTU corpus (datasets.md §2.1).
 const NON_ASCII: &str = "° á ï ó ‑ – — ’ “ ” •";
@@ -67,7 +78,8 @@ fn stand_in_cache(tag: &str) -> (TempDir, &'static CorpusSpec, SplitCorpus) {
     let folder = dir.0.join(spec.name);
     fs::create_dir_all(&folder).unwrap();
     install_split(spec, &split, &folder).unwrap();
-    assert_eq!(corpus_problem(spec, &folder), None);
+    write_marker(spec, &folder).unwrap();
+    assert_eq!(cache_problem(spec, &folder), None);
     (dir, spec, split)
 }
 
