@@ -23,6 +23,7 @@
 //!    [`TokenSource`]).
 
 pub mod dataset;
+pub mod decode;
 mod download;
 pub mod fetch;
 pub mod folder;
@@ -44,7 +45,7 @@ pub use folder::{FolderConfig, ImageFolder, OnBadFile};
 pub use idx::{read_images, read_labels, Images};
 pub use loader::{EpochIter, HostBatch, HostInput, Loader, LoaderOptions, Pixels, TokenSource};
 pub use registry::{default_cache_root, Pin, VERIFIED_MARKER};
-pub use source::SampleSource;
+pub use source::{SampleData, SampleSource};
 pub use spec::{Dataset, DatasetShape, SyntheticConfig, TextConfig};
 pub use subset::SubsetChoice;
 pub use text::{

@@ -141,6 +141,10 @@ impl SampleSource for Subset {
     fn label(&self, index: usize) -> Option<i64> {
         self.inner.label(*self.indices.get(index)? as usize)
     }
+
+    fn undecodable(&self, index: usize, error: DataError) -> Result<(), DataError> {
+        self.inner.undecodable(self.inner_index(index)?, error)
+    }
 }
 
 impl Subset {
@@ -291,7 +295,10 @@ mod tests {
         assert_eq!(labels_of(&*set), Some(vec![0, 1, 2, 0, 1, 2]));
         let sub = Subset::new(Arc::clone(&set), Arc::new(vec![1, 4])).unwrap();
         assert_eq!(sub.len(), 2);
-        let (pixels, label) = sub.read(1).unwrap().unwrap();
+        let (data, label) = sub.read(1).unwrap().unwrap();
+        let crate::data::SampleData::Pixels(pixels) = data else {
+            panic!("a dataset in memory serves pixels");
+        };
         assert_eq!((&pixels[..], label), (&[8u8, 9][..], 1));
         assert_eq!(sub.label(0), Some(1));
         assert!(sub.read(2).is_err());
