@@ -98,7 +98,7 @@ impl Documents {
 }
 
 /// Reads `path`: a `.txt` or `.jsonl` file, or a folder whose `.txt` and `.jsonl` files
-/// (sub-folders included, hidden entries skipped) are read in the order of their relative paths
+/// (sub-folders included, hidden entries and links to folders skipped) are read in the order of their relative paths
 /// as bytes. A `.txt` file is one document; each non-blank line of a `.jsonl` file is a JSON
 /// object whose `text_field` is one. Errors name the file (and line); a source without any
 /// document is an error.
@@ -173,7 +173,7 @@ fn is_text_file(path: &Path) -> bool {
 }
 
 /// Appends `(relative path with '/', path)` of every `.txt`/`.jsonl` file under `dir`; skips
-/// hidden entries (`.name`), follows symbolic links.
+/// hidden entries (`.name`); follows symbolic links to files, not to folders (no cycles).
 fn list_text_files(
     root: &Path,
     dir: &Path,
@@ -185,10 +185,10 @@ fn list_text_files(
             continue;
         }
         let path = entry.path();
-        let meta = fs::metadata(&path).map_err(|e| DataError::io(&path, e))?;
-        if meta.is_dir() {
+        let kind = entry.file_type().map_err(|e| DataError::io(&path, e))?;
+        if kind.is_dir() {
             list_text_files(root, &path, out)?;
-        } else if meta.is_file() && is_text_file(&path) {
+        } else if is_text_file(&path) && (kind.is_file() || path.is_file()) {
             let relative = path.strip_prefix(root).unwrap_or(&path);
             let name = relative
                 .components()

@@ -71,6 +71,20 @@ fn a_folder_is_read_file_by_file_in_path_order_skipping_hidden_and_other_files()
             (".git/e.txt", "hidden folder"),
         ],
     );
+    // A link to a folder (here a cycle) is skipped; a link to a file is read.
+    #[cfg(unix)]
+    {
+        std::os::unix::fs::symlink(&dir.0, dir.0.join("sub/loop")).unwrap();
+        std::os::unix::fs::symlink(dir.0.join("a.txt"), dir.0.join("sub/link.txt")).unwrap();
+    }
+    let docs = read_documents(&dir.0, "text").unwrap();
+    #[cfg(unix)]
+    assert!(docs
+        .docs
+        .iter()
+        .any(|d| d.name == "sub/link.txt" && d.text == "ay"));
+    #[cfg(unix)]
+    fs::remove_file(dir.0.join("sub/link.txt")).unwrap();
     let docs = read_documents(&dir.0, "text").unwrap();
     assert_eq!(
         names(&docs),
