@@ -10,7 +10,7 @@ use super::required_table;
 use super::section::{section, Section};
 use crate::data::{
     folder, Dataset, DatasetShape, FolderConfig, HorizontalFlip, Normalize, OnBadFile, RandomCrop,
-    SyntheticConfig, TextConfig, Transforms,
+    ShardsConfig, SyntheticConfig, TextConfig, Transforms,
 };
 
 /// `[data]`
@@ -42,6 +42,10 @@ pub struct DataConfig {
     /// How an image folder's files become samples; `Some` exactly when `dataset` is `folder`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub folder: Option<FolderConfig>,
+    /// How shard samples become images and labels; `Some` exactly when `dataset` is `mds` or
+    /// `wds`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shards: Option<ShardsConfig>,
     /// How text becomes token sequences; `Some` exactly when `dataset` is a text dataset.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub text: Option<TextConfig>,
@@ -66,6 +70,7 @@ section!(DataConfig {
     shuffle: bool(),
     synthetic,
     folder,
+    shards,
     text,
     transforms,
 });
@@ -110,6 +115,17 @@ section!(TextConfig {
     tokenizer: path(),
     tokens: uint(2),
     eval_tokens: uint(2),
+});
+
+section!(ShardsConfig {
+    size,
+    channels: uint(1),
+    classes,
+    image: string(),
+    label: string(),
+    train: string(),
+    val: string(),
+    shuffle_block: uint(1),
 });
 
 section!(SyntheticConfig {
@@ -184,6 +200,19 @@ pub(super) fn read(top: &Tbl<'_>) -> Result<DataConfig, ConfigError> {
             None
         }
     };
+    let shards = match dataset.shard_format() {
+        Some(format) => Some(read_shards(&d, format)?),
+        None => {
+            d.reject(
+                "shards",
+                &format!(
+                    "[data.shards] only applies to dataset = \"mds\" or \"wds\", not {:?}",
+                    dataset.as_str()
+                ),
+            )?;
+            None
+        }
+    };
     let text = if dataset.is_text() {
         let t = match d.sub("text", Some(TextConfig::KEYS))? {
             Some(t) => {
@@ -232,6 +261,15 @@ pub(super) fn read(top: &Tbl<'_>) -> Result<DataConfig, ConfigError> {
             }
         }
         (Some(s), _) => s.shape(),
+        _ if shards.is_some() => shards
+            .as_ref()
+            .map(|s| DatasetShape {
+                channels: s.channels,
+                height: s.size,
+                width: s.size,
+                classes: s.classes,
+            })
+            .unwrap_or_default(),
         (_, Some((f, classes))) => DatasetShape {
             channels: f.channels,
             height: f.size,
@@ -259,6 +297,7 @@ pub(super) fn read(top: &Tbl<'_>) -> Result<DataConfig, ConfigError> {
         shuffle: true,
         synthetic,
         folder: folder.map(|(f, _)| f),
+        shards,
         text,
         transforms: Transforms::default(),
         shape,
@@ -324,6 +363,63 @@ fn read_folder(d: &Tbl<'_>) -> Result<(FolderConfig, usize), ConfigError> {
     let classes = folder::class_names(&root)
         .map_err(|e| d.err("data_dir", ErrorKind::InvalidValue, e.to_string()))?;
     Ok((config, classes.len()))
+}
+
+/// `[data.shards]` (required with `data_dir` for `dataset = "mds"` and `"wds"`).
+fn read_shards(d: &Tbl<'_>, format: crate::data::ShardFormat) -> Result<ShardsConfig, ConfigError> {
+    if d.entry("data_dir").is_none() {
+        return Err(d.missing(
+            "data_dir",
+            "the folder holding the split folders (train/, val/) of the shards",
+        ));
+    }
+    let s = d.sub("shards", Some(ShardsConfig::KEYS))?.ok_or_else(|| {
+        d.missing(
+            "shards",
+            "a [data.shards] table with the image `size` and the number of `classes`",
+        )
+    })?;
+    let size = s.uint("size", 1)?.ok_or_else(|| {
+        s.missing(
+            "size",
+            "the side of the square samples: each image is resized (shorter side) and centre-cropped to it",
+        )
+    })?;
+    let classes = s.uint("classes", 1)?.ok_or_else(|| {
+        s.missing(
+            "classes",
+            "the number of classes (labels lie in 0..classes)",
+        )
+    })?;
+    let config = ShardsConfig::new(format, size, classes).read_keys(&s)?;
+    if config.channels != 1 && config.channels != 3 {
+        return Err(s.err(
+            "channels",
+            ErrorKind::InvalidValue,
+            format!(
+                "must be 1 (luma) or 3 (RGB), got {}; every image is converted to it",
+                config.channels
+            ),
+        ));
+    }
+    if u32::try_from(config.size).is_err() {
+        return Err(s.err(
+            "size",
+            ErrorKind::InvalidValue,
+            format!("must be below 2^32, got {}", config.size),
+        ));
+    }
+    for (key, value) in [
+        ("image", &config.image),
+        ("label", &config.label),
+        ("train", &config.train),
+        ("val", &config.val),
+    ] {
+        if value.trim().is_empty() {
+            return Err(s.err(key, ErrorKind::InvalidValue, "must not be empty"));
+        }
+    }
+    Ok(config)
 }
 
 fn read_transforms(t: &Tbl<'_>, data: &DataConfig) -> Result<Transforms, ConfigError> {

@@ -335,17 +335,24 @@ pub fn decode(path: &Path, channels: usize, size: usize) -> Result<Vec<u8>, Data
         .map_err(|e| bad(e.to_string()))?
         .decode()
         .map_err(|e| bad(e.to_string()))?;
+    to_sample(image, channels, size).map_err(bad)
+}
+
+/// A decoded image as `channels`×`size`×`size` `u8` pixels: resized (shorter side) and
+/// centre-cropped as [`decode`] does; the error says why not.
+pub(crate) fn to_sample(
+    image: DynamicImage,
+    channels: usize,
+    size: usize,
+) -> Result<Vec<u8>, String> {
     if image.width() == 0 || image.height() == 0 {
-        return Err(bad(format!("it is {}x{}", image.width(), image.height())));
+        return Err(format!("it is {}x{}", image.width(), image.height()));
     }
-    let size = u32::try_from(size).map_err(|_| bad(format!("size {size} is too large")))?;
+    let size = u32::try_from(size).map_err(|_| format!("size {size} is too large"))?;
     match channels {
         1 => Ok(resize_center_crop(luma(image), size).into_raw()),
         3 => Ok(planar(&resize_center_crop(image.into_rgb8(), size))),
-        _ => Err(DataError::Invalid(format!(
-            "{}: channels must be 1 or 3, got {channels}",
-            path.display()
-        ))),
+        _ => Err(format!("channels must be 1 or 3, got {channels}")),
     }
 }
 

@@ -14,6 +14,7 @@ pub mod fetch;
 pub mod folder;
 pub mod idx;
 pub mod loader;
+pub mod shards;
 pub mod source;
 pub mod spec;
 pub mod text;
@@ -30,6 +31,7 @@ pub use fetch::{
 pub use folder::{FolderConfig, ImageFolder, OnBadFile};
 pub use idx::{read_images, read_labels, Images};
 pub use loader::{EpochIter, HostBatch, HostInput, Loader, LoaderOptions, Pixels, TokenSource};
+pub use shards::{ShardFormat, Sharded, ShardsConfig};
 pub use source::SampleSource;
 pub use spec::{Dataset, DatasetShape, SyntheticConfig, TextConfig};
 pub use text::{

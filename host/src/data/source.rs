@@ -30,6 +30,15 @@ pub trait SampleSource: Send + Sync + std::fmt::Debug {
     /// Sample `index`; `Ok(None)` when it is to be left out (an undecodable file skipped by
     /// setting).
     fn read(&self, index: usize) -> Result<Option<RawSample<'_>>, DataError>;
+
+    /// The shuffled order of epoch `epoch` when the source has its own (a sharded dataset
+    /// shuffles shards, then samples within blocks of shards, so that it reads a few shards at a
+    /// time); `None` for the loader's uniform permutation. It must be a permutation of
+    /// `0..len()` and a pure function of `(seed, epoch)`: every rank computes it alike and the
+    /// loader splits it round-robin, and resuming at a batch starts at its position.
+    fn epoch_order(&self, _seed: u64, _epoch: u64) -> Option<Vec<u32>> {
+        None
+    }
 }
 
 impl SampleSource for ImageDataset {
