@@ -215,17 +215,9 @@ impl Sharded {
             } => {
                 let s = &shards[shard];
                 let path = dir.join(&s.stored().basename);
-                let owned;
-                let sample: &[u8] = if s.zip.is_some() {
-                    let data = self.resident_shard(shard, &path, s.compression.as_deref())?;
-                    owned = mds::sample_bytes(&data, local, &path)?.to_vec();
-                    &owned
-                } else {
-                    owned = read_mds_sample(&path, local)?;
-                    &owned
-                };
+                let sample = self.mds_sample(s, shard, local, &path)?;
                 let at = |e: String| DataError::format(&path, format!("sample {local}: {e}"));
-                let values = mds::split_columns(&s.columns, sample).map_err(at)?;
+                let values = mds::split_columns(&s.columns, &sample).map_err(at)?;
                 let (ic, lc) = columns[shard];
                 let image = ImageData::from_mds(&s.columns[ic].encoding, values[ic]).map_err(at)?;
                 let label = mds::decode_value(&s.columns[lc].encoding, values[lc]).map_err(at)?;
@@ -266,6 +258,45 @@ impl Sharded {
             ));
         }
         Ok(label)
+    }
+
+    /// Every column of MDS sample `index`, decoded (images as their stored bytes); an error for
+    /// WebDataset shards.
+    pub fn mds_values(&self, index: usize) -> Result<Vec<(String, mds::Value)>, DataError> {
+        let (shard, local) = self.locate(index)?;
+        let Backend::Mds { dir, shards, .. } = &self.backend else {
+            return Err(DataError::Invalid(format!("{} is not an MDS dataset", self.name)));
+        };
+        let s = &shards[shard];
+        let path = dir.join(&s.stored().basename);
+        let sample = self.mds_sample(s, shard, local, &path)?;
+        let at = |e: String| DataError::format(&path, format!("sample {local}: {e}"));
+        let values = mds::split_columns(&s.columns, &sample).map_err(at)?;
+        s.columns
+            .iter()
+            .zip(values)
+            .map(|(c, v)| {
+                mds::decode_value(&c.encoding, v)
+                    .map(|v| (c.name.clone(), v))
+                    .map_err(|e| at(format!("column `{}`: {e}", c.name)))
+            })
+            .collect()
+    }
+
+    /// The bytes of sample `local` of MDS shard `shard` (stored at `path`).
+    fn mds_sample(
+        &self,
+        s: &mds::Shard,
+        shard: usize,
+        local: usize,
+        path: &Path,
+    ) -> Result<Vec<u8>, DataError> {
+        if s.zip.is_some() {
+            let data = self.resident_shard(shard, path, s.compression.as_deref())?;
+            Ok(mds::sample_bytes(&data, local, path)?.to_vec())
+        } else {
+            read_mds_sample(path, local)
+        }
     }
 
     /// The label of sample `index` (reads the sample).
