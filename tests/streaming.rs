@@ -29,7 +29,11 @@ fn streaming_pythonpath() -> String {
     let torch = torch_pythonpath();
     let cache = torch.parent().map(Path::to_owned).unwrap_or_default();
     let mut parts = vec![torch.display().to_string()];
-    for name in ["torchvision-0.28.0", "transformers-5.24.0", "streaming-0.13.0"] {
+    for name in [
+        "torchvision-0.28.0",
+        "transformers-5.24.0",
+        "streaming-0.13.0",
+    ] {
         parts.push(cache.join(name).display().to_string());
     }
     parts.join(":")
@@ -50,7 +54,10 @@ fn script(args: &[&str]) -> Option<String> {
         let notice = format!(
             "NOTICE: skipping: `import streaming, webdataset` fails with PYTHONPATH={path} \
              (scripts/ensure-streaming.sh installs them): {}",
-            probe.map_or_else(|e| e.to_string(), |o| o.stderr.lines().last().unwrap_or("").to_owned())
+            probe.map_or_else(
+                |e| e.to_string(),
+                |o| o.stderr.lines().last().unwrap_or("").to_owned()
+            )
         );
         if std::env::var_os("TESSERA_REQUIRE_STREAMING").is_some_and(|v| v == "1") {
             panic!("{notice} and TESSERA_REQUIRE_STREAMING=1");
@@ -64,7 +71,11 @@ fn script(args: &[&str]) -> Option<String> {
         .current_dir(repo_root())
         .env("PYTHONPATH", &path)
         .env("PYTHONWARNINGS", "ignore");
-    let out = run_with_timeout(cmd, &format!("{SCRIPT} {}", args.join(" ")), Duration::from_secs(300));
+    let out = run_with_timeout(
+        cmd,
+        &format!("{SCRIPT} {}", args.join(" ")),
+        Duration::from_secs(300),
+    );
     assert!(out.status.success(), "{}", out.dump());
     Some(out.stdout)
 }
@@ -123,13 +134,24 @@ fn mds_written_by_streaming_reads_back_value_for_value() {
         serde_json::from_str(&std::fs::read_to_string(dir.path().join("expected.json")).unwrap())
             .unwrap();
     for variant in ["plain", "zstd"] {
-        let source = Sharded::open(dir.path(), variant, ShardFormat::Mds, &config(ShardFormat::Mds, "png", "y"))
-            .unwrap_or_else(|e| panic!("{variant}: {e}"));
+        let source = Sharded::open(
+            dir.path(),
+            variant,
+            ShardFormat::Mds,
+            &config(ShardFormat::Mds, "png", "y"),
+        )
+        .unwrap_or_else(|e| panic!("{variant}: {e}"));
         assert_eq!(source.len(), expected.len(), "{variant}");
         assert!(source.shard_sizes().len() > 1, "{variant}: one shard only");
         for (i, want) in expected.iter().enumerate() {
-            let values = source.mds_values(i).unwrap_or_else(|e| panic!("{variant} {i}: {e}"));
-            assert_eq!(values.len(), want.as_object().unwrap().len(), "{variant} {i}");
+            let values = source
+                .mds_values(i)
+                .unwrap_or_else(|e| panic!("{variant} {i}: {e}"));
+            assert_eq!(
+                values.len(),
+                want.as_object().unwrap().len(),
+                "{variant} {i}"
+            );
             for (name, value) in &values {
                 let got = value_json(value);
                 let want = &want[name.as_str()];
@@ -143,23 +165,45 @@ fn mds_written_by_streaming_reads_back_value_for_value() {
                 } else {
                     (got, want.clone())
                 };
-                assert!(same(&want, &got), "{variant} sample {i} column {name}: expected {want}, read {got}");
+                assert!(
+                    same(&want, &got),
+                    "{variant} sample {i} column {name}: expected {want}, read {got}"
+                );
             }
         }
         // Images through the loader's path: PNG, PIL raw and the fixed-shape uint8 ndarray
         // decode to exactly the pixels PIL holds (8×8 RGB, so the resize and crop keep them).
         for column in ["png", "pil", "ndf"] {
-            let images = Sharded::open(dir.path(), variant, ShardFormat::Mds, &config(ShardFormat::Mds, column, "y")).unwrap();
+            let images = Sharded::open(
+                dir.path(),
+                variant,
+                ShardFormat::Mds,
+                &config(ShardFormat::Mds, column, "y"),
+            )
+            .unwrap();
             assert_eq!(images.shape(), (3, 8, 8));
             for (i, want) in expected.iter().enumerate() {
                 let (pixels, label) = images.read(i).unwrap().expect("a sample");
                 assert_eq!(label, i as i64 % 10);
                 let want: Vec<u8> = if column == "ndf" {
                     // H×W×C values, stored as they are.
-                    let v: Vec<u8> = want["ndf"]["values"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u8).collect();
-                    (0..3).flat_map(|c| (0..64).map(move |p| (c, p))).map(|(c, p)| v[p * 3 + c]).collect()
+                    let v: Vec<u8> = want["ndf"]["values"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|v| v.as_u64().unwrap() as u8)
+                        .collect();
+                    (0..3)
+                        .flat_map(|c| (0..64).map(move |p| (c, p)))
+                        .map(|(c, p)| v[p * 3 + c])
+                        .collect()
                 } else {
-                    want[column]["pixels"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u8).collect()
+                    want[column]["pixels"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|v| v.as_u64().unwrap() as u8)
+                        .collect()
                 };
                 assert_eq!(&pixels[..], &want[..], "{variant} {column} sample {i}");
             }
@@ -167,7 +211,13 @@ fn mds_written_by_streaming_reads_back_value_for_value() {
         // JPEG: the column's bytes (compared above) are the file streaming stored; it decodes
         // to an 8×8 RGB sample (its pixels are the JPEG decoder's, compared with PIL's by the
         // image pipeline's tests, not here: on 8×8 noise, chroma upsampling alone moves them).
-        let jpeg = Sharded::open(dir.path(), variant, ShardFormat::Mds, &config(ShardFormat::Mds, "jpeg", "y")).unwrap();
+        let jpeg = Sharded::open(
+            dir.path(),
+            variant,
+            ShardFormat::Mds,
+            &config(ShardFormat::Mds, "jpeg", "y"),
+        )
+        .unwrap();
         for i in 0..expected.len() {
             let (pixels, label) = jpeg.read(i).unwrap().expect("a sample");
             assert_eq!((pixels.len(), label), (3 * 8 * 8, i as i64 % 10));
@@ -186,19 +236,40 @@ fn webdataset_written_by_webdataset_reads_back_pixel_for_pixel() {
             .unwrap();
     // The folder of shards and a brace pattern name the same dataset.
     for spec in [".", "shard-{000000..000002}.tar"] {
-        let source = Sharded::open(dir.path(), spec, ShardFormat::Wds, &config(ShardFormat::Wds, "jpg;png", "cls")).unwrap();
+        let source = Sharded::open(
+            dir.path(),
+            spec,
+            ShardFormat::Wds,
+            &config(ShardFormat::Wds, "jpg;png", "cls"),
+        )
+        .unwrap();
         assert_eq!(source.len(), expected.len(), "{spec}");
         assert_eq!(source.shard_sizes(), [10, 10, 3], "{spec}");
         for (i, want) in expected.iter().enumerate() {
             let (pixels, label) = source.read(i).unwrap().expect("a sample");
             assert_eq!(label, want["label"].as_i64().unwrap(), "{spec} {i}");
-            let want: Vec<u8> = want["pixels"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u8).collect();
+            let want: Vec<u8> = want["pixels"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap() as u8)
+                .collect();
             assert_eq!(&pixels[..], &want[..], "{spec} sample {i}");
         }
     }
     // A missing field names the sample, the field and the shard.
-    let err = Sharded::open(dir.path(), ".", ShardFormat::Wds, &config(ShardFormat::Wds, "jpg", "cls")).unwrap_err().to_string();
-    assert!(err.contains("shard-000000.tar") && err.contains("dir/s0000") && err.contains("`jpg`"), "{err}");
+    let err = Sharded::open(
+        dir.path(),
+        ".",
+        ShardFormat::Wds,
+        &config(ShardFormat::Wds, "jpg", "cls"),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("shard-000000.tar") && err.contains("dir/s0000") && err.contains("`jpg`"),
+        "{err}"
+    );
 }
 
 /// A folder of JPEG images made with Pillow (sizes vary, 3 classes), `n` per class and split.
@@ -238,28 +309,60 @@ fn packed_shards_read_back_in_streaming_and_webdataset() {
         return;
     }
     let images = jpeg_folder(&dir, 4);
-    let folder = tessera::data::ImageFolder::open_split(&images, &tessera::data::FolderConfig::new(8)).unwrap();
-    for (format, extra) in [("mds", vec!["--compression", "zstd"]), ("mds", vec![]), ("wds", vec![])] {
+    let folder =
+        tessera::data::ImageFolder::open_split(&images, &tessera::data::FolderConfig::new(8))
+            .unwrap();
+    for (format, extra) in [
+        ("mds", vec!["--compression", "zstd"]),
+        ("mds", vec![]),
+        ("wds", vec![]),
+    ] {
         let dst = dir.path().join(format!("{format}{}", extra.len()));
-        let mut args = vec!["data", "pack", images.to_str().unwrap(), dst.to_str().unwrap(), "--format", format, "--shard-size", "2KB"];
+        let mut args = vec![
+            "data",
+            "pack",
+            images.to_str().unwrap(),
+            dst.to_str().unwrap(),
+            "--format",
+            format,
+            "--shard-size",
+            "2KB",
+        ];
         args.extend(&extra);
         let out = tessera(&args, dir.path(), &[]);
         out.assert_success();
         for (part, split) in [("train", &folder.0), ("val", &folder.1)] {
             let read: Vec<Value> = if format == "mds" {
-                serde_json::from_str(&script(&["read-mds", dst.join(part).to_str().unwrap()]).unwrap()).unwrap()
+                serde_json::from_str(
+                    &script(&["read-mds", dst.join(part).to_str().unwrap()]).unwrap(),
+                )
+                .unwrap()
             } else {
-                let shards: Vec<_> = std::fs::read_dir(dst.join(part)).unwrap().map(|e| e.unwrap().path()).collect();
+                let shards: Vec<_> = std::fs::read_dir(dst.join(part))
+                    .unwrap()
+                    .map(|e| e.unwrap().path())
+                    .collect();
                 assert!(shards.len() > 1, "one shard only");
-                let pattern = format!("{}/shard-{{000000..{:06}}}.tar", dst.join(part).display(), shards.len() - 1);
+                let pattern = format!(
+                    "{}/shard-{{000000..{:06}}}.tar",
+                    dst.join(part).display(),
+                    shards.len() - 1
+                );
                 serde_json::from_str(&script(&["read-wds", &pattern]).unwrap()).unwrap()
             };
             assert_eq!(read.len(), split.len(), "{format} {part}");
             for (i, (file, label)) in split.files().iter().zip(split.labels()).enumerate() {
-                assert_eq!(read[i]["label"].as_i64(), Some(*label), "{format} {part} {i}");
+                assert_eq!(
+                    read[i]["label"].as_i64(),
+                    Some(*label),
+                    "{format} {part} {i}"
+                );
                 let bytes = std::fs::read(file).unwrap();
                 if format == "wds" {
-                    assert_eq!(read[i]["image_sha256"].as_str(), Some(sha256_bytes(&bytes).as_str()));
+                    assert_eq!(
+                        read[i]["image_sha256"].as_str(),
+                        Some(sha256_bytes(&bytes).as_str())
+                    );
                 } else {
                     assert_eq!(read[i]["mode"], "RGB");
                 }
@@ -271,12 +374,34 @@ fn packed_shards_read_back_in_streaming_and_webdataset() {
         return;
     }
     let dst = dir.path().join("fm");
-    tessera(&["data", "pack", "fashion-mnist", dst.to_str().unwrap(), "--format", "mds", "--pixels", "ndarray"], dir.path(), &[]).assert_success();
-    let read: Vec<Value> = serde_json::from_str(&script(&["read-mds", dst.join("val").to_str().unwrap()]).unwrap()).unwrap();
+    tessera(
+        &[
+            "data",
+            "pack",
+            "fashion-mnist",
+            dst.to_str().unwrap(),
+            "--format",
+            "mds",
+            "--pixels",
+            "ndarray",
+        ],
+        dir.path(),
+        &[],
+    )
+    .assert_success();
+    let read: Vec<Value> =
+        serde_json::from_str(&script(&["read-mds", dst.join("val").to_str().unwrap()]).unwrap())
+            .unwrap();
     let split = tessera::data::load("fashion-mnist", &data_root()).unwrap();
     assert_eq!(read.len(), split.test.len());
     for i in [0, 1, 4321, 9999] {
-        let want: Vec<Value> = split.test.sample(i).unwrap().iter().map(|&v| Value::from(v)).collect();
+        let want: Vec<Value> = split
+            .test
+            .sample(i)
+            .unwrap()
+            .iter()
+            .map(|&v| Value::from(v))
+            .collect();
         assert_eq!(read[i]["array"].as_array().unwrap(), &want, "sample {i}");
         assert_eq!(read[i]["shape"], serde_json::json!([28, 28]));
         assert_eq!(read[i]["label"].as_i64(), Some(split.test.labels[i]));
@@ -287,7 +412,10 @@ fn packed_shards_read_back_in_streaming_and_webdataset() {
 fn shards_toml(dir: &TempDir, format: &str, root: &Path, run_name: &str) {
     let text = TrainerToml::new(run_name).render().replacen(
         "dataset = \"fashion-mnist\"\n",
-        &format!("dataset = \"{format}\"\ndata_dir = {}\n", toml_string(&root.display().to_string())),
+        &format!(
+            "dataset = \"{format}\"\ndata_dir = {}\n",
+            toml_string(&root.display().to_string())
+        ),
         1,
     );
     let text = text.replacen("batch_size = 64\n", "batch_size = 4\n", 1);
@@ -315,7 +443,21 @@ fn trains_on_packed_shards_for_any_worker_count_and_resumes_mid_epoch() {
     let images = jpeg_folder(&dir, 10);
     for format in ["mds", "wds"] {
         let root = dir.path().join(format!("{format}-shards"));
-        tessera(&["data", "pack", images.to_str().unwrap(), root.to_str().unwrap(), "--format", format, "--shard-size", "5KB"], dir.path(), &[]).assert_success();
+        tessera(
+            &[
+                "data",
+                "pack",
+                images.to_str().unwrap(),
+                root.to_str().unwrap(),
+                "--format",
+                format,
+                "--shard-size",
+                "5KB",
+            ],
+            dir.path(),
+            &[],
+        )
+        .assert_success();
         let mut losses = Vec::new();
         for workers in [0, 2] {
             let run_name = format!("{format}-w{workers}");
@@ -337,14 +479,29 @@ fn trains_on_packed_shards_for_any_worker_count_and_resumes_mid_epoch() {
             losses.push(train_losses(&run));
         }
         assert_eq!(losses[0].len(), 9);
-        assert_eq!(losses[0], losses[1], "{format}: 0 and 2 workers train differently");
+        assert_eq!(
+            losses[0], losses[1],
+            "{format}: 0 and 2 workers train differently"
+        );
         // Stopped at batch 5 (mid-epoch) and resumed: the same losses.
         shards_toml(&dir, format, &root, &format!("{format}-resumed"));
         train(&dir, &["train.max_duration=5ba", "data.workers=2"], &[]).assert_success();
-        let out = train(&dir, &["train.max_duration=9ba", "data.workers=2", "checkpoint.autoresume=true"], &[]);
+        let out = train(
+            &dir,
+            &[
+                "train.max_duration=9ba",
+                "data.workers=2",
+                "checkpoint.autoresume=true",
+            ],
+            &[],
+        );
         out.assert_success();
         assert!(out.stderr.contains("resumed from"), "{}", out.dump());
-        assert_eq!(train_losses(&run_dir(&dir, &format!("{format}-resumed"))), losses[0], "{format}: the resumed run differs");
+        assert_eq!(
+            train_losses(&run_dir(&dir, &format!("{format}-resumed"))),
+            losses[0],
+            "{format}: the resumed run differs"
+        );
     }
 }
 
@@ -356,12 +513,47 @@ fn a_two_rank_run_on_mds_shards_resumed_mid_epoch_continues_exactly() {
     }
     let images = jpeg_folder(&dir, 10);
     let root = dir.path().join("mds-shards");
-    tessera(&["data", "pack", images.to_str().unwrap(), root.to_str().unwrap(), "--format", "mds", "--compression", "zstd", "--shard-size", "5KB"], dir.path(), &[]).assert_success();
+    tessera(
+        &[
+            "data",
+            "pack",
+            images.to_str().unwrap(),
+            root.to_str().unwrap(),
+            "--format",
+            "mds",
+            "--compression",
+            "zstd",
+            "--shard-size",
+            "5KB",
+        ],
+        dir.path(),
+        &[],
+    )
+    .assert_success();
     shards_toml(&dir, "mds", &root, "straight");
     // 2 ranks of batch 2 (a global batch of 4): 7 batches per epoch; checkpoints at 3 and 6.
-    assert_all_succeeded(&train_ranks(&dir, 2, &["data.batch_size=2", "train.max_duration=6ba"]));
+    assert_all_succeeded(&train_ranks(
+        &dir,
+        2,
+        &["data.batch_size=2", "train.max_duration=6ba"],
+    ));
     let ckpt = |run: &str, name: &str| run_dir(&dir, run).join("checkpoints").join(name);
-    let load = format!("checkpoint.load={}", toml_string(&ckpt("straight", "ep0-ba3.ckpt").display().to_string()));
-    assert_all_succeeded(&train_ranks(&dir, 2, &["run_name=resumed", "data.batch_size=2", "train.max_duration=6ba", &load]));
-    assert_same_checkpoint(&ckpt("straight", "ep0-ba6.ckpt"), &ckpt("resumed", "ep0-ba6.ckpt"));
+    let load = format!(
+        "checkpoint.load={}",
+        toml_string(&ckpt("straight", "ep0-ba3.ckpt").display().to_string())
+    );
+    assert_all_succeeded(&train_ranks(
+        &dir,
+        2,
+        &[
+            "run_name=resumed",
+            "data.batch_size=2",
+            "train.max_duration=6ba",
+            &load,
+        ],
+    ));
+    assert_same_checkpoint(
+        &ckpt("straight", "ep0-ba6.ckpt"),
+        &ckpt("resumed", "ep0-ba6.ckpt"),
+    );
 }

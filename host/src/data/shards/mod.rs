@@ -265,7 +265,10 @@ impl Sharded {
     pub fn mds_values(&self, index: usize) -> Result<Vec<(String, mds::Value)>, DataError> {
         let (shard, local) = self.locate(index)?;
         let Backend::Mds { dir, shards, .. } = &self.backend else {
-            return Err(DataError::Invalid(format!("{} is not an MDS dataset", self.name)));
+            return Err(DataError::Invalid(format!(
+                "{} is not an MDS dataset",
+                self.name
+            )));
         };
         let s = &shards[shard];
         let path = dir.join(&s.stored().basename);
@@ -580,3 +583,7 @@ pub(crate) fn partial_name(path: &Path) -> PathBuf {
 pub(crate) fn write_atomic(path: &Path, data: &[u8]) -> Result<(), DataError> {
     crate::files::write_atomic(path, data).map_err(|e| DataError::io(path, e))
 }
+
+#[cfg(test)]
+#[path = "tests.rs"]
+mod tests;
