@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use tessera::data::shards::mds;
-use tessera::data::{SampleSource, ShardFormat, Sharded, ShardsConfig};
+use tessera::data::{SampleData, SampleSource, ShardFormat, Sharded, ShardsConfig};
 use tessera_tests::dist::{assert_all_succeeded, train_ranks};
 use tessera_tests::resume::assert_same_checkpoint;
 use tessera_tests::*;
@@ -78,6 +78,23 @@ fn script(args: &[&str]) -> Option<String> {
     );
     assert!(out.status.success(), "{}", out.dump());
     Some(out.stdout)
+}
+
+/// Sample `i` of `source` decoded as the loader decodes it (8×8: the centre crop keeps every
+/// pixel), with its label.
+fn decoded(source: &Sharded, i: usize) -> (Vec<u8>, i64) {
+    let (data, label) = source.read(i).unwrap().expect("a sample");
+    let SampleData::Encoded { bytes, name, plan } = data else {
+        panic!("sharded sources serve encoded images");
+    };
+    let pixels = tessera::data::decode::decode_image(&bytes, &name, plan, &mut rand_free())
+        .unwrap_or_else(|e| panic!("{e}"));
+    (pixels, label)
+}
+
+/// A generator for the centre-crop plan (which draws nothing).
+fn rand_free() -> impl rand::Rng {
+    <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(0)
 }
 
 fn config(format: ShardFormat, image: &str, label: &str) -> ShardsConfig {
@@ -183,7 +200,7 @@ fn mds_written_by_streaming_reads_back_value_for_value() {
             .unwrap();
             assert_eq!(images.shape(), (3, 8, 8));
             for (i, want) in expected.iter().enumerate() {
-                let (pixels, label) = images.read(i).unwrap().expect("a sample");
+                let (pixels, label) = decoded(&images, i);
                 assert_eq!(label, i as i64 % 10);
                 let want: Vec<u8> = if column == "ndf" {
                     // H×W×C values, stored as they are.
@@ -219,7 +236,7 @@ fn mds_written_by_streaming_reads_back_value_for_value() {
         )
         .unwrap();
         for i in 0..expected.len() {
-            let (pixels, label) = jpeg.read(i).unwrap().expect("a sample");
+            let (pixels, label) = decoded(&jpeg, i);
             assert_eq!((pixels.len(), label), (3 * 8 * 8, i as i64 % 10));
         }
     }
@@ -246,7 +263,7 @@ fn webdataset_written_by_webdataset_reads_back_pixel_for_pixel() {
         assert_eq!(source.len(), expected.len(), "{spec}");
         assert_eq!(source.shard_sizes(), [10, 10, 3], "{spec}");
         for (i, want) in expected.iter().enumerate() {
-            let (pixels, label) = source.read(i).unwrap().expect("a sample");
+            let (pixels, label) = decoded(&source, i);
             assert_eq!(label, want["label"].as_i64().unwrap(), "{spec} {i}");
             let want: Vec<u8> = want["pixels"]
                 .as_array()

@@ -8,6 +8,7 @@ use super::error::{ConfigError, ErrorKind};
 use super::reader::{quote_list, Bounds, Tbl};
 use super::required_table;
 use super::section::{section, Section};
+use crate::data::decode::{ColorJitter, RandomResizedCrop};
 use crate::data::{
     folder, Dataset, DatasetShape, FolderConfig, HorizontalFlip, Normalize, OnBadFile, RandomCrop,
     ShardsConfig, SyntheticConfig, TextConfig, Transforms,
@@ -118,8 +119,14 @@ section!(TextConfig {
 });
 
 section!(ShardsConfig {
+    // The image keys, read into `images` as [data.folder]'s.
     size,
-    channels: uint(1),
+    channels,
+    on_bad_file,
+    eval_size,
+    eval_resize,
+    random_resized_crop,
+    color_jitter,
     classes,
     image: string(),
     label: string(),
@@ -141,7 +148,35 @@ section!(FolderConfig {
     size,
     channels: uint(1),
     on_bad_file: choice("on_bad_file setting", &OnBadFile::CHOICES),
+    eval_size: uint(1),
+    eval_resize: uint(1),
+    random_resized_crop,
+    color_jitter,
 });
+
+section!(RandomResizedCrop { scale, ratio });
+
+section!(ColorJitter {
+    brightness: float(Bounds::NON_NEGATIVE),
+    contrast: float(Bounds::NON_NEGATIVE),
+    saturation: float(Bounds::NON_NEGATIVE),
+    hue: float(Bounds::HALF),
+});
+
+/// A `[low, high]` pair of positive numbers at `key` of `t` (`None` when absent).
+fn range(t: &Tbl<'_>, key: &str, what: &str) -> Result<Option<[f64; 2]>, ConfigError> {
+    let Some(list) = t.float_list(key, Bounds::POSITIVE)? else {
+        return Ok(None);
+    };
+    match list[..] {
+        [low, high] if low <= high => Ok(Some([low, high])),
+        _ => Err(t.err(
+            key,
+            ErrorKind::InvalidValue,
+            format!("must be [low, high] with low <= high ({what}), got {list:?}"),
+        )),
+    }
+}
 
 fn no_transforms(t: &Transforms) -> bool {
     *t == Transforms::default()
@@ -264,9 +299,9 @@ pub(super) fn read(top: &Tbl<'_>) -> Result<DataConfig, ConfigError> {
         _ if shards.is_some() => shards
             .as_ref()
             .map(|s| DatasetShape {
-                channels: s.channels,
-                height: s.size,
-                width: s.size,
+                channels: s.images.channels,
+                height: s.images.size,
+                width: s.images.size,
                 classes: s.classes,
             })
             .unwrap_or_default(),
@@ -342,7 +377,37 @@ fn read_folder(d: &Tbl<'_>) -> Result<(FolderConfig, usize), ConfigError> {
             "the side of the square samples: each image is resized (shorter side) and centre-cropped to it",
         )
     })?;
-    let config = FolderConfig::new(size).read_keys(&f)?;
+    let config = read_image_keys(&f, FolderConfig::new(size).read_keys(&f)?)?;
+    let classes = folder::class_names(&root)
+        .map_err(|e| d.err("data_dir", ErrorKind::InvalidValue, e.to_string()))?;
+    Ok((config, classes.len()))
+}
+
+/// The image keys of `[data.folder]` or `[data.shards]` beyond those `read_keys` reads (crops,
+/// jitter), and their checks.
+fn read_image_keys(f: &Tbl<'_>, mut config: FolderConfig) -> Result<FolderConfig, ConfigError> {
+    if let Some(r) = f.sub("random_resized_crop", Some(RandomResizedCrop::KEYS))? {
+        let mut crop = RandomResizedCrop::default();
+        if let Some(scale) = range(&r, "scale", "the crop's share of the image area")? {
+            crop.scale = scale;
+        }
+        if let Some(ratio) = range(&r, "ratio", "the crop's width / height")? {
+            crop.ratio = ratio;
+        }
+        config.random_resized_crop = Some(crop);
+    }
+    config.color_jitter = f.section("color_jitter", ColorJitter::default)?;
+    let eval_side = config.eval_side();
+    if let Some(resize) = config.eval_resize.filter(|&r| r < eval_side) {
+        return Err(f.err(
+            "eval_resize",
+            ErrorKind::InvalidValue,
+            format!(
+                "must be at least the evaluation size {eval_side} (images are resized, then the \
+                 centre {eval_side}x{eval_side} is cropped), got {resize}"
+            ),
+        ));
+    }
     if config.channels != 1 && config.channels != 3 {
         return Err(f.err(
             "channels",
@@ -353,16 +418,20 @@ fn read_folder(d: &Tbl<'_>) -> Result<(FolderConfig, usize), ConfigError> {
             ),
         ));
     }
-    if u32::try_from(config.size).is_err() {
-        return Err(f.err(
-            "size",
-            ErrorKind::InvalidValue,
-            format!("must be below 2^32, got {}", config.size),
-        ));
+    for (key, value) in [
+        ("size", Some(config.size)),
+        ("eval_size", config.eval_size),
+        ("eval_resize", config.eval_resize),
+    ] {
+        if let Some(v) = value.filter(|&v| u32::try_from(v).is_err()) {
+            return Err(f.err(
+                key,
+                ErrorKind::InvalidValue,
+                format!("must be below 2^32, got {v}"),
+            ));
+        }
     }
-    let classes = folder::class_names(&root)
-        .map_err(|e| d.err("data_dir", ErrorKind::InvalidValue, e.to_string()))?;
-    Ok((config, classes.len()))
+    Ok(config)
 }
 
 /// `[data.shards]` (required with `data_dir` for `dataset = "mds"` and `"wds"`).
@@ -391,24 +460,8 @@ fn read_shards(d: &Tbl<'_>, format: crate::data::ShardFormat) -> Result<ShardsCo
             "the number of classes (labels lie in 0..classes)",
         )
     })?;
-    let config = ShardsConfig::new(format, size, classes).read_keys(&s)?;
-    if config.channels != 1 && config.channels != 3 {
-        return Err(s.err(
-            "channels",
-            ErrorKind::InvalidValue,
-            format!(
-                "must be 1 (luma) or 3 (RGB), got {}; every image is converted to it",
-                config.channels
-            ),
-        ));
-    }
-    if u32::try_from(config.size).is_err() {
-        return Err(s.err(
-            "size",
-            ErrorKind::InvalidValue,
-            format!("must be below 2^32, got {}", config.size),
-        ));
-    }
+    let mut config = ShardsConfig::new(format, size, classes).read_keys(&s)?;
+    config.images = read_image_keys(&s, FolderConfig::new(size).read_keys(&s)?)?;
     for (key, value) in [
         ("image", &config.image),
         ("label", &config.label),

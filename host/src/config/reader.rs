@@ -42,6 +42,11 @@ impl Bounds {
         lo: Some((0.0, true)),
         hi: Some((1.0, false)),
     };
+    /// `[0, 0.5]`
+    pub const HALF: Bounds = Bounds {
+        lo: Some((0.0, true)),
+        hi: Some((0.5, true)),
+    };
     /// Any finite number.
     pub const ANY: Bounds = Bounds { lo: None, hi: None };
 

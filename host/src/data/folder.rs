@@ -8,12 +8,15 @@
 //! path order. Only this file list is read when the run starts: images are decoded when a batch
 //! needs them, on the loader's worker threads, so a folder of any size costs no memory up front.
 //!
-//! Each image is decoded (by content, whatever its extension says), converted to the configured
-//! channels (1: luma with PIL's `convert("L")` weights 0.299/0.587/0.114; 3: RGB; alpha is
-//! dropped, 16-bit samples scaled to 8 bits), then resized and cropped like torchvision's
-//! `Resize(size)` + `CenterCrop(size)`: the shorter side becomes `size` (the longer one
-//! `floor(size × long / short)`, bilinear with antialiasing when shrinking; an image already
-//! that size is left alone) and the centre `size`×`size` square is kept.
+//! Each image is read as bytes by [`ImageFolder::read_encoded`] and decoded by the loader with
+//! [`decode_image`](super::decode::decode_image) and the part's [`DecodePlan`] (by content,
+//! whatever its extension says; see [`super::decode`]): converted to the configured channels
+//! (1: luma with PIL's `convert("L")` weights; 3: RGB; alpha dropped, 16-bit scaled to 8 bits),
+//! then cropped and resized. The evaluation part, and the training part unless
+//! `random_resized_crop` is set, are resized and cropped like torchvision's `Resize(resize)` +
+//! `CenterCrop(size)` (`eval_resize`/`eval_size` for evaluation, both `size` by default); with
+//! `random_resized_crop` the training part is torchvision's `RandomResizedCrop(size, scale,
+//! ratio)`, drawn per sample from the loader's generator, and optionally colour-jittered.
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -21,10 +24,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use image::imageops::{self, FilterType};
-use image::{DynamicImage, ExtendedColorType, ImageBuffer, ImageFormat, Pixel};
+use image::{ExtendedColorType, ImageFormat};
+use rand::SeedableRng;
 use serde::Serialize;
 
+use super::decode::{decode_image, ColorJitter, CropPlan, DecodePlan, RandomResizedCrop};
 use super::{DataError, Split};
 
 /// The training part's folder under the root.
@@ -52,14 +56,28 @@ impl OnBadFile {
 }
 
 /// `[data.folder]`: how the images of an image folder become samples.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct FolderConfig {
-    /// The side of the square samples (required): `Resize(size)` then `CenterCrop(size)`.
+    /// The side of the square training samples (required): `Resize(size)` then
+    /// `CenterCrop(size)`, or `RandomResizedCrop(size)` with `random_resized_crop`.
     pub size: usize,
     /// 1 (luma) or 3 (RGB); every image is converted to it (default 3).
     pub channels: usize,
     /// What to do with an undecodable file (default stop).
     pub on_bad_file: OnBadFile,
+    /// The side of the square evaluation samples (default `size`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eval_size: Option<usize>,
+    /// The shorter side evaluation images are resized to before the centre crop (default the
+    /// evaluation size); at least `eval_size`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eval_resize: Option<usize>,
+    /// Training crops as torchvision's `RandomResizedCrop` (default: none, the centre crop).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub random_resized_crop: Option<RandomResizedCrop>,
+    /// Training colour jitter as torchvision's `ColorJitter` (default none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub color_jitter: Option<ColorJitter>,
 }
 
 impl FolderConfig {
@@ -69,6 +87,41 @@ impl FolderConfig {
             size,
             channels: 3,
             on_bad_file: OnBadFile::Stop,
+            eval_size: None,
+            eval_resize: None,
+            random_resized_crop: None,
+            color_jitter: None,
+        }
+    }
+
+    /// The evaluation side: `eval_size`, else `size`.
+    pub fn eval_side(&self) -> usize {
+        self.eval_size.unwrap_or(self.size)
+    }
+
+    /// How training images become samples.
+    pub fn train_plan(&self) -> DecodePlan {
+        DecodePlan {
+            channels: self.channels,
+            size: self.size,
+            crop: match &self.random_resized_crop {
+                Some(rrc) => CropPlan::RandomResized(rrc.clone()),
+                None => CropPlan::Centre { resize: self.size },
+            },
+            color_jitter: self.color_jitter.clone(),
+        }
+    }
+
+    /// How evaluation images become samples: `Resize(eval_resize)` + `CenterCrop(eval_size)`.
+    pub fn eval_plan(&self) -> DecodePlan {
+        let size = self.eval_side();
+        DecodePlan {
+            channels: self.channels,
+            size,
+            crop: CropPlan::Centre {
+                resize: self.eval_resize.unwrap_or(size),
+            },
+            color_jitter: None,
         }
     }
 }
@@ -151,6 +204,8 @@ pub struct ImageFolder {
     labels: Vec<i64>,
     classes: Vec<String>,
     config: FolderConfig,
+    /// How this part's images become samples.
+    plan: DecodePlan,
     /// Indices of the files skipped as undecodable (with `on_bad_file = "skip"`).
     skipped: Mutex<BTreeSet<usize>>,
 }
@@ -183,11 +238,23 @@ impl ImageFolder {
                 config.channels
             )));
         }
-        if config.size == 0 || u32::try_from(config.size).is_err() {
+        for (key, value) in [
+            ("size", Some(config.size)),
+            ("eval_size", config.eval_size),
+            ("eval_resize", config.eval_resize),
+        ] {
+            if let Some(v) = value.filter(|&v| v == 0 || u32::try_from(v).is_err()) {
+                return Err(DataError::Invalid(format!(
+                    "image folder {}: {key} must be in 1..=2^32-1, got {v}",
+                    root.display()
+                )));
+            }
+        }
+        if let Some(resize) = config.eval_resize.filter(|&r| r < config.eval_side()) {
             return Err(DataError::Invalid(format!(
-                "image folder {}: size must be in 1..=2^32-1, got {}",
+                "image folder {}: eval_resize {resize} is smaller than the evaluation size {}",
                 root.display(),
-                config.size
+                config.eval_side()
             )));
         }
         let classes = class_names(root)?;
@@ -215,12 +282,17 @@ impl ImageFolder {
             ));
         }
         Ok((
-            ImageFolder::open(root.join(TRAIN), &classes, config)?,
-            ImageFolder::open(val, &classes, config)?,
+            ImageFolder::open(root.join(TRAIN), &classes, config, config.train_plan())?,
+            ImageFolder::open(val, &classes, config, config.eval_plan())?,
         ))
     }
 
-    fn open(dir: PathBuf, classes: &[String], config: &FolderConfig) -> Result<Self, DataError> {
+    fn open(
+        dir: PathBuf,
+        classes: &[String],
+        config: &FolderConfig,
+        plan: DecodePlan,
+    ) -> Result<Self, DataError> {
         let mut files = Vec::new();
         let mut labels = Vec::new();
         for (label, class) in classes.iter().enumerate() {
@@ -244,6 +316,7 @@ impl ImageFolder {
             labels,
             classes: classes.to_vec(),
             config: config.clone(),
+            plan,
             skipped: Mutex::new(BTreeSet::new()),
         })
     }
@@ -275,12 +348,17 @@ impl ImageFolder {
 
     /// The (C, H, W) of every sample.
     pub fn shape(&self) -> (usize, usize, usize) {
-        (self.config.channels, self.config.size, self.config.size)
+        (self.plan.channels, self.plan.size, self.plan.size)
     }
 
-    /// The C×H×W pixels of sample `index`, decoded now; `Ok(None)` when the file is undecodable
-    /// and `on_bad_file` is `skip` (a warning names it the first time).
-    pub fn load(&self, index: usize) -> Result<Option<Vec<u8>>, DataError> {
+    /// How this part's images become samples.
+    pub fn plan(&self) -> &DecodePlan {
+        &self.plan
+    }
+
+    /// The bytes and path of sample `index`'s file, read now; `Ok(None)` when the file was
+    /// skipped as undecodable before, or cannot be read and `on_bad_file` is `skip`.
+    pub fn read_encoded(&self, index: usize) -> Result<Option<(Vec<u8>, String)>, DataError> {
         let path = self.files.get(index).ok_or_else(|| {
             DataError::Invalid(format!(
                 "sample {index} is outside the {} images of {}",
@@ -291,22 +369,53 @@ impl ImageFolder {
         if self.is_skipped(index) {
             return Ok(None);
         }
-        match decode(path, self.config.channels, self.config.size) {
-            Ok(pixels) => Ok(Some(pixels)),
-            Err(e) if self.config.on_bad_file == OnBadFile::Skip => {
-                let count = {
-                    let mut skipped = self.skipped.lock().unwrap_or_else(|p| p.into_inner());
-                    skipped.insert(index);
-                    skipped.len()
-                };
-                tracing::warn!(
-                    "skipped {e} ({count} undecodable file(s) of {} skipped so far)",
-                    self.dir.display()
-                );
-                Ok(None)
-            }
-            Err(e) => Err(e),
+        match fs::read(path) {
+            Ok(bytes) => Ok(Some((bytes, path.display().to_string()))),
+            Err(e) => self
+                .bad_file(
+                    index,
+                    DataError::format(
+                        path,
+                        format!(
+                            "cannot read the image: {e}; replace or delete the file, or set \
+                             [data.folder] on_bad_file = \"skip\""
+                        ),
+                    ),
+                )
+                .map(|()| None),
         }
+    }
+
+    /// The C×H×W pixels of sample `index`, decoded now by the part's plan (a random crop drawn
+    /// from a generator at seed 0: the loader draws per sample); `Ok(None)` when the file is
+    /// undecodable and `on_bad_file` is `skip` (a warning names it the first time).
+    pub fn load(&self, index: usize) -> Result<Option<Vec<u8>>, DataError> {
+        let Some((bytes, name)) = self.read_encoded(index)? else {
+            return Ok(None);
+        };
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
+        match decode_image(&bytes, &name, &self.plan, &mut rng) {
+            Ok(pixels) => Ok(Some(pixels)),
+            Err(e) => self.bad_file(index, e).map(|()| None),
+        }
+    }
+
+    /// Sample `index` could not be read or decoded (`error` names it): with `on_bad_file =
+    /// "skip"` it is recorded (never read again) and a warning names it; else the error.
+    pub fn bad_file(&self, index: usize, error: DataError) -> Result<(), DataError> {
+        if self.config.on_bad_file != OnBadFile::Skip {
+            return Err(error);
+        }
+        let count = {
+            let mut skipped = self.skipped.lock().unwrap_or_else(|p| p.into_inner());
+            skipped.insert(index);
+            skipped.len()
+        };
+        tracing::warn!(
+            "skipped {error} ({count} undecodable file(s) of {} skipped so far)",
+            self.dir.display()
+        );
+        Ok(())
     }
 
     fn is_skipped(&self, index: usize) -> bool {
@@ -317,103 +426,18 @@ impl ImageFolder {
     }
 }
 
-/// Decodes the image at `path` into `channels`×`size`×`size` `u8` pixels (see the module doc);
-/// an error names the file.
+/// Decodes the image at `path` into `channels`×`size`×`size` `u8` pixels, torchvision's
+/// `Resize(size)` + `CenterCrop(size)` (see the module doc); an error names the file.
 pub fn decode(path: &Path, channels: usize, size: usize) -> Result<Vec<u8>, DataError> {
-    let bad = |reason: String| {
-        DataError::format(
-            path,
-            format!(
-                "cannot decode the image: {reason}; replace or delete the file, or set \
-                 [data.folder] on_bad_file = \"skip\""
-            ),
-        )
+    let bytes = fs::read(path).map_err(|e| DataError::io(path, e))?;
+    let plan = DecodePlan {
+        channels,
+        size,
+        crop: CropPlan::Centre { resize: size },
+        color_jitter: None,
     };
-    let image = image::ImageReader::open(path)
-        .map_err(|e| bad(e.to_string()))?
-        .with_guessed_format()
-        .map_err(|e| bad(e.to_string()))?
-        .decode()
-        .map_err(|e| bad(e.to_string()))?;
-    to_sample(image, channels, size).map_err(bad)
-}
-
-/// A decoded image as `channels`×`size`×`size` `u8` pixels: resized (shorter side) and
-/// centre-cropped as [`decode`] does; the error says why not.
-pub(crate) fn to_sample(
-    image: DynamicImage,
-    channels: usize,
-    size: usize,
-) -> Result<Vec<u8>, String> {
-    if image.width() == 0 || image.height() == 0 {
-        return Err(format!("it is {}x{}", image.width(), image.height()));
-    }
-    let size = u32::try_from(size).map_err(|_| format!("size {size} is too large"))?;
-    match channels {
-        1 => Ok(resize_center_crop(luma(image), size).into_raw()),
-        3 => Ok(planar(&resize_center_crop(image.into_rgb8(), size))),
-        _ => Err(format!("channels must be 1 or 3, got {channels}")),
-    }
-}
-
-/// Grey images keep their values; colour ones are converted with PIL's `convert("L")`
-/// fixed-point weights (0.299, 0.587, 0.114).
-fn luma(image: DynamicImage) -> image::GrayImage {
-    if !image.color().has_color() {
-        return image.into_luma8();
-    }
-    let rgb = image.into_rgb8();
-    ImageBuffer::from_fn(rgb.width(), rgb.height(), |x, y| {
-        let [r, g, b] = rgb.get_pixel(x, y).0.map(u32::from);
-        image::Luma([((r * 19595 + g * 38470 + b * 7471 + 0x8000) >> 16) as u8])
-    })
-}
-
-/// torchvision's `Resize(size)` output size for a `width`×`height` image: the shorter side
-/// becomes `size`, the longer one `floor(size × long / short)`.
-fn resized_size(width: u32, height: u32, size: u32) -> (u32, u32) {
-    let scaled = |long: u32, short: u32| u64::from(size) * u64::from(long) / u64::from(short);
-    if width <= height {
-        (size, scaled(height, width).min(u64::from(u32::MAX)) as u32)
-    } else {
-        (scaled(width, height).min(u64::from(u32::MAX)) as u32, size)
-    }
-}
-
-/// torchvision's `CenterCrop` offset: `round((length - size) / 2)`, ties to even as Python's
-/// `round` does.
-fn centre_offset(length: u32, size: u32) -> u32 {
-    (f64::from(length - size) / 2.0).round_ties_even() as u32
-}
-
-fn resize_center_crop<P>(image: ImageBuffer<P, Vec<u8>>, size: u32) -> ImageBuffer<P, Vec<u8>>
-where
-    P: Pixel<Subpixel = u8> + 'static,
-{
-    let (width, height) = image.dimensions();
-    let (new_width, new_height) = resized_size(width, height, size);
-    let image = if (new_width, new_height) == (width, height) {
-        image
-    } else {
-        imageops::resize(&image, new_width, new_height, FilterType::Triangle)
-    };
-    let (left, top) = (
-        centre_offset(new_width, size),
-        centre_offset(new_height, size),
-    );
-    imageops::crop_imm(&image, left, top, size, size).to_image()
-}
-
-/// H×W×3 interleaved RGB as C×H×W planes.
-fn planar(rgb: &image::RgbImage) -> Vec<u8> {
-    let plane = (rgb.width() * rgb.height()) as usize;
-    let mut out = vec![0u8; 3 * plane];
-    for (i, pixel) in rgb.pixels().enumerate() {
-        for (c, &value) in pixel.0.iter().enumerate() {
-            out[c * plane + i] = value;
-        }
-    }
-    out
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
+    decode_image(&bytes, &path.display().to_string(), &plan, &mut rng)
 }
 
 /// What [`export`] wrote.

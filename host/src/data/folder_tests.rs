@@ -3,6 +3,7 @@ use super::super::idx::tests::TempDir;
 use super::super::loader::{Loader, LoaderOptions};
 use super::super::ImageDataset;
 use super::*;
+use crate::data::decode::{centre_offset, resized_size};
 use std::sync::Arc;
 
 /// Writes an 8-bit image of `color` (L8, La8, Rgb8 or Rgba8) with interleaved `pixels`.
@@ -19,9 +20,8 @@ fn grey(path: &Path, value: u8) {
 
 fn config(size: usize, channels: usize) -> FolderConfig {
     FolderConfig {
-        size,
         channels,
-        on_bad_file: OnBadFile::Stop,
+        ..FolderConfig::new(size)
     }
 }
 

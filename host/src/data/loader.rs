@@ -13,6 +13,7 @@
 //! that transform on.
 
 use std::any::Any;
+use std::borrow::Cow;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver};
@@ -23,6 +24,8 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
+use super::decode::decode_image;
+use super::source::SampleData;
 use super::transforms::{Normalize, Sample, Transform};
 use super::{DataError, SampleSource};
 
@@ -594,11 +597,32 @@ fn make_batch(
     for (position, &index) in order.iter().enumerate().take(end).skip(start) {
         let index = index as usize;
         // A sample the source leaves out (a skipped bad file) makes the batch shorter.
-        let Some((pixels, label)) = dataset.read(index)? else {
+        let Some((data, label)) = dataset.read(index)? else {
             continue;
         };
         let (c, h, w) = dataset.shape();
         let mut rng = transform_key.rng(position);
+        // An encoded image is decoded here, its random crop drawn first from the sample's
+        // generator.
+        let pixels: Cow<'_, [u8]> = match data {
+            SampleData::Pixels(pixels) => pixels,
+            SampleData::Encoded { bytes, name, plan } => {
+                if (plan.channels, plan.size, plan.size) != (c, h, w) {
+                    return Err(DataError::Invalid(format!(
+                        "loader: {name} is decoded to {}×{}×{} but the source's samples are \
+                         {c}×{h}×{w}",
+                        plan.channels, plan.size, plan.size
+                    )));
+                }
+                match decode_image(&bytes, &name, plan, &mut rng) {
+                    Ok(pixels) => Cow::Owned(pixels),
+                    Err(e) => {
+                        dataset.undecodable(index, e)?;
+                        continue;
+                    }
+                }
+            }
+        };
         // Crops and flips on the u8 pixels (a copy only when there are some).
         let moved;
         let (bytes, bytes_shape): (&[u8], _) = if stages.bytes == 0 {

@@ -2,6 +2,7 @@
 use super::super::transforms::{HorizontalFlip, Normalize, RandomCrop};
 use super::super::ImageDataset;
 use super::*;
+use crate::data::source::SampleData;
 use std::collections::HashSet;
 use std::sync::atomic::AtomicUsize;
 use std::time::{Duration, Instant};
@@ -404,7 +405,10 @@ fn all_on_host_f32(l: &Loader, transforms: &[Transform], epoch: u64) -> Vec<Vec<
         .map(|(b, indices)| {
             let mut values = Vec::new();
             for (i, &index) in indices.iter().enumerate() {
-                let (pixels, _) = dataset.read(index as usize).unwrap().unwrap();
+                let (data, _) = dataset.read(index as usize).unwrap().unwrap();
+                let SampleData::Pixels(pixels) = data else {
+                    panic!("an in-memory dataset serves pixels");
+                };
                 let mut sample = Sample::from_u8(&pixels, c, h, w);
                 let mut rng = transform_key.rng(b * l.options.batch_size + i);
                 for t in transforms {

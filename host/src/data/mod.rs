@@ -9,6 +9,7 @@
 //! normalized.
 
 pub mod dataset;
+pub mod decode;
 mod download;
 pub mod fetch;
 pub mod folder;
@@ -32,7 +33,7 @@ pub use folder::{FolderConfig, ImageFolder, OnBadFile};
 pub use idx::{read_images, read_labels, Images};
 pub use loader::{EpochIter, HostBatch, HostInput, Loader, LoaderOptions, Pixels, TokenSource};
 pub use shards::{ShardFormat, Sharded, ShardsConfig};
-pub use source::SampleSource;
+pub use source::{SampleData, SampleSource};
 pub use spec::{Dataset, DatasetShape, SyntheticConfig, TextConfig};
 pub use text::{
     fetch_corpus, known_corpora, load_text, CorpusConfig, PackedSequences, TextTokenizer,

@@ -3,12 +3,33 @@
 
 use std::borrow::Cow;
 
+use super::decode::DecodePlan;
 use super::folder::ImageFolder;
 use super::{DataError, ImageDataset};
 
-/// One sample as read from a source: its C×H×W `u8` pixels (borrowed from memory or decoded)
-/// and its label.
-pub type RawSample<'a> = (Cow<'a, [u8]>, i64);
+/// One sample's data as read from a source.
+#[derive(Debug, Clone)]
+pub enum SampleData<'a> {
+    /// C×H×W `u8` pixels of the source's [`shape`](SampleSource::shape), ready for the
+    /// transforms (borrowed from memory or decoded by the source).
+    Pixels(Cow<'a, [u8]>),
+    /// An encoded image (JPEG or PNG bytes) that the loader decodes with
+    /// [`decode_image`](super::decode::decode_image), the sample's random generator and `plan`
+    /// (whose `channels`×`size`×`size` must be the source's shape), so a random crop is drawn
+    /// from the image's size before decoding. A failure to decode goes to
+    /// [`SampleSource::undecodable`].
+    Encoded {
+        /// The file's bytes.
+        bytes: Cow<'a, [u8]>,
+        /// What errors call the image (its path, or shard and key).
+        name: Cow<'a, str>,
+        /// How to decode it.
+        plan: &'a DecodePlan,
+    },
+}
+
+/// One sample as read from a source: its data and its label.
+pub type RawSample<'a> = (SampleData<'a>, i64);
 
 /// Indexed samples of one shape with class labels, readable from any thread.
 ///
@@ -39,6 +60,14 @@ pub trait SampleSource: Send + Sync + std::fmt::Debug {
     fn epoch_order(&self, _seed: u64, _epoch: u64) -> Option<Vec<u32>> {
         None
     }
+
+    /// Called by the loader when sample `index`, read as [`SampleData::Encoded`], cannot be
+    /// decoded (`error` names the image): `Ok(())` leaves the sample out of its batch (a source
+    /// set to skip bad files records and warns), an error stops the run. The default stops.
+    fn undecodable(&self, index: usize, error: DataError) -> Result<(), DataError> {
+        let _ = index;
+        Err(error)
+    }
 }
 
 impl SampleSource for ImageDataset {
@@ -57,7 +86,10 @@ impl SampleSource for ImageDataset {
                 ImageDataset::len(self)
             ))
         })?;
-        Ok(Some((Cow::Borrowed(pixels), self.labels[index])))
+        Ok(Some((
+            SampleData::Pixels(Cow::Borrowed(pixels)),
+            self.labels[index],
+        )))
     }
 }
 
@@ -71,8 +103,19 @@ impl SampleSource for ImageFolder {
     }
 
     fn read(&self, index: usize) -> Result<Option<RawSample<'_>>, DataError> {
-        Ok(self
-            .load(index)?
-            .map(|pixels| (Cow::Owned(pixels), self.labels()[index])))
+        Ok(self.read_encoded(index)?.map(|(bytes, name)| {
+            (
+                SampleData::Encoded {
+                    bytes: Cow::Owned(bytes),
+                    name: Cow::Owned(name),
+                    plan: self.plan(),
+                },
+                self.labels()[index],
+            )
+        }))
+    }
+
+    fn undecodable(&self, index: usize, error: DataError) -> Result<(), DataError> {
+        self.bad_file(index, error)
     }
 }

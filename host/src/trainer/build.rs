@@ -623,11 +623,8 @@ pub fn load_datasets(cfg: &Config) -> Result<(Arc<dyn SampleSource>, Arc<dyn Sam
     }
     if let (Some(s), Some(root), Some(format)) = (&d.shards, &d.data_dir, d.dataset.shard_format())
     {
-        let open = |split: &str| {
-            data::Sharded::open(root, split, format, s)
-                .with_context(|| format!("reading the {} shards of {}", d.dataset, root.display()))
-        };
-        let (train, val) = (open(&s.train)?, open(&s.val)?);
+        let (train, val) = data::Sharded::open_split(root, format, s)
+            .with_context(|| format!("reading the {} shards of {}", d.dataset, root.display()))?;
         tracing::info!(
             "{} shards {}: {} training samples in {} shards, {} validation samples in {} shards",
             d.dataset,

@@ -16,11 +16,11 @@ use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use image::{DynamicImage, ImageBuffer};
 use serde::Serialize;
 
-use super::source::{RawSample, SampleSource};
-use super::DataError;
+use super::decode::DecodePlan;
+use super::source::{RawSample, SampleData, SampleSource};
+use super::{DataError, FolderConfig, OnBadFile};
 
 /// The shard format of a sharded dataset.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -52,12 +52,12 @@ impl ShardFormat {
 }
 
 /// `[data.shards]`: how the samples of a sharded dataset become images and labels.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ShardsConfig {
-    /// The side of the square samples (required): `Resize(size)` then `CenterCrop(size)`.
-    pub size: usize,
-    /// 1 (luma) or 3 (RGB) (default 3).
-    pub channels: usize,
+    /// The image keys, as `[data.folder]` has them (`size`, `channels`, `on_bad_file`,
+    /// `eval_size`, `eval_resize`, `random_resized_crop`, `color_jitter`).
+    #[serde(flatten)]
+    pub images: FolderConfig,
     /// Number of classes (required): labels must lie in `0..classes`.
     pub classes: usize,
     /// The image column (MDS, default `x`) or extensions (WebDataset, default `jpg;jpeg;png`).
@@ -77,8 +77,7 @@ impl ShardsConfig {
     /// The defaults of `format` with the required `size` and `classes`.
     pub fn new(format: ShardFormat, size: usize, classes: usize) -> ShardsConfig {
         ShardsConfig {
-            size,
-            channels: 3,
+            images: FolderConfig::new(size),
             classes,
             image: format.default_image().into(),
             label: format.default_label().into(),
@@ -114,6 +113,8 @@ pub struct Sharded {
     sizes: Vec<usize>,
     starts: Vec<usize>,
     config: ShardsConfig,
+    /// How its images become samples.
+    plan: DecodePlan,
     /// Decompressed shards (zstd MDS) recently read, most recent last.
     resident: Mutex<Vec<(usize, Arc<Vec<u8>>)>>,
 }
@@ -150,8 +151,22 @@ impl Sharded {
             sizes,
             starts,
             config: config.clone(),
+            plan: config.images.eval_plan(),
             resident: Mutex::new(Vec::new()),
         })
+    }
+
+    /// The training and evaluation splits of `root`: training images decoded by the training
+    /// plan (`random_resized_crop`, `color_jitter`), evaluation ones by the evaluation plan.
+    pub fn open_split(
+        root: &Path,
+        format: ShardFormat,
+        config: &ShardsConfig,
+    ) -> Result<(Sharded, Sharded), DataError> {
+        let mut train = Sharded::open(root, &config.train, format, config)?;
+        train.plan = config.images.train_plan();
+        let val = Sharded::open(root, &config.val, format, config)?;
+        Ok((train, val))
     }
 
     /// Samples per shard, in stored order.
@@ -423,35 +438,39 @@ impl ImageData {
         }
     }
 
-    /// Decodes the image.
-    pub fn decode(self) -> Result<DynamicImage, String> {
+    /// The image as an encoded file the loader decodes: stored files as they are, raw pixels
+    /// (`pil`, `ndarray`) as a quickly compressed PNG, so every image takes the same decode path
+    /// (crops, jitter) as image folders' do.
+    pub fn into_encoded(self) -> Result<Vec<u8>, String> {
         match self {
-            ImageData::Encoded(bytes) => {
-                image::load_from_memory(&bytes).map_err(|e| format!("cannot decode the image: {e}"))
-            }
+            ImageData::Encoded(bytes) => Ok(bytes),
             ImageData::Raw {
                 width,
                 height,
                 channels,
                 data,
             } => {
-                let short = || {
-                    format!(
-                        "{width}x{height}x{channels} pixels need more than {} bytes",
-                        data.len()
-                    )
+                let color = match channels {
+                    1 => image::ExtendedColorType::L8,
+                    3 => image::ExtendedColorType::Rgb8,
+                    _ => image::ExtendedColorType::Rgba8,
                 };
-                Ok(match channels {
-                    1 => DynamicImage::ImageLuma8(
-                        ImageBuffer::from_raw(width, height, data.clone()).ok_or_else(short)?,
-                    ),
-                    3 => DynamicImage::ImageRgb8(
-                        ImageBuffer::from_raw(width, height, data.clone()).ok_or_else(short)?,
-                    ),
-                    _ => DynamicImage::ImageRgba8(
-                        ImageBuffer::from_raw(width, height, data.clone()).ok_or_else(short)?,
-                    ),
-                })
+                let expected = width as usize * height as usize * usize::from(channels);
+                if data.len() != expected {
+                    return Err(format!(
+                        "{width}x{height}x{channels} pixels are {expected} bytes, got {}",
+                        data.len()
+                    ));
+                }
+                let mut out = Vec::with_capacity(expected / 2 + 64);
+                let encoder = image::codecs::png::PngEncoder::new_with_quality(
+                    &mut out,
+                    image::codecs::png::CompressionType::Fast,
+                    image::codecs::png::FilterType::NoFilter,
+                );
+                image::ImageEncoder::write_image(encoder, &data, width, height, color)
+                    .map_err(|e| format!("re-encoding raw pixels: {e}"))?;
+                Ok(out)
             }
         }
     }
@@ -541,19 +560,32 @@ impl SampleSource for Sharded {
     }
 
     fn shape(&self) -> (usize, usize, usize) {
-        (self.config.channels, self.config.size, self.config.size)
+        (self.plan.channels, self.plan.size, self.plan.size)
     }
 
     fn read(&self, index: usize) -> Result<Option<RawSample<'_>>, DataError> {
         let (image, label) = self.read_raw(index)?;
-        let pixels = image
-            .decode()
-            .and_then(|i| super::folder::to_sample(i, self.config.channels, self.config.size))
-            .map_err(|e| {
-                let (shard, local) = self.locate(index).unwrap_or((0, index));
-                DataError::Invalid(format!("{}: shard {shard}, sample {local}: {e}", self.name))
-            })?;
-        Ok(Some((Cow::Owned(pixels), label)))
+        let (shard, local) = self.locate(index)?;
+        let name = format!("{} shard {shard} sample {local}", self.name);
+        let bytes = image
+            .into_encoded()
+            .map_err(|e| DataError::Invalid(format!("{name}: {e}")))?;
+        Ok(Some((
+            SampleData::Encoded {
+                bytes: Cow::Owned(bytes),
+                name: Cow::Owned(name),
+                plan: &self.plan,
+            },
+            label,
+        )))
+    }
+
+    fn undecodable(&self, _index: usize, error: DataError) -> Result<(), DataError> {
+        if self.config.images.on_bad_file == OnBadFile::Skip {
+            tracing::warn!("skipped {error}");
+            return Ok(());
+        }
+        Err(error)
     }
 
     fn epoch_order(&self, seed: u64, epoch: u64) -> Option<Vec<u32>> {

@@ -71,12 +71,20 @@ fn write(format: ShardFormat, dir: &Path, compression: Option<&str>) {
     }
 }
 
+/// The bytes of an encoded sample.
+fn encoded(data: crate::data::SampleData<'_>) -> Vec<u8> {
+    match data {
+        crate::data::SampleData::Encoded { bytes, .. } => bytes.into_owned(),
+        crate::data::SampleData::Pixels(_) => panic!("sharded sources serve encoded images"),
+    }
+}
+
 fn open(format: ShardFormat, dir: &Path) -> Arc<Sharded> {
-    let config = ShardsConfig {
-        channels: 1,
+    let mut config = ShardsConfig {
         shuffle_block: 2,
         ..ShardsConfig::new(format, 2, 4)
     };
+    config.images.channels = 1;
     Arc::new(Sharded::open(dir, "train", format, &config).unwrap())
 }
 
@@ -123,7 +131,14 @@ fn sharded_order_is_world_size_independent_and_resumes_in_place() {
         let what = format!("{format:?} {compression:?}");
         // Pixels and labels as written.
         for i in [0usize, 17, 63] {
-            let (pixels, label) = source.read(i).unwrap().unwrap();
+            let (data, label) = source.read(i).unwrap().unwrap();
+            let pixels = crate::data::decode::decode_image(
+                &encoded(data),
+                "sample",
+                &source.plan,
+                &mut rand::thread_rng(),
+            )
+            .unwrap();
             assert_eq!(&pixels[..], &[i as u8, i as u8, 255 - i as u8, 7], "{what}");
             assert_eq!(label, i as i64 % 4, "{what}");
         }

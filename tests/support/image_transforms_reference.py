@@ -1,0 +1,127 @@
+"""torchvision's side of tests/image_transforms.rs.
+
+Reads CASES (JSON written by the test): for each decode, the image file, the plan, what
+Tessera drew (crop box, colour-jitter order and factors) and Tessera's C×H×W u8 output; applies
+torchvision.transforms.functional to the PIL image with those same draws and prints the largest
+absolute pixel difference per case. For each recorded RandomResizedCrop draw, feeds the uniform
+numbers Tessera consumed to torchvision's own RandomResizedCrop.get_params (torch's uniform_ and
+randint replaced by them) and checks it returns the same box.
+
+Usage: python3 image_transforms_reference.py CASES  ->  prints one JSON object.
+"""
+
+import json
+import math
+import sys
+
+import numpy as np
+import torch
+from PIL import Image
+import torchvision.transforms as T
+import torchvision.transforms.functional as F
+import torchvision.transforms.transforms as tt
+from torchvision.transforms import InterpolationMode
+
+
+def reference_pixels(case):
+    img = Image.open(case["path"])
+    img = img.convert("L" if case["channels"] == 1 else "RGB")
+    size = case["size"]
+    crop = case["crop"]
+    if crop is not None:
+        img = F.resized_crop(
+            img, crop["top"], crop["left"], crop["height"], crop["width"], [size, size],
+            InterpolationMode.BILINEAR,
+        )
+    else:
+        img = F.resize(img, case["resize"], InterpolationMode.BILINEAR)
+        img = F.center_crop(img, size)
+    jitter = case["jitter"]
+    if jitter is not None:
+        # ColorJitter.forward with the drawn order and factors.
+        for fn_id in jitter["order"]:
+            if fn_id == 0 and jitter["brightness"] is not None:
+                img = F.adjust_brightness(img, jitter["brightness"])
+            elif fn_id == 1 and jitter["contrast"] is not None:
+                img = F.adjust_contrast(img, jitter["contrast"])
+            elif fn_id == 2 and jitter["saturation"] is not None:
+                img = F.adjust_saturation(img, jitter["saturation"])
+            elif fn_id == 3 and jitter["hue"] is not None:
+                img = F.adjust_hue(img, jitter["hue"])
+    a = np.asarray(img, dtype=np.int32)
+    if a.ndim == 2:
+        a = a[None]
+    else:
+        a = a.transpose(2, 0, 1)
+    return a
+
+
+class FedTorch:
+    """Stands in for `torch` inside torchvision.transforms.transforms: `empty(1).uniform_(a, b)`
+    and `randint(lo, hi, ...)` take the next of the given uniform numbers."""
+
+    def __init__(self, uniforms):
+        self.uniforms = list(uniforms)
+        self.used = 0
+
+    def next(self):
+        u = self.uniforms[self.used]
+        self.used += 1
+        return u
+
+    def empty(self, *args, **kwargs):
+        fed = self
+
+        class Uniform:
+            def uniform_(self, a, b):
+                a, b = float(a), float(b)
+                return torch.tensor([a + (b - a) * fed.next()], dtype=torch.float32)
+
+        return Uniform()
+
+    def randint(self, low, high, size=None):
+        return torch.tensor([low + min(int(self.next() * (high - low)), high - low - 1)])
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+
+def check_draws(draws):
+    mismatches = []
+    real = tt.torch
+    try:
+        for d in draws:
+            fed = FedTorch(d["uniforms"])
+            tt.torch = fed
+            img = real.zeros(3, d["height"], d["width"], dtype=real.uint8)
+            i, j, h, w = T.RandomResizedCrop.get_params(img, d["scale"], d["ratio"])
+            got = {"top": int(i), "left": int(j), "height": int(h), "width": int(w)}
+            if got != d["crop"] or fed.used != len(d["uniforms"]):
+                mismatches.append({"tessera": d["crop"], "torchvision": got,
+                                   "uniforms_used": fed.used, "given": len(d["uniforms"])})
+    finally:
+        tt.torch = real
+    return mismatches
+
+
+def main():
+    with open(sys.argv[1]) as f:
+        cases = json.load(f)
+    diffs = []
+    for case in cases["decodes"]:
+        ours = np.fromfile(case["output"], dtype=np.uint8).astype(np.int32)
+        ref = reference_pixels(case)
+        if ours.size != ref.size:
+            diffs.append({"case": case["output"], "error": f"sizes {ours.size} vs {ref.shape}"})
+            continue
+        diffs.append({"case": case["output"], "max": int(np.abs(ours - ref.reshape(-1)).max())})
+    print(json.dumps({
+        "diffs": diffs,
+        "draw_mismatches": check_draws(cases["draws"]),
+        "draws": len(cases["draws"]),
+        "fallbacks": sum(1 for d in cases["draws"] if len(d["uniforms"]) == 20),
+    }))
+
+
+if __name__ == "__main__":
+    main()
