@@ -177,7 +177,10 @@ fn training_and_evaluation_transforms_match_torchvision_on_the_same_draws() {
         .iter()
         .filter(|d| d["max"].as_i64().is_none_or(|m| m > 1))
         .collect();
-    assert!(over.is_empty(), "pixels more than 1/255 from torchvision: {over:?}");
+    assert!(
+        over.is_empty(),
+        "pixels more than 1/255 from torchvision: {over:?}"
+    );
     eprintln!("{n_decodes} decodes, largest difference {worst}/255");
     assert_eq!(report["draws"].as_u64(), Some(n_draws as u64));
     let mismatches = report["draw_mismatches"].as_array().unwrap();

@@ -187,17 +187,10 @@ fn write_split(
     let limit = usize::try_from(options.shard_size).unwrap_or(usize::MAX);
     match options.format {
         ShardFormat::Mds => {
-            let mut items = items.peekable();
             let image = match source {
-                PackSource::Folder(_) => {
-                    // One encoding per column: `jpeg` when every file is a JPEG, else `png`
-                    // when every one is a PNG, else `bytes` (Tessera decodes all three).
-                    let root = match source {
-                        PackSource::Folder(r) => *r,
-                        _ => Path::new("."),
-                    };
-                    Some(folder_encoding(root)?)
-                }
+                // One encoding per column: `jpeg` when every file is a JPEG, else `png` when
+                // every one is a PNG, else `bytes` (Tessera decodes all three).
+                PackSource::Folder(root) => Some(folder_encoding(root)?),
                 PackSource::Registry(split) => Some(match options.pixels {
                     PixelEncoding::Png => mds::Encoding::Png,
                     PixelEncoding::NdArray => {
@@ -222,7 +215,7 @@ fn write_split(
                 None => vec![("text".to_string(), mds::Encoding::Str)],
             };
             let mut writer = mds::Writer::new(dir, columns, options.compression.clone(), limit)?;
-            while let Some(item) = items.next() {
+            for item in items {
                 let values = match item? {
                     Item::File { bytes, label, .. } => vec![bytes, label.to_le_bytes().to_vec()],
                     Item::Pixels { png, raw, label } => {
