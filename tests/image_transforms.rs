@@ -2,7 +2,8 @@
 //! Tessera decodes images with `RandomResizedCrop` + `ColorJitter` plans (and the centre-crop
 //! evaluation plan), reporting what it drew; `tests/support/image_transforms_reference.py`
 //! applies `torchvision.transforms.functional` to the PIL images with those draws and compares
-//! pixels (at most 1/255 apart), and feeds the uniform numbers Tessera's `RandomResizedCrop`
+//! pixels: the crop and resize at most 1/255 apart, the colour jitter (run by torchvision on
+//! Tessera's resized pixels) at most 1/255 apart too; and it feeds the uniform numbers Tessera's `RandomResizedCrop`
 //! consumed to torchvision's own `get_params`, which must give the same boxes.
 //!
 //! Needs `import torchvision` with the torch wheel's `PYTHONPATH` (see tests/export.rs):
@@ -95,6 +96,20 @@ fn write_cases(dir: &Path) -> Value {
                         .unwrap();
                 let output = dir.join(format!("{i}-{p}-{seed}.u8"));
                 std::fs::write(&output, &pixels).unwrap();
+                // The same crop without the jitter (the crop is drawn first): the jitter is
+                // checked on Tessera's own resized pixels, the resize on its own, since the HSV
+                // round trip can turn a 1/255 resampling difference into a few.
+                let before_jitter = plan.color_jitter.as_ref().map(|_| {
+                    let plain = DecodePlan {
+                        color_jitter: None,
+                        ..plan.clone()
+                    };
+                    let mut rng = ChaCha8Rng::seed_from_u64(seed * 31 + p as u64);
+                    let (pixels, _) = decode_image_drawn(&bytes, "", &plain, &mut rng).unwrap();
+                    let file = dir.join(format!("{i}-{p}-{seed}-before-jitter.u8"));
+                    std::fs::write(&file, &pixels).unwrap();
+                    file
+                });
                 let resize = match plan.crop {
                     CropPlan::Centre { resize } => Some(resize),
                     CropPlan::RandomResized(_) => None,
@@ -107,6 +122,7 @@ fn write_cases(dir: &Path) -> Value {
                     "resize": resize,
                     "crop": drawn.crop,
                     "jitter": drawn.jitter,
+                    "before_jitter": before_jitter,
                 }));
             }
         }
@@ -129,7 +145,7 @@ fn write_cases(dir: &Path) -> Value {
         for crop in &settings {
             for _ in 0..150 {
                 let mut uniforms = Vec::new();
-                let b = random_resized_crop_params(w, h, crop, &mut || {
+                let b = random_resized_crop_params(w as usize, h as usize, crop, &mut || {
                     let u: f64 = rng.gen();
                     uniforms.push(u);
                     u
@@ -181,7 +197,11 @@ fn training_and_evaluation_transforms_match_torchvision_on_the_same_draws() {
         over.is_empty(),
         "pixels more than 1/255 from torchvision: {over:?}"
     );
-    eprintln!("{n_decodes} decodes, largest difference {worst}/255");
+    eprintln!(
+        "{n_decodes} decodes, largest difference {worst}/255 (crop + resize, and jitter on the \
+         same input); end to end with jitter {}/255",
+        report["end_to_end_jitter_max"]
+    );
     assert_eq!(report["draws"].as_u64(), Some(n_draws as u64));
     let mismatches = report["draw_mismatches"].as_array().unwrap();
     assert!(

@@ -23,9 +23,13 @@ import torchvision.transforms.transforms as tt
 from torchvision.transforms import InterpolationMode
 
 
-def reference_pixels(case):
-    img = Image.open(case["path"])
-    img = img.convert("L" if case["channels"] == 1 else "RGB")
+def reference_pixels(case, start=None):
+    """torchvision's pixels for `case`; with `start` (Tessera's C×H×W pixels before the
+    colour jitter), only the jitter, run on those."""
+    mode = "L" if case["channels"] == 1 else "RGB"
+    if start is not None:
+        return jitter(Image.fromarray(hwc(start), mode), case["jitter"])
+    img = Image.open(case["path"]).convert(mode)
     size = case["size"]
     crop = case["crop"]
     if crop is not None:
@@ -36,7 +40,14 @@ def reference_pixels(case):
     else:
         img = F.resize(img, case["resize"], InterpolationMode.BILINEAR)
         img = F.center_crop(img, size)
-    jitter = case["jitter"]
+    return jitter(img, case["jitter"])
+
+
+def hwc(chw):
+    return np.ascontiguousarray(chw[0] if chw.shape[0] == 1 else chw.transpose(1, 2, 0))
+
+
+def jitter(img, jitter):
     if jitter is not None:
         # ColorJitter.forward with the drawn order and factors.
         for fn_id in jitter["order"]:
@@ -108,15 +119,26 @@ def main():
     with open(sys.argv[1]) as f:
         cases = json.load(f)
     diffs = []
+    end_to_end = 0
     for case in cases["decodes"]:
         ours = np.fromfile(case["output"], dtype=np.uint8).astype(np.int32)
         ref = reference_pixels(case)
         if ours.size != ref.size:
             diffs.append({"case": case["output"], "error": f"sizes {ours.size} vs {ref.shape}"})
             continue
-        diffs.append({"case": case["output"], "max": int(np.abs(ours - ref.reshape(-1)).max())})
+        worst = int(np.abs(ours - ref.reshape(-1)).max())
+        if case["before_jitter"] is not None:
+            # Crop + resize on their own, then the jitter on Tessera's resized pixels.
+            end_to_end = max(end_to_end, worst)
+            c, s = case["channels"], case["size"]
+            before = np.fromfile(case["before_jitter"], dtype=np.uint8).reshape(c, s, s)
+            plain = reference_pixels(dict(case, jitter=None))
+            worst = max(int(np.abs(before.astype(np.int32) - plain).max()),
+                        int(np.abs(ours - reference_pixels(case, before).reshape(-1)).max()))
+        diffs.append({"case": case["output"], "max": worst})
     print(json.dumps({
         "diffs": diffs,
+        "end_to_end_jitter_max": end_to_end,
         "draw_mismatches": check_draws(cases["draws"]),
         "draws": len(cases["draws"]),
         "fallbacks": sum(1 for d in cases["draws"] if len(d["uniforms"]) == 20),
