@@ -99,6 +99,18 @@ export TESSERA_CHROMIUM
 # The browser test must run: a missing browser is a test failure, not a skip.
 export TESSERA_REQUIRE_CHROMIUM=1
 
+phase streaming "MosaicML Streaming and WebDataset for the shard tests (tests/streaming.rs)"
+# The MDS and WebDataset writers and readers, beside torch, torchvision and transformers (which
+# `streaming` imports): the tests write shards with them and read Tessera's back.
+TESSERA_STREAMING_PYTHONPATH="$TESSERA_TORCH_PYTHONPATH:$(./scripts/ensure-streaming.sh)"
+if ! PYTHONPATH="$TESSERA_STREAMING_PYTHONPATH" "$PYTHON" -W ignore -c "import streaming, webdataset"; then
+  echo "error: \`import streaming, webdataset\` fails with PYTHONPATH=$TESSERA_STREAMING_PYTHONPATH ($PYTHON)" >&2
+  exit 1
+fi
+export TESSERA_STREAMING_PYTHONPATH
+# The shard tests must run: missing packages are a test failure, not a skip.
+export TESSERA_REQUIRE_STREAMING=1
+
 phase build "release: tests, demo and benchmarks share one build of libtorch's wrapper"
 cargo build --release --workspace --all-targets
 phase data "Fashion-MNIST, Shakespeare, State of the Union"

@@ -105,8 +105,7 @@ fn write_cases(dir: &Path) -> Value {
                         ..plan.clone()
                     };
                     let mut rng = ChaCha8Rng::seed_from_u64(seed * 31 + p as u64);
-                    let (pixels, _) =
-                        decode_image_drawn(&bytes, "", &plain, &mut rng).unwrap();
+                    let (pixels, _) = decode_image_drawn(&bytes, "", &plain, &mut rng).unwrap();
                     let file = dir.join(format!("{i}-{p}-{seed}-before-jitter.u8"));
                     std::fs::write(&file, &pixels).unwrap();
                     file
@@ -194,7 +193,10 @@ fn training_and_evaluation_transforms_match_torchvision_on_the_same_draws() {
         .iter()
         .filter(|d| d["max"].as_i64().is_none_or(|m| m > 1))
         .collect();
-    assert!(over.is_empty(), "pixels more than 1/255 from torchvision: {over:?}");
+    assert!(
+        over.is_empty(),
+        "pixels more than 1/255 from torchvision: {over:?}"
+    );
     eprintln!(
         "{n_decodes} decodes, largest difference {worst}/255 (crop + resize, and jitter on the \
          same input); end to end with jitter {}/255",

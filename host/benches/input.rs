@@ -44,10 +44,13 @@ fn before(
     let started = Instant::now();
     let mut values = Vec::new();
     for index in first..first + batch {
-        let (pixels, _) = dataset
+        let (data, _) = dataset
             .read(index % dataset.len())
             .expect("read")
             .expect("sample");
+        let tessera::data::SampleData::Pixels(pixels) = data else {
+            panic!("an in-memory dataset serves pixels");
+        };
         let (c, h, w) = SampleSource::shape(dataset);
         let mut sample = Sample::from_u8(&pixels, c, h, w);
         let mut rng = ChaCha8Rng::seed_from_u64(index as u64);

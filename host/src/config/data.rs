@@ -11,7 +11,7 @@ use super::section::{section, Section};
 use crate::data::decode::{ColorJitter, RandomResizedCrop};
 use crate::data::{
     folder, Dataset, DatasetShape, FolderConfig, HorizontalFlip, Normalize, OnBadFile, RandomCrop,
-    SyntheticConfig, TextConfig, Transforms,
+    ShardsConfig, SyntheticConfig, TextConfig, Transforms,
 };
 
 /// `[data]`
@@ -44,6 +44,10 @@ pub struct DataConfig {
     /// How an image folder's files become samples; `Some` exactly when `dataset` is `folder`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub folder: Option<FolderConfig>,
+    /// How shard samples become images and labels; `Some` exactly when `dataset` is `mds` or
+    /// `wds`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shards: Option<ShardsConfig>,
     /// How text becomes token sequences; `Some` exactly when `dataset` is a text dataset.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub text: Option<TextConfig>,
@@ -68,6 +72,7 @@ section!(DataConfig {
     shuffle: bool(),
     synthetic,
     folder,
+    shards,
     text,
     transforms,
 });
@@ -123,6 +128,23 @@ section!(TextConfig {
 
 /// The `[data.text]` keys only `dataset = "text"` (the user's own text) takes.
 const OWN_TEXT_KEYS: [&str; 4] = ["eval_path", "eval_fraction", "text_field", "cache_dir"];
+
+section!(ShardsConfig {
+    // The image keys, read into `images` as [data.folder]'s.
+    size,
+    channels,
+    on_bad_file,
+    eval_size,
+    eval_resize,
+    random_resized_crop,
+    color_jitter,
+    classes,
+    image: string(),
+    label: string(),
+    train: string(),
+    val: string(),
+    shuffle_block: uint(1),
+});
 
 section!(SyntheticConfig {
     samples: uint(1),
@@ -224,6 +246,19 @@ pub(super) fn read(top: &Tbl<'_>) -> Result<DataConfig, ConfigError> {
             None
         }
     };
+    let shards = match dataset.shard_format() {
+        Some(format) => Some(read_shards(&d, format)?),
+        None => {
+            d.reject(
+                "shards",
+                &format!(
+                    "[data.shards] only applies to dataset = \"mds\" or \"wds\", not {:?}",
+                    dataset.as_str()
+                ),
+            )?;
+            None
+        }
+    };
     let text = if dataset.is_text() {
         let t = match d.sub("text", Some(TextConfig::KEYS))? {
             Some(t) => {
@@ -297,6 +332,15 @@ pub(super) fn read(top: &Tbl<'_>) -> Result<DataConfig, ConfigError> {
             }
         }
         (Some(s), _) => s.shape(),
+        _ if shards.is_some() => shards
+            .as_ref()
+            .map(|s| DatasetShape {
+                channels: s.images.channels,
+                height: s.images.size,
+                width: s.images.size,
+                classes: s.classes,
+            })
+            .unwrap_or_default(),
         (_, Some((f, classes))) => DatasetShape {
             channels: f.channels,
             height: f.size,
@@ -324,6 +368,7 @@ pub(super) fn read(top: &Tbl<'_>) -> Result<DataConfig, ConfigError> {
         shuffle: true,
         synthetic,
         folder: folder.map(|(f, _)| f),
+        shards,
         text,
         transforms: Transforms::default(),
         shape,
@@ -368,7 +413,15 @@ fn read_folder(d: &Tbl<'_>) -> Result<(FolderConfig, usize), ConfigError> {
             "the side of the square samples: each image is resized (shorter side) and centre-cropped to it",
         )
     })?;
-    let mut config = FolderConfig::new(size).read_keys(&f)?;
+    let config = read_image_keys(&f, FolderConfig::new(size).read_keys(&f)?)?;
+    let classes = folder::class_names(&root)
+        .map_err(|e| d.err("data_dir", ErrorKind::InvalidValue, e.to_string()))?;
+    Ok((config, classes.len()))
+}
+
+/// The image keys of `[data.folder]` or `[data.shards]` beyond those `read_keys` reads (crops,
+/// jitter), and their checks.
+fn read_image_keys(f: &Tbl<'_>, mut config: FolderConfig) -> Result<FolderConfig, ConfigError> {
     if let Some(r) = f.sub("random_resized_crop", Some(RandomResizedCrop::KEYS))? {
         let mut crop = RandomResizedCrop::default();
         if let Some(scale) = range(&r, "scale", "the crop's share of the image area")? {
@@ -414,9 +467,48 @@ fn read_folder(d: &Tbl<'_>) -> Result<(FolderConfig, usize), ConfigError> {
             ));
         }
     }
-    let classes = folder::class_names(&root)
-        .map_err(|e| d.err("data_dir", ErrorKind::InvalidValue, e.to_string()))?;
-    Ok((config, classes.len()))
+    Ok(config)
+}
+
+/// `[data.shards]` (required with `data_dir` for `dataset = "mds"` and `"wds"`).
+fn read_shards(d: &Tbl<'_>, format: crate::data::ShardFormat) -> Result<ShardsConfig, ConfigError> {
+    if d.entry("data_dir").is_none() {
+        return Err(d.missing(
+            "data_dir",
+            "the folder holding the split folders (train/, val/) of the shards",
+        ));
+    }
+    let s = d.sub("shards", Some(ShardsConfig::KEYS))?.ok_or_else(|| {
+        d.missing(
+            "shards",
+            "a [data.shards] table with the image `size` and the number of `classes`",
+        )
+    })?;
+    let size = s.uint("size", 1)?.ok_or_else(|| {
+        s.missing(
+            "size",
+            "the side of the square samples: each image is resized (shorter side) and centre-cropped to it",
+        )
+    })?;
+    let classes = s.uint("classes", 1)?.ok_or_else(|| {
+        s.missing(
+            "classes",
+            "the number of classes (labels lie in 0..classes)",
+        )
+    })?;
+    let mut config = ShardsConfig::new(format, size, classes).read_keys(&s)?;
+    config.images = read_image_keys(&s, FolderConfig::new(size).read_keys(&s)?)?;
+    for (key, value) in [
+        ("image", &config.image),
+        ("label", &config.label),
+        ("train", &config.train),
+        ("val", &config.val),
+    ] {
+        if value.trim().is_empty() {
+            return Err(s.err(key, ErrorKind::InvalidValue, "must not be empty"));
+        }
+    }
+    Ok(config)
 }
 
 fn read_transforms(t: &Tbl<'_>, data: &DataConfig) -> Result<Transforms, ConfigError> {

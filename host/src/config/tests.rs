@@ -739,7 +739,7 @@ fn wrong_types() {
             WrongType,
             "data.dataset",
             Some(3),
-            "expected one of \"fashion-mnist\", \"mnist\", \"synthetic\", \"folder\", \"sotu\", \"shakespeare\", \"synthetic-text\" or \"text\"",
+            "expected one of \"fashion-mnist\", \"mnist\", \"synthetic\", \"folder\", \"mds\", \"wds\", \"sotu\", \"shakespeare\", \"synthetic-text\" or \"text\"",
         ),
         case(
             "algorithms table",
@@ -1041,7 +1041,7 @@ fn unknown_names() {
             InvalidValue,
             "data.dataset",
             Some(3),
-            "unknown dataset \"cifar10\"; expected \"fashion-mnist\", \"mnist\", \"synthetic\", \"folder\", \"sotu\", \"shakespeare\", \"synthetic-text\" or \"text\"",
+            "unknown dataset \"cifar10\"; expected \"fashion-mnist\", \"mnist\", \"synthetic\", \"folder\", \"mds\", \"wds\", \"sotu\", \"shakespeare\", \"synthetic-text\" or \"text\"",
         ),
         case(
             "dataset typo",
@@ -1112,7 +1112,7 @@ fn missing_required() {
             MissingKey,
             "data.dataset",
             Some(2),
-            "expected \"fashion-mnist\", \"mnist\", \"synthetic\", \"folder\", \"sotu\", \"shakespeare\", \"synthetic-text\" or \"text\"",
+            "expected \"fashion-mnist\", \"mnist\", \"synthetic\", \"folder\", \"mds\", \"wds\", \"sotu\", \"shakespeare\", \"synthetic-text\" or \"text\"",
         ),
         case(
             "model name",

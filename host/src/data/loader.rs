@@ -551,11 +551,24 @@ impl Loader {
     fn order(&self, epoch: u64) -> Vec<u32> {
         // `new` checked that the length fits in u32.
         let n = self.source.len();
-        let mut order: Vec<u32> = (0..n as u32).collect();
-        if self.options.shuffle {
-            let mut rng = ChaCha8Rng::from_seed(key(self.options.seed, epoch, *b"shuffle!"));
-            order.shuffle(&mut rng);
-        }
+        let own = match &self.source {
+            Source::Images { dataset, .. } if self.options.shuffle => dataset
+                .epoch_order(self.options.seed, epoch)
+                .filter(|o| o.len() == n),
+            _ => None,
+        };
+        let order = match own {
+            Some(order) => order,
+            None => {
+                let mut order: Vec<u32> = (0..n as u32).collect();
+                if self.options.shuffle {
+                    let mut rng =
+                        ChaCha8Rng::from_seed(key(self.options.seed, epoch, *b"shuffle!"));
+                    order.shuffle(&mut rng);
+                }
+                order
+            }
+        };
         let Shard { rank, world, pad } = self.shard;
         if world == 1 {
             return order;

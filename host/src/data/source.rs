@@ -59,6 +59,15 @@ pub trait SampleSource: Send + Sync + std::fmt::Debug {
         None
     }
 
+    /// The shuffled order of epoch `epoch` when the source has its own (a sharded dataset
+    /// shuffles shards, then samples within blocks of shards, so that it reads a few shards at a
+    /// time); `None` for the loader's uniform permutation. It must be a permutation of
+    /// `0..len()` and a pure function of `(seed, epoch)`: every rank computes it alike and the
+    /// loader splits it round-robin, and resuming at a batch starts at its position.
+    fn epoch_order(&self, _seed: u64, _epoch: u64) -> Option<Vec<u32>> {
+        None
+    }
+
     /// Called by the loader when sample `index`, read as [`SampleData::Encoded`], cannot be
     /// decoded (`error` names the image): `Ok(())` leaves the sample out of its batch (a source
     /// set to skip bad files records and warns), an error stops the run. The default stops.

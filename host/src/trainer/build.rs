@@ -660,6 +660,21 @@ pub fn load_datasets(cfg: &Config) -> Result<(Arc<dyn SampleSource>, Arc<dyn Sam
         );
         return Ok((Arc::new(train), Arc::new(val)));
     }
+    if let (Some(s), Some(root), Some(format)) = (&d.shards, &d.data_dir, d.dataset.shard_format())
+    {
+        let (train, val) = data::Sharded::open_split(root, format, s)
+            .with_context(|| format!("reading the {} shards of {}", d.dataset, root.display()))?;
+        tracing::info!(
+            "{} shards {}: {} training samples in {} shards, {} validation samples in {} shards",
+            d.dataset,
+            root.display(),
+            train.len(),
+            train.shard_sizes().len(),
+            val.len(),
+            val.shard_sizes().len()
+        );
+        return Ok((Arc::new(train), Arc::new(val)));
+    }
     if let Some(s) = &d.synthetic {
         let train = ImageDataset::synthetic(
             cfg.seed, s.samples, s.channels, s.height, s.width, s.classes,

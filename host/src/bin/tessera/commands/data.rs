@@ -42,6 +42,76 @@ enum DataCommand {
         #[arg(long)]
         dir: Option<PathBuf>,
     },
+    /// Write shards readable as `dataset = "mds"` or `"wds"` (and by MosaicML Streaming's
+    /// `StreamingDataset` or `webdataset`): DST/train and DST/val from an image folder (its files
+    /// stored as they are), a registry dataset (fashion-mnist, mnist) or a folder of text files
+    /// (`train/*.txt`, `val/*.txt`, one sample per file). The folder appears only when complete.
+    Pack {
+        /// An image folder (train/CLASS/*, val/CLASS/*), a registry dataset name, or a text folder.
+        src: String,
+        /// The folder to create (must not exist, or be empty).
+        dst: PathBuf,
+        /// mds or wds.
+        #[arg(long, value_parser = ["mds", "wds"])]
+        format: String,
+        /// MDS only: compress the shards with zstd (`zstd` or `zstd:LEVEL`, streaming's names).
+        #[arg(long)]
+        compression: Option<String>,
+        /// The most bytes per shard: 64MB (default), 500KB, 1GB...
+        #[arg(long, default_value = "64MB")]
+        shard_size: String,
+        /// Registry datasets, MDS only: store pixels as `png` files (default) or `ndarray`
+        /// (raw uint8 H×W[×C]).
+        #[arg(long, value_parser = ["png", "ndarray"], default_value = "png")]
+        pixels: String,
+        /// Cache folder of registry datasets (default: $TESSERA_DATA or ~/.cache/tessera/data).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
+}
+
+/// `64MB`, `500KB`, `1GiB`, `1000` (bytes): decimal units as streaming's `size_limit` strings,
+/// binary ones with `i`.
+fn parse_bytes(text: &str) -> anyhow::Result<u64> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let number: f64 = number
+        .parse()
+        .with_context(|| format!("--shard-size {text:?}: expected a size such as 64MB"))?;
+    let scale = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        "kib" => 1024.0,
+        "mib" => 1024.0 * 1024.0,
+        "gib" => 1024.0 * 1024.0 * 1024.0,
+        other => anyhow::bail!(
+            "--shard-size {text:?}: unknown unit {other:?} (B, KB, MB, GB, KiB, MiB, GiB)"
+        ),
+    };
+    let bytes = number * scale;
+    if !(1.0..=4e9).contains(&bytes) {
+        anyhow::bail!("--shard-size {text:?}: must be between 1 byte and 4GB (an MDS shard's offsets are 32-bit)");
+    }
+    Ok(bytes as u64)
+}
+
+/// The `.txt` files of `dir`, sorted, as documents.
+fn text_files(dir: &std::path::Path) -> anyhow::Result<Vec<String>> {
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| format!("reading {}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "txt"))
+        .collect();
+    paths.sort();
+    paths
+        .iter()
+        .map(|p| std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display())))
+        .collect()
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
@@ -79,6 +149,66 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 "{name}: wrote {} training and {} validation images to {}",
                 s.train,
                 s.val,
+                s.path.display()
+            );
+        }
+        DataCommand::Pack {
+            src,
+            dst,
+            format,
+            compression,
+            shard_size,
+            pixels,
+            dir,
+        } => {
+            use data::shards::pack::{pack, PackOptions, PackSource, PixelEncoding};
+            let options = PackOptions {
+                format: if format == "mds" {
+                    data::ShardFormat::Mds
+                } else {
+                    data::ShardFormat::Wds
+                },
+                compression,
+                shard_size: parse_bytes(&shard_size)?,
+                pixels: if pixels == "ndarray" {
+                    PixelEncoding::NdArray
+                } else {
+                    PixelEncoding::Png
+                },
+            };
+            let path = PathBuf::from(&src);
+            let split;
+            let source = if path.is_dir() {
+                let train = path.join("train");
+                let is_text = std::fs::read_dir(&train)
+                    .map(|mut r| {
+                        r.any(|e| e.is_ok_and(|e| e.path().extension().is_some_and(|x| x == "txt")))
+                    })
+                    .unwrap_or(false);
+                if is_text {
+                    PackSource::Text(text_files(&train)?, text_files(&path.join("val"))?)
+                } else {
+                    PackSource::Folder(&path)
+                }
+            } else if data::known_datasets().contains(&src.as_str()) {
+                let root = dir.unwrap_or_else(data::default_cache_root);
+                data::fetch(&src, &root)?;
+                split = data::load(&src, &root)?;
+                PackSource::Registry(&split)
+            } else {
+                anyhow::bail!(
+                    "{src} is neither a folder nor a registry dataset ({})",
+                    data::known_datasets().join(", ")
+                );
+            };
+            let s = pack(&source, &dst, &options)
+                .with_context(|| format!("packing {src} into {}", dst.display()))?;
+            eprintln!(
+                "{src}: wrote {} training samples in {} shards and {} validation samples in {} shards to {}",
+                s.samples[0],
+                s.shards[0],
+                s.samples[1],
+                s.shards[1],
                 s.path.display()
             );
         }

@@ -1,0 +1,621 @@
+//! Sharded streaming datasets: MosaicML Streaming's MDS folders and WebDataset tar shards,
+//! read as a [`SampleSource`] of images and class labels, ordered shard-block by shard-block
+//! ([`order`]), and written by `tessera data pack` ([`pack`]).
+//!
+//! A dataset root holds one split per folder (`train/`, `val/`, or the names set in
+//! `[data.shards]`): for MDS an `index.json` with its shard files, for WebDataset `*.tar` files
+//! (or a brace pattern such as `train-{000000..000009}.tar`). Images are decoded as image
+//! folders' are (shorter side resized, centre crop, 1 or 3 channels).
+
+pub mod mds;
+pub mod order;
+pub mod pack;
+pub mod wds;
+
+use std::borrow::Cow;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use serde::Serialize;
+
+use super::decode::DecodePlan;
+use super::source::{RawSample, SampleData, SampleSource};
+use super::{DataError, FolderConfig, OnBadFile};
+
+/// The shard format of a sharded dataset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum ShardFormat {
+    /// MosaicML Streaming MDS (`index.json` + `shard.NNNNN.mds[.zstd]`).
+    #[serde(rename = "mds")]
+    Mds,
+    /// WebDataset tar shards.
+    #[serde(rename = "wds")]
+    Wds,
+}
+
+impl ShardFormat {
+    /// The default image column (MDS) or extensions (WebDataset, `;`-separated alternatives).
+    pub fn default_image(self) -> &'static str {
+        match self {
+            ShardFormat::Mds => "x",
+            ShardFormat::Wds => "jpg;jpeg;png",
+        }
+    }
+
+    /// The default label column (MDS) or extension (WebDataset).
+    pub fn default_label(self) -> &'static str {
+        match self {
+            ShardFormat::Mds => "y",
+            ShardFormat::Wds => "cls",
+        }
+    }
+}
+
+/// `[data.shards]`: how the samples of a sharded dataset become images and labels.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ShardsConfig {
+    /// The image keys, as `[data.folder]` has them (`size`, `channels`, `on_bad_file`,
+    /// `eval_size`, `eval_resize`, `random_resized_crop`, `color_jitter`).
+    #[serde(flatten)]
+    pub images: FolderConfig,
+    /// Number of classes (required): labels must lie in `0..classes`.
+    pub classes: usize,
+    /// The image column (MDS, default `x`) or extensions (WebDataset, default `jpg;jpeg;png`).
+    pub image: String,
+    /// The label column (MDS, default `y`) or extension (WebDataset, default `cls`).
+    pub label: String,
+    /// The training split under `data_dir` (default `train`): a folder, or for WebDataset a
+    /// brace pattern of tar files.
+    pub train: String,
+    /// The evaluation split (default `val`).
+    pub val: String,
+    /// Shards whose samples are shuffled together (default 4, >= 1).
+    pub shuffle_block: usize,
+}
+
+impl ShardsConfig {
+    /// The defaults of `format` with the required `size` and `classes`.
+    pub fn new(format: ShardFormat, size: usize, classes: usize) -> ShardsConfig {
+        ShardsConfig {
+            images: FolderConfig::new(size),
+            classes,
+            image: format.default_image().into(),
+            label: format.default_label().into(),
+            train: "train".into(),
+            val: "val".into(),
+            shuffle_block: 4,
+        }
+    }
+}
+
+/// What a [`Sharded`] dataset reads its samples from.
+#[derive(Debug)]
+enum Backend {
+    Mds {
+        dir: PathBuf,
+        shards: Vec<mds::Shard>,
+        /// Per shard: the indices of the image and label columns.
+        columns: Vec<(usize, usize)>,
+    },
+    Wds {
+        paths: Vec<PathBuf>,
+        /// Per shard, per sample: the image field's extension and member, the label member.
+        samples: Vec<Vec<(String, wds::Member, wds::Member)>>,
+    },
+}
+
+/// One split of a sharded dataset, read as a [`SampleSource`].
+#[derive(Debug)]
+pub struct Sharded {
+    name: String,
+    backend: Backend,
+    /// Samples per shard, and the first global index of each shard.
+    sizes: Vec<usize>,
+    starts: Vec<usize>,
+    config: ShardsConfig,
+    /// How its images become samples.
+    plan: DecodePlan,
+    /// Decompressed shards (zstd MDS) recently read, most recent last.
+    resident: Mutex<Vec<(usize, Arc<Vec<u8>>)>>,
+}
+
+impl Sharded {
+    /// Opens the split `split` (a folder, or a WebDataset brace pattern) under `root`.
+    pub fn open(
+        root: &Path,
+        split: &str,
+        format: ShardFormat,
+        config: &ShardsConfig,
+    ) -> Result<Sharded, DataError> {
+        let spec = root.join(split);
+        let backend = match format {
+            ShardFormat::Mds => open_mds(&spec, config)?,
+            ShardFormat::Wds => open_wds(&spec, config)?,
+        };
+        let sizes: Vec<usize> = match &backend {
+            Backend::Mds { shards, .. } => shards.iter().map(|s| s.samples).collect(),
+            Backend::Wds { samples, .. } => samples.iter().map(Vec::len).collect(),
+        };
+        let mut starts = Vec::with_capacity(sizes.len());
+        let mut total = 0usize;
+        for &s in &sizes {
+            starts.push(total);
+            total += s;
+        }
+        if total == 0 {
+            return Err(DataError::format(&spec, "holds no samples"));
+        }
+        Ok(Sharded {
+            name: spec.display().to_string(),
+            backend,
+            sizes,
+            starts,
+            config: config.clone(),
+            plan: config.images.eval_plan(),
+            resident: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The training and evaluation splits of `root`: training images decoded by the training
+    /// plan (`random_resized_crop`, `color_jitter`), evaluation ones by the evaluation plan.
+    pub fn open_split(
+        root: &Path,
+        format: ShardFormat,
+        config: &ShardsConfig,
+    ) -> Result<(Sharded, Sharded), DataError> {
+        let mut train = Sharded::open(root, &config.train, format, config)?;
+        train.plan = config.images.train_plan();
+        let val = Sharded::open(root, &config.val, format, config)?;
+        Ok((train, val))
+    }
+
+    /// Samples per shard, in stored order.
+    pub fn shard_sizes(&self) -> &[usize] {
+        &self.sizes
+    }
+
+    /// The shard holding sample `index` and the sample's place in it.
+    fn locate(&self, index: usize) -> Result<(usize, usize), DataError> {
+        let shard = self
+            .starts
+            .partition_point(|&s| s <= index)
+            .saturating_sub(1);
+        let local = index.checked_sub(self.starts[shard]).unwrap_or(usize::MAX);
+        if local >= self.sizes.get(shard).copied().unwrap_or(0) {
+            return Err(DataError::Invalid(format!(
+                "sample {index} is outside the {} samples of {}",
+                self.len(),
+                self.name
+            )));
+        }
+        Ok((shard, local))
+    }
+
+    /// The decompressed bytes of zstd MDS shard `shard`, from memory when recently read.
+    fn resident_shard(
+        &self,
+        shard: usize,
+        path: &Path,
+        compression: Option<&str>,
+    ) -> Result<Arc<Vec<u8>>, DataError> {
+        {
+            let mut r = self.resident.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(at) = r.iter().position(|(s, _)| *s == shard) {
+                let entry = r.remove(at);
+                let data = Arc::clone(&entry.1);
+                r.push(entry);
+                return Ok(data);
+            }
+        }
+        let stored = std::fs::read(path).map_err(|e| DataError::io(path, e))?;
+        let data = Arc::new(mds::decompress(compression, stored, path)?);
+        let mut r = self.resident.lock().unwrap_or_else(|p| p.into_inner());
+        // A block's shards are read together; keep two blocks' worth.
+        let capacity = 2 * self.config.shuffle_block.max(1);
+        while r.len() >= capacity {
+            r.remove(0);
+        }
+        r.push((shard, Arc::clone(&data)));
+        Ok(data)
+    }
+
+    /// The raw image and the label of sample `index`.
+    fn read_raw(&self, index: usize) -> Result<(ImageData, i64), DataError> {
+        let (shard, local) = self.locate(index)?;
+        match &self.backend {
+            Backend::Mds {
+                dir,
+                shards,
+                columns,
+            } => {
+                let s = &shards[shard];
+                let path = dir.join(&s.stored().basename);
+                let sample = self.mds_sample(s, shard, local, &path)?;
+                let at = |e: String| DataError::format(&path, format!("sample {local}: {e}"));
+                let values = mds::split_columns(&s.columns, &sample).map_err(at)?;
+                let (ic, lc) = columns[shard];
+                let image = ImageData::from_mds(&s.columns[ic].encoding, values[ic]).map_err(at)?;
+                let label = mds::decode_value(&s.columns[lc].encoding, values[lc]).map_err(at)?;
+                let label = label_of(&label)
+                    .map_err(|e| at(format!("column `{}`: {e}", s.columns[lc].name)))?;
+                Ok((image, self.check_label(label).map_err(at)?))
+            }
+            Backend::Wds { paths, samples } => {
+                let path = &paths[shard];
+                let (extension, image, label) = &samples[shard][local];
+                let file = std::fs::File::open(path).map_err(|e| DataError::io(path, e))?;
+                let image_bytes = wds::read_member(&file, *image, path)?;
+                let label_bytes = wds::read_member(&file, *label, path)?;
+                let at = |e: String| DataError::format(path, format!("sample {local}: {e}"));
+                let text = std::str::from_utf8(&label_bytes)
+                    .map_err(|_| at(format!("the `{}` label is not text", self.config.label)))?;
+                let label = text.trim().parse::<i64>().map_err(|_| {
+                    at(format!(
+                        "the `{}` label `{}` is not an integer",
+                        self.config.label,
+                        text.trim()
+                    ))
+                })?;
+                let _ = extension;
+                Ok((
+                    ImageData::Encoded(image_bytes),
+                    self.check_label(label).map_err(at)?,
+                ))
+            }
+        }
+    }
+
+    fn check_label(&self, label: i64) -> Result<i64, String> {
+        if label < 0 || label as u64 >= self.config.classes as u64 {
+            return Err(format!(
+                "label {label} is outside 0..{} ([data.shards] classes)",
+                self.config.classes
+            ));
+        }
+        Ok(label)
+    }
+
+    /// Every column of MDS sample `index`, decoded (images as their stored bytes); an error for
+    /// WebDataset shards.
+    pub fn mds_values(&self, index: usize) -> Result<Vec<(String, mds::Value)>, DataError> {
+        let (shard, local) = self.locate(index)?;
+        let Backend::Mds { dir, shards, .. } = &self.backend else {
+            return Err(DataError::Invalid(format!(
+                "{} is not an MDS dataset",
+                self.name
+            )));
+        };
+        let s = &shards[shard];
+        let path = dir.join(&s.stored().basename);
+        let sample = self.mds_sample(s, shard, local, &path)?;
+        let at = |e: String| DataError::format(&path, format!("sample {local}: {e}"));
+        let values = mds::split_columns(&s.columns, &sample).map_err(at)?;
+        s.columns
+            .iter()
+            .zip(values)
+            .map(|(c, v)| {
+                mds::decode_value(&c.encoding, v)
+                    .map(|v| (c.name.clone(), v))
+                    .map_err(|e| at(format!("column `{}`: {e}", c.name)))
+            })
+            .collect()
+    }
+
+    /// The bytes of sample `local` of MDS shard `shard` (stored at `path`).
+    fn mds_sample(
+        &self,
+        s: &mds::Shard,
+        shard: usize,
+        local: usize,
+        path: &Path,
+    ) -> Result<Vec<u8>, DataError> {
+        if s.zip.is_some() {
+            let data = self.resident_shard(shard, path, s.compression.as_deref())?;
+            Ok(mds::sample_bytes(&data, local, path)?.to_vec())
+        } else {
+            read_mds_sample(path, local)
+        }
+    }
+
+    /// The label of sample `index` (reads the sample).
+    pub fn label(&self, index: usize) -> Result<i64, DataError> {
+        Ok(self.read_raw(index)?.1)
+    }
+}
+
+/// Reads sample `local` of an uncompressed MDS shard file: its two offsets, then its bytes.
+fn read_mds_sample(path: &Path, local: usize) -> Result<Vec<u8>, DataError> {
+    use std::os::unix::fs::FileExt as _;
+    let file = std::fs::File::open(path).map_err(|e| DataError::io(path, e))?;
+    let mut pair = [0u8; 8];
+    file.read_exact_at(&mut pair, 4 * (1 + local as u64))
+        .map_err(|e| DataError::io(path, e))?;
+    let begin = u32::from_le_bytes([pair[0], pair[1], pair[2], pair[3]]);
+    let end = u32::from_le_bytes([pair[4], pair[5], pair[6], pair[7]]);
+    if end < begin {
+        return Err(DataError::format(
+            path,
+            format!("sample {local}: offsets {begin}..{end} run backwards"),
+        ));
+    }
+    let mut data = vec![0u8; (end - begin) as usize];
+    file.read_exact_at(&mut data, u64::from(begin))
+        .map_err(|e| DataError::io(path, e))?;
+    Ok(data)
+}
+
+fn label_of(v: &mds::Value) -> Result<i64, String> {
+    match v {
+        mds::Value::Int(i) => Ok(*i),
+        mds::Value::Float(f) if f.fract() == 0.0 && f.abs() < 9e15 => Ok(*f as i64),
+        mds::Value::Str(s) => s
+            .trim()
+            .parse()
+            .map_err(|_| format!("`{}` is not an integer label", s.trim())),
+        mds::Value::Array { .. } => match v.as_f64s().as_slice() {
+            [f] if f.fract() == 0.0 => Ok(*f as i64),
+            _ => Err("an array label must hold one integer".into()),
+        },
+        _ => Err("not an integer label".into()),
+    }
+}
+
+/// An image as stored in a shard, before decoding.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ImageData {
+    /// An image file (JPEG or PNG).
+    Encoded(Vec<u8>),
+    /// Raw 8-bit pixels: width, height, channels (1, 3 or 4), interleaved.
+    Raw {
+        /// Width.
+        width: u32,
+        /// Height.
+        height: u32,
+        /// Channels per pixel.
+        channels: u8,
+        /// `width × height × channels` bytes.
+        data: Vec<u8>,
+    },
+}
+
+impl ImageData {
+    /// The image of an MDS column value.
+    pub fn from_mds(encoding: &mds::Encoding, bytes: &[u8]) -> Result<ImageData, String> {
+        use mds::Encoding as E;
+        match encoding {
+            E::Jpeg | E::Png | E::Bytes => Ok(ImageData::Encoded(bytes.to_vec())),
+            E::Pil => {
+                let (mode, width, height, raw) = mds::parse_pil(bytes)?;
+                let channels = match mode.as_str() {
+                    "L" => 1,
+                    "RGB" => 3,
+                    "RGBA" => 4,
+                    other => {
+                        return Err(format!(
+                            "pil mode `{other}` is not supported (L, RGB, RGBA are)"
+                        ))
+                    }
+                };
+                Ok(ImageData::Raw {
+                    width,
+                    height,
+                    channels,
+                    data: raw.to_vec(),
+                })
+            }
+            E::NdArray { .. } => match mds::decode_value(encoding, bytes)? {
+                mds::Value::Array {
+                    dtype: mds::Dtype::U8,
+                    shape,
+                    data,
+                } => {
+                    let (h, w, c) = match shape[..] {
+                        [h, w] => (h, w, 1),
+                        [h, w, c] if matches!(c, 1 | 3 | 4) => (h, w, c),
+                        _ => {
+                            return Err(format!(
+                                "an ndarray image must be H×W or H×W×C (C = 1, 3, 4), got {shape:?}"
+                            ))
+                        }
+                    };
+                    Ok(ImageData::Raw {
+                        width: u32::try_from(w).map_err(|_| "image too wide")?,
+                        height: u32::try_from(h).map_err(|_| "image too tall")?,
+                        channels: c as u8,
+                        data,
+                    })
+                }
+                mds::Value::Array { dtype, .. } => Err(format!(
+                    "an ndarray image must be uint8, got {}",
+                    dtype.name()
+                )),
+                _ => Err("not an ndarray".into()),
+            },
+            other => Err(format!(
+                "encoding `{}` does not hold an image (jpeg, png, pil, ndarray:uint8 or bytes do)",
+                other.name()
+            )),
+        }
+    }
+
+    /// The image as an encoded file the loader decodes: stored files as they are, raw pixels
+    /// (`pil`, `ndarray`) as a quickly compressed PNG, so every image takes the same decode path
+    /// (crops, jitter) as image folders' do.
+    pub fn into_encoded(self) -> Result<Vec<u8>, String> {
+        match self {
+            ImageData::Encoded(bytes) => Ok(bytes),
+            ImageData::Raw {
+                width,
+                height,
+                channels,
+                data,
+            } => {
+                let color = match channels {
+                    1 => image::ExtendedColorType::L8,
+                    3 => image::ExtendedColorType::Rgb8,
+                    _ => image::ExtendedColorType::Rgba8,
+                };
+                let expected = width as usize * height as usize * usize::from(channels);
+                if data.len() != expected {
+                    return Err(format!(
+                        "{width}x{height}x{channels} pixels are {expected} bytes, got {}",
+                        data.len()
+                    ));
+                }
+                let mut out = Vec::with_capacity(expected / 2 + 64);
+                let encoder = image::codecs::png::PngEncoder::new_with_quality(
+                    &mut out,
+                    image::codecs::png::CompressionType::Fast,
+                    image::codecs::png::FilterType::NoFilter,
+                );
+                image::ImageEncoder::write_image(encoder, &data, width, height, color)
+                    .map_err(|e| format!("re-encoding raw pixels: {e}"))?;
+                Ok(out)
+            }
+        }
+    }
+}
+
+fn open_mds(dir: &Path, config: &ShardsConfig) -> Result<Backend, DataError> {
+    let index = mds::Index::read(dir)?;
+    let mut columns = Vec::with_capacity(index.shards.len());
+    for (i, s) in index.shards.iter().enumerate() {
+        let find = |name: &str, key: &str| {
+            s.columns
+                .iter()
+                .position(|c| c.name == name)
+                .ok_or_else(|| {
+                    let names: Vec<&str> = s.columns.iter().map(|c| c.name.as_str()).collect();
+                    DataError::format(
+                        dir.join(mds::INDEX),
+                        format!(
+                        "shard {i} has no column `{name}` ([data.shards] {key}); its columns: {}",
+                        names.join(", ")
+                    ),
+                    )
+                })
+        };
+        columns.push((find(&config.image, "image")?, find(&config.label, "label")?));
+        let stored = s.stored();
+        let path = dir.join(&stored.basename);
+        let meta = std::fs::metadata(&path).map_err(|e| DataError::io(&path, e))?;
+        if meta.len() != stored.bytes {
+            return Err(DataError::format(
+                &path,
+                format!(
+                    "is {} bytes where index.json says {}: an incomplete or replaced shard",
+                    meta.len(),
+                    stored.bytes
+                ),
+            ));
+        }
+    }
+    Ok(Backend::Mds {
+        dir: dir.to_path_buf(),
+        shards: index.shards,
+        columns,
+    })
+}
+
+fn open_wds(spec: &Path, config: &ShardsConfig) -> Result<Backend, DataError> {
+    let paths = wds::shard_paths(spec)?;
+    let images: Vec<String> = config
+        .image
+        .split(';')
+        .map(|s| s.trim().to_string())
+        .collect();
+    let labels = vec![config.label.clone()];
+    let mut samples = Vec::with_capacity(paths.len());
+    for path in &paths {
+        let scanned = wds::scan(path)?;
+        let mut shard = Vec::with_capacity(scanned.len());
+        for s in scanned {
+            let missing = |what: &str, key: &str| {
+                let have: Vec<&str> = s.fields.iter().map(|f| f.0.as_str()).collect();
+                DataError::format(
+                    path,
+                    format!(
+                        "sample `{}` has no {what} field `{key}` ([data.shards] {what}); its fields: {}",
+                        s.key,
+                        have.join(", ")
+                    ),
+                )
+            };
+            let (extension, image) = s
+                .field(&images)
+                .ok_or_else(|| missing("image", &config.image))?;
+            let (_, label) = s
+                .field(&labels)
+                .ok_or_else(|| missing("label", &config.label))?;
+            shard.push((extension.to_string(), image, label));
+        }
+        samples.push(shard);
+    }
+    Ok(Backend::Wds { paths, samples })
+}
+
+impl SampleSource for Sharded {
+    fn len(&self) -> usize {
+        self.sizes.iter().sum()
+    }
+
+    fn shape(&self) -> (usize, usize, usize) {
+        (self.plan.channels, self.plan.size, self.plan.size)
+    }
+
+    fn read(&self, index: usize) -> Result<Option<RawSample<'_>>, DataError> {
+        let (image, label) = self.read_raw(index)?;
+        let (shard, local) = self.locate(index)?;
+        let name = format!("{} shard {shard} sample {local}", self.name);
+        let bytes = image
+            .into_encoded()
+            .map_err(|e| DataError::Invalid(format!("{name}: {e}")))?;
+        Ok(Some((
+            SampleData::Encoded {
+                bytes: Cow::Owned(bytes),
+                name: Cow::Owned(name),
+                plan: &self.plan,
+            },
+            label,
+        )))
+    }
+
+    fn undecodable(&self, _index: usize, error: DataError) -> Result<(), DataError> {
+        if self.config.images.on_bad_file == OnBadFile::Skip {
+            tracing::warn!("skipped {error}");
+            return Ok(());
+        }
+        Err(error)
+    }
+
+    fn epoch_order(&self, seed: u64, epoch: u64) -> Option<Vec<u32>> {
+        Some(order::epoch_order(
+            &self.sizes,
+            self.config.shuffle_block,
+            seed,
+            epoch,
+        ))
+    }
+}
+
+/// The name of the temporary a shard `path` is written to before it is renamed into place.
+pub(crate) fn partial_name(path: &Path) -> PathBuf {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    path.with_file_name(format!(
+        "{}{name}.{}",
+        crate::files::TMP_PREFIX,
+        std::process::id()
+    ))
+}
+
+/// Writes `data` to `path` atomically (a DataError naming the file on failure).
+pub(crate) fn write_atomic(path: &Path, data: &[u8]) -> Result<(), DataError> {
+    crate::files::write_atomic(path, data).map_err(|e| DataError::io(path, e))
+}
+
+#[cfg(test)]
+#[path = "tests.rs"]
+mod tests;

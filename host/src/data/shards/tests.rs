@@ -1,0 +1,202 @@
+//! Unit tests of sharded datasets through the loader: written with Tessera's own writers (the
+//! packages' shards are read in tests/streaming.rs).
+use std::sync::Arc;
+
+use super::*;
+use crate::data::{HostBatch, Loader, LoaderOptions};
+
+/// A temporary folder removed when dropped.
+struct Temp(PathBuf);
+
+impl Drop for Temp {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn temp(label: &str) -> Temp {
+    let dir = std::env::temp_dir().join(format!("tessera-shards-{}-{label}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("train")).unwrap();
+    Temp(dir)
+}
+
+/// 64 samples of 2×2 grey pixels `[i, i, 255 - i, 7]`, label `i % 4`, in shards of about 6.
+fn write(format: ShardFormat, dir: &Path, compression: Option<&str>) {
+    let train = dir.join("train");
+    match format {
+        ShardFormat::Mds => {
+            let columns = vec![
+                (
+                    "x".to_string(),
+                    mds::Encoding::NdArray {
+                        dtype: Some(mds::Dtype::U8),
+                        shape: Some(vec![2, 2]),
+                    },
+                ),
+                ("y".to_string(), mds::Encoding::Int),
+            ];
+            let mut w =
+                mds::Writer::new(&train, columns, compression.map(str::to_string), 400).unwrap();
+            for i in 0..64u8 {
+                w.write(&[
+                    vec![i, i, 255 - i, 7],
+                    i64::from(i % 4).to_le_bytes().to_vec(),
+                ])
+                .unwrap();
+            }
+            assert!(w.finish().unwrap() > 4);
+        }
+        ShardFormat::Wds => {
+            let mut w = wds::Writer::new(&train, "shard", 6 * 3 * 1024);
+            for i in 0..64u8 {
+                let mut png = Vec::new();
+                image::ImageEncoder::write_image(
+                    image::codecs::png::PngEncoder::new(&mut png),
+                    &[i, i, 255 - i, 7],
+                    2,
+                    2,
+                    image::ExtendedColorType::L8,
+                )
+                .unwrap();
+                let cls = (i % 4).to_string();
+                w.write(
+                    &format!("s{i:03}"),
+                    &[("png", &png), ("cls", cls.as_bytes())],
+                )
+                .unwrap();
+            }
+            assert!(w.finish().unwrap() > 4);
+        }
+    }
+}
+
+/// The bytes of an encoded sample.
+fn encoded(data: crate::data::SampleData<'_>) -> Vec<u8> {
+    match data {
+        crate::data::SampleData::Encoded { bytes, .. } => bytes.into_owned(),
+        crate::data::SampleData::Pixels(_) => panic!("sharded sources serve encoded images"),
+    }
+}
+
+fn open(format: ShardFormat, dir: &Path) -> Arc<Sharded> {
+    let mut config = ShardsConfig {
+        shuffle_block: 2,
+        ..ShardsConfig::new(format, 2, 4)
+    };
+    config.images.channels = 1;
+    Arc::new(Sharded::open(dir, "train", format, &config).unwrap())
+}
+
+fn loader(source: &Arc<Sharded>, batch: usize, workers: usize) -> Loader {
+    let options = LoaderOptions {
+        batch_size: batch,
+        shuffle: true,
+        drop_last: false,
+        seed: 3,
+        workers,
+        prefetch: 2,
+    };
+    Loader::new(source.clone(), Arc::new(Vec::new()), options).unwrap()
+}
+
+/// The sample ids (first pixel) of each batch.
+fn ids(batches: &[HostBatch]) -> Vec<Vec<u8>> {
+    batches
+        .iter()
+        .map(|b| {
+            let Some(crate::data::Pixels::Bytes(pixels)) = b.pixels() else {
+                panic!("u8 pixels expected");
+            };
+            (0..b.len()).map(|i| pixels[i * 4]).collect()
+        })
+        .collect()
+}
+
+fn epoch(l: &Loader, e: u64, start: u64) -> Vec<HostBatch> {
+    l.epoch(e, start).collect::<Result<Vec<_>, _>>().unwrap()
+}
+
+#[test]
+fn sharded_order_is_world_size_independent_and_resumes_in_place() {
+    for (format, compression) in [
+        (ShardFormat::Mds, None),
+        (ShardFormat::Mds, Some("zstd:3")),
+        (ShardFormat::Wds, None),
+    ] {
+        let dir = temp(&format!("{format:?}-{}", compression.is_some()));
+        write(format, &dir.0, compression);
+        let source = open(format, &dir.0);
+        assert_eq!(source.len(), 64);
+        let what = format!("{format:?} {compression:?}");
+        // Pixels and labels as written.
+        for i in [0usize, 17, 63] {
+            let (data, label) = source.read(i).unwrap().unwrap();
+            let pixels = crate::data::decode::decode_image(
+                &encoded(data),
+                "sample",
+                &source.plan,
+                &mut rand::thread_rng(),
+            )
+            .unwrap();
+            assert_eq!(&pixels[..], &[i as u8, i as u8, 255 - i as u8, 7], "{what}");
+            assert_eq!(label, i as i64 % 4, "{what}");
+        }
+        // One process of batch 16: every sample once, in the source's shard-block order.
+        let whole = ids(&epoch(&loader(&source, 16, 0), 1, 0));
+        let flat: Vec<u32> = whole.iter().flatten().map(|&i| u32::from(i)).collect();
+        assert_eq!(flat, source.epoch_order(3, 1).unwrap(), "{what}");
+        let mut sorted = flat.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..64).collect::<Vec<u32>>(), "{what}");
+        // W ranks of batch 16 / W (any worker count): batch b of the ranks together is batch b
+        // of the one process.
+        for world in [2usize, 4] {
+            let ranks: Vec<Vec<Vec<u8>>> = (0..world)
+                .map(|r| {
+                    ids(&epoch(
+                        &loader(&source, 16 / world, r % 3).shard(r, world, true),
+                        1,
+                        0,
+                    ))
+                })
+                .collect();
+            for (b, global) in whole.iter().enumerate() {
+                let mut got: Vec<u8> = ranks.iter().flat_map(|r| r[b].clone()).collect();
+                let mut want = global.clone();
+                got.sort_unstable();
+                want.sort_unstable();
+                assert_eq!(got, want, "{what}: {world} ranks, batch {b}");
+            }
+        }
+        // Resuming at batch 2 yields batches 2.. of the uninterrupted epoch.
+        assert_eq!(
+            ids(&epoch(&loader(&source, 16, 2), 1, 2)),
+            whole[2..],
+            "{what}"
+        );
+        // Another epoch, another order.
+        assert_ne!(ids(&epoch(&loader(&source, 16, 0), 2, 0)), whole, "{what}");
+    }
+}
+
+#[test]
+fn a_truncated_shard_is_refused_naming_it() {
+    let dir = temp("truncated");
+    write(ShardFormat::Mds, &dir.0, None);
+    let shard = dir.0.join("train").join("shard.00001.mds");
+    let bytes = std::fs::read(&shard).unwrap();
+    std::fs::write(&shard, &bytes[..bytes.len() - 3]).unwrap();
+    let err = Sharded::open(
+        &dir.0,
+        "train",
+        ShardFormat::Mds,
+        &ShardsConfig::new(ShardFormat::Mds, 2, 4),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("shard.00001.mds") && err.contains("index.json says"),
+        "{err}"
+    );
+}
