@@ -367,10 +367,10 @@ fn a_gpt_trains_on_text_packed_as_mds_and_webdataset_shards_as_on_the_files() {
         dir.write(&format!("src/{part}/doc-{i:02}.txt"), doc);
     }
     let cache = dir.join("cache");
-    let run = |label: &str, train: &str, val: &str| {
+    let run = |label: &str, train_path: &str, val: &str| {
         let mut toml = TrainerToml::gpt(label);
         let eval = format!("eval_path = '{}'\n", dir.join(val).display());
-        toml.data = own_text_data(&dir.join(train), &cache, &eval);
+        toml.data = own_text_data(&dir.join(train_path), &cache, &eval);
         toml.max_duration = "4ba".to_owned();
         toml.write_to(&dir);
         let out = train(&dir, &["train.eval_subset_batches=2"], &[]);
@@ -382,7 +382,7 @@ fn a_gpt_trains_on_text_packed_as_mds_and_webdataset_shards_as_on_the_files() {
     let from_files = run("own-files", "src/train", "src/val");
     assert_eq!(from_files.len(), 4);
     for (format, extra) in [("mds", &["--compression", "zstd"][..]), ("wds", &[][..])] {
-        let dst = dir.join(format!("packed-{format}"));
+        let dst = dir.join(&format!("packed-{format}"));
         let mut args = vec![
             "data",
             "pack",
