@@ -345,3 +345,81 @@ fn killed_and_resumed_own_text_run_equals_the_straight_run_bit_for_bit() {
         toml
     });
 }
+
+/// The train losses of run `run` in `dir`.
+fn train_losses(dir: &TempDir, run: &str) -> Vec<f64> {
+    lines_of_kind(
+        &read_jsonl(&run_dir(dir, run).join("metrics.jsonl")),
+        "train",
+    )
+    .iter()
+    .map(|l| l["data"]["loss"].as_f64().expect("a loss"))
+    .collect()
+}
+
+#[test]
+fn a_gpt_trains_on_text_packed_as_mds_and_webdataset_shards_as_on_the_files() {
+    // 36 training and 4 evaluation documents as .txt files, packed by `tessera data pack` into
+    // MDS (zstd) and WebDataset shards of 8 KB (several documents per shard, several shards).
+    let dir = TempDir::new("lm-own-packed");
+    for (i, doc) in own_documents(40).iter().enumerate() {
+        let part = if i < 36 { "train" } else { "val" };
+        dir.write(&format!("src/{part}/doc-{i:02}.txt"), doc);
+    }
+    let cache = dir.join("cache");
+    let run = |label: &str, train_path: &str, val: &str| {
+        let mut toml = TrainerToml::gpt(label);
+        let eval = format!("eval_path = '{}'\n", dir.join(val).display());
+        toml.data = own_text_data(&dir.join(train_path), &cache, &eval);
+        toml.max_duration = "4ba".to_owned();
+        toml.write_to(&dir);
+        let out = train(&dir, &["train.eval_subset_batches=2"], &[]);
+        out.assert_success();
+        let record = run_record(&dir, label);
+        assert_eq!(record["tokens"], 4 * 8 * 32, "{record:#}");
+        train_losses(&dir, label)
+    };
+    let from_files = run("own-files", "src/train", "src/val");
+    assert_eq!(from_files.len(), 4);
+    for (format, extra) in [("mds", &["--compression", "zstd"][..]), ("wds", &[][..])] {
+        let dst = dir.join(&format!("packed-{format}"));
+        let mut args = vec![
+            "data",
+            "pack",
+            "src",
+            dst.to_str().expect("a UTF-8 path"),
+            "--format",
+            format,
+            "--shard-size",
+            "8KB",
+        ];
+        args.extend(extra);
+        let out = tessera(&args, dir.path(), &[]);
+        out.assert_success();
+        assert!(
+            out.stderr.contains("wrote 36 training samples"),
+            "{}",
+            out.dump()
+        );
+        // The same documents in the same order: the same tokens, so the same losses.
+        let losses = run(
+            &format!("own-{format}"),
+            &format!("packed-{format}/train"),
+            &format!("packed-{format}/val"),
+        );
+        assert_eq!(losses, from_files, "{format}");
+    }
+    // A wrong text_field names the columns the index has.
+    let mut toml = TrainerToml::gpt("own-bad-field");
+    toml.data = own_text_data(
+        &dir.join("packed-mds/train"),
+        &cache,
+        "text_field = \"body\"\n",
+    );
+    toml.write_to(&dir);
+    train(&dir, &[], &[]).assert_failure(&[
+        "index.json",
+        "no column \"body\"",
+        "its columns: text (str)",
+    ]);
+}

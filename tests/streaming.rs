@@ -574,3 +574,67 @@ fn a_two_rank_run_on_mds_shards_resumed_mid_epoch_continues_exactly() {
         &ckpt("resumed", "ep0-ba6.ckpt"),
     );
 }
+
+/// `n` documents of pseudo-random words (a fixed LCG: every run writes the same text), about
+/// 2 KB each.
+fn text_documents(n: usize) -> Vec<String> {
+    const WORDS: [&str; 12] = [
+        "the", "river", "runs", "to", "sea", "and", "a", "boat", "sails", "under", "grey", "sky",
+    ];
+    let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+    (0..n)
+        .map(|i| {
+            let mut text = format!("Document {i}.");
+            for w in 0..400 {
+                state = state
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1_442_695_040_888_963_407);
+                text.push_str(if w % 10 == 0 { ". " } else { " " });
+                text.push_str(WORDS[(state >> 33) as usize % WORDS.len()]);
+            }
+            text
+        })
+        .collect()
+}
+
+#[test]
+fn a_gpt_trains_on_text_written_by_mds_writer_and_resumes_mid_epoch_exactly() {
+    let data = TempDir::new("text-mds-python-data");
+    if script(&["check", "-"]).is_none() {
+        return;
+    }
+    let docs = text_documents(40);
+    for (i, doc) in docs.iter().enumerate() {
+        let part = if i < 36 { "train" } else { "val" };
+        data.write(&format!("src/{part}/doc-{i:02}.txt"), doc);
+    }
+    script(&["write-text", data.path().to_str().unwrap()]).unwrap();
+    let (train_dir, val_dir) = (data.join("mds/train"), data.join("mds/val"));
+    // MDSWriter's zstd shards hold the documents in order, one sample each (columns id, text).
+    let read = tessera::data::text::own::read_documents(&train_dir, "text").unwrap();
+    let texts: Vec<&str> = read.docs.iter().map(|d| d.text.as_str()).collect();
+    let want: Vec<&str> = docs[..36].iter().map(String::as_str).collect();
+    assert_eq!(texts, want);
+    let index: Value = read_json(&train_dir.join("index.json"));
+    assert!(
+        index["shards"].as_array().unwrap().len() > 1
+            && index["shards"][0]["compression"] == "zstd",
+        "{index:#}"
+    );
+    let cache = data.join("cache");
+    let config = |run: &str| {
+        let mut toml = TrainerToml::gpt(run);
+        toml.data = format!(
+            "dataset = \"text\"\ndata_dir = '{}'\nbatch_size = 8\neval_batch_size = 16\n\
+             workers = 1\n\n[data.text]\nseq_len = 32\nvocab_size = 300\ncache_dir = '{}'\n\
+             eval_path = '{}'\n",
+            train_dir.display(),
+            cache.display(),
+            val_dir.display()
+        );
+        toml.max_duration = "8ba".to_owned();
+        toml
+    };
+    // About 36 × 700 tokens: ~100 batches of 8 × 32 per epoch, so batch 4 is mid-epoch.
+    tessera_tests::resume::assert_killed_and_resumed_is_exact("text-mds-python", config);
+}

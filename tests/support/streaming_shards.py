@@ -9,6 +9,9 @@ tests/streaming.rs.
     streaming_shards.py read-mds DIR       Prints JSON: the samples of DIR read with
                                            StreamingDataset (image bytes as sha256, labels).
     streaming_shards.py read-wds PATTERN   The same, read with webdataset.
+    streaming_shards.py write-text DIR     DIR/src/{train,val}/*.txt (sorted by name, one
+                                           sample each) as MDS text shards DIR/mds/{train,val}
+                                           (columns id: int, text: str; zstd; 8 KB shards).
 """
 
 import hashlib
@@ -114,6 +117,19 @@ def write_wds(out):
         json.dump(expected, f)
 
 
+def write_text(out):
+    import pathlib
+
+    from streaming import MDSWriter
+
+    for part in ("train", "val"):
+        files = sorted(pathlib.Path(out, "src", part).glob("*.txt"))
+        with MDSWriter(out=f"{out}/mds/{part}", columns={"id": "int", "text": "str"},
+                       compression="zstd", size_limit=8000) as w:
+            for k, f in enumerate(files):
+                w.write({"id": k, "text": f.read_text(encoding="utf-8")})
+
+
 def read_mds(path):
     from streaming import StreamingDataset
 
@@ -152,4 +168,4 @@ def read_wds(pattern):
 
 if __name__ == "__main__":
     {"check": lambda _: None, "write-mds": write_mds, "write-wds": write_wds, "read-mds": read_mds,
-     "read-wds": read_wds}[sys.argv[1]](sys.argv[2])
+     "read-wds": read_wds, "write-text": write_text}[sys.argv[1]](sys.argv[2])

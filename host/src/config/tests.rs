@@ -2436,3 +2436,91 @@ fn airbench_widths_default_validate_and_record() {
             .is_some_and(|m| m.contains_key("widths"))
     );
 }
+
+#[test]
+fn shards_keys_are_checked_by_name_and_line() {
+    use ErrorKind::{InvalidValue, MissingKey, UnknownKey};
+    // Line 3 `dataset`, 4 `data_dir`, then the extra lines from 5.
+    let shards = |format: &str, extra: &str| {
+        MINIMAL.replace(
+            "dataset = \"fashion-mnist\"\n",
+            &format!("dataset = \"{format}\"\ndata_dir = \"/shards\"\n{extra}"),
+        )
+    };
+    let c = ok(&shards(
+        "mds",
+        "[data.shards]\nsize = 16\nclasses = 3\nimage = \"jpg\"\n",
+    ));
+    let s = c.data.shards.expect("[data.shards]");
+    assert_eq!((s.images.size, s.classes, s.image.as_str()), (16, 3, "jpg"));
+    assert_eq!(s.label, "y");
+    check(vec![
+        case(
+            "a misspelt key",
+            shards("mds", "[data.shards]\nsize = 16\nclases = 3\n"),
+            UnknownKey,
+            "data.shards.clases",
+            Some(7),
+            "classes",
+        ),
+        case(
+            "no size",
+            shards("wds", "[data.shards]\nclasses = 3\n"),
+            MissingKey,
+            "data.shards.size",
+            Some(5),
+            "the side of the square samples",
+        ),
+        case(
+            "no classes",
+            shards("mds", "[data.shards]\nsize = 16\n"),
+            MissingKey,
+            "data.shards.classes",
+            Some(5),
+            "labels lie in 0..classes",
+        ),
+        case(
+            "no [data.shards]",
+            shards("mds", ""),
+            MissingKey,
+            "data.shards",
+            Some(2),
+            "the image `size` and the number of `classes`",
+        ),
+        case(
+            "no data_dir",
+            MINIMAL.replace("\"fashion-mnist\"", "\"wds\""),
+            MissingKey,
+            "data.data_dir",
+            Some(2),
+            "split folders (train/, val/)",
+        ),
+        case(
+            "an empty column name",
+            shards("mds", "[data.shards]\nsize = 16\nclasses = 3\nlabel = \" \"\n"),
+            InvalidValue,
+            "data.shards.label",
+            Some(8),
+            "must not be empty",
+        ),
+        case(
+            "shuffle_block 0",
+            shards(
+                "mds",
+                "[data.shards]\nsize = 16\nclasses = 3\nshuffle_block = 0\n",
+            ),
+            InvalidValue,
+            "data.shards.shuffle_block",
+            Some(8),
+            "",
+        ),
+        case(
+            "[data.shards] for another dataset",
+            with("[data.shards]\nsize = 8\nclasses = 2\n"),
+            UnknownKey,
+            "data.shards",
+            Some(10),
+            "only applies to dataset = \"mds\" or \"wds\"",
+        ),
+    ]);
+}

@@ -495,7 +495,42 @@ fn open_mds(dir: &Path, config: &ShardsConfig) -> Result<Backend, DataError> {
                     )
                 })
         };
-        columns.push((find(&config.image, "image")?, find(&config.label, "label")?));
+        let (image, label) = (find(&config.image, "image")?, find(&config.label, "label")?);
+        let wrong = |column: &mds::Column, key: &str, holds: &str| {
+            DataError::format(
+                dir.join(mds::INDEX),
+                format!(
+                    "shard {i}: column `{}` ([data.shards] {key}) has encoding `{}`, which does \
+                     not hold {holds}",
+                    column.name,
+                    column.encoding.name()
+                ),
+            )
+        };
+        use mds::Encoding as E;
+        let c = &s.columns[image];
+        if !matches!(
+            c.encoding,
+            E::Jpeg | E::Png | E::Bytes | E::Pil | E::NdArray { .. }
+        ) {
+            return Err(wrong(
+                c,
+                "image",
+                "an image (jpeg, png, pil, ndarray:uint8 or bytes do)",
+            ));
+        }
+        let c = &s.columns[label];
+        if !matches!(
+            c.encoding,
+            E::Int | E::Scalar(_) | E::StrNumber | E::Str | E::NdArray { .. }
+        ) {
+            return Err(wrong(
+                c,
+                "label",
+                "an integer label (int, an integer scalar such as int64, str_int or str do)",
+            ));
+        }
+        columns.push((image, label));
         let stored = s.stored();
         let path = dir.join(&stored.basename);
         let meta = std::fs::metadata(&path).map_err(|e| DataError::io(&path, e))?;

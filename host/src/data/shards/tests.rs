@@ -200,3 +200,66 @@ fn a_truncated_shard_is_refused_naming_it() {
         "{err}"
     );
 }
+
+#[test]
+fn a_wrong_column_an_unusable_encoding_or_a_pattern_without_files_is_named() {
+    let dir = temp("errors");
+    write(ShardFormat::Mds, &dir.0, None);
+    let open = |format, split: &str, config: &ShardsConfig| {
+        Sharded::open(&dir.0, split, format, config)
+            .unwrap_err()
+            .to_string()
+    };
+    // A column name the index does not have: the columns it has are listed.
+    let mut config = ShardsConfig::new(ShardFormat::Mds, 2, 4);
+    config.image = "img".into();
+    let err = open(ShardFormat::Mds, "train", &config);
+    assert!(err.contains("index.json"), "{err}");
+    assert!(
+        err.contains("no column `img` ([data.shards] image); its columns: x, y"),
+        "{err}"
+    );
+    // Image and label swapped: the encoding that cannot hold them is named.
+    config.image = "y".into();
+    let err = open(ShardFormat::Mds, "train", &config);
+    assert!(
+        err.contains("column `y` ([data.shards] image) has encoding `int`"),
+        "{err}"
+    );
+    config.image = "x".into();
+    config.label = "x".into();
+    let err = open(ShardFormat::Mds, "train", &config);
+    assert!(
+        err.contains("column `x` ([data.shards] label) has encoding `ndarray:uint8:2,2`")
+            || err.contains("column `x` ([data.shards] label) has encoding `ndarray"),
+        "{err}"
+    );
+    // An encoding Tessera does not know (a pickled column) is named in the index.
+    let index = dir.0.join("train").join(mds::INDEX);
+    let text = std::fs::read_to_string(&index).unwrap();
+    std::fs::write(&index, text.replace("\"int\"", "\"pkl\"")).unwrap();
+    let err = open(
+        ShardFormat::Mds,
+        "train",
+        &ShardsConfig::new(ShardFormat::Mds, 2, 4),
+    );
+    assert!(
+        err.contains("column `y` ([data.shards] label) has encoding `pkl`"),
+        "{err}"
+    );
+
+    // A brace pattern naming shards that do not exist.
+    let wds_dir = temp("errors-wds");
+    write(ShardFormat::Wds, &wds_dir.0, None);
+    let err = Sharded::open(
+        &wds_dir.0,
+        "train/shard-{000000..000099}.tar",
+        ShardFormat::Wds,
+        &ShardsConfig::new(ShardFormat::Wds, 2, 4),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("shard-{000000..000099}.tar"), "{err}");
+    assert!(err.contains("names 100 file(s)"), "{err}");
+    assert!(err.contains("missing (the first: "), "{err}");
+}

@@ -112,7 +112,21 @@ pub fn shard_paths(spec: &Path) -> Result<Vec<PathBuf>, DataError> {
     }
     let text = spec.to_string_lossy();
     let names = expand_braces(&text).map_err(|e| DataError::format(spec, e))?;
-    Ok(names.into_iter().map(PathBuf::from).collect())
+    let paths: Vec<PathBuf> = names.into_iter().map(PathBuf::from).collect();
+    let missing: Vec<&PathBuf> = paths.iter().filter(|p| !p.is_file()).collect();
+    if let Some(first) = missing.first() {
+        return Err(DataError::format(
+            spec,
+            format!(
+                "is neither a folder nor a pattern of existing shards: it names {} file(s), \
+                 {} of them missing (the first: {})",
+                paths.len(),
+                missing.len(),
+                first.display()
+            ),
+        ));
+    }
+    Ok(paths)
 }
 
 /// Expands `{A..B}` ranges (zero-padded to the width of `A`) and `{x,y}` alternatives, as the

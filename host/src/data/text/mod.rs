@@ -169,6 +169,39 @@ pub(super) fn load_spec(
     )
 }
 
+/// The documents of text corpus `name` per split (train, val), fetched into `cache_root` first
+/// when missing: each document's text (a document the split cut gives its two pieces, one per
+/// split). What `tessera data pack sotu` writes as text shards.
+pub fn corpus_documents(
+    name: &str,
+    cache_root: &Path,
+) -> Result<(Vec<String>, Vec<String>), DataError> {
+    let spec = corpus_spec(name)?;
+    fetch_spec(spec, cache_root, false)?;
+    let dir = cache_root.join(spec.name);
+    let read_text = |name: &str| -> Result<String, DataError> {
+        let path = dir.join(name);
+        let bytes = fs::read(&path).map_err(|e| DataError::io(&path, e))?;
+        String::from_utf8(bytes).map_err(|e| DataError::format(&path, format!("not UTF-8: {e}")))
+    };
+    let train_text = read_text(TRAIN_TEXT)?;
+    let val_text = read_text(VAL_TEXT)?;
+    let docs_path = dir.join(DOCUMENTS);
+    let docs = parse_documents(&docs_path, &read_text(DOCUMENTS)?)?;
+    let owned = |part| -> Result<Vec<String>, DataError> {
+        let text = if part == Part::Train {
+            &train_text
+        } else {
+            &val_text
+        };
+        Ok(doc_slices(&docs_path, text, &docs, part)?
+            .into_iter()
+            .map(|(t, _)| t.to_owned())
+            .collect())
+    };
+    Ok((owned(Part::Train)?, owned(Part::Val)?))
+}
+
 /// A document (or the piece of one a split cut) to encode: its text, and whether the document
 /// ends there (then the end-of-document token follows it).
 type Piece<'t> = (&'t str, bool);

@@ -22,8 +22,10 @@
 //! naming the file and the folder to delete ([`OnDamage::Refuse`]): it was written atomically,
 //! so damage means the disk or someone changed it, which the user should hear of.
 //!
-//! Other readers (MDS or WebDataset text shards) plug in through [`Documents::collect`] and
-//! [`tokenize_documents`]: they yield [`Document`]s and a content hash of their shards.
+//! A folder holding MDS text shards (`index.json`) or WebDataset tar shards is read through the
+//! shard readers of [`crate::data::shards`] ([`read_mds_documents`], [`read_wds_documents`]),
+//! its content hash a listing of the shard files alike. Other readers plug in through
+//! [`Documents::collect`] and [`tokenize_documents`].
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -97,13 +99,22 @@ impl Documents {
     }
 }
 
-/// Reads `path`: a `.txt` or `.jsonl` file, or a folder whose `.txt` and `.jsonl` files
+/// Reads `path`: a folder of MDS text shards ([`read_mds_documents`]) or WebDataset tar shards
+/// ([`read_wds_documents`]), or else a `.txt` or `.jsonl` file, or a folder whose `.txt` and `.jsonl` files
 /// (sub-folders included, hidden entries and links to folders skipped) are read in the order of their relative paths
 /// as bytes. A `.txt` file is one document; each non-blank line of a `.jsonl` file is a JSON
 /// object whose `text_field` is one. Errors name the file (and line); a source without any
 /// document is an error.
 pub fn read_documents(path: &Path, text_field: &str) -> Result<Documents, DataError> {
     let meta = fs::metadata(path).map_err(|e| DataError::io(path, e))?;
+    if meta.is_dir() && path.join(MDS_INDEX).is_file() {
+        return read_mds_documents(path, text_field);
+    }
+    if (meta.is_dir() && holds_tar_files(path)?)
+        || (!meta.is_dir() && path.extension().is_some_and(|e| e == "tar"))
+    {
+        return read_wds_documents(path);
+    }
     let files = if meta.is_dir() {
         let mut files = Vec::new();
         list_text_files(path, path, &mut files)?;
@@ -160,6 +171,153 @@ pub fn read_documents(path: &Path, text_field: &str) -> Result<Documents, DataEr
             path,
             "holds no documents (only empty .jsonl files)",
         ));
+    }
+    Ok(Documents {
+        docs,
+        sha256: crate::files::sha256_hex(listing.as_bytes()),
+        origin: path.display().to_string(),
+    })
+}
+
+/// The name of an MDS folder's index.
+const MDS_INDEX: &str = "index.json";
+
+/// Whether `dir` itself (not its sub-folders) holds a `.tar` file.
+fn holds_tar_files(dir: &Path) -> Result<bool, DataError> {
+    for entry in fs::read_dir(dir).map_err(|e| DataError::io(dir, e))? {
+        let entry = entry.map_err(|e| DataError::io(dir, e))?;
+        let path = entry.path();
+        if path.extension().is_some_and(|e| e == "tar") && path.is_file() {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// Appends a listing line for one source file: `name`, its size and sha256.
+fn list_file(listing: &mut String, name: &str, bytes: &[u8]) {
+    listing.push_str(&format!(
+        "{name}\t{}\t{}\n",
+        bytes.len(),
+        crate::files::sha256_hex(bytes)
+    ));
+}
+
+/// Reads an MDS folder (`index.json` and its shards, as MosaicML Streaming's `MDSWriter` or
+/// `tessera data pack` write them, zstd-compressed or not): each sample's `text_field` column
+/// (encoding `str`) is one document, named `SHARD:SAMPLE`, in the index's order. The content hash
+/// lists `index.json` and every shard file (size and sha256 of the stored bytes).
+pub fn read_mds_documents(dir: &Path, text_field: &str) -> Result<Documents, DataError> {
+    use crate::data::shards::mds;
+    let index_path = dir.join(MDS_INDEX);
+    let index_bytes = fs::read(&index_path).map_err(|e| DataError::io(&index_path, e))?;
+    let index = mds::Index::parse(&index_bytes, &index_path)?;
+    let mut listing = String::from("tessera text source v1 mds\n");
+    list_file(&mut listing, MDS_INDEX, &index_bytes);
+    let mut docs = Vec::with_capacity(index.samples());
+    for shard in &index.shards {
+        let stored = shard.stored();
+        let path = dir.join(&stored.basename);
+        let column = shard
+            .columns
+            .iter()
+            .position(|c| c.name == text_field)
+            .ok_or_else(|| {
+                let names: Vec<String> = shard
+                    .columns
+                    .iter()
+                    .map(|c| format!("{} ({})", c.name, c.encoding.name()))
+                    .collect();
+                DataError::format(
+                    &index_path,
+                    format!(
+                        "has no column \"{text_field}\" (data.text.text_field); its columns: {}",
+                        names.join(", ")
+                    ),
+                )
+            })?;
+        if shard.columns[column].encoding != mds::Encoding::Str {
+            return Err(DataError::format(
+                &index_path,
+                format!(
+                    "column \"{text_field}\" has encoding `{}`; a text column must be `str`",
+                    shard.columns[column].encoding.name()
+                ),
+            ));
+        }
+        let bytes = fs::read(&path).map_err(|e| DataError::io(&path, e))?;
+        list_file(&mut listing, &stored.basename, &bytes);
+        let data = mds::decompress(shard.compression.as_deref(), bytes, &path)?;
+        for i in 0..shard.samples {
+            let sample = mds::sample_bytes(&data, i, &path)?;
+            let at = |e: String| DataError::format(&path, format!("sample {i}: {e}"));
+            let values = mds::split_columns(&shard.columns, sample).map_err(at)?;
+            let text = std::str::from_utf8(values[column]).map_err(|e| {
+                at(format!(
+                    "column \"{text_field}\" is not UTF-8 (invalid byte at offset {})",
+                    e.valid_up_to()
+                ))
+            })?;
+            docs.push(Document {
+                name: format!("{}:{i}", stored.basename),
+                text: text.to_owned(),
+            });
+        }
+    }
+    if docs.is_empty() {
+        return Err(DataError::format(dir, "holds no samples"));
+    }
+    Ok(Documents {
+        docs,
+        sha256: crate::files::sha256_hex(listing.as_bytes()),
+        origin: dir.display().to_string(),
+    })
+}
+
+/// Reads WebDataset tar shards (a folder's `*.tar` files in name order, or one `.tar` file):
+/// each sample's `.txt` member is one document, named `SHARD:KEY`. A sample without one is an
+/// error naming its key and fields. The content hash lists every tar file (size and sha256).
+pub fn read_wds_documents(path: &Path) -> Result<Documents, DataError> {
+    use crate::data::shards::wds;
+    let paths = wds::shard_paths(path)?;
+    let mut listing = String::from("tessera text source v1 wds\n");
+    let mut docs = Vec::new();
+    for shard in &paths {
+        let name = shard
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let bytes = fs::read(shard).map_err(|e| DataError::io(shard, e))?;
+        list_file(&mut listing, &name, &bytes);
+        let want = ["txt".to_owned()];
+        for sample in wds::scan(shard)? {
+            let at = |e: String| DataError::format(shard, format!("sample `{}`: {e}", sample.key));
+            let Some((_, member)) = sample.field(&want) else {
+                let fields: Vec<&str> = sample.fields.iter().map(|(x, _)| x.as_str()).collect();
+                return Err(at(format!(
+                    "has no .txt member (the text of a WebDataset text sample); its fields: {}",
+                    fields.join(", ")
+                )));
+            };
+            let range = usize::try_from(member.offset)
+                .ok()
+                .zip(usize::try_from(member.size).ok())
+                .and_then(|(o, n)| bytes.get(o..o.checked_add(n)?))
+                .ok_or_else(|| at("its .txt member lies outside the file".into()))?;
+            let text = std::str::from_utf8(range).map_err(|e| {
+                at(format!(
+                    "its .txt member is not UTF-8 (invalid byte at offset {})",
+                    e.valid_up_to()
+                ))
+            })?;
+            docs.push(Document {
+                name: format!("{name}:{}", sample.key),
+                text: text.to_owned(),
+            });
+        }
+    }
+    if docs.is_empty() {
+        return Err(DataError::format(path, "holds no samples"));
     }
     Ok(Documents {
         docs,

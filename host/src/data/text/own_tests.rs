@@ -409,3 +409,171 @@ fn an_evaluation_source_and_documents_from_any_reader_tokenize_alike() {
     );
     assert!(failed.is_err());
 }
+
+/// Packs `train` and `val` documents as text shards of `format` under `dir/name`, a few
+/// documents per shard.
+fn pack_text(
+    dir: &Path,
+    name: &str,
+    format: crate::data::ShardFormat,
+    compression: Option<&str>,
+    train: Vec<String>,
+    val: Vec<String>,
+) -> std::path::PathBuf {
+    use crate::data::shards::pack::{pack, PackOptions, PackSource, PixelEncoding};
+    let dst = dir.join(name);
+    let options = PackOptions {
+        format,
+        compression: compression.map(str::to_owned),
+        shard_size: 8_000,
+        pixels: PixelEncoding::Png,
+    };
+    let summary = pack(&PackSource::Text(train, val), &dst, &options).unwrap();
+    assert!(summary.shards[0] > 1, "{summary:?}");
+    dst
+}
+
+#[test]
+fn mds_and_webdataset_text_shards_read_as_the_documents_packed() {
+    use crate::data::ShardFormat;
+    let dir = TempDir::new("own-shards");
+    let texts: Vec<String> = essays(9).into_iter().map(|(_, t)| t).collect();
+    let (train, val) = (texts[..7].to_vec(), texts[7..].to_vec());
+    let mut hashes = Vec::new();
+    for (name, format, compression) in [
+        ("mds", ShardFormat::Mds, None),
+        ("mds-zstd", ShardFormat::Mds, Some("zstd:3")),
+        ("wds", ShardFormat::Wds, None),
+    ] {
+        let root = pack_text(
+            &dir.0,
+            name,
+            format,
+            compression,
+            train.clone(),
+            val.clone(),
+        );
+        let docs = read_documents(&root.join("train"), "text").unwrap();
+        let got: Vec<&str> = docs.docs.iter().map(|d| d.text.as_str()).collect();
+        assert_eq!(
+            got,
+            train.iter().map(String::as_str).collect::<Vec<_>>(),
+            "{name}"
+        );
+        // Names say the shard and the sample, and are distinct (they rank the held-out split).
+        let mut unique = names(&docs);
+        unique.dedup();
+        assert_eq!(unique.len(), train.len(), "{name}: {:?}", names(&docs));
+        assert!(docs.docs[0].name.starts_with("shard"), "{:?}", docs.docs[0]);
+        let eval = read_documents(&root.join("val"), "text").unwrap();
+        assert_eq!(eval.docs.len(), 2, "{name}");
+        // The same bytes hash alike wherever they lie; any changed byte hashes otherwise.
+        let moved = dir.0.join(format!("{name}-moved"));
+        fs::rename(&root, &moved).unwrap();
+        let again = read_documents(&moved.join("train"), "text").unwrap();
+        assert_eq!(again.sha256, docs.sha256, "{name}");
+        hashes.push(docs.sha256.clone());
+        if format == ShardFormat::Wds {
+            // A tar file on its own is a source too.
+            let first = wds_first_shard(&moved.join("train"));
+            let one = read_documents(&first, "text").unwrap();
+            assert_eq!(one.docs[0].text, train[0]);
+        }
+    }
+    hashes.sort();
+    hashes.dedup();
+    assert_eq!(hashes.len(), 3, "three encodings of the text hash apart");
+
+    // Training on shards and on the same documents as .txt files gives the same token streams
+    // (another cache folder: the source hash differs).
+    let folder = dir.0.join("folder");
+    for (i, t) in texts.iter().enumerate() {
+        write_files(&folder, &[(&format!("d{i}.txt"), t)]);
+    }
+    let root = dir.0.join("mds-moved");
+    let cache = dir.0.join("cache");
+    let from_shards = load_own_text(&OwnTextConfig {
+        eval_path: Some(root.join("val")),
+        ..config(&root.join("train"), &cache)
+    })
+    .unwrap();
+    let train_only = dir.0.join("train-only");
+    let eval_only = dir.0.join("eval-only");
+    for (i, t) in texts.iter().enumerate() {
+        let to = if i < 7 { &train_only } else { &eval_only };
+        write_files(to, &[(&format!("d{i}.txt"), t)]);
+    }
+    let from_files = load_own_text(&OwnTextConfig {
+        eval_path: Some(eval_only),
+        ..config(&train_only, &cache)
+    })
+    .unwrap();
+    assert_eq!(
+        (&from_shards.train, &from_shards.val),
+        (&from_files.train, &from_files.val)
+    );
+    assert_eq!(fs::read_dir(&cache).unwrap().count(), 2);
+
+    // A changed byte in a shard changes the hash.
+    let shard = root.join("train").join("shard.00000.mds");
+    let mut bytes = fs::read(&shard).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x01;
+    fs::write(&shard, &bytes).unwrap();
+    let changed = read_documents(&root.join("train"), "text").unwrap();
+    assert!(!hashes.contains(&changed.sha256));
+}
+
+fn wds_first_shard(dir: &Path) -> std::path::PathBuf {
+    let mut tars: Vec<_> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "tar"))
+        .collect();
+    tars.sort();
+    tars.remove(0)
+}
+
+#[test]
+fn shard_text_errors_name_the_column_or_sample() {
+    use crate::data::shards::{mds, wds};
+    let dir = TempDir::new("own-shard-errors");
+    // An MDS folder without the configured column lists the columns it has.
+    let body = dir.0.join("body");
+    fs::create_dir_all(&body).unwrap();
+    let mut w = mds::Writer::new(
+        &body,
+        vec![
+            ("body".to_owned(), mds::Encoding::Str),
+            ("id".to_owned(), mds::Encoding::Int),
+        ],
+        None,
+        1 << 20,
+    )
+    .unwrap();
+    w.write(&[b"hello".to_vec(), 7i64.to_le_bytes().to_vec()])
+        .unwrap();
+    w.finish().unwrap();
+    let err = read_documents(&body, "text").unwrap_err().to_string();
+    assert!(err.contains("index.json"), "{err}");
+    assert!(err.contains("no column \"text\""), "{err}");
+    assert!(err.contains("body (str), id (int)"), "{err}");
+    // With text_field naming it, the column reads.
+    let docs = read_documents(&body, "body").unwrap();
+    assert_eq!(docs.docs[0].text, "hello");
+    // A column that is not `str` is refused with its encoding.
+    let err = read_documents(&body, "id").unwrap_err().to_string();
+    assert!(err.contains("column \"id\" has encoding `int`"), "{err}");
+
+    // A WebDataset sample without a .txt member names its key and fields.
+    let tars = dir.0.join("tars");
+    fs::create_dir_all(&tars).unwrap();
+    let mut w = wds::Writer::new(&tars, "shard", 1 << 20);
+    w.write("a", &[("txt", b"first")]).unwrap();
+    w.write("b", &[("json", b"{}"), ("cls", b"1")]).unwrap();
+    w.finish().unwrap();
+    let err = read_documents(&tars, "text").unwrap_err().to_string();
+    assert!(err.contains("sample `b`"), "{err}");
+    assert!(err.contains("has no .txt member"), "{err}");
+    assert!(err.contains("json, cls"), "{err}");
+}

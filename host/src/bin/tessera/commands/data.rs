@@ -44,10 +44,13 @@ enum DataCommand {
     },
     /// Write shards readable as `dataset = "mds"` or `"wds"` (and by MosaicML Streaming's
     /// `StreamingDataset` or `webdataset`): DST/train and DST/val from an image folder (its files
-    /// stored as they are), a registry dataset (fashion-mnist, mnist) or a folder of text files
-    /// (`train/*.txt`, `val/*.txt`, one sample per file). The folder appears only when complete.
+    /// stored as they are), a registry dataset (fashion-mnist, mnist), a folder of text files
+    /// (`train/*.txt`, `val/*.txt`, one sample per file) or a text corpus (sotu, shakespeare: one
+    /// sample per document), text readable as `dataset = "text"`. The folder appears only when
+    /// complete.
     Pack {
-        /// An image folder (train/CLASS/*, val/CLASS/*), a registry dataset name, or a text folder.
+        /// An image folder (train/CLASS/*, val/CLASS/*), a registry dataset or text corpus name,
+        /// or a text folder.
         src: String,
         /// The folder to create (must not exist, or be empty).
         dst: PathBuf,
@@ -190,6 +193,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 } else {
                     PackSource::Folder(&path)
                 }
+            } else if data::text::is_text_corpus(&src) {
+                let root = dir.unwrap_or_else(data::default_cache_root);
+                let (train, val) = data::text::corpus_documents(&src, &root)?;
+                PackSource::Text(train, val)
             } else if data::known_datasets().contains(&src.as_str()) {
                 let root = dir.unwrap_or_else(data::default_cache_root);
                 data::fetch(&src, &root)?;
@@ -197,8 +204,9 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 PackSource::Registry(&split)
             } else {
                 anyhow::bail!(
-                    "{src} is neither a folder nor a registry dataset ({})",
-                    data::known_datasets().join(", ")
+                    "{src} is neither a folder nor a registry dataset ({}, {})",
+                    data::known_datasets().join(", "),
+                    data::text::known_corpora().join(", ")
                 );
             };
             let s = pack(&source, &dst, &options)
