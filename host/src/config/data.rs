@@ -144,6 +144,9 @@ section!(ShardsConfig {
     train: string(),
     val: string(),
     shuffle_block: uint(1),
+    cache_dir: path(),
+    cache_limit,
+    prefetch_shards: uint(0),
 });
 
 section!(SyntheticConfig {
@@ -374,6 +377,16 @@ pub(super) fn read(top: &Tbl<'_>) -> Result<DataConfig, ConfigError> {
         shape,
     }
     .read_keys(&d)?;
+    let mut data = data;
+    if data.shards.is_some() {
+        // A remote (`s3://bucket/prefix`) is kept as written, not resolved against the folder.
+        if let Some(url) = d
+            .string("data_dir")?
+            .filter(|s| crate::data::shards::is_remote(s))
+        {
+            data.data_dir = Some(PathBuf::from(url));
+        }
+    }
     if data.is_text() {
         // (An empty table is what a recorded config holds.)
         if let Some(t) = d.sub("transforms", Some(Transforms::KEYS))? {
@@ -497,6 +510,18 @@ fn read_shards(d: &Tbl<'_>, format: crate::data::ShardFormat) -> Result<ShardsCo
         )
     })?;
     let mut config = ShardsConfig::new(format, size, classes).read_keys(&s)?;
+    if let Some(text) = s.string("cache_limit")? {
+        config.cache_limit = crate::data::shards::cache::parse_size(&text)
+            .ok()
+            .filter(|&b| b > 0)
+            .ok_or_else(|| {
+                s.err(
+                    "cache_limit",
+                    ErrorKind::InvalidValue,
+                    format!("`{text}` is not a size such as 10GB, 500MB or 64GiB"),
+                )
+            })?;
+    }
     config.images = read_image_keys(&s, FolderConfig::new(size).read_keys(&s)?)?;
     for (key, value) in [
         ("image", &config.image),

@@ -2524,3 +2524,39 @@ fn shards_keys_are_checked_by_name_and_line() {
         ),
     ]);
 }
+
+#[test]
+fn shard_cache_keys_and_remote_data_dir() {
+    let mds = |data_dir: &str, extra: &str| {
+        MINIMAL.replace(
+            "dataset = \"fashion-mnist\"\n",
+            &format!(
+                "dataset = \"mds\"\ndata_dir = {data_dir:?}\n[data.shards]\nsize = 8\nclasses = 10\n{extra}"
+            ),
+        )
+    };
+    let c = ok(&mds(
+        "s3://bucket/some/prefix",
+        "cache_limit = \"1.5GB\"\nprefetch_shards = 3\ncache_dir = \"cache\"\n",
+    ));
+    // A remote is kept as written; a local folder is resolved against the config's folder.
+    assert_eq!(
+        c.data.data_dir.as_deref(),
+        Some(Path::new("s3://bucket/some/prefix"))
+    );
+    let s = c.data.shards.unwrap();
+    assert_eq!(s.cache_limit, 1_500_000_000);
+    assert_eq!(s.prefetch_shards, Some(3));
+    assert_eq!(s.cache_dir.as_deref(), Some(Path::new("/base/dir/cache")));
+    let c = ok(&mds("shards", ""));
+    assert_eq!(
+        c.data.data_dir.as_deref(),
+        Some(Path::new("/base/dir/shards"))
+    );
+    let s = c.data.shards.unwrap();
+    assert_eq!((s.cache_limit, s.prefetch_shards), (10_000_000_000, None));
+    let e = err(&mds("shards", "cache_limit = \"lots\"\n")).to_string();
+    assert!(e.contains("cache_limit") && e.contains("`lots`"), "{e}");
+    let e = err(&mds("shards", "cache_limit = \"0MB\"\n")).to_string();
+    assert!(e.contains("cache_limit"), "{e}");
+}

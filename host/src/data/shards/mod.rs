@@ -7,12 +7,14 @@
 //! (or a brace pattern such as `train-{000000..000009}.tar`). Images are decoded as image
 //! folders' are (shorter side resized, centre crop, 1 or 3 channels).
 
+pub mod cache;
 pub mod mds;
 pub mod order;
 pub mod pack;
 pub mod wds;
 
 use std::borrow::Cow;
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -71,6 +73,14 @@ pub struct ShardsConfig {
     pub val: String,
     /// Shards whose samples are shuffled together (default 4, >= 1).
     pub shuffle_block: usize,
+    /// Remote datasets: the folder their shards are cached in (default: a folder named after
+    /// the URL under `<data cache>/shards/`).
+    pub cache_dir: Option<PathBuf>,
+    /// Remote datasets: the most bytes the cached shards take (default 10GB).
+    pub cache_limit: u64,
+    /// Remote datasets: shards fetched ahead of the block being read (default: two blocks,
+    /// `2 × shuffle_block`).
+    pub prefetch_shards: Option<usize>,
 }
 
 impl ShardsConfig {
@@ -84,6 +94,9 @@ impl ShardsConfig {
             train: "train".into(),
             val: "val".into(),
             shuffle_block: 4,
+            cache_dir: None,
+            cache_limit: 10_000_000_000,
+            prefetch_shards: None,
         }
     }
 }
@@ -92,7 +105,7 @@ impl ShardsConfig {
 #[derive(Debug)]
 enum Backend {
     Mds {
-        dir: PathBuf,
+        store: Store,
         shards: Vec<mds::Shard>,
         /// Per shard: the indices of the image and label columns.
         columns: Vec<(usize, usize)>,
@@ -102,6 +115,29 @@ enum Backend {
         /// Per shard, per sample: the image field's extension and member, the label member.
         samples: Vec<Vec<(String, wds::Member, wds::Member)>>,
     },
+}
+
+/// Where the shard files of an MDS split are.
+#[derive(Debug)]
+enum Store {
+    /// A local folder, read in place.
+    Folder(PathBuf),
+    /// A remote, read through the shard cache.
+    Cached(cache::CachedShards),
+}
+
+impl Store {
+    /// Shard `shard` (`info` from the index) opened, and its name for messages.
+    fn open(&self, shard: usize, info: &mds::FileInfo) -> Result<(File, PathBuf), DataError> {
+        match self {
+            Store::Folder(dir) => {
+                let path = dir.join(&info.basename);
+                let file = File::open(&path).map_err(|e| DataError::io(&path, e))?;
+                Ok((file, path))
+            }
+            Store::Cached(c) => Ok((c.open(shard)?, c.url(shard))),
+        }
+    }
 }
 
 /// One split of a sharded dataset, read as a [`SampleSource`].
@@ -132,6 +168,62 @@ impl Sharded {
             ShardFormat::Mds => open_mds(&spec, config)?,
             ShardFormat::Wds => open_wds(&spec, config)?,
         };
+        Sharded::from_backend(spec.display().to_string(), backend, config)
+    }
+
+    /// Opens the MDS split `split` of a remote dataset, read through `cache`: its
+    /// `index.json` is fetched now, its shards when read (and ahead of that).
+    pub fn open_remote(
+        cache: &Arc<cache::ShardCache>,
+        split: &str,
+        format: ShardFormat,
+        config: &ShardsConfig,
+    ) -> Result<Sharded, DataError> {
+        let split = split.trim_matches('/');
+        let remote = cache.remote();
+        if format == ShardFormat::Wds {
+            return Err(DataError::Invalid(format!(
+                "{}: WebDataset shards are read from local folders only (their sample counts need a scan of every tar); use MDS shards (`tessera data pack --format mds`) for a remote dataset",
+                remote.url(split)
+            )));
+        }
+        let index_key = format!("{split}/{}", mds::INDEX);
+        let text = remote.get(&index_key)?;
+        let index_url = PathBuf::from(remote.url(&index_key));
+        let index = mds::Index::parse(&text, &index_url)?;
+        let columns = mds_columns(&index, &index_url, config)?;
+        let wants = index
+            .shards
+            .iter()
+            .map(|s| {
+                let stored = s.stored();
+                cache::Want {
+                    key: format!("{split}/{}", stored.basename),
+                    bytes: stored.bytes,
+                    sha256: stored.hashes.get("sha256").cloned(),
+                }
+            })
+            .collect();
+        let block = config.shuffle_block.max(1);
+        let store = Store::Cached(cache::CachedShards::new(
+            Arc::clone(cache),
+            wants,
+            block,
+            config.prefetch_shards.unwrap_or(2 * block),
+        ));
+        let backend = Backend::Mds {
+            store,
+            shards: index.shards,
+            columns,
+        };
+        Sharded::from_backend(remote.url(split), backend, config)
+    }
+
+    fn from_backend(
+        name: String,
+        backend: Backend,
+        config: &ShardsConfig,
+    ) -> Result<Sharded, DataError> {
         let sizes: Vec<usize> = match &backend {
             Backend::Mds { shards, .. } => shards.iter().map(|s| s.samples).collect(),
             Backend::Wds { samples, .. } => samples.iter().map(Vec::len).collect(),
@@ -143,10 +235,10 @@ impl Sharded {
             total += s;
         }
         if total == 0 {
-            return Err(DataError::format(&spec, "holds no samples"));
+            return Err(DataError::format(Path::new(&name), "holds no samples"));
         }
         Ok(Sharded {
-            name: spec.display().to_string(),
+            name,
             backend,
             sizes,
             starts,
@@ -163,6 +255,12 @@ impl Sharded {
         format: ShardFormat,
         config: &ShardsConfig,
     ) -> Result<(Sharded, Sharded), DataError> {
+        if root.to_str().is_some_and(is_remote) {
+            return Err(DataError::Invalid(format!(
+                "{}: reading shards from S3 is not supported yet (the shard cache is, for other remotes); copy the shards to a local folder",
+                root.display()
+            )));
+        }
         let mut train = Sharded::open(root, &config.train, format, config)?;
         train.plan = config.images.train_plan();
         let val = Sharded::open(root, &config.val, format, config)?;
@@ -195,7 +293,8 @@ impl Sharded {
     fn resident_shard(
         &self,
         shard: usize,
-        path: &Path,
+        store: &Store,
+        info: &mds::FileInfo,
         compression: Option<&str>,
     ) -> Result<Arc<Vec<u8>>, DataError> {
         {
@@ -207,8 +306,10 @@ impl Sharded {
                 return Ok(data);
             }
         }
-        let stored = std::fs::read(path).map_err(|e| DataError::io(path, e))?;
-        let data = Arc::new(mds::decompress(compression, stored, path)?);
+        let (mut file, path) = store.open(shard, info)?;
+        let mut stored = Vec::new();
+        std::io::Read::read_to_end(&mut file, &mut stored).map_err(|e| DataError::io(&path, e))?;
+        let data = Arc::new(mds::decompress(compression, stored, &path)?);
         let mut r = self.resident.lock().unwrap_or_else(|p| p.into_inner());
         // A block's shards are read together; keep two blocks' worth.
         let capacity = 2 * self.config.shuffle_block.max(1);
@@ -224,13 +325,12 @@ impl Sharded {
         let (shard, local) = self.locate(index)?;
         match &self.backend {
             Backend::Mds {
-                dir,
+                store,
                 shards,
                 columns,
             } => {
                 let s = &shards[shard];
-                let path = dir.join(&s.stored().basename);
-                let sample = self.mds_sample(s, shard, local, &path)?;
+                let (sample, path) = self.mds_sample(s, shard, local, store)?;
                 let at = |e: String| DataError::format(&path, format!("sample {local}: {e}"));
                 let values = mds::split_columns(&s.columns, &sample).map_err(at)?;
                 let (ic, lc) = columns[shard];
@@ -279,15 +379,14 @@ impl Sharded {
     /// WebDataset shards.
     pub fn mds_values(&self, index: usize) -> Result<Vec<(String, mds::Value)>, DataError> {
         let (shard, local) = self.locate(index)?;
-        let Backend::Mds { dir, shards, .. } = &self.backend else {
+        let Backend::Mds { store, shards, .. } = &self.backend else {
             return Err(DataError::Invalid(format!(
                 "{} is not an MDS dataset",
                 self.name
             )));
         };
         let s = &shards[shard];
-        let path = dir.join(&s.stored().basename);
-        let sample = self.mds_sample(s, shard, local, &path)?;
+        let (sample, path) = self.mds_sample(s, shard, local, store)?;
         let at = |e: String| DataError::format(&path, format!("sample {local}: {e}"));
         let values = mds::split_columns(&s.columns, &sample).map_err(at)?;
         s.columns
@@ -301,19 +400,24 @@ impl Sharded {
             .collect()
     }
 
-    /// The bytes of sample `local` of MDS shard `shard` (stored at `path`).
+    /// The bytes of sample `local` of MDS shard `shard` (in `store`), and the shard's name.
     fn mds_sample(
         &self,
         s: &mds::Shard,
         shard: usize,
         local: usize,
-        path: &Path,
-    ) -> Result<Vec<u8>, DataError> {
+        store: &Store,
+    ) -> Result<(Vec<u8>, PathBuf), DataError> {
         if s.zip.is_some() {
-            let data = self.resident_shard(shard, path, s.compression.as_deref())?;
-            Ok(mds::sample_bytes(&data, local, path)?.to_vec())
+            let data = self.resident_shard(shard, store, s.stored(), s.compression.as_deref())?;
+            let path = match store {
+                Store::Folder(dir) => dir.join(&s.stored().basename),
+                Store::Cached(c) => c.url(shard),
+            };
+            Ok((mds::sample_bytes(&data, local, &path)?.to_vec(), path))
         } else {
-            read_mds_sample(path, local)
+            let (file, path) = store.open(shard, s.stored())?;
+            Ok((read_mds_sample(&file, &path, local)?, path))
         }
     }
 
@@ -324,9 +428,8 @@ impl Sharded {
 }
 
 /// Reads sample `local` of an uncompressed MDS shard file: its two offsets, then its bytes.
-fn read_mds_sample(path: &Path, local: usize) -> Result<Vec<u8>, DataError> {
+fn read_mds_sample(file: &File, path: &Path, local: usize) -> Result<Vec<u8>, DataError> {
     use std::os::unix::fs::FileExt as _;
-    let file = std::fs::File::open(path).map_err(|e| DataError::io(path, e))?;
     let mut pair = [0u8; 8];
     file.read_exact_at(&mut pair, 4 * (1 + local as u64))
         .map_err(|e| DataError::io(path, e))?;
@@ -476,8 +579,12 @@ impl ImageData {
     }
 }
 
-fn open_mds(dir: &Path, config: &ShardsConfig) -> Result<Backend, DataError> {
-    let index = mds::Index::read(dir)?;
+/// Per shard of `index` (read from `index_path`): the indices of the image and label columns.
+fn mds_columns(
+    index: &mds::Index,
+    index_path: &Path,
+    config: &ShardsConfig,
+) -> Result<Vec<(usize, usize)>, DataError> {
     let mut columns = Vec::with_capacity(index.shards.len());
     for (i, s) in index.shards.iter().enumerate() {
         let find = |name: &str, key: &str| {
@@ -487,7 +594,7 @@ fn open_mds(dir: &Path, config: &ShardsConfig) -> Result<Backend, DataError> {
                 .ok_or_else(|| {
                     let names: Vec<&str> = s.columns.iter().map(|c| c.name.as_str()).collect();
                     DataError::format(
-                        dir.join(mds::INDEX),
+                        index_path,
                         format!(
                         "shard {i} has no column `{name}` ([data.shards] {key}); its columns: {}",
                         names.join(", ")
@@ -498,7 +605,7 @@ fn open_mds(dir: &Path, config: &ShardsConfig) -> Result<Backend, DataError> {
         let (image, label) = (find(&config.image, "image")?, find(&config.label, "label")?);
         let wrong = |column: &mds::Column, key: &str, holds: &str| {
             DataError::format(
-                dir.join(mds::INDEX),
+                index_path,
                 format!(
                     "shard {i}: column `{}` ([data.shards] {key}) has encoding `{}`, which does \
                      not hold {holds}",
@@ -531,6 +638,14 @@ fn open_mds(dir: &Path, config: &ShardsConfig) -> Result<Backend, DataError> {
             ));
         }
         columns.push((image, label));
+    }
+    Ok(columns)
+}
+
+fn open_mds(dir: &Path, config: &ShardsConfig) -> Result<Backend, DataError> {
+    let index = mds::Index::read(dir)?;
+    let columns = mds_columns(&index, &dir.join(mds::INDEX), config)?;
+    for s in &index.shards {
         let stored = s.stored();
         let path = dir.join(&stored.basename);
         let meta = std::fs::metadata(&path).map_err(|e| DataError::io(&path, e))?;
@@ -546,7 +661,7 @@ fn open_mds(dir: &Path, config: &ShardsConfig) -> Result<Backend, DataError> {
         }
     }
     Ok(Backend::Mds {
-        dir: dir.to_path_buf(),
+        store: Store::Folder(dir.to_path_buf()),
         shards: index.shards,
         columns,
     })
@@ -624,6 +739,17 @@ impl SampleSource for Sharded {
     }
 
     fn epoch_order(&self, seed: u64, epoch: u64) -> Option<Vec<u32>> {
+        if let Backend::Mds {
+            store: Store::Cached(c),
+            ..
+        } = &self.backend
+        {
+            let n = self.sizes.len();
+            c.set_epoch(
+                order::shard_order(n, seed, epoch),
+                order::shard_order(n, seed, epoch + 1),
+            );
+        }
         Some(order::epoch_order(
             &self.sizes,
             self.config.shuffle_block,
@@ -654,3 +780,8 @@ pub(crate) fn write_atomic(path: &Path, data: &[u8]) -> Result<(), DataError> {
 #[cfg(test)]
 #[path = "tests.rs"]
 mod tests;
+
+/// Whether `data_dir` names a remote (`s3://bucket/prefix`) rather than a local folder.
+pub fn is_remote(data_dir: &str) -> bool {
+    data_dir.starts_with("s3://")
+}

@@ -20,6 +20,19 @@ fn key(seed: u64, epoch: u64, purpose: [u8; 8], block: u64) -> [u8; 32] {
     key
 }
 
+/// The order in which epoch `epoch` reads `n` shards: a permutation of `0..n`; its runs of
+/// `block` shards are the blocks of [`epoch_order`].
+pub fn shard_order(n: usize, seed: u64, epoch: u64) -> Vec<usize> {
+    let mut shards: Vec<usize> = (0..n).collect();
+    shards.shuffle(&mut ChaCha8Rng::from_seed(key(
+        seed,
+        epoch,
+        *b"shards!!",
+        0,
+    )));
+    shards
+}
+
 /// The order of epoch `epoch` over shards of `sizes` samples (sample indices count through the
 /// shards in their stored order): the shards permuted, then each run of `block` shards of that
 /// permutation (the last one shorter) has its samples permuted together.
@@ -30,13 +43,7 @@ pub fn epoch_order(sizes: &[usize], block: usize, seed: u64, epoch: u64) -> Vec<
         starts.push(total);
         total += s;
     }
-    let mut shards: Vec<usize> = (0..sizes.len()).collect();
-    shards.shuffle(&mut ChaCha8Rng::from_seed(key(
-        seed,
-        epoch,
-        *b"shards!!",
-        0,
-    )));
+    let shards = shard_order(sizes.len(), seed, epoch);
     let mut order = Vec::with_capacity(total);
     for (b, group) in shards.chunks(block.max(1)).enumerate() {
         let from = order.len();

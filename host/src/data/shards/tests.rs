@@ -23,6 +23,11 @@ fn temp(label: &str) -> Temp {
 
 /// 64 samples of 2×2 grey pixels `[i, i, 255 - i, 7]`, label `i % 4`, in shards of about 6.
 fn write(format: ShardFormat, dir: &Path, compression: Option<&str>) {
+    write_sized(format, dir, compression, 400);
+}
+
+/// As [`write`], MDS shards of at most `shard_size` bytes.
+fn write_sized(format: ShardFormat, dir: &Path, compression: Option<&str>, shard_size: usize) {
     let train = dir.join("train");
     match format {
         ShardFormat::Mds => {
@@ -37,7 +42,8 @@ fn write(format: ShardFormat, dir: &Path, compression: Option<&str>) {
                 ("y".to_string(), mds::Encoding::Int),
             ];
             let mut w =
-                mds::Writer::new(&train, columns, compression.map(str::to_string), 400).unwrap();
+                mds::Writer::new(&train, columns, compression.map(str::to_string), shard_size)
+                    .unwrap();
             for i in 0..64u8 {
                 w.write(&[
                     vec![i, i, 255 - i, 7],
@@ -262,4 +268,59 @@ fn a_wrong_column_an_unusable_encoding_or_a_pattern_without_files_is_named() {
     assert!(err.contains("shard-{000000..000099}.tar"), "{err}");
     assert!(err.contains("names 100 file(s)"), "{err}");
     assert!(err.contains("missing (the first: "), "{err}");
+}
+
+#[test]
+fn a_remote_dataset_read_through_a_small_cache_matches_the_folder_bit_for_bit() {
+    for compression in [None, Some("zstd:3")] {
+        let dir = temp(&format!("remote-{}", compression.is_some()));
+        write_sized(ShardFormat::Mds, &dir.0, compression, 100);
+        let local = open(ShardFormat::Mds, &dir.0);
+        let shard_bytes: Vec<u64> = mds::Index::read(&dir.0.join("train"))
+            .unwrap()
+            .shards
+            .iter()
+            .map(|s| s.stored().bytes)
+            .collect();
+        let largest = shard_bytes.iter().copied().max().unwrap();
+        let total: u64 = shard_bytes.iter().sum();
+        // Room for 7 shards of the 16 or so (blocks of 2, the previous, current and next block
+        // pinned): reading an epoch must evict.
+        let limit = 7 * largest;
+        assert!(limit < total, "{limit} vs {total}");
+        let remote = Arc::new(cache::FolderRemote::new(&dir.0));
+        let store = cache::ShardCache::new(remote, &dir.0.join("cache"), limit).unwrap();
+        let mut config = ShardsConfig {
+            shuffle_block: 2,
+            prefetch_shards: Some(1),
+            ..ShardsConfig::new(ShardFormat::Mds, 2, 4)
+        };
+        config.images.channels = 1;
+        let remote =
+            Arc::new(Sharded::open_remote(&store, "train", ShardFormat::Mds, &config).unwrap());
+        assert_eq!(remote.len(), local.len());
+        for e in [1, 2] {
+            let whole = ids(&epoch(&loader(&local, 16, 0), e, 0));
+            assert_eq!(ids(&epoch(&loader(&remote, 16, 2), e, 0)), whole);
+            assert!(store.used() <= limit, "{} > {limit}", store.used());
+            // Resuming mid-epoch, with evicted shards to fetch again.
+            assert_eq!(ids(&epoch(&loader(&remote, 16, 1), e, 2)), whole[2..]);
+        }
+        assert!(
+            store.fetches() > shard_bytes.len() as u64,
+            "{} fetches of {} shards: nothing was evicted",
+            store.fetches(),
+            shard_bytes.len()
+        );
+        // WebDataset shards are read from folders only.
+        let err = Sharded::open_remote(&store, "train", ShardFormat::Wds, &config)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("local folders only"), "{err}");
+        // A missing split names its index.
+        let err = Sharded::open_remote(&store, "nope", ShardFormat::Mds, &config)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("nope/index.json"), "{err}");
+    }
 }

@@ -76,27 +76,8 @@ enum DataCommand {
 /// `64MB`, `500KB`, `1GiB`, `1000` (bytes): decimal units as streaming's `size_limit` strings,
 /// binary ones with `i`.
 fn parse_bytes(text: &str) -> anyhow::Result<u64> {
-    let t = text.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (number, unit) = t.split_at(split);
-    let number: f64 = number
-        .parse()
-        .with_context(|| format!("--shard-size {text:?}: expected a size such as 64MB"))?;
-    let scale = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1.0,
-        "kb" => 1e3,
-        "mb" => 1e6,
-        "gb" => 1e9,
-        "kib" => 1024.0,
-        "mib" => 1024.0 * 1024.0,
-        "gib" => 1024.0 * 1024.0 * 1024.0,
-        other => anyhow::bail!(
-            "--shard-size {text:?}: unknown unit {other:?} (B, KB, MB, GB, KiB, MiB, GiB)"
-        ),
-    };
-    let bytes = number * scale;
+    let bytes = tessera::data::shards::cache::parse_size(text)
+        .map_err(|e| anyhow::anyhow!("--shard-size {e}"))? as f64;
     if !(1.0..=4e9).contains(&bytes) {
         anyhow::bail!("--shard-size {text:?}: must be between 1 byte and 4GB (an MDS shard's offsets are 32-bit)");
     }

@@ -1,0 +1,606 @@
+//! Shards of a remote dataset (`s3://bucket/prefix`) fetched into a local cache folder: each
+//! shard downloaded once, to a temporary then renamed into place, checked against the size (and
+//! the sha256, when listed) that `index.json` gives, the folder kept under a size limit by
+//! evicting the least recently used shards that the current, previous and next blocks of the
+//! epoch do not need, and the shards the epoch reads next fetched ahead by a background thread.
+
+use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+use sha2::{Digest, Sha256};
+
+use crate::data::DataError;
+
+/// Where shards are fetched from: a folder or an object store, read object by object.
+pub trait Remote: Send + Sync + std::fmt::Debug {
+    /// The address of object `key` (relative to the dataset's root), for messages.
+    fn url(&self, key: &str) -> String;
+
+    /// Writes the whole of object `key` to `out`; the bytes written.
+    fn fetch(&self, key: &str, out: &mut dyn Write) -> Result<u64, DataError>;
+
+    /// The whole of object `key`.
+    fn get(&self, key: &str) -> Result<Vec<u8>, DataError> {
+        let mut out = Vec::new();
+        self.fetch(key, &mut out)?;
+        Ok(out)
+    }
+}
+
+/// A local folder read as a remote (tests, and a dataset on a slow network mount).
+#[derive(Debug, Clone)]
+pub struct FolderRemote {
+    root: PathBuf,
+}
+
+impl FolderRemote {
+    /// The objects are the files under `root`.
+    pub fn new(root: impl Into<PathBuf>) -> FolderRemote {
+        FolderRemote { root: root.into() }
+    }
+}
+
+impl Remote for FolderRemote {
+    fn url(&self, key: &str) -> String {
+        self.root.join(key).display().to_string()
+    }
+
+    fn fetch(&self, key: &str, out: &mut dyn Write) -> Result<u64, DataError> {
+        let path = self.root.join(key);
+        let mut file = File::open(&path).map_err(|e| DataError::io(&path, e))?;
+        std::io::copy(&mut file, out).map_err(|e| DataError::io(&path, e))
+    }
+}
+
+/// A shard the cache is asked for: its key under the remote root, its size, its sha256 when
+/// known.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Want {
+    /// The object's key, relative to the remote root (`train/shard.00000.mds`).
+    pub key: String,
+    /// Its size in bytes.
+    pub bytes: u64,
+    /// Its sha256 (hex), when `index.json` lists one.
+    pub sha256: Option<String>,
+}
+
+/// How many times a download whose size or hash is wrong is tried before giving up.
+const ATTEMPTS: usize = 3;
+
+#[derive(Debug)]
+struct Entry {
+    bytes: u64,
+    last_use: u64,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    entries: HashMap<String, Entry>,
+    used: u64,
+    clock: u64,
+    fetching: HashSet<String>,
+    /// Per reader: the keys that must not be evicted (the blocks it reads and reads next).
+    pinned: HashMap<u64, HashSet<String>>,
+    fetches: u64,
+    warned_over_limit: bool,
+}
+
+/// A folder of shards fetched from one remote, at most `limit` bytes (see the module docs).
+#[derive(Debug)]
+pub struct ShardCache {
+    remote: Arc<dyn Remote>,
+    dir: PathBuf,
+    limit: u64,
+    state: Mutex<State>,
+    ready: Condvar,
+    next_client: AtomicU64,
+}
+
+/// The file name a key is stored under: `/` and `%` escaped, so the folder stays flat.
+fn file_name(key: &str) -> String {
+    key.replace('%', "%25").replace('/', "%2F")
+}
+
+fn key_of(file_name: &str) -> String {
+    file_name.replace("%2F", "/").replace("%25", "%")
+}
+
+impl ShardCache {
+    /// The cache of `remote` in `dir` (created), holding at most `limit` bytes; shards already
+    /// in `dir` from an earlier run are kept (least recently modified evicted first).
+    pub fn new(
+        remote: Arc<dyn Remote>,
+        dir: &Path,
+        limit: u64,
+    ) -> Result<Arc<ShardCache>, DataError> {
+        std::fs::create_dir_all(dir).map_err(|e| DataError::io(dir, e))?;
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir(dir).map_err(|e| DataError::io(dir, e))? {
+            let entry = entry.map_err(|e| DataError::io(dir, e))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let path = entry.path();
+            if name.starts_with(crate::files::TMP_PREFIX) {
+                // An interrupted download of an earlier run.
+                let _ = std::fs::remove_file(&path);
+                continue;
+            }
+            let meta = entry.metadata().map_err(|e| DataError::io(&path, e))?;
+            if meta.is_file() {
+                let modified = meta.modified().ok();
+                found.push((modified, key_of(&name), meta.len()));
+            }
+        }
+        found.sort();
+        let mut state = State::default();
+        for (_, key, bytes) in found {
+            state.clock += 1;
+            state.used += bytes;
+            state.entries.insert(
+                key,
+                Entry {
+                    bytes,
+                    last_use: state.clock,
+                },
+            );
+        }
+        Ok(Arc::new(ShardCache {
+            remote,
+            dir: dir.to_path_buf(),
+            limit,
+            state: Mutex::new(state),
+            ready: Condvar::new(),
+            next_client: AtomicU64::new(0),
+        }))
+    }
+
+    /// The remote the shards come from.
+    pub fn remote(&self) -> &Arc<dyn Remote> {
+        &self.remote
+    }
+
+    /// The cache folder.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The bytes the cached shards take.
+    pub fn used(&self) -> u64 {
+        self.lock().used
+    }
+
+    /// How many downloads have been installed since the cache was opened.
+    pub fn fetches(&self) -> u64 {
+        self.lock().fetches
+    }
+
+    /// The keys cached now, sorted.
+    pub fn cached(&self) -> Vec<String> {
+        let mut keys: Vec<String> = self.lock().entries.keys().cloned().collect();
+        keys.sort();
+        keys
+    }
+
+    /// A new reader id for [`ShardCache::pin`].
+    pub fn client(&self) -> u64 {
+        self.next_client.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Keeps `keys` from eviction on behalf of reader `client` (replacing its earlier pins).
+    pub fn pin(&self, client: u64, keys: impl IntoIterator<Item = String>) {
+        self.lock()
+            .pinned
+            .insert(client, keys.into_iter().collect());
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn path(&self, key: &str) -> PathBuf {
+        self.dir.join(file_name(key))
+    }
+
+    /// The shard `want` opened from the cache, fetched first when it is not there (waiting for
+    /// another thread's fetch of it rather than fetching it twice). The open file stays
+    /// readable when the shard is evicted afterwards.
+    pub fn open(&self, want: &Want) -> Result<File, DataError> {
+        let path = self.path(&want.key);
+        loop {
+            let mut st = self.lock();
+            let clock = st.clock + 1;
+            let present = st.entries.get(&want.key).map(|e| e.bytes);
+            match present {
+                Some(bytes) if bytes == want.bytes => match File::open(&path) {
+                    Ok(file) => {
+                        st.clock = clock;
+                        if let Some(e) = st.entries.get_mut(&want.key) {
+                            e.last_use = clock;
+                        }
+                        return Ok(file);
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                        // Removed behind the cache's back: fetch it again.
+                        st.used -= bytes;
+                        st.entries.remove(&want.key);
+                    }
+                    Err(e) => return Err(DataError::io(&path, e)),
+                },
+                Some(bytes) => {
+                    // A stale copy (the remote's index changed): replace it.
+                    st.used -= bytes;
+                    st.entries.remove(&want.key);
+                    let _ = std::fs::remove_file(&path);
+                }
+                None => {}
+            }
+            if st.fetching.contains(&want.key) {
+                drop(self.ready.wait(st).unwrap_or_else(|p| p.into_inner()));
+                continue;
+            }
+            st.fetching.insert(want.key.clone());
+            drop(st);
+            let fetched = self.download(want);
+            let mut st = self.lock();
+            st.fetching.remove(&want.key);
+            let installed = fetched.and_then(|temp| self.install(&mut st, want, &temp, &path));
+            drop(st);
+            self.ready.notify_all();
+            installed?;
+        }
+    }
+
+    /// Downloads `want` to a temporary in the cache folder, checked; its path.
+    fn download(&self, want: &Want) -> Result<PathBuf, DataError> {
+        static SERIAL: AtomicU64 = AtomicU64::new(0);
+        let url = self.remote.url(&want.key);
+        let mut last = None;
+        for attempt in 1..=ATTEMPTS {
+            let temp = self.dir.join(format!(
+                "{}{}.{}.{}",
+                crate::files::TMP_PREFIX,
+                file_name(&want.key),
+                std::process::id(),
+                SERIAL.fetch_add(1, Ordering::Relaxed)
+            ));
+            let result = self.download_to(want, &url, &temp);
+            match result {
+                Ok(()) => return Ok(temp),
+                Err(e) => {
+                    let _ = std::fs::remove_file(&temp);
+                    let retry = matches!(e, DataError::Checksum { .. } | DataError::Format { .. });
+                    if !retry || attempt == ATTEMPTS {
+                        return Err(e);
+                    }
+                    tracing::warn!(
+                        "{e}; fetching it again (attempt {} of {ATTEMPTS})",
+                        attempt + 1
+                    );
+                    last = Some(e);
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| DataError::Invalid(format!("{url}: not fetched"))))
+    }
+
+    fn download_to(&self, want: &Want, url: &str, temp: &Path) -> Result<(), DataError> {
+        let file = File::create(temp).map_err(|e| DataError::io(temp, e))?;
+        let mut out = Hashing {
+            inner: std::io::BufWriter::with_capacity(1 << 20, file),
+            hash: want.sha256.as_ref().map(|_| Sha256::new()),
+        };
+        let bytes = self.remote.fetch(&want.key, &mut out)?;
+        let file = out
+            .inner
+            .into_inner()
+            .map_err(|e| DataError::io(temp, e.into_error()))?;
+        file.sync_all().map_err(|e| DataError::io(temp, e))?;
+        if bytes != want.bytes {
+            return Err(DataError::Format {
+                path: PathBuf::from(url),
+                reason: format!(
+                    "fetched {bytes} bytes where index.json says {}: an incomplete download or a replaced shard",
+                    want.bytes
+                ),
+            });
+        }
+        if let (Some(expected), Some(hash)) = (&want.sha256, out.hash) {
+            let actual: String = hash.finalize().iter().map(|b| format!("{b:02x}")).collect();
+            if !actual.eq_ignore_ascii_case(expected) {
+                return Err(DataError::Checksum {
+                    path: PathBuf::from(url),
+                    expected: expected.clone(),
+                    actual,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes room for `want` and renames its download into place.
+    fn install(
+        &self,
+        st: &mut State,
+        want: &Want,
+        temp: &Path,
+        path: &Path,
+    ) -> Result<(), DataError> {
+        let pinned: HashSet<&String> = st.pinned.values().flatten().collect();
+        let mut victims: Vec<(u64, String)> = st
+            .entries
+            .iter()
+            .filter(|(k, _)| !pinned.contains(k) && **k != want.key)
+            .map(|(k, e)| (e.last_use, k.clone()))
+            .collect();
+        victims.sort();
+        let mut evict = Vec::new();
+        let mut used = st.used;
+        for (_, key) in victims {
+            if used + want.bytes <= self.limit {
+                break;
+            }
+            used -= st.entries.get(&key).map_or(0, |e| e.bytes);
+            evict.push(key);
+        }
+        for key in evict {
+            if let Some(e) = st.entries.remove(&key) {
+                st.used -= e.bytes;
+            }
+            let _ = std::fs::remove_file(self.path(&key));
+        }
+        if st.used + want.bytes > self.limit && !st.warned_over_limit {
+            st.warned_over_limit = true;
+            tracing::warn!(
+                "the shard cache {} holds {} bytes of shards the current and next blocks need, over its limit of {} bytes ([data.shards] cache_limit)",
+                self.dir.display(),
+                st.used + want.bytes,
+                self.limit
+            );
+        }
+        if let Err(e) = std::fs::rename(temp, path) {
+            let _ = std::fs::remove_file(temp);
+            return Err(DataError::io(path, e));
+        }
+        st.clock += 1;
+        st.used += want.bytes;
+        st.fetches += 1;
+        st.entries.insert(
+            want.key.clone(),
+            Entry {
+                bytes: want.bytes,
+                last_use: st.clock,
+            },
+        );
+        Ok(())
+    }
+}
+
+/// A writer that hashes what it writes.
+struct Hashing<W: Write> {
+    inner: W,
+    hash: Option<Sha256>,
+}
+
+impl<W: Write> Write for Hashing<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        if let Some(h) = &mut self.hash {
+            h.update(&buf[..n]);
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+#[derive(Debug, Default)]
+struct Queue {
+    wanted: Vec<Want>,
+    stop: bool,
+}
+
+/// A background thread fetching the shards a reader needs next, in order.
+#[derive(Debug)]
+pub struct Prefetcher {
+    queue: Arc<(Mutex<Queue>, Condvar)>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Prefetcher {
+    /// Starts the thread that fills `cache`.
+    pub fn start(cache: Arc<ShardCache>) -> Prefetcher {
+        let queue: Arc<(Mutex<Queue>, Condvar)> = Arc::default();
+        let q = Arc::clone(&queue);
+        let thread = std::thread::Builder::new()
+            .name("shard-prefetch".into())
+            .spawn(move || loop {
+                let want = {
+                    let (lock, cond) = &*q;
+                    let mut st = lock.lock().unwrap_or_else(|p| p.into_inner());
+                    while st.wanted.is_empty() && !st.stop {
+                        st = cond.wait(st).unwrap_or_else(|p| p.into_inner());
+                    }
+                    if st.stop {
+                        return;
+                    }
+                    st.wanted.remove(0)
+                };
+                if let Err(e) = cache.open(&want) {
+                    // The reader meets the same error when it needs the shard.
+                    tracing::debug!("prefetching a shard: {e}");
+                }
+            })
+            .ok();
+        if thread.is_none() {
+            tracing::warn!(
+                "could not start the shard prefetch thread; shards are fetched when read"
+            );
+        }
+        Prefetcher { queue, thread }
+    }
+
+    /// Replaces the shards to fetch with `wanted`, fetched in order.
+    pub fn set(&self, wanted: Vec<Want>) {
+        let (lock, cond) = &*self.queue;
+        lock.lock().unwrap_or_else(|p| p.into_inner()).wanted = wanted;
+        cond.notify_all();
+    }
+}
+
+impl Drop for Prefetcher {
+    fn drop(&mut self) {
+        let (lock, cond) = &*self.queue;
+        lock.lock().unwrap_or_else(|p| p.into_inner()).stop = true;
+        cond.notify_all();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The shards of one split read through a [`ShardCache`]: on each shard read, the shards of
+/// the previous, current and next blocks of the epoch's shard order are pinned and the next
+/// `prefetch` shards after the current block are fetched ahead.
+#[derive(Debug)]
+pub struct CachedShards {
+    cache: Arc<ShardCache>,
+    client: u64,
+    wants: Vec<Want>,
+    block: usize,
+    prefetch: usize,
+    plan: Mutex<Plan>,
+    prefetcher: Prefetcher,
+}
+
+#[derive(Debug)]
+struct Plan {
+    /// The shard order of the epoch being read, then of the next one.
+    order: Vec<usize>,
+    /// Each shard's place in the first half of `order`.
+    position: Vec<usize>,
+    /// The block last announced to the prefetcher.
+    announced: Option<usize>,
+}
+
+impl Plan {
+    fn new(this: Vec<usize>, next: Vec<usize>) -> Plan {
+        let mut position = vec![0; this.len()];
+        for (p, &s) in this.iter().enumerate() {
+            position[s] = p;
+        }
+        let mut order = this;
+        order.extend(next);
+        Plan {
+            order,
+            position,
+            announced: None,
+        }
+    }
+}
+
+impl CachedShards {
+    /// The shards `wants` (in stored order) of a split read through `cache`, in blocks of
+    /// `block` shards, `prefetch` shards fetched ahead. Until [`CachedShards::set_epoch`] the
+    /// order is the stored one (evaluation).
+    pub fn new(
+        cache: Arc<ShardCache>,
+        wants: Vec<Want>,
+        block: usize,
+        prefetch: usize,
+    ) -> CachedShards {
+        let n = wants.len();
+        let prefetcher = Prefetcher::start(Arc::clone(&cache));
+        CachedShards {
+            client: cache.client(),
+            cache,
+            wants,
+            block: block.max(1),
+            prefetch,
+            plan: Mutex::new(Plan::new((0..n).collect(), (0..n).collect())),
+            prefetcher,
+        }
+    }
+
+    /// The shard order of the epoch being read and of the next one.
+    pub fn set_epoch(&self, this: Vec<usize>, next: Vec<usize>) {
+        *self.plan.lock().unwrap_or_else(|p| p.into_inner()) = Plan::new(this, next);
+    }
+
+    /// The cache the shards go through.
+    pub fn cache(&self) -> &Arc<ShardCache> {
+        &self.cache
+    }
+
+    /// The address of shard `shard`, for messages.
+    pub fn url(&self, shard: usize) -> PathBuf {
+        PathBuf::from(self.cache.remote().url(&self.wants[shard].key))
+    }
+
+    /// Shard `shard` opened, fetched first when not cached.
+    pub fn open(&self, shard: usize) -> Result<File, DataError> {
+        {
+            let mut plan = self.plan.lock().unwrap_or_else(|p| p.into_inner());
+            let p = plan.position[shard];
+            let b = p / self.block;
+            if plan.announced != Some(b) {
+                plan.announced = Some(b);
+                let from = b.saturating_sub(1) * self.block;
+                let current = b * self.block;
+                let end = (current + 2 * self.block).min(plan.order.len());
+                let ahead = ((current + self.block).min(plan.order.len()) + self.prefetch)
+                    .min(plan.order.len());
+                let keep = plan.order[from..end.max(ahead)]
+                    .iter()
+                    .map(|&s| self.wants[s].key.clone());
+                self.cache.pin(self.client, keep);
+                self.prefetcher.set(
+                    plan.order[p..ahead]
+                        .iter()
+                        .map(|&s| self.wants[s].clone())
+                        .collect(),
+                );
+            }
+        }
+        self.cache.open(&self.wants[shard])
+    }
+}
+
+/// `10GB`, `500MB`, `64KiB`, `1000` (bytes): decimal units (KB, MB, GB, TB), binary ones with
+/// `i` (KiB, MiB, GiB, TiB).
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let number: f64 = number
+        .parse()
+        .map_err(|_| format!("`{text}` is not a size such as 64MB"))?;
+    let scale = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        "tb" => 1e12,
+        "kib" => 1024.0,
+        "mib" => 1024.0 * 1024.0,
+        "gib" => 1024.0 * 1024.0 * 1024.0,
+        "tib" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
+        other => {
+            return Err(format!(
+                "`{text}`: unknown unit `{other}` (B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)"
+            ))
+        }
+    };
+    Ok((number * scale).round() as u64)
+}
+
+#[cfg(test)]
+#[path = "cache_tests.rs"]
+mod tests;
