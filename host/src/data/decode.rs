@@ -24,7 +24,12 @@
 //!
 //! The resampling is `fast_image_resize`'s, which is Pillow's algorithm (same filter, same
 //! support and clipping) with its own fixed-point rounding: pixels agree with torchvision's PIL
-//! path within 1/255. Decoding uses the `image` crate (zune-jpeg for JPEG, SIMD); 16-bit images
+//! path within 1/255. JPEGs are decoded by libjpeg-turbo when the build found it
+//! (`cfg(tessera_libjpeg)`, `decode_jpeg.rs`): only the random crop's region, at full size (the
+//! same pixels as cutting the whole decode, which is Pillow's decode) or, with
+//! [`DecodePlan::jpeg_dct_scale`], at 1/2, 1/4 or 1/8 when the crop is at least twice the sample.
+//! Other images (and CMYK JPEGs, and every JPEG without libjpeg-turbo) are decoded whole by the
+//! `image` crate (zune-jpeg for JPEG, SIMD); 16-bit images
 //! are scaled to 8 bits, alpha is dropped, grey is kept for 1 channel and colour converted with
 //! PIL's `convert("L")` weights.
 
