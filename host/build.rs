@@ -61,7 +61,65 @@ fn nccl_includes(libtorch: &Path) -> Result<Vec<PathBuf>, Vec<&'static str>> {
     }
 }
 
+/// Compiles `csrc/jpeg.c` against the system's libjpeg-turbo (Debian's `libjpeg62-turbo-dev`,
+/// `scripts/ensure-libjpeg.sh` installs it) and links it, statically when `libjpeg.a` is there,
+/// setting `cfg(tessera_libjpeg)`; without the headers JPEGs are decoded by the `image` crate
+/// (a warning says so).
+fn libjpeg() {
+    println!("cargo:rerun-if-changed=csrc/jpeg.c");
+    println!("cargo:rerun-if-env-changed=TESSERA_JPEG_DIR");
+    println!("cargo:rustc-check-cfg=cfg(tessera_libjpeg)");
+    // TESSERA_JPEG_DIR: a prefix with include/ and lib/ (a libjpeg-turbo built elsewhere).
+    let prefix = std::env::var_os("TESSERA_JPEG_DIR").map(PathBuf::from);
+    let arch = std::env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
+    let mut includes: Vec<PathBuf> = prefix.iter().map(|p| p.join("include")).collect();
+    includes.extend(["/usr/include", "/usr/local/include"].map(PathBuf::from));
+    if !includes.iter().any(|d| d.join("jpeglib.h").is_file()) {
+        println!(
+            "cargo:warning=libjpeg-turbo's jpeglib.h was not found (in {}); JPEGs are decoded by \
+             the slower `image` crate, without region decoding (install libjpeg62-turbo-dev or \
+             run scripts/ensure-libjpeg.sh, or set TESSERA_JPEG_DIR)",
+            includes
+                .iter()
+                .map(|d| d.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        return;
+    }
+    let mut build = cc::Build::new();
+    build.file("csrc/jpeg.c").opt_level(2);
+    if let Some(p) = &prefix {
+        build.include(p.join("include"));
+    }
+    build.compile("tessera_jpeg");
+    let mut dirs: Vec<PathBuf> = prefix.iter().map(|p| p.join("lib")).collect();
+    dirs.extend(
+        [
+            format!("/usr/lib/{arch}-linux-gnu"),
+            "/usr/lib64".to_owned(),
+            "/usr/lib".to_owned(),
+            "/usr/local/lib".to_owned(),
+        ]
+        .map(PathBuf::from),
+    );
+    match dirs.iter().find(|d| d.join("libjpeg.a").is_file()) {
+        Some(d) => {
+            println!("cargo:rustc-link-search=native={}", d.display());
+            println!("cargo:rustc-link-lib=static=jpeg");
+        }
+        None => {
+            for d in dirs.iter().filter(|d| d.is_dir()) {
+                println!("cargo:rustc-link-search=native={}", d.display());
+            }
+            println!("cargo:rustc-link-lib=jpeg");
+        }
+    }
+    println!("cargo:rustc-cfg=tessera_libjpeg");
+}
+
 fn main() {
+    libjpeg();
     println!("cargo:rerun-if-changed=csrc/amp.cpp");
     println!("cargo:rerun-if-changed=csrc/autocast.cpp");
     println!("cargo:rerun-if-changed=csrc/context.cpp");

@@ -5,10 +5,14 @@
 # `loader_bench` example, no model) against torchvision's ImageFolder + DataLoader (PIL), at 1
 # and 2 workers, alternating sides, medians of ROUNDS and the ratio per worker (scripts/
 # bench_jpeg_loader.py says what is timed). Not part of the test suite. IMAGES (5000), CLASSES
-# (10), ROUNDS (3), WORKERS ("1 2"), SIZE (224) tune it, e.g. `ROUNDS=5 ./scripts/bench-jpeg-loader.sh`.
+# (10), ROUNDS (3), WORKERS ("1 2"), SIZE (224), DCT (0; 1 for jpeg_dct_scale = true) tune it,
+# e.g. `ROUNDS=5 ./scripts/bench-jpeg-loader.sh`; `./scripts/bench-jpeg-loader.sh profile` times
+# the stages of 500 images on one thread instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LIBTORCH="$(./scripts/ensure-libtorch.sh)"
+# libjpeg-turbo for the JPEG region decoder (build.rs falls back to the `image` crate without it).
+./scripts/ensure-libjpeg.sh || true
 export LIBTORCH
 cargo build --release -p tessera --example loader_bench
 PYTHON=${PYTHON:-python3}

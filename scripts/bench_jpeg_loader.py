@@ -6,7 +6,7 @@ and height drawn around 500x375, both orientations), textured so that they compr
 photographs, in CLASSES class folders under train/ (val/ holds one image per class, which
 the loader's folder layout requires). Then, for each worker count, alternating sides per round:
 
-- Tessera: `loader_bench ROOT SIZE WORKERS 256` — one epoch of RandomResizedCrop(SIZE) + flip
+- Tessera: `loader_bench ROOT SIZE WORKERS 256 rrc` (`rrc-dct` with DCT=1) — one epoch of RandomResizedCrop(SIZE) + flip
   to u8 batches of 256 with WORKERS loader threads;
 - torchvision: ImageFolder(train, Compose([RandomResizedCrop(SIZE), RandomHorizontalFlip(),
   PILToTensor()])) + DataLoader(batch_size=256, shuffle=True, num_workers=WORKERS) collating to
@@ -31,6 +31,9 @@ CLASSES = int(os.environ.get("CLASSES", "10"))
 ROUNDS = int(os.environ.get("ROUNDS", "3"))
 WORKERS = [int(w) for w in os.environ.get("WORKERS", "1 2").split()]
 SIZE = int(os.environ.get("SIZE", "224"))
+# DCT=1: Tessera with jpeg_dct_scale = true (JPEGs decoded at 1/2, 1/4 or 1/8 when the crop is
+# at least twice the sample size on both sides).
+DCT = os.environ.get("DCT", "0") == "1"
 CACHE = os.environ.get("TESSERA_CACHE") or os.path.join(
     os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "tessera")
 ROOT = os.path.join(CACHE, f"bench-jpeg-{IMAGES}-{CLASSES}")
@@ -61,7 +64,8 @@ def make_folder():
 
 def tessera(workers):
     out = subprocess.run(
-        [os.environ["LOADER_BENCH"], ROOT, str(SIZE), str(workers), "256"],
+        [os.environ["LOADER_BENCH"], ROOT, str(SIZE), str(workers), "256",
+         "rrc-dct" if DCT else "rrc"],
         check=True, capture_output=True, text=True, timeout=3600)
     return json.loads(out.stdout)["images_per_s"]
 
@@ -102,7 +106,8 @@ def main():
         t, v = statistics.median(ours), statistics.median(theirs)
         results[workers] = {"tessera": round(t, 1), "torchvision": round(v, 1),
                             "ratio": round(t / v, 2)}
-    print(json.dumps({"images": IMAGES, "size": SIZE, "rounds": ROUNDS, "by_workers": results}))
+    print(json.dumps({"images": IMAGES, "size": SIZE, "rounds": ROUNDS, "jpeg_dct_scale": DCT,
+                      "by_workers": results}))
 
 
 if __name__ == "__main__":

@@ -5,6 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LIBTORCH="$(./scripts/ensure-libtorch.sh)"
+# libjpeg-turbo for the JPEG region decoder (build.rs falls back to the `image` crate without it).
+./scripts/ensure-libjpeg.sh || true
 export LIBTORCH
 cargo build --release --workspace
 ./target/release/tessera data fetch fashion-mnist

@@ -42,6 +42,8 @@ RELEASE="${CARGO_TARGET_DIR:-target}/release"
 if [ "$BUILD" = 1 ]; then
   LIBTORCH="$(./scripts/ensure-libtorch.sh)"
   export LIBTORCH
+  # libjpeg-turbo for the JPEG region decoder (build.rs falls back to the `image` crate).
+  ./scripts/ensure-libjpeg.sh || true
   # The whole workspace, as scripts/demo.sh and scripts/test.sh build it: the same features
   # resolved, so a build either of them made is reused as it is.
   echo "== building tessera and ${#PLUGINS[@]} plugins (release)" >&2

@@ -54,6 +54,8 @@ trap summary EXIT
 phase libtorch "libtorch (~/.cache/tessera, or LIBTORCH)"
 LIBTORCH="$(./scripts/ensure-libtorch.sh)"
 export LIBTORCH
+# libjpeg-turbo for the JPEG region decoder (build.rs falls back to the `image` crate without it).
+./scripts/ensure-libjpeg.sh || true
 
 phase pytorch "PyTorch for the export comparison (tests/export.rs) and the TorchScript models (tests/torchscript.rs)"
 # The torch wheel that provides libtorch is also the Python package: its folder goes on

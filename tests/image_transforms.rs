@@ -53,30 +53,35 @@ fn plans() -> Vec<DecodePlan> {
             size: 64,
             crop: rrc([0.08, 1.0], [0.75, 4.0 / 3.0]),
             color_jitter: Some(jitter()),
+            jpeg_dct_scale: false,
         },
         DecodePlan {
             channels: 3,
             size: 96,
             crop: rrc([0.3, 0.9], [0.5, 2.0]),
             color_jitter: None,
+            jpeg_dct_scale: false,
         },
         DecodePlan {
             channels: 1,
             size: 48,
             crop: rrc([0.08, 1.0], [0.75, 4.0 / 3.0]),
             color_jitter: Some(jitter()),
+            jpeg_dct_scale: false,
         },
         DecodePlan {
             channels: 3,
             size: 56,
             crop: CropPlan::Centre { resize: 64 },
             color_jitter: None,
+            jpeg_dct_scale: false,
         },
         DecodePlan {
             channels: 3,
             size: 40,
             crop: CropPlan::Centre { resize: 40 },
             color_jitter: Some(jitter()),
+            jpeg_dct_scale: false,
         },
     ]
 }
@@ -212,4 +217,165 @@ fn training_and_evaluation_transforms_match_torchvision_on_the_same_draws() {
     );
     // The centre-crop fallback after ten failed tries was exercised too.
     assert!(report["fallbacks"].as_u64().unwrap() > 0, "{report}");
+}
+
+/// Writes `picture` as JPEGs of the kinds Pillow writes (baseline 4:2:0, 4:2:2 and 4:4:4,
+/// progressive, grey, CMYK) and a larger one, with Pillow itself.
+const PILLOW_JPEGS: &str = r#"
+import sys
+from PIL import Image
+src, out = sys.argv[1], sys.argv[2]
+img = Image.open(src).convert("RGB")
+img.save(f"{out}/s420.jpg", quality=90, subsampling=2)
+img.save(f"{out}/s422.jpg", quality=90, subsampling=1)
+img.save(f"{out}/s444.jpg", quality=95, subsampling=0)
+img.save(f"{out}/progressive.jpg", quality=90, progressive=True)
+img.convert("L").save(f"{out}/grey.jpg", quality=90)
+img.convert("CMYK").save(f"{out}/cmyk.jpg", quality=90)
+img.resize((img.width * 2, img.height * 2), Image.BICUBIC).save(f"{out}/large.jpg", quality=90)
+"#;
+
+#[test]
+fn jpegs_decode_like_pillow_and_dct_scaling_stays_near_torchvision() {
+    if !python_can_import("torchvision", "JPEG decoding against Pillow") {
+        return;
+    }
+    let dir = TempDir::new("jpeg-kinds");
+    let png = dir.path().join("picture.png");
+    picture(500, 375, 9).save(&png).unwrap();
+    let out = python(&[
+        "-c",
+        PILLOW_JPEGS,
+        png.to_str().unwrap(),
+        dir.path().to_str().unwrap(),
+    ])
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "Pillow failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rrc = |channels, size, jpeg_dct_scale| DecodePlan {
+        channels,
+        size,
+        crop: CropPlan::RandomResized(RandomResizedCrop::default()),
+        color_jitter: None,
+        jpeg_dct_scale,
+    };
+    let centre = |channels| DecodePlan {
+        channels,
+        size: 224,
+        crop: CropPlan::Centre { resize: 256 },
+        color_jitter: None,
+        jpeg_dct_scale: false,
+    };
+    // (kind, plan, whether it is DCT-scaled).
+    let mut runs = Vec::new();
+    for kind in [
+        "s420",
+        "s422",
+        "s444",
+        "progressive",
+        "grey",
+        "cmyk",
+        "large",
+    ] {
+        for channels in [3, 1] {
+            runs.push((kind, rrc(channels, 224, false), false));
+            runs.push((kind, rrc(channels, 64, false), false));
+            runs.push((kind, centre(channels), false));
+        }
+        runs.push((kind, rrc(3, 224, true), true));
+        runs.push((kind, rrc(3, 64, true), true));
+    }
+    let mut decodes = Vec::new();
+    let mut scaled_cases = Vec::new();
+    for (r, (kind, plan, dct)) in runs.iter().enumerate() {
+        let path = dir.path().join(format!("{kind}.jpg"));
+        let bytes = std::fs::read(&path).unwrap();
+        for seed in 0..6u64 {
+            let mut rng = ChaCha8Rng::seed_from_u64(seed);
+            let (pixels, drawn) = decode_image_drawn(&bytes, kind, plan, &mut rng).unwrap();
+            let output = dir.path().join(format!("{r}-{seed}.u8"));
+            std::fs::write(&output, &pixels).unwrap();
+            let resize = match plan.crop {
+                CropPlan::Centre { resize } => Some(resize),
+                CropPlan::RandomResized(_) => None,
+            };
+            if *dct {
+                scaled_cases.push((decodes.len(), drawn.dct_scale));
+            }
+            decodes.push(json!({
+                "path": path, "output": output, "channels": plan.channels, "size": plan.size,
+                "resize": resize, "crop": drawn.crop, "jitter": null, "before_jitter": null,
+                "kind": kind, "dct_scale": drawn.dct_scale,
+            }));
+        }
+    }
+    let file = dir.path().join("cases.json");
+    std::fs::write(
+        &file,
+        json!({ "decodes": decodes, "draws": [] }).to_string(),
+    )
+    .unwrap();
+    let out = python(&[
+        "tests/support/image_transforms_reference.py",
+        file.to_str().unwrap(),
+    ])
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "reference failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let diffs = report["diffs"].as_array().unwrap();
+    assert_eq!(diffs.len(), decodes.len());
+    let scaled: std::collections::HashMap<usize, usize> = scaled_cases.iter().copied().collect();
+    // Full-size decodes of the 500x375 JPEGs libjpeg-turbo decodes (every DCT-scaled plan whose
+    // crop was under twice the sample too): the crop and resize within 1/255 of torchvision on
+    // Pillow's decode. CMYK goes through zune-jpeg and the 1000x750 one is shrunk more than the
+    // PNG check covers: their distances are printed, not bounded.
+    for kind in ["cmyk", "large"] {
+        let worst = diffs
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| decodes[*i]["kind"] == kind && scaled.get(i).is_none_or(|&s| s == 1))
+            .filter_map(|(_, d)| d["max"].as_i64())
+            .max();
+        eprintln!("{kind}: full-size decodes at most {worst:?}/255 from Pillow + torchvision");
+    }
+    let over: Vec<_> = diffs
+        .iter()
+        .enumerate()
+        .filter(|(i, d)| {
+            !["cmyk", "large"].contains(&decodes[*i]["kind"].as_str().unwrap_or(""))
+                && scaled.get(i).is_none_or(|&s| s == 1)
+                && d["max"].as_i64().is_none_or(|m| m > 1)
+        })
+        .map(|(i, d)| (&decodes[i]["kind"], d))
+        .collect();
+    assert!(
+        over.is_empty(),
+        "full-size JPEG decodes more than 1/255 from Pillow + torchvision: {over:?}"
+    );
+    // DCT-scaled ones: how far, by scale.
+    let mut by_scale: std::collections::BTreeMap<usize, (i64, f64, usize)> = Default::default();
+    for (&i, &s) in scaled.iter().filter(|(_, &s)| s > 1) {
+        let e = by_scale.entry(s).or_default();
+        e.0 = e.0.max(diffs[i]["max"].as_i64().unwrap());
+        e.1 += diffs[i]["mean"].as_f64().unwrap();
+        e.2 += 1;
+    }
+    for (s, (max, sum, n)) in &by_scale {
+        let mean = sum / *n as f64;
+        eprintln!(
+            "DCT scale 1/{s}: {n} decodes, largest {max}/255, mean {mean:.3}/255 from torchvision"
+        );
+        // DCT scaling averages each block (a box filter) where torchvision's resize weighs a
+        // triangle over the full-size pixels: the mean stays small, single pixels at edges
+        // differ more.
+        assert!(mean < 2.0, "DCT scale 1/{s}: mean difference {mean}/255");
+    }
+    assert!(!by_scale.is_empty(), "no decode was DCT-scaled");
 }

@@ -127,6 +127,7 @@ def main():
             diffs.append({"case": case["output"], "error": f"sizes {ours.size} vs {ref.shape}"})
             continue
         worst = int(np.abs(ours - ref.reshape(-1)).max())
+        mean = float(np.abs(ours - ref.reshape(-1)).mean())
         if case["before_jitter"] is not None:
             # Crop + resize on their own, then the jitter on Tessera's resized pixels.
             end_to_end = max(end_to_end, worst)
@@ -135,7 +136,7 @@ def main():
             plain = reference_pixels(dict(case, jitter=None))
             worst = max(int(np.abs(before.astype(np.int32) - plain).max()),
                         int(np.abs(ours - reference_pixels(case, before).reshape(-1)).max()))
-        diffs.append({"case": case["output"], "max": worst})
+        diffs.append({"case": case["output"], "max": worst, "mean": mean})
     print(json.dumps({
         "diffs": diffs,
         "end_to_end_jitter_max": end_to_end,

@@ -138,6 +138,7 @@ section!(ShardsConfig {
     eval_resize,
     random_resized_crop,
     color_jitter,
+    jpeg_dct_scale,
     classes,
     image: string(),
     label: string(),
@@ -166,6 +167,7 @@ section!(FolderConfig {
     eval_resize: uint(1),
     random_resized_crop,
     color_jitter,
+    jpeg_dct_scale: bool(),
 });
 
 section!(RandomResizedCrop { scale, ratio });

@@ -1833,6 +1833,10 @@ fn folder_dataset() {
     let c = ok(&folder("[data.folder]\nsize = 8\non_bad_file = \"skip\"\n"));
     let f = c.data.folder.unwrap();
     assert_eq!((f.channels, f.on_bad_file), (3, OnBadFile::Skip));
+    assert!(!f.jpeg_dct_scale && !f.train_plan().jpeg_dct_scale);
+    let c = ok(&folder("[data.folder]\nsize = 8\njpeg_dct_scale = true\n"));
+    let f = c.data.folder.unwrap();
+    assert!(f.jpeg_dct_scale && f.train_plan().jpeg_dct_scale && !f.eval_plan().jpeg_dct_scale);
 
     use ErrorKind::{InvalidValue, MissingKey, UnknownKey};
     let no_train = MINIMAL.replace(
@@ -1871,6 +1875,14 @@ fn folder_dataset() {
             "data.folder.channels",
             Some(7),
             "must be 1 (luma) or 3 (RGB), got 2",
+        ),
+        case(
+            "jpeg_dct_scale not a boolean",
+            folder("[data.folder]\nsize = 8\njpeg_dct_scale = \"yes\"\n"),
+            ErrorKind::WrongType,
+            "data.folder.jpeg_dct_scale",
+            Some(7),
+            "true or false",
         ),
         case(
             "unknown on_bad_file",

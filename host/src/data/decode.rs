@@ -24,7 +24,12 @@
 //!
 //! The resampling is `fast_image_resize`'s, which is Pillow's algorithm (same filter, same
 //! support and clipping) with its own fixed-point rounding: pixels agree with torchvision's PIL
-//! path within 1/255. Decoding uses the `image` crate (zune-jpeg for JPEG, SIMD); 16-bit images
+//! path within 1/255. JPEGs are decoded by libjpeg-turbo when the build found it
+//! (`cfg(tessera_libjpeg)`, `decode_jpeg.rs`): only the random crop's region, at full size (the
+//! same pixels as cutting the whole decode, which is Pillow's decode) or, with
+//! [`DecodePlan::jpeg_dct_scale`], at 1/2, 1/4 or 1/8 when the crop is at least twice the sample.
+//! Other images (and CMYK JPEGs, and every JPEG without libjpeg-turbo) are decoded whole by the
+//! `image` crate (zune-jpeg for JPEG, SIMD); 16-bit images
 //! are scaled to 8 bits, alpha is dropped, grey is kept for 1 channel and colour converted with
 //! PIL's `convert("L")` weights.
 
@@ -39,6 +44,10 @@ use serde::Serialize;
 
 use super::DataError;
 
+#[cfg(tessera_libjpeg)]
+#[path = "decode_jpeg.rs"]
+mod jpeg;
+
 /// How an encoded image becomes a `channels`×`size`×`size` sample.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct DecodePlan {
@@ -50,6 +59,10 @@ pub struct DecodePlan {
     pub crop: CropPlan,
     /// Colour jitter after the crop (training), if any.
     pub color_jitter: Option<ColorJitter>,
+    /// Decode a JPEG at a reduced DCT scale (1/2, 1/4 or 1/8, the largest that leaves the random
+    /// crop at least `size` on both sides) when the random crop is at least twice the sample
+    /// size: faster, but the pixels are no longer torchvision's (see docs/data.md).
+    pub jpeg_dct_scale: bool,
 }
 
 /// Which part of an image becomes the sample, and how it is resized.
@@ -179,6 +192,9 @@ pub struct Drawn {
     pub crop: Option<CropBox>,
     /// The colour jitter drawn.
     pub jitter: Option<JitterDraw>,
+    /// The JPEG's DCT scale denominator (1: decoded at full size; 2, 4 or 8 with
+    /// [`DecodePlan::jpeg_dct_scale`]).
+    pub dct_scale: usize,
 }
 
 /// A uniform draw in `[low, high)` from one `f64` in [0, 1) (torchvision's `uniform_(low, high)`
@@ -315,28 +331,27 @@ pub fn decode_image_drawn(
         .ok()
         .filter(|&s| s > 0)
         .ok_or_else(|| DataError::Invalid(format!("{name}: bad sample size {}", plan.size)))?;
-    let image = reader(bytes, name)?
-        .decode()
-        .map_err(|e| bad(name, e.to_string()))?;
-    let (width, height) = (image.width(), image.height());
-    if width == 0 || height == 0 {
-        return Err(bad(name, format!("it is {width}x{height}")));
-    }
-    let (pixels, pixel_type) = match plan.channels {
-        1 => (luma(image), PixelType::U8),
-        _ => (image.into_rgb8().into_raw(), PixelType::U8x3),
+    let source = decoded_source(bytes, name, plan, size, rng)?;
+    let (width, height) = source.image;
+    let pixel_type = match plan.channels {
+        1 => PixelType::U8,
+        _ => PixelType::U8x3,
     };
-    let source =
-        ImageRef::new(width, height, &pixels, pixel_type).map_err(|e| bad(name, e.to_string()))?;
+    let region = ImageRef::new(source.width, source.height, &source.pixels, pixel_type)
+        .map_err(|e| bad(name, e.to_string()))?;
     let mut out = Image::new(size, size, pixel_type);
     let mut resizer = Resizer::new();
     let bilinear = ResizeOptions::new().resize_alg(ResizeAlg::Convolution(FilterType::Bilinear));
-    let crop = match &plan.crop {
-        CropPlan::Centre { resize } => {
+    let crop = match source.cut {
+        Cut::Centre => {
             // Resize the whole image to (new_width, new_height) then crop the centre: the same
             // as resizing the matching box of the original (Pillow's coefficients depend only on
             // each output pixel's centre and the scale, clipped to the whole image).
-            let resize = u32::try_from(*resize).unwrap_or(u32::MAX).max(size);
+            let resize = match &plan.crop {
+                CropPlan::Centre { resize } => *resize,
+                CropPlan::RandomResized(_) => plan.size,
+            };
+            let resize = u32::try_from(resize).unwrap_or(u32::MAX).max(size);
             let (new_width, new_height) = resized_size(width, height, resize);
             let (left, top) = (
                 centre_offset(new_width, size),
@@ -353,17 +368,14 @@ pub fn decode_image_drawn(
                 f64::from(size) * sy,
             );
             resizer
-                .resize(&source, &mut out, &options)
+                .resize(&region, &mut out, &options)
                 .map_err(|e| bad(name, e.to_string()))?;
             None
         }
-        CropPlan::RandomResized(rrc) => {
-            let b = random_resized_crop_params(width as usize, height as usize, rrc, &mut || {
-                rng.gen::<f64>()
-            });
+        Cut::View(b) => {
             // F.resized_crop on a PIL image: the crop alone is resized (its borders clip there).
             let view = CroppedImage::new(
-                &source,
+                &region,
                 b.left as u32,
                 b.top as u32,
                 b.width as u32,
@@ -373,6 +385,26 @@ pub fn decode_image_drawn(
             resizer
                 .resize(&view, &mut out, &bilinear)
                 .map_err(|e| bad(name, e.to_string()))?;
+            Some(b)
+        }
+        Cut::Region(b, denom) => {
+            // The decoded region is the crop at its exact place, the whole crop when `denom` is
+            // 1; scaled, it is the scaled pixels that cover the crop, resized from the crop's
+            // fractional place in them.
+            if denom == 1 {
+                resizer.resize(&region, &mut out, &bilinear)
+            } else {
+                let d = denom as f64;
+                let (x, y) = (b.left / denom, b.top / denom);
+                let options = bilinear.crop(
+                    b.left as f64 / d - x as f64,
+                    b.top as f64 / d - y as f64,
+                    b.width as f64 / d,
+                    b.height as f64 / d,
+                );
+                resizer.resize(&region, &mut out, &options)
+            }
+            .map_err(|e| bad(name, e.to_string()))?;
             Some(b)
         }
     };
@@ -391,9 +423,141 @@ pub fn decode_image_drawn(
         Drawn {
             image: (width as usize, height as usize),
             crop,
+            dct_scale: source.denom,
             jitter,
         },
     ))
+}
+
+/// The decoded pixels a sample is resized from: the whole image, or with libjpeg-turbo only the
+/// random crop's region (possibly at a reduced DCT scale), in `plan.channels` interleaved.
+struct Source {
+    pixels: Vec<u8>,
+    width: u32,
+    height: u32,
+    /// The whole image's size.
+    image: (u32, u32),
+    cut: Cut,
+    denom: usize,
+}
+
+/// Where the sample is in a [`Source`].
+#[cfg_attr(not(tessera_libjpeg), allow(dead_code))]
+enum Cut {
+    /// The source is the whole image; the sample is its resized centre.
+    Centre,
+    /// The source is the whole image; the sample is this crop of it.
+    View(CropBox),
+    /// The source is this crop's region, decoded at 1 / the DCT scale.
+    Region(CropBox, usize),
+}
+
+/// The DCT scale denominator for a crop: the largest of 8, 4, 2 that leaves the crop at least
+/// `size` on both sides, else 1.
+pub fn dct_scale_for(crop: &CropBox, size: usize) -> usize {
+    [8, 4, 2]
+        .into_iter()
+        .find(|&d| crop.width >= size * d && crop.height >= size * d)
+        .unwrap_or(1)
+}
+
+#[cfg_attr(not(tessera_libjpeg), allow(unused_variables))]
+fn decoded_source(
+    bytes: &[u8],
+    name: &str,
+    plan: &DecodePlan,
+    size: u32,
+    rng: &mut impl Rng,
+) -> Result<Source, DataError> {
+    #[cfg(tessera_libjpeg)]
+    if jpeg::is_jpeg(bytes) {
+        if let Some(source) = jpeg_source(bytes, name, plan, size, rng)? {
+            return Ok(source);
+        }
+    }
+    let image = reader(bytes, name)?
+        .decode()
+        .map_err(|e| bad(name, e.to_string()))?;
+    let (width, height) = (image.width(), image.height());
+    if width == 0 || height == 0 {
+        return Err(bad(name, format!("it is {width}x{height}")));
+    }
+    let pixels = match plan.channels {
+        1 => luma(image),
+        _ => image.into_rgb8().into_raw(),
+    };
+    let cut = match &plan.crop {
+        CropPlan::Centre { .. } => Cut::Centre,
+        CropPlan::RandomResized(rrc) => Cut::View(random_resized_crop_params(
+            width as usize,
+            height as usize,
+            rrc,
+            &mut || rng.gen::<f64>(),
+        )),
+    };
+    Ok(Source {
+        pixels,
+        width,
+        height,
+        image: (width, height),
+        cut,
+        denom: 1,
+    })
+}
+
+/// A JPEG through libjpeg-turbo: the whole image for a centre crop, only the random crop's
+/// region for a random one (at the DCT scale [`dct_scale_for`] gives, with
+/// `plan.jpeg_dct_scale`); `None` for a colour space left to the `image` crate (CMYK).
+#[cfg(tessera_libjpeg)]
+fn jpeg_source(
+    bytes: &[u8],
+    name: &str,
+    plan: &DecodePlan,
+    size: u32,
+    rng: &mut impl Rng,
+) -> Result<Option<Source>, DataError> {
+    let Some((width, height)) = jpeg::info(bytes).map_err(|e| bad(name, e))? else {
+        return Ok(None);
+    };
+    let (w32, h32) = (
+        u32::try_from(width).map_err(|_| bad(name, format!("it is {width} wide")))?,
+        u32::try_from(height).map_err(|_| bad(name, format!("it is {height} high")))?,
+    );
+    let (cut, denom, region) = match &plan.crop {
+        CropPlan::Centre { .. } => (Cut::Centre, 1, (0, 0, width, height)),
+        CropPlan::RandomResized(rrc) => {
+            let b = random_resized_crop_params(width, height, rrc, &mut || rng.gen::<f64>());
+            let denom = if plan.jpeg_dct_scale {
+                dct_scale_for(&b, size as usize)
+            } else {
+                1
+            };
+            let (x, y) = (b.left / denom, b.top / denom);
+            let right = jpeg::scaled(b.left + b.width, denom).min(jpeg::scaled(width, denom));
+            let bottom = jpeg::scaled(b.top + b.height, denom).min(jpeg::scaled(height, denom));
+            (Cut::Region(b, denom), denom, (x, y, right - x, bottom - y))
+        }
+    };
+    let Some(rgb) = jpeg::decode_region(bytes, jpeg::scaled(width, denom), denom, region)
+        .map_err(|e| bad(name, e))?
+    else {
+        return Ok(None);
+    };
+    let pixels = match plan.channels {
+        1 => rgb
+            .chunks_exact(3)
+            .map(|p| luma_of(p[0], p[1], p[2]))
+            .collect(),
+        _ => rgb,
+    };
+    Ok(Some(Source {
+        pixels,
+        width: region.2 as u32,
+        height: region.3 as u32,
+        image: (w32, h32),
+        cut,
+        denom,
+    }))
 }
 
 /// Grey images keep their values; colour ones are converted with PIL's `convert("L")`

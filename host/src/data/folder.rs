@@ -78,6 +78,9 @@ pub struct FolderConfig {
     /// Training colour jitter as torchvision's `ColorJitter` (default none).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub color_jitter: Option<ColorJitter>,
+    /// Decode training JPEGs at a reduced DCT scale when the random crop is at least twice
+    /// the sample size (default false: torchvision's pixels; see docs/data.md).
+    pub jpeg_dct_scale: bool,
 }
 
 impl FolderConfig {
@@ -91,6 +94,7 @@ impl FolderConfig {
             eval_resize: None,
             random_resized_crop: None,
             color_jitter: None,
+            jpeg_dct_scale: false,
         }
     }
 
@@ -109,6 +113,7 @@ impl FolderConfig {
                 None => CropPlan::Centre { resize: self.size },
             },
             color_jitter: self.color_jitter.clone(),
+            jpeg_dct_scale: self.jpeg_dct_scale,
         }
     }
 
@@ -122,6 +127,7 @@ impl FolderConfig {
                 resize: self.eval_resize.unwrap_or(size),
             },
             color_jitter: None,
+            jpeg_dct_scale: false,
         }
     }
 }
@@ -435,6 +441,7 @@ pub fn decode(path: &Path, channels: usize, size: usize) -> Result<Vec<u8>, Data
         size,
         crop: CropPlan::Centre { resize: size },
         color_jitter: None,
+        jpeg_dct_scale: false,
     };
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
     decode_image(&bytes, &path.display().to_string(), &plan, &mut rng)
