@@ -19,12 +19,13 @@ if [ ! -f "$DEST/streaming/__init__.py" ] || [ ! -f "$DEST/webdataset/__init__.p
   echo "installing mosaicml-streaming $VERSION and webdataset $WDS_VERSION into $DEST" >&2
   PYTHON=${PYTHON:-python3}
   # The imports of `streaming` (compression, hashing, progress) and `webdataset` (shard-name
-  # brace patterns, yaml), found by importing both; the cloud clients it lists are imported only
+  # brace patterns, yaml), found by importing both, pinned to the versions tested; the cloud clients it lists are imported only
   # for remotes that Tessera's tests do not use.
   "$PYTHON" -m pip install --quiet --disable-pip-version-check --no-cache-dir --no-deps \
     --target "$PARTIAL" "mosaicml-streaming==$VERSION" "webdataset==$WDS_VERSION" \
-    brotli python-snappy cramjam xxhash zstd tqdm braceexpand pyyaml catalogue \
-    typing_extensions >&2
+    brotli==1.2.1 python-snappy==0.7.3 cramjam==2.14.0 xxhash==4.1.0 zstd==1.5.7.2 \
+    tqdm==4.70.1 braceexpand==0.1.7 pyyaml==6.0.4 catalogue==2.0.10 \
+    typing_extensions==4.16.0 >&2
   rm -rf "$DEST"
   mv "$PARTIAL" "$DEST"
 fi

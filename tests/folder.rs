@@ -7,6 +7,7 @@ use std::path::Path;
 
 use serde_json::Value;
 use tessera::data::{self, folder};
+use tessera_tests::dist::{assert_order_is_rank_independent_and_resumes_exactly, use_mlp};
 use tessera_tests::*;
 
 /// The cached Fashion-MNIST's class names, as the export names its class folders.
@@ -66,6 +67,22 @@ fn train_losses(run: &Path) -> Vec<f64> {
         .iter()
         .map(|l| l["data"]["loss"].as_f64().expect("a loss"))
         .collect()
+}
+
+#[test]
+fn a_folder_on_two_ranks_trains_as_one_process_and_resumes_exactly() {
+    // 8 images per class: 80 training images, 5 global batches of 16 per epoch, so 6 batches
+    // cross into the second epoch (its own order) and batch 3 is mid-epoch.
+    let dir = TempDir::new("folder-ranks");
+    let images = export(&dir, "images", 8);
+    folder_toml(
+        &dir,
+        &images,
+        "folder-ranks",
+        "\n[checkpoint]\ninterval = \"3ba\"\n",
+    );
+    use_mlp(&dir);
+    assert_order_is_rank_independent_and_resumes_exactly(&dir, 8, &[], 1e-6);
 }
 
 #[test]

@@ -176,17 +176,7 @@ fn training_and_evaluation_transforms_match_torchvision_on_the_same_draws() {
     }
     let file = dir.path().join("cases.json");
     std::fs::write(&file, cases.to_string()).unwrap();
-    let out = python(&[
-        "tests/support/image_transforms_reference.py",
-        file.to_str().unwrap(),
-    ])
-    .unwrap();
-    assert!(
-        out.status.success(),
-        "reference failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let report = reference(&file);
     let diffs = report["diffs"].as_array().unwrap();
     assert_eq!(diffs.len(), n_decodes);
     let worst = diffs
@@ -318,17 +308,7 @@ fn jpegs_decode_like_pillow_and_dct_scaling_stays_near_torchvision() {
         json!({ "decodes": decodes, "draws": [] }).to_string(),
     )
     .unwrap();
-    let out = python(&[
-        "tests/support/image_transforms_reference.py",
-        file.to_str().unwrap(),
-    ])
-    .unwrap();
-    assert!(
-        out.status.success(),
-        "reference failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let report = reference(&file);
     let diffs = report["diffs"].as_array().unwrap();
     assert_eq!(diffs.len(), decodes.len());
     let scaled: std::collections::HashMap<usize, usize> = scaled_cases.iter().copied().collect();
@@ -378,4 +358,19 @@ fn jpegs_decode_like_pillow_and_dct_scaling_stays_near_torchvision() {
         assert!(mean < 2.0, "DCT scale 1/{s}: mean difference {mean}/255");
     }
     assert!(!by_scale.is_empty(), "no decode was DCT-scaled");
+}
+
+/// The report of tests/support/image_transforms_reference.py on the cases in `file`.
+fn reference(file: &std::path::Path) -> Value {
+    let out = python(&[
+        "tests/support/image_transforms_reference.py",
+        file.to_str().unwrap(),
+    ])
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "reference failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
 }

@@ -3,6 +3,7 @@
 //! perplexity, exact resume, and the export loaded by PyTorch.
 
 use serde_json::Value;
+use tessera_tests::dist::assert_order_is_rank_independent_and_resumes_exactly;
 use tessera_tests::resume::assert_killed_and_resumed_is_exact;
 use tessera_tests::*;
 
@@ -220,34 +221,9 @@ fn the_export_of_a_trained_gpt_loads_into_hugging_face_gpt2() {
     );
 }
 
-/// `n` documents of pseudo-random sentences over a small vocabulary (a fixed LCG, so every run
-/// writes the same text), each about 2 KB.
-fn own_documents(n: usize) -> Vec<String> {
-    const WORDS: [&str; 24] = [
-        "the", "river", "runs", "to", "sea", "and", "a", "boat", "sails", "under", "grey", "sky",
-        "while", "gulls", "call", "over", "old", "harbour", "wall", "at", "dawn", "light", "falls",
-        "softly",
-    ];
-    let mut state: u64 = 0x2545_f491_4f6c_dd1d;
-    (0..n)
-        .map(|i| {
-            let mut text = format!("Document {i}.");
-            for w in 0..400 {
-                state = state
-                    .wrapping_mul(6_364_136_223_846_793_005)
-                    .wrapping_add(1_442_695_040_888_963_407);
-                let word = WORDS[(state >> 33) as usize % WORDS.len()];
-                text.push_str(if w % 12 == 0 { ". " } else { " " });
-                text.push_str(word);
-            }
-            text
-        })
-        .collect()
-}
-
-/// Writes `own_documents(n)` as `texts/doc-NN.txt` and as `docs.jsonl` (field `body`) in `dir`.
+/// Writes `word_documents(n)` as `texts/doc-NN.txt` and as `docs.jsonl` (field `body`) in `dir`.
 fn write_own_text(dir: &TempDir, n: usize) {
-    let docs = own_documents(n);
+    let docs = word_documents(n);
     let folder = dir.join("texts");
     std::fs::create_dir_all(&folder).expect("texts folder");
     let mut jsonl = String::new();
@@ -346,6 +322,26 @@ fn killed_and_resumed_own_text_run_equals_the_straight_run_bit_for_bit() {
     });
 }
 
+#[test]
+fn own_text_on_two_ranks_trains_as_one_process_and_resumes_exactly() {
+    // The same 38 training documents (142 batches of 8 per epoch): 6 batches stay mid-epoch.
+    let dir = TempDir::new("lm-own-ranks");
+    write_own_text(&dir, 40);
+    let mut toml = TrainerToml::gpt("own-ranks");
+    toml.data = own_text_data(&dir.join("texts"), &dir.join("cache"), "");
+    dir.write(
+        "trainer.toml",
+        &format!(
+            "{}
+[checkpoint]
+interval = \"3ba\"\n",
+            toml.render()
+        ),
+    );
+    // Tiny GPT, AdamW: rounding of the 2-rank gradient average vs the one-process mean.
+    assert_order_is_rank_independent_and_resumes_exactly(&dir, 4, &[], 1e-5);
+}
+
 /// The train losses of run `run` in `dir`.
 fn train_losses(dir: &TempDir, run: &str) -> Vec<f64> {
     lines_of_kind(
@@ -362,7 +358,7 @@ fn a_gpt_trains_on_text_packed_as_mds_and_webdataset_shards_as_on_the_files() {
     // 36 training and 4 evaluation documents as .txt files, packed by `tessera data pack` into
     // MDS (zstd) and WebDataset shards of 8 KB (several documents per shard, several shards).
     let dir = TempDir::new("lm-own-packed");
-    for (i, doc) in own_documents(40).iter().enumerate() {
+    for (i, doc) in word_documents(40).iter().enumerate() {
         let part = if i < 36 { "train" } else { "val" };
         dir.write(&format!("src/{part}/doc-{i:02}.txt"), doc);
     }

@@ -15,8 +15,7 @@ use std::time::Duration;
 use serde_json::Value;
 use tessera::data::shards::mds;
 use tessera::data::{SampleData, SampleSource, ShardFormat, Sharded, ShardsConfig};
-use tessera_tests::dist::{assert_all_succeeded, train_ranks};
-use tessera_tests::resume::assert_same_checkpoint;
+use tessera_tests::dist::{assert_order_is_rank_independent_and_resumes_exactly, use_mlp};
 use tessera_tests::*;
 
 const SCRIPT: &str = "tests/support/streaming_shards.py";
@@ -523,7 +522,7 @@ fn trains_on_packed_shards_for_any_worker_count_and_resumes_mid_epoch() {
 }
 
 #[test]
-fn a_two_rank_run_on_mds_shards_resumed_mid_epoch_continues_exactly() {
+fn mds_shards_on_two_ranks_train_as_one_process_and_resume_exactly() {
     let dir = TempDir::new("shards-dp");
     if script(&["check", "-"]).is_none() {
         return;
@@ -547,54 +546,10 @@ fn a_two_rank_run_on_mds_shards_resumed_mid_epoch_continues_exactly() {
         &[],
     )
     .assert_success();
-    shards_toml(&dir, "mds", &root, "straight");
-    // 2 ranks of batch 2 (a global batch of 4): 7 batches per epoch; checkpoints at 3 and 6.
-    assert_all_succeeded(&train_ranks(
-        &dir,
-        2,
-        &["data.batch_size=2", "train.max_duration=6ba"],
-    ));
-    let ckpt = |run: &str, name: &str| run_dir(&dir, run).join("checkpoints").join(name);
-    let load = format!(
-        "checkpoint.load={}",
-        toml_string(&ckpt("straight", "ep0-ba3.ckpt").display().to_string())
-    );
-    assert_all_succeeded(&train_ranks(
-        &dir,
-        2,
-        &[
-            "run_name=resumed",
-            "data.batch_size=2",
-            "train.max_duration=6ba",
-            &load,
-        ],
-    ));
-    assert_same_checkpoint(
-        &ckpt("straight", "ep0-ba6.ckpt"),
-        &ckpt("resumed", "ep0-ba6.ckpt"),
-    );
-}
-
-/// `n` documents of pseudo-random words (a fixed LCG: every run writes the same text), about
-/// 2 KB each.
-fn text_documents(n: usize) -> Vec<String> {
-    const WORDS: [&str; 12] = [
-        "the", "river", "runs", "to", "sea", "and", "a", "boat", "sails", "under", "grey", "sky",
-    ];
-    let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
-    (0..n)
-        .map(|i| {
-            let mut text = format!("Document {i}.");
-            for w in 0..400 {
-                state = state
-                    .wrapping_mul(6_364_136_223_846_793_005)
-                    .wrapping_add(1_442_695_040_888_963_407);
-                text.push_str(if w % 10 == 0 { ". " } else { " " });
-                text.push_str(WORDS[(state >> 33) as usize % WORDS.len()]);
-            }
-            text
-        })
-        .collect()
+    shards_toml(&dir, "mds", &root, "dp");
+    use_mlp(&dir);
+    // 2 ranks of batch 2 (a global batch of 4): 7 batches per epoch; checkpoints every 3.
+    assert_order_is_rank_independent_and_resumes_exactly(&dir, 2, &[], 1e-6);
 }
 
 #[test]
@@ -603,7 +558,7 @@ fn a_gpt_trains_on_text_written_by_mds_writer_and_resumes_mid_epoch_exactly() {
     if script(&["check", "-"]).is_none() {
         return;
     }
-    let docs = text_documents(40);
+    let docs = word_documents(40);
     for (i, doc) in docs.iter().enumerate() {
         let part = if i < 36 { "train" } else { "val" };
         data.write(&format!("src/{part}/doc-{i:02}.txt"), doc);

@@ -120,3 +120,77 @@ pub fn max_difference(a: &Path, b: &Path, prefixes: &[&str]) -> (f64, String) {
     }
     worst
 }
+
+/// The data order does not depend on the rank count, and a run on 2 ranks resumes exactly, for
+/// the source that `dir/trainer.toml` reads (its run name is replaced; its global batch is
+/// `2 * per_rank`; it must checkpoint every 3 batches). Trains, all with `overrides` and one
+/// thread: 2 ranks of batch `per_rank` for 6 batches (run `ranks`); the same again from that
+/// run's batch-3 checkpoint (run `resumed`), which must end on the same batch-6 checkpoint bit
+/// for bit; and 1 process of batch `2 * per_rank` (run `one`), whose weights must be within
+/// `tolerance` (relative) of the ranks' — the same samples in each global batch, summed in
+/// another order (`tolerance` covers that rounding; another sample moves them far more).
+pub fn assert_order_is_rank_independent_and_resumes_exactly(
+    dir: &TempDir,
+    per_rank: u32,
+    overrides: &[&str],
+    tolerance: f64,
+) {
+    use crate::resume::{assert_same_checkpoint, ckpt_dir, names};
+    let per = format!("data.batch_size={per_rank}");
+    let double = format!("data.batch_size={}", 2 * per_rank);
+    let with = |more: &[&str]| -> Vec<String> {
+        let mut v: Vec<String> = overrides.iter().map(|s| (*s).to_owned()).collect();
+        v.extend(["train.max_duration=6ba", "train.threads=1"].map(str::to_owned));
+        v.extend(more.iter().map(|s| (*s).to_owned()));
+        v
+    };
+    fn strs(v: &[String]) -> Vec<&str> {
+        v.iter().map(String::as_str).collect()
+    }
+    // The checkpoint of run `run` at batch `batch`, whatever its epoch.
+    let at = |run: &str, batch: u32| -> std::path::PathBuf {
+        let folder = ckpt_dir(dir, run);
+        let name = names(&folder)
+            .into_iter()
+            .find(|n| n.ends_with(&format!("-ba{batch}.ckpt")))
+            .unwrap_or_else(|| panic!("{run}: no checkpoint at batch {batch} in {folder:?}"));
+        folder.join(name)
+    };
+    assert_all_succeeded(&train_ranks(
+        dir,
+        2,
+        &strs(&with(&["run_name=ranks", &per])),
+    ));
+    let load = format!(
+        "checkpoint.load={}",
+        crate::toml_string(&at("ranks", 3).display().to_string())
+    );
+    assert_all_succeeded(&train_ranks(
+        dir,
+        2,
+        &strs(&with(&["run_name=resumed", &per, &load])),
+    ));
+    assert_same_checkpoint(&at("ranks", 6), &at("resumed", 6));
+    crate::train(dir, &strs(&with(&["run_name=one", &double])), &[]).assert_success();
+    let (diff, name) = max_difference(&at("ranks", 6), &at("one", 6), &["model/"]);
+    assert!(
+        diff <= tolerance,
+        "2 ranks x {per_rank} and 1 process x {} differ by {diff:e} (relative) at `{name}` after \
+         6 batches (limit {tolerance:e}): they did not train on the same samples",
+        2 * per_rank
+    );
+}
+
+/// Makes the `trainer.toml` in `dir`, written from [`crate::TrainerToml::new`], train a small MLP
+/// instead of its CNN, whose batch norm normalises each rank's half batch on its own (so 2 ranks
+/// would not train what 1 process does, by design).
+pub fn use_mlp(dir: &TempDir) {
+    let path = dir.join("trainer.toml");
+    let text = std::fs::read_to_string(&path).expect("trainer.toml");
+    let cnn = "name = \"cnn\"\nwidth = 8";
+    assert!(text.contains(cnn), "{text}");
+    dir.write(
+        "trainer.toml",
+        &text.replacen(cnn, "name = \"mlp\"\nhidden = [32]", 1),
+    );
+}

@@ -926,6 +926,31 @@ pub fn transformers_imports() -> bool {
     false
 }
 
+/// `n` documents of pseudo-random sentences over a small vocabulary (a fixed LCG, so every run
+/// writes the same text), each about 2 KB.
+pub fn word_documents(n: usize) -> Vec<String> {
+    const WORDS: [&str; 24] = [
+        "the", "river", "runs", "to", "sea", "and", "a", "boat", "sails", "under", "grey", "sky",
+        "while", "gulls", "call", "over", "old", "harbour", "wall", "at", "dawn", "light", "falls",
+        "softly",
+    ];
+    let mut state: u64 = 0x2545_f491_4f6c_dd1d;
+    (0..n)
+        .map(|i| {
+            let mut text = format!("Document {i}.");
+            for w in 0..400 {
+                state = state
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1_442_695_040_888_963_407);
+                let word = WORDS[(state >> 33) as usize % WORDS.len()];
+                text.push_str(if w % 12 == 0 { ". " } else { " " });
+                text.push_str(word);
+            }
+            text
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

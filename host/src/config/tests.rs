@@ -2509,7 +2509,10 @@ fn shards_keys_are_checked_by_name_and_line() {
         ),
         case(
             "an empty column name",
-            shards("mds", "[data.shards]\nsize = 16\nclasses = 3\nlabel = \" \"\n"),
+            shards(
+                "mds",
+                "[data.shards]\nsize = 16\nclasses = 3\nlabel = \" \"\n",
+            ),
             InvalidValue,
             "data.shards.label",
             Some(8),

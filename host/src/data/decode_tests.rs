@@ -97,6 +97,11 @@ fn a_centre_crop_of_an_image_of_the_size_keeps_its_pixels() {
 
 #[test]
 fn an_undecodable_image_is_named() {
+    assert_refused_naming(b"not an image", "cats/1.jpg");
+}
+
+/// Decoding `bytes` (as the file `name`) fails with an error naming the file and `on_bad_file`.
+fn assert_refused_naming(bytes: &[u8], name: &str) {
     let plan = DecodePlan {
         channels: 3,
         size: 8,
@@ -104,18 +109,10 @@ fn an_undecodable_image_is_named() {
         color_jitter: None,
         jpeg_dct_scale: false,
     };
-    let err = decode_image(
-        b"not an image",
-        "cats/1.jpg",
-        &plan,
-        &mut ChaCha8Rng::seed_from_u64(0),
-    )
-    .unwrap_err()
-    .to_string();
-    assert!(
-        err.contains("cats/1.jpg") && err.contains("on_bad_file"),
-        "{err}"
-    );
+    let err = decode_image(bytes, name, &plan, &mut ChaCha8Rng::seed_from_u64(0))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains(name) && err.contains("on_bad_file"), "{err}");
 }
 
 #[test]
@@ -298,23 +295,5 @@ fn a_dct_scaled_decode_is_near_the_full_size_one() {
 #[test]
 fn a_truncated_jpeg_is_an_error_naming_it() {
     let bytes = jpeg(64, 64, false);
-    let plan = DecodePlan {
-        channels: 3,
-        size: 8,
-        crop: CropPlan::Centre { resize: 8 },
-        color_jitter: None,
-        jpeg_dct_scale: false,
-    };
-    let err = decode_image(
-        &bytes[..bytes.len() / 2],
-        "cats/2.jpg",
-        &plan,
-        &mut ChaCha8Rng::seed_from_u64(0),
-    )
-    .unwrap_err()
-    .to_string();
-    assert!(
-        err.contains("cats/2.jpg") && err.contains("on_bad_file"),
-        "{err}"
-    );
+    assert_refused_naming(&bytes[..bytes.len() / 2], "cats/2.jpg");
 }

@@ -22,13 +22,13 @@ use std::collections::BTreeSet;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use image::{ExtendedColorType, ImageFormat};
 use rand::SeedableRng;
 use serde::Serialize;
 
 use super::decode::{decode_image, ColorJitter, CropPlan, DecodePlan, RandomResizedCrop};
+use super::staging::StagedFolder;
 use super::{DataError, Split};
 
 /// The training part's folder under the root.
@@ -493,38 +493,13 @@ pub fn export(
             "an export limit of 0 images per class leaves every class folder empty".into(),
         ));
     }
-    let empty_dir = match fs::read_dir(dir) {
-        Ok(mut entries) => match entries.next() {
-            None => true,
-            Some(_) => {
-                return Err(DataError::format(
-                    dir,
-                    "already exists and is not empty; export to a new folder or delete it",
-                ))
-            }
-        },
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
-        Err(e) => return Err(DataError::io(dir, e)),
-    };
-    let name = dir
-        .file_name()
-        .and_then(|n| n.to_str())
-        .ok_or_else(|| DataError::format(dir, "must end in a folder name"))?;
-    let parent = match dir.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    fs::create_dir_all(&parent).map_err(|e| DataError::io(&parent, e))?;
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    let staging = Staging(parent.join(format!(".{name}.partial-{}-{nanos}", std::process::id())));
+    let staging = StagedFolder::new(dir, "export")?;
     let mut counts = [0usize; 2];
     for ((part, dataset), count) in [(TRAIN, &split.train), (VAL, &split.test)]
         .into_iter()
         .zip(&mut counts)
     {
-        let part_dir = staging.0.join(part);
+        let part_dir = staging.path().join(part);
         for class in &names {
             let class_dir = part_dir.join(class);
             fs::create_dir_all(&class_dir).map_err(|e| DataError::io(&class_dir, e))?;
@@ -553,24 +528,12 @@ pub fn export(
             *count += 1;
         }
     }
-    if empty_dir {
-        fs::remove_dir(dir).map_err(|e| DataError::io(dir, e))?;
-    }
-    fs::rename(&staging.0, dir).map_err(|e| DataError::io(dir, e))?;
+    staging.finish()?;
     Ok(ExportSummary {
         path: dir.to_path_buf(),
         train: counts[0],
         val: counts[1],
     })
-}
-
-/// A folder being written, removed unless renamed into place.
-struct Staging(PathBuf);
-
-impl Drop for Staging {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
 }
 
 /// Writes C×H×W `u8` pixels (C = 1 or 3) as a PNG.

@@ -33,6 +33,7 @@ mod registry;
 pub mod shards;
 pub mod source;
 pub mod spec;
+mod staging;
 pub mod subset;
 pub mod text;
 pub mod tokens;

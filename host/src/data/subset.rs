@@ -135,7 +135,7 @@ impl SampleSource for Subset {
     }
 
     fn read(&self, index: usize) -> Result<Option<RawSample<'_>>, DataError> {
-        self.inner.read(self.inner_index(index)?)
+        self.inner.read(inner_index(&self.indices, index)?)
     }
 
     fn label(&self, index: usize) -> Option<i64> {
@@ -143,17 +143,17 @@ impl SampleSource for Subset {
     }
 
     fn undecodable(&self, index: usize, error: DataError) -> Result<(), DataError> {
-        self.inner.undecodable(self.inner_index(index)?, error)
+        self.inner
+            .undecodable(inner_index(&self.indices, index)?, error)
     }
 }
 
-impl Subset {
-    fn inner_index(&self, index: usize) -> Result<usize, DataError> {
-        self.indices
-            .get(index)
-            .map(|&i| i as usize)
-            .ok_or_else(|| outside(index, self.indices.len()))
-    }
+/// The inner source's index of a subset's sample `index`.
+fn inner_index(indices: &[u32], index: usize) -> Result<usize, DataError> {
+    indices
+        .get(index)
+        .map(|&i| i as usize)
+        .ok_or_else(|| outside(index, indices.len()))
 }
 
 /// The sequences `indices` of another token source, in that order.
@@ -189,11 +189,8 @@ impl TokenSource for TokenSubset {
         input: &mut Vec<i64>,
         target: &mut Vec<i64>,
     ) -> Result<(), DataError> {
-        let inner = self
-            .indices
-            .get(index)
-            .ok_or_else(|| outside(index, self.indices.len()))?;
-        self.inner.read(*inner as usize, input, target)
+        self.inner
+            .read(inner_index(&self.indices, index)?, input, target)
     }
 }
 

@@ -309,7 +309,7 @@ impl ShardCache {
             });
         }
         if let (Some(expected), Some(hash)) = (&want.sha256, out.hash) {
-            let actual: String = hash.finalize().iter().map(|b| format!("{b:02x}")).collect();
+            let actual = crate::files::hex(&hash.finalize());
             if !actual.eq_ignore_ascii_case(expected) {
                 return Err(DataError::Checksum {
                     path: PathBuf::from(url),

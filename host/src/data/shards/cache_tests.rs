@@ -26,10 +26,7 @@ fn object(dir: &Path, name: &str, bytes: usize) -> Want {
         .map(|i| (i as u8).wrapping_mul(31) ^ name.as_bytes()[0])
         .collect();
     std::fs::write(dir.join("remote/train").join(name), &data).unwrap();
-    let sha: String = Sha256::digest(&data)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let sha = crate::files::sha256_hex(&data);
     Want {
         key: format!("train/{name}"),
         bytes: bytes as u64,

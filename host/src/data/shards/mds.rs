@@ -852,8 +852,6 @@ impl Writer {
 }
 
 fn info(name: &str, data: &[u8]) -> serde_json::Value {
-    use sha2::Digest as _;
-    let digest = sha2::Sha256::digest(data);
-    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    let hex = crate::files::sha256_hex(data);
     serde_json::json!({ "basename": name, "bytes": data.len(), "hashes": { "sha256": hex } })
 }

@@ -10,9 +10,9 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::{mds, wds, ShardFormat};
+use crate::data::staging::StagedFolder;
 use crate::data::{DataError, ImageDataset, Split};
 
 /// What to pack.
@@ -91,42 +91,17 @@ pub fn pack(
             "the shard size must be at least 1 byte".into(),
         ));
     }
-    match fs::read_dir(dst) {
-        Ok(mut entries) => {
-            if entries.next().is_some() {
-                return Err(DataError::format(
-                    dst,
-                    "already exists and is not empty; pack to a new folder or delete it",
-                ));
-            }
-            fs::remove_dir(dst).map_err(|e| DataError::io(dst, e))?;
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(DataError::io(dst, e)),
-    }
-    let name = dst
-        .file_name()
-        .and_then(|n| n.to_str())
-        .ok_or_else(|| DataError::format(dst, "must end in a folder name"))?;
-    let parent = match dst.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    fs::create_dir_all(&parent).map_err(|e| DataError::io(&parent, e))?;
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    let staging = Staging(parent.join(format!(".{name}.partial-{}-{nanos}", std::process::id())));
+    let staging = StagedFolder::new(dst, "pack")?;
     let mut samples = [0usize; 2];
     let mut shards = [0usize; 2];
     for (i, part) in ["train", "val"].into_iter().enumerate() {
-        let dir = staging.0.join(part);
+        let dir = staging.path().join(part);
         fs::create_dir_all(&dir).map_err(|e| DataError::io(&dir, e))?;
         let items = items(source, i == 0)?;
         samples[i] = items.len();
         shards[i] = write_split(&dir, items, source, options)?;
     }
-    fs::rename(&staging.0, dst).map_err(|e| DataError::io(dst, e))?;
+    staging.finish()?;
     Ok(PackSummary {
         path: dst.to_path_buf(),
         samples,
@@ -326,13 +301,4 @@ fn encode_png(
     )
     .map_err(|e| DataError::Invalid(format!("encoding a PNG: {e}")))?;
     Ok(out)
-}
-
-/// A folder being written, removed unless renamed into place.
-struct Staging(PathBuf);
-
-impl Drop for Staging {
-    fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.0);
-    }
 }

@@ -41,7 +41,7 @@ pub use tokenizer::{
 };
 
 use cache::cached_tokens;
-use corpus::{corpus_spec, doc_slices, parse_documents, CorpusSpec, Part};
+use corpus::{corpus_spec, doc_slices, parse_documents, CorpusSpec, Doc, Part};
 use tokenizer::cached_bpe;
 
 use super::registry::{cache_problem, fetch_spec};
@@ -147,17 +147,9 @@ pub(super) fn load_spec(
             reason,
         });
     }
-    let read_text = |name: &str| -> Result<String, DataError> {
-        let path = dir.join(name);
-        let bytes = fs::read(&path).map_err(|e| DataError::io(&path, e))?;
-        String::from_utf8(bytes).map_err(|e| DataError::format(&path, format!("not UTF-8: {e}")))
-    };
-    let train_text = read_text(TRAIN_TEXT)?;
-    let val_text = read_text(VAL_TEXT)?;
-    let docs_path = dir.join(DOCUMENTS);
-    let docs = parse_documents(&docs_path, &read_text(DOCUMENTS)?)?;
-    let train_docs = doc_slices(&docs_path, &train_text, &docs, Part::Train)?;
-    let val_docs = doc_slices(&docs_path, &val_text, &docs, Part::Val)?;
+    let files = CorpusFiles::read(&dir)?;
+    let train_docs = files.pieces(Part::Train)?;
+    let val_docs = files.pieces(Part::Val)?;
 
     tokenize(
         &dir,
@@ -179,27 +171,51 @@ pub fn corpus_documents(
     let spec = corpus_spec(name)?;
     fetch_spec(spec, cache_root, false)?;
     let dir = cache_root.join(spec.name);
-    let read_text = |name: &str| -> Result<String, DataError> {
-        let path = dir.join(name);
-        let bytes = fs::read(&path).map_err(|e| DataError::io(&path, e))?;
-        String::from_utf8(bytes).map_err(|e| DataError::format(&path, format!("not UTF-8: {e}")))
-    };
-    let train_text = read_text(TRAIN_TEXT)?;
-    let val_text = read_text(VAL_TEXT)?;
-    let docs_path = dir.join(DOCUMENTS);
-    let docs = parse_documents(&docs_path, &read_text(DOCUMENTS)?)?;
+    let files = CorpusFiles::read(&dir)?;
     let owned = |part| -> Result<Vec<String>, DataError> {
-        let text = if part == Part::Train {
-            &train_text
-        } else {
-            &val_text
-        };
-        Ok(doc_slices(&docs_path, text, &docs, part)?
+        Ok(files
+            .pieces(part)?
             .into_iter()
             .map(|(t, _)| t.to_owned())
             .collect())
     };
     Ok((owned(Part::Train)?, owned(Part::Val)?))
+}
+
+/// A fetched corpus's files: both splits' text and the document list that cuts them.
+struct CorpusFiles {
+    train: String,
+    val: String,
+    docs_path: PathBuf,
+    docs: Vec<Doc>,
+}
+
+impl CorpusFiles {
+    fn read(dir: &Path) -> Result<CorpusFiles, DataError> {
+        let read_text = |name: &str| -> Result<String, DataError> {
+            let path = dir.join(name);
+            let bytes = fs::read(&path).map_err(|e| DataError::io(&path, e))?;
+            String::from_utf8(bytes)
+                .map_err(|e| DataError::format(&path, format!("not UTF-8: {e}")))
+        };
+        let docs_path = dir.join(DOCUMENTS);
+        Ok(CorpusFiles {
+            train: read_text(TRAIN_TEXT)?,
+            val: read_text(VAL_TEXT)?,
+            docs: parse_documents(&docs_path, &read_text(DOCUMENTS)?)?,
+            docs_path,
+        })
+    }
+
+    /// The documents (and pieces of documents) of `part`.
+    fn pieces(&self, part: Part) -> Result<Vec<Piece<'_>>, DataError> {
+        let text = if part == Part::Train {
+            &self.train
+        } else {
+            &self.val
+        };
+        doc_slices(&self.docs_path, text, &self.docs, part)
+    }
 }
 
 /// A document (or the piece of one a split cut) to encode: its text, and whether the document
