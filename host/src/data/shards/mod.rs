@@ -627,14 +627,20 @@ fn mds_columns(
             ));
         }
         let c = &s.columns[label];
-        if !matches!(
-            c.encoding,
-            E::Int | E::Scalar(_) | E::StrNumber | E::Str | E::NdArray { .. }
-        ) {
+        // An ndarray label holds one value; one whose encoding fixes a larger shape cannot.
+        let one_value = |shape: &Option<Vec<usize>>| {
+            shape
+                .as_ref()
+                .is_none_or(|d| d.iter().product::<usize>() == 1)
+        };
+        if !matches!(&c.encoding, E::Int | E::Scalar(_) | E::StrNumber | E::Str)
+            && !matches!(&c.encoding, E::NdArray { shape, .. } if one_value(shape))
+        {
             return Err(wrong(
                 c,
                 "label",
-                "an integer label (int, an integer scalar such as int64, str_int or str do)",
+                "an integer label (int, an integer scalar such as int64, str_int, str or a \
+                 one-value ndarray do)",
             ));
         }
         columns.push((image, label));
