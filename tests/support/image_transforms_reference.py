@@ -5,7 +5,8 @@ Tessera drew (crop box, colour-jitter order and factors) and Tessera's C×H×W u
 torchvision.transforms.functional to the PIL image with those same draws and prints the largest
 absolute pixel difference per case. For each recorded RandomResizedCrop draw, feeds the uniform
 numbers Tessera consumed to torchvision's own RandomResizedCrop.get_params (torch's uniform_ and
-randint replaced by them) and checks it returns the same box.
+randint replaced by them) and checks it returns the same box. A JPEG decoded at a reduced DCT
+scale is also compared with Pillow's decode at that scale (`draft`) resized from the same box.
 
 Usage: python3 image_transforms_reference.py CASES  ->  prints one JSON object.
 """
@@ -41,6 +42,30 @@ def reference_pixels(case, start=None):
         img = F.resize(img, case["resize"], InterpolationMode.BILINEAR)
         img = F.center_crop(img, size)
     return jitter(img, case["jitter"])
+
+
+def draft_pixels(case, scale):
+    """Pillow's pixels for a crop decoded at 1/`scale` (JPEG draft mode), or an error string."""
+    mode = "L" if case["channels"] == 1 else "RGB"
+    img = Image.open(case["path"])
+    w, h = img.size
+    # Pillow's draft picks the largest scale that keeps the image at least the size asked for.
+    img.draft(mode, (w // scale, h // scale))
+    expected = (-(-w // scale), -(-h // scale))
+    if img.size != expected:
+        return f"Pillow's draft gave {img.size}, not {expected}"
+    img = img.convert(mode)
+    c, size = case["crop"], case["size"]
+    # The scaled pixels that cover the crop (Tessera decodes only those), then the crop's
+    # fractional box in them.
+    x, y = c["left"] // scale, c["top"] // scale
+    right = min(-(-(c["left"] + c["width"]) // scale), expected[0])
+    bottom = min(-(-(c["top"] + c["height"]) // scale), expected[1])
+    box = (c["left"] / scale - x, c["top"] / scale - y, (c["left"] + c["width"]) / scale - x,
+           (c["top"] + c["height"]) / scale - y)
+    img = img.crop((x, y, right, bottom)).resize((size, size), Image.BILINEAR, box=box)
+    a = np.asarray(img, dtype=np.int32)
+    return a[None] if a.ndim == 2 else a.transpose(2, 0, 1)
 
 
 def hwc(chw):
@@ -136,7 +161,18 @@ def main():
             plain = reference_pixels(dict(case, jitter=None))
             worst = max(int(np.abs(before.astype(np.int32) - plain).max()),
                         int(np.abs(ours - reference_pixels(case, before).reshape(-1)).max()))
-        diffs.append({"case": case["output"], "max": worst, "mean": mean})
+        entry = {"case": case["output"], "max": worst, "mean": mean}
+        scale = case.get("dct_scale") or 1
+        if scale > 1:
+            # The same DCT-scaled decode in Pillow (its `draft`, libjpeg's scaled IDCT), then the
+            # crop's fractional box resized as torchvision resizes a crop (antialiased bilinear).
+            draft = draft_pixels(case, scale)
+            if isinstance(draft, str):
+                entry["draft_error"] = draft
+            else:
+                entry["draft_max"] = int(np.abs(ours - draft.reshape(-1)).max())
+                entry["draft_mean"] = float(np.abs(ours - draft.reshape(-1)).mean())
+        diffs.append(entry)
     print(json.dumps({
         "diffs": diffs,
         "end_to_end_jitter_max": end_to_end,
