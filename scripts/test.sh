@@ -113,6 +113,17 @@ export TESSERA_STREAMING_PYTHONPATH
 # The shard tests must run: missing packages are a test failure, not a skip.
 export TESSERA_REQUIRE_STREAMING=1
 
+phase moto "moto, a local S3 server, for the remote dataset tests (tests/s3.rs)"
+# The test starts `python -m moto.server` on the loopback address and uploads shards with boto3.
+TESSERA_MOTO_PYTHONPATH="$(./scripts/ensure-moto.sh)"
+if ! PYTHONPATH="$TESSERA_MOTO_PYTHONPATH" "$PYTHON" -W ignore -c "import moto.server, boto3"; then
+  echo "error: \`import moto.server, boto3\` fails with PYTHONPATH=$TESSERA_MOTO_PYTHONPATH ($PYTHON)" >&2
+  exit 1
+fi
+export TESSERA_MOTO_PYTHONPATH
+# The S3 tests must run: a missing server is a test failure, not a skip.
+export TESSERA_REQUIRE_MOTO=1
+
 phase build "release: tests, demo and benchmarks share one build of libtorch's wrapper"
 cargo build --release --workspace --all-targets
 phase data "Fashion-MNIST, Shakespeare, State of the Union"

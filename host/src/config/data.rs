@@ -221,6 +221,25 @@ pub(super) fn read(top: &Tbl<'_>) -> Result<DataConfig, ConfigError> {
     let dataset = d
         .choice("dataset", "dataset", &Dataset::CHOICES)?
         .ok_or_else(|| d.missing("dataset", &quote_list(&names)))?;
+    if let Some(url) = d
+        .string("data_dir")?
+        .filter(|s| crate::data::shards::is_remote(s))
+    {
+        if dataset != Dataset::Mds {
+            return Err(d.err(
+                "data_dir",
+                ErrorKind::InvalidValue,
+                format!(
+                    "an s3:// data_dir is read for dataset = \"mds\" only (WebDataset shards need \
+                     a scan of every tar, the other datasets read local files), not {:?}; copy \
+                     the data to a local folder",
+                    dataset.as_str()
+                ),
+            ));
+        }
+        crate::data::shards::s3::parse_url(&url)
+            .map_err(|e| d.err("data_dir", ErrorKind::InvalidValue, e))?;
+    }
 
     let synthetic = match dataset {
         Dataset::Synthetic => Some(

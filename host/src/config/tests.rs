@@ -2574,4 +2574,17 @@ fn shard_cache_keys_and_remote_data_dir() {
     assert!(e.contains("cache_limit") && e.contains("`lots`"), "{e}");
     let e = err(&mds("shards", "cache_limit = \"0MB\"\n")).to_string();
     assert!(e.contains("cache_limit"), "{e}");
+    // A URL without a bucket, at the config's line; WebDataset shards from S3.
+    for url in ["s3://", "s3:///prefix"] {
+        let e = err(&mds(url, "")).to_string();
+        assert!(
+            e.contains("data.data_dir") && e.contains("no bucket name"),
+            "{e}"
+        );
+    }
+    let e = err(&mds("s3://bucket/x", "").replace("\"mds\"", "\"wds\"")).to_string();
+    assert!(
+        e.contains("data.data_dir") && e.contains("for dataset = \"mds\" only"),
+        "{e}"
+    );
 }

@@ -125,8 +125,11 @@ impl ShardCache {
             let name = entry.file_name().to_string_lossy().into_owned();
             let path = entry.path();
             if name.starts_with(crate::files::TMP_PREFIX) {
-                // An interrupted download of an earlier run.
-                let _ = std::fs::remove_file(&path);
+                // An interrupted download of an earlier run; not one under way in another
+                // process sharing the folder (the other ranks of a data-parallel run).
+                if !downloading_elsewhere(&name) {
+                    let _ = std::fs::remove_file(&path);
+                }
                 continue;
             }
             let meta = entry.metadata().map_err(|e| DataError::io(&path, e))?;
@@ -349,6 +352,11 @@ impl ShardCache {
         for key in evict {
             if let Some(e) = st.entries.remove(&key) {
                 st.used -= e.bytes;
+                tracing::debug!(
+                    "evicted {key} ({} bytes) from the shard cache {}",
+                    e.bytes,
+                    self.dir.display()
+                );
             }
             let _ = std::fs::remove_file(self.path(&key));
         }
@@ -377,6 +385,22 @@ impl ShardCache {
         );
         Ok(())
     }
+}
+
+/// Whether the download temporary `name` (`<tmp prefix><file>.<pid>.<serial>`) belongs to
+/// another process still running.
+fn downloading_elsewhere(name: &str) -> bool {
+    let mut parts = name.rsplitn(3, '.');
+    let (_, pid) = (parts.next(), parts.next());
+    let Some(pid) = pid.and_then(|p| p.parse::<i32>().ok()).filter(|&p| p > 0) else {
+        return false;
+    };
+    if pid as u32 == std::process::id() {
+        return false;
+    }
+    // SAFETY: signal 0 only checks that the process exists (and may be signalled).
+    let status = unsafe { libc::kill(pid, 0) };
+    status == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
 /// A writer that hashes what it writes.

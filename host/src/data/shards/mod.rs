@@ -11,6 +11,7 @@ pub mod cache;
 pub mod mds;
 pub mod order;
 pub mod pack;
+pub mod s3;
 pub mod wds;
 
 use std::borrow::Cow;
@@ -255,15 +256,42 @@ impl Sharded {
         format: ShardFormat,
         config: &ShardsConfig,
     ) -> Result<(Sharded, Sharded), DataError> {
-        if root.to_str().is_some_and(is_remote) {
-            return Err(DataError::Invalid(format!(
-                "{}: reading shards from S3 is not supported yet (the shard cache is, for other remotes); copy the shards to a local folder",
-                root.display()
-            )));
+        if let Some(url) = root.to_str().filter(|s| is_remote(s)) {
+            return Sharded::open_s3(url, format, config);
         }
         let mut train = Sharded::open(root, &config.train, format, config)?;
         train.plan = config.images.train_plan();
         let val = Sharded::open(root, &config.val, format, config)?;
+        Ok((train, val))
+    }
+
+    /// The training and evaluation splits of the S3 dataset `url` (`s3://bucket/prefix`),
+    /// read through one shard cache (`cache_dir`, or a folder named after the URL under
+    /// `<data cache>/shards/`).
+    fn open_s3(
+        url: &str,
+        format: ShardFormat,
+        config: &ShardsConfig,
+    ) -> Result<(Sharded, Sharded), DataError> {
+        if format == ShardFormat::Wds {
+            return Err(DataError::Invalid(format!(
+                "{url}: WebDataset shards are read from local folders only (their sample counts need a scan of every tar); use MDS shards (`tessera data pack --format mds`) for a remote dataset"
+            )));
+        }
+        let remote: Arc<dyn cache::Remote> = Arc::new(s3::S3Remote::new(url)?);
+        let dir = config
+            .cache_dir
+            .clone()
+            .unwrap_or_else(|| default_remote_cache(&super::default_cache_root(), url));
+        let cache = cache::ShardCache::new(remote, &dir, config.cache_limit)?;
+        tracing::info!(
+            "shards of {url} are cached in {} (at most {} bytes, [data.shards] cache_limit)",
+            dir.display(),
+            config.cache_limit
+        );
+        let mut train = Sharded::open_remote(&cache, &config.train, format, config)?;
+        train.plan = config.images.train_plan();
+        let val = Sharded::open_remote(&cache, &config.val, format, config)?;
         Ok((train, val))
     }
 
@@ -786,6 +814,29 @@ pub(crate) fn write_atomic(path: &Path, data: &[u8]) -> Result<(), DataError> {
 #[cfg(test)]
 #[path = "tests.rs"]
 mod tests;
+
+/// The default shard cache of the remote `url` under the data cache `root`:
+/// `root/shards/<the URL, its characters other than letters, digits, `.`, `-` and `_` as `_`>-<8
+/// hex digits of its sha256>` (so that `s3://a/b_c` and `s3://a/b/c` differ).
+pub fn default_remote_cache(root: &Path, url: &str) -> PathBuf {
+    use sha2::Digest as _;
+    let readable: String = url
+        .trim_start_matches("s3://")
+        .trim_end_matches('/')
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(100)
+        .collect();
+    let hash = sha2::Sha256::digest(url.trim_end_matches('/').as_bytes());
+    let hex: String = hash[..4].iter().map(|b| format!("{b:02x}")).collect();
+    root.join("shards").join(format!("{readable}-{hex}"))
+}
 
 /// Whether `data_dir` names a remote (`s3://bucket/prefix`) rather than a local folder.
 pub fn is_remote(data_dir: &str) -> bool {
