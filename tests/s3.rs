@@ -182,12 +182,11 @@ fn png_folder(dir: &TempDir) -> PathBuf {
 fn packed(dir: &TempDir) -> PathBuf {
     let images = png_folder(dir);
     let root = dir.join("mds");
-    tessera(
+    pack(
+        dir,
+        &images,
+        &root,
         &[
-            "data",
-            "pack",
-            images.to_str().unwrap(),
-            root.to_str().unwrap(),
             "--format",
             "mds",
             "--compression",
@@ -195,10 +194,7 @@ fn packed(dir: &TempDir) -> PathBuf {
             "--shard-size",
             "5KB",
         ],
-        dir.path(),
-        &[],
-    )
-    .assert_success();
+    );
     root
 }
 

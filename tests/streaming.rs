@@ -390,21 +390,12 @@ fn packed_shards_read_back_in_streaming_and_webdataset() {
         return;
     }
     let dst = dir.path().join("fm");
-    tessera(
-        &[
-            "data",
-            "pack",
-            "fashion-mnist",
-            dst.to_str().unwrap(),
-            "--format",
-            "mds",
-            "--pixels",
-            "ndarray",
-        ],
-        dir.path(),
-        &[],
-    )
-    .assert_success();
+    pack(
+        &dir,
+        Path::new("fashion-mnist"),
+        &dst,
+        &["--format", "mds", "--pixels", "ndarray"],
+    );
     let read: Vec<Value> =
         serde_json::from_str(&script(&["read-mds", dst.join("val").to_str().unwrap()]).unwrap())
             .unwrap();
@@ -459,21 +450,12 @@ fn trains_on_packed_shards_for_any_worker_count_and_resumes_mid_epoch() {
     let images = jpeg_folder(&dir, 10);
     for format in ["mds", "wds"] {
         let root = dir.path().join(format!("{format}-shards"));
-        tessera(
-            &[
-                "data",
-                "pack",
-                images.to_str().unwrap(),
-                root.to_str().unwrap(),
-                "--format",
-                format,
-                "--shard-size",
-                "5KB",
-            ],
-            dir.path(),
-            &[],
-        )
-        .assert_success();
+        pack(
+            &dir,
+            &images,
+            &root,
+            &["--format", format, "--shard-size", "5KB"],
+        );
         let mut losses = Vec::new();
         for workers in [0, 2] {
             let run_name = format!("{format}-w{workers}");
@@ -529,12 +511,11 @@ fn mds_shards_on_two_ranks_train_as_one_process_and_resume_exactly() {
     }
     let images = jpeg_folder(&dir, 10);
     let root = dir.path().join("mds-shards");
-    tessera(
+    pack(
+        &dir,
+        &images,
+        &root,
         &[
-            "data",
-            "pack",
-            images.to_str().unwrap(),
-            root.to_str().unwrap(),
             "--format",
             "mds",
             "--compression",
@@ -542,10 +523,7 @@ fn mds_shards_on_two_ranks_train_as_one_process_and_resume_exactly() {
             "--shard-size",
             "5KB",
         ],
-        dir.path(),
-        &[],
-    )
-    .assert_success();
+    );
     shards_toml(&dir, "mds", &root, "dp");
     use_mlp(&dir);
     // 2 ranks of batch 2 (a global batch of 4): 7 batches per epoch; checkpoints every 3.
