@@ -2,6 +2,8 @@
 //! (`synthetic-text` and the real Shakespeare corpus), the `tok` clock, evaluation loss and
 //! perplexity, exact resume, and the export loaded by PyTorch.
 
+use std::path::Path;
+
 use serde_json::Value;
 use tessera_tests::dist::assert_order_is_rank_independent_and_resumes_exactly;
 use tessera_tests::resume::assert_killed_and_resumed_is_exact;
@@ -246,20 +248,28 @@ fn own_text_data(source: &std::path::Path, cache: &std::path::Path, extra: &str)
     )
 }
 
+/// Trains the tiny GPT for 4 batches of 8 × 32 tokens on `data` (an own-text `[data]` section)
+/// as run `label` in `dir`, scoring 2 evaluation batches: its output and run record.
+fn train_own_text(dir: &TempDir, label: &str, data: String) -> (Output, Value) {
+    let mut toml = TrainerToml::gpt(label);
+    toml.data = data;
+    toml.max_duration = "4ba".to_owned();
+    toml.write_to(dir);
+    let out = train(dir, &["train.eval_subset_batches=2"], &[]);
+    out.assert_success();
+    let record = run_record(dir, label);
+    assert_eq!(record["tokens"], 4 * 8 * 32, "{record:#}");
+    (out, record)
+}
+
 #[test]
 fn a_gpt_trains_on_your_own_text_from_a_folder_and_from_jsonl() {
     let dir = TempDir::new("lm-own");
     write_own_text(&dir, 40);
     let cache = dir.join("cache");
     let run = |label: &str, source: &str, extra: &str| {
-        let mut toml = TrainerToml::gpt(label);
-        toml.data = own_text_data(&dir.join(source), &cache, extra);
-        toml.max_duration = "4ba".to_owned();
-        toml.write_to(&dir);
-        let out = train(&dir, &["train.eval_subset_batches=2"], &[]);
-        out.assert_success();
-        let record = run_record(&dir, label);
-        assert_eq!(record["tokens"], 4 * 8 * 32, "{record:#}");
+        let data = own_text_data(&dir.join(source), &cache, extra);
+        let (out, record) = train_own_text(&dir, label, data);
         let e = &record["evals"][0];
         assert_eq!(e["tokens"], 2 * 16 * 32, "{record:#}");
         let ppl = e["perplexity"].as_f64().expect("perplexity");
@@ -364,34 +374,21 @@ fn a_gpt_trains_on_text_packed_as_mds_and_webdataset_shards_as_on_the_files() {
     }
     let cache = dir.join("cache");
     let run = |label: &str, train_path: &str, val: &str| {
-        let mut toml = TrainerToml::gpt(label);
         let eval = format!("eval_path = '{}'\n", dir.join(val).display());
-        toml.data = own_text_data(&dir.join(train_path), &cache, &eval);
-        toml.max_duration = "4ba".to_owned();
-        toml.write_to(&dir);
-        let out = train(&dir, &["train.eval_subset_batches=2"], &[]);
-        out.assert_success();
-        let record = run_record(&dir, label);
-        assert_eq!(record["tokens"], 4 * 8 * 32, "{record:#}");
+        train_own_text(
+            &dir,
+            label,
+            own_text_data(&dir.join(train_path), &cache, &eval),
+        );
         train_losses(&dir, label)
     };
     let from_files = run("own-files", "src/train", "src/val");
     assert_eq!(from_files.len(), 4);
     for (format, extra) in [("mds", &["--compression", "zstd"][..]), ("wds", &[][..])] {
         let dst = dir.join(&format!("packed-{format}"));
-        let mut args = vec![
-            "data",
-            "pack",
-            "src",
-            dst.to_str().expect("a UTF-8 path"),
-            "--format",
-            format,
-            "--shard-size",
-            "8KB",
-        ];
+        let mut args = vec!["--format", format, "--shard-size", "8KB"];
         args.extend(extra);
-        let out = tessera(&args, dir.path(), &[]);
-        out.assert_success();
+        let out = pack(&dir, Path::new("src"), &dst, &args);
         assert!(
             out.stderr.contains("wrote 36 training samples"),
             "{}",

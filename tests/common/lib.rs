@@ -951,15 +951,17 @@ pub fn word_documents(n: usize) -> Vec<String> {
         .collect()
 }
 
-/// `tessera data pack SRC DST ARGS...` run in `dir`, which must succeed.
-pub fn pack(dir: &TempDir, src: &Path, dst: &Path, args: &[&str]) {
+/// `tessera data pack SRC DST ARGS...` run in `dir`, which must succeed; its output.
+pub fn pack(dir: &TempDir, src: &Path, dst: &Path, args: &[&str]) -> Output {
     let (src, dst) = (
         src.to_str().expect("a UTF-8 path"),
         dst.to_str().expect("a UTF-8 path"),
     );
     let mut all = vec!["data", "pack", src, dst];
     all.extend_from_slice(args);
-    tessera(&all, dir.path(), &[]).assert_success();
+    let out = tessera(&all, dir.path(), &[]);
+    out.assert_success();
+    out
 }
 
 #[cfg(test)]

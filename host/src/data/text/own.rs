@@ -84,6 +84,24 @@ pub struct Documents {
 }
 
 impl Documents {
+    /// The documents read from `origin`, hashed by their `listing` (see the module doc); none
+    /// is an error naming `origin` with `empty`, the reason.
+    fn listed(
+        docs: Vec<Document>,
+        listing: &str,
+        origin: &Path,
+        empty: &str,
+    ) -> Result<Documents, DataError> {
+        if docs.is_empty() {
+            return Err(DataError::format(origin, empty));
+        }
+        Ok(Documents {
+            docs,
+            sha256: crate::files::sha256_hex(listing.as_bytes()),
+            origin: origin.display().to_string(),
+        })
+    }
+
     /// Collects documents from any reader (the seam for MDS or WebDataset text shards):
     /// `sha256` must change whenever the documents do (a hash of the shards' bytes).
     pub fn collect(
@@ -166,17 +184,12 @@ pub fn read_documents(path: &Path, text_field: &str) -> Result<Documents, DataEr
             });
         }
     }
-    if docs.is_empty() {
-        return Err(DataError::format(
-            path,
-            "holds no documents (only empty .jsonl files)",
-        ));
-    }
-    Ok(Documents {
+    Documents::listed(
         docs,
-        sha256: crate::files::sha256_hex(listing.as_bytes()),
-        origin: path.display().to_string(),
-    })
+        &listing,
+        path,
+        "holds no documents (only empty .jsonl files)",
+    )
 }
 
 /// The name of an MDS folder's index.
@@ -264,14 +277,7 @@ pub fn read_mds_documents(dir: &Path, text_field: &str) -> Result<Documents, Dat
             });
         }
     }
-    if docs.is_empty() {
-        return Err(DataError::format(dir, "holds no samples"));
-    }
-    Ok(Documents {
-        docs,
-        sha256: crate::files::sha256_hex(listing.as_bytes()),
-        origin: dir.display().to_string(),
-    })
+    Documents::listed(docs, &listing, dir, "holds no samples")
 }
 
 /// Reads WebDataset tar shards (a folder's `*.tar` files in name order, or one `.tar` file):
@@ -316,14 +322,7 @@ pub fn read_wds_documents(path: &Path) -> Result<Documents, DataError> {
             });
         }
     }
-    if docs.is_empty() {
-        return Err(DataError::format(path, "holds no samples"));
-    }
-    Ok(Documents {
-        docs,
-        sha256: crate::files::sha256_hex(listing.as_bytes()),
-        origin: path.display().to_string(),
-    })
+    Documents::listed(docs, &listing, path, "holds no samples")
 }
 
 fn is_text_file(path: &Path) -> bool {
