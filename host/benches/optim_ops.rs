@@ -34,6 +34,7 @@ fn model(name: &str) -> Model {
                 dropout: 0.0,
                 norm: None,
                 gpt2: None,
+                init: None,
             },
             InputShape {
                 channels: 3,
@@ -56,6 +57,7 @@ fn model(name: &str) -> Model {
                     vocab_size: Some(50257),
                     ..Gpt2Config::default()
                 }),
+                init: None,
             },
             InputShape {
                 channels: 1,

@@ -277,9 +277,16 @@ fn write(
             json!({"path": k.path, "kind": k.kind, "attrs": attrs})
         })
         .collect();
+    // Where the weights came from (`init_weights`, `init_ignore`, `init_strict`) is part of
+    // the run, not of the model: an exported model re-imported and exported again gives the
+    // same file.
+    let mut model = meta.model.clone();
+    if let Value::Object(m) = &mut model {
+        m.retain(|k, _| !k.starts_with("init_"));
+    }
     let metadata = HashMap::from([
         ("format".to_owned(), "pt".to_owned()),
-        (MODEL_KEY.to_owned(), meta.model.to_string()),
+        (MODEL_KEY.to_owned(), model.to_string()),
         (INPUT_KEY.to_owned(), input_text),
         (VERSION_KEY.to_owned(), env!("CARGO_PKG_VERSION").to_owned()),
         (METHODS_KEY.to_owned(), Value::Array(methods).to_string()),
@@ -288,6 +295,7 @@ fn write(
     let bytes =
         safetensors::tensor::serialize(blobs.iter().map(|(n, b)| (n.as_str(), b)), &Some(metadata))
             .map_err(|e| ExportError::Serialize(e.to_string()))?;
+    let bytes = canonical_header(bytes).map_err(ExportError::Serialize)?;
     crate::files::write_atomic(to, &bytes).map_err(|source| ExportError::Write {
         path: to.to_owned(),
         source,
@@ -304,6 +312,42 @@ fn write(
             .map(|k| (k.path.clone(), k.kind.clone()))
             .collect(),
     })
+}
+
+/// `bytes` (a safetensors file) with its JSON header's keys sorted at every level, so that the
+/// same tensors and metadata always give the same bytes (the `safetensors` crate writes the
+/// metadata from a hash map, in a different order each time). The tensors' offsets are
+/// relative to the data, so only the header changes; it stays padded to 8 bytes with spaces.
+fn canonical_header(bytes: Vec<u8>) -> Result<Vec<u8>, String> {
+    fn sorted(v: Value) -> Value {
+        match v {
+            Value::Object(m) => {
+                let mut entries: Vec<(String, Value)> = m.into_iter().collect();
+                entries.sort_by(|a, b| a.0.cmp(&b.0));
+                Value::Object(entries.into_iter().map(|(k, v)| (k, sorted(v))).collect())
+            }
+            Value::Array(a) => Value::Array(a.into_iter().map(sorted).collect()),
+            other => other,
+        }
+    }
+    let len_bytes: [u8; 8] = bytes
+        .get(..8)
+        .and_then(|b| b.try_into().ok())
+        .ok_or("the serialized file is shorter than its header length")?;
+    let len = u64::from_le_bytes(len_bytes) as usize;
+    let header = bytes
+        .get(8..8 + len)
+        .ok_or("the serialized header is cut short")?;
+    let value: Value = serde_json::from_slice(header).map_err(|e| e.to_string())?;
+    let mut text = serde_json::to_string(&sorted(value)).map_err(|e| e.to_string())?;
+    while text.len() % 8 != 0 {
+        text.push(' ');
+    }
+    let mut out = Vec::with_capacity(8 + text.len() + bytes.len() - 8 - len);
+    out.extend_from_slice(&(text.len() as u64).to_le_bytes());
+    out.extend_from_slice(text.as_bytes());
+    out.extend_from_slice(&bytes[8 + len..]);
+    Ok(out)
 }
 
 /// BatchNorm's statistics: buffers, whatever module holds them.

@@ -104,6 +104,28 @@ fn hash_tensor(h: &mut Sha256, name: &str, dtype: Dtype, shape: &[usize], bytes:
     h.update(bytes);
 }
 
+/// Every tensor of a plain safetensors file (no Tessera metadata needed: an export, a
+/// `save_pretrained` or `safetensors.torch.save_file` file), sorted by name.
+pub(crate) fn read_plain_tensors(bytes: &[u8]) -> Result<Vec<(String, Tensor)>, String> {
+    let st = SafeTensors::deserialize(bytes).map_err(|e| e.to_string())?;
+    let mut views = st.tensors();
+    views.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut tensors = Vec::with_capacity(views.len());
+    for (name, v) in views {
+        let kind = kind_of(v.dtype()).ok_or_else(|| {
+            format!(
+                "`{name}` has dtype {:?}, which Tessera cannot hold",
+                v.dtype()
+            )
+        })?;
+        let shape: Vec<i64> = v.shape().iter().map(|&d| d as i64).collect();
+        let t = Tensor::f_from_data_size(v.data(), &shape, kind)
+            .map_err(|e| format!("`{name}`: {e}"))?;
+        tensors.push((name, t));
+    }
+    Ok(tensors)
+}
+
 impl Checkpoint {
     /// The tensors whose names start with `prefix`, with the prefix removed.
     pub fn with_prefix<'a>(

@@ -29,6 +29,12 @@ pub struct CheckpointConfig {
     /// Start from this checkpoint file (weights, optimizer, clock, method states).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub load: Option<PathBuf>,
+    /// With `load`: take only the model's weights (and the states of methods this run also
+    /// has, such as EMA's average) and start a new run: a fresh clock, optimizer, schedule and
+    /// data order (default false). With `autoresume`, a checkpoint of this run's own folder
+    /// still wins, so a restarted fine-tuning run goes on where it stopped.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub weights_only: bool,
 }
 
 section!(CheckpointConfig {
@@ -39,6 +45,7 @@ section!(CheckpointConfig {
     autoresume: bool(),
     overwrite: bool(),
     load: path(),
+    weights_only: bool(),
 });
 
 impl CheckpointConfig {
@@ -52,14 +59,27 @@ impl CheckpointConfig {
             autoresume: false,
             overwrite: false,
             load: None,
+            weights_only: false,
         }
     }
 }
 
 pub(super) fn read(top: &Tbl<'_>, run_dir: &Path) -> Result<CheckpointConfig, ConfigError> {
-    Ok(top
+    let config = top
         .section("checkpoint", || CheckpointConfig::new(run_dir))?
-        .unwrap_or_else(|| CheckpointConfig::new(run_dir)))
+        .unwrap_or_else(|| CheckpointConfig::new(run_dir));
+    if config.weights_only && config.load.is_none() {
+        if let Some(t) = top.sub("checkpoint", None)? {
+            return Err(t.err_key(
+                "weights_only",
+                super::error::ErrorKind::InvalidValue,
+                "`weights_only` applies to `load` (the checkpoint whose weights start the run), \
+                 which is not given"
+                    .to_owned(),
+            ));
+        }
+    }
+    Ok(config)
 }
 
 /// `[plugins]`, and the `plugins/` folder beside the trainer.toml.

@@ -7,7 +7,7 @@ use super::error::{ConfigError, ErrorKind};
 use super::reader::{quote_list, Bounds, Tbl};
 use super::required_table;
 use super::section::{section, Section};
-use crate::model::{Gpt2Config, ModelConfig, ModelName, Norm, TorchscriptFile};
+use crate::model::{Gpt2Config, InitWeights, ModelConfig, ModelName, Norm, TorchscriptFile};
 
 section!(ModelConfig {
     name,
@@ -26,6 +26,9 @@ section!(ModelConfig {
     tie_embeddings,
     layer_norm_epsilon,
     widths: uint_list(1),
+    init_weights,
+    init_ignore,
+    init_strict,
 });
 
 /// The `[model]` keys of gpt2's sizes ([`Gpt2Config`]), read by [`gpt2`].
@@ -171,6 +174,7 @@ pub(super) fn read(top: &Tbl<'_>, data: &DataConfig) -> Result<ModelConfig, Conf
         }
     };
     let mut model = model.read_keys(&m)?;
+    model.init = init_weights(&m)?;
     if model.name == ModelName::Gpt2 {
         model.gpt2 = Some(gpt2(&m, classes)?);
     }
@@ -211,6 +215,39 @@ pub(super) fn read(top: &Tbl<'_>, data: &DataConfig) -> Result<ModelConfig, Conf
         ));
     }
     Ok(model)
+}
+
+/// `init_weights` (resolved against the file's folder, made absolute), `init_ignore` (glob
+/// patterns) and `init_strict` (default true). The file is read when the run starts (a
+/// resumed run, or a recorded config read elsewhere, need not have it).
+fn init_weights(m: &Tbl<'_>) -> Result<Option<InitWeights>, ConfigError> {
+    let Some(path) = m.path("init_weights")? else {
+        for key in ["init_ignore", "init_strict"] {
+            m.reject(
+                key,
+                &format!(
+                    "`{key}` applies to `init_weights` (pretrained weights), which is not given"
+                ),
+            )?;
+        }
+        return Ok(None);
+    };
+    if path.as_os_str().is_empty() || m.string("init_weights")?.is_some_and(|s| s.is_empty()) {
+        return Err(m.err(
+            "init_weights",
+            ErrorKind::InvalidValue,
+            "give a safetensors file of PyTorch state_dict weights",
+        ));
+    }
+    let ignore = m.string_list("init_ignore")?.unwrap_or_default();
+    if let Err(e) = crate::model::check_init_patterns(&ignore) {
+        return Err(m.err("init_ignore", ErrorKind::InvalidValue, e));
+    }
+    Ok(Some(InitWeights {
+        path: absolute(&path),
+        ignore,
+        strict: m.bool("init_strict")?.unwrap_or(true),
+    }))
 }
 
 /// gpt2's sizes: each key given, else GPT-2 small's ([`Gpt2Config::default`]); `n_embd` must be

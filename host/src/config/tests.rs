@@ -178,7 +178,8 @@ fn full_file() {
             num_classes: 7,
             dropout: 0.0,
             norm: None,
-            gpt2: None
+            gpt2: None,
+            init: None
         }
     );
     assert_eq!(

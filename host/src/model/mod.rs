@@ -4,6 +4,7 @@
 //! in PyTorch and saved as TorchScript ([`TorchscriptModel`]). Names follow PyTorch conventions so weights
 //! map 1:1 to a PyTorch `state_dict`.
 
+mod init_weights;
 pub mod layers;
 mod loss;
 mod params;
@@ -12,10 +13,14 @@ mod torchscript;
 mod tree;
 mod zoo;
 
+pub use init_weights::{
+    check_patterns as check_init_patterns, load_init_weights, read_state_dict, InitReport,
+    InitWeightsError,
+};
 pub use layers::{Attr, ExportTree, Exported, Layer};
 pub use loss::{cross_entropy, cross_entropy_with, NonFiniteLoss};
 pub use params::{Entry, ParamStore, Role};
-pub use spec::{Gpt2Config, ModelConfig, ModelName, Norm, TorchscriptFile};
+pub use spec::{Gpt2Config, InitWeights, ModelConfig, ModelName, Norm, TorchscriptFile};
 pub use torchscript::TorchscriptModel;
 pub use tree::{LayerInfo, SurgeryError};
 
@@ -227,6 +232,7 @@ mod tests {
             dropout: 0.0,
             norm: None,
             gpt2: None,
+            init: None,
         }
     }
 
@@ -685,6 +691,7 @@ mod surgery_tests {
             dropout: 0.0,
             norm: None,
             gpt2: None,
+            init: None,
         };
         let input = InputShape {
             channels: 3,

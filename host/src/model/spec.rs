@@ -187,6 +187,28 @@ pub struct ModelConfig {
     /// gpt2 only (`Some` for it, `None` for every other model): its sizes.
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub gpt2: Option<Gpt2Config>,
+    /// Pretrained weights the run starts from (`init_weights`, `init_ignore`, `init_strict`);
+    /// `None`: the weights are drawn.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub init: Option<InitWeights>,
+}
+
+/// Pretrained weights a run starts from (`[model] init_weights`, `init_ignore`,
+/// `init_strict`): a PyTorch `state_dict` as safetensors, loaded by name before the methods'
+/// surgery at `init` (see [`super::load_init_weights`]). A resumed run takes its weights from
+/// its checkpoint instead.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct InitWeights {
+    /// The file, absolute (resolved against the `trainer.toml`'s folder).
+    #[serde(rename = "init_weights")]
+    pub path: PathBuf,
+    /// Glob patterns of tensors left as drawn (on either side: the model's and the file's).
+    #[serde(rename = "init_ignore", skip_serializing_if = "Vec::is_empty")]
+    pub ignore: Vec<String>,
+    /// Whether a missing, unexpected or mis-shaped tensor is an error (default true) rather
+    /// than a warning.
+    #[serde(rename = "init_strict")]
+    pub strict: bool,
 }
 
 /// The sizes of a [`ModelName::Gpt2`] model (`[model]` keys of the same names). The defaults
@@ -254,6 +276,7 @@ impl ModelConfig {
             dropout: 0.0,
             norm: None,
             gpt2: (name == ModelName::Gpt2).then(Gpt2Config::default),
+            init: None,
         }
     }
 

@@ -143,6 +143,14 @@ pub struct RunRecord {
     /// The checkpoint this run continued from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resumed_from: Option<PathBuf>,
+    /// What `[model] init_weights` loaded: the file, its sha256, and the tensors loaded,
+    /// ignored, left fresh (a classifier head of another class count) or, without
+    /// `init_strict`, missing, unexpected or mis-shaped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init_weights: Option<crate::model::InitReport>,
+    /// The checkpoint whose weights started this run (`checkpoint.load` with `weights_only`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weights_from: Option<PathBuf>,
     /// The newest checkpoint written.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_checkpoint: Option<PathBuf>,

@@ -16,7 +16,7 @@ use crate::report::{PluginRecord, Reporter};
 use crate::time::RunLength;
 
 use super::error::{fail, Context as _, Result};
-use super::resume::{find_resume_checkpoint, same_folder};
+use super::resume::{find_resume_checkpoint, same_folder, weights_checkpoint};
 use super::{Purpose, Trainer};
 
 impl Trainer {
@@ -128,6 +128,28 @@ impl Trainer {
         let classes = vocab.unwrap_or(config.model.num_classes);
         let model = Model::build(&config.model, input, classes as i64, device)
             .context("building the model")?;
+        // Which checkpoint the run continues (or, weights only, starts) from: read before the
+        // pretrained weights, which a resumed run does not need.
+        let read_started = Instant::now();
+        let resume = find_resume_checkpoint(&config.checkpoint)?;
+        let read_ms = read_started.elapsed().as_secs_f64() * 1e3;
+        let weights_from = weights_checkpoint(&config.checkpoint, resume.is_some())?;
+        // Pretrained weights go in before the methods' surgery, as a model built with its
+        // pretrained weights (torchvision's `weights=`, `from_pretrained`) in Composer.
+        let init_report = match &config.model.init {
+            Some(_) if weights_from.is_some() => fail!(
+                "give either `[model] init_weights` (a PyTorch state_dict) or `checkpoint.load` with `weights_only` (a Tessera checkpoint), not both"
+            ),
+            Some(init) if resume.is_none() => Some(load_init_weights(&config, &model, init)?),
+            Some(init) => {
+                tracing::info!(
+                    "resuming: the weights come from the checkpoint, not from init_weights {}",
+                    init.path.display()
+                );
+                None
+            }
+            None => None,
+        };
         let run = RunLength::new(
             config.train.max_duration,
             train_loader.batches_per_epoch(),
@@ -169,9 +191,6 @@ impl Trainer {
         optimizer.hand_over(&claimed);
         let state = RunState::new(setup, optimizer);
 
-        let read_started = Instant::now();
-        let resume = find_resume_checkpoint(&config.checkpoint)?;
-        let read_ms = read_started.elapsed().as_secs_f64() * 1e3;
         if let Some(dp) = &dp {
             super::dist::agree_on_resume(dp, resume.as_ref())?;
         }
@@ -229,6 +248,8 @@ impl Trainer {
             agreed_stop: None,
             step_samples: 0,
             target_reached: None,
+            init_weights: init_report,
+            weights_from: None,
         };
         if trainer.dp.is_some() {
             // Every rank starts from rank 0's model (surgery drew the same weights, but a
@@ -259,11 +280,68 @@ impl Trainer {
                 applied.elapsed().as_secs_f64() * 1e3
             );
         }
+        if let Some((path, c)) = weights_from {
+            trainer
+                .apply_weights_only(&path, c)
+                .with_context(|| format!("checkpoint.load {} (weights_only)", path.display()))?;
+        }
         trainer.fire(Event::AFTER_LOAD)?;
         trainer.quiet_metrics = false;
         trainer.start_reducer()?;
         Ok(trainer)
     }
+}
+
+/// Loads `[model] init_weights` into the freshly built `model`, logging what it loaded.
+fn load_init_weights(
+    config: &Config,
+    model: &Model,
+    init: &crate::model::InitWeights,
+) -> Result<crate::model::InitReport> {
+    let started = Instant::now();
+    let report = crate::model::load_init_weights(
+        model,
+        config.model.name,
+        &init.path,
+        &init.ignore,
+        init.strict,
+    )
+    .context("[model] init_weights")?;
+    tracing::info!(
+        "init_weights: loaded {} tensors from {} in {:.0} ms{}",
+        report.loaded,
+        init.path.display(),
+        started.elapsed().as_secs_f64() * 1e3,
+        [
+            ("ignored", report.ignored.len()),
+            ("new head", report.new_head.len()),
+            ("converted", report.converted.len())
+        ]
+        .iter()
+        .filter(|(_, n)| *n > 0)
+        .map(|(what, n)| format!(", {n} {what}"))
+        .collect::<String>()
+    );
+    for (what, names) in [
+        ("the file lacks (left as drawn)", &report.missing),
+        ("the model lacks (skipped)", &report.unexpected),
+        ("differ (left as drawn)", &report.mismatched),
+    ] {
+        if !names.is_empty() {
+            tracing::warn!(
+                "init_weights: {} tensor(s) {what}: {}{}",
+                names.len(),
+                names
+                    .iter()
+                    .take(20)
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                if names.len() > 20 { ", ..." } else { "" }
+            );
+        }
+    }
+    Ok(report)
 }
 
 /// Reads training samples for methods at `init` (plugin-api 1.6 `training_sample`): the first

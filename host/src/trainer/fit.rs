@@ -291,6 +291,8 @@ impl Trainer {
             target_reached: self.target_reached.clone(),
             status: "completed".to_owned(),
             resumed_from: self.resumed_from.clone(),
+            init_weights: self.init_weights.clone(),
+            weights_from: self.weights_from.clone(),
             last_checkpoint: self.last_checkpoint.clone(),
             skipped_steps: self.skipped_steps,
             trained_samples: self.trained_samples,

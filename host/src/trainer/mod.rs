@@ -125,6 +125,10 @@ pub struct Trainer {
     step_samples: u64,
     /// When an evaluation first met `train.target`.
     target_reached: Option<TargetReached>,
+    /// What `[model] init_weights` loaded (run.json's `init_weights`).
+    init_weights: Option<crate::model::InitReport>,
+    /// The checkpoint whose weights started the run (`checkpoint.load` with `weights_only`).
+    weights_from: Option<PathBuf>,
 }
 
 /// What a trainer was built for.

@@ -110,6 +110,49 @@ impl Trainer {
         Ok(())
     }
 
+    /// Starts a new run from a checkpoint's model weights (`checkpoint.load` with
+    /// `weights_only`): the model's tensors (after the methods' surgery at `init`, so the
+    /// checkpoint must come from a run whose surgery made the same model), and the states of
+    /// the methods this run shares with it (EMA's average goes on); the clock, optimizer,
+    /// schedule, random streams and data order start afresh.
+    pub(super) fn apply_weights_only(&mut self, path: &Path, c: Checkpoint) -> Result<()> {
+        let parts = c.into_parts()?;
+        if let Err(e) = self.state.model.params.restore(&parts.model) {
+            fail!("the checkpoint's weights do not fit this model ({e}); a run with methods that change the model (surgery) must use the same ones: or export the checkpoint (`tessera export`) and give the file to `[model] init_weights`");
+        }
+        let ours: Vec<String> = self.engine.records()?.into_iter().map(|r| r.name).collect();
+        let (kept, left): (Vec<_>, Vec<_>) = parts
+            .methods
+            .into_iter()
+            .partition(|r| ours.contains(&r.name));
+        if !left.is_empty() {
+            let names: Vec<String> = left.iter().map(|r| r.name.clone()).collect();
+            tracing::info!(
+                "weights_only: the state of method(s) {} stays behind (not in this run)",
+                names.join(", ")
+            );
+        }
+        let carried: Vec<String> = kept
+            .iter()
+            .filter(|r| r.snapshot.is_some())
+            .map(|r| r.name.clone())
+            .collect();
+        self.engine.restore(kept, &[], self.state.device())?;
+        tracing::info!(
+            "started from the weights of {} (epoch {}, batch {} of its run){}; a fresh clock, optimizer and schedule",
+            path.display(),
+            parts.clock.timestamp.epoch,
+            parts.clock.timestamp.batch,
+            if carried.is_empty() {
+                String::new()
+            } else {
+                format!(", with the state of {}", carried.join(", "))
+            }
+        );
+        self.weights_from = Some(path.to_owned());
+        Ok(())
+    }
+
     /// Writes a checkpoint of the current state to the checkpoint folder, points `latest` at it
     /// and applies the retention policy (`checkpoint.keep`).
     pub fn save_checkpoint(&mut self) -> Result<PathBuf> {
@@ -227,7 +270,7 @@ impl Trainer {
 pub(super) fn find_resume_checkpoint(
     ck: &config::CheckpointConfig,
 ) -> Result<Option<(PathBuf, Checkpoint)>> {
-    if let Some(path) = &ck.load {
+    if let Some(path) = ck.load.as_ref().filter(|_| !ck.weights_only) {
         let c = Checkpoint::read(path).context("checkpoint.load")?;
         return Ok(Some((path.clone(), c)));
     }
@@ -248,4 +291,26 @@ pub(super) fn find_resume_checkpoint(
 pub(super) fn same_folder(file: &Path, folder: &Path) -> bool {
     let canon = |p: &Path| p.canonicalize().unwrap_or_else(|_| p.to_owned());
     file.parent().map(canon) == Some(canon(folder))
+}
+
+/// The checkpoint whose weights start a new run: `checkpoint.load` with `weights_only`, unless
+/// the run resumes (`resuming`: autoresume found a checkpoint of its own).
+pub(super) fn weights_checkpoint(
+    ck: &config::CheckpointConfig,
+    resuming: bool,
+) -> Result<Option<(PathBuf, Checkpoint)>> {
+    match &ck.load {
+        Some(path) if ck.weights_only && !resuming => {
+            let c = Checkpoint::read(path).context("checkpoint.load")?;
+            Ok(Some((path.clone(), c)))
+        }
+        Some(path) if ck.weights_only => {
+            tracing::info!(
+                "autoresume: continuing this run's checkpoint, not the weights of {}",
+                path.display()
+            );
+            Ok(None)
+        }
+        _ => Ok(None),
+    }
 }

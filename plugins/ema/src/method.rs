@@ -117,11 +117,15 @@ impl Ema {
         Ok(())
     }
 
-    /// Takes the shadow weights at `init`; at `fit_start` checks them against the model (and
-    /// moves them to its device), taking them again when surgery changed the model and nothing
-    /// depends on the old ones yet.
+    /// Takes the shadow weights at `init`, and again at `fit_start` while averaging has not
+    /// started and no checkpoint gave them; otherwise checks them against the model (and moves
+    /// them to its device).
     fn attach(&mut self, ctx: &mut Context<'_>) -> Result<(), Error> {
-        if self.ema.is_empty() && !self.loaded {
+        // Until averaging starts, the shadow weights follow the model: at `fit_start` they are
+        // taken again, so that weights loaded after `init` (a `weights_only` checkpoint, as
+        // Composer loads one after `init` and takes its EMA model at `fit_start`) are averaged,
+        // not the weights the model was drawn with.
+        if (self.ema.is_empty() || !self.started) && !self.loaded {
             return self.snapshot(ctx);
         }
         // The model's tensors the average should hold: those it holds, and any other buffer or
@@ -139,10 +143,6 @@ impl Ema {
             .map(|(n, t)| (n.clone(), t.size()))
             .collect();
         if model != ours {
-            if !self.started && !self.loaded {
-                ctx.info("ema: the model changed since init; taking the shadow weights again");
-                return self.snapshot(ctx);
-            }
             let missing: Vec<&str> = ours
                 .iter()
                 .filter(|o| !model.contains(o))

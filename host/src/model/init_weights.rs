@@ -1,0 +1,368 @@
+//! Pretrained weights in: a PyTorch `state_dict` saved as safetensors (what `tessera export`,
+//! `transformers`' `save_pretrained`, `safetensors.torch.save_file` and timm write), matched to
+//! the model by name (`[model] init_weights`).
+//!
+//! The names are PyTorch's (`layer1.0.conv1.weight`, `transformer.h.0.attn.c_attn.weight`), as
+//! the zoo's models use them. Loading is strict by default: a tensor of the model that the file
+//! lacks, a tensor of the file that the model lacks and a tensor whose shape differs are each
+//! an error, and the error lists them all (the first 20 of each), copying nothing. Beside that:
+//! - `init_ignore` patterns (globs, `fc.*`, `*.attn.bias`) name tensors left as the model drew
+//!   them, on either side;
+//! - the classifier head (the last linear layer of an image or text classifier) whose class
+//!   count differs from the file's is left fresh, and reported (`new_head`), as fine-tuning a
+//!   1000-class ImageNet model on 10 classes needs;
+//! - a tied weight (GPT-2's `lm_head.weight`, which is `transformer.wte.weight`) is found under
+//!   either name; when the file holds both, they must be equal;
+//! - a floating-point tensor of another precision (a float16 file) is converted to the model's.
+//!
+//! A `.pt`/`.bin` file (a pickled `state_dict`) is refused with the one-line conversion
+//! (`scripts/to_safetensors.py`).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use tch::{Kind, TchError, Tensor};
+
+use super::{Model, ModelName};
+
+/// How many names of each kind an error or a report lists.
+const LISTED: usize = 20;
+
+/// What `[model] init_weights` loaded, recorded in `run.json` (`init_weights`) and logged.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct InitReport {
+    /// The file.
+    pub file: PathBuf,
+    /// Its sha256 (hex).
+    pub sha256: String,
+    /// Tensors of the model given the file's values.
+    pub loaded: usize,
+    /// Tensors of the model the file lacks (left as drawn; only without `init_strict`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub missing: Vec<String>,
+    /// Tensors of the file the model lacks (skipped; only without `init_strict`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unexpected: Vec<String>,
+    /// Tensors whose shapes differ, as `name: file [..] vs model [..]` (left as drawn; only
+    /// without `init_strict`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub mismatched: Vec<String>,
+    /// Tensors of the model left as drawn because `init_ignore` names them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ignored: Vec<String>,
+    /// The classifier head's tensors, left as drawn because the file's class count differs.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub new_head: Vec<String>,
+    /// Tensors converted from another floating-point precision, as `name: Half -> Float`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub converted: Vec<String>,
+}
+
+/// Why `init_weights` loaded nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum InitWeightsError {
+    /// The file cannot be read.
+    #[error("cannot read {}: {source}", path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The file is not a safetensors file (or is a pickled one).
+    #[error("{}: {message}", path.display())]
+    Format {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// The file's tensors do not fit the model (strict loading).
+    #[error("{} does not fit this {model} model: {}", path.display(), problems.join("; "))]
+    Mismatch {
+        /// The file.
+        path: PathBuf,
+        /// The model's name.
+        model: String,
+        /// Each kind of difference, with the names.
+        problems: Vec<String>,
+    },
+    /// Copying into the model failed.
+    #[error("copying {} into the model: {source}", path.display())]
+    Copy {
+        /// The file.
+        path: PathBuf,
+        /// libtorch's error.
+        source: TchError,
+    },
+}
+
+/// Reads every tensor of the safetensors file at `path`, sorted by name.
+pub fn read_state_dict(path: &Path) -> Result<Vec<(String, Tensor)>, InitWeightsError> {
+    let format = |message: String| InitWeightsError::Format {
+        path: path.to_owned(),
+        message,
+    };
+    let ext = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .unwrap_or_default()
+        .to_ascii_lowercase();
+    if matches!(ext.as_str(), "pt" | "pth" | "bin" | "ckpt") && !is_safetensors(path) {
+        return Err(format(format!(
+            "a pickled PyTorch file (`.{ext}`) cannot be read safely; convert it once with \
+             `python scripts/to_safetensors.py {} model.safetensors` (the state_dict's tensors, \
+             same names) and give that file (a Tessera checkpoint goes to `checkpoint.load` \
+             with `weights_only = true`)",
+            path.display()
+        )));
+    }
+    let bytes = std::fs::read(path).map_err(|source| InitWeightsError::Io {
+        path: path.to_owned(),
+        source,
+    })?;
+    crate::checkpoint::read_plain_tensors(&bytes)
+        .map_err(|e| format(format!("not a safetensors file ({e})")))
+}
+
+/// Whether the file starts like a safetensors file (an 8-byte header length, then `{`).
+fn is_safetensors(path: &Path) -> bool {
+    use std::io::Read;
+    let mut head = [0u8; 9];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut head))
+        .is_ok()
+        && head[8] == b'{'
+}
+
+/// Whether any pattern matches `name`.
+fn matches_any(patterns: &[glob::Pattern], name: &str) -> bool {
+    patterns.iter().any(|p| p.matches(name))
+}
+
+/// The tensors of the classifier head: the last linear layer's, for the zoo's classifiers (not
+/// gpt2, whose last linear layer is the tied language-model head).
+fn head_tensors(model: &Model, name: ModelName) -> Vec<String> {
+    if name == ModelName::Gpt2 || name == ModelName::Torchscript {
+        return Vec::new();
+    }
+    model
+        .root
+        .walk()
+        .into_iter()
+        .rev()
+        .find(|i| i.kind == "linear")
+        .map(|i| i.tensors)
+        .unwrap_or_default()
+}
+
+/// `names` for a message: the first [`LISTED`], then how many more.
+fn listed(names: &[String]) -> String {
+    let mut text = names
+        .iter()
+        .take(LISTED)
+        .map(|n| format!("`{n}`"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if names.len() > LISTED {
+        text.push_str(&format!(" and {} more", names.len() - LISTED));
+    }
+    text
+}
+
+/// Loads the state_dict in `path` into `model` (built as `name`), as described in the module
+/// docs: `ignore` are glob patterns; `strict` makes any missing, unexpected or mis-shaped
+/// tensor an error (nothing is copied then). Returns what was loaded.
+pub fn load_init_weights(
+    model: &Model,
+    name: ModelName,
+    path: &Path,
+    ignore: &[String],
+    strict: bool,
+) -> Result<InitReport, InitWeightsError> {
+    let patterns: Vec<glob::Pattern> = ignore
+        .iter()
+        .filter_map(|p| glob::Pattern::new(p).ok())
+        .collect();
+    let file = read_state_dict(path)?;
+    let sha256 = crate::files::sha256_file(path).map_err(|source| InitWeightsError::Io {
+        path: path.to_owned(),
+        source,
+    })?;
+    let mismatch = |problems: Vec<String>| InitWeightsError::Mismatch {
+        path: path.to_owned(),
+        model: name.as_str().to_owned(),
+        problems,
+    };
+    let aliases: BTreeMap<String, String> = crate::export::aliases(model)
+        .map_err(|source| InitWeightsError::Copy {
+            path: path.to_owned(),
+            source,
+        })?
+        .into_iter()
+        .collect();
+    let head: BTreeSet<String> = head_tensors(model, name).into_iter().collect();
+
+    // The file's tensors by the model's store name (a tied weight's second name folded onto
+    // its first).
+    let mut by_store: BTreeMap<String, (String, &Tensor)> = BTreeMap::new();
+    let mut report = InitReport {
+        file: path.to_owned(),
+        sha256,
+        ..InitReport::default()
+    };
+    let mut tied_differ = Vec::new();
+    for (file_name, t) in &file {
+        if matches_any(&patterns, file_name) {
+            continue;
+        }
+        let store_name = aliases.get(file_name).unwrap_or(file_name);
+        if model.params.get(store_name).is_none() {
+            report.unexpected.push(file_name.clone());
+            continue;
+        }
+        match by_store.get(store_name) {
+            Some((first, other)) => {
+                let same = other.size() == t.size()
+                    && other
+                        .f_to_kind(Kind::Double)
+                        .and_then(|o| Ok(o.equal(&t.f_to_kind(Kind::Double)?)))
+                        .unwrap_or(false);
+                if !same {
+                    tied_differ.push(format!("`{first}` and `{file_name}`"));
+                }
+            }
+            None => {
+                by_store.insert(store_name.clone(), (file_name.clone(), t));
+            }
+        }
+    }
+
+    let mut copies: Vec<(&Tensor, &Tensor)> = Vec::new();
+    let mut head_shapes = Vec::new();
+    for entry in model.params.entries() {
+        let n = &entry.name;
+        if matches_any(&patterns, n) {
+            report.ignored.push(n.clone());
+            continue;
+        }
+        let Some((file_name, t)) = by_store.get(n) else {
+            report.missing.push(n.clone());
+            continue;
+        };
+        if t.size() != entry.tensor.size() {
+            // The head's class count is its first dimension; the rest must fit.
+            if head.contains(n)
+                && !t.size().is_empty()
+                && t.size().get(1..) == entry.tensor.size().get(1..)
+            {
+                report.new_head.push(n.clone());
+                head_shapes.push(format!(
+                    "`{n}` {:?} in the file, {:?} here",
+                    t.size(),
+                    entry.tensor.size()
+                ));
+            } else {
+                report.mismatched.push(format!(
+                    "{file_name}: {:?} in the file, {:?} in the model",
+                    t.size(),
+                    entry.tensor.size()
+                ));
+            }
+            continue;
+        }
+        let (from, to) = (t.kind(), entry.tensor.kind());
+        if from != to {
+            if !(t.is_floating_point() && entry.tensor.is_floating_point()) {
+                report.mismatched.push(format!(
+                    "{file_name}: {from:?} in the file, {to:?} in the model"
+                ));
+                continue;
+            }
+            report
+                .converted
+                .push(format!("{file_name}: {from:?} -> {to:?}"));
+        }
+        copies.push((&entry.tensor, *t));
+    }
+    let mut problems = Vec::new();
+    if !tied_differ.is_empty() {
+        problems.push(format!(
+            "tied weights differ in the file (one tensor in this model): {}",
+            tied_differ.join(", ")
+        ));
+    }
+    if strict {
+        if !report.missing.is_empty() {
+            problems.push(format!(
+                "{} tensor(s) of the model are not in the file: {}",
+                report.missing.len(),
+                listed(&report.missing)
+            ));
+        }
+        if !report.unexpected.is_empty() {
+            problems.push(format!(
+                "{} tensor(s) of the file are not in the model: {}",
+                report.unexpected.len(),
+                listed(&report.unexpected)
+            ));
+        }
+        if !report.mismatched.is_empty() {
+            problems.push(format!(
+                "{} tensor(s) differ: {}",
+                report.mismatched.len(),
+                report
+                    .mismatched
+                    .iter()
+                    .take(LISTED)
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+    }
+    if !problems.is_empty() {
+        if strict {
+            problems.push(
+                "set `init_ignore` to leave named tensors as drawn, or `init_strict = false` to \
+                 load what fits"
+                    .to_owned(),
+            );
+        }
+        return Err(mismatch(problems));
+    }
+    tch::no_grad(|| -> Result<(), TchError> {
+        for (to, from) in &copies {
+            to.shallow_clone().f_copy_(from)?;
+        }
+        Ok(())
+    })
+    .map_err(|source| InitWeightsError::Copy {
+        path: path.to_owned(),
+        source,
+    })?;
+    report.loaded = copies.len();
+    if !head_shapes.is_empty() {
+        tracing::warn!(
+            "init_weights: the classifier head ({}) has another class count in {}: it starts \
+             fresh",
+            head_shapes.join(", "),
+            path.display()
+        );
+    }
+    Ok(report)
+}
+
+/// Checks `init_ignore` patterns, naming the first bad one.
+pub fn check_patterns(patterns: &[String]) -> Result<(), String> {
+    for p in patterns {
+        glob::Pattern::new(p).map_err(|e| format!("`{p}` is not a valid pattern: {e}"))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+#[path = "init_weights_tests.rs"]
+mod tests;
