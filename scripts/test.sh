@@ -57,7 +57,7 @@ export LIBTORCH
 # libjpeg-turbo for the JPEG region decoder (build.rs falls back to the `image` crate without it).
 ./scripts/ensure-libjpeg.sh || true
 
-phase pytorch "PyTorch for the export comparison (tests/export.rs) and the TorchScript models (tests/torchscript.rs)"
+phase pytorch "PyTorch, torchvision, transformers and timm for the comparisons (tests/export.rs, finetune.rs, vit.rs) and the TorchScript models (tests/torchscript.rs)"
 # The torch wheel that provides libtorch is also the Python package: its folder goes on
 # PYTHONPATH. With your own LIBTORCH (not the wheel), the wheel is installed into the cache too.
 PYTHON=${PYTHON:-python3}
@@ -79,6 +79,12 @@ fi
 TESSERA_TORCH_PYTHONPATH="$TESSERA_TORCH_PYTHONPATH:$(./scripts/ensure-transformers.sh)"
 if ! PYTHONPATH="$TESSERA_TORCH_PYTHONPATH" "$PYTHON" -W ignore -c "import transformers"; then
   echo "error: \`import transformers\` fails with PYTHONPATH=$TESSERA_TORCH_PYTHONPATH ($PYTHON)" >&2
+  exit 1
+fi
+# timm, beside them: Tessera's ViTs load timm's weights and their exports load into timm.
+TESSERA_TORCH_PYTHONPATH="$TESSERA_TORCH_PYTHONPATH:$(./scripts/ensure-timm.sh)"
+if ! PYTHONPATH="$TESSERA_TORCH_PYTHONPATH" "$PYTHON" -W ignore -c "import timm"; then
+  echo "error: \`import timm\` fails with PYTHONPATH=$TESSERA_TORCH_PYTHONPATH ($PYTHON)" >&2
   exit 1
 fi
 export TESSERA_TORCH_PYTHONPATH

@@ -34,6 +34,7 @@ fn model(name: &str) -> Model {
                 dropout: 0.0,
                 norm: None,
                 gpt2: None,
+                vit: None,
                 init: None,
             },
             InputShape {
@@ -57,6 +58,7 @@ fn model(name: &str) -> Model {
                     vocab_size: Some(50257),
                     ..Gpt2Config::default()
                 }),
+                vit: None,
                 init: None,
             },
             InputShape {

@@ -7,7 +7,9 @@ use super::error::{ConfigError, ErrorKind};
 use super::reader::{quote_list, Bounds, Tbl};
 use super::required_table;
 use super::section::{section, Section};
-use crate::model::{Gpt2Config, InitWeights, ModelConfig, ModelName, Norm, TorchscriptFile};
+use crate::model::{
+    Gpt2Config, InitWeights, ModelConfig, ModelName, Norm, TorchscriptFile, VitConfig,
+};
 
 section!(ModelConfig {
     name,
@@ -26,10 +28,17 @@ section!(ModelConfig {
     tie_embeddings,
     layer_norm_epsilon,
     widths: uint_list(1),
+    embed_dim,
+    depth,
+    num_heads,
+    patch_size,
     init_weights,
     init_ignore,
     init_strict,
 });
+
+/// The `[model]` keys of a ViT's sizes ([`VitConfig`]), read by [`vit`].
+const VIT_KEYS: [&str; 4] = ["embed_dim", "depth", "num_heads", "patch_size"];
 
 /// The `[model]` keys of gpt2's sizes ([`Gpt2Config`]), read by [`gpt2`].
 const GPT2_KEYS: [&str; 7] = [
@@ -64,6 +73,7 @@ pub(super) fn read(top: &Tbl<'_>, data: &DataConfig) -> Result<ModelConfig, Conf
             for key in ["hidden", "width", "dropout", "norm", "widths"]
                 .into_iter()
                 .chain(GPT2_KEYS)
+                .chain(VIT_KEYS)
             {
                 m.reject(
                     key,
@@ -124,6 +134,23 @@ pub(super) fn read(top: &Tbl<'_>, data: &DataConfig) -> Result<ModelConfig, Conf
                     )?;
                 }
             }
+            if name.vit_sizes().is_none() {
+                for key in VIT_KEYS {
+                    m.reject(
+                        key,
+                        &format!(
+                            "`{key}` only applies to the ViTs (\"vit_tiny\", \"vit_small\", \"vit_base\"), not {:?}",
+                            name.as_str()
+                        ),
+                    )?;
+                }
+            } else {
+                m.reject(
+                    "width",
+                    "`width` does not apply to a ViT: its sizes are `embed_dim`, `depth`, \
+                     `num_heads` and `patch_size`",
+                )?;
+            }
             if name != ModelName::Airbench {
                 m.reject(
                     "widths",
@@ -177,6 +204,9 @@ pub(super) fn read(top: &Tbl<'_>, data: &DataConfig) -> Result<ModelConfig, Conf
     model.init = init_weights(&m)?;
     if model.name == ModelName::Gpt2 {
         model.gpt2 = Some(gpt2(&m, classes)?);
+    }
+    if let Some(sizes) = model.name.vit_sizes() {
+        model.vit = Some(vit(&m, sizes)?);
     }
     if model.name == ModelName::Airbench && model.widths.len() != 3 {
         return Err(m.err(
@@ -248,6 +278,39 @@ fn init_weights(m: &Tbl<'_>) -> Result<Option<InitWeights>, ConfigError> {
         ignore,
         strict: m.bool("init_strict")?.unwrap_or(true),
     }))
+}
+
+/// A ViT's sizes: each key given, else the name's (timm's); `embed_dim` must be a multiple of
+/// `num_heads`. Whether the images fit `patch_size` is checked when the model is built (the
+/// images' size comes from the data and its transforms).
+fn vit(m: &Tbl<'_>, mut c: VitConfig) -> Result<VitConfig, ConfigError> {
+    for (key, field) in [
+        ("embed_dim", &mut c.embed_dim),
+        ("depth", &mut c.depth),
+        ("num_heads", &mut c.num_heads),
+        ("patch_size", &mut c.patch_size),
+    ] {
+        if let Some(v) = m.uint(key, 1)? {
+            *field = v;
+        }
+    }
+    if !c.embed_dim.is_multiple_of(c.num_heads) {
+        let key = if m.entry("embed_dim").is_some() {
+            "embed_dim"
+        } else {
+            "num_heads"
+        };
+        return Err(m.err(
+            key,
+            ErrorKind::InvalidValue,
+            format!(
+                "`embed_dim` ({}) must be a multiple of `num_heads` ({}): each head gets \
+                 embed_dim / num_heads features",
+                c.embed_dim, c.num_heads
+            ),
+        ));
+    }
+    Ok(c)
 }
 
 /// gpt2's sizes: each key given, else GPT-2 small's ([`Gpt2Config::default`]); `n_embd` must be

@@ -179,6 +179,7 @@ fn full_file() {
             dropout: 0.0,
             norm: None,
             gpt2: None,
+            vit: None,
             init: None
         }
     );
@@ -529,9 +530,9 @@ fn unknown_keys() {
         ),
         case(
             "model",
-            with("[model.extra]\n").replace("name = \"cnn\"", "name = \"cnn\"\ndepth = 3"),
+            with("[model.extra]\n").replace("name = \"cnn\"", "name = \"cnn\"\nlayers = 3"),
             UnknownKey,
-            "model.depth",
+            "model.layers",
             Some(7),
             "valid keys in `model`: name, torchscript, sha256, hidden, width, num_classes",
         ),
@@ -1054,11 +1055,11 @@ fn unknown_names() {
         ),
         case(
             "model",
-            MINIMAL.replace("\"cnn\"", "\"vit\""),
+            MINIMAL.replace("\"cnn\"", "\"transformer\""),
             InvalidValue,
             "model.name",
             Some(6),
-            "unknown model \"vit\"; expected \"mlp\", \"cnn\", \"resnet20\", \"resnet56\", \"resnet18\", \"resnet50\", \"gpt2\" or \"airbench\"",
+            "unknown model \"transformer\"; expected \"mlp\", \"cnn\", \"resnet20\", \"resnet56\", \"resnet18\", \"resnet50\", \"gpt2\", \"airbench\", \"vit_tiny\", \"vit_small\" or \"vit_base\"",
         ),
         case(
             "optimizer",

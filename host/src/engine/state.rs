@@ -220,6 +220,7 @@ impl SetupState {
             dropout: 0.0,
             norm: None,
             gpt2: None,
+            vit: None,
             init: None,
         };
         let shape = crate::model::InputShape {

@@ -20,7 +20,7 @@ pub use init_weights::{
 pub use layers::{Attr, ExportTree, Exported, Layer};
 pub use loss::{cross_entropy, cross_entropy_with, NonFiniteLoss};
 pub use params::{Entry, ParamStore, Role};
-pub use spec::{Gpt2Config, InitWeights, ModelConfig, ModelName, Norm, TorchscriptFile};
+pub use spec::{Gpt2Config, InitWeights, ModelConfig, ModelName, Norm, TorchscriptFile, VitConfig};
 pub use torchscript::TorchscriptModel;
 pub use tree::{LayerInfo, SurgeryError};
 
@@ -116,6 +116,19 @@ impl Model {
                     store,
                     &sizes,
                     config.dropout,
+                    num_classes,
+                )?)
+            }
+            ModelName::VitTiny | ModelName::VitSmall | ModelName::VitBase => {
+                let sizes = config
+                    .vit
+                    .or(config.name.vit_sizes())
+                    .unwrap_or(VitConfig::TINY);
+                Box::new(layers::VisionTransformer::new(
+                    store,
+                    sizes,
+                    input,
+                    0.0,
                     num_classes,
                 )?)
             }
@@ -232,6 +245,7 @@ mod tests {
             dropout: 0.0,
             norm: None,
             gpt2: None,
+            vit: None,
             init: None,
         }
     }
@@ -691,6 +705,7 @@ mod surgery_tests {
             dropout: 0.0,
             norm: None,
             gpt2: None,
+            vit: None,
             init: None,
         };
         let input = InputShape {

@@ -4,6 +4,8 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
+pub use super::layers::VitConfig;
+
 /// A model architecture (`[model] name`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -29,12 +31,19 @@ pub enum ModelName {
     /// A model made in PyTorch, from the file [`ModelConfig::torchscript`] names (`[model]
     /// torchscript = "model.pt"` instead of `name`).
     Torchscript,
+    /// timm's `vit_tiny_patch16_*` (192 features, 12 blocks, 3 heads), sized by
+    /// [`ModelConfig::vit`].
+    VitTiny,
+    /// timm's `vit_small_patch16_*` (384 features, 12 blocks, 6 heads).
+    VitSmall,
+    /// timm's `vit_base_patch16_*` (768 features, 12 blocks, 12 heads).
+    VitBase,
 }
 
 impl ModelName {
     /// Every zoo architecture with the name used in `trainer.toml` (a TorchScript model is named
     /// by its file instead).
-    pub const CHOICES: [(&'static str, ModelName); 8] = [
+    pub const CHOICES: [(&'static str, ModelName); 11] = [
         ("mlp", ModelName::Mlp),
         ("cnn", ModelName::Cnn),
         ("resnet20", ModelName::Resnet20),
@@ -43,6 +52,9 @@ impl ModelName {
         ("resnet50", ModelName::Resnet50),
         ("gpt2", ModelName::Gpt2),
         ("airbench", ModelName::Airbench),
+        ("vit_tiny", ModelName::VitTiny),
+        ("vit_small", ModelName::VitSmall),
+        ("vit_base", ModelName::VitBase),
     ];
 
     /// The name used in `trainer.toml`.
@@ -57,6 +69,19 @@ impl ModelName {
             ModelName::Gpt2 => "gpt2",
             ModelName::Airbench => "airbench",
             ModelName::Torchscript => "torchscript",
+            ModelName::VitTiny => "vit_tiny",
+            ModelName::VitSmall => "vit_small",
+            ModelName::VitBase => "vit_base",
+        }
+    }
+
+    /// A ViT's default sizes (timm's); `None` for the other models.
+    pub fn vit_sizes(self) -> Option<VitConfig> {
+        match self {
+            ModelName::VitTiny => Some(VitConfig::TINY),
+            ModelName::VitSmall => Some(VitConfig::SMALL),
+            ModelName::VitBase => Some(VitConfig::BASE),
+            _ => None,
         }
     }
 
@@ -66,7 +91,13 @@ impl ModelName {
     /// TorchScript model (whose file fixes its sizes).
     pub fn default_width(self) -> Option<usize> {
         match self {
-            ModelName::Mlp | ModelName::Gpt2 | ModelName::Airbench | ModelName::Torchscript => None,
+            ModelName::Mlp
+            | ModelName::Gpt2
+            | ModelName::Airbench
+            | ModelName::Torchscript
+            | ModelName::VitTiny
+            | ModelName::VitSmall
+            | ModelName::VitBase => None,
             ModelName::Cnn => Some(32),
             ModelName::Resnet20 | ModelName::Resnet56 => Some(16),
             ModelName::Resnet18 | ModelName::Resnet50 => Some(64),
@@ -136,7 +167,9 @@ impl Norm {
     pub fn choices(name: ModelName) -> &'static [Norm] {
         match name {
             ModelName::Mlp => &[Norm::None, Norm::Layer],
-            ModelName::Gpt2 => &[Norm::Layer],
+            ModelName::Gpt2 | ModelName::VitTiny | ModelName::VitSmall | ModelName::VitBase => {
+                &[Norm::Layer]
+            }
             ModelName::Cnn => &[Norm::Batch, Norm::Group],
             ModelName::Torchscript => &[],
             _ => &[Norm::Batch],
@@ -187,6 +220,10 @@ pub struct ModelConfig {
     /// gpt2 only (`Some` for it, `None` for every other model): its sizes.
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub gpt2: Option<Gpt2Config>,
+    /// The ViTs only (`Some` for them): their sizes (`embed_dim`, `depth`, `num_heads`,
+    /// `patch_size`), timm's for the name unless given.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub vit: Option<VitConfig>,
     /// Pretrained weights the run starts from (`init_weights`, `init_ignore`, `init_strict`);
     /// `None`: the weights are drawn.
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
@@ -276,6 +313,7 @@ impl ModelConfig {
             dropout: 0.0,
             norm: None,
             gpt2: (name == ModelName::Gpt2).then(Gpt2Config::default),
+            vit: name.vit_sizes(),
             init: None,
         }
     }

@@ -120,7 +120,11 @@ pub struct Skipped {
 /// configuration's plugin folders), and those left out.
 pub fn builtin(config: &Config) -> Result<(Vec<Recipe>, Vec<Skipped>), config::ConfigError> {
     let texts: Vec<(String, String)> = match config.model.name {
-        ModelName::Mlp => owned(&DENSE),
+        // The ViTs' methods are those of dense models (their patch convolution is no
+        // convolutional network's): smoothing, mixing, averaging.
+        ModelName::Mlp | ModelName::VitTiny | ModelName::VitSmall | ModelName::VitBase => {
+            owned(&DENSE)
+        }
         ModelName::Gpt2 => language_recipes(config),
         ModelName::Cnn => owned(&[&FIXED_SIZE_CONV[..], &[MUON_CONV]].concat()),
         ModelName::Torchscript => Vec::new(),

@@ -44,6 +44,33 @@ impl Linear {
         })
     }
 
+    /// A linear layer with `weight_init` for its weight and a zero bias (timm's and Hugging
+    /// Face's transformer init: normal(0, 0.02) weights, zero biases).
+    pub fn with_init(
+        store: &mut ParamStore,
+        path: &str,
+        in_features: i64,
+        out_features: i64,
+        weight_init: tch::nn::Init,
+    ) -> Result<Linear, TchError> {
+        let weight = store.parameter(
+            join(path, "weight"),
+            &[out_features, in_features],
+            weight_init,
+        )?;
+        let bias = store.parameter(
+            join(path, "bias"),
+            &[out_features],
+            tch::nn::Init::Const(0.0),
+        )?;
+        Ok(Linear {
+            weight,
+            bias: Some(bias),
+            in_features,
+            out_features,
+        })
+    }
+
     /// The same without a bias (PyTorch `Linear(..., bias=False)`): only `{path}.weight`.
     pub fn no_bias(
         store: &mut ParamStore,

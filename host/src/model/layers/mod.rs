@@ -17,6 +17,7 @@ mod norm;
 mod pooling;
 mod residual_block;
 mod sequential;
+mod vit;
 
 use std::fmt;
 
@@ -36,6 +37,7 @@ pub use norm::{GroupNorm, LayerNorm};
 pub use pooling::{GlobalAvgPool, GlobalMaxPool, MaxPool2d};
 pub use residual_block::ResidualBlock;
 pub use sequential::Sequential;
+pub use vit::{PatchEmbed, VisionTransformer, VitAttention, VitBlock, VitConfig, VitMlp};
 
 /// An attribute value of a layer (`stride = 2`, `out_channels = 16`).
 #[derive(Debug, Clone, PartialEq)]
