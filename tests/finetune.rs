@@ -476,3 +476,54 @@ fn init_weights_errors_name_the_key_the_file_and_the_tensors() {
         record["init_weights"]
     );
 }
+
+#[test]
+fn the_finetune_examples_run_at_two_batches() {
+    // examples/finetune/run.sh in a copy (its runs, weights and data stay out of the checkout),
+    // every run cut to two batches; the ResNet-18 stand-in is made with torchvision.
+    if !python_can_import("torchvision", "the fine-tuning examples") {
+        return;
+    }
+    let dir = TempDir::new("finetune-examples");
+    let copy = dir.join("examples").join("finetune");
+    std::fs::create_dir_all(&copy).unwrap();
+    let source = repo_root().join("examples").join("finetune");
+    for entry in std::fs::read_dir(&source).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_file() {
+            std::fs::copy(&path, copy.join(path.file_name().unwrap())).unwrap();
+        }
+    }
+    let mut cmd = std::process::Command::new("bash");
+    cmd.arg(copy.join("run.sh"))
+        .env("STEPS", "2")
+        .env("TESSERA", tessera_bin())
+        .env("PYTHONPATH", torch_pythonpath())
+        .env("PYTHONWARNINGS", "ignore")
+        .env_remove("LD_LIBRARY_PATH")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let out = run_with_timeout(
+        cmd,
+        "examples/finetune/run.sh",
+        std::time::Duration::from_secs(900),
+    );
+    assert!(out.status.success(), "run.sh failed:\n{}", out.dump());
+    let runs = dir.join("runs");
+    let tuned = read_json(&runs.join("finetune-gpt2-shakespeare").join("run.json"));
+    assert_eq!(tuned["batches"], 2);
+    let report = &tuned["init_weights"];
+    // The export lists the tied head's weight a second time (`lm_head.weight`): one tensor less.
+    let exported = read_state_dict(&copy.join("weights").join("gpt2-sotu.safetensors")).unwrap();
+    assert_eq!(report["loaded"], exported.len() as u64 - 1, "{report}");
+    assert!(report["file"]
+        .as_str()
+        .unwrap()
+        .ends_with("gpt2-sotu.safetensors"));
+    let resnet = read_json(&runs.join("finetune-resnet18").join("run.json"));
+    assert_eq!(
+        resnet["init_weights"]["new_head"],
+        serde_json::json!(["fc.weight", "fc.bias"])
+    );
+    assert_eq!(resnet["batches"], 2);
+}
