@@ -45,7 +45,33 @@ pub fn train_ranks_with_env(
     if uses_fashion_mnist(dir) {
         require_fashion_mnist();
     }
-    let port = free_port();
+    // The port is free when chosen, but another test may take it before rank 0 listens on it
+    // (seen once in CI): then every rank fails at the rendezvous, and the run is tried again on
+    // another port.
+    for _ in 0..2 {
+        let outputs = train_ranks_at(dir, world, overrides, env, free_port());
+        let taken = outputs.first().is_some_and(|o| {
+            !o.status.success()
+                && o.stderr
+                    .to_ascii_lowercase()
+                    .contains("address already in use")
+        });
+        if !taken {
+            return outputs;
+        }
+        eprintln!("the rendezvous port was taken meanwhile; running the ranks again on another");
+    }
+    train_ranks_at(dir, world, overrides, env, free_port())
+}
+
+/// [`train_ranks_with_env`] meeting at `port`.
+fn train_ranks_at(
+    dir: &TempDir,
+    world: usize,
+    overrides: &[&str],
+    env: &[(&str, &str)],
+    port: u16,
+) -> Vec<Output> {
     let config = dir.join("trainer.toml");
     let config = config.to_str().expect("a UTF-8 temp path").to_owned();
     let mut args = vec!["train".to_owned(), config];
