@@ -160,19 +160,7 @@ seed = 5
 output_dir = "runs"
 
 [data]
-dataset = "synthetic"
-batch_size = 16
-eval_batch_size = 32
-workers = 0
-
-[data.synthetic]
-samples = 64
-eval_samples = 32
-channels = 3
-height = 32
-width = 32
-classes = 10
-
+{data}
 [model]
 {model}
 
@@ -190,6 +178,7 @@ progress = false
 dirs = [{plugins}]
 {scheduler}{extra}"#,
         plugins = toml_string(&target_dir().display().to_string()),
+        data = synthetic_rgb_data(64),
     )
 }
 

@@ -108,19 +108,7 @@ seed = 3
 output_dir = "runs"
 
 [data]
-dataset = "synthetic"
-batch_size = 16
-eval_batch_size = 32
-workers = 0
-
-[data.synthetic]
-samples = 128
-eval_samples = 32
-channels = 3
-height = 32
-width = 32
-classes = 10
-
+{data}
 [model]
 name = "vit_tiny"
 embed_dim = 64
@@ -142,6 +130,7 @@ progress = false
 dirs = [{plugins}]
 {algorithms}"#,
         plugins = toml_string(&target_dir().display().to_string()),
+        data = synthetic_rgb_data(128),
     )
 }
 

@@ -393,6 +393,26 @@ eval_tokens = 4000
     )
 }
 
+/// A `[data]` section for [`TrainerToml::data`] and the tests' own files: `samples` synthetic
+/// 3x32x32 images of 10 classes (32 for evaluation), batches of 16 (32 in evaluation).
+pub fn synthetic_rgb_data(samples: usize) -> String {
+    format!(
+        "dataset = \"synthetic\"
+batch_size = 16
+eval_batch_size = 32
+workers = 0
+
+[data.synthetic]
+samples = {samples}
+eval_samples = 32
+channels = 3
+height = 32
+width = 32
+classes = 10
+"
+    )
+}
+
 /// Whether the `trainer.toml` in `dir` trains on Fashion-MNIST (then it must be cached).
 pub fn uses_fashion_mnist(dir: &TempDir) -> bool {
     std::fs::read_to_string(dir.join("trainer.toml"))

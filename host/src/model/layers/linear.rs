@@ -26,22 +26,13 @@ impl Linear {
         in_features: i64,
         out_features: i64,
     ) -> Result<Linear, TchError> {
-        let weight = store.parameter(
-            join(path, "weight"),
-            &[out_features, in_features],
+        Linear::initialised(
+            store,
+            path,
+            (in_features, out_features),
             TORCH_DEFAULT_WEIGHT,
-        )?;
-        let bias = store.parameter(
-            join(path, "bias"),
-            &[out_features],
             torch_default_bias(in_features),
-        )?;
-        Ok(Linear {
-            weight,
-            bias: Some(bias),
-            in_features,
-            out_features,
-        })
+        )
     }
 
     /// A linear layer with `weight_init` for its weight and a zero bias (timm's and Hugging
@@ -53,16 +44,29 @@ impl Linear {
         out_features: i64,
         weight_init: tch::nn::Init,
     ) -> Result<Linear, TchError> {
+        Linear::initialised(
+            store,
+            path,
+            (in_features, out_features),
+            weight_init,
+            tch::nn::Init::Const(0.0),
+        )
+    }
+
+    /// `weight` `(out, in)` and `bias` `(out)` drawn from the given inits.
+    fn initialised(
+        store: &mut ParamStore,
+        path: &str,
+        (in_features, out_features): (i64, i64),
+        weight_init: tch::nn::Init,
+        bias_init: tch::nn::Init,
+    ) -> Result<Linear, TchError> {
         let weight = store.parameter(
             join(path, "weight"),
             &[out_features, in_features],
             weight_init,
         )?;
-        let bias = store.parameter(
-            join(path, "bias"),
-            &[out_features],
-            tch::nn::Init::Const(0.0),
-        )?;
+        let bias = store.parameter(join(path, "bias"), &[out_features], bias_init)?;
         Ok(Linear {
             weight,
             bias: Some(bias),
