@@ -120,20 +120,22 @@ impl Trainer {
             samples += n as u64;
             self.fire_as(Event::EVAL_BATCH_END, false)?;
         }
-        // Data-parallel: each rank evaluated its share of the test set.
-        let mut totals = vec![
-            correct.f_double_value(&[])?,
-            loss_sum.f_double_value(&[])?,
-            samples as f64,
-            tokens as f64,
-            scored.f_double_value(&[])?,
+        // The device totals in one read: hits, loss sum, scored targets, then the tally's.
+        let mut parts = vec![
+            correct.f_to_kind(Kind::Double)?.f_reshape([1])?,
+            loss_sum.f_reshape([1])?,
+            scored.f_to_kind(Kind::Double)?.f_reshape([1])?,
         ];
         if let Some(tally) = &tally {
-            totals.extend(tally.totals()?);
+            parts.push(tally.totals()?);
         }
+        let device_totals = crate::sync::read(&Tensor::f_cat(&parts, 0)?)?;
+        let mut totals = vec![samples as f64, tokens as f64];
+        totals.extend(device_totals);
+        // Data-parallel: each rank evaluated its share of the test set.
         self.sum_over_ranks(&mut totals)?;
         let (fixed, counts) = totals.split_at(5);
-        let [correct, loss_sum, samples, tokens, scored] = [0, 1, 2, 3, 4].map(|i| fixed[i]);
+        let [samples, tokens, correct, loss_sum, scored] = [0, 1, 2, 3, 4].map(|i| fixed[i]);
         let (samples, tokens) = (samples.round() as u64, tokens.round() as u64);
         let denom = scored.max(1.0);
         let cross_entropy = loss_sum / denom;

@@ -114,15 +114,14 @@ impl Tally {
         Ok(())
     }
 
-    /// The counts as numbers (one transfer), to be summed over the ranks: the hits, then the
-    /// three rows of class counts.
-    pub fn totals(&self) -> Result<Vec<f64>, TchError> {
+    /// The counts as one float64 vector on the device, to be read with the evaluation's other
+    /// totals and summed over the ranks: the hits, then the three rows of class counts.
+    pub fn totals(&self) -> Result<Tensor, TchError> {
         let mut parts = vec![self.hits.f_to_kind(Kind::Double)?];
         if let Some(counts) = &self.counts {
             parts.push(counts.f_reshape([-1])?.f_to_kind(Kind::Double)?);
         }
-        let all = Tensor::f_cat(&parts, 0)?;
-        crate::sync::read(&all)
+        Tensor::f_cat(&parts, 0)
     }
 
     /// The metrics from `totals` (as [`Tally::totals`] gave them, summed over the ranks) over
@@ -320,7 +319,7 @@ mod tests {
         // The same batch twice: counts double, the values stay.
         tally.add(&logits, &target, -100).unwrap();
         tally.add(&logits, &target, -100).unwrap();
-        let totals = tally.totals().unwrap();
+        let totals = crate::sync::read(&tally.totals().unwrap()).unwrap();
         assert_eq!(totals.len(), 1 + 15);
         assert_eq!(totals[0], 6.0);
         let values = tally.values(&totals, 8.0);
