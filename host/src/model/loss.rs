@@ -104,7 +104,7 @@ pub fn binary_cross_entropy_with(
         // (N, ...) → (N, ..., C) → (N, C, ...), as Composer's `ensure_targets_one_hot`.
         let one_hot = target.f_one_hot(classes)?;
         let last = one_hot.dim() as i64 - 1;
-        one_hot.f_movedim(&[last], &[1])?.f_to_kind(logits.kind())?
+        one_hot.f_movedim([last], [1])?.f_to_kind(logits.kind())?
     };
     let each =
         logits.f_binary_cross_entropy_with_logits::<Tensor>(&dense, None, None, Reduction::None)?;
