@@ -62,11 +62,15 @@ struct Run {
 }
 
 fn run(label: &str, text: &str) -> Run {
-    let dir = TempDir::new(label);
+    run_in(&TempDir::new(label), label, text)
+}
+
+/// [`run`] with the trainer.toml in `dir`.
+fn run_in(dir: &TempDir, label: &str, text: &str) -> Run {
     dir.write("trainer.toml", text);
-    let out = train(&dir, &[], &[]);
+    let out = train(dir, &[], &[]);
     out.assert_success();
-    let path = run_dir(&dir, label);
+    let path = run_dir(dir, label);
     Run {
         lines: read_jsonl(&path.join("metrics.jsonl")),
         record: read_json(&path.join("run.json")),
@@ -122,7 +126,8 @@ fn asked_metrics_and_a_top_k_target_are_computed_and_recorded() {
         4,
         "metrics = [\"top3\", \"f1\"]\ntarget = \"top2 >= 0.0\"\nstop_at_target = false",
     );
-    let r = run("asked", &text);
+    let dir = TempDir::new("asked");
+    let r = run_in(&dir, "asked", &text);
     let last = r.record["evals"]
         .as_array()
         .and_then(|e| e.last())
@@ -146,6 +151,27 @@ fn asked_metrics_and_a_top_k_target_are_computed_and_recorded() {
     let eval_line = lines_of_kind(&r.lines, "eval");
     let data = &eval_line.last().expect("an eval line")["data"];
     assert_eq!(data["f1"], last["f1"]);
+    // The explorer compares by a computed metric when asked, and skips runs without it.
+    let explore = |metric: &str| {
+        tessera(
+            &["explore", "runs", "--metric", metric, "--usd-per-hour", "1"],
+            dir.path(),
+            &[],
+        )
+    };
+    let out = explore("f1");
+    out.assert_success();
+    let header = out.stdout.lines().find(|l| l.starts_with("recipe"));
+    assert!(header.is_some_and(|h| h.contains(" f1 ")), "{}", out.dump());
+    assert!(out.stdout.contains(&format!("{f1:.4}")), "{}", out.dump());
+    let out = explore("top5");
+    out.assert_failure(&["none of the 1 run records found could be used"]);
+    assert!(
+        out.stderr
+            .contains("run.json: its last evaluation has no finite top5"),
+        "{}",
+        out.dump()
+    );
 }
 
 /// Mean of the first and of the last `n` values.
