@@ -2,8 +2,8 @@
 //! binary cross-entropy, top-k accuracy and macro-F1 against PyTorch references computed by
 //! the test, and through the real binary on synthetic data: top-5 on by default for 100
 //! classes, `f1` and `top3` when asked, in the log line, metrics.jsonl and run.json; a target on
-//! top-k; binary cross-entropy training with label smoothing and with MixUp; config errors
-//! naming the key and line.
+//! top-k; the explorer ranking by F1; binary cross-entropy training with label smoothing, MixUp
+//! and CutMix; config errors naming the key and line.
 //!
 //! The PyTorch comparisons need `import torch` (see tests/export.rs); run by hand without it
 //! they are skipped with a notice, and fail under `TESSERA_REQUIRE_PYTORCH=1` (CI).
@@ -181,11 +181,12 @@ fn ends(values: &[f64], n: usize) -> (f64, f64) {
 }
 
 #[test]
-fn binary_cross_entropy_trains_with_label_smoothing_and_with_mixup() {
+fn binary_cross_entropy_trains_with_label_smoothing_mixup_and_cutmix() {
     let bce = "loss = \"binary_cross_entropy\"";
     for (label, plugin, settings) in [
         ("bce-smoothing", "label_smoothing", "smoothing = 0.1"),
         ("bce-mixup", "mixup", "alpha = 0.2"),
+        ("bce-cutmix", "cutmix", "alpha = 1.0"),
     ] {
         let toml = TrainerToml {
             model: "name = \"mlp\"\nhidden = [32]".to_owned(),
