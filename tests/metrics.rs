@@ -174,6 +174,40 @@ fn asked_metrics_and_a_top_k_target_are_computed_and_recorded() {
     );
 }
 
+#[test]
+fn methods_see_the_extra_metrics_in_the_evaluation_results() {
+    // early_stopping watches f1 (higher is better by its name) with a patience it cannot run
+    // out of: its best is the running maximum of the evaluations' f1.
+    let toml = TrainerToml {
+        model: "name = \"mlp\"\nhidden = [32]".to_owned(),
+        max_duration: "30ba".to_owned(),
+        device: Some("cpu".to_owned()),
+        data: synthetic_data(10),
+        ..TrainerToml::new("watch-f1")
+    }
+    .algorithm("early_stopping", "monitor = \"f1\"\npatience = 100");
+    let r = run("watch-f1", &with_train_lines(&toml, "metrics = [\"f1\"]"));
+    let f1: Vec<f64> = r.record["evals"]
+        .as_array()
+        .expect("evals")
+        .iter()
+        .map(|e| number(e, "f1"))
+        .collect();
+    assert_eq!(f1.len(), 3, "{f1:?}");
+    let best: Vec<f64> = method_metric(&r.lines, "early_stopping/best")
+        .into_iter()
+        .map(|(_, v)| v)
+        .collect();
+    let running_max: Vec<f64> = f1
+        .iter()
+        .scan(f64::NEG_INFINITY, |m, v| {
+            *m = m.max(*v);
+            Some(*m)
+        })
+        .collect();
+    assert_eq!(best, running_max);
+}
+
 /// Mean of the first and of the last `n` values.
 fn ends(values: &[f64], n: usize) -> (f64, f64) {
     let mean = |s: &[f64]| s.iter().sum::<f64>() / s.len() as f64;
