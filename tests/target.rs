@@ -206,7 +206,7 @@ fn a_bad_target_is_refused_naming_the_key() {
     mlp("bad", 5).write_to(&dir);
     train(&dir, &["train.target=acc >= 0.9"], &[]).assert_failure(&[
         "train.target",
-        "unknown metric \"acc\"; use accuracy, cross_entropy or perplexity",
+        "unknown metric \"acc\"; use accuracy (or top1), top2, top3, ... (topK), f1, cross_entropy or perplexity",
     ]);
     train(&dir, &["train.target=perplexity < 10"], &[])
         .assert_failure(&["train.target", "perplexity exists only for language models"]);

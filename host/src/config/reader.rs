@@ -382,6 +382,17 @@ impl<'a> Tbl<'a> {
         }
     }
 
+    /// An integer of any sign.
+    pub fn int(&self, key: &str) -> Result<Option<i64>, ConfigError> {
+        match self.entry(key) {
+            None => Ok(None),
+            Some(e) => match e.node.val {
+                Val::Int(i) => Ok(Some(i)),
+                _ => Err(self.wrong_type(key, &e.node, "an integer")),
+            },
+        }
+    }
+
     /// An integer of any sign that fits a u64 (seeds).
     pub fn u64(&self, key: &str) -> Result<Option<u64>, ConfigError> {
         match self.entry(key) {

@@ -1727,7 +1727,7 @@ fn a_target_is_a_metric_a_comparison_and_a_number() {
             InvalidValue,
             "train.target",
             Some(10),
-            "train.target: unknown metric \"acc\"; use accuracy, cross_entropy or perplexity",
+            "train.target: unknown metric \"acc\"; use accuracy (or top1), top2, top3, ... (topK), f1, cross_entropy or perplexity",
         ),
         case(
             "unknown comparison",
@@ -1783,7 +1783,7 @@ fn a_target_is_a_metric_a_comparison_and_a_number() {
             InvalidValue,
             "train.target",
             Some(10),
-            "perplexity exists only for language models, and data.dataset \"fashion-mnist\" is image data; use accuracy or cross_entropy",
+            "perplexity exists only for language models, and data.dataset \"fashion-mnist\" is image data; use accuracy, a top-k accuracy (top5), f1 or cross_entropy",
         ),
         case(
             "a number instead of a string",
@@ -1800,6 +1800,145 @@ fn a_target_is_a_metric_a_comparison_and_a_number() {
             "train.stop_at_target",
             Some(11),
             "expected true or false",
+        ),
+    ]);
+}
+
+#[test]
+fn loss_ignore_index_and_metrics() {
+    use crate::model::{Loss, LossKind};
+    use crate::report::Metric;
+    let c = ok(MINIMAL);
+    assert_eq!(c.train.loss_fn(), Loss::default());
+    assert_eq!(c.train.loss_fn().ignore_index, -100);
+    assert_eq!(c.train.metrics, None);
+    let train = |lines: &str| MINIMAL.replace("\"3ep\"\n", &format!("\"3ep\"\n{lines}\n"));
+    let c = ok(&train(
+        "loss = \"binary_cross_entropy\"\nmetrics = [\"top5\", \"f1\"]\ntarget = \"top5 >= 0.9\"",
+    ));
+    assert_eq!(c.train.loss, LossKind::BinaryCrossEntropy);
+    assert_eq!(c.train.metrics, Some(vec![Metric::TopK(5), Metric::F1]));
+    assert_eq!(c.train.target.map(|t| t.metric), Some(Metric::TopK(5)));
+    // Recorded as written.
+    let recorded = serde_json::to_value(&c.train).unwrap();
+    assert_eq!(recorded["loss"], "binary_cross_entropy");
+    assert_eq!(recorded["metrics"], serde_json::json!(["top5", "f1"]));
+    let c = ok(&train(
+        "ignore_index = 3\nmetrics = [\"top1\", \"top3\"]\ntarget = \"f1 >= 0.8\"",
+    ));
+    assert_eq!(c.train.loss_fn().ignore_index, 3);
+    assert_eq!(
+        c.train.metrics,
+        Some(vec![Metric::Accuracy, Metric::TopK(3)])
+    );
+    assert_eq!(c.train.target.map(|t| t.metric), Some(Metric::F1));
+    let text = |lines: &str| {
+        train(lines)
+            .replace("\"fashion-mnist\"", "\"synthetic-text\"")
+            .replace("\"cnn\"", "\"gpt2\"")
+    };
+    assert_eq!(
+        ok(&text("metrics = [\"top5\"]")).train.metrics,
+        Some(vec![Metric::TopK(5)])
+    );
+
+    use ErrorKind::{InvalidValue, WrongType};
+    check(vec![
+        case(
+            "unknown loss",
+            train("loss = \"bce\""),
+            InvalidValue,
+            "train.loss",
+            Some(10),
+            "unknown loss \"bce\"; expected \"cross_entropy\" or \"binary_cross_entropy\"",
+        ),
+        case(
+            "binary cross-entropy of a language model",
+            text("loss = \"binary_cross_entropy\""),
+            InvalidValue,
+            "train.loss",
+            Some(10),
+            "binary_cross_entropy is for image classifiers, and data.dataset \"synthetic-text\" is text",
+        ),
+        case(
+            "ignore_index with binary cross-entropy",
+            train("loss = \"binary_cross_entropy\"\nignore_index = 0"),
+            InvalidValue,
+            "train.ignore_index",
+            Some(11),
+            "applies to loss = \"cross_entropy\" only",
+        ),
+        case(
+            "ignore_index not an integer",
+            train("ignore_index = \"none\""),
+            WrongType,
+            "train.ignore_index",
+            Some(10),
+            "expected an integer, got",
+        ),
+        case(
+            "unknown metric in the list",
+            train("metrics = [\"top5\", \"precision\"]"),
+            InvalidValue,
+            "train.metrics",
+            Some(10),
+            "unknown metric \"precision\"; use accuracy (or top1)",
+        ),
+        case(
+            "top0",
+            train("metrics = [\"top0\"]"),
+            InvalidValue,
+            "train.metrics",
+            Some(10),
+            "unknown metric \"top0\"",
+        ),
+        case(
+            "a metric twice",
+            train("metrics = [\"f1\", \"f1\"]"),
+            InvalidValue,
+            "train.metrics",
+            Some(10),
+            "f1 is listed twice",
+        ),
+        case(
+            "metrics not a list",
+            train("metrics = \"top5\""),
+            WrongType,
+            "train.metrics",
+            Some(10),
+            "expected an array of strings",
+        ),
+        case(
+            "f1 of a language model",
+            text("metrics = [\"f1\"]"),
+            InvalidValue,
+            "train.metrics",
+            Some(10),
+            "f1 is for classification, and data.dataset \"synthetic-text\" is text",
+        ),
+        case(
+            "f1 target of a language model",
+            text("target = \"f1 >= 0.5\""),
+            InvalidValue,
+            "train.target",
+            Some(10),
+            "f1 is for classification",
+        ),
+        case(
+            "perplexity listed for images",
+            train("metrics = [\"perplexity\"]"),
+            InvalidValue,
+            "train.metrics",
+            Some(10),
+            "perplexity exists only for language models",
+        ),
+        case(
+            "top-k target out of range",
+            train("target = \"top5 >= 1.5\""),
+            InvalidValue,
+            "train.target",
+            Some(10),
+            "top5 is between 0 and 1, so a target of 1.5 can never be met",
         ),
     ]);
 }

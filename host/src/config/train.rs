@@ -8,7 +8,7 @@ use super::reader::{quote_list, Bounds, Tbl, COUNT_UNITS, INTERVAL_UNITS};
 use super::required_table;
 use super::section::{section, Section};
 use crate::device::{Device, MatmulPrecision};
-use crate::model::NonFiniteLoss;
+use crate::model::{Loss, LossKind, NonFiniteLoss, DEFAULT_IGNORE_INDEX};
 use crate::precision::Precision;
 use crate::report::{Metric, Target};
 use crate::time::{Time, TimeUnit};
@@ -45,6 +45,17 @@ pub struct TrainConfig {
     pub progress: bool,
     /// What to do when the loss is NaN or infinite (default stop).
     pub nonfinite_loss: NonFiniteLoss,
+    /// The training loss (default `cross_entropy`; `binary_cross_entropy` for classifiers).
+    pub loss: LossKind,
+    /// The index target the cross-entropy ignores (PyTorch's `ignore_index`); `None`
+    /// (default): -100, as PyTorch. Evaluation leaves such targets out of every metric.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ignore_index: Option<i64>,
+    /// The evaluation metrics beyond accuracy and cross-entropy (`top5`, `f1`); `None`
+    /// (default): top-5 for an image model of at least 100 classes. The target's metric is
+    /// always computed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<Vec<Metric>>,
     /// Epochs per iteration (Composer's `iteration_length`); `None` (default): the run is one
     /// iteration, so `iteration_end`/`iteration_checkpoint` never fire.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -78,6 +89,9 @@ section!(TrainConfig {
     log_interval: time(INTERVAL_UNITS),
     progress: bool(),
     nonfinite_loss: choice("nonfinite_loss", &NonFiniteLoss::CHOICES),
+    loss: choice("loss", &LossKind::CHOICES),
+    ignore_index: int(),
+    metrics: metric_list(),
     iteration_length: time(&["ep"]),
     target: parse::<Target>("a string such as \"accuracy >= 0.9\""),
     stop_at_target: bool(),
@@ -106,6 +120,9 @@ pub(super) fn read(top: &Tbl<'_>, data: &DataConfig) -> Result<TrainConfig, Conf
         log_interval: Time::new(50, TimeUnit::Batch),
         progress: true,
         nonfinite_loss: NonFiniteLoss::default(),
+        loss: LossKind::default(),
+        ignore_index: None,
+        metrics: None,
         iteration_length: None,
         target: None,
         stop_at_target: true,
@@ -113,19 +130,7 @@ pub(super) fn read(top: &Tbl<'_>, data: &DataConfig) -> Result<TrainConfig, Conf
         matmul_precision: MatmulPrecision::default(),
     }
     .read_keys(&t)?;
-    if let Some(target) = &train.target {
-        if target.metric == Metric::Perplexity && !data.is_text() {
-            return Err(t.err(
-                "target",
-                ErrorKind::InvalidValue,
-                format!(
-                    "perplexity exists only for language models, and data.dataset {:?} is \
-                     image data; use accuracy or cross_entropy",
-                    data.dataset.as_str()
-                ),
-            ));
-        }
-    }
+    check_metrics(&t, &train, data)?;
     if train.max_duration.unit() == TimeUnit::Iteration && train.iteration_length.is_none() {
         return Err(t.err(
             "max_duration",
@@ -150,6 +155,69 @@ pub(super) fn read(top: &Tbl<'_>, data: &DataConfig) -> Result<TrainConfig, Conf
         }
     }
     Ok(train)
+}
+
+/// The loss, `ignore_index`, `metrics` and `target` against the data: what a language model
+/// cannot train on or report.
+fn check_metrics(t: &Tbl<'_>, train: &TrainConfig, data: &DataConfig) -> Result<(), ConfigError> {
+    let text = data.is_text();
+    let dataset = data.dataset.as_str();
+    if train.loss == LossKind::BinaryCrossEntropy {
+        if text {
+            return Err(t.err(
+                "loss",
+                ErrorKind::InvalidValue,
+                format!(
+                    "binary_cross_entropy is for image classifiers, and data.dataset \
+                     {dataset:?} is text for a language model; use \"cross_entropy\""
+                ),
+            ));
+        }
+        if train.ignore_index.is_some() {
+            return Err(t.err_key(
+                "ignore_index",
+                ErrorKind::InvalidValue,
+                "applies to loss = \"cross_entropy\" only; binary_cross_entropy turns every \
+                 index target into a one-hot vector (as Composer does) and ignores none",
+            ));
+        }
+    }
+    let target = train.target.map(|target| ("target", target.metric));
+    let listed = train.metrics.iter().flatten().map(|m| ("metrics", *m));
+    for (key, metric) in listed.chain(target) {
+        if metric == Metric::Perplexity && !text {
+            return Err(t.err(
+                key,
+                ErrorKind::InvalidValue,
+                format!(
+                    "perplexity exists only for language models, and data.dataset {dataset:?} \
+                     is image data; use accuracy, a top-k accuracy (top5), f1 or cross_entropy"
+                ),
+            ));
+        }
+        if metric == Metric::F1 && text {
+            return Err(t.err(
+                key,
+                ErrorKind::InvalidValue,
+                format!(
+                    "f1 is for classification, and data.dataset {dataset:?} is text for a \
+                     language model; use accuracy, a top-k accuracy (top5), cross_entropy or \
+                     perplexity"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+impl TrainConfig {
+    /// The training loss of the run (`loss`, `ignore_index`).
+    pub fn loss_fn(&self) -> Loss {
+        Loss {
+            kind: self.loss,
+            ignore_index: self.ignore_index.unwrap_or(DEFAULT_IGNORE_INDEX),
+        }
+    }
 }
 
 /// `train.microbatch_size`: samples per forward/backward pass.
@@ -189,6 +257,28 @@ impl Serialize for MicrobatchSize {
 }
 
 impl Tbl<'_> {
+    /// `metrics`: an array of metric names (`"top5"`, `"f1"`), each at most once.
+    fn metric_list(&self, key: &str) -> Result<Option<Vec<Metric>>, ConfigError> {
+        let Some(names) = self.string_list(key)? else {
+            return Ok(None);
+        };
+        let mut metrics = Vec::with_capacity(names.len());
+        for name in names {
+            let metric: Metric = name
+                .parse()
+                .map_err(|m: String| self.err(key, ErrorKind::InvalidValue, m))?;
+            if metrics.contains(&metric) {
+                return Err(self.err(
+                    key,
+                    ErrorKind::InvalidValue,
+                    format!("{metric} is listed twice"),
+                ));
+            }
+            metrics.push(metric);
+        }
+        Ok(Some(metrics))
+    }
+
     /// `microbatch_size`: an integer >= 1 or `"auto"`.
     fn microbatch_size(&self, key: &str) -> Result<Option<MicrobatchSize>, ConfigError> {
         let Some(e) = self.entry(key) else {

@@ -260,6 +260,8 @@ pub struct RunState {
     pub output: Option<Tensor>,
     /// The loss of the current (micro)batch.
     pub loss: Option<Tensor>,
+    /// The training loss function (`train.loss`, `train.ignore_index`).
+    pub loss_fn: crate::model::Loss,
     /// Metrics methods logged since the trainer last collected them.
     pub metrics: Vec<(String, f64)>,
     /// The latest evaluation's results (set before `eval_end` fires).
@@ -303,6 +305,7 @@ impl RunState {
             batch: Batch::default(),
             output: None,
             loss: None,
+            loss_fn: crate::model::Loss::default(),
             metrics,
             last_eval: None,
             stop_reason: None,
@@ -480,8 +483,8 @@ impl RunState {
         out.map_err(|e| CallError(format!("forward failed: {e}")))
     }
 
-    /// The training loss of `output` against `target`, under the run's precision: the mean,
-    /// or one value per sample.
+    /// The training loss (`loss_fn`) of `output` against `target`, under the run's precision:
+    /// the reduced value, or one value per sample.
     pub fn loss(
         &self,
         output: &Tensor,
@@ -489,7 +492,7 @@ impl RunState {
         per_sample: bool,
     ) -> Result<Tensor, TchError> {
         let _autocast = AutocastGuard::new(self.precision, self.device());
-        crate::model::cross_entropy_with(output, target, per_sample)
+        self.loss_fn.compute(output, target, per_sample)
     }
 }
 

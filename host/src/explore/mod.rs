@@ -250,6 +250,7 @@ pub(crate) mod test_support {
                     samples: 100,
                     tokens: None,
                     perplexity: None,
+                    extra: Default::default(),
                 })
                 .collect(),
             eval_times: evals

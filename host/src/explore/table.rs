@@ -8,7 +8,7 @@ pub fn headers(group: &Group) -> Vec<String> {
     [
         "recipe",
         "seeds",
-        group.metric.name(),
+        &group.metric.name(),
         "wall s",
         "cost $",
         "time to baseline quality s",

@@ -1,5 +1,7 @@
-//! The training loss: cross-entropy against class indices or class probabilities (Composer's
-//! `soft_cross_entropy`), reduced to a mean or kept per sample.
+//! The training loss (`train.loss`): cross-entropy against class indices or class
+//! probabilities (Composer's `soft_cross_entropy`), or binary cross-entropy over one-hot or
+//! probability targets (Composer's `binary_cross_entropy_with_logits`), reduced as Composer
+//! reduces them or kept per sample.
 
 use tch::{Kind, Reduction, TchError, Tensor};
 
@@ -21,6 +23,100 @@ impl NonFiniteLoss {
         [("stop", NonFiniteLoss::Stop), ("skip", NonFiniteLoss::Skip)];
 }
 
+/// `train.loss`: which function of the logits and targets is trained on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LossKind {
+    /// Softmax cross-entropy, [`cross_entropy_with`] (default).
+    #[default]
+    CrossEntropy,
+    /// Per-class sigmoid binary cross-entropy, [`binary_cross_entropy_with`].
+    BinaryCrossEntropy,
+}
+
+impl LossKind {
+    /// Every loss with its name in `trainer.toml`.
+    pub const CHOICES: [(&'static str, LossKind); 2] = [
+        ("cross_entropy", LossKind::CrossEntropy),
+        ("binary_cross_entropy", LossKind::BinaryCrossEntropy),
+    ];
+}
+
+/// The index target value that cross-entropy ignores unless `train.ignore_index` says
+/// otherwise (PyTorch's default).
+pub const DEFAULT_IGNORE_INDEX: i64 = -100;
+
+/// The training loss of a run: `train.loss` and `train.ignore_index`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Loss {
+    /// The function.
+    pub kind: LossKind,
+    /// Index targets equal to it count in neither the cross-entropy nor its mean (PyTorch's
+    /// `ignore_index`).
+    pub ignore_index: i64,
+}
+
+impl Default for Loss {
+    fn default() -> Self {
+        Loss {
+            kind: LossKind::CrossEntropy,
+            ignore_index: DEFAULT_IGNORE_INDEX,
+        }
+    }
+}
+
+impl Loss {
+    /// The loss of `logits` against `target` (indices or probabilities): the reduced value the
+    /// step trains on, or one value per sample when `per_sample` is set (their mean is the
+    /// reduced value for both losses, as long as no index target is ignored).
+    pub fn compute(
+        &self,
+        logits: &Tensor,
+        target: &Tensor,
+        per_sample: bool,
+    ) -> Result<Tensor, TchError> {
+        match self.kind {
+            LossKind::CrossEntropy => {
+                cross_entropy_ignoring(logits, target, per_sample, self.ignore_index)
+            }
+            LossKind::BinaryCrossEntropy => binary_cross_entropy_with(logits, target, per_sample),
+        }
+    }
+}
+
+/// Binary cross-entropy of `logits` (N, C, ...) against index targets (N, ...), turned into
+/// one-hot vectors over the C classes, or probability targets of the logits' shape (label
+/// smoothing, MixUp, CutMix): Composer's `binary_cross_entropy_with_logits` with its defaults
+/// (as its ResNet recipes use it), `Σ bce(x, t) / N` — the element-wise
+/// `max(x,0) − x·t + log(1 + e^{−|x|})` summed over every class (and position), divided by the
+/// batch size N, not averaged over the classes (which would make the loss ~1/C as large and
+/// call for a C× larger learning rate). Per sample (`per_sample`): the sum over that sample's
+/// classes (and positions), so the per-sample values average to the reduced loss.
+pub fn binary_cross_entropy_with(
+    logits: &Tensor,
+    target: &Tensor,
+    per_sample: bool,
+) -> Result<Tensor, TchError> {
+    let dense = if target.is_floating_point() {
+        target.shallow_clone()
+    } else {
+        let classes = logits.size().get(1).copied().unwrap_or(0);
+        // (N, ...) → (N, ..., C) → (N, C, ...), as Composer's `ensure_targets_one_hot`.
+        let one_hot = target.f_one_hot(classes)?;
+        let last = one_hot.dim() as i64 - 1;
+        one_hot.f_movedim([last], [1])?.f_to_kind(logits.kind())?
+    };
+    let each =
+        logits.f_binary_cross_entropy_with_logits::<Tensor>(&dense, None, None, Reduction::None)?;
+    let n = logits.size().first().copied().unwrap_or(0);
+    if per_sample {
+        return each
+            .f_reshape([n, -1])?
+            .f_sum_dim_intlist(1, false, Kind::Float);
+    }
+    each.f_sum(Kind::Float)?.f_div_scalar(n.max(1))
+}
+
 /// Cross-entropy of `logits` (N, C, ...) against index targets (N, ...) or probability targets
 /// (same shape as `logits`): the mean, or one value per sample (shape (N, ...)) when
 /// `per_sample` is set.
@@ -39,6 +135,19 @@ pub fn cross_entropy_with(
     target: &Tensor,
     per_sample: bool,
 ) -> Result<Tensor, TchError> {
+    cross_entropy_ignoring(logits, target, per_sample, DEFAULT_IGNORE_INDEX)
+}
+
+/// [`cross_entropy_with`], with index targets equal to `ignore_index` left out of the loss
+/// and of its mean (as PyTorch's `ignore_index`; an ignored sample's per-sample loss is 0).
+/// Probability targets have no index to ignore: a sample whose row sums to 0 is left out by
+/// the re-weighting instead.
+pub fn cross_entropy_ignoring(
+    logits: &Tensor,
+    target: &Tensor,
+    per_sample: bool,
+    ignore_index: i64,
+) -> Result<Tensor, TchError> {
     if logits.dim() == 3 {
         let size = logits.size();
         let (b, t, v) = (size[0], size[1], size[2]);
@@ -47,7 +156,12 @@ pub fn cross_entropy_with(
         } else {
             target.f_reshape([b * t])?
         };
-        let flat = cross_entropy_with(&logits.f_reshape([b * t, v])?, &flat_target, per_sample)?;
+        let flat = cross_entropy_ignoring(
+            &logits.f_reshape([b * t, v])?,
+            &flat_target,
+            per_sample,
+            ignore_index,
+        )?;
         return if per_sample {
             flat.f_view([b, t])?.f_mean_dim(1, false, flat.kind())
         } else {
@@ -60,7 +174,7 @@ pub fn cross_entropy_with(
         } else {
             Reduction::Mean
         };
-        return logits.f_cross_entropy_loss::<Tensor>(target, None, reduction, -100, 0.0);
+        return logits.f_cross_entropy_loss::<Tensor>(target, None, reduction, ignore_index, 0.0);
     }
     let losses = logits
         .f_log_softmax(1, Kind::Float)?
@@ -161,5 +275,81 @@ mod tests {
         // The plain mean of the per-sample losses (no re-weighting) is different here.
         let plain = whole.mean(Kind::Float).double_value(&[]);
         assert!((plain - mean).abs() > 0.1 * mean, "{plain} vs {mean}");
+    }
+
+    /// `max(x, 0) − x·t + log(1 + e^{−|x|})`, the element-wise BCE with logits, in f64.
+    fn bce(x: f64, t: f64) -> f64 {
+        x.max(0.0) - x * t + (-x.abs()).exp().ln_1p()
+    }
+
+    #[test]
+    fn binary_cross_entropy_sums_over_classes_and_divides_by_the_batch() {
+        let (logits, soft) = soft_case();
+        let x: Vec<f32> = Vec::try_from(logits.reshape([-1])).unwrap();
+        let t: Vec<f32> = Vec::try_from(soft.reshape([-1])).unwrap();
+        let rows: Vec<f64> = (0..3)
+            .map(|r| {
+                (0..4)
+                    .map(|c| bce(f64::from(x[r * 4 + c]), f64::from(t[r * 4 + c])))
+                    .sum()
+            })
+            .collect();
+        let expected = rows.iter().sum::<f64>() / 3.0;
+        let ours = binary_cross_entropy_with(&logits, &soft, false)
+            .unwrap()
+            .double_value(&[]);
+        assert!((ours - expected).abs() < 1e-5, "{ours} vs {expected}");
+        let each = binary_cross_entropy_with(&logits, &soft, true).unwrap();
+        assert_eq!(each.size(), vec![3]);
+        for (r, want) in rows.iter().enumerate() {
+            let got = each.double_value(&[r as i64]);
+            assert!((got - want).abs() < 1e-5, "row {r}: {got} vs {want}");
+        }
+    }
+
+    #[test]
+    fn binary_cross_entropy_of_indices_is_that_of_their_one_hot() {
+        let (logits, _) = soft_case();
+        let index = Tensor::from_slice(&[0i64, 2, 3]);
+        let dense = index.one_hot(4).to_kind(Kind::Float);
+        let a = binary_cross_entropy_with(&logits, &index, false).unwrap();
+        let b = binary_cross_entropy_with(&logits, &dense, false).unwrap();
+        assert!((a.double_value(&[]) - b.double_value(&[])).abs() < 1e-6);
+        // (N, C, H, W) logits against (N, H, W) indices: one-hot along the class dimension.
+        tch::manual_seed(5);
+        let maps = Tensor::randn([2, 3, 2, 2], (Kind::Float, tch::Device::Cpu));
+        let labels = Tensor::randint(3, [2, 2, 2], (Kind::Int64, tch::Device::Cpu));
+        let one_hot = labels.one_hot(3).permute([0, 3, 1, 2]).to_kind(Kind::Float);
+        let a = binary_cross_entropy_with(&maps, &labels, false).unwrap();
+        let b = binary_cross_entropy_with(&maps, &one_hot, false).unwrap();
+        assert!((a.double_value(&[]) - b.double_value(&[])).abs() < 1e-6);
+        // An index outside the classes is an error, not a panic.
+        assert!(
+            binary_cross_entropy_with(&logits, &Tensor::from_slice(&[0i64, 9, 1]), false).is_err()
+        );
+    }
+
+    #[test]
+    fn ignored_index_targets_leave_the_cross_entropy_mean() {
+        let (logits, _) = soft_case();
+        let target = Tensor::from_slice(&[0i64, 7, 3]);
+        let loss = Loss {
+            kind: LossKind::CrossEntropy,
+            ignore_index: 7,
+        };
+        let mean = loss
+            .compute(&logits, &target, false)
+            .unwrap()
+            .double_value(&[]);
+        let rows = Tensor::from_slice(&[0i64, 2]);
+        let kept = cross_entropy(
+            &logits.index_select(0, &rows),
+            &target.index_select(0, &rows),
+        )
+        .unwrap()
+        .double_value(&[]);
+        assert!((mean - kept).abs() < 1e-6, "{mean} vs {kept}");
+        let each = loss.compute(&logits, &target, true).unwrap();
+        assert_eq!(each.double_value(&[1]), 0.0);
     }
 }

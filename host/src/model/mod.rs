@@ -18,7 +18,10 @@ pub use init_weights::{
     InitWeightsError,
 };
 pub use layers::{Attr, ExportTree, Exported, Layer};
-pub use loss::{cross_entropy, cross_entropy_with, NonFiniteLoss};
+pub use loss::{
+    binary_cross_entropy_with, cross_entropy, cross_entropy_ignoring, cross_entropy_with, Loss,
+    LossKind, NonFiniteLoss, DEFAULT_IGNORE_INDEX,
+};
 pub use params::{Entry, ParamStore, Role};
 pub use spec::{Gpt2Config, InitWeights, ModelConfig, ModelName, Norm, TorchscriptFile, VitConfig};
 pub use torchscript::TorchscriptModel;

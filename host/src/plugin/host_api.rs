@@ -324,6 +324,7 @@ extern "C" fn eval_results(ctx: HostCtx) -> ROption<EvalResults> {
                 if let Some(ppl) = e.perplexity {
                     m.push(metric("perplexity", ppl));
                 }
+                m.extend(e.extra.iter().map(|(name, value)| metric(name, value)));
                 RVec::from(m)
             },
         })

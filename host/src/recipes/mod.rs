@@ -341,9 +341,10 @@ fn recommend(
                 .iter()
                 .filter(|p| p.recipe == "baseline")
                 .max_by(|a, b| a.scale_schedule_ratio.total_cmp(&b.scale_schedule_ratio));
-            let op = match metric {
-                Metric::Accuracy => Comparison::AtLeast,
-                Metric::CrossEntropy | Metric::Perplexity => Comparison::AtMost,
+            let op = if metric.higher_is_better() {
+                Comparison::AtLeast
+            } else {
+                Comparison::AtMost
             };
             let target = longest.map(|p| Target {
                 metric,

@@ -12,7 +12,7 @@ use crate::tracking::mlflow::Tracker;
 
 mod target;
 
-pub use target::{Comparison, Metric, Target, TargetReached};
+pub use target::{Comparison, Metric, Target, TargetReached, METRIC_NAMES};
 
 /// One evaluation's results.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -33,6 +33,41 @@ pub struct EvalRecord {
     /// `exp(cross_entropy)` (language models only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub perplexity: Option<f64>,
+    /// The run's other metrics (`train.metrics`, the target's): top-k accuracies for k >= 2
+    /// and macro-F1, by name (`top5`, `f1`), written as fields of the record itself.
+    #[serde(flatten)]
+    pub extra: ExtraMetrics,
+}
+
+/// Metrics of an evaluation beyond the fixed ones, by name (`top5`, `f1`). Read back from any
+/// fields of a record that are not its own, keeping the numbers only, so a record with fields
+/// of a later version still reads.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[serde(transparent)]
+pub struct ExtraMetrics(pub std::collections::BTreeMap<String, f64>);
+
+impl ExtraMetrics {
+    /// The value of metric `name`, when it was computed.
+    pub fn get(&self, name: &str) -> Option<f64> {
+        self.0.get(name).copied()
+    }
+
+    /// Every metric with its value, in name order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, f64)> {
+        self.0.iter().map(|(k, v)| (k.as_str(), *v))
+    }
+}
+
+impl<'de> Deserialize<'de> for ExtraMetrics {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<ExtraMetrics, D::Error> {
+        let fields = std::collections::BTreeMap::<String, Value>::deserialize(d)?;
+        Ok(ExtraMetrics(
+            fields
+                .into_iter()
+                .filter_map(|(k, v)| Some((k, v.as_f64()?)))
+                .collect(),
+        ))
+    }
 }
 
 /// When an evaluation ran, in the run's own time: what time-to-quality curves are drawn from.
@@ -420,6 +455,9 @@ impl Reporter {
         );
         if let Some(ppl) = record.perplexity {
             text.push_str(&format!(", perplexity {ppl:.3}"));
+        }
+        for (name, value) in record.extra.iter() {
+            text.push_str(&format!(", {name} {value:.4}"));
         }
         self.last_accuracy = Some(record.accuracy);
         match &self.bar {

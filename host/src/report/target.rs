@@ -9,51 +9,113 @@ use serde::{Deserialize, Serialize, Serializer};
 
 use super::EvalRecord;
 
-/// An evaluation result a target can name: the fields of [`EvalRecord`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
+/// An evaluation metric: what `train.metrics` asks to compute and what `train.target` (and the
+/// explorer) can name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Metric {
-    /// Top-1 accuracy, in [0, 1].
+    /// Top-1 accuracy, in [0, 1] (`accuracy` or `top1`; always computed).
     Accuracy,
-    /// Mean cross-entropy, >= 0.
+    /// Mean cross-entropy, >= 0 (always computed).
     CrossEntropy,
-    /// `exp(cross_entropy)`, >= 1 (language models only).
+    /// `exp(cross_entropy)`, >= 1 (language models only; always computed for them).
     Perplexity,
+    /// Top-k accuracy for k >= 2 (`top5`), in [0, 1]: the share of targets among the k largest
+    /// logits (ties ranked as `torch.topk` ranks them).
+    TopK(u32),
+    /// Macro-averaged F1 of the top-1 predictions (`f1`), in [0, 1]: the mean over the classes
+    /// that occur among the targets or the predictions of `2·tp / (2·tp + fp + fn)`, as
+    /// scikit-learn's `f1_score(average="macro", zero_division=0)`.
+    F1,
 }
 
-impl Metric {
-    /// Every metric with its name in `train.target`.
-    pub const CHOICES: [(&'static str, Metric); 3] = [
-        ("accuracy", Metric::Accuracy),
-        ("cross_entropy", Metric::CrossEntropy),
-        ("perplexity", Metric::Perplexity),
-    ];
+/// The metric names `train.metrics` and `train.target` accept, for messages.
+pub const METRIC_NAMES: &str =
+    "accuracy (or top1), top2, top3, ... (topK), f1, cross_entropy or perplexity";
 
-    /// The name in `train.target` and in the evaluation record.
-    pub fn as_str(self) -> &'static str {
+impl Metric {
+    /// The name in `trainer.toml` and in the evaluation record (`top5`, `f1`).
+    pub fn as_str(self) -> String {
         match self {
-            Metric::Accuracy => "accuracy",
-            Metric::CrossEntropy => "cross_entropy",
-            Metric::Perplexity => "perplexity",
+            Metric::Accuracy => "accuracy".to_owned(),
+            Metric::CrossEntropy => "cross_entropy".to_owned(),
+            Metric::Perplexity => "perplexity".to_owned(),
+            Metric::TopK(k) => format!("top{k}"),
+            Metric::F1 => "f1".to_owned(),
         }
     }
 
-    /// The metric's value in `eval`; `None` for perplexity on an image model.
+    /// The metric named `name` (`top1` is `accuracy`); `None` for an unknown name.
+    pub fn from_name(name: &str) -> Option<Metric> {
+        match name {
+            "accuracy" | "top1" => Some(Metric::Accuracy),
+            "cross_entropy" => Some(Metric::CrossEntropy),
+            "perplexity" => Some(Metric::Perplexity),
+            "f1" => Some(Metric::F1),
+            _ => {
+                let digits = name.strip_prefix("top")?;
+                // Digits only ("top+5" and "top05" are not names).
+                if digits.starts_with('0') || !digits.bytes().all(|b| b.is_ascii_digit()) {
+                    return None;
+                }
+                match digits.parse::<u32>().ok()? {
+                    1 => Some(Metric::Accuracy),
+                    k => Some(Metric::TopK(k)),
+                }
+            }
+        }
+    }
+
+    /// The metric's value in `eval`; `None` when that evaluation did not compute it
+    /// (perplexity on an image model, a top-k or F1 the run did not ask for).
     pub fn value_in(self, eval: &EvalRecord) -> Option<f64> {
         match self {
             Metric::Accuracy => Some(eval.accuracy),
             Metric::CrossEntropy => Some(eval.cross_entropy),
             Metric::Perplexity => eval.perplexity,
+            Metric::TopK(_) | Metric::F1 => eval.extra.get(&self.as_str()),
         }
+    }
+
+    /// Whether larger values are better (accuracies and F1) or smaller ones (losses).
+    pub fn higher_is_better(self) -> bool {
+        matches!(self, Metric::Accuracy | Metric::TopK(_) | Metric::F1)
     }
 
     /// The values the metric can take, as `(lowest, highest, description)`.
     fn range(self) -> (f64, f64, &'static str) {
         match self {
-            Metric::Accuracy => (0.0, 1.0, "between 0 and 1"),
+            Metric::Accuracy | Metric::TopK(_) | Metric::F1 => (0.0, 1.0, "between 0 and 1"),
             Metric::CrossEntropy => (0.0, f64::INFINITY, ">= 0"),
             Metric::Perplexity => (1.0, f64::INFINITY, ">= 1"),
         }
+    }
+}
+
+impl fmt::Display for Metric {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.as_str())
+    }
+}
+
+impl FromStr for Metric {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Metric, String> {
+        Metric::from_name(s).ok_or_else(|| format!("unknown metric {s:?}; use {METRIC_NAMES}"))
+    }
+}
+
+/// Written by name (`"top5"`), as in `trainer.toml`.
+impl Serialize for Metric {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Metric {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Metric, D::Error> {
+        let name = String::deserialize(d)?;
+        name.parse().map_err(serde::de::Error::custom)
     }
 }
 
@@ -135,13 +197,7 @@ impl FromStr for Target {
         if name.is_empty() {
             return Err(format!("expected {FORM}, got {s:?}"));
         }
-        let metric = Metric::CHOICES
-            .iter()
-            .find(|(n, _)| *n == name)
-            .map(|(_, m)| *m)
-            .ok_or_else(|| {
-                format!("unknown metric {name:?}; use accuracy, cross_entropy or perplexity")
-            })?;
+        let metric: Metric = name.parse()?;
         let rest = rest.trim_start();
         let op = Comparison::ALL
             .into_iter()
@@ -170,8 +226,7 @@ impl FromStr for Target {
         let (lo, hi, range) = metric.range();
         if !value.is_finite() || value < lo || value > hi {
             return Err(format!(
-                "{} is {range}, so a target of {number} can never be met",
-                metric.as_str()
+                "{metric} is {range}, so a target of {number} can never be met"
             ));
         }
         Ok(Target { metric, op, value })
@@ -180,13 +235,7 @@ impl FromStr for Target {
 
 impl fmt::Display for Target {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} {} {}",
-            self.metric.as_str(),
-            self.op.as_str(),
-            self.value
-        )
+        write!(f, "{} {} {}", self.metric, self.op.as_str(), self.value)
     }
 }
 
@@ -287,6 +336,7 @@ mod tests {
             samples: 10,
             tokens: None,
             perplexity: None,
+            extra: Default::default(),
         }
     }
 
@@ -318,8 +368,15 @@ mod tests {
         let err = |s: &str| s.parse::<Target>().expect_err(s);
         assert_eq!(
             err("acc >= 0.9"),
-            "unknown metric \"acc\"; use accuracy, cross_entropy or perplexity"
+            "unknown metric \"acc\"; use accuracy (or top1), top2, top3, ... (topK), f1, \
+             cross_entropy or perplexity"
         );
+        for bad in ["top0", "top05", "top+5", "top", "topfive"] {
+            assert!(
+                err(&format!("{bad} >= 0.5")).starts_with("unknown metric"),
+                "{bad}"
+            );
+        }
         assert_eq!(
             err("accuracy == 0.9"),
             "unknown comparison \"==\"; use >=, >, <= or <"
@@ -387,6 +444,41 @@ mod tests {
             let other: Target = other.parse().expect("a target");
             assert!(!other.is_recorded_by(&reached), "{other}");
         }
+    }
+
+    #[test]
+    fn top_k_and_f1_targets_read_the_evaluations_extra_metrics() {
+        let t: Target = "top5 >= 0.9".parse().expect("a target");
+        assert_eq!(
+            (t.metric, t.op, t.value),
+            (Metric::TopK(5), Comparison::AtLeast, 0.9)
+        );
+        assert_eq!(t.to_string(), "top5 >= 0.9");
+        let t1: Target = "top1 > 0.5".parse().expect("a target");
+        assert_eq!(t1.metric, Metric::Accuracy);
+        let mut e = eval(3, 0.5, 1.0);
+        // Not computed by this evaluation: never met.
+        assert_eq!(t.met_by(&e), None);
+        e.extra.0.insert("top5".to_owned(), 0.95);
+        assert_eq!(t.met_by(&e), Some(0.95));
+        let f1: Target = "f1 >= 0.8".parse().expect("a target");
+        e.extra.0.insert("f1".to_owned(), 0.75);
+        assert_eq!(f1.met_by(&e), None);
+        assert_eq!(f1.best_in(&[e.clone()]), Some((0.75, 3)));
+        // Recorded by name, and read back.
+        let json = serde_json::to_value(Metric::TopK(5)).expect("json");
+        assert_eq!(json, serde_json::json!("top5"));
+        let back: Metric = serde_json::from_value(json).expect("a metric");
+        assert_eq!(back, Metric::TopK(5));
+        let record: EvalRecord = serde_json::from_value(serde_json::json!({
+            "epoch": 0, "batch": 3, "accuracy": 0.5, "cross_entropy": 1.0, "samples": 10,
+            "top5": 0.95, "f1": 0.75, "note": "a later field"
+        }))
+        .expect("a record");
+        assert_eq!(record, e);
+        let written = serde_json::to_value(&record).expect("json");
+        assert_eq!(written["top5"], 0.95);
+        assert!(written.get("note").is_none());
     }
 
     #[test]

@@ -189,7 +189,8 @@ impl Trainer {
         .context("[optimizer.groups]")?;
         let mut optimizer = optimizer;
         optimizer.hand_over(&claimed);
-        let state = RunState::new(setup, optimizer);
+        let mut state = RunState::new(setup, optimizer);
+        state.loss_fn = config.train.loss_fn();
 
         if let Some(dp) = &dp {
             super::dist::agree_on_resume(dp, resume.as_ref())?;

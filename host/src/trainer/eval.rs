@@ -8,7 +8,8 @@ use tessera_plugin_api::keys;
 use crate::engine::Event;
 use crate::report::{EvalRecord, EvalTime};
 
-use super::error::{Context as _, Result};
+use super::error::{fail, Context as _, Result};
+use super::metrics::{MetricSet, Tally};
 use super::Trainer;
 
 impl Trainer {
@@ -45,6 +46,12 @@ impl Trainer {
         let saved_batch = std::mem::take(&mut self.state.batch);
         let mut correct = Tensor::f_zeros([], (Kind::Int64, self.state.device()))?;
         let mut loss_sum = Tensor::f_zeros([], (Kind::Double, self.state.device()))?;
+        // Targets scored: all but those equal to `train.ignore_index`.
+        let mut scored = Tensor::f_zeros([], (Kind::Int64, self.state.device()))?;
+        let ignore_index = self.state.loss_fn.ignore_index;
+        let language = self.eval_loader.is_tokens();
+        // Top-k and F1 counts, set up at the first batch (when the class count is known).
+        let mut tally: Option<Tally> = None;
         let mut samples = 0u64;
         let mut tokens = 0u64;
         let loader = match &self.eval_subset {
@@ -77,30 +84,62 @@ impl Trainer {
                 target = target.f_reshape([-1])?;
                 tokens += target.numel() as u64;
             }
-            let ce =
-                output.f_cross_entropy_loss::<Tensor>(&target, None, Reduction::Sum, -100, 0.0)?;
+            let ce = output.f_cross_entropy_loss::<Tensor>(
+                &target,
+                None,
+                Reduction::Sum,
+                ignore_index,
+                0.0,
+            )?;
             loss_sum = loss_sum.f_add(&ce.f_to_kind(Kind::Double)?)?;
+            let valid = target.f_ne(ignore_index)?;
             let hits = output
                 .f_argmax(1, false)?
                 .f_eq_tensor(&target)?
+                .f_logical_and(&valid)?
                 .f_sum(Kind::Int64)?;
             correct = correct.f_add(&hits)?;
+            scored = scored.f_add(&valid.f_sum(Kind::Int64)?)?;
+            if tally.is_none() {
+                let classes = output.size().get(1).copied().unwrap_or(0);
+                let set = MetricSet::resolve(
+                    self.config.train.metrics.as_deref(),
+                    self.config.train.target.map(|t| t.metric),
+                    classes,
+                    language,
+                );
+                let set = match set {
+                    Ok(set) => set,
+                    Err(why) => fail!("train.metrics: {why}"),
+                };
+                tally = Some(Tally::new(set, classes, self.state.device())?);
+            }
+            if let Some(tally) = &mut tally {
+                tally.add(&output, &target, ignore_index)?;
+            }
             samples += n as u64;
             self.fire_as(Event::EVAL_BATCH_END, false)?;
         }
-        let language = self.eval_loader.is_tokens();
-        // Data-parallel: each rank evaluated its share of the test set.
-        let mut totals = [
-            correct.f_double_value(&[])?,
-            loss_sum.f_double_value(&[])?,
-            samples as f64,
-            tokens as f64,
+        // The device totals in one read: hits, loss sum, scored targets, then the tally's.
+        let mut parts = vec![
+            correct.f_to_kind(Kind::Double)?.f_reshape([1])?,
+            loss_sum.f_reshape([1])?,
+            scored.f_to_kind(Kind::Double)?.f_reshape([1])?,
         ];
+        if let Some(tally) = &tally {
+            parts.push(tally.totals()?);
+        }
+        let device_totals = crate::sync::read(&Tensor::f_cat(&parts, 0)?)?;
+        let mut totals = vec![samples as f64, tokens as f64];
+        totals.extend(device_totals);
+        // Data-parallel: each rank evaluated its share of the test set.
         self.sum_over_ranks(&mut totals)?;
-        let [correct, loss_sum, samples, tokens] = totals;
+        let (fixed, counts) = totals.split_at(5);
+        let [samples, tokens, correct, loss_sum, scored] = [0, 1, 2, 3, 4].map(|i| fixed[i]);
         let (samples, tokens) = (samples.round() as u64, tokens.round() as u64);
-        let denom = if language { tokens } else { samples }.max(1) as f64;
+        let denom = scored.max(1.0);
         let cross_entropy = loss_sum / denom;
+        let extra = tally.map(|t| t.values(counts, scored)).unwrap_or_default();
         let record = EvalRecord {
             epoch: self.state.clock.timestamp.epoch,
             batch: self.state.clock.timestamp.batch,
@@ -109,6 +148,7 @@ impl Trainer {
             samples,
             tokens: language.then_some(tokens),
             perplexity: language.then(|| cross_entropy.exp()),
+            extra,
         };
         self.state.batch = saved_batch;
         self.state.output = None;

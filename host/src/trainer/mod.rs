@@ -24,6 +24,7 @@ mod export;
 mod fit;
 pub mod input;
 mod losses;
+pub mod metrics;
 mod microbatch;
 mod resume;
 mod standalone;

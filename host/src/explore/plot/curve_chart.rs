@@ -27,10 +27,10 @@ const DASHES: [Option<f64>; 4] = [None, Some(7.0), Some(2.5), Some(12.0)];
 
 impl Curve {
     /// What it measures: `accuracy`, `perplexity` or `training loss`.
-    pub fn name(self, group: &Group) -> &'static str {
+    pub fn name(self, group: &Group) -> String {
         match self {
             Curve::Quality => group.metric.name(),
-            Curve::TrainingLoss => "training loss",
+            Curve::TrainingLoss => "training loss".to_owned(),
         }
     }
 
@@ -82,7 +82,7 @@ pub fn curve_canvas(group: &Group, curve: Curve) -> Option<Canvas> {
     let (mut canvas, frame) = titled_chart(
         format!("curves-{}-{}", curve.slug(), group.slug),
         Meta::class("chart curves")
-            .data("metric", name)
+            .data("metric", &name)
             .data("x", x_title),
         format!("{name} against {x_title}, every run"),
         height,
@@ -140,7 +140,7 @@ pub fn curve_canvas(group: &Group, curve: Curve) -> Option<Canvas> {
             .data("run", &s.run.run_name)
             .data("recipe", &s.run.recipe)
             .data("point", s.point + 1)
-            .title(series_title(s, &p.label, name, x_title));
+            .title(series_title(s, &p.label, &name, x_title));
         canvas.draw_with(Shape::Group(shapes), meta);
     }
     draw_legend(

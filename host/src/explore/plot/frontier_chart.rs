@@ -110,10 +110,12 @@ pub fn frontier_canvas(group: &Group) -> Canvas {
 
 /// `accuracy (higher is better)`.
 pub(super) fn quality_title(metric: QualityMetric) -> String {
-    match metric {
-        QualityMetric::Accuracy => "accuracy (higher is better)".to_owned(),
-        QualityMetric::Perplexity => "perplexity (lower is better)".to_owned(),
-    }
+    let direction = if metric.higher_is_better() {
+        "higher"
+    } else {
+        "lower"
+    };
+    format!("{metric} ({direction} is better)")
 }
 
 /// The point's class, recipe and number.

@@ -179,6 +179,34 @@ mod tests {
     }
 
     #[test]
+    fn an_evaluations_top_k_and_f1_become_eval_metrics() {
+        let mut record = crate::report::EvalRecord {
+            epoch: 1,
+            batch: 20,
+            accuracy: 0.5,
+            cross_entropy: 1.25,
+            samples: 200,
+            tokens: None,
+            perplexity: None,
+            extra: Default::default(),
+        };
+        record.extra.0.insert("top5".to_owned(), 0.875);
+        record.extra.0.insert("f1".to_owned(), 0.375);
+        // As the reporter writes the line.
+        let line = json!({"kind": "eval", "data": record});
+        let got: Vec<(String, f64, i64)> = metrics_of_line(&line, 0)
+            .into_iter()
+            .map(|m| (m.key, m.value, m.step))
+            .collect();
+        for (key, value) in [("eval/top5", 0.875), ("eval/f1", 0.375)] {
+            assert!(
+                got.contains(&(key.to_owned(), value, 20)),
+                "{key} missing from {got:?}"
+            );
+        }
+    }
+
+    #[test]
     fn config_flattens_to_dotted_keys() {
         let config = json!({"optimizer": {"lr": 0.1, "name": "sgd"}, "algorithms": [{"plugin": "ema"}],
             "recipe": null, "plugins": {"dirs": []}});

@@ -45,6 +45,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         result["perplexity"] = serde_json::json!(ppl);
         result["tokens"] = serde_json::json!(tokens);
     }
+    for (name, value) in r.extra.iter() {
+        result[name] = serde_json::json!(value);
+    }
+    let extra: String = r
+        .extra
+        .iter()
+        .map(|(name, value)| format!(", {name} {value:.4}"))
+        .collect();
     if let Some(to) = &to {
         let text = serde_json::to_vec_pretty(&result)?;
         tessera::files::write_atomic(to, &text)
@@ -60,14 +68,14 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         match r.perplexity {
             Some(ppl) => println!(
                 "{what}: perplexity {ppl:.3}, cross-entropy {:.4}, next-token accuracy \
-                 {:.4} on {} test sequences ({} tokens)",
+                 {:.4}{extra} on {} test sequences ({} tokens)",
                 r.cross_entropy,
                 r.accuracy,
                 r.samples,
                 r.tokens.unwrap_or(0)
             ),
             None => println!(
-                "{what}: accuracy {:.4}, cross-entropy {:.4} on {} test samples",
+                "{what}: accuracy {:.4}, cross-entropy {:.4}{extra} on {} test samples",
                 r.accuracy, r.cross_entropy, r.samples
             ),
         }

@@ -32,7 +32,8 @@ pub struct Args {
     /// (`aws/p4d.24xlarge`; see --list-instances).
     #[arg(long, value_name = "NAME")]
     instance: Option<String>,
-    /// The quality measure: accuracy (higher is better) or perplexity (lower is better);
+    /// The quality measure: accuracy (higher is better), perplexity (lower is better), or a
+    /// top-k accuracy (top5) or f1 the runs computed (higher is better);
     /// default: perplexity for language models, else accuracy.
     #[arg(long, value_name = "METRIC")]
     metric: Option<explore::QualityMetric>,
