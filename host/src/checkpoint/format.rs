@@ -104,26 +104,29 @@ fn hash_tensor(h: &mut Sha256, name: &str, dtype: Dtype, shape: &[usize], bytes:
     h.update(bytes);
 }
 
+/// The tensor of safetensors view `v` named `name` (copied out of the file's bytes); `Err`
+/// names it when its dtype has no libtorch kind or libtorch refuses it.
+fn tensor_of(name: &str, v: &safetensors::tensor::TensorView<'_>) -> Result<Tensor, String> {
+    let kind = kind_of(v.dtype()).ok_or_else(|| {
+        format!(
+            "`{name}` has dtype {:?}, which Tessera cannot hold",
+            v.dtype()
+        )
+    })?;
+    let shape: Vec<i64> = v.shape().iter().map(|&d| d as i64).collect();
+    Tensor::f_from_data_size(v.data(), &shape, kind).map_err(|e| format!("`{name}`: {e}"))
+}
+
 /// Every tensor of a plain safetensors file (no Tessera metadata needed: an export, a
 /// `save_pretrained` or `safetensors.torch.save_file` file), sorted by name.
 pub(crate) fn read_plain_tensors(bytes: &[u8]) -> Result<Vec<(String, Tensor)>, String> {
     let st = SafeTensors::deserialize(bytes).map_err(|e| e.to_string())?;
     let mut views = st.tensors();
     views.sort_by(|a, b| a.0.cmp(&b.0));
-    let mut tensors = Vec::with_capacity(views.len());
-    for (name, v) in views {
-        let kind = kind_of(v.dtype()).ok_or_else(|| {
-            format!(
-                "`{name}` has dtype {:?}, which Tessera cannot hold",
-                v.dtype()
-            )
-        })?;
-        let shape: Vec<i64> = v.shape().iter().map(|&d| d as i64).collect();
-        let t = Tensor::f_from_data_size(v.data(), &shape, kind)
-            .map_err(|e| format!("`{name}`: {e}"))?;
-        tensors.push((name, t));
-    }
-    Ok(tensors)
+    views
+        .into_iter()
+        .map(|(name, v)| tensor_of(&name, &v).map(|t| (name, t)))
+        .collect()
 }
 
 impl Checkpoint {
@@ -212,15 +215,7 @@ impl Checkpoint {
         }
         let mut tensors = Vec::with_capacity(views.len());
         for (name, v) in views {
-            let kind = kind_of(v.dtype()).ok_or_else(|| {
-                CheckpointError::corrupt(
-                    path,
-                    format!("`{name}` has unsupported dtype {:?}", v.dtype()),
-                )
-            })?;
-            let shape: Vec<i64> = v.shape().iter().map(|&d| d as i64).collect();
-            let t = Tensor::f_from_data_size(v.data(), &shape, kind)
-                .map_err(|e| CheckpointError::corrupt(path, format!("`{name}`: {e}")))?;
+            let t = tensor_of(&name, &v).map_err(|e| CheckpointError::corrupt(path, e))?;
             tensors.push((name, t));
         }
         Ok(Checkpoint { meta, tensors })

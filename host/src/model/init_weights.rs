@@ -101,16 +101,27 @@ pub enum InitWeightsError {
 
 /// Reads every tensor of the safetensors file at `path`, sorted by name.
 pub fn read_state_dict(path: &Path) -> Result<Vec<(String, Tensor)>, InitWeightsError> {
+    read_weights_file(path).map(|(tensors, _)| tensors)
+}
+
+/// The tensors of the safetensors file at `path` (sorted by name) and the file's sha256,
+/// reading it once. A pickled PyTorch file is refused with the conversion to run.
+fn read_weights_file(path: &Path) -> Result<(Vec<(String, Tensor)>, String), InitWeightsError> {
     let format = |message: String| InitWeightsError::Format {
         path: path.to_owned(),
         message,
     };
+    let bytes = std::fs::read(path).map_err(|source| InitWeightsError::Io {
+        path: path.to_owned(),
+        source,
+    })?;
     let ext = path
         .extension()
         .and_then(|e| e.to_str())
         .unwrap_or_default()
         .to_ascii_lowercase();
-    if matches!(ext.as_str(), "pt" | "pth" | "bin" | "ckpt") && !is_safetensors(path) {
+    // A safetensors file starts with its 8-byte header length, then the header's `{`.
+    if matches!(ext.as_str(), "pt" | "pth" | "bin" | "ckpt") && bytes.get(8) != Some(&b'{') {
         return Err(format(format!(
             "a pickled PyTorch file (`.{ext}`) cannot be read safely; convert it once with \
              `python scripts/to_safetensors.py {} model.safetensors` (the state_dict's tensors, \
@@ -119,22 +130,9 @@ pub fn read_state_dict(path: &Path) -> Result<Vec<(String, Tensor)>, InitWeights
             path.display()
         )));
     }
-    let bytes = std::fs::read(path).map_err(|source| InitWeightsError::Io {
-        path: path.to_owned(),
-        source,
-    })?;
-    crate::checkpoint::read_plain_tensors(&bytes)
-        .map_err(|e| format(format!("not a safetensors file ({e})")))
-}
-
-/// Whether the file starts like a safetensors file (an 8-byte header length, then `{`).
-fn is_safetensors(path: &Path) -> bool {
-    use std::io::Read;
-    let mut head = [0u8; 9];
-    std::fs::File::open(path)
-        .and_then(|mut f| f.read_exact(&mut head))
-        .is_ok()
-        && head[8] == b'{'
+    let tensors = crate::checkpoint::read_plain_tensors(&bytes)
+        .map_err(|e| format(format!("not a safetensors file ({e})")))?;
+    Ok((tensors, crate::files::sha256_hex(&bytes)))
 }
 
 /// Whether any pattern matches `name`.
@@ -158,16 +156,17 @@ fn head_tensors(model: &Model, name: ModelName) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// `names` for a message: the first [`LISTED`], then how many more.
-fn listed(names: &[String]) -> String {
-    let mut text = names
+/// `items` for a message: the first [`LISTED`] (in backticks when `quoted`), then how many
+/// more.
+pub(crate) fn listed(items: &[String], quoted: bool) -> String {
+    let mut text = items
         .iter()
         .take(LISTED)
-        .map(|n| format!("`{n}`"))
+        .map(|n| if quoted { format!("`{n}`") } else { n.clone() })
         .collect::<Vec<_>>()
         .join(", ");
-    if names.len() > LISTED {
-        text.push_str(&format!(" and {} more", names.len() - LISTED));
+    if items.len() > LISTED {
+        text.push_str(&format!(" and {} more", items.len() - LISTED));
     }
     text
 }
@@ -186,11 +185,7 @@ pub fn load_init_weights(
         .iter()
         .filter_map(|p| glob::Pattern::new(p).ok())
         .collect();
-    let file = read_state_dict(path)?;
-    let sha256 = crate::files::sha256_file(path).map_err(|source| InitWeightsError::Io {
-        path: path.to_owned(),
-        source,
-    })?;
+    let (file, sha256) = read_weights_file(path)?;
     let mismatch = |problems: Vec<String>| InitWeightsError::Mismatch {
         path: path.to_owned(),
         model: name.as_str().to_owned(),
@@ -299,27 +294,21 @@ pub fn load_init_weights(
             problems.push(format!(
                 "{} tensor(s) of the model are not in the file: {}",
                 report.missing.len(),
-                listed(&report.missing)
+                listed(&report.missing, true)
             ));
         }
         if !report.unexpected.is_empty() {
             problems.push(format!(
                 "{} tensor(s) of the file are not in the model: {}",
                 report.unexpected.len(),
-                listed(&report.unexpected)
+                listed(&report.unexpected, true)
             ));
         }
         if !report.mismatched.is_empty() {
             problems.push(format!(
                 "{} tensor(s) differ: {}",
                 report.mismatched.len(),
-                report
-                    .mismatched
-                    .iter()
-                    .take(LISTED)
-                    .cloned()
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                listed(&report.mismatched, false)
             ));
         }
     }

@@ -13,6 +13,7 @@ mod torchscript;
 mod tree;
 mod zoo;
 
+pub(crate) use init_weights::listed;
 pub use init_weights::{
     check_patterns as check_init_patterns, load_init_weights, read_state_dict, InitReport,
     InitWeightsError,

@@ -330,15 +330,9 @@ fn load_init_weights(
     ] {
         if !names.is_empty() {
             tracing::warn!(
-                "init_weights: {} tensor(s) {what}: {}{}",
+                "init_weights: {} tensor(s) {what}: {}",
                 names.len(),
-                names
-                    .iter()
-                    .take(20)
-                    .cloned()
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                if names.len() > 20 { ", ..." } else { "" }
+                crate::model::listed(names, false)
             );
         }
     }

@@ -120,11 +120,12 @@ impl Trainer {
         if let Err(e) = self.state.model.params.restore(&parts.model) {
             fail!("the checkpoint's weights do not fit this model ({e}); a run with methods that change the model (surgery) must use the same ones: or export the checkpoint (`tessera export`) and give the file to `[model] init_weights`");
         }
-        let ours: Vec<String> = self.engine.records()?.into_iter().map(|r| r.name).collect();
+        // This run's methods, by name (their states are not needed here).
+        let ours: Vec<&str> = (0..).map_while(|i| self.engine.name_of(i)).collect();
         let (kept, left): (Vec<_>, Vec<_>) = parts
             .methods
             .into_iter()
-            .partition(|r| ours.contains(&r.name));
+            .partition(|r| ours.contains(&r.name.as_str()));
         if !left.is_empty() {
             let names: Vec<String> = left.iter().map(|r| r.name.clone()).collect();
             tracing::info!(
