@@ -148,77 +148,45 @@ fn torchvision_and_transformers_files_give_pytorchs_logits() {
     assert!(diff < 1e-5, "{diff}");
 }
 
-/// A `trainer.toml` of `batches` batches of 16 synthetic 3x32x32 images of 10 classes, SGD at
-/// `lr` without momentum (0: frozen, [`FROZEN`]), `model` as the `[model]` body, a checkpoint
-/// at the end; `extra` ends the file.
-fn image_toml(run_name: &str, model: &str, lr: f64, batches: u32, extra: &str) -> String {
-    let (lr, scheduler) = if lr == 0.0 { (0.1, FROZEN) } else { (lr, "") };
-    format!(
-        r#"# written by tests/finetune.rs
-run_name = "{run_name}"
-seed = 5
-output_dir = "runs"
-
-[data]
-{data}
-[model]
-{model}
-
-[optimizer]
-name = "sgd"
-lr = {lr}
-
-[train]
-max_duration = "{batches}ba"
-eval_interval = "1ep"
-log_interval = "1ba"
-progress = false
-
-[plugins]
-dirs = [{plugins}]
-{scheduler}{extra}"#,
-        plugins = toml_string(&target_dir().display().to_string()),
-        data = synthetic_rgb_data(64),
-    )
-}
-
 /// The `[scheduler]` of a run whose weights must not move: SGD's rate times 0 (`lr` must be
 /// > 0), so each step subtracts exactly 0 and the weights stay bit for bit.
 const FROZEN: &str = "\n[scheduler]\nname = \"constant\"\nalpha = 0.0\n";
 
-/// A tiny GPT-2 (the reference's sizes) on synthetic text over [`VOCAB`] tokens, SGD at `lr`
-/// (0: frozen, [`FROZEN`]).
-fn gpt_toml(run_name: &str, init: &Path, lr: f64, batches: u32) -> String {
+/// A `trainer.toml` ([`TrainerToml`]) of `batches` batches of `data` for `model` (the `[model]`
+/// body), SGD at `lr` (0: frozen, [`FROZEN`]); `extra` ends the file.
+fn sgd_toml(
+    run_name: &str,
+    data: String,
+    model: &str,
+    lr: f64,
+    batches: u32,
+    extra: &str,
+) -> String {
     let (lr, scheduler) = if lr == 0.0 { (0.1, FROZEN) } else { (lr, "") };
-    format!(
-        r#"# written by tests/finetune.rs
-run_name = "{run_name}"
-seed = 5
-output_dir = "runs"
+    let toml = TrainerToml {
+        seed: 5,
+        model: model.to_owned(),
+        optimizer: format!("name = \"sgd\"\nlr = {lr}"),
+        max_duration: format!("{batches}ba"),
+        data,
+        ..TrainerToml::new(run_name)
+    };
+    format!("{}{scheduler}{extra}", toml.render())
+}
 
-[data]
-{data}
-[model]
-name = "gpt2"
-n_layer = 2
-n_head = 2
-n_embd = 16
-n_positions = 32
-init_weights = {init}
+/// [`sgd_toml`] on 64 synthetic 3x32x32 images of 10 classes.
+fn image_toml(run_name: &str, model: &str, lr: f64, batches: u32, extra: &str) -> String {
+    sgd_toml(run_name, synthetic_rgb_data(64), model, lr, batches, extra)
+}
 
-[optimizer]
-name = "sgd"
-lr = {lr}
-
-[train]
-max_duration = "{batches}ba"
-eval_interval = "1ep"
-log_interval = "1ba"
-progress = false
-{scheduler}"#,
-        data = text_data(32, None),
-        init = toml_string(&init.display().to_string()),
-    )
+/// [`sgd_toml`] for a tiny GPT-2 (the reference's sizes) starting from `init`, on synthetic
+/// text over [`VOCAB`] tokens.
+fn gpt_toml(run_name: &str, init: &Path, lr: f64, batches: u32) -> String {
+    let model = format!(
+        "name = \"gpt2\"\nn_layer = 2\nn_head = 2\nn_embd = 16\nn_positions = 32\ninit_weights = {}",
+        toml_string(&init.display().to_string())
+    );
+    sgd_toml(run_name, text_data(32, None), &model, lr, batches, "")
 }
 
 fn newest_checkpoint(dir: &TempDir, run_name: &str) -> PathBuf {
@@ -398,12 +366,11 @@ fn weights_only_starts_a_new_run_from_a_checkpoints_weights() {
 fn init_weights_errors_name_the_key_the_file_and_the_tensors() {
     let dir = TempDir::new("finetune-errors");
     let toml = |model: &str, extra: &str| image_toml("e", model, 0.1, 1, extra);
-    dir.write(
-        "trainer.toml",
-        &toml("name = \"mlp\"\ninit_ignore = [\"fc.*\"]", ""),
-    );
+    let text = toml("name = \"mlp\"\ninit_ignore = [\"fc.*\"]", "");
+    dir.write("trainer.toml", &text);
     let out = tessera(&["train", "trainer.toml"], dir.path(), &[]);
-    out.assert_failure(&["init_ignore", "init_weights", "trainer.toml:22:"]);
+    let at = format!("trainer.toml:{}:", line_of(&text, "init_ignore"));
+    out.assert_failure(&["init_ignore", "init_weights", &at]);
 
     dir.write(
         "trainer.toml",

@@ -98,40 +98,18 @@ fn timms_weights_give_timms_logits() {
     }
 }
 
-/// A `trainer.toml` for `batches` batches of 16 synthetic 3x32x32 images of 10 classes on a
-/// small ViT (`vit_tiny` with 2 blocks of 64 features, 4 heads, patches of 8), AdamW.
-fn vit_toml(run_name: &str, batches: u32, algorithms: &str) -> String {
-    format!(
-        r#"# written by tests/vit.rs
-run_name = "{run_name}"
-seed = 3
-output_dir = "runs"
-
-[data]
-{data}
-[model]
-name = "vit_tiny"
-embed_dim = 64
-depth = 2
-num_heads = 4
-patch_size = 8
-
-[optimizer]
-name = "adamw"
-lr = 0.001
-
-[train]
-max_duration = "{batches}ba"
-eval_interval = "1ep"
-log_interval = "1ba"
-progress = false
-
-[plugins]
-dirs = [{plugins}]
-{algorithms}"#,
-        plugins = toml_string(&target_dir().display().to_string()),
-        data = synthetic_rgb_data(128),
-    )
+/// A run ([`TrainerToml`]) of `batches` batches of 16 synthetic 3x32x32 images of 10 classes on
+/// a small ViT (`vit_tiny` with 2 blocks of 64 features, 4 heads, patches of 8), AdamW.
+fn vit_toml(run_name: &str, batches: u32) -> TrainerToml {
+    TrainerToml {
+        seed: 3,
+        model: "name = \"vit_tiny\"\nembed_dim = 64\ndepth = 2\nnum_heads = 4\npatch_size = 8"
+            .to_owned(),
+        optimizer: "name = \"adamw\"\nlr = 0.001".to_owned(),
+        max_duration: format!("{batches}ba"),
+        data: synthetic_rgb_data(128),
+        ..TrainerToml::new(run_name)
+    }
 }
 
 #[test]
@@ -139,7 +117,7 @@ fn a_trained_vit_exports_into_timms_model() {
     let dir = TempDir::new("vit-export");
     // A ViT learns slowly from scratch (timm's does the same on this data: flat for about 30
     // steps): 64 steps, and the last eight's mean loss below the first eight's.
-    dir.write("trainer.toml", &vit_toml("vit", 64, ""));
+    vit_toml("vit", 64).write_to(&dir);
     tessera(&["train", "trainer.toml"], dir.path(), &[]).assert_success();
     let lines = read_jsonl(&run_dir(&dir, "vit").join("metrics.jsonl"));
     let losses: Vec<f64> = lines
@@ -210,8 +188,9 @@ fn the_methods_for_vits_train_with_one() {
     ];
     let dir = TempDir::new("vit-methods");
     for (plugin, settings) in methods {
-        let algorithms = format!("\n[[algorithms]]\nplugin = \"{plugin}\"\n{settings}\n");
-        dir.write("trainer.toml", &vit_toml(plugin, 2, &algorithms));
+        vit_toml(plugin, 2)
+            .algorithm(plugin, settings)
+            .write_to(&dir);
         let out = tessera(&["train", "trainer.toml"], dir.path(), &[]);
         assert!(out.status.success(), "{plugin} on a ViT:\n{}", out.dump());
         let record: Value = read_json(&run_dir(&dir, plugin).join("run.json"));
@@ -223,7 +202,7 @@ fn the_methods_for_vits_train_with_one() {
 #[test]
 fn vit_sizes_that_do_not_fit_are_errors_naming_the_key() {
     let dir = TempDir::new("vit-errors");
-    let with = |from: &str, to: &str| vit_toml("e", 1, "").replace(from, to);
+    let with = |from: &str, to: &str| vit_toml("e", 1).render().replace(from, to);
     dir.write("trainer.toml", &with("num_heads = 4", "num_heads = 5"));
     tessera(&["train", "trainer.toml"], dir.path(), &[]).assert_failure(&[
         "num_heads",
