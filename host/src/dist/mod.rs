@@ -723,6 +723,39 @@ mod tests {
         }
     }
 
+    /// Joins a one-rank group on a port the system just gave out. Another test of this binary
+    /// can take that port between its release and the store's bind (rank 0's TCP store then
+    /// fails with "Address already in use"), and a store left by a failed join can still hold
+    /// its port: such a try is repeated on a fresh port.
+    fn join_alone(collectives: Collectives, device: tch::Device) -> Result<Group, DistError> {
+        let mut tries = 0;
+        loop {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .map(|a| a.port())
+                .unwrap();
+            let env = RankEnv {
+                rank: 0,
+                world: 1,
+                local_rank: 0,
+                local_world: 1,
+                master_addr: "127.0.0.1".into(),
+                master_port: port,
+            };
+            let joined = Group::join(
+                &env,
+                Duration::from_secs(20),
+                Duration::from_secs(20),
+                collectives,
+                device,
+            );
+            match joined {
+                Err(e) if tries < 5 && e.to_string().contains("already in use") => tries += 1,
+                other => return other,
+            }
+        }
+    }
+
     /// A one-rank group asked for NCCL reaches c10d's `ProcessGroupNCCL` (its symbols link from
     /// libtorch_cuda): on a machine without a GPU, its own refusal comes back as the error.
     #[test]
@@ -730,43 +763,17 @@ mod tests {
         if !nccl_built() || crate::device::cuda_device_count() > 0 {
             return;
         }
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .unwrap();
-        let env = RankEnv {
-            rank: 0,
-            world: 1,
-            local_rank: 0,
-            local_world: 1,
-            master_addr: "127.0.0.1".into(),
-            master_port: port,
-        };
-        let e = Group::join(
-            &env,
-            Duration::from_secs(20),
-            Duration::from_secs(20),
-            Collectives::Nccl,
-            tch::Device::Cuda(0),
-        )
-        .err()
-        .unwrap()
-        .to_string();
-        eprintln!("NCCL ERROR: {e}");
+        let e = join_alone(Collectives::Nccl, tch::Device::Cuda(0))
+            .err()
+            .unwrap()
+            .to_string();
         assert!(e.contains("(NCCL on cuda:0)"), "{e}");
         assert!(
             e.contains("GPU") || e.contains("CUDA") || e.contains("cuda"),
             "{e}"
         );
         // The same group over Gloo works on this machine.
-        let g = Group::join(
-            &env,
-            Duration::from_secs(20),
-            Duration::from_secs(20),
-            Collectives::Gloo,
-            tch::Device::Cpu,
-        )
-        .unwrap();
+        let g = join_alone(Collectives::Gloo, tch::Device::Cpu).unwrap();
         assert_eq!(g.all_reduce_values(&[1.5], Op::Sum).unwrap(), vec![1.5]);
     }
 }
