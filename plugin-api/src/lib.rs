@@ -157,6 +157,10 @@ pub mod keys {
     /// skips its update too (read it on the device, e.g. as a mask, to keep the step free of
     /// host reads). Absent when the host never skips.
     pub const FOUND_INF: &str = "found_inf";
+    /// The batch's attention mask of token inputs `(N, T)`, int64: 1 where a token is, 0 at
+    /// padding; a batch entry of text datasets that pad (labelled text, BERT). Transformer
+    /// attention ignores the padded keys. Absent: every position is a token.
+    pub const ATTENTION_MASK: &str = "attention_mask";
 }
 
 /// The libtorch version this crate (and so the plugin or host using it) was compiled against.
