@@ -224,7 +224,7 @@ fn training_batches_become_four_times_as_many_quarter_length_rows() {
     let (record, lines, stderr) = run(&dir, &alibi("alibi", "max_sequence_length = 64"), &[]);
     assert!(
         stderr.contains("alibi: 2 attention blocks use ALiBi (max_sequence_length 64)")
-            && stderr.contains("transformer.wpe zeroed and frozen"),
+            && stderr.contains("the position embedding zeroed and frozen"),
         "{stderr}"
     );
     // The clock counts the dataloader's batches (8 sequences of 32 tokens); the steps trained

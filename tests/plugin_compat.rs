@@ -32,6 +32,7 @@ const FIXTURES: &[(&str, &[(&str, &str)])] = &[
             "clipping_type = \"norm\"\nclipping_threshold = 1.0",
         )],
     ),
+    ("1.6.0", &[("alternating_flip", "")]),
 ];
 
 /// The plugin built against the current interface that runs beside the old ones.

@@ -66,6 +66,7 @@ fn main() {
             dropout: 0.0,
             norm: None,
             gpt2: None,
+            bert: None,
             vit: None,
             init: None,
         };

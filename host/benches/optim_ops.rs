@@ -34,6 +34,7 @@ fn model(name: &str) -> Model {
                 dropout: 0.0,
                 norm: None,
                 gpt2: None,
+                bert: None,
                 vit: None,
                 init: None,
             },
@@ -58,6 +59,7 @@ fn model(name: &str) -> Model {
                     vocab_size: Some(50257),
                     ..Gpt2Config::default()
                 }),
+                bert: None,
                 vit: None,
                 init: None,
             },

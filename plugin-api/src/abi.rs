@@ -641,6 +641,21 @@ pub trait ModuleObject: Send {
     fn export(&self) -> RResult<ROption<RVec<NamedTensor>>, PluginError> {
         RResult::ROk(ROption::RNone)
     }
+
+    // ---- 1.7: appended with a default body (an older plugin gets it) ----
+    /// Runs the module on a batch that has an `attention_mask` (plugin-api 1.7): `(B, T)`
+    /// int64, 0 at padded positions; consumes both handles. `None` (the default, and every
+    /// module of a plugin built before 1.7): the module has no masked forward, and the host
+    /// calls [`forward`](ModuleObject::forward) instead.
+    fn forward_masked(
+        &self,
+        input: TensorHandle,
+        attention_mask: TensorHandle,
+        train: bool,
+    ) -> RResult<ROption<TensorHandle>, PluginError> {
+        let _ = (input, attention_mask, train);
+        RResult::ROk(ROption::RNone)
+    }
 }
 
 /// An owned plugin module.

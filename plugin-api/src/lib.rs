@@ -61,7 +61,7 @@
 //! crate-type = ["cdylib", "rlib"]
 //!
 //! [dependencies]
-//! tessera-plugin-api = "1.6"
+//! tessera-plugin-api = "1.7"
 //! tch = "=0.26.0"
 //! ```
 //!
@@ -103,6 +103,13 @@
 //!   appended to the host's function table).
 //! - **1.5** (appended to the host's function table): the process's place in a data-parallel
 //!   run ([`Context::ranks`], [`RankInfo`]); rank 0 of 1 in an older host.
+//! - **1.6** (appended to the host's function table and the sample transform object):
+//!   optimizer methods ([`Context::claim_parameters`], the `optimizer_step` event, step
+//!   information, [`keys::FOUND_INF`]), parameter groups, training samples at `init`, the
+//!   evaluation forward, and where a per-sample transform's sample is.
+//! - **1.7** (appended to the module object): [`Module::forward_masked`], the forward of a
+//!   batch with an attention mask ([`keys::ATTENTION_MASK`]); a module of an older plugin gets
+//!   [`Module::forward`].
 #![warn(missing_docs)]
 
 pub mod abi;
@@ -677,6 +684,20 @@ pub trait Module: Send + 'static {
     fn export(&self) -> Result<Option<Vec<(String, tch::Tensor)>>, Error> {
         Ok(None)
     }
+    /// Runs the module on a batch that has an attention mask (plugin-api 1.7; an older host
+    /// always calls [`Module::forward`]): `attention_mask` is the batch's
+    /// [`keys::ATTENTION_MASK`], `(B, T)` int64, 0 at padded positions. A module computing
+    /// attention over the tokens (a replacement of BERT's `bert_self_attention`) gives padded
+    /// keys no weight; the default ignores the mask and calls [`Module::forward`].
+    fn forward_masked(
+        &self,
+        input: &tch::Tensor,
+        attention_mask: &tch::Tensor,
+        train: bool,
+    ) -> Result<tch::Tensor, Error> {
+        let _ = attention_mask;
+        self.forward(input, train)
+    }
 }
 
 /// Tensors across the ABI, named.
@@ -729,6 +750,20 @@ impl<M: Module> ModuleObject for ModuleAdapter<M> {
 
     fn export(&self) -> RResult<ROption<RVec<NamedTensor>>, PluginError> {
         export_answer(guard(|| self.0.export()))
+    }
+
+    fn forward_masked(
+        &self,
+        input: TensorHandle,
+        attention_mask: TensorHandle,
+        train: bool,
+    ) -> RResult<ROption<TensorHandle>, PluginError> {
+        let input = input.into_tensor();
+        let mask = attention_mask.into_tensor();
+        guard(|| self.0.forward_masked(&input, &mask, train))
+            .map(|t| ROption::RSome(TensorHandle::from_tensor(t)))
+            .map_err(PluginError::from)
+            .into()
     }
 }
 

@@ -8,7 +8,8 @@ use super::reader::{quote_list, Bounds, Tbl};
 use super::required_table;
 use super::section::{section, Section};
 use crate::model::{
-    Gpt2Config, InitWeights, ModelConfig, ModelName, Norm, TorchscriptFile, VitConfig,
+    BertConfig, BertHead, Gpt2Config, InitWeights, ModelConfig, ModelName, Norm, TorchscriptFile,
+    VitConfig,
 };
 
 section!(ModelConfig {
@@ -27,6 +28,9 @@ section!(ModelConfig {
     vocab_size,
     tie_embeddings,
     layer_norm_epsilon,
+    n_inner,
+    type_vocab_size,
+    head,
     widths: uint_list(1),
     embed_dim,
     depth,
@@ -36,6 +40,10 @@ section!(ModelConfig {
     init_ignore,
     init_strict,
 });
+
+/// The `[model]` keys only BERT has ([`BertConfig`], with gpt2's shared ones), read by
+/// [`bert`].
+const BERT_ONLY_KEYS: [&str; 3] = ["n_inner", "type_vocab_size", "head"];
 
 /// The `[model]` keys of a ViT's sizes ([`VitConfig`]), read by [`vit`].
 const VIT_KEYS: [&str; 4] = ["embed_dim", "depth", "num_heads", "patch_size"];
@@ -73,6 +81,7 @@ pub(super) fn read(top: &Tbl<'_>, data: &DataConfig) -> Result<ModelConfig, Conf
             for key in ["hidden", "width", "dropout", "norm", "widths"]
                 .into_iter()
                 .chain(GPT2_KEYS)
+                .chain(BERT_ONLY_KEYS)
                 .chain(VIT_KEYS)
             {
                 m.reject(
@@ -106,29 +115,48 @@ pub(super) fn read(top: &Tbl<'_>, data: &DataConfig) -> Result<ModelConfig, Conf
                         ),
                     )
                 })?;
-            if data.is_text() != (name == ModelName::Gpt2) {
+            let text_model = matches!(name, ModelName::Gpt2 | ModelName::Bert);
+            if data.is_text() != text_model {
                 let why = if data.is_text() {
                     format!(
                         "model {:?} takes images, but dataset {:?} is text: use name = \"gpt2\" \
-                         (or a TorchScript model that takes token ids)",
+                         or \"bert\" (or a TorchScript model that takes token ids)",
                         name.as_str(),
                         data.dataset.as_str()
                     )
                 } else {
                     format!(
-                        "model \"gpt2\" is a language model, but dataset {:?} is images: use a \
-                         text dataset (sotu, shakespeare, synthetic-text)",
+                        "model {:?} is a language model, but dataset {:?} is images: use a \
+                         text dataset (sotu, shakespeare, text, synthetic-text)",
+                        name.as_str(),
                         data.dataset.as_str()
                     )
                 };
                 return Err(m.err("name", ErrorKind::InvalidValue, why));
             }
-            if name != ModelName::Gpt2 {
+            if name != ModelName::Bert {
+                for key in BERT_ONLY_KEYS {
+                    m.reject(
+                        key,
+                        &format!(
+                            "`{key}` only applies to model \"bert\", not {:?}",
+                            name.as_str()
+                        ),
+                    )?;
+                }
+            } else {
+                m.reject(
+                    "tie_embeddings",
+                    "`tie_embeddings` does not apply to model \"bert\": its masked-LM decoder is \
+                     always the word embedding (as Hugging Face's BertForMaskedLM)",
+                )?;
+            }
+            if !text_model {
                 for key in GPT2_KEYS {
                     m.reject(
                         key,
                         &format!(
-                            "`{key}` only applies to model \"gpt2\", not {:?}",
+                            "`{key}` only applies to models \"gpt2\" and \"bert\", not {:?}",
                             name.as_str()
                         ),
                     )?;
@@ -171,13 +199,14 @@ pub(super) fn read(top: &Tbl<'_>, data: &DataConfig) -> Result<ModelConfig, Conf
                     "width",
                     "`width` applies to models \"cnn\" and the resnets, not \"mlp\" (use `hidden`)",
                 )?;
-            } else if name == ModelName::Gpt2 {
+            } else if text_model {
                 for key in ["hidden", "width", "norm"] {
                     m.reject(
                         key,
                         &format!(
-                            "`{key}` does not apply to model \"gpt2\" (its sizes are `n_layer`, \
-                             `n_head`, `n_embd`, `n_positions`, `vocab_size`)"
+                            "`{key}` does not apply to model {:?} (its sizes are `n_layer`, \
+                             `n_head`, `n_embd`, `n_positions`, `vocab_size`)",
+                            name.as_str()
                         ),
                     )?;
                 }
@@ -204,6 +233,9 @@ pub(super) fn read(top: &Tbl<'_>, data: &DataConfig) -> Result<ModelConfig, Conf
     model.init = init_weights(&m)?;
     if model.name == ModelName::Gpt2 {
         model.gpt2 = Some(gpt2(&m, classes)?);
+    }
+    if model.name == ModelName::Bert {
+        model.bert = Some(bert(&m, classes)?);
     }
     if let Some(sizes) = model.name.vit_sizes() {
         model.vit = Some(vit(&m, sizes)?);
@@ -356,6 +388,69 @@ fn gpt2(m: &Tbl<'_>, classes: usize) -> Result<Gpt2Config, ConfigError> {
             ErrorKind::InvalidValue,
             format!("must be >= {classes} (the tokens of the data's vocabulary), got {v}"),
         ));
+    }
+    Ok(c)
+}
+
+/// bert's sizes: each key given, else BERT-base's ([`BertConfig::default`]); `n_embd` must be a
+/// multiple of `n_head`; a masked LM's `vocab_size` at least the data's `classes` (its
+/// vocabulary).
+fn bert(m: &Tbl<'_>, classes: usize) -> Result<BertConfig, ConfigError> {
+    let mut c = BertConfig::default();
+    for (key, field) in [
+        ("n_layer", &mut c.n_layer),
+        ("n_head", &mut c.n_head),
+        ("n_embd", &mut c.n_embd),
+        ("n_inner", &mut c.n_inner),
+        ("n_positions", &mut c.n_positions),
+        ("type_vocab_size", &mut c.type_vocab_size),
+    ] {
+        if let Some(v) = m.uint(key, 1)? {
+            *field = v;
+        }
+    }
+    c.vocab_size = m.uint("vocab_size", 1)?;
+    if let Some(v) = m.float("layer_norm_epsilon", Bounds::POSITIVE)? {
+        c.layer_norm_epsilon = v;
+    }
+    if let Some(head) = m.choice("head", "BERT head", &BertHead::CHOICES)? {
+        c.head = head;
+    }
+    if !c.n_embd.is_multiple_of(c.n_head) {
+        let key = if m.entry("n_embd").is_some() {
+            "n_embd"
+        } else {
+            "n_head"
+        };
+        return Err(m.err(
+            key,
+            ErrorKind::InvalidValue,
+            format!(
+                "`n_embd` ({}) must be a multiple of `n_head` ({}): each head gets n_embd / \
+                 n_head features",
+                c.n_embd, c.n_head
+            ),
+        ));
+    }
+    match c.head {
+        BertHead::MaskedLm => {
+            if let Some(v) = c.vocab_size.filter(|v| *v < classes) {
+                return Err(m.err(
+                    "vocab_size",
+                    ErrorKind::InvalidValue,
+                    format!("must be >= {classes} (the tokens of the data's vocabulary), got {v}"),
+                ));
+            }
+        }
+        BertHead::Classification => {
+            if c.vocab_size.is_none() {
+                return Err(m.missing(
+                    "vocab_size",
+                    "the vocabulary of a BERT classifier (its data gives class labels, not the \
+                     tokenizer's size)",
+                ));
+            }
+        }
     }
     Ok(c)
 }

@@ -179,6 +179,7 @@ fn full_file() {
             dropout: 0.0,
             norm: None,
             gpt2: None,
+            bert: None,
             vit: None,
             init: None
         }
@@ -1059,7 +1060,7 @@ fn unknown_names() {
             InvalidValue,
             "model.name",
             Some(6),
-            "unknown model \"transformer\"; expected \"mlp\", \"cnn\", \"resnet20\", \"resnet56\", \"resnet18\", \"resnet50\", \"gpt2\", \"airbench\", \"vit_tiny\", \"vit_small\" or \"vit_base\"",
+            "unknown model \"transformer\"; expected \"mlp\", \"cnn\", \"resnet20\", \"resnet56\", \"resnet18\", \"resnet50\", \"gpt2\", \"bert\", \"airbench\", \"vit_tiny\", \"vit_small\" or \"vit_base\"",
         ),
         case(
             "optimizer",
@@ -2293,7 +2294,91 @@ fn gpt2_sizes_default_validate_and_round_trip() {
     }
     let e = err(&MINIMAL.replace("name = \"cnn\"", "name = \"cnn\"\nn_head = 2"));
     assert_eq!(e.key, "model.n_head");
-    assert!(e.message.contains("only applies to model \"gpt2\""), "{e}");
+    assert!(
+        e.message
+            .contains("only applies to models \"gpt2\" and \"bert\""),
+        "{e}"
+    );
+}
+
+#[test]
+fn bert_sizes_default_validate_and_round_trip() {
+    use crate::model::{BertConfig, BertHead};
+    let bert = MINIMAL.replace("\"cnn\"", "\"bert\"").replace(
+        "\"fashion-mnist\"",
+        "\"synthetic-text\"\n[data.text]\nvocab_size = 256",
+    );
+    let c = ok(&bert);
+    assert_eq!(c.model.bert, Some(BertConfig::default()));
+    assert!(c.model.gpt2.is_none());
+    let b = BertConfig::default();
+    assert_eq!(
+        (b.n_layer, b.n_head, b.n_embd, b.n_inner, b.n_positions),
+        (12, 12, 768, 3072, 512)
+    );
+    assert_eq!((b.type_vocab_size, b.layer_norm_epsilon), (2, 1e-12));
+    assert_eq!(b.head, BertHead::MaskedLm);
+    let sized = bert.replace(
+        "name = \"bert\"",
+        "name = \"bert\"\nn_layer = 2\nn_head = 4\nn_embd = 64\nn_inner = 96\n\
+         n_positions = 128\nvocab_size = 300\ntype_vocab_size = 1\nlayer_norm_epsilon = 1e-6\n\
+         dropout = 0.1\nhead = \"classification\"",
+    );
+    let c = ok(&sized);
+    let want = BertConfig {
+        n_layer: 2,
+        n_head: 4,
+        n_embd: 64,
+        n_inner: 96,
+        n_positions: 128,
+        vocab_size: Some(300),
+        type_vocab_size: 1,
+        layer_norm_epsilon: 1e-6,
+        head: BertHead::Classification,
+    };
+    assert_eq!(c.model.bert.as_ref(), Some(&want));
+    assert_eq!(c.model.dropout, 0.1);
+    let recorded = serde_json::to_value(&c).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(recorded["model"]["n_inner"], 96);
+    assert_eq!(recorded["model"]["head"], "classification");
+    let again = recorded::from_recorded(&recorded, "again", &[]).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(again.model, c.model);
+    // Errors name the key and its line (the line after `name`).
+    for (to, key, fragment) in [
+        ("n_embd = 100", "model.n_embd", "multiple of `n_head`"),
+        ("n_inner = 0", "model.n_inner", ""),
+        ("head = \"pretraining\"", "model.head", "masked_lm"),
+        (
+            "head = \"classification\"",
+            "model.vocab_size",
+            "vocabulary",
+        ),
+        (
+            "tie_embeddings = false",
+            "model.tie_embeddings",
+            "word embedding",
+        ),
+        ("vocab_size = 3", "model.vocab_size", "must be >= 256"),
+        (
+            "width = 4",
+            "model.width",
+            "does not apply to model \"bert\"",
+        ),
+    ] {
+        let e = err(&bert.replace("name = \"bert\"", &format!("name = \"bert\"\n{to}")));
+        assert_eq!(e.key, key, "{to}: {e}");
+        if key != "model.vocab_size" || to.starts_with("vocab") {
+            assert_eq!(e.location.line(), Some(9), "{e}");
+        }
+        assert!(e.message.contains(fragment), "{to}: {e}");
+    }
+    // BERT's own keys on another model, and BERT on images.
+    let e = err(&MINIMAL.replace("name = \"cnn\"", "name = \"cnn\"\nn_inner = 2"));
+    assert_eq!(e.key, "model.n_inner");
+    assert!(e.message.contains("only applies to model \"bert\""), "{e}");
+    let e = err(&MINIMAL.replace("name = \"cnn\"", "name = \"bert\""));
+    assert_eq!(e.key, "model.name");
+    assert!(e.message.contains("language model"), "{e}");
 }
 
 #[test]

@@ -220,6 +220,7 @@ impl SetupState {
             dropout: 0.0,
             norm: None,
             gpt2: None,
+            bert: None,
             vit: None,
             init: None,
         };
@@ -448,12 +449,14 @@ impl RunState {
         Ok(())
     }
 
-    /// Runs the model on `input` under the run's precision, in training mode or not. The one
-    /// forward of the host: the training step, evaluation and methods' extra forwards use it.
-    /// Gradients follow the caller's grad mode.
+    /// Runs the model on `input` under the run's precision, in training mode or not, with the
+    /// batch's `attention_mask` when it has one. The one forward of the host: the training
+    /// step, evaluation and methods' extra forwards use it. Gradients follow the caller's grad
+    /// mode.
     pub fn forward(&self, input: &Tensor, train: bool) -> Result<Tensor, TchError> {
         let _autocast = AutocastGuard::new(self.precision, self.device());
-        self.model.forward(input, train)
+        let mask = self.batch.get(keys::ATTENTION_MASK);
+        self.model.forward_masked(input, mask, train)
     }
 
     /// Runs the model on the batch's `input` (as [`RunState::forward`] does) and keeps the result

@@ -24,7 +24,10 @@ pub use loss::{
     LossKind, NonFiniteLoss, DEFAULT_IGNORE_INDEX,
 };
 pub use params::{Entry, ParamStore, Role};
-pub use spec::{Gpt2Config, InitWeights, ModelConfig, ModelName, Norm, TorchscriptFile, VitConfig};
+pub use spec::{
+    BertConfig, BertHead, Gpt2Config, InitWeights, ModelConfig, ModelName, Norm, TorchscriptFile,
+    VitConfig,
+};
 pub use torchscript::TorchscriptModel;
 pub use tree::{LayerInfo, SurgeryError};
 
@@ -123,6 +126,24 @@ impl Model {
                     num_classes,
                 )?)
             }
+            ModelName::Bert => {
+                let sizes = config.bert.clone().unwrap_or_default();
+                // A masked LM's outputs are the vocabulary; a classifier's the classes, its
+                // vocabulary the config's (or the data's, given as `vocab_size`).
+                let (vocabulary, classes) = match sizes.head {
+                    layers::BertHead::MaskedLm => (num_classes, num_classes),
+                    layers::BertHead::Classification => {
+                        (sizes.vocab_size.map_or(0, |v| v as i64), num_classes)
+                    }
+                };
+                Box::new(layers::Bert::new(
+                    store,
+                    &sizes,
+                    config.dropout,
+                    vocabulary,
+                    classes,
+                )?)
+            }
             ModelName::VitTiny | ModelName::VitSmall | ModelName::VitBase => {
                 let sizes = config
                     .vit
@@ -156,6 +177,17 @@ impl Model {
     /// Runs the model.
     pub fn forward(&self, xs: &Tensor, train: bool) -> Result<Tensor, TchError> {
         self.root.forward(xs, train)
+    }
+
+    /// Runs the model with the batch's `attention_mask` (`(B, T)`, 0 at padding), which the
+    /// attention layers that support padding read ([`layers::mask`]).
+    pub fn forward_masked(
+        &self,
+        xs: &Tensor,
+        attention_mask: Option<&Tensor>,
+        train: bool,
+    ) -> Result<Tensor, TchError> {
+        layers::mask::with_attention_mask(attention_mask, || self.root.forward(xs, train))
     }
 
     /// Surgery: replaces the layer at `path` by `layer`. The old layer's tensors (its whole
@@ -249,6 +281,7 @@ mod tests {
             dropout: 0.0,
             norm: None,
             gpt2: None,
+            bert: None,
             vit: None,
             init: None,
         }
@@ -709,6 +742,7 @@ mod surgery_tests {
             dropout: 0.0,
             norm: None,
             gpt2: None,
+            bert: None,
             vit: None,
             init: None,
         };

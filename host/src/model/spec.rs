@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
-pub use super::layers::VitConfig;
+pub use super::layers::{BertConfig, BertHead, VitConfig};
 
 /// A model architecture (`[model] name`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
@@ -31,6 +31,9 @@ pub enum ModelName {
     /// A model made in PyTorch, from the file [`ModelConfig::torchscript`] names (`[model]
     /// torchscript = "model.pt"` instead of `name`).
     Torchscript,
+    /// BERT over token ids (Hugging Face's `BertForMaskedLM` or `BertForSequenceClassification`
+    /// names), sized by [`ModelConfig::bert`].
+    Bert,
     /// timm's `vit_tiny_patch16_*` (192 features, 12 blocks, 3 heads), sized by
     /// [`ModelConfig::vit`].
     VitTiny,
@@ -43,7 +46,7 @@ pub enum ModelName {
 impl ModelName {
     /// Every zoo architecture with the name used in `trainer.toml` (a TorchScript model is named
     /// by its file instead).
-    pub const CHOICES: [(&'static str, ModelName); 11] = [
+    pub const CHOICES: [(&'static str, ModelName); 12] = [
         ("mlp", ModelName::Mlp),
         ("cnn", ModelName::Cnn),
         ("resnet20", ModelName::Resnet20),
@@ -51,6 +54,7 @@ impl ModelName {
         ("resnet18", ModelName::Resnet18),
         ("resnet50", ModelName::Resnet50),
         ("gpt2", ModelName::Gpt2),
+        ("bert", ModelName::Bert),
         ("airbench", ModelName::Airbench),
         ("vit_tiny", ModelName::VitTiny),
         ("vit_small", ModelName::VitSmall),
@@ -67,6 +71,7 @@ impl ModelName {
             ModelName::Resnet18 => "resnet18",
             ModelName::Resnet50 => "resnet50",
             ModelName::Gpt2 => "gpt2",
+            ModelName::Bert => "bert",
             ModelName::Airbench => "airbench",
             ModelName::Torchscript => "torchscript",
             ModelName::VitTiny => "vit_tiny",
@@ -93,6 +98,7 @@ impl ModelName {
         match self {
             ModelName::Mlp
             | ModelName::Gpt2
+            | ModelName::Bert
             | ModelName::Airbench
             | ModelName::Torchscript
             | ModelName::VitTiny
@@ -167,9 +173,11 @@ impl Norm {
     pub fn choices(name: ModelName) -> &'static [Norm] {
         match name {
             ModelName::Mlp => &[Norm::None, Norm::Layer],
-            ModelName::Gpt2 | ModelName::VitTiny | ModelName::VitSmall | ModelName::VitBase => {
-                &[Norm::Layer]
-            }
+            ModelName::Gpt2
+            | ModelName::Bert
+            | ModelName::VitTiny
+            | ModelName::VitSmall
+            | ModelName::VitBase => &[Norm::Layer],
             ModelName::Cnn => &[Norm::Batch, Norm::Group],
             ModelName::Torchscript => &[],
             _ => &[Norm::Batch],
@@ -220,6 +228,9 @@ pub struct ModelConfig {
     /// gpt2 only (`Some` for it, `None` for every other model): its sizes.
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub gpt2: Option<Gpt2Config>,
+    /// bert only (`Some` for it): its sizes and head.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub bert: Option<BertConfig>,
     /// The ViTs only (`Some` for them): their sizes (`embed_dim`, `depth`, `num_heads`,
     /// `patch_size`), timm's for the name unless given.
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
@@ -313,6 +324,7 @@ impl ModelConfig {
             dropout: 0.0,
             norm: None,
             gpt2: (name == ModelName::Gpt2).then(Gpt2Config::default),
+            bert: (name == ModelName::Bert).then(BertConfig::default),
             vit: name.vit_sizes(),
             init: None,
         }

@@ -84,15 +84,30 @@ impl Layer for PluginLayer {
     }
 
     fn forward(&self, xs: &tch::Tensor, train: bool) -> Result<tch::Tensor, tch::TchError> {
-        let input = TensorHandle::from_tensor(xs.shallow_clone());
-        match self.module.forward(input, train) {
-            RResult::ROk(out) => Ok(out.into_tensor()),
-            RResult::RErr(e) => Err(tch::TchError::Torch(format!(
+        let failed = |e: tessera_plugin_api::abi::PluginError| {
+            tch::TchError::Torch(format!(
                 "plugin module `{}`: {}: {}",
                 self.kind,
                 e.kind.name(),
                 e.message
-            ))),
+            ))
+        };
+        // A batch with padding: the module's masked forward (plugin-api 1.7), when it has one.
+        if let Some(mask) = crate::model::layers::mask::attention_mask() {
+            let input = TensorHandle::from_tensor(xs.shallow_clone());
+            match self
+                .module
+                .forward_masked(input, TensorHandle::from_tensor(mask), train)
+            {
+                RResult::ROk(ROption::RSome(out)) => return Ok(out.into_tensor()),
+                RResult::ROk(ROption::RNone) => {}
+                RResult::RErr(e) => return Err(failed(e)),
+            }
+        }
+        let input = TensorHandle::from_tensor(xs.shallow_clone());
+        match self.module.forward(input, train) {
+            RResult::ROk(out) => Ok(out.into_tensor()),
+            RResult::RErr(e) => Err(failed(e)),
         }
     }
 

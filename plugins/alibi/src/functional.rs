@@ -379,6 +379,130 @@ pub fn alibi_attention_with(
     Ok((output(&context, &p, weights, &options)?, probs))
 }
 
+/// The tensors of a BERT self-attention (`bert_self_attention`), in PyTorch `Linear` layout
+/// (`y = x Wᵀ + b`).
+#[derive(Debug)]
+pub struct BertAttentionWeights {
+    /// `query.weight`, `(C, C)`.
+    pub query_weight: Tensor,
+    /// `query.bias`, `(C)`.
+    pub query_bias: Tensor,
+    /// `key.weight`, `(C, C)`.
+    pub key_weight: Tensor,
+    /// `key.bias`, `(C)`.
+    pub key_bias: Tensor,
+    /// `value.weight`, `(C, C)`.
+    pub value_weight: Tensor,
+    /// `value.bias`, `(C)`.
+    pub value_bias: Tensor,
+}
+
+impl BertAttentionWeights {
+    /// The tensors under Hugging Face's names, relative to the module (shallow clones).
+    pub fn named(&self) -> Vec<(&'static str, Tensor)> {
+        vec![
+            ("query.weight", self.query_weight.shallow_clone()),
+            ("query.bias", self.query_bias.shallow_clone()),
+            ("key.weight", self.key_weight.shallow_clone()),
+            ("key.bias", self.key_bias.shallow_clone()),
+            ("value.weight", self.value_weight.shallow_clone()),
+            ("value.bias", self.value_bias.shallow_clone()),
+        ]
+    }
+
+    /// `(C)` after checking every shape against it.
+    pub fn n_embd(&self) -> Result<i64, Error> {
+        let c = *self
+            .query_weight
+            .size()
+            .first()
+            .ok_or("query.weight is a scalar")?;
+        for (what, t, want) in [
+            ("query.weight", &self.query_weight, vec![c, c]),
+            ("query.bias", &self.query_bias, vec![c]),
+            ("key.weight", &self.key_weight, vec![c, c]),
+            ("key.bias", &self.key_bias, vec![c]),
+            ("value.weight", &self.value_weight, vec![c, c]),
+            ("value.bias", &self.value_bias, vec![c]),
+        ] {
+            if t.size() != want {
+                return Err(format!("{what} has shape {:?}, expected {want:?}", t.size()).into());
+            }
+        }
+        Ok(c)
+    }
+}
+
+/// BERT self-attention with ALiBi, as Composer's patched `BertSelfAttention.forward` computes
+/// it, on libtorch's fused `scaled_dot_product_attention`: `x` `(B, T, C)` with the
+/// bidirectional bias `alibi` `(1, H, L ≥ T, L)` ([`bidirectional_alibi_bias`]):
+/// `softmax(q kᵀ / √d + mask + alibi[:, :, :T, :T]) v` (the padding mask additive,
+/// `(1 − m)·finfo(f32).min` as Hugging Face's), attention dropout `dropout` in training, heads
+/// merged: the context `(B, T, C)` before `attention.output`.
+pub fn bert_alibi_attention(
+    x: &Tensor,
+    weights: &BertAttentionWeights,
+    n_head: i64,
+    alibi: &Tensor,
+    padding_mask: Option<&Tensor>,
+    dropout: f64,
+    train: bool,
+) -> Result<Tensor, Error> {
+    let c = weights.n_embd()?;
+    let (b, t) = match x.size()[..] {
+        [b, t, w] if w == c => (b, t),
+        _ => {
+            return Err(format!(
+                "bert attention expects (batch, tokens, {c}) input, got {:?}",
+                x.size()
+            )
+            .into())
+        }
+    };
+    let s = alibi.size();
+    if s.len() != 4 || s[1] != n_head || t > s[2] {
+        return Err(format!(
+            "the input has {t} tokens, more than the {} positions ALiBi was built for \
+             (`max_sequence_length`)",
+            s.get(2).copied().unwrap_or(0)
+        )
+        .into());
+    }
+    let d = c / n_head;
+    let heads = |w: &Tensor, bias: &Tensor| -> Result<Tensor, Error> {
+        Ok(x.f_linear(w, Some(bias))?
+            .f_view([b, t, n_head, d])?
+            .f_transpose(1, 2)?)
+    };
+    let q = heads(&weights.query_weight, &weights.query_bias)?;
+    let k = heads(&weights.key_weight, &weights.key_bias)?;
+    let v = heads(&weights.value_weight, &weights.value_bias)?;
+    let mut bias = alibi
+        .f_narrow(2, 0, t)?
+        .f_narrow(3, 0, t)?
+        .f_to_kind(Kind::Float)?;
+    if let Some(m) = padding_mask {
+        bias = bias
+            .f_add(&padding_additive(&m.f_to_device(x.device())?, b, t)?)?
+            .f_clamp_min(finite_min(q.kind()))?;
+    }
+    let p = if train { dropout } else { 0.0 };
+    let context = Tensor::f_scaled_dot_product_attention(
+        &q,
+        &k,
+        &v,
+        Some(bias.f_to_kind(q.kind())?),
+        p,
+        false,
+        None,
+        false,
+    )?;
+    Ok(context
+        .f_transpose(1, 2)?
+        .f_contiguous()?
+        .f_view([b, t, c])?)
+}
+
 /// GPT-2 attention with ALiBi in evaluation mode (no dropout, no padding): the output
 /// `(B, T, n_embd)` of [`alibi_sdpa_attention`] with the causal bias of `slopes` built for `T`.
 pub fn alibi_attention(

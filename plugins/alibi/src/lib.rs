@@ -11,11 +11,18 @@ use tessera_plugin_api::{
 
 pub use functional::{
     alibi_attention, alibi_attention_mask, alibi_attention_with, alibi_batch_shape,
-    alibi_head_slopes, alibi_sdpa_attention, bidirectional_alibi_bias, causal_alibi_bias,
-    reshape_for_alibi, AttentionOptions, Gpt2AttentionWeights, MASKED_BIAS,
+    alibi_head_slopes, alibi_sdpa_attention, bert_alibi_attention, bidirectional_alibi_bias,
+    causal_alibi_bias, reshape_for_alibi, AttentionOptions, BertAttentionWeights,
+    Gpt2AttentionWeights, MASKED_BIAS,
 };
-pub use modules::{AlibiAttention, AlibiModule, ZeroPositions, ALIBI_ATTENTION, ZERO_POSITIONS};
-pub use surgery::{apply_alibi, Model, Outcome, EMBEDDING, GPT2_ATTENTION, WPE_PATH};
+pub use modules::{
+    AlibiAttention, AlibiBertAttention, AlibiModule, ZeroPositions, ALIBI_ATTENTION,
+    ALIBI_BERT_ATTENTION, ZERO_POSITIONS,
+};
+pub use surgery::{
+    apply_alibi, Model, Outcome, BERT_POSITIONS_PATH, BERT_SELF_ATTENTION, EMBEDDING,
+    GPT2_ATTENTION, WPE_PATH,
+};
 
 /// The ALiBi method: surgery at `init`, shorter training sequences at `after_dataloader`.
 #[derive(Debug, Clone, PartialEq)]
@@ -70,8 +77,8 @@ impl Method for Alibi {
             let outcome = apply_alibi(ctx, self.max_sequence_length)?;
             if outcome.attention.is_empty() && !outcome.positions {
                 ctx.warn(
-                    "alibi: the model has no gpt2_attention block and no transformer.wpe \
-                     embedding: ALiBi had no effect",
+                    "alibi: the model has no gpt2_attention or bert_self_attention block and \
+                     no position embedding: ALiBi had no effect",
                 );
             } else {
                 ctx.info(&format!(
@@ -79,7 +86,7 @@ impl Method for Alibi {
                     outcome.attention.len(),
                     self.max_sequence_length,
                     if outcome.positions {
-                        "; transformer.wpe zeroed and frozen"
+                        "; the position embedding zeroed and frozen"
                     } else {
                         ""
                     }
@@ -96,7 +103,7 @@ impl Plugin for Alibi {
     const NAME: &'static str = "alibi";
     const VERSION: &'static str = env!("CARGO_PKG_VERSION");
     const DESCRIPTION: &'static str = "attention with linear biases instead of position \
-        embeddings (GPT-2 surgery at init), training on shorter sequences";
+        embeddings (GPT-2 and BERT surgery at init), training on shorter sequences";
     const DEFAULT_SETTINGS: &'static str = "# max_sequence_length = 1024  (required)\n\
         train_sequence_length_scaling = 0.25";
 

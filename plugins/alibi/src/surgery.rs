@@ -3,8 +3,11 @@
 use tessera_plugin_api::tch::Tensor;
 use tessera_plugin_api::{Context, Error, ErrorKind, ModuleInfo};
 
-use crate::functional::{alibi_head_slopes, causal_alibi_bias, Gpt2AttentionWeights};
-use crate::modules::{AlibiAttention, AlibiModule, ZeroPositions};
+use crate::functional::{
+    alibi_head_slopes, bidirectional_alibi_bias, causal_alibi_bias, BertAttentionWeights,
+    Gpt2AttentionWeights,
+};
+use crate::modules::{AlibiAttention, AlibiBertAttention, AlibiModule, ZeroPositions};
 
 /// Module kind of the host's GPT-2 attention block.
 pub const GPT2_ATTENTION: &str = "gpt2_attention";
@@ -12,6 +15,10 @@ pub const GPT2_ATTENTION: &str = "gpt2_attention";
 pub const EMBEDDING: &str = "embedding";
 /// Path of GPT-2's position embedding.
 pub const WPE_PATH: &str = "transformer.wpe";
+/// Module kind of the host's BERT self-attention.
+pub const BERT_SELF_ATTENTION: &str = "bert_self_attention";
+/// Path of BERT's position embedding.
+pub const BERT_POSITIONS_PATH: &str = "bert.embeddings.position_embeddings";
 
 /// The model as the surgery sees it: the host's [`Context`], or a stand-in in tests.
 pub trait Model {
@@ -43,7 +50,8 @@ impl Model for Context<'_> {
 pub struct Outcome {
     /// Paths of the attention blocks given ALiBi.
     pub attention: Vec<String>,
-    /// Whether `transformer.wpe` was zeroed and frozen.
+    /// Whether the position embedding (`transformer.wpe`, `bert.embeddings.position_embeddings`)
+    /// was zeroed and frozen.
     pub positions: bool,
 }
 
@@ -71,12 +79,13 @@ fn prob_attr(module: &ModuleInfo, key: &str) -> Result<f64, Error> {
     Ok(p)
 }
 
-/// Composer's `apply_alibi(model, max_sequence_length)` on the host's GPT-2: every
+/// Composer's `apply_alibi(model, max_sequence_length)` on the host's GPT-2 and BERT: every
 /// `gpt2_attention` becomes an [`AlibiAttention`] over the same tensors with the causal bias of
-/// its `n_head` slopes for `max_sequence_length` positions, and the `embedding` at
-/// `transformer.wpe` becomes [`ZeroPositions`] (a zero, frozen `(max_sequence_length, n_embd)`
-/// table). Modules already changed are not candidates, so a second application changes
-/// nothing.
+/// its `n_head` slopes for `max_sequence_length` positions, every `bert_self_attention` an
+/// [`AlibiBertAttention`] with the bidirectional bias, and the `embedding` at
+/// `transformer.wpe` or `bert.embeddings.position_embeddings` becomes [`ZeroPositions`] (a
+/// zero, frozen `(max_sequence_length, n_embd)` table). Modules already changed are not
+/// candidates, so a second application changes nothing.
 pub fn apply_alibi(model: &mut impl Model, max_sequence_length: i64) -> Result<Outcome, Error> {
     if max_sequence_length < 1 {
         return Err(Error::config(format!(
@@ -112,15 +121,47 @@ pub fn apply_alibi(model: &mut impl Model, max_sequence_length: i64) -> Result<O
         model.replace(&m.path, AlibiModule::Attention(module))?;
         outcome.attention.push(m.path.to_string());
     }
-    if let Some(m) = modules
+    for m in modules
         .iter()
-        .find(|m| m.path.as_str() == WPE_PATH && m.kind.as_str() == EMBEDDING)
+        .filter(|m| m.kind.as_str() == BERT_SELF_ATTENTION)
     {
+        let n_head = m.int_attr("n_head", None)?;
+        let weights = BertAttentionWeights {
+            query_weight: tensor(model, m, "query.weight")?,
+            query_bias: tensor(model, m, "query.bias")?,
+            key_weight: tensor(model, m, "key.weight")?,
+            key_bias: tensor(model, m, "key.bias")?,
+            value_weight: tensor(model, m, "value.weight")?,
+            value_bias: tensor(model, m, "value.bias")?,
+        };
+        let heads = usize::try_from(n_head)
+            .map_err(|_| format!("{} `{}`: n_head = {n_head}", m.kind, m.path))?;
+        let w = &weights.query_weight;
+        let alibi = bidirectional_alibi_bias(
+            &alibi_head_slopes(heads)?,
+            max_sequence_length,
+            (w.kind(), w.device()),
+        )?;
+        let module = AlibiBertAttention::new(
+            weights,
+            alibi,
+            n_head,
+            prob_attr(m, "attention_probs_dropout_prob")?,
+        )
+        .map_err(|e| format!("{} `{}`: {}", m.kind, m.path, e.message()))?;
+        model.replace(&m.path, AlibiModule::BertAttention(module))?;
+        outcome.attention.push(m.path.to_string());
+    }
+    if let Some(m) = modules.iter().find(|m| {
+        [WPE_PATH, BERT_POSITIONS_PATH].contains(&m.path.as_str()) && m.kind.as_str() == EMBEDDING
+    }) {
         let weight = tensor(model, m, "weight")?;
-        let n_embd = *weight
-            .size()
-            .get(1)
-            .ok_or_else(|| format!("`{WPE_PATH}.weight` is not a (positions, n_embd) table"))?;
+        let n_embd = *weight.size().get(1).ok_or_else(|| {
+            format!(
+                "`{}.weight` is not a (positions, n_embd) table",
+                m.path.as_str()
+            )
+        })?;
         let module = ZeroPositions::with_kind(
             crate::modules::ZERO_POSITIONS,
             "ALiBi",

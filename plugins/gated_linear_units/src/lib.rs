@@ -11,6 +11,14 @@ use tessera_plugin_api::{
 pub const GPT2_MLP: &str = "gpt2_mlp";
 /// Module kind of the gated MLP the surgery puts in.
 pub const GLU_MLP: &str = "glu_gpt2_mlp";
+/// Module kind of the host's BERT feed-forward input projection (`BertIntermediate`).
+pub const BERT_INTERMEDIATE: &str = "bert_intermediate";
+/// Module kind of the host's BERT feed-forward output (`BertOutput`, input `cat[h, residual]`).
+pub const BERT_OUTPUT: &str = "bert_output";
+/// Module kind of Composer's `BERTGatedFFOutput`, which replaces a `bert_output`.
+pub const GLU_BERT_OUTPUT: &str = "glu_bert_output";
+/// Module kind of the identity that replaces a `bert_intermediate` (Composer's `nn.Identity`).
+pub const IDENTITY: &str = "identity";
 /// Metric: gated MLPs in the model after the surgery.
 pub const METRIC_REPLACED: &str = "gated_linear_units/num_replacements";
 
@@ -168,12 +176,12 @@ pub fn glu_hidden(x: &Tensor, w: &GluWeights, act: Activation) -> Result<Tensor,
     Ok(gated.f_mul(&non_gated)?)
 }
 
-/// Composer's `BERTGatedFFOutput.forward(h, residual = h)` (HF BERT's feed-forward after
-/// `apply_gated_linear_units`):
-/// `LayerNorm(wo(dropout(act(W_g h) ⊙ W_ng h)) + h)` with the block's LayerNorm
+/// Composer's `BERTGatedFFOutput.forward(h, residual)`:
+/// `LayerNorm(wo(dropout(act(W_g h) ⊙ W_ng h)) + residual)` with the block's LayerNorm
 /// `(weight, bias, eps)`; dropout `p` in training only.
-pub fn bert_glu_block(
+pub fn bert_glu_output(
     h: &Tensor,
+    residual: &Tensor,
     w: &GluWeights,
     act: Activation,
     layer_norm: (&Tensor, &Tensor, f64),
@@ -182,7 +190,7 @@ pub fn bert_glu_block(
 ) -> Result<Tensor, Error> {
     let (d, _) = w.sizes()?;
     let hidden = glu_hidden(h, w, act)?.f_dropout(dropout, train && dropout > 0.0)?;
-    let out = linear(&hidden, &w.wo_weight, Some(&w.wo_bias))?.f_add(h)?;
+    let out = linear(&hidden, &w.wo_weight, Some(&w.wo_bias))?.f_add(residual)?;
     Ok(out.f_layer_norm(
         [d],
         Some(layer_norm.0),
@@ -190,6 +198,20 @@ pub fn bert_glu_block(
         layer_norm.2,
         false,
     )?)
+}
+
+/// HF BERT's feed-forward after `apply_gated_linear_units`: `BertIntermediate` is the identity,
+/// so `BERTGatedFFOutput` gets the attention output `h` as both its input and its residual:
+/// [`bert_glu_output`]`(h, h, ...)`.
+pub fn bert_glu_block(
+    h: &Tensor,
+    w: &GluWeights,
+    act: Activation,
+    layer_norm: (&Tensor, &Tensor, f64),
+    dropout: f64,
+    train: bool,
+) -> Result<Tensor, Error> {
+    bert_glu_output(h, h, w, act, layer_norm, dropout, train)
 }
 
 /// The GLU feed-forward in GPT-2's place (pre-LN, the residual outside the MLP):
@@ -267,6 +289,166 @@ impl Module for GluMlp {
     // GPT-2's two-matrix MLP.
 }
 
+/// Composer's `BERTGatedFFOutput` in the place of the host's `bert_output`: its input is
+/// `cat[h, residual]` (last dimension, the residual the last `d` features), its output
+/// [`bert_glu_output`]. Tensors: the [`GluWeights`] and `layernorm.weight`, `layernorm.bias`.
+#[derive(Debug)]
+pub struct BertGluOutput {
+    weights: GluWeights,
+    layernorm_weight: Tensor,
+    layernorm_bias: Tensor,
+    eps: f64,
+    act: Activation,
+    dropout: f64,
+}
+
+impl BertGluOutput {
+    /// The module over `weights` and a fresh LayerNorm (ones, zeros) of epsilon `eps`; checks
+    /// the shapes.
+    pub fn new(
+        weights: GluWeights,
+        act: Activation,
+        eps: f64,
+        dropout: f64,
+    ) -> Result<BertGluOutput, Error> {
+        let (d, _) = weights.sizes()?;
+        let w = &weights.wo_weight;
+        let options = (w.kind(), w.device());
+        Ok(BertGluOutput {
+            layernorm_weight: Tensor::f_ones([d], options)?.set_requires_grad(true),
+            layernorm_bias: Tensor::f_zeros([d], options)?.set_requires_grad(true),
+            weights,
+            eps,
+            act,
+            dropout,
+        })
+    }
+
+    /// Its tensors (see [`GluWeights::named`]), then `layernorm.weight`, `layernorm.bias`.
+    pub fn tensors(&self) -> Vec<(&'static str, Tensor)> {
+        let mut out = self.weights.named();
+        out.push(("layernorm.weight", self.layernorm_weight.shallow_clone()));
+        out.push(("layernorm.bias", self.layernorm_bias.shallow_clone()));
+        out
+    }
+
+    /// Its activation.
+    pub fn activation(&self) -> Activation {
+        self.act
+    }
+}
+
+impl Module for BertGluOutput {
+    fn kind(&self) -> &str {
+        GLU_BERT_OUTPUT
+    }
+
+    fn attrs(&self) -> Vec<(String, f64)> {
+        let (d, d_ff) = self.weights.sizes().unwrap_or((0, 0));
+        vec![
+            ("d_embed".to_owned(), d as f64),
+            ("d_ff".to_owned(), d_ff as f64),
+            ("act_fn".to_owned(), self.act.code() as f64),
+            (
+                "gated_layer_bias".to_owned(),
+                f64::from(u8::from(self.weights.gated_bias.is_some())),
+            ),
+            (
+                "non_gated_layer_bias".to_owned(),
+                f64::from(u8::from(self.weights.non_gated_bias.is_some())),
+            ),
+            ("dropout".to_owned(), self.dropout),
+            ("layernorm_eps".to_owned(), self.eps),
+        ]
+    }
+
+    fn forward(&self, input: &Tensor, train: bool) -> Result<Tensor, Error> {
+        let (d, _) = self.weights.sizes()?;
+        let width = input.size().last().copied().unwrap_or(0);
+        if input.dim() != 3 || width <= d {
+            return Err(format!(
+                "{GLU_BERT_OUTPUT}: expected an input (batch, tokens, features + {d}) holding \
+                 [h, residual], got {:?}",
+                input.size()
+            )
+            .into());
+        }
+        let h = input.f_narrow(2, 0, width - d)?;
+        let residual = input.f_narrow(2, width - d, d)?;
+        bert_glu_output(
+            &h,
+            &residual,
+            &self.weights,
+            self.act,
+            (&self.layernorm_weight, &self.layernorm_bias, self.eps),
+            self.dropout,
+            train,
+        )
+    }
+}
+
+/// The identity (Composer's `nn.Identity` in the place of `BertIntermediate`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Identity;
+
+impl Module for Identity {
+    fn kind(&self) -> &str {
+        IDENTITY
+    }
+
+    fn forward(&self, input: &Tensor, _train: bool) -> Result<Tensor, Error> {
+        Ok(input.shallow_clone())
+    }
+}
+
+/// A module the surgery puts in.
+#[derive(Debug)]
+pub enum GluModule {
+    /// In a `gpt2_mlp`'s place.
+    Gpt2(GluMlp),
+    /// In a `bert_output`'s place.
+    Bert(BertGluOutput),
+    /// In a `bert_intermediate`'s place.
+    Identity(Identity),
+}
+
+impl GluModule {
+    /// Its tensors, named relative to it.
+    pub fn tensors(&self) -> Vec<(&'static str, Tensor)> {
+        match self {
+            GluModule::Gpt2(m) => m.tensors(),
+            GluModule::Bert(m) => m.tensors(),
+            GluModule::Identity(_) => Vec::new(),
+        }
+    }
+}
+
+impl Module for GluModule {
+    fn kind(&self) -> &str {
+        match self {
+            GluModule::Gpt2(m) => m.kind(),
+            GluModule::Bert(m) => m.kind(),
+            GluModule::Identity(m) => m.kind(),
+        }
+    }
+
+    fn attrs(&self) -> Vec<(String, f64)> {
+        match self {
+            GluModule::Gpt2(m) => m.attrs(),
+            GluModule::Bert(m) => m.attrs(),
+            GluModule::Identity(m) => m.attrs(),
+        }
+    }
+
+    fn forward(&self, input: &Tensor, train: bool) -> Result<Tensor, Error> {
+        match self {
+            GluModule::Gpt2(m) => m.forward(input, train),
+            GluModule::Bert(m) => m.forward(input, train),
+            GluModule::Identity(m) => m.forward(input, train),
+        }
+    }
+}
+
 /// A new tensor of `shape` with PyTorch's default `Linear` initialisation (kaiming-uniform with
 /// `a = √5` for the weight, the same bound for the bias): `U(−1/√fan_in, 1/√fan_in)`, drawn
 /// element by element from `uniform` (values in `[0, 1)`), trainable.
@@ -339,7 +521,7 @@ pub trait Model {
     /// A uniform draw in `[0, 1)` from the run's seeded stream.
     fn uniform(&mut self) -> f64;
     /// Replaces the module at `path` by `module`, registering `module.tensors()` under `path`.
-    fn replace(&mut self, path: &str, module: GluMlp) -> Result<(), Error>;
+    fn replace(&mut self, path: &str, module: GluModule) -> Result<(), Error>;
 }
 
 impl Model for Context<'_> {
@@ -355,23 +537,95 @@ impl Model for Context<'_> {
         self.rng_f64()
     }
 
-    fn replace(&mut self, path: &str, module: GluMlp) -> Result<(), Error> {
+    fn replace(&mut self, path: &str, module: GluModule) -> Result<(), Error> {
         let tensors = module.tensors();
         self.replace_module(path, module, tensors)
     }
 }
 
-/// Composer's `apply_gated_linear_units` adapted to the host's GPT-2: every `gpt2_mlp` becomes
-/// a [`GluMlp`] of the same widths (`n_embd`, `n_inner`) with fresh weights drawn from the
-/// model's seeded stream in tree order ([`fresh_weights`]); the trained `c_fc`/`c_proj` weights
-/// are dropped, as Composer drops BERT's (golden quirk 22). Returns the replaced paths; gated
-/// MLPs are not candidates, so a second application changes nothing.
+fn node<'a>(modules: &'a [ModuleInfo], path: &str) -> Option<&'a ModuleInfo> {
+    modules.iter().find(|m| m.path.as_str() == path)
+}
+
+/// Composer's `apply_gated_linear_units` on the host's BERT: in every `bert_layer`, the
+/// `bert_intermediate` becomes the [`Identity`] and the `bert_output` a [`BertGluOutput`]
+/// (`d` = its `dense`'s output width, `d_ff` its input width, its dropout and LayerNorm
+/// epsilon, a fresh LayerNorm), weights drawn as [`fresh_weights`]; the activation is the
+/// settings' or BERT's exact GELU.
+fn apply_to_bert(
+    model: &mut impl Model,
+    modules: &[ModuleInfo],
+    m: &ModuleInfo,
+    settings: &GluSettings,
+) -> Result<(), Error> {
+    let host = |msg: String| Error::new(ErrorKind::HOST, msg);
+    let dense = format!("{}.dense.weight", m.path);
+    let w = model
+        .parameter(&dense)?
+        .ok_or_else(|| host(format!("{} `{}` has no tensor `{dense}`", m.kind, m.path)))?;
+    let s = w.size();
+    let [d, d_ff] = s[..] else {
+        return Err(format!("`{dense}` has shape {s:?}, expected (d, d_ff)").into());
+    };
+    let eps = node(modules, &format!("{}.LayerNorm", m.path))
+        .and_then(|n| n.attr("eps"))
+        .unwrap_or(1e-12);
+    let dropout = node(modules, &format!("{}.dropout", m.path))
+        .and_then(|n| n.attr("p"))
+        .unwrap_or(0.0);
+    if !(0.0..1.0).contains(&dropout) {
+        return Err(format!("{} `{}`: dropout = {dropout}", m.kind, m.path).into());
+    }
+    let layer = m.path.as_str().rsplit_once('.').map_or("", |(p, _)| p);
+    let intermediate = if layer.is_empty() {
+        "intermediate".to_owned()
+    } else {
+        format!("{layer}.intermediate")
+    };
+    match node(modules, &intermediate) {
+        Some(n) if n.kind.as_str() == BERT_INTERMEDIATE => {}
+        _ => {
+            return Err(host(format!(
+                "{} `{}` has no `{BERT_INTERMEDIATE}` beside it at `{intermediate}`",
+                m.kind, m.path
+            )))
+        }
+    }
+    let options = (w.kind(), w.device());
+    let mut uniform = || model.uniform();
+    let weights = fresh_weights(
+        d,
+        d_ff,
+        settings.gated_layer_bias,
+        settings.non_gated_layer_bias,
+        &mut uniform,
+        options,
+    )?;
+    let act = settings.act_fn.unwrap_or(Activation::Gelu);
+    model.replace(&intermediate, GluModule::Identity(Identity))?;
+    model.replace(
+        &m.path,
+        GluModule::Bert(BertGluOutput::new(weights, act, eps, dropout)?),
+    )
+}
+
+/// Composer's `apply_gated_linear_units`: on the host's BERT as Composer does it
+/// ([`apply_to_bert`]: every `bert_output` and the `bert_intermediate` beside it), and adapted
+/// to its GPT-2: every `gpt2_mlp` becomes a [`GluMlp`] of the same widths (`n_embd`,
+/// `n_inner`). New weights are drawn from the model's seeded stream in tree order
+/// ([`fresh_weights`]); the trained feed-forward weights are dropped, as Composer drops BERT's
+/// (golden quirk 22). Returns the replaced paths (the `bert_output`s and `gpt2_mlp`s); the
+/// new modules are not candidates, so a second application changes nothing.
 pub fn apply_gated_linear_units(
     model: &mut impl Model,
     settings: &GluSettings,
 ) -> Result<Vec<String>, Error> {
     let modules = model.modules()?;
     let mut replaced = Vec::new();
+    for m in modules.iter().filter(|m| m.kind.as_str() == BERT_OUTPUT) {
+        apply_to_bert(model, &modules, m, settings)?;
+        replaced.push(m.path.to_string());
+    }
     for m in modules.iter().filter(|m| m.kind.as_str() == GPT2_MLP) {
         let name = format!("{}.c_fc.weight", m.path);
         let c_fc = model.parameter(&name)?.ok_or_else(|| {
@@ -404,7 +658,10 @@ pub fn apply_gated_linear_units(
             options,
         )?;
         let act = settings.act_fn.unwrap_or(Activation::GeluNew);
-        model.replace(&m.path, GluMlp::new(weights, act, resid_pdrop)?)?;
+        model.replace(
+            &m.path,
+            GluModule::Gpt2(GluMlp::new(weights, act, resid_pdrop)?),
+        )?;
         replaced.push(m.path.to_string());
     }
     Ok(replaced)
@@ -429,18 +686,19 @@ impl Method for GatedLinearUnits {
         let total = ctx
             .modules()?
             .iter()
-            .filter(|m| m.kind.as_str() == GLU_MLP)
+            .filter(|m| [GLU_MLP, GLU_BERT_OUTPUT].contains(&m.kind.as_str()))
             .count();
         ctx.log_metric(METRIC_REPLACED, total as f64);
         if total == 0 {
             ctx.warn(
-                "gated_linear_units: the model has no gpt2_mlp block: nothing was replaced \
-                 (Composer's surgery is defined for transformer feed-forward blocks only)",
+                "gated_linear_units: the model has no bert_output or gpt2_mlp block: nothing \
+                 was replaced (Composer's surgery is defined for transformer feed-forward \
+                 blocks only)",
             );
         } else {
             ctx.info(&format!(
-                "gated_linear_units replaced {} gpt2_mlp blocks by freshly initialised gated \
-                 MLPs ({total} in the model)",
+                "gated_linear_units replaced {} feed-forward blocks by freshly initialised \
+                 gated ones ({total} in the model)",
                 replaced.len()
             ));
         }
@@ -452,8 +710,9 @@ impl Plugin for GatedLinearUnits {
     const NAME: &'static str = "gated_linear_units";
     const VERSION: &'static str = env!("CARGO_PKG_VERSION");
     const DESCRIPTION: &'static str =
-        "replaces transformer MLPs by gated linear unit MLPs (model surgery at init)";
-    const DEFAULT_SETTINGS: &'static str = "# act_fn = \"gelu_new\"  (default: the model's own)\n\
+        "replaces transformer feed-forward blocks (BERT's, GPT-2's) by gated linear units \
+         (model surgery at init)";
+    const DEFAULT_SETTINGS: &'static str = "# act_fn = \"gelu\"  (default: the model's own)\n\
         gated_layer_bias = false\nnon_gated_layer_bias = false";
 
     fn hooks() -> Vec<Hook> {

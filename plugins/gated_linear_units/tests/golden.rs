@@ -11,8 +11,8 @@
 use std::collections::BTreeMap;
 
 use gated_linear_units::{
-    apply_gated_linear_units, bert_glu_block, gpt2_glu_mlp, Activation, GatedLinearUnits, GluMlp,
-    GluSettings, GluWeights, Model, GLU_MLP, GPT2_MLP,
+    apply_gated_linear_units, bert_glu_block, gpt2_glu_mlp, Activation, GatedLinearUnits,
+    GluModule, GluSettings, GluWeights, Model, GLU_MLP, GPT2_MLP,
 };
 use serde_json::Value;
 use tessera_plugin_api::abi::{Attribute, ModuleInfo};
@@ -111,7 +111,7 @@ fn layer0_glu_blocks_match_composer() {
 struct FakeGpt2 {
     nodes: Vec<ModuleInfo>,
     params: BTreeMap<String, Tensor>,
-    replaced: BTreeMap<String, GluMlp>,
+    replaced: BTreeMap<String, GluModule>,
     rng: u64,
 }
 
@@ -174,7 +174,7 @@ impl Model for FakeGpt2 {
         (splitmix64(&mut self.rng) >> 11) as f64 / (1u64 << 53) as f64
     }
 
-    fn replace(&mut self, path: &str, module: GluMlp) -> Result<(), Error> {
+    fn replace(&mut self, path: &str, module: GluModule) -> Result<(), Error> {
         let node = self
             .nodes
             .iter_mut()
@@ -247,7 +247,9 @@ fn surgery_replaces_every_gpt2_mlp_with_fresh_gated_weights() {
         let g1 = &fake.params["transformer.h.1.mlp.gated_layer.weight"];
         assert!(g0.abs().max().double_value(&[]) <= bound);
         assert!(!g0.equal(g1));
-        let m = &fake.replaced["transformer.h.0.mlp"];
+        let GluModule::Gpt2(m) = &fake.replaced["transformer.h.0.mlp"] else {
+            panic!("a gpt2_mlp becomes a gated MLP");
+        };
         assert_eq!(
             m.activation(),
             Activation::GeluNew,

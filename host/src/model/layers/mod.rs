@@ -4,6 +4,7 @@
 
 mod activation;
 mod batch_norm;
+mod bert;
 mod bottleneck;
 mod conv2d;
 mod conv_group;
@@ -13,6 +14,7 @@ mod flatten;
 mod gpt2;
 pub mod init;
 mod linear;
+pub mod mask;
 mod norm;
 mod pooling;
 mod residual_block;
@@ -25,6 +27,7 @@ use tch::{TchError, Tensor};
 
 pub use activation::{Gelu, Mul, Relu};
 pub use batch_norm::{set_sync as set_batch_norm_sync, BatchNorm2d, RankSum};
+pub use bert::{sdpa_key_mask, split_residual, Bert, BertConfig, BertHead, BertLayer, BertModel};
 pub use bottleneck::{Bottleneck, EXPANSION};
 pub use conv2d::{Conv2d, Conv2dConfig};
 pub use conv_group::{ConvGroup, GroupNorms};

@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""Tiny Hugging Face BERTs and the logits transformers computes, for tests/bert.rs:
+
+    python3 tests/support/bert_reference.py make OUT_DIR VOCAB
+
+writes into OUT_DIR
+- `mlm/`: a `BertForMaskedLM` (2 layers, 2 heads, 32 features, 64 inner, 32 positions, VOCAB
+  tokens, dropout 0, seeded random init) saved by `save_pretrained`;
+- `cls/`: a `BertForSequenceClassification` of the same sizes with 3 labels;
+- `io.safetensors`: `ids` (2, 10), `attention_mask` (2, 10; the second sequence padded after 7
+  tokens, its padded ids random), and each model's eval-mode logits `mlm_logits` (2, 10, VOCAB),
+  `cls_logits` (2, 3).
+
+    python3 tests/support/bert_reference.py check KIND MODEL_DIR WEIGHTS IO
+
+loads WEIGHTS (a safetensors state_dict, e.g. `tessera export`'s) into the model of
+MODEL_DIR/config.json (KIND `mlm` or `cls`) with `load_state_dict(strict=False)`, runs IO's
+`ids` and `attention_mask`, and prints JSON: the missing and unexpected keys and the largest
+difference to IO's `logits`.
+
+Nothing is downloaded: the models are built from their configs with the installed wheels.
+"""
+
+import json
+import os
+import sys
+
+import torch
+from safetensors.torch import load_file, save_file
+
+
+def config(vocab, **extra):
+    from transformers import BertConfig
+
+    return BertConfig(
+        vocab_size=vocab,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=32,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        **extra,
+    )
+
+
+def make(out, vocab):
+    from transformers import BertForMaskedLM, BertForSequenceClassification
+
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(0, vocab, (2, 10), generator=g)
+    mask = torch.ones(2, 10, dtype=torch.int64)
+    mask[1, 7:] = 0
+    io = {"ids": ids, "attention_mask": mask}
+    torch.manual_seed(13)
+    mlm = BertForMaskedLM(config(vocab)).eval()
+    mlm.save_pretrained(os.path.join(out, "mlm"))
+    torch.manual_seed(17)
+    cls = BertForSequenceClassification(config(vocab, num_labels=3)).eval()
+    # A trained classifier's pooler and head are not zero-biased: draw them so the test sees it.
+    with torch.no_grad():
+        cls.classifier.bias.normal_(0.0, 0.5)
+        cls.bert.pooler.dense.bias.normal_(0.0, 0.5)
+    cls.save_pretrained(os.path.join(out, "cls"))
+    with torch.no_grad():
+        io["mlm_logits"] = mlm(input_ids=ids, attention_mask=mask).logits.contiguous()
+        io["cls_logits"] = cls(input_ids=ids, attention_mask=mask).logits.contiguous()
+    save_file(io, os.path.join(out, "io.safetensors"))
+    print(json.dumps({k: sorted(os.listdir(os.path.join(out, k))) for k in ("mlm", "cls")}))
+
+
+def check(kind, model_dir, weights, io_file):
+    from transformers import BertConfig, BertForMaskedLM, BertForSequenceClassification
+
+    cfg = BertConfig.from_pretrained(model_dir)
+    model = (BertForMaskedLM if kind == "mlm" else BertForSequenceClassification)(cfg).eval()
+    result = model.load_state_dict(load_file(weights), strict=False)
+    io = load_file(io_file)
+    with torch.no_grad():
+        logits = model(input_ids=io["ids"], attention_mask=io["attention_mask"]).logits
+    print(
+        json.dumps(
+            {
+                "missing": sorted(result.missing_keys),
+                "unexpected": sorted(result.unexpected_keys),
+                "max_abs_diff": (logits - io["logits"]).abs().max().item(),
+            }
+        )
+    )
+
+
+def main():
+    if sys.argv[1] == "make":
+        os.makedirs(sys.argv[2], exist_ok=True)
+        make(sys.argv[2], int(sys.argv[3]))
+    elif sys.argv[1] == "check":
+        check(*sys.argv[2:6])
+    else:
+        sys.exit(f"unknown mode {sys.argv[1]!r}: make or check")
+
+
+if __name__ == "__main__":
+    main()
