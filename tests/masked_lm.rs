@@ -33,8 +33,18 @@ fn masked_lm_batches_train_and_are_recorded() {
     assert_eq!(facts["vocab_size"], 68, "{record:#}");
     let specials = &facts["special_tokens"];
     assert_eq!(
-        (&specials["pad"], &specials["cls"], &specials["sep"], &specials["mask"]),
-        (&Value::from(64), &Value::from(65), &Value::from(66), &Value::from(67)),
+        (
+            &specials["pad"],
+            &specials["cls"],
+            &specials["sep"],
+            &specials["mask"]
+        ),
+        (
+            &Value::from(64),
+            &Value::from(65),
+            &Value::from(66),
+            &Value::from(67)
+        ),
         "{record:#}"
     );
     assert!(facts.get("classes").is_none(), "{record:#}");

@@ -217,6 +217,12 @@ pub trait TokenSource: Send + Sync + std::fmt::Debug {
         false
     }
 
+    /// The class of sequence `index` when each has one ([`TokenTargets::PerSequence`]);
+    /// evaluation subsets are then stratified by class. `None` by default.
+    fn label(&self, _index: usize) -> Option<i64> {
+        None
+    }
+
     /// Appends sequence `index` as served in `epoch` to `rows`: its T input ids, its targets
     /// (T ids, or one class index) and, from a padded source, its T attention-mask values. A
     /// source whose samples are random (masked-LM) draws them from `(seed, epoch, index)` only.
@@ -472,7 +478,8 @@ impl Loader {
                 (source, choice)
             }
             Source::Tokens(tokens) => {
-                let choice = subset::choose(tokens.len(), count, seed, None)?;
+                let labels: Option<Vec<i64>> = (0..tokens.len()).map(|i| tokens.label(i)).collect();
+                let choice = subset::choose(tokens.len(), count, seed, labels.as_deref())?;
                 let indices = Arc::new(choice.indices.clone());
                 let tokens: Arc<dyn TokenSource> =
                     Arc::new(subset::TokenSubset::new(Arc::clone(tokens), indices)?);

@@ -627,3 +627,26 @@ fn labelled_batches_carry_class_targets_and_attention_masks() {
     }
     assert_eq!(collect(&loader, 0, 1), batches[1..]);
 }
+
+#[test]
+fn an_evaluation_subset_of_labelled_text_is_stratified_by_class() {
+    use crate::data::{LabelledSequences, SpecialTokens};
+    let specials = SpecialTokens::new(100, None, |_| None);
+    // 90 texts of class 0, then 30 of class 1: a first-N subset would hold class 0 only.
+    let labels: Vec<i64> = (0..120).map(|i| i64::from(i >= 90)).collect();
+    let texts = vec![vec![1, 2]; 120];
+    let source = Arc::new(LabelledSequences::new(texts, labels, 4, specials).unwrap());
+    let loader = Loader::tokens(source, token_options(8, 0)).unwrap();
+    let (subset, choice) = loader.subset(40, 5).unwrap();
+    assert!(choice.stratified);
+    assert_eq!(subset.len(), 40);
+    let classes: Vec<i64> = collect(&subset, 0, 0)
+        .iter()
+        .flat_map(|b| b.target.clone())
+        .collect();
+    assert_eq!(
+        classes.iter().filter(|&&c| c == 1).count(),
+        10,
+        "{classes:?}"
+    );
+}

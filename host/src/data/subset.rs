@@ -191,6 +191,10 @@ impl TokenSource for TokenSubset {
         self.inner.padded()
     }
 
+    fn label(&self, index: usize) -> Option<i64> {
+        self.inner.label(*self.indices.get(index)? as usize)
+    }
+
     fn read(&self, index: usize, epoch: u64, rows: &mut TokenRows) -> Result<(), DataError> {
         self.inner
             .read(inner_index(&self.indices, index)?, epoch, rows)

@@ -68,6 +68,10 @@ impl TokenSource for LabelledSequences {
         true
     }
 
+    fn label(&self, index: usize) -> Option<i64> {
+        self.labels().get(index).copied()
+    }
+
     fn read(&self, index: usize, _epoch: u64, rows: &mut TokenRows) -> Result<(), DataError> {
         if index >= LabelledSequences::len(self) {
             return Err(outside(index, LabelledSequences::len(self)));
