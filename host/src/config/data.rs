@@ -10,8 +10,8 @@ use super::required_table;
 use super::section::{section, Section};
 use crate::data::decode::{ColorJitter, RandomResizedCrop};
 use crate::data::{
-    folder, Dataset, DatasetShape, FolderConfig, HorizontalFlip, Normalize, OnBadFile, RandomCrop,
-    ShardsConfig, SyntheticConfig, TextConfig, Transforms,
+    folder, Dataset, DatasetShape, FolderConfig, HorizontalFlip, MlmConfig, Normalize, OnBadFile,
+    RandomCrop, ShardsConfig, SyntheticConfig, TextConfig, Transforms,
 };
 
 /// `[data]`
@@ -51,6 +51,10 @@ pub struct DataConfig {
     /// How text becomes token sequences; `Some` exactly when `dataset` is a text dataset.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub text: Option<TextConfig>,
+    /// Masked-LM batches (`[data.mlm]`) instead of next-token targets; a language model's text
+    /// datasets only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mlm: Option<MlmConfig>,
     /// Train-time transforms (recorded only when there are some: a text dataset has none).
     #[serde(skip_serializing_if = "no_transforms")]
     pub transforms: Transforms,
@@ -74,6 +78,7 @@ section!(DataConfig {
     folder,
     shards,
     text,
+    mlm,
     transforms,
 });
 
@@ -99,7 +104,8 @@ impl DataConfig {
     }
 
     /// Number of classes of the dataset (for text: the configured vocabulary size; the
-    /// tokenizer's actual vocabulary is known once the data is loaded).
+    /// tokenizer's actual vocabulary, and the classes of labelled text, are known once the data
+    /// is loaded).
     pub fn num_classes(&self) -> usize {
         self.shape.classes
     }
@@ -124,10 +130,21 @@ section!(TextConfig {
     }),
     text_field: string(),
     cache_dir: path(),
+    label_field: string(),
 });
 
-/// The `[data.text]` keys only `dataset = "text"` (the user's own text) takes.
+/// The `[data.text]` keys only `dataset = "text"` and `"labelled-text"` (the user's own text)
+/// take.
 const OWN_TEXT_KEYS: [&str; 4] = ["eval_path", "eval_fraction", "text_field", "cache_dir"];
+
+section!(MlmConfig {
+    probability: float(Bounds {
+        lo: Some((0.0, false)),
+        hi: Some((1.0, true)),
+    }),
+    mask_fraction: float(Bounds::UNIT),
+    random_fraction: float(Bounds::UNIT),
+});
 
 section!(ShardsConfig {
     // The image keys, read into `images` as [data.folder]'s.
@@ -302,13 +319,23 @@ pub(super) fn read(top: &Tbl<'_>) -> Result<DataConfig, ConfigError> {
                         "synthetic-text is generated as token ids; it has no tokenizer",
                     )?;
                 }
-                if dataset != Dataset::Text {
+                if dataset != Dataset::LabelledText {
+                    t.reject(
+                        "label_field",
+                        &format!(
+                            "[data.text] label_field only applies to dataset = \
+                             \"labelled-text\", not {:?}",
+                            dataset.as_str()
+                        ),
+                    )?;
+                }
+                if !matches!(dataset, Dataset::Text | Dataset::LabelledText) {
                     for key in OWN_TEXT_KEYS {
                         t.reject(
                             key,
                             &format!(
-                                "[data.text] {key} only applies to dataset = \"text\" (your own \
-                                 text), not {:?}",
+                                "[data.text] {key} only applies to dataset = \"text\" or \
+                                 \"labelled-text\" (your own text), not {:?}",
                                 dataset.as_str()
                             ),
                         )?;
@@ -329,7 +356,7 @@ pub(super) fn read(top: &Tbl<'_>) -> Result<DataConfig, ConfigError> {
         d.reject(
             "text",
             &format!(
-                "[data.text] only applies to text datasets (sotu, shakespeare, synthetic-text, text), not {:?}",
+                "[data.text] only applies to text datasets (sotu, shakespeare, synthetic-text, text, labelled-text), not {:?}",
                 dataset.as_str()
             ),
         )?;
@@ -342,6 +369,14 @@ pub(super) fn read(top: &Tbl<'_>) -> Result<DataConfig, ConfigError> {
              object with a \"text\" field per line), or one such file",
         ));
     }
+    if dataset == Dataset::LabelledText && d.entry("data_dir").is_none() {
+        return Err(d.missing(
+            "data_dir",
+            "your labelled text: a .jsonl file (one JSON object with a \"text\" and a \
+             \"label\" field per line), or a folder of them",
+        ));
+    }
+    let mlm = read_mlm(&d, dataset)?;
     let shape = match (&synthetic, &folder) {
         _ if text.is_some() => {
             let t = text
@@ -394,6 +429,7 @@ pub(super) fn read(top: &Tbl<'_>) -> Result<DataConfig, ConfigError> {
         folder: folder.map(|(f, _)| f),
         shards,
         text,
+        mlm,
         transforms: Transforms::default(),
         shape,
     }
@@ -427,6 +463,48 @@ pub(super) fn read(top: &Tbl<'_>) -> Result<DataConfig, ConfigError> {
         None => Transforms::default(),
     };
     Ok(DataConfig { transforms, ..data })
+}
+
+/// `[data.mlm]`: masked-LM settings, for a language model's text datasets only; the fractions
+/// of the selected positions replaced by `[MASK]` and by a random token may not exceed 1.
+fn read_mlm(d: &Tbl<'_>, dataset: Dataset) -> Result<Option<MlmConfig>, ConfigError> {
+    if !dataset.is_text() || dataset.is_labelled_text() {
+        let why = if dataset.is_labelled_text() {
+            "[data.mlm] makes masked-LM batches from a token stream; dataset = \"labelled-text\" \
+             is classification (one label per text): use dataset = \"text\" for your own text"
+                .to_owned()
+        } else {
+            format!(
+                "[data.mlm] makes masked-LM batches from text (sotu, shakespeare, text, \
+                 synthetic-text), not from dataset {:?}",
+                dataset.as_str()
+            )
+        };
+        d.reject("mlm", &why)?;
+        return Ok(None);
+    }
+    let Some(m) = d.sub("mlm", Some(MlmConfig::KEYS))? else {
+        return Ok(None);
+    };
+    let mlm = MlmConfig::default().read_keys(&m)?;
+    let sum = mlm.mask_fraction + mlm.random_fraction;
+    if sum > 1.0 + 1e-12 {
+        let key = if m.entry("random_fraction").is_some() {
+            "random_fraction"
+        } else {
+            "mask_fraction"
+        };
+        return Err(m.err(
+            key,
+            ErrorKind::InvalidValue,
+            format!(
+                "mask_fraction {} + random_fraction {} = {sum} is more than 1: they are shares \
+                 of the selected positions (the rest keep their token)",
+                mlm.mask_fraction, mlm.random_fraction
+            ),
+        ));
+    }
+    Ok(Some(mlm))
 }
 
 /// `[data.folder]` (required with `data_dir` for `dataset = "folder"`) and the number of class

@@ -742,7 +742,7 @@ fn wrong_types() {
             WrongType,
             "data.dataset",
             Some(3),
-            "expected one of \"fashion-mnist\", \"mnist\", \"synthetic\", \"folder\", \"mds\", \"wds\", \"sotu\", \"shakespeare\", \"synthetic-text\" or \"text\"",
+            "expected one of \"fashion-mnist\", \"mnist\", \"synthetic\", \"folder\", \"mds\", \"wds\", \"sotu\", \"shakespeare\", \"synthetic-text\", \"text\" or \"labelled-text\"",
         ),
         case(
             "algorithms table",
@@ -1044,7 +1044,7 @@ fn unknown_names() {
             InvalidValue,
             "data.dataset",
             Some(3),
-            "unknown dataset \"cifar10\"; expected \"fashion-mnist\", \"mnist\", \"synthetic\", \"folder\", \"mds\", \"wds\", \"sotu\", \"shakespeare\", \"synthetic-text\" or \"text\"",
+            "unknown dataset \"cifar10\"; expected \"fashion-mnist\", \"mnist\", \"synthetic\", \"folder\", \"mds\", \"wds\", \"sotu\", \"shakespeare\", \"synthetic-text\", \"text\" or \"labelled-text\"",
         ),
         case(
             "dataset typo",
@@ -1115,7 +1115,7 @@ fn missing_required() {
             MissingKey,
             "data.dataset",
             Some(2),
-            "expected \"fashion-mnist\", \"mnist\", \"synthetic\", \"folder\", \"mds\", \"wds\", \"sotu\", \"shakespeare\", \"synthetic-text\" or \"text\"",
+            "expected \"fashion-mnist\", \"mnist\", \"synthetic\", \"folder\", \"mds\", \"wds\", \"sotu\", \"shakespeare\", \"synthetic-text\", \"text\" or \"labelled-text\"",
         ),
         case(
             "model name",
@@ -1612,6 +1612,8 @@ fn reference_documents_every_key() {
         ("", Config::KEYS),
         ("data", DataConfig::KEYS),
         ("data.synthetic", SyntheticConfig::KEYS),
+        ("data.text", crate::data::TextConfig::KEYS),
+        ("data.mlm", crate::data::MlmConfig::KEYS),
         ("data.transforms", Transforms::KEYS),
         ("data.transforms", Normalize::KEYS),
         ("data.transforms", RandomCrop::KEYS),
@@ -2812,5 +2814,147 @@ fn shard_cache_keys_and_remote_data_dir() {
     assert!(
         e.contains("data.data_dir") && e.contains("for dataset = \"mds\" only"),
         "{e}"
+    );
+}
+
+#[test]
+fn labelled_text_keys_are_read_checked_and_round_trip() {
+    let labelled = MINIMAL
+        .replace(
+            "\"fashion-mnist\"",
+            "\"labelled-text\"\ndata_dir = \"train.jsonl\"\n[data.text]\nseq_len = 64\n\
+             eval_path = \"eval.jsonl\"\nlabel_field = \"source\"\ntext_field = \"body\"",
+        )
+        .replace("\"cnn\"", "\"gpt2\"");
+    let c = ok(&labelled);
+    assert_eq!(c.data.dataset, Dataset::LabelledText);
+    assert!(c.data.dataset.is_text() && c.data.dataset.is_labelled_text());
+    let t = c.data.text.as_ref().expect("a text config");
+    assert_eq!(
+        (t.label_field(), t.text_field(), t.seq_len),
+        ("source", "body", 64)
+    );
+    let recorded = serde_json::to_value(&c).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(recorded["data"]["dataset"], "labelled-text");
+    let again = recorded::from_recorded(&recorded, "again", &[]).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(again.data, c.data);
+    // Default field.
+    let plain = labelled.replace("label_field = \"source\"\n", "");
+    assert_eq!(ok(&plain).data.text.unwrap().label_field(), "label");
+    refused(
+        &labelled.replace("data_dir = \"train.jsonl\"\n", ""),
+        "data.data_dir",
+        &["missing", "labelled text", "\"label\""],
+    );
+    // label_field is labelled text's only.
+    let own = labelled.replace("\"labelled-text\"", "\"text\"");
+    refused(
+        &own,
+        "data.text.label_field",
+        &["only applies to dataset = \"labelled-text\"", "\"text\""],
+    );
+    // Classification metrics, not a language model's.
+    let f1 = labelled.replace("[train]", "[train]\nmetrics = [\"accuracy\", \"f1\"]");
+    assert!(ok(&f1).train.metrics.is_some());
+    refused(
+        &labelled.replace("[train]", "[train]\nmetrics = [\"perplexity\"]"),
+        "train.metrics",
+        &[
+            "perplexity exists only for language models",
+            "labelled text",
+        ],
+    );
+}
+
+#[test]
+fn mlm_keys_are_read_checked_and_round_trip() {
+    let corpus = MINIMAL
+        .replace(
+            "\"fashion-mnist\"",
+            "\"shakespeare\"\n[data.text]\nseq_len = 64\n[data.mlm]\nprobability = 0.2",
+        )
+        .replace("\"cnn\"", "\"gpt2\"");
+    let c = ok(&corpus);
+    let mlm = c.data.mlm.expect("[data.mlm]");
+    assert_eq!(
+        (mlm.probability, mlm.mask_fraction, mlm.random_fraction),
+        (0.2, 0.8, 0.1)
+    );
+    let recorded = serde_json::to_value(&c).unwrap_or_else(|e| panic!("{e}"));
+    let again = recorded::from_recorded(&recorded, "again", &[]).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(again.data, c.data);
+    assert_eq!(
+        ok(&corpus.replace("[data.mlm]\nprobability = 0.2", ""))
+            .data
+            .mlm,
+        None
+    );
+    // Every default: an empty table.
+    let defaults = ok(&corpus.replace("probability = 0.2", ""))
+        .data
+        .mlm
+        .unwrap();
+    assert_eq!(defaults, crate::data::MlmConfig::default());
+    // Errors name the key and its line.
+    let line = |text: &str, key: &str| {
+        let e = parse(text).unwrap_err();
+        assert_eq!(e.key, key, "{e}");
+        let at = text
+            .lines()
+            .position(|l| l.starts_with(key.rsplit('.').next().unwrap()));
+        assert_eq!(e.location.line(), at.map(|i| i + 1), "{e}");
+        e.to_string()
+    };
+    for bad in ["0", "0.0", "1.5", "-0.1"] {
+        line(
+            &corpus.replace("probability = 0.2", &format!("probability = {bad}")),
+            "data.mlm.probability",
+        );
+    }
+    assert!(
+        ok(&corpus.replace("probability = 0.2", "probability = 1.0"))
+            .data
+            .mlm
+            .is_some()
+    );
+    let e = line(
+        &corpus.replace(
+            "probability = 0.2",
+            "mask_fraction = 0.9\nrandom_fraction = 0.2",
+        ),
+        "data.mlm.random_fraction",
+    );
+    assert!(e.contains("more than 1"), "{e}");
+    let e = line(
+        &corpus.replace("probability = 0.2", "mask_fraction = 0.95"),
+        "data.mlm.mask_fraction",
+    );
+    assert!(e.contains("0.95 + random_fraction 0.1"), "{e}");
+    line(
+        &corpus.replace("probability = 0.2", "mask_fraction = 1.2"),
+        "data.mlm.mask_fraction",
+    );
+    // Not for images or labelled text.
+    refused(
+        &with("[data.mlm]\nprobability = 0.2\n"),
+        "data.mlm",
+        &["masked-LM", "fashion-mnist"],
+    );
+    let labelled = corpus.replace(
+        "\"shakespeare\"",
+        "\"labelled-text\"\ndata_dir = \"train.jsonl\"",
+    );
+    refused(&labelled, "data.mlm", &["labelled-text", "classification"]);
+    // The targets' ignore index is fixed.
+    refused(
+        &corpus.replace("[train]", "[train]\nignore_index = 0"),
+        "train.ignore_index",
+        &["-100", "[data.mlm]"],
+    );
+    assert!(
+        ok(&corpus.replace("[train]", "[train]\nignore_index = -100"))
+            .data
+            .mlm
+            .is_some()
     );
 }

@@ -7,6 +7,7 @@ use super::error::{ConfigError, ErrorKind};
 use super::reader::{quote_list, Bounds, Tbl, COUNT_UNITS, INTERVAL_UNITS};
 use super::required_table;
 use super::section::{section, Section};
+use crate::data::IGNORE_TARGET;
 use crate::device::{Device, MatmulPrecision};
 use crate::model::{Loss, LossKind, NonFiniteLoss, DEFAULT_IGNORE_INDEX};
 use crate::precision::Precision;
@@ -160,8 +161,22 @@ pub(super) fn read(top: &Tbl<'_>, data: &DataConfig) -> Result<TrainConfig, Conf
 /// The loss, `ignore_index`, `metrics` and `target` against the data: what a language model
 /// cannot train on or report.
 fn check_metrics(t: &Tbl<'_>, train: &TrainConfig, data: &DataConfig) -> Result<(), ConfigError> {
-    let text = data.is_text();
+    // Labelled text is classification: its metrics are an image classifier's.
+    let text = data.is_text() && !data.dataset.is_labelled_text();
     let dataset = data.dataset.as_str();
+    if let Some(index) = train
+        .ignore_index
+        .filter(|&i| data.mlm.is_some() && i != IGNORE_TARGET)
+    {
+        return Err(t.err(
+            "ignore_index",
+            ErrorKind::InvalidValue,
+            format!(
+                "is {index}, but [data.mlm] marks the positions it does not score with \
+                 {IGNORE_TARGET} (the default): leave ignore_index out"
+            ),
+        ));
+    }
     if train.loss == LossKind::BinaryCrossEntropy {
         if text {
             return Err(t.err(
@@ -191,7 +206,12 @@ fn check_metrics(t: &Tbl<'_>, train: &TrainConfig, data: &DataConfig) -> Result<
                 ErrorKind::InvalidValue,
                 format!(
                     "perplexity exists only for language models, and data.dataset {dataset:?} \
-                     is image data; use accuracy, a top-k accuracy (top5), f1 or cross_entropy"
+                     is {}; use accuracy, a top-k accuracy (top5), f1 or cross_entropy",
+                    if data.is_text() {
+                        "labelled text for a classifier"
+                    } else {
+                        "image data"
+                    }
                 ),
             ));
         }

@@ -35,7 +35,7 @@ use super::{DataError, SampleSource};
 pub struct HostBatch {
     /// The images or token sequences.
     pub input: HostInput,
-    /// B class indices (images), or B×T next-token ids (token sequences).
+    /// B class indices (images, labelled text), or B×T target ids (token sequences).
     pub target: Vec<i64>,
     /// The batch's index within its epoch.
     pub index: u64,
@@ -62,7 +62,32 @@ pub enum HostInput {
         ids: Vec<i64>,
         /// `[B, T]`.
         shape: [usize; 2],
+        /// What the batch's targets are: B×T token ids or B class indices.
+        targets: TokenTargets,
+        /// B×T: 1 on a token, 0 on padding; only for padded sequences (labelled text).
+        attention_mask: Option<Vec<i64>>,
     },
+}
+
+/// What a token batch's targets are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenTargets {
+    /// One id per token, `[B, T]`: next-token or masked-LM targets (a language model).
+    PerToken,
+    /// One class index per sequence, `[B]` (text classification).
+    PerSequence,
+}
+
+/// Where a [`TokenSource`] appends the samples of a batch.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TokenRows {
+    /// T input ids per sample.
+    pub input: Vec<i64>,
+    /// T target ids ([`TokenTargets::PerToken`]) or one class index per sample.
+    pub target: Vec<i64>,
+    /// T attention-mask values per sample (1 = token, 0 = padding) from a padded source;
+    /// empty otherwise.
+    pub attention_mask: Vec<i64>,
 }
 
 /// The pixels of an image batch, sample after sample.
@@ -168,8 +193,8 @@ impl HostBatch {
     }
 }
 
-/// Fixed-length token sequences with their next-token targets, readable from any thread: what a
-/// [`Loader`] serves language-model batches from.
+/// Fixed-length token sequences with their targets, readable from any thread: what a [`Loader`]
+/// serves token batches from (a language model's, or a text classifier's).
 pub trait TokenSource: Send + Sync + std::fmt::Debug {
     /// Number of sequences.
     fn len(&self) -> usize;
@@ -182,14 +207,26 @@ pub trait TokenSource: Send + Sync + std::fmt::Debug {
     /// Tokens per sequence (T).
     fn seq_len(&self) -> usize;
 
-    /// Appends the T input ids and the T target ids (the input shifted by one) of sequence
-    /// `index`.
-    fn read(
-        &self,
-        index: usize,
-        input: &mut Vec<i64>,
-        target: &mut Vec<i64>,
-    ) -> Result<(), DataError>;
+    /// What the targets are (default: one id per token).
+    fn targets(&self) -> TokenTargets {
+        TokenTargets::PerToken
+    }
+
+    /// Whether sequences are padded, and so come with an attention mask (default false).
+    fn padded(&self) -> bool {
+        false
+    }
+
+    /// The class of sequence `index` when each has one ([`TokenTargets::PerSequence`]);
+    /// evaluation subsets are then stratified by class. `None` by default.
+    fn label(&self, _index: usize) -> Option<i64> {
+        None
+    }
+
+    /// Appends sequence `index` as served in `epoch` to `rows`: its T input ids, its targets
+    /// (T ids, or one class index) and, from a padded source, its T attention-mask values. A
+    /// source whose samples are random (masked-LM) draws them from `(seed, epoch, index)` only.
+    fn read(&self, index: usize, epoch: u64, rows: &mut TokenRows) -> Result<(), DataError>;
 }
 
 /// How a [`Loader`] batches, orders and parallelises.
@@ -370,6 +407,12 @@ impl Loader {
         matches!(self.source, Source::Tokens(_))
     }
 
+    /// Whether the loader serves a language model's batches: token sequences with one target
+    /// per token (not text classification).
+    pub fn is_language(&self) -> bool {
+        matches!(&self.source, Source::Tokens(t) if t.targets() == TokenTargets::PerToken)
+    }
+
     /// Whether image batches stay `u8` to the device ([`Pixels::Bytes`]): every host transform
     /// only moves pixels. `false` for token sequences.
     pub fn serves_bytes(&self) -> bool {
@@ -435,7 +478,8 @@ impl Loader {
                 (source, choice)
             }
             Source::Tokens(tokens) => {
-                let choice = subset::choose(tokens.len(), count, seed, None)?;
+                let labels: Option<Vec<i64>> = (0..tokens.len()).map(|i| tokens.label(i)).collect();
+                let choice = subset::choose(tokens.len(), count, seed, labels.as_deref())?;
                 let indices = Arc::new(choice.indices.clone());
                 let tokens: Arc<dyn TokenSource> =
                     Arc::new(subset::TokenSubset::new(Arc::clone(tokens), indices)?);
@@ -534,7 +578,7 @@ impl Loader {
             }
             Source::Tokens(tokens) => {
                 let tokens = Arc::clone(tokens);
-                Arc::new(move |batch| make_token_batch(&*tokens, &order, batch_size, batch))
+                Arc::new(move |batch| make_token_batch(&*tokens, &order, batch_size, epoch, batch))
             }
         };
         EpochIter::new(
@@ -736,28 +780,46 @@ fn make_token_batch(
     tokens: &dyn TokenSource,
     order: &[u32],
     batch_size: usize,
+    epoch: u64,
     batch: u64,
 ) -> Result<HostBatch, DataError> {
     let start = (batch as usize).saturating_mul(batch_size).min(order.len());
     let end = start.saturating_add(batch_size).min(order.len());
-    let t = tokens.seq_len();
-    let mut ids = Vec::with_capacity((end - start) * t);
-    let mut target = Vec::with_capacity((end - start) * t);
+    let (b, t) = (end - start, tokens.seq_len());
+    let targets = tokens.targets();
+    let per_target = match targets {
+        TokenTargets::PerToken => t,
+        TokenTargets::PerSequence => 1,
+    };
+    let mask_len = if tokens.padded() { b * t } else { 0 };
+    let mut rows = TokenRows {
+        input: Vec::with_capacity(b * t),
+        target: Vec::with_capacity(b * per_target),
+        attention_mask: Vec::with_capacity(mask_len),
+    };
     for &index in &order[start..end] {
-        tokens.read(index as usize, &mut ids, &mut target)?;
+        tokens.read(index as usize, epoch, &mut rows)?;
     }
-    let b = end - start;
-    if ids.len() != b * t || target.len() != b * t {
+    if rows.input.len() != b * t
+        || rows.target.len() != b * per_target
+        || rows.attention_mask.len() != mask_len
+    {
         return Err(DataError::Invalid(format!(
-            "loader: batch {batch} of {b} sequences of {t} tokens came out as {} input and {} \
-             target ids",
-            ids.len(),
-            target.len()
+            "loader: batch {batch} of {b} sequences of {t} tokens came out as {} input, {} \
+             target and {} attention-mask values",
+            rows.input.len(),
+            rows.target.len(),
+            rows.attention_mask.len()
         )));
     }
     Ok(HostBatch {
-        input: HostInput::Tokens { ids, shape: [b, t] },
-        target,
+        input: HostInput::Tokens {
+            ids: rows.input,
+            shape: [b, t],
+            targets,
+            attention_mask: tokens.padded().then_some(rows.attention_mask),
+        },
+        target: rows.target,
         index: batch,
     })
 }

@@ -45,15 +45,20 @@ pub use dataset::{ImageDataset, Split};
 pub use fetch::{fetch, fetch_again, known_datasets, load, registry_class_names, registry_shape};
 pub use folder::{FolderConfig, ImageFolder, OnBadFile};
 pub use idx::{read_images, read_labels, Images};
-pub use loader::{EpochIter, HostBatch, HostInput, Loader, LoaderOptions, Pixels, TokenSource};
+pub use loader::{
+    EpochIter, HostBatch, HostInput, Loader, LoaderOptions, Pixels, TokenRows, TokenSource,
+    TokenTargets,
+};
 pub use registry::{default_cache_root, Pin, VERIFIED_MARKER};
 pub use shards::{ShardFormat, Sharded, ShardsConfig};
 pub use source::{SampleData, SampleSource};
 pub use spec::{Dataset, DatasetShape, SyntheticConfig, TextConfig};
 pub use subset::SubsetChoice;
 pub use text::{
-    fetch_corpus, known_corpora, load_own_text, load_text, CorpusConfig, OwnTextConfig,
-    PackedSequences, TextTokenizer, TokenCorpus,
+    fetch_corpus, known_corpora, load_labelled_text, load_own_text, load_text, Classes,
+    CorpusConfig, LabelledSequences, LabelledText, LabelledTextConfig, MaskedSequences, MlmConfig,
+    MlmSplit, OwnTextConfig, PackedSequences, SpecialTokens, TextFacts, TextTokenizer, TokenCorpus,
+    IGNORE_TARGET,
 };
 pub use tokens::synthetic_tokens;
 pub use transforms::{

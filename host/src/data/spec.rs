@@ -43,11 +43,15 @@ pub enum Dataset {
     /// as a corpus is.
     #[serde(rename = "text")]
     Text,
+    /// The user's labelled text for classification: `.jsonl` lines with a text and a label
+    /// (`[data] data_dir`), samples `[CLS] tokens [SEP] [PAD]...` with an attention mask.
+    #[serde(rename = "labelled-text")]
+    LabelledText,
 }
 
 impl Dataset {
     /// Every dataset with the name used in `trainer.toml`.
-    pub const CHOICES: [(&'static str, Dataset); 10] = [
+    pub const CHOICES: [(&'static str, Dataset); 11] = [
         ("fashion-mnist", Dataset::FashionMnist),
         ("mnist", Dataset::Mnist),
         ("synthetic", Dataset::Synthetic),
@@ -58,6 +62,7 @@ impl Dataset {
         ("shakespeare", Dataset::Shakespeare),
         ("synthetic-text", Dataset::SyntheticText),
         ("text", Dataset::Text),
+        ("labelled-text", Dataset::LabelledText),
     ];
 
     /// The name used in `trainer.toml` (and by [`fetch`](super::fetch()) for registry datasets).
@@ -73,15 +78,27 @@ impl Dataset {
             Dataset::Shakespeare => "shakespeare",
             Dataset::SyntheticText => "synthetic-text",
             Dataset::Text => "text",
+            Dataset::LabelledText => "labelled-text",
         }
     }
 
-    /// Whether the dataset is text, served as token sequences to a language model.
+    /// Whether the dataset is text, served as token sequences (to a language model, or to a
+    /// text classifier: [`Dataset::is_labelled_text`]).
     pub fn is_text(self) -> bool {
         matches!(
             self,
-            Dataset::Sotu | Dataset::Shakespeare | Dataset::SyntheticText | Dataset::Text
+            Dataset::Sotu
+                | Dataset::Shakespeare
+                | Dataset::SyntheticText
+                | Dataset::Text
+                | Dataset::LabelledText
         )
+    }
+
+    /// Whether the dataset is labelled text for classification (one class per sequence), not
+    /// a language model's token stream.
+    pub fn is_labelled_text(self) -> bool {
+        self == Dataset::LabelledText
     }
 
     /// Whether the dataset is downloaded from a registry (not generated, not the user's).
@@ -94,6 +111,7 @@ impl Dataset {
                 | Dataset::Wds
                 | Dataset::SyntheticText
                 | Dataset::Text
+                | Dataset::LabelledText
         )
     }
 
@@ -213,20 +231,23 @@ pub struct TextConfig {
     /// [`TextConfig::eval_tokens`]); recorded only when set, as `tokens`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub eval_tokens: Option<usize>,
-    /// `text` only: the evaluation text (a folder or a `.txt`/`.jsonl` file, resolved against
+    /// `text` and `labelled-text` only: the evaluation text (a folder or a `.txt`/`.jsonl` file, resolved against
     /// the file's folder) instead of a held-out fraction. Recorded only when set, as `tokens`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub eval_path: Option<std::path::PathBuf>,
-    /// `text` only: the share of documents held out for evaluation without `eval_path`, in
+    /// `text` and `labelled-text` only: the share of documents held out for evaluation without `eval_path`, in
     /// (0, 1) (default 0.05, [`TextConfig::eval_fraction`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub eval_fraction: Option<f64>,
-    /// `text` only: the key of a `.jsonl` line's text (default `"text"`).
+    /// `text` and `labelled-text` only: the key of a `.jsonl` line's text (default `"text"`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub text_field: Option<String>,
-    /// `text` only: the folder of the token caches (default: `text/` in the data cache root).
+    /// `text` and `labelled-text` only: the folder of the token caches (default: `text/` in the data cache root).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cache_dir: Option<std::path::PathBuf>,
+    /// `labelled-text` only: the key of a `.jsonl` line's label (default `"label"`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub label_field: Option<String>,
 }
 
 impl Default for TextConfig {
@@ -242,6 +263,7 @@ impl Default for TextConfig {
             eval_fraction: None,
             text_field: None,
             cache_dir: None,
+            label_field: None,
         }
     }
 }
@@ -278,6 +300,13 @@ impl TextConfig {
         self.text_field
             .as_deref()
             .unwrap_or(Self::DEFAULT_TEXT_FIELD)
+    }
+
+    /// `labelled-text`: the key of a `.jsonl` line's label (default `"label"`).
+    pub fn label_field(&self) -> &str {
+        self.label_field
+            .as_deref()
+            .unwrap_or(super::text::DEFAULT_LABEL_FIELD)
     }
 }
 

@@ -18,7 +18,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
-use super::loader::TokenSource;
+use super::loader::{TokenRows, TokenSource, TokenTargets};
 use super::source::{RawSample, SampleSource};
 use super::DataError;
 
@@ -183,14 +183,21 @@ impl TokenSource for TokenSubset {
         self.inner.seq_len()
     }
 
-    fn read(
-        &self,
-        index: usize,
-        input: &mut Vec<i64>,
-        target: &mut Vec<i64>,
-    ) -> Result<(), DataError> {
+    fn targets(&self) -> TokenTargets {
+        self.inner.targets()
+    }
+
+    fn padded(&self) -> bool {
+        self.inner.padded()
+    }
+
+    fn label(&self, index: usize) -> Option<i64> {
+        self.inner.label(*self.indices.get(index)? as usize)
+    }
+
+    fn read(&self, index: usize, epoch: u64, rows: &mut TokenRows) -> Result<(), DataError> {
         self.inner
-            .read(inner_index(&self.indices, index)?, input, target)
+            .read(inner_index(&self.indices, index)?, epoch, rows)
     }
 }
 

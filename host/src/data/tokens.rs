@@ -1,12 +1,17 @@
-//! Token streams for language models: [`PackedSequences`] as the loader's [`TokenSource`], and
-//! the `synthetic-text` generator.
+//! Token sources of the loader ([`TokenSource`]): [`PackedSequences`] (next-token targets),
+//! [`MaskedSequences`] (masked-LM), [`LabelledSequences`] (classification), and the
+//! `synthetic-text` generator.
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use super::loader::TokenSource;
-use super::text::PackedSequences;
+use super::loader::{TokenRows, TokenSource, TokenTargets};
+use super::text::{LabelledSequences, MaskedSequences, PackedSequences};
 use super::DataError;
+
+fn outside(index: usize, len: usize) -> DataError {
+    DataError::Invalid(format!("sequence {index} is outside the {len} sequences"))
+}
 
 impl TokenSource for PackedSequences {
     fn len(&self) -> usize {
@@ -17,21 +22,62 @@ impl TokenSource for PackedSequences {
         PackedSequences::seq_len(self)
     }
 
-    fn read(
-        &self,
-        index: usize,
-        input: &mut Vec<i64>,
-        target: &mut Vec<i64>,
-    ) -> Result<(), DataError> {
+    fn read(&self, index: usize, _epoch: u64, rows: &mut TokenRows) -> Result<(), DataError> {
         if index >= PackedSequences::len(self) {
-            return Err(DataError::Invalid(format!(
-                "sequence {index} is outside the {} sequences",
-                PackedSequences::len(self)
-            )));
+            return Err(outside(index, PackedSequences::len(self)));
         }
         let (x, y) = self.sample(index);
-        input.extend(x.iter().map(|&t| i64::from(t)));
-        target.extend(y.iter().map(|&t| i64::from(t)));
+        rows.input.extend(x.iter().map(|&t| i64::from(t)));
+        rows.target.extend(y.iter().map(|&t| i64::from(t)));
+        Ok(())
+    }
+}
+
+impl TokenSource for MaskedSequences {
+    fn len(&self) -> usize {
+        MaskedSequences::len(self)
+    }
+
+    fn seq_len(&self) -> usize {
+        MaskedSequences::seq_len(self)
+    }
+
+    fn read(&self, index: usize, epoch: u64, rows: &mut TokenRows) -> Result<(), DataError> {
+        if index >= MaskedSequences::len(self) {
+            return Err(outside(index, MaskedSequences::len(self)));
+        }
+        self.write(index, epoch, &mut rows.input, &mut rows.target);
+        Ok(())
+    }
+}
+
+impl TokenSource for LabelledSequences {
+    fn len(&self) -> usize {
+        LabelledSequences::len(self)
+    }
+
+    fn seq_len(&self) -> usize {
+        LabelledSequences::seq_len(self)
+    }
+
+    fn targets(&self) -> TokenTargets {
+        TokenTargets::PerSequence
+    }
+
+    fn padded(&self) -> bool {
+        true
+    }
+
+    fn label(&self, index: usize) -> Option<i64> {
+        self.labels().get(index).copied()
+    }
+
+    fn read(&self, index: usize, _epoch: u64, rows: &mut TokenRows) -> Result<(), DataError> {
+        if index >= LabelledSequences::len(self) {
+            return Err(outside(index, LabelledSequences::len(self)));
+        }
+        let class = self.write(index, &mut rows.input, &mut rows.attention_mask);
+        rows.target.push(class);
         Ok(())
     }
 }
@@ -78,11 +124,12 @@ mod tests {
         let s = PackedSequences::new(std::sync::Arc::new(tokens), 5).unwrap();
         let s: &dyn TokenSource = &s;
         assert_eq!(s.len(), 4); // 22 / 5: the last 2 tokens do not fill a sequence
-        let (mut input, mut target) = (Vec::new(), Vec::new());
-        s.read(3, &mut input, &mut target).unwrap();
-        assert_eq!(input, [15, 16, 17, 18, 19]);
-        assert_eq!(target, [16, 17, 18, 19, 20]);
-        assert!(s.read(4, &mut input, &mut target).is_err());
+        let mut rows = TokenRows::default();
+        s.read(3, 0, &mut rows).unwrap();
+        assert_eq!(rows.input, [15, 16, 17, 18, 19]);
+        assert_eq!(rows.target, [16, 17, 18, 19, 20]);
+        assert!(rows.attention_mask.is_empty());
+        assert!(s.read(4, 0, &mut rows).is_err());
     }
 
     #[test]

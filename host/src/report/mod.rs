@@ -213,6 +213,11 @@ pub struct RunRecord {
     /// by class; absent when every evaluation scored the whole set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eval_subset: Option<crate::data::SubsetChoice>,
+    /// A text dataset's facts: the vocabulary the model was built for, the classes of labelled
+    /// text (with their names when the labels are strings) and the special token ids; absent
+    /// for images.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text_data: Option<crate::data::TextFacts>,
 }
 
 /// A data-parallel run in its record.

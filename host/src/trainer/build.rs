@@ -1,5 +1,6 @@
 //! Building a run from its config: device, data, model, methods, optimizer, schedule.
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -86,7 +87,7 @@ impl Trainer {
                 .barrier()
                 .context("waiting for rank 0 to prepare the data")?;
         }
-        let (train_loader, eval_loader, vocab) = if config.data.is_text() {
+        let (train_loader, eval_loader, text_facts) = if config.data.is_text() {
             build_token_loaders(&config, &engine.sample_transforms())?
         } else {
             let (train, eval) = build_loaders(&config, &engine.sample_transforms())?;
@@ -124,8 +125,25 @@ impl Trainer {
             height: h as i64,
             width: w as i64,
         };
-        // A language model predicts one of the tokenizer's tokens.
-        let classes = vocab.unwrap_or(config.model.num_classes);
+        // A language model predicts one of the vocabulary's tokens, a text classifier one of
+        // the classes its labels name.
+        if let Some(classes) = text_facts.as_ref().and_then(|f| f.classes.as_ref()) {
+            if config.model.torchscript.is_none()
+                && config.model.name == crate::model::ModelName::Gpt2
+            {
+                fail!(
+                    "model \"gpt2\" is a language model (next-token logits over the \
+                     vocabulary), but dataset {:?} is labelled text of {} classes: use a text \
+                     classifier",
+                    config.data.dataset.as_str(),
+                    classes.count
+                );
+            }
+        }
+        let classes = match &text_facts {
+            Some(facts) => facts.classes.as_ref().map_or(facts.vocab_size, |c| c.count),
+            None => config.model.num_classes,
+        };
         let model = Model::build(&config.model, input, classes as i64, device)
             .context("building the model")?;
         // Which checkpoint the run continues (or, weights only, starts) from: read before the
@@ -221,6 +239,7 @@ impl Trainer {
             train_loader,
             eval_loader,
             eval_subset,
+            text_facts,
             reporter,
             plugins,
             evals: Vec::new(),
@@ -506,12 +525,12 @@ fn build_loaders(config: &Config, methods: &[MethodTransform]) -> Result<(Loader
 }
 
 /// The training and evaluation loaders of a text dataset (token sequences of
-/// `data.text.seq_len`), and the vocabulary size. Per-sample transforms do not apply to text: a
-/// method that asks for one is an error.
+/// `data.text.seq_len`), and its facts. Per-sample transforms do not apply to text: a method
+/// that asks for one is an error.
 fn build_token_loaders(
     config: &Config,
     methods: &[MethodTransform],
-) -> Result<(Loader, Loader, Option<usize>)> {
+) -> Result<(Loader, Loader, Option<data::TextFacts>)> {
     if let Some(m) = methods.first() {
         fail!(
             "method `{}` transforms every training sample (an image transform), but dataset \
@@ -520,7 +539,7 @@ fn build_token_loaders(
             config.data.dataset
         );
     }
-    let (train, eval, vocab) = load_token_sets(config)?;
+    let TokenSets { train, eval, facts } = load_token_sets(config)?;
     let d = &config.data;
     let train_loader = Loader::tokens(
         train,
@@ -554,25 +573,85 @@ fn build_token_loaders(
             d.batch_size
         );
     }
-    Ok((train_loader, eval_loader, Some(vocab)))
+    Ok((train_loader, eval_loader, Some(facts)))
 }
 
-/// A text dataset's training and evaluation sequences and its vocabulary size.
-pub type TokenSets = (
-    Arc<dyn data::TokenSource>,
-    Arc<dyn data::TokenSource>,
-    usize,
-);
+/// A text dataset's training and evaluation sequences and what the model needs to know of it.
+pub struct TokenSets {
+    /// The training sequences.
+    pub train: Arc<dyn data::TokenSource>,
+    /// The evaluation sequences.
+    pub eval: Arc<dyn data::TokenSource>,
+    /// The vocabulary, the classes of labelled text, the special tokens.
+    pub facts: data::TextFacts,
+}
 
-/// The training and evaluation token sequences of a text dataset and its vocabulary size:
+/// The training and evaluation token sequences of a text dataset and its facts:
 /// `synthetic-text` generated from the run's seed, a corpus loaded (fetched when allowed) and
-/// tokenized, or the user's own text read, split and tokenized (cached by its content hash).
+/// tokenized, the user's own text read, split and tokenized (cached by its content hash), or
+/// the user's labelled text read, split and encoded as `[CLS] tokens [SEP] [PAD]...` samples.
+/// With `[data.mlm]`, a language model's sequences are served masked.
 pub fn load_token_sets(cfg: &Config) -> Result<TokenSets> {
     let d = &cfg.data;
     let Some(text) = &d.text else {
         fail!("dataset `{}` is not text", d.dataset);
     };
-    let (train, eval, vocab) = match d.dataset {
+    let own_text = |path: PathBuf| data::OwnTextConfig {
+        path,
+        eval_path: text.eval_path.clone(),
+        eval_fraction: text.eval_fraction(),
+        text_field: text.text_field().to_owned(),
+        vocab_size: text.vocab_size,
+        tokenizer: text.tokenizer.clone(),
+        cache_dir: text
+            .cache_dir
+            .clone()
+            .unwrap_or_else(|| data::default_cache_root().join("text")),
+    };
+    let announce = |path: &Path, sha256: &str| {
+        tracing::info!("tokenizer {} (sha256 {sha256})", path.display());
+    };
+    if d.dataset == data::Dataset::LabelledText {
+        let Some(path) = d.data_dir.clone() else {
+            fail!("dataset = \"labelled-text\" needs data.data_dir: the labelled text");
+        };
+        let lcfg = data::LabelledTextConfig {
+            text: own_text(path),
+            label_field: text.label_field().to_owned(),
+            seq_len: text.seq_len,
+            eval_seq_len: text.eval_seq_len(),
+        };
+        let loaded = data::load_labelled_text(&lcfg).with_context(|| {
+            format!("loading the labelled text at {}", lcfg.text.path.display())
+        })?;
+        announce(&loaded.tokenizer_path, &loaded.tokenizer_sha256);
+        tracing::info!(
+            "{}: {} training and {} evaluation texts, {} classes{}, vocabulary {}, sequences of {}",
+            d.dataset,
+            loaded.train.len(),
+            loaded.eval.len(),
+            loaded.classes.count,
+            loaded
+                .classes
+                .names
+                .as_ref()
+                .map(|n| format!(" ({})", n.join(", ")))
+                .unwrap_or_default(),
+            loaded.specials.vocab_size,
+            text.seq_len
+        );
+        return Ok(TokenSets {
+            facts: data::TextFacts {
+                vocab_size: loaded.specials.vocab_size,
+                classes: Some(loaded.classes),
+                special_tokens: Some(loaded.specials),
+            },
+            train: Arc::new(loaded.train),
+            eval: Arc::new(loaded.eval),
+        });
+    }
+    // The token streams, their vocabulary and the special tokens' ids (tokenizer, if any).
+    let (train, eval, vocab, specials) = match d.dataset {
         data::Dataset::SyntheticText => (
             data::synthetic_tokens(cfg.seed, text.tokens(), text.vocab_size)?,
             data::synthetic_tokens(
@@ -581,31 +660,18 @@ pub fn load_token_sets(cfg: &Config) -> Result<TokenSets> {
                 text.vocab_size,
             )?,
             text.vocab_size,
+            data::SpecialTokens::new(text.vocab_size, None, |_| None),
         ),
         data::Dataset::Text => {
             let Some(path) = d.data_dir.clone() else {
                 fail!("dataset = \"text\" needs data.data_dir: the text to train on");
             };
-            let cfg = data::OwnTextConfig {
-                path,
-                eval_path: text.eval_path.clone(),
-                eval_fraction: text.eval_fraction(),
-                text_field: text.text_field().to_owned(),
-                vocab_size: text.vocab_size,
-                tokenizer: text.tokenizer.clone(),
-                cache_dir: text
-                    .cache_dir
-                    .clone()
-                    .unwrap_or_else(|| data::default_cache_root().join("text")),
-            };
+            let cfg = own_text(path);
             let loaded = data::load_own_text(&cfg)
                 .with_context(|| format!("loading the text at {}", cfg.path.display()))?;
-            tracing::info!(
-                "tokenizer {} (sha256 {})",
-                loaded.tokenizer_path.display(),
-                loaded.tokenizer_sha256
-            );
-            (loaded.train, loaded.val, loaded.vocab_size)
+            announce(&loaded.tokenizer_path, &loaded.tokenizer_sha256);
+            let specials = data::SpecialTokens::of(&loaded.tokenizer()?);
+            (loaded.train, loaded.val, loaded.vocab_size, specials)
         }
         corpus => {
             let root = d.data_dir.clone().unwrap_or_else(data::default_cache_root);
@@ -619,12 +685,9 @@ pub fn load_token_sets(cfg: &Config) -> Result<TokenSets> {
                 d.fetch,
             )
             .with_context(|| format!("loading the text corpus `{corpus}`"))?;
-            tracing::info!(
-                "tokenizer {} (sha256 {})",
-                loaded.tokenizer_path.display(),
-                loaded.tokenizer_sha256
-            );
-            (loaded.train, loaded.val, loaded.vocab_size)
+            announce(&loaded.tokenizer_path, &loaded.tokenizer_sha256);
+            let specials = data::SpecialTokens::of(&loaded.tokenizer()?);
+            (loaded.train, loaded.val, loaded.vocab_size, specials)
         }
     };
     let (n_train, n_eval) = (train.len(), eval.len());
@@ -632,13 +695,45 @@ pub fn load_token_sets(cfg: &Config) -> Result<TokenSets> {
         data::PackedSequences::new(Arc::new(train), text.seq_len).context("the training split")?;
     let eval = data::PackedSequences::new(Arc::new(eval), text.eval_seq_len())
         .context("the evaluation split")?;
+    let Some(mlm) = d.mlm else {
+        tracing::info!(
+            "{}: {n_train} training and {n_eval} evaluation tokens, vocabulary {vocab}, sequences of {} ({} in evaluation)",
+            d.dataset,
+            text.seq_len,
+            text.eval_seq_len()
+        );
+        return Ok(TokenSets {
+            train: Arc::new(train),
+            eval: Arc::new(eval),
+            facts: data::TextFacts {
+                vocab_size: vocab,
+                classes: None,
+                special_tokens: None,
+            },
+        });
+    };
     tracing::info!(
-        "{}: {n_train} training and {n_eval} evaluation tokens, vocabulary {vocab}, sequences of {} ({} in evaluation)",
+        "{}: {n_train} training and {n_eval} evaluation tokens, masked-LM (probability {}, [MASK] {}, random {}), vocabulary {} with [MASK] = {}, sequences of {} ({} in evaluation)",
         d.dataset,
+        mlm.probability,
+        mlm.mask_fraction,
+        mlm.random_fraction,
+        specials.vocab_size,
+        specials.mask,
         text.seq_len,
         text.eval_seq_len()
     );
-    Ok((Arc::new(train), Arc::new(eval), vocab))
+    let masked =
+        |sequences, split| data::MaskedSequences::new(sequences, mlm, specials, cfg.seed, split);
+    Ok(TokenSets {
+        train: Arc::new(masked(train, data::MlmSplit::Train)),
+        eval: Arc::new(masked(eval, data::MlmSplit::Eval)),
+        facts: data::TextFacts {
+            vocab_size: specials.vocab_size,
+            classes: None,
+            special_tokens: Some(specials),
+        },
+    })
 }
 
 /// Loads the plugins listed under `[[algorithms]]` and makes their methods, followed by the

@@ -49,7 +49,7 @@ impl Trainer {
         // Targets scored: all but those equal to `train.ignore_index`.
         let mut scored = Tensor::f_zeros([], (Kind::Int64, self.state.device()))?;
         let ignore_index = self.state.loss_fn.ignore_index;
-        let language = self.eval_loader.is_tokens();
+        let language = self.eval_loader.is_language();
         // Top-k and F1 counts, set up at the first batch (when the class count is known).
         let mut tally: Option<Tally> = None;
         let mut samples = 0u64;

@@ -299,6 +299,7 @@ impl Trainer {
             data_parallel: self.data_parallel_record(),
             microbatch_size: Some(self.microbatch),
             eval_subset: self.eval_subset.as_ref().map(|(_, choice)| choice.clone()),
+            text_data: self.text_facts.clone(),
             host_reads: Some(crate::sync::HostReads {
                 total: crate::sync::reads() - self.reads_at_start,
                 ..self.host_reads.clone()

@@ -11,7 +11,9 @@ use std::ffi::{c_char, c_void, CStr};
 
 use tch::{Device, Kind, TchError, Tensor};
 
-use crate::data::{DataError, HostBatch, HostInput, Normalize, Pixels};
+use tessera_plugin_api::keys;
+
+use crate::data::{DataError, HostBatch, HostInput, Normalize, Pixels, TokenTargets};
 use crate::engine::Batch;
 
 use super::error::Result;
@@ -129,9 +131,11 @@ fn scale_and_normalize(
 
 /// Moves a loader batch to `device` on the current stream, as the state's batch: images become
 /// a `[B, C, H, W]` float input (scaled and normalized there) and `[B]` class indices, token
-/// sequences a `[B, T]` int64 input and `[B, T]` next-token targets. On CUDA the host buffers
-/// are pinned and the copies do not block the host.
+/// sequences a `[B, T]` int64 input and `[B, T]` target ids (or `[B]` class indices: labelled
+/// text), with a `[B, T]` int64 `attention_mask` entry when they are padded. On CUDA the host
+/// buffers are pinned and the copies do not block the host.
 pub fn to_device(batch: &HostBatch, device: Device) -> Result<Batch, TchError> {
+    let mut attention_mask = None;
     let (input, target) = match &batch.input {
         HostInput::Pixels {
             data,
@@ -147,15 +151,31 @@ pub fn to_device(batch: &HostBatch, device: Device) -> Result<Batch, TchError> {
             let input = scale_and_normalize(pixels, bytes, normalize.as_deref(), shape[1])?;
             (input, to_device_tensor(&batch.target, &[shape[0]], device)?)
         }
-        HostInput::Tokens { ids, shape } => {
+        HostInput::Tokens {
+            ids,
+            shape,
+            targets,
+            attention_mask: mask,
+        } => {
             let shape = shape.map(|v| v as i64);
+            let target_shape = match targets {
+                TokenTargets::PerToken => &shape[..],
+                TokenTargets::PerSequence => &shape[..1],
+            };
+            if let Some(mask) = mask {
+                attention_mask = Some(to_device_tensor(mask, &shape, device)?);
+            }
             (
                 to_device_tensor(ids, &shape, device)?,
-                to_device_tensor(&batch.target, &shape, device)?,
+                to_device_tensor(&batch.target, target_shape, device)?,
             )
         }
     };
-    Ok(Batch::new(input, target))
+    let mut out = Batch::new(input, target);
+    if let Some(mask) = attention_mask {
+        out.set(keys::ATTENTION_MASK, mask);
+    }
+    Ok(out)
 }
 
 impl Trainer {
@@ -248,7 +268,7 @@ impl SideStream {
             unsafe { tessera_event_block(self.copied.0, self.device, compute) },
             "making the compute stream wait for the input copy",
         )?;
-        for tensor in [batch.input(), batch.target()].into_iter().flatten() {
+        for tensor in batch.keys().iter().filter_map(|k| batch.get(k)) {
             // SAFETY: `tensor` is a live `at::Tensor*` for the call.
             check(
                 unsafe { tessera_record_stream(tensor.as_ptr().cast(), self.device, compute) },

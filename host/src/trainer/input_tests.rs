@@ -89,6 +89,8 @@ fn token_batches_cross_as_int64() {
         input: HostInput::Tokens {
             ids: vec![1, 2, 3, 4, 5, 6],
             shape: [2, 3],
+            targets: TokenTargets::PerToken,
+            attention_mask: None,
         },
         target: vec![2, 3, 4, 5, 6, 7],
         index: 4,
@@ -102,6 +104,36 @@ fn token_batches_cross_as_int64() {
         host.target
     );
     assert_eq!(host.input_size_in_bytes(), 6 * 8);
+    assert!(batch.get(keys::ATTENTION_MASK).is_none());
+}
+
+#[test]
+fn labelled_token_batches_carry_class_targets_and_the_attention_mask() {
+    let host = HostBatch {
+        input: HostInput::Tokens {
+            ids: vec![9, 5, 10, 0, 9, 10, 0, 0],
+            shape: [2, 4],
+            targets: TokenTargets::PerSequence,
+            attention_mask: Some(vec![1, 1, 1, 0, 1, 1, 0, 0]),
+        },
+        target: vec![1, 0],
+        index: 0,
+    };
+    let batch = to_device(&host, Device::Cpu).unwrap();
+    assert_eq!(batch.input().unwrap().size(), [2, 4]);
+    let target = batch.target().unwrap();
+    assert_eq!((target.kind(), target.size()), (Kind::Int64, vec![2]));
+    assert_eq!(Vec::<i64>::try_from(target).unwrap(), [1, 0]);
+    let mask = batch.get(keys::ATTENTION_MASK).unwrap();
+    assert_eq!((mask.kind(), mask.size()), (Kind::Int64, vec![2, 4]));
+    assert_eq!(
+        Vec::<i64>::try_from(mask.flatten(0, -1)).unwrap(),
+        [1, 1, 1, 0, 1, 1, 0, 0]
+    );
+    assert_eq!(
+        batch.keys(),
+        [keys::INPUT, keys::TARGET, keys::ATTENTION_MASK]
+    );
 }
 
 /// The loader's batches, with the positions of those the iterator has given out so far.

@@ -82,6 +82,8 @@ pub struct Trainer {
     /// What evaluations score: the fixed subset of `train.eval_subset_batches` (and the choice,
     /// for the run record), or `None` for the whole set.
     eval_subset: Option<(Loader, crate::data::SubsetChoice)>,
+    /// A text dataset's vocabulary, classes and special tokens (for the run record).
+    text_facts: Option<crate::data::TextFacts>,
     reporter: Reporter,
     plugins: Vec<PluginRecord>,
     evals: Vec<EvalRecord>,

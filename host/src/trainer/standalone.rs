@@ -97,7 +97,7 @@ impl Trainer {
             );
         }
         let _no_grad = tch::no_grad_guard();
-        if self.eval_loader.is_tokens() {
+        if self.eval_loader.is_language() {
             fail!(
                 "`tessera predict` writes class predictions; this run trains a language model \
                  (use `tessera eval` for its loss and perplexity)"

@@ -11,6 +11,11 @@
 //!   one registry fetcher) and their split into documents.
 //! * [`own`]: the user's own text (`dataset = "text"`): `.txt`/`.jsonl` documents, their
 //!   content hash, the evaluation split, tokenized through the same cache.
+//! * [`special`]: the `[PAD]`, `[CLS]`, `[SEP]`, `[MASK]` ids of encoder models (the
+//!   tokenizer's, or reserved after its vocabulary).
+//! * [`labelled`]: labelled `.jsonl` text for classification (`dataset = "labelled-text"`),
+//!   read and split as `own`, samples `[CLS] tokens [SEP] [PAD]...`.
+//! * [`mlm`]: masked-LM samples over packed sequences (`[data.mlm]`), masked per sample.
 //! * this file: the `[data.text]` settings of a corpus and [`load_text`], which puts them
 //!   together.
 //!
@@ -25,8 +30,11 @@
 
 pub mod cache;
 pub mod corpus;
+pub mod labelled;
+pub mod mlm;
 pub mod own;
 pub mod packing;
+pub mod special;
 pub mod tokenizer;
 
 use std::fs;
@@ -34,8 +42,14 @@ use std::path::{Path, PathBuf};
 
 pub use cache::{token_cache_dir, token_width, OnDamage};
 pub use corpus::{fetch_corpus, is_text_corpus, known_corpora, DOCUMENTS, TRAIN_TEXT, VAL_TEXT};
+pub use labelled::{
+    load_labelled_text, Classes, LabelledSequences, LabelledText, LabelledTextConfig,
+    DEFAULT_LABEL_FIELD,
+};
+pub use mlm::{MaskedSequences, MlmConfig, MlmSplit, IGNORE_TARGET};
 pub use own::{load_own_text, Document, Documents, OwnTextConfig};
 pub use packing::PackedSequences;
+pub use special::SpecialTokens;
 pub use tokenizer::{
     bpe_file_name, train_bpe, TextTokenizer, DEFAULT_VOCAB_SIZE, EOS_TOKEN, MIN_VOCAB_SIZE,
 };
@@ -67,6 +81,20 @@ impl Default for CorpusConfig {
             tokenizer: None,
         }
     }
+}
+
+/// What a run records of a text dataset and the model is built from: the vocabulary (special
+/// tokens included), and for labelled text the classes.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TextFacts {
+    /// The model's vocabulary: one more than the largest id the batches hold.
+    pub vocab_size: usize,
+    /// Labelled text: the classes (their names when the labels are strings).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub classes: Option<Classes>,
+    /// Labelled text and masked-LM: the ids of `[PAD]`, `[CLS]`, `[SEP]`, `[MASK]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub special_tokens: Option<SpecialTokens>,
 }
 
 /// A tokenized corpus.

@@ -133,39 +133,12 @@ pub fn read_documents(path: &Path, text_field: &str) -> Result<Documents, DataEr
     {
         return read_wds_documents(path);
     }
-    let files = if meta.is_dir() {
-        let mut files = Vec::new();
-        list_text_files(path, path, &mut files)?;
-        files.sort();
-        if files.is_empty() {
-            return Err(DataError::format(
-                path,
-                "holds no .txt or .jsonl files (each .txt file is a document; each line of a \
-                 .jsonl file is a JSON object with the text)",
-            ));
-        }
-        files
-    } else if is_text_file(path) {
-        let name = path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        vec![(name, path.to_path_buf())]
-    } else {
-        return Err(DataError::format(
-            path,
-            "is neither a folder nor a .txt or .jsonl file",
-        ));
-    };
+    let files = text_files(path, meta.is_dir())?;
     let mut listing = String::from("tessera text source v1\n");
     let mut docs = Vec::new();
     for (name, file) in &files {
         let bytes = fs::read(file).map_err(|e| DataError::io(file, e))?;
-        listing.push_str(&format!(
-            "{name}\t{}\t{}\n",
-            bytes.len(),
-            crate::files::sha256_hex(&bytes)
-        ));
+        list_file(&mut listing, name, &bytes);
         if name.ends_with(".jsonl") {
             docs.extend(parse_jsonl(file, name, &bytes, text_field)?);
         } else {
@@ -192,6 +165,37 @@ pub fn read_documents(path: &Path, text_field: &str) -> Result<Documents, DataEr
     )
 }
 
+/// The `.txt` and `.jsonl` files of `path` as `(name, file)`: a folder's (sub-folders
+/// included, hidden entries and links to folders skipped), sorted by their relative paths as
+/// bytes, or `path` itself. None is an error naming `path`.
+pub(super) fn text_files(path: &Path, is_dir: bool) -> Result<Vec<(String, PathBuf)>, DataError> {
+    let files = if is_dir {
+        let mut files = Vec::new();
+        list_text_files(path, path, &mut files)?;
+        files.sort();
+        if files.is_empty() {
+            return Err(DataError::format(
+                path,
+                "holds no .txt or .jsonl files (each .txt file is a document; each line of a \
+                 .jsonl file is a JSON object with the text)",
+            ));
+        }
+        files
+    } else if is_text_file(path) {
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        vec![(name, path.to_path_buf())]
+    } else {
+        return Err(DataError::format(
+            path,
+            "is neither a folder nor a .txt or .jsonl file",
+        ));
+    };
+    Ok(files)
+}
+
 /// The name of an MDS folder's index.
 const MDS_INDEX: &str = "index.json";
 
@@ -208,7 +212,7 @@ fn holds_tar_files(dir: &Path) -> Result<bool, DataError> {
 }
 
 /// Appends a listing line for one source file: `name`, its size and sha256.
-fn list_file(listing: &mut String, name: &str, bytes: &[u8]) {
+pub(super) fn list_file(listing: &mut String, name: &str, bytes: &[u8]) {
     listing.push_str(&format!(
         "{name}\t{}\t{}\n",
         bytes.len(),
@@ -367,9 +371,32 @@ pub fn parse_jsonl(
     text_field: &str,
 ) -> Result<Vec<Document>, DataError> {
     let mut docs = Vec::new();
+    jsonl_objects(path, bytes, text_field, |number, text, _| {
+        docs.push(Document {
+            name: format!("{name}:{number}"),
+            text,
+        });
+        Ok(())
+    })?;
+    Ok(docs)
+}
+
+/// Calls `each(line number, text, the object's other fields)` for each non-blank line of a
+/// `.jsonl` file's bytes, a JSON object whose `text_field` is a string. Errors name the file and
+/// the line (`each` makes its own with [`line_error`]).
+pub(super) fn jsonl_objects(
+    path: &Path,
+    bytes: &[u8],
+    text_field: &str,
+    mut each: impl FnMut(
+        usize,
+        String,
+        serde_json::Map<String, serde_json::Value>,
+    ) -> Result<(), DataError>,
+) -> Result<(), DataError> {
     for (n, line) in bytes.split(|&b| b == b'\n').enumerate() {
         let number = n + 1;
-        let bad = |why: String| DataError::format(path, format!("line {number}: {why}"));
+        let bad = |why: String| line_error(path, number, why);
         let line = std::str::from_utf8(line).map_err(|e| {
             bad(format!(
                 "is not UTF-8 (invalid byte at column {})",
@@ -396,27 +423,36 @@ pub fn parse_jsonl(
                     json_kind(&other)
                 )))
             }
-            None => {
-                let keys: Vec<&str> = object.keys().map(String::as_str).collect();
-                return Err(bad(format!(
-                    "has no field \"{text_field}\" (data.text.text_field); its fields: {}",
-                    if keys.is_empty() {
-                        "none".to_owned()
-                    } else {
-                        keys.join(", ")
-                    }
-                )));
-            }
+            None => return Err(bad(missing_field(text_field, "text_field", &object))),
         };
-        docs.push(Document {
-            name: format!("{name}:{number}"),
-            text,
-        });
+        each(number, text, object)?;
     }
-    Ok(docs)
+    Ok(())
 }
 
-fn json_kind(value: &serde_json::Value) -> &'static str {
+/// The error of line `number` of `path`: `PATH: line N: why`.
+pub(super) fn line_error(path: &Path, number: usize, why: String) -> DataError {
+    DataError::format(path, format!("line {number}: {why}"))
+}
+
+/// `has no field "FIELD" (data.text.KEY); its fields: ...`.
+pub(super) fn missing_field(
+    field: &str,
+    key: &str,
+    object: &serde_json::Map<String, serde_json::Value>,
+) -> String {
+    let keys: Vec<&str> = object.keys().map(String::as_str).collect();
+    format!(
+        "has no field \"{field}\" (data.text.{key}); its fields: {}",
+        if keys.is_empty() {
+            "none".to_owned()
+        } else {
+            keys.join(", ")
+        }
+    )
+}
+
+pub(super) fn json_kind(value: &serde_json::Value) -> &'static str {
     match value {
         serde_json::Value::Null => "null",
         serde_json::Value::Bool(_) => "a boolean",
@@ -521,6 +557,32 @@ pub fn tokenize_documents(
             split
         }
     };
+    let (key, dir) = cache_folder(train, eval, cfg)?;
+    tracing::info!(
+        source = %train.origin,
+        documents = train.docs.len(),
+        train_documents = train_docs.len(),
+        eval_documents = eval_docs.len(),
+        cache = %dir.display(),
+        "own text"
+    );
+    tokenize(
+        &dir,
+        &format!("text-{key}"),
+        cfg.tokenizer.as_deref(),
+        cfg.vocab_size,
+        (&train_docs, &eval_docs),
+        OnDamage::Refuse,
+    )
+}
+
+/// The cache folder `<cache_dir>/text-<first 16 hex of the key>/` of `train` with its
+/// evaluation split (created, with its `SOURCE` file), and the key ([`source_key`]).
+pub(super) fn cache_folder(
+    train: &Documents,
+    eval: EvalSplit<'_>,
+    cfg: &OwnTextConfig,
+) -> Result<(String, PathBuf), DataError> {
     let key = source_key(train, eval, &cfg.text_field);
     let dir = cfg.cache_dir.join(format!("text-{}", &key[..16]));
     fs::create_dir_all(&dir).map_err(|e| DataError::io(&dir, e))?;
@@ -539,22 +601,7 @@ pub fn tokenize_documents(
         crate::files::write_atomic(&source, text.as_bytes())
             .map_err(|e| DataError::io(&source, e))?;
     }
-    tracing::info!(
-        source = %train.origin,
-        documents = train.docs.len(),
-        train_documents = train_docs.len(),
-        eval_documents = eval_docs.len(),
-        cache = %dir.display(),
-        "own text"
-    );
-    tokenize(
-        &dir,
-        &format!("text-{key}"),
-        cfg.tokenizer.as_deref(),
-        cfg.vocab_size,
-        (&train_docs, &eval_docs),
-        OnDamage::Refuse,
-    )
+    Ok((key, dir))
 }
 
 /// Loads the user's text as token ids: reads and hashes `cfg.path` (and `cfg.eval_path`),

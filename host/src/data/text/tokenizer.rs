@@ -21,8 +21,9 @@ pub const DEFAULT_VOCAB_SIZE: usize = 8192;
 /// The smallest BPE vocabulary: the 256 byte symbols and [`EOS_TOKEN`].
 pub const MIN_VOCAB_SIZE: usize = 257;
 
-/// End-of-document tokens looked for, in this order, in a user's tokenizer.
-const EOS_CANDIDATES: [&str; 4] = [EOS_TOKEN, "</s>", "<|end_of_text|>", "<eos>"];
+/// End-of-document tokens looked for, in this order, in a user's tokenizer; a BERT tokenizer has
+/// none of the first four and separates documents with `[SEP]`, as BERT's pretraining data does.
+const EOS_CANDIDATES: [&str; 5] = [EOS_TOKEN, "</s>", "<|end_of_text|>", "<eos>", "[SEP]"];
 
 /// A loaded tokenizer file and what a token stream needs from it.
 pub struct TextTokenizer {
@@ -46,7 +47,7 @@ impl std::fmt::Debug for TextTokenizer {
 
 impl TextTokenizer {
     /// Loads a Hugging Face `tokenizer.json`; it must have an end-of-document token
-    /// (`<|endoftext|>`, `</s>`, `<|end_of_text|>` or `<eos>`).
+    /// (`<|endoftext|>`, `</s>`, `<|end_of_text|>`, `<eos>` or `[SEP]`).
     pub fn load(path: &Path) -> Result<TextTokenizer, DataError> {
         let bytes = fs::read(path).map_err(|e| DataError::io(path, e))?;
         Self::from_bytes(path, &bytes)
@@ -102,12 +103,26 @@ impl TextTokenizer {
         self.vocab_size
     }
 
+    /// The id of `token` (a special or ordinary token of the vocabulary), if it has one.
+    pub fn token_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
     /// The token ids of `text` (no end-of-document token added).
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, DataError> {
         self.inner
             .encode_fast(text, false)
             .map(|e| e.get_ids().to_vec())
             .map_err(|e| DataError::format(&self.path, format!("cannot encode text: {e}")))
+    }
+
+    /// The token ids of each of `texts` (encoded in parallel; no special token added).
+    pub fn encode_each(&self, texts: &[&str]) -> Result<Vec<Vec<u32>>, DataError> {
+        let encodings = self
+            .inner
+            .encode_batch_fast(texts.to_vec(), false)
+            .map_err(|e| DataError::format(&self.path, format!("cannot encode text: {e}")))?;
+        Ok(encodings.iter().map(|e| e.get_ids().to_vec()).collect())
     }
 
     /// The text of `ids`, special tokens written out.
