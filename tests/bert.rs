@@ -556,3 +556,140 @@ fn the_methods_for_bert_train_with_one() {
         );
     }
 }
+
+/// A small BERT classifier of the example's labelled sentences (`examples/finetune/
+/// labelled-text`, Shakespeare or a State of the Union address), a BPE of 300 trained on them.
+fn classifier_toml(run_name: &str, batches: u32) -> TrainerToml {
+    let example = repo_root()
+        .join("examples")
+        .join("finetune")
+        .join("labelled-text");
+    let mut t = bert_toml(run_name, batches);
+    t.data = format!(
+        "dataset = \"labelled-text\"\ndata_dir = {}\nbatch_size = 16\neval_batch_size = 40\n\
+         workers = 0\n\n[data.text]\neval_path = {}\nseq_len = 32\nvocab_size = 300\n",
+        toml_string(&example.join("train.jsonl").display().to_string()),
+        toml_string(&example.join("eval.jsonl").display().to_string()),
+    );
+    t.optimizer = "name = \"adamw\"\nlr = 1e-3".to_owned();
+    t
+}
+
+#[test]
+fn a_bert_classifier_of_labelled_text_trains_with_its_padding_and_resumes_exactly() {
+    let dir = TempDir::new("bert-classify");
+    let mut toml = classifier_toml("classify", 12);
+    toml.model.push_str("\ndropout = 0.1");
+    toml.write_to(&dir);
+    let out = train(
+        &dir,
+        &[
+            "train.eval_interval=6ba",
+            "train.metrics=[\"f1\"]",
+            "checkpoint.interval=12ba",
+        ],
+        &[],
+    );
+    out.assert_success();
+    let record = read_json(&run_dir(&dir, "classify").join("run.json"));
+    // The default head for labelled text, its vocabulary the BPE's and the reserved tokens.
+    assert_eq!(
+        record["config"]["model"]["head"], "classification",
+        "{record:#}"
+    );
+    let vocab = record["text_data"]["vocab_size"].as_u64().expect("vocab");
+    assert_eq!(record["config"]["model"]["vocab_size"], vocab, "{record:#}");
+    assert_eq!(record["config"]["model"]["num_classes"], 2, "{record:#}");
+    let evals = record["evals"].as_array().expect("evals");
+    assert_eq!(evals.len(), 2, "{record:#}");
+    for e in evals {
+        let f1 = e["f1"].as_f64().expect("f1");
+        assert!((0.0..=1.0).contains(&f1), "{e}");
+    }
+    let losses: Vec<f64> = read_jsonl(&run_dir(&dir, "classify").join("metrics.jsonl"))
+        .iter()
+        .filter_map(|l| l["data"]["loss"].as_f64())
+        .collect();
+    assert_eq!(losses.len(), 12, "{losses:?}");
+    // Two classes: a fresh classifier starts near ln 2.
+    assert!((losses[0] - 2f64.ln()).abs() < 0.3, "{losses:?}");
+    // Exported, it is transformers' BertForSequenceClassification state_dict (the names of the
+    // reference classifier, which tests above load into transformers).
+    let ckpt = tessera::checkpoint::list(&run_dir(&dir, "classify").join("checkpoints"))
+        .first()
+        .cloned()
+        .expect("a checkpoint");
+    tessera(
+        &[
+            "export",
+            &ckpt.display().to_string(),
+            "--to",
+            "cls.safetensors",
+        ],
+        dir.path(),
+        &[],
+    )
+    .assert_success();
+    let names: BTreeSet<String> = read_state_dict(&dir.join("cls.safetensors"))
+        .unwrap()
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    assert!(names.contains("classifier.weight") && names.contains("bert.pooler.dense.bias"));
+    assert!(!names.iter().any(|n| n.starts_with("cls.")), "{names:?}");
+    assert_killed_and_resumed_is_exact("bert-classify-resume", |run| classifier_toml(run, 8));
+}
+
+#[test]
+fn a_bert_masked_lm_trains_on_masked_batches() {
+    let dir = TempDir::new("bert-mlm");
+    let mut toml = bert_toml("mlm", 6);
+    toml.data = format!("{}\n[data.mlm]\nprobability = 0.15\n", text_data(32, None));
+    toml.write_to(&dir);
+    let out = train(
+        &dir,
+        &["train.eval_interval=3ba", "checkpoint.interval=6ba"],
+        &[],
+    );
+    out.assert_success();
+    let record = read_json(&run_dir(&dir, "mlm").join("run.json"));
+    assert_eq!(record["config"]["model"]["head"], "masked_lm", "{record:#}");
+    // 64 ids and the four reserved tokens: the decoder predicts one of 68.
+    assert_eq!(record["text_data"]["vocab_size"], 68, "{record:#}");
+    assert_eq!(record["config"]["model"]["num_classes"], 68, "{record:#}");
+    let losses: Vec<f64> = read_jsonl(&run_dir(&dir, "mlm").join("metrics.jsonl"))
+        .iter()
+        .filter_map(|l| l["data"]["loss"].as_f64())
+        .collect();
+    assert_eq!(losses.len(), 6, "{losses:?}");
+    // Scored over the selected positions: a random masked LM starts near ln 68.
+    assert!((losses[0] - 68f64.ln()).abs() < 0.7, "{losses:?}");
+    // The export holds the decoder under transformers' names as well.
+    let ckpt = tessera::checkpoint::list(&run_dir(&dir, "mlm").join("checkpoints"))
+        .first()
+        .cloned()
+        .expect("a checkpoint");
+    tessera(
+        &[
+            "export",
+            &ckpt.display().to_string(),
+            "--to",
+            "mlm.safetensors",
+        ],
+        dir.path(),
+        &[],
+    )
+    .assert_success();
+    let names: BTreeSet<String> = read_state_dict(&dir.join("mlm.safetensors"))
+        .unwrap()
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    for n in [
+        "cls.predictions.decoder.weight",
+        "cls.predictions.decoder.bias",
+        "cls.predictions.bias",
+    ] {
+        assert!(names.contains(n), "{n}: {names:?}");
+    }
+}

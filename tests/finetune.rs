@@ -450,6 +450,12 @@ fn the_finetune_examples_run_at_two_batches() {
             std::fs::copy(&path, copy.join(path.file_name().unwrap())).unwrap();
         }
     }
+    // The labelled sentences of the BERT classifier.
+    let labelled = copy.join("labelled-text");
+    std::fs::create_dir_all(&labelled).unwrap();
+    for name in ["train.jsonl", "eval.jsonl"] {
+        std::fs::copy(source.join("labelled-text").join(name), labelled.join(name)).unwrap();
+    }
     let mut cmd = std::process::Command::new("bash");
     cmd.arg(copy.join("run.sh"))
         .env("STEPS", "2")
@@ -482,4 +488,20 @@ fn the_finetune_examples_run_at_two_batches() {
         serde_json::json!(["fc.weight", "fc.bias"])
     );
     assert_eq!(resnet["batches"], 2);
+    // BERT: the masked LM's encoder in a classifier whose pooler and head start fresh.
+    let bert = read_json(&runs.join("finetune-bert-classify").join("run.json"));
+    assert_eq!(bert["batches"], 2);
+    let exported = read_state_dict(&copy.join("weights").join("bert-sotu.safetensors")).unwrap();
+    let encoder = exported
+        .iter()
+        .filter(|(n, _)| n.starts_with("bert."))
+        .count();
+    assert_eq!(bert["init_weights"]["loaded"], encoder as u64, "{bert:#}");
+    assert_eq!(bert["text_data"]["classes"]["count"], 2, "{bert:#}");
+    let f1 = bert["evals"]
+        .as_array()
+        .and_then(|e| e.last())
+        .and_then(|e| e["f1"].as_f64())
+        .unwrap_or_else(|| panic!("no f1 in the evaluation: {bert:#}"));
+    assert!((0.0..=1.0).contains(&f1), "{bert:#}");
 }

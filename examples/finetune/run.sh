@@ -2,7 +2,9 @@
 # Runs the fine-tuning examples end to end (README.md beside this file):
 #   1. GPT-2: pretrain on sotu, export, continue on Shakespeare from the exported weights;
 #   2. ResNet-18: torchvision's weights (make_resnet18.py) fine-tuned on an image folder made
-#      by `tessera data export-folder`.
+#      by `tessera data export-folder`;
+#   3. BERT: a masked LM pretrained on sotu, exported, fine-tuned as a classifier of the
+#      labelled sentences in labelled-text/.
 # STEPS=N cuts every run to N batches (tests/finetune.rs runs it so, in CI). TESSERA names the
 # binary (default: the checkout's release build); PYTHON needs torch, torchvision, safetensors.
 set -euo pipefail
@@ -35,3 +37,11 @@ if [ ! -f weights/resnet18.safetensors ]; then
   "$PYTHON" make_resnet18.py weights/resnet18.safetensors
 fi
 "$TESSERA" train resnet18-folder.toml "${short[@]}"
+
+echo "== BERT: masked-LM pretraining on sotu"
+"$TESSERA" train bert-pretrain.toml "${short[@]}"
+"$TESSERA" export ../../runs/finetune-bert-pretrain/checkpoints/latest.ckpt \
+  --to weights/bert-sotu.safetensors
+cp "$DATA/sotu/tokenizer-bpe-4096.json" weights/bert-sotu-tokenizer.json
+echo "== BERT: fine-tuning a classifier of labelled sentences from the exported weights"
+"$TESSERA" train bert-classify.toml "${short[@]}"

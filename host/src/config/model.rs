@@ -235,7 +235,7 @@ pub(super) fn read(top: &Tbl<'_>, data: &DataConfig) -> Result<ModelConfig, Conf
         model.gpt2 = Some(gpt2(&m, classes)?);
     }
     if model.name == ModelName::Bert {
-        model.bert = Some(bert(&m, classes)?);
+        model.bert = Some(bert(&m, classes, data)?);
     }
     if let Some(sizes) = model.name.vit_sizes() {
         model.vit = Some(vit(&m, sizes)?);
@@ -266,7 +266,8 @@ pub(super) fn read(top: &Tbl<'_>, data: &DataConfig) -> Result<ModelConfig, Conf
             ));
         }
     }
-    if model.num_classes < classes {
+    // Labelled text's classes are known once its labels are read (the run records them).
+    if model.num_classes < classes && !data.dataset.is_labelled_text() {
         return Err(m.err(
             "num_classes",
             ErrorKind::InvalidValue,
@@ -394,9 +395,14 @@ fn gpt2(m: &Tbl<'_>, classes: usize) -> Result<Gpt2Config, ConfigError> {
 
 /// bert's sizes: each key given, else BERT-base's ([`BertConfig::default`]); `n_embd` must be a
 /// multiple of `n_head`; a masked LM's `vocab_size` at least the data's `classes` (its
-/// vocabulary).
-fn bert(m: &Tbl<'_>, classes: usize) -> Result<BertConfig, ConfigError> {
+/// vocabulary). The head follows the data unless given: a classifier of labelled text, else a
+/// masked LM; the other one is refused.
+fn bert(m: &Tbl<'_>, classes: usize, data: &DataConfig) -> Result<BertConfig, ConfigError> {
     let mut c = BertConfig::default();
+    let labelled = data.dataset.is_labelled_text();
+    if labelled {
+        c.head = BertHead::Classification;
+    }
     for (key, field) in [
         ("n_layer", &mut c.n_layer),
         ("n_head", &mut c.n_head),
@@ -432,8 +438,8 @@ fn bert(m: &Tbl<'_>, classes: usize) -> Result<BertConfig, ConfigError> {
             ),
         ));
     }
-    match c.head {
-        BertHead::MaskedLm => {
+    match (c.head, labelled) {
+        (BertHead::MaskedLm, false) => {
             if let Some(v) = c.vocab_size.filter(|v| *v < classes) {
                 return Err(m.err(
                     "vocab_size",
@@ -442,14 +448,30 @@ fn bert(m: &Tbl<'_>, classes: usize) -> Result<BertConfig, ConfigError> {
                 ));
             }
         }
-        BertHead::Classification => {
-            if c.vocab_size.is_none() {
-                return Err(m.missing(
-                    "vocab_size",
-                    "the vocabulary of a BERT classifier (its data gives class labels, not the \
-                     tokenizer's size)",
-                ));
-            }
+        (BertHead::Classification, true) => {}
+        (BertHead::MaskedLm, true) => {
+            return Err(m.err(
+                "head",
+                ErrorKind::InvalidValue,
+                format!(
+                    "a masked LM predicts tokens, but dataset {:?} gives class labels: use \
+                     head = \"classification\" (the default for it), or a text corpus with \
+                     [data.mlm]",
+                    data.dataset.as_str()
+                ),
+            ))
+        }
+        (BertHead::Classification, false) => {
+            return Err(m.err(
+                "head",
+                ErrorKind::InvalidValue,
+                format!(
+                    "a classifier needs class labels, but dataset {:?} is a token stream: use \
+                     dataset = \"labelled-text\", or head = \"masked_lm\" (the default for it) \
+                     with [data.mlm]",
+                    data.dataset.as_str()
+                ),
+            ))
         }
     }
     Ok(c)

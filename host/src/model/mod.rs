@@ -130,12 +130,18 @@ impl Model {
                 let sizes = config.bert.clone().unwrap_or_default();
                 // A masked LM's outputs are the vocabulary; a classifier's the classes, its
                 // vocabulary the config's (or the data's, given as `vocab_size`).
-                let (vocabulary, classes) = match sizes.head {
-                    layers::BertHead::MaskedLm => (num_classes, num_classes),
-                    layers::BertHead::Classification => {
-                        (sizes.vocab_size.map_or(0, |v| v as i64), num_classes)
-                    }
-                };
+                let (vocabulary, classes) =
+                    match sizes.head {
+                        layers::BertHead::MaskedLm => (num_classes, num_classes),
+                        layers::BertHead::Classification => match sizes.vocab_size {
+                            Some(v) => (v as i64, num_classes),
+                            None => return Err(TchError::Shape(
+                                "bert: a classifier needs its vocabulary: `[model] vocab_size`, \
+                                 or labelled text, whose tokenizer gives it"
+                                    .to_owned(),
+                            )),
+                        },
+                    };
                 Box::new(layers::Bert::new(
                     store,
                     &sizes,

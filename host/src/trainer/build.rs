@@ -33,7 +33,7 @@ impl Trainer {
     /// config names (`checkpoint.load`, autoresume) but neither prepares the checkpoint folder
     /// nor opens the run's metrics file.
     pub(super) fn build(
-        config: Config,
+        mut config: Config,
         extra: Vec<Box<dyn Algorithm>>,
         purpose: Purpose,
     ) -> Result<Trainer> {
@@ -144,6 +144,19 @@ impl Trainer {
             Some(facts) => facts.classes.as_ref().map_or(facts.vocab_size, |c| c.count),
             None => config.model.num_classes,
         };
+        // What only the loaded text knows goes into the run's config, so that what is built
+        // again from the recorded config (`tessera export`, `eval`) has the same shapes: the
+        // outputs (the vocabulary with the reserved special tokens, or the classes), and a BERT
+        // classifier's vocabulary.
+        if let Some(facts) = &text_facts {
+            config.model.num_classes = classes;
+            if let Some(bert) = config.model.bert.as_mut() {
+                if bert.head == crate::model::BertHead::Classification && bert.vocab_size.is_none()
+                {
+                    bert.vocab_size = Some(facts.vocab_size);
+                }
+            }
+        }
         let model = Model::build(&config.model, input, classes as i64, device)
             .context("building the model")?;
         // Which checkpoint the run continues (or, weights only, starts) from: read before the
