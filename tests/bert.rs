@@ -523,7 +523,7 @@ fn the_methods_for_bert_train_with_one() {
         ("low_precision_layernorm", ""),
         (
             "seq_length_warmup",
-            "duration = 0.5\nmin_seq_length = 8\nmax_seq_length = 32\nstep_size = 8",
+            "duration = 0.5\nmin_seq_length = 16\nmax_seq_length = 32\nstep_size = 16",
         ),
         (
             "factorize",

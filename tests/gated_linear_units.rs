@@ -233,7 +233,7 @@ fn run(label: &str, toml: &TrainerToml) -> (Value, Vec<Value>) {
     let folder = run_dir(&dir, &toml.run_name);
     assert!(
         out.stderr
-            .contains("gated_linear_units replaced 2 gpt2_mlp blocks"),
+            .contains("gated_linear_units replaced 2 feed-forward blocks"),
         "{}",
         out.stderr
     );
