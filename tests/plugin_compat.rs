@@ -218,3 +218,56 @@ fn older_plugins_modules_are_exported_as_they_are() {
         "the 1.3 wrapper is exported as it is: {names:?}"
     );
 }
+
+/// With padding (a BERT classifier of labelled text: every batch has an `attention_mask`), the
+/// host offers each plugin module the batch's mask through plugin-api 1.7's `forward_masked`;
+/// the 1.4 LowPrecisionLayerNorm's modules predate that call, so abi_stable's default body
+/// answers "none" and the host runs their `forward`, and the evaluation is the same as with the
+/// current build of the plugin (whose `forward_masked` is the default: `forward`).
+#[test]
+fn older_plugins_modules_run_in_padded_batches() {
+    let example = repo_root()
+        .join("examples")
+        .join("finetune")
+        .join("labelled-text");
+    let dir = TempDir::new("compat-padded");
+    let write = |run: &str, old: bool| {
+        let mut toml = TrainerToml::tiny_gpt(run);
+        toml.model = "name = \"bert\"\nn_layer = 2\nn_head = 2\nn_embd = 32\nn_inner = 64\n\
+                      n_positions = 32"
+            .to_owned();
+        toml.data = format!(
+            "dataset = \"labelled-text\"\ndata_dir = {}\nbatch_size = 16\neval_batch_size = 40\n\
+             workers = 0\n\n[data.text]\neval_path = {}\nseq_len = 32\nvocab_size = 300\n",
+            toml_string(&example.join("train.jsonl").display().to_string()),
+            toml_string(&example.join("eval.jsonl").display().to_string()),
+        );
+        toml.max_duration = "2ba".to_owned();
+        toml.plugin_dirs = if old {
+            vec![fixture_dir("1.4.0"), target_dir()]
+        } else {
+            vec![target_dir()]
+        };
+        toml.algorithm("low_precision_layernorm", "").write_to(&dir);
+    };
+    let mut evals = Vec::new();
+    for (run, old) in [("old", true), ("current", false)] {
+        write(run, old);
+        train(&dir, &[], &[]).assert_success();
+        let record = read_json(&run_dir(&dir, run).join("run.json"));
+        let plugin = record["plugins"]
+            .as_array()
+            .and_then(|p| p.iter().find(|p| p["name"] == "low_precision_layernorm"))
+            .unwrap_or_else(|| panic!("{record:#}"));
+        let path = PathBuf::from(plugin["path"].as_str().expect("path"));
+        let folder = std::fs::canonicalize(fixture_dir("1.4.0")).unwrap();
+        assert_eq!(path.starts_with(&folder), old, "{path:?}");
+        assert_eq!(record["batches"], 2, "{record:#}");
+        evals.push(record["evals"].clone());
+    }
+    assert!(
+        evals[0].as_array().is_some_and(|e| !e.is_empty()),
+        "{evals:?}"
+    );
+    assert_eq!(evals[0], evals[1]);
+}
