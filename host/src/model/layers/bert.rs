@@ -72,6 +72,7 @@
 use serde::Serialize;
 use tch::{nn::Init, Kind, TchError, Tensor};
 
+use super::gpt2::{btc, check_sizes, embedding_rows};
 use super::mask::attention_mask;
 use super::{Attr, Dropout, Embedding, ExportTree, Exported, Layer, LayerNorm, Linear, Sequential};
 use crate::model::{tree::join, ParamStore};
@@ -149,10 +150,7 @@ impl Default for BertConfig {
 
 /// normal(0, 0.02), Hugging Face's init of every BERT weight.
 fn normal() -> Init {
-    Init::Randn {
-        mean: 0.0,
-        stdev: INIT_STD,
-    }
+    super::gpt2::normal(INIT_STD)
 }
 
 /// A linear layer with Hugging Face's BERT init (normal(0, 0.02) weight, zero bias).
@@ -165,16 +163,6 @@ fn linear(
     Linear::with_init(store, path, in_features, out_features, normal())
 }
 
-/// `(B, T, C)` of a hidden-state input, checking its rank and width.
-fn btc(xs: &Tensor, width: i64, what: &str) -> Result<(i64, i64, i64), TchError> {
-    match xs.size().as_slice() {
-        &[b, t, c] if c == width => Ok((b, t, c)),
-        s => Err(TchError::Shape(format!(
-            "{what}: expected an input (batch, tokens, {width}), got {s:?}"
-        ))),
-    }
-}
-
 /// The embeddings (Hugging Face's `BertEmbeddings`, path `bert.embeddings`), kind
 /// `bert_embeddings`.
 #[derive(Debug)]
@@ -184,19 +172,6 @@ pub struct BertEmbeddings {
     token_type_embeddings: Box<dyn Layer>,
     layer_norm: Box<dyn Layer>,
     dropout: Box<dyn Layer>,
-}
-
-impl BertEmbeddings {
-    /// Whether `layer` is an `embedding`, and then its row count.
-    fn embedding_rows(layer: &dyn Layer) -> Option<i64> {
-        if layer.kind() != "embedding" {
-            return None;
-        }
-        layer.attrs().into_iter().find_map(|(k, v)| match (k, v) {
-            ("num_embeddings", Attr::Int(n)) => Some(n),
-            _ => None,
-        })
-    }
 }
 
 impl Layer for BertEmbeddings {
@@ -234,7 +209,7 @@ impl Layer for BertEmbeddings {
                 )))
             }
         };
-        if let Some(rows) = Self::embedding_rows(self.position_embeddings.as_ref()) {
+        if let Some(rows) = embedding_rows(self.position_embeddings.as_ref()) {
             if t > rows {
                 return Err(TchError::Shape(format!(
                     "bert: the input has {t} tokens per sequence, more than the model's \
@@ -931,39 +906,20 @@ impl Bert {
 
 /// Checks `config` against itself and the data's `vocabulary`; returns the vocabulary size.
 fn validate(config: &BertConfig, vocabulary: i64) -> Result<i64, TchError> {
-    let bad = |msg: String| Err(TchError::Shape(format!("bert: {msg}")));
-    for (key, v) in [
-        ("n_layer", config.n_layer),
-        ("n_head", config.n_head),
-        ("n_embd", config.n_embd),
-        ("n_inner", config.n_inner),
-        ("n_positions", config.n_positions),
-        ("type_vocab_size", config.type_vocab_size),
-    ] {
-        if v == 0 {
-            return bad(format!("`[model] {key}` must be at least 1, got 0"));
-        }
-    }
-    if !config.n_embd.is_multiple_of(config.n_head) {
-        return bad(format!(
-            "`[model] n_embd` ({}) must be a multiple of `n_head` ({})",
-            config.n_embd, config.n_head
-        ));
-    }
-    if config.layer_norm_epsilon.is_nan() || config.layer_norm_epsilon <= 0.0 {
-        return bad(format!(
-            "`[model] layer_norm_epsilon` must be > 0, got {}",
-            config.layer_norm_epsilon
-        ));
-    }
-    let vocab = config.vocab_size.map_or(vocabulary, |v| v as i64);
-    if vocab < vocabulary.max(1) {
-        return bad(format!(
-            "`[model] vocab_size` ({vocab}) must be at least the {vocabulary} tokens of the \
-             data's vocabulary"
-        ));
-    }
-    Ok(vocab)
+    check_sizes(
+        "bert",
+        &[
+            ("n_layer", config.n_layer),
+            ("n_head", config.n_head),
+            ("n_embd", config.n_embd),
+            ("n_inner", config.n_inner),
+            ("n_positions", config.n_positions),
+            ("type_vocab_size", config.type_vocab_size),
+        ],
+        (config.n_embd, config.n_head),
+        config.layer_norm_epsilon,
+        (config.vocab_size, vocabulary),
+    )
 }
 
 impl Layer for Bert {

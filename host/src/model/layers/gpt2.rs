@@ -79,8 +79,8 @@ fn dropout(xs: Tensor, p: f64, train: bool) -> Result<Tensor, TchError> {
     }
 }
 
-/// `(B, T, C)` of a hidden-state input, checking its rank and width.
-fn btc(xs: &Tensor, n_embd: i64, what: &str) -> Result<(i64, i64, i64), TchError> {
+/// `(B, T, C)` of a hidden-state input, checking its rank and width (GPT-2's and BERT's).
+pub(super) fn btc(xs: &Tensor, n_embd: i64, what: &str) -> Result<(i64, i64, i64), TchError> {
     match xs.size().as_slice() {
         &[b, t, c] if c == n_embd => Ok((b, t, c)),
         s => Err(TchError::Shape(format!(
@@ -130,7 +130,7 @@ impl Gpt2Attention {
 }
 
 /// normal(0, `std`).
-fn normal(std: f64) -> Init {
+pub(super) fn normal(std: f64) -> Init {
     Init::Randn {
         mean: 0.0,
         stdev: std,
@@ -354,17 +354,16 @@ pub struct Gpt2Model {
     vocab_size: i64,
 }
 
-impl Gpt2Model {
-    /// Whether `layer` is an `embedding`, and then its row count.
-    fn embedding_rows(layer: &dyn Layer) -> Option<i64> {
-        if layer.kind() != "embedding" {
-            return None;
-        }
-        layer.attrs().into_iter().find_map(|(k, v)| match (k, v) {
-            ("num_embeddings", Attr::Int(n)) => Some(n),
-            _ => None,
-        })
+/// Whether `layer` is an `embedding`, and then its row count: the positions a learned position
+/// table covers (GPT-2's `wpe`, BERT's `position_embeddings`) while no method replaced it.
+pub(super) fn embedding_rows(layer: &dyn Layer) -> Option<i64> {
+    if layer.kind() != "embedding" {
+        return None;
     }
+    layer.attrs().into_iter().find_map(|(k, v)| match (k, v) {
+        ("num_embeddings", Attr::Int(n)) => Some(n),
+        _ => None,
+    })
 }
 
 impl Layer for Gpt2Model {
@@ -413,7 +412,7 @@ impl Layer for Gpt2Model {
                 )))
             }
         };
-        if let Some(rows) = Self::embedding_rows(self.wpe.as_ref()) {
+        if let Some(rows) = embedding_rows(self.wpe.as_ref()) {
             if t > rows {
                 return Err(TchError::Shape(format!(
                     "gpt2: the input has {t} tokens per sequence, more than the model's context \
@@ -562,33 +561,51 @@ impl Gpt2LmHeadModel {
 
 /// Checks `config` against itself and `num_classes`; returns the vocabulary size.
 fn validate(config: &Gpt2Config, num_classes: i64) -> Result<i64, TchError> {
-    let bad = |msg: String| Err(TchError::Shape(format!("gpt2: {msg}")));
-    for (key, v) in [
-        ("n_layer", config.n_layer),
-        ("n_head", config.n_head),
-        ("n_embd", config.n_embd),
-        ("n_positions", config.n_positions),
-    ] {
-        if v == 0 {
+    check_sizes(
+        "gpt2",
+        &[
+            ("n_layer", config.n_layer),
+            ("n_head", config.n_head),
+            ("n_embd", config.n_embd),
+            ("n_positions", config.n_positions),
+        ],
+        (config.n_embd, config.n_head),
+        config.layer_norm_epsilon,
+        (config.vocab_size, num_classes),
+    )
+}
+
+/// Checks a transformer's `[model]` sizes (GPT-2's, BERT's): every count in `counts` at least 1,
+/// `n_embd` a multiple of `n_head`, a positive layer-norm epsilon, and the vocabulary (the
+/// config's `vocab_size`, else the data's `vocabulary`) at least the data's; returns the
+/// vocabulary size. Errors name the key, prefixed with `model`.
+pub(super) fn check_sizes(
+    model: &str,
+    counts: &[(&str, usize)],
+    (n_embd, n_head): (usize, usize),
+    layer_norm_epsilon: f64,
+    (vocab_size, vocabulary): (Option<usize>, i64),
+) -> Result<i64, TchError> {
+    let bad = |msg: String| Err(TchError::Shape(format!("{model}: {msg}")));
+    for (key, v) in counts {
+        if *v == 0 {
             return bad(format!("`[model] {key}` must be at least 1, got 0"));
         }
     }
-    if !config.n_embd.is_multiple_of(config.n_head) {
+    if !n_embd.is_multiple_of(n_head) {
         return bad(format!(
-            "`[model] n_embd` ({}) must be a multiple of `n_head` ({})",
-            config.n_embd, config.n_head
+            "`[model] n_embd` ({n_embd}) must be a multiple of `n_head` ({n_head})"
         ));
     }
-    if config.layer_norm_epsilon.is_nan() || config.layer_norm_epsilon <= 0.0 {
+    if layer_norm_epsilon.is_nan() || layer_norm_epsilon <= 0.0 {
         return bad(format!(
-            "`[model] layer_norm_epsilon` must be > 0, got {}",
-            config.layer_norm_epsilon
+            "`[model] layer_norm_epsilon` must be > 0, got {layer_norm_epsilon}"
         ));
     }
-    let vocab = config.vocab_size.map_or(num_classes, |v| v as i64);
-    if vocab < num_classes.max(1) {
+    let vocab = vocab_size.map_or(vocabulary, |v| v as i64);
+    if vocab < vocabulary.max(1) {
         return bad(format!(
-            "`[model] vocab_size` ({vocab}) must be at least the {num_classes} tokens of the \
+            "`[model] vocab_size` ({vocab}) must be at least the {vocabulary} tokens of the \
              data's vocabulary"
         ));
     }
