@@ -7,7 +7,8 @@
 //! libtorch's global CUDA settings (`csrc/context.cpp`), the input pipeline's pinned memory,
 //! streams and events (`csrc/stream.cpp`, through c10's device-generic interface, so it needs no
 //! CUDA headers), the loss scaler's multi-tensor unscale (`csrc/amp.cpp`) and the recognition of
-//! out-of-memory errors (`csrc/oom.cpp`).
+//! out-of-memory errors (`csrc/oom.cpp`), the observer of host reads (`csrc/observe.cpp`) and
+//! the CUDA graphs of `train.cuda_graphs` (`csrc/graph.cpp`, with CUDA headers only, as NCCL).
 //!
 //! The c10d shim gets its NCCL backend (`-DUSE_C10D_NCCL`) when the libtorch has CUDA and the
 //! NCCL and CUDA headers are found: next to a PyPI wheel's libtorch (`$LIBTORCH/../nvidia/*/
@@ -126,6 +127,8 @@ fn main() {
     println!("cargo:rerun-if-changed=csrc/dist.cpp");
     println!("cargo:rerun-if-changed=csrc/gloo-decls");
     println!("cargo:rerun-if-changed=csrc/grad.cpp");
+    println!("cargo:rerun-if-changed=csrc/graph.cpp");
+    println!("cargo:rerun-if-changed=csrc/observe.cpp");
     println!("cargo:rerun-if-changed=csrc/oom.cpp");
     println!("cargo:rerun-if-changed=csrc/optim.cpp");
     println!("cargo:rerun-if-changed=csrc/rng.cpp");
@@ -170,6 +173,7 @@ fn main() {
         .file("csrc/autocast.cpp")
         .file("csrc/context.cpp")
         .file("csrc/grad.cpp")
+        .file("csrc/observe.cpp")
         .file("csrc/oom.cpp")
         .file("csrc/optim.cpp")
         .file("csrc/rng.cpp")
@@ -177,17 +181,22 @@ fn main() {
         .file("csrc/stream.cpp")
         .compile("tessera_autocast");
 
-    // The c10d shim, with NCCL when it can be built.
+    // The c10d shim, with NCCL when it can be built; CUDA graphs (`train.cuda_graphs`) need the
+    // same CUDA headers.
     let mut dist = base();
     dist.file("csrc/dist.cpp").include("csrc/gloo-decls");
+    let mut graph = base();
+    graph.file("csrc/graph.cpp");
     let nccl = if has_cuda {
         match nccl_includes(&root) {
             Ok(dirs) => {
                 for d in dirs {
                     println!("cargo:rerun-if-changed={}", d.display());
-                    dist.include(d);
+                    dist.include(&d);
+                    graph.include(d);
                 }
                 dist.define("USE_C10D_NCCL", None);
+                graph.define("TESSERA_CUDA_GRAPHS", None);
                 true
             }
             Err(missing) => {
@@ -206,4 +215,10 @@ fn main() {
     };
     println!("cargo:rustc-env=TESSERA_C10D_NCCL={}", u8::from(nccl));
     dist.compile("tessera_dist");
+    graph.compile("tessera_graph");
+    if nccl {
+        // c10's CUDA streams, for the CUDA graphs of csrc/graph.cpp (a library, not a link
+        // argument, so that every binary linking this crate gets it).
+        println!("cargo:rustc-link-lib=dylib=c10_cuda");
+    }
 }

@@ -10,6 +10,9 @@ Models (the PyTorch side's, see bench_gpu_pytorch.py):
   `channels_last` plugin, `precision = "amp_bf16"`, SGD (lr 0.1, momentum 0.9, weight decay
   5e-5), `dataset = "synthetic"` images of 3 x SIZE x SIZE (generated in memory as uint8; the
   loader's WORKERS threads make the batches), batch BATCH.
+- `airbench`: the zoo's `airbench` (the CIFAR-10 speedrun's network, its default widths) on the
+  same synthetic images (`--size 32 --classes 10`), with the same plugin, precision and SGD;
+  Tessera only (for the CUDA-graph comparison, `--set train.cuda_graphs=true`).
 - `gpt2`: the zoo's `gpt2` at GPT-2 small's sizes (12 layers, 12 heads, width 768, vocabulary
   50257, context = SEQ), dropout 0, `amp_bf16`, AdamW (lr 6e-4, betas (0.9, 0.95), weight decay
   0.1), `dataset = "synthetic-text"` of that vocabulary, batch BATCH x SEQ tokens. `--alibi` adds
@@ -57,7 +60,7 @@ height = {size}
 width = {size}
 classes = {classes}
 [model]
-name = "resnet50"
+name = "{net}"
 num_classes = {classes}
 [optimizer]
 name = "sgd"
@@ -189,7 +192,7 @@ def run_tessera(cmd, log_path, timeout, env):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("model", choices=["resnet50", "gpt2"])
+    ap.add_argument("model", choices=["resnet50", "airbench", "gpt2"])
     ap.add_argument("--tessera", required=True)
     ap.add_argument("--plugins", default="")
     ap.add_argument("--work", required=True, help="folder for the config and the run")
@@ -223,10 +226,10 @@ def main():
                   batches=batches, log_every=args.log_every, plugins=args.plugins)
     result = {"side": "tessera", "model": args.model, "name": name,
               "warmup_steps": args.warmup, "timed_steps": args.steps}
-    if args.model == "resnet50":
+    if args.model in ("resnet50", "airbench"):
         batch = args.batch or 256
         # A few batches' worth of distinct images, cycled over the epochs.
-        toml = RESNET.format(batch=batch, samples=4 * batch, size=args.size,
+        toml = RESNET.format(net=args.model, batch=batch, samples=4 * batch, size=args.size,
                              classes=args.classes, **common)
         unit, per_batch = "images", batch
         result.update(batch=batch, size=args.size, classes=args.classes, channels_last=True)

@@ -15,7 +15,10 @@
 #   9. GPT-2 small with the alibi plugin (its fused SDPA path);
 #  10. the example (CNN + label_smoothing + cutout, Fashion-MNIST, 3 epochs), fp32 and bf16;
 #  11. the whole-run benchmark against plain PyTorch (scripts/bench_vs_pytorch.py: CNN,
-#      ResNet-20, MLP).
+#      ResNet-20, MLP);
+#  12. CUDA graphs (`train.cuda_graphs = true`): step time eager vs captured for the airbench
+#      net, ResNet-50 and GPT-2 small (the eager ResNet-50 and GPT-2 figures are steps 1 and 3),
+#      and the losses of a deterministic run eager vs captured, bit for bit.
 # Every step runs under `timeout` (its own limit, cut to what is left of BUDGET); a step that
 # fails, times out or finds no time left is recorded as such and the script goes on. Throughput
 # is warm steady state: warmup steps left out, CUDA synchronized around the timed steps.
@@ -358,6 +361,64 @@ if begin bench-vs-pytorch "11. whole runs against plain PyTorch on $DEVICE ($ROU
   rc=$?
   grep -E "^(torch|cnn|resnet20|mlp)" "$DETAILS/bench.log" | tee -a "$SUMMARY"
   finish bench-vs-pytorch $rc "$DETAILS/bench.log"
+fi
+
+if begin cuda-graphs "12. CUDA graphs: eager vs captured (train.cuda_graphs = true)" 300 60; then
+  deadline=$(($(date +%s) + T))
+  rest() { T=$((deadline - $(date +%s))); [ "$T" -ge 5 ] || T=5; }
+  graphs=(--set 'train.cuda_graphs=true')
+  if [ "$QUICK" = 1 ]; then
+    AIRBENCH=(--batch 8 --size 32 --classes 10 --warmup 2 --steps 2)
+  else
+    AIRBENCH=(--batch 512 --size 32 --classes 10 --warmup 10 --steps 30)
+  fi
+  graphs_ok=1
+  # The airbench net, eager and captured; ResNet-50 and GPT-2 small captured (eager: steps 1, 3).
+  for run in "airbench-eager airbench" "airbench-graphs airbench graphs" \
+    "resnet50-graphs resnet50 graphs" "gpt2-graphs gpt2 graphs"; do
+    set -- $run
+    name=$1 model=$2 mode=${3:-eager}
+    sizes=("${AIRBENCH[@]}" "${RESNET_TESSERA[@]}")
+    [ "$model" = resnet50 ] && sizes=("${RESNET[@]}" "${RESNET_TESSERA[@]}")
+    [ "$model" = gpt2 ] && sizes=("${GPT[@]}" "${GPT_TESSERA[@]}")
+    extra=()
+    [ "$mode" = graphs ] && extra=("${graphs[@]}")
+    rest
+    if tessera_bench "$name" "$model" "${sizes[@]}" "${extra[@]}"; then
+      show "$name"
+    else
+      graphs_ok=0
+      say "$name: failed (details/$name.log): $(grep -m1 '^error' "$DETAILS/$name.log")"
+    fi
+  done
+  # Captured == eager, bit for bit: a small deterministic GPT, its loss logged every batch.
+  export CUBLAS_WORKSPACE_CONFIG=:4096:8
+  det=(--batch 4 --seq 128 --layers 2 --heads 4 --width 128 --vocab 1024 --warmup 0 --steps 12
+    --log-every 1 --workers 1 --set 'train.deterministic=true')
+  for mode in eager graphs; do
+    extra=()
+    [ "$mode" = graphs ] && extra=("${graphs[@]}")
+    rest
+    tessera_bench "det-$mode" gpt2 "${det[@]}" "${extra[@]}" || graphs_ok=0
+  done
+  unset CUBLAS_WORKSPACE_CONFIG
+  if [ $graphs_ok = 1 ]; then
+    "$PYTHON" - "$WORK/bench" <<'PY' | tee -a "$SUMMARY" | tee "$DETAILS/results/graphs-losses.txt"
+import json, sys
+from pathlib import Path
+def losses(name):
+    lines = Path(sys.argv[1], name, "metrics.jsonl").read_text().splitlines()
+    records = [json.loads(l) for l in lines if l.strip()]
+    return [r["data"]["loss"] for r in records if r.get("kind") == "train"]
+a, b = losses("det-eager"), losses("det-graphs")
+same = len(a) == len(b) > 0 and all(x == y for x, y in zip(a, b))
+print(f"deterministic GPT, {len(a)} losses: captured == eager bit for bit: {same}"
+      + ("" if same else f" (eager {a[:4]}..., captured {b[:4]}...)"))
+PY
+    record cuda-graphs ok $(($(date +%s) - STEP_START)) "eager vs captured"
+  else
+    record cuda-graphs failed $(($(date +%s) - STEP_START)) "see details"
+  fi
 fi
 
 say ""

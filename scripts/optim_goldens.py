@@ -4,7 +4,10 @@
 reference written after lucidrains' lion-pytorch; PyTorch has none) and Composer's decoupled SGD
 (a reference after Composer's DecoupledSGDW), on several parameters split into parameter groups
 with their own learning-rate multiplier and weight decay, with the learning rate changed between
-steps and parameters left without a gradient in some steps (as stochastic depth does).
+steps, parameters left without a gradient in some steps (as stochastic depth does), parameters
+that join late (no gradient in the first steps, as a layer unfrozen later: Adam's step count and
+bias correction are per parameter, SGD's momentum buffer starts at the first gradient), and
+masked steps (a step that amp's overflow check skips: torch.optim simply does not step).
 host/src/optim/pytorch_steps.rs replays every case with both of Tessera's implementations and
 compares.
 
@@ -19,8 +22,10 @@ The file: `cases`, each with `optimizer` (sgd, sgdw, adam, adamw, lion), base
 `hyperparameters`, `params` (name, shape, initial values), `groups` (name, the parameter names
 it holds, `lr_multiplier`, `weight_decay`; parameters in no group take the base
 hyperparameters), the base learning rate `lr[i]` and the gradients `grads[i][j]` of step i and
-parameter j (null: no gradient), and `expected`: for each implementation (`for_loop`,
-`foreach`, `fused`, `reference`) the parameters after each step, `[step][param]`.
+parameter j (null: no gradient), `masked` (the 0-based steps that are masked: their parameters
+are those of the step before; the replay gives them non-finite gradients, as an overflow does),
+and `expected`: for each implementation (`for_loop`, `foreach`, `fused`, `reference`) the
+parameters after each step, `[step][param]`.
 """
 
 import json
@@ -49,6 +54,12 @@ TWO_GROUPS = [{"name": "head", "params": ["fc.weight"], "lr_multiplier": 2.0,
                "weight_decay": 0.0}]
 # Steps (0-based) in which a parameter has no gradient.
 NO_GRAD = {2: ["fc.bias"], 4: ["ln.weight", "wte.weight"]}
+# Late joiners and missing gradients: `wte.weight` joins at step 2, `ln.weight` at step 3 (a
+# masked step, so its first step taken is 4), `fc.bias` has no gradient in steps 2 and 4.
+LATE = {0: ["wte.weight", "ln.weight"], 1: ["wte.weight", "ln.weight"],
+        2: ["fc.bias", "ln.weight"], 4: ["fc.bias"]}
+# Masked steps (0-based): the first one, before any state exists, and a later one.
+MASKED = [0, 3]
 
 CASES = [
     {"name": "adamw weight_decay=0.1, GPT groups", "optimizer": "adamw",
@@ -92,6 +103,26 @@ CASES = [
      "optimizer": "lion",
      "hyperparameters": {"betas": [0.95, 0.98], "weight_decay": 0.5},
      "lr": VARIED, "groups": TWO_GROUPS, "no_grad": NO_GRAD},
+    {"name": "adam weight_decay=0.1 (L2), two groups, lr varied, late joiners, missing "
+             "gradients, masked steps", "optimizer": "adam",
+     "hyperparameters": {"betas": [0.8, 0.99], "eps": 1e-8, "weight_decay": 0.1},
+     "lr": VARIED, "groups": TWO_GROUPS, "no_grad": LATE, "masked": MASKED},
+    {"name": "adamw weight_decay=0.1, GPT groups, late joiners, missing gradients, masked steps",
+     "optimizer": "adamw",
+     "hyperparameters": {"betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.1},
+     "lr": [0.01] * STEPS, "groups": GPT_GROUPS, "no_grad": LATE, "masked": MASKED},
+    {"name": "adamw one parameter group, late joiners, missing gradients", "optimizer": "adamw",
+     "hyperparameters": {"betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.01},
+     "lr": [0.01] * STEPS, "groups": [], "no_grad": LATE},
+    {"name": "sgd momentum=0.9 dampening=0.3, two groups, lr varied, late joiners, missing "
+             "gradients, masked steps", "optimizer": "sgd",
+     "hyperparameters": {"momentum": 0.9, "dampening": 0.3, "nesterov": False,
+                         "weight_decay": 0.01},
+     "lr": VARIED, "groups": TWO_GROUPS, "no_grad": LATE, "masked": MASKED},
+    {"name": "lion, GPT groups, late joiners, missing gradients, masked steps",
+     "optimizer": "lion",
+     "hyperparameters": {"betas": [0.9, 0.99], "weight_decay": 0.2},
+     "lr": [0.01] * STEPS, "groups": GPT_GROUPS, "no_grad": LATE, "masked": MASKED},
 ]
 
 
@@ -172,12 +203,13 @@ def run(case, initial, grads, impl):
     opt = Reference(case, groups) if impl == "reference" else torch_optimizer(case, groups, impl)
     groups = groups if impl == "reference" else opt.param_groups
     out = []
-    for lr, step_grads in zip(case["lr"], grads):
+    for i, (lr, step_grads) in enumerate(zip(case["lr"], grads)):
         for group in groups:
             group["lr"] = lr * group["lr_multiplier"]
         for p, g in zip(params, step_grads):
             p.grad = None if g is None else g.clone()
-        opt.step()
+        if i not in case.get("masked", []):
+            opt.step()
         out.append([floats(p) for p in params])
     return out
 
@@ -196,6 +228,7 @@ def main():
             impls = ["for_loop", "foreach", "fused"]
         expected = {impl: run(case, initial, grads, impl) for impl in impls}
         out = {k: v for k, v in case.items() if k != "no_grad"}
+        out["masked"] = case.get("masked", [])
         out["params"] = [{"name": n, "shape": s, "initial": floats(t)}
                          for (n, s), t in zip(PARAMS, initial)]
         out["grads"] = [[None if g is None else floats(g) for g in step] for step in grads]

@@ -76,7 +76,7 @@ fn assert_grad_norms(lines: &[Value], batches: &[u64]) {
 fn every_step_runs_two_passes_with_interval_one() {
     let lines = run(
         "sam_interval1",
-        sam_toml("sam1", "rho = 0.05\ninterval = 1"),
+        sam_toml("sam1", "rho = 0.05\ninterval = 1\nlog_grad_norm = true"),
     );
     checked_losses(&lines);
     let passes = by_batch(&lines, "sam/pass");
@@ -92,7 +92,10 @@ fn every_step_runs_two_passes_with_interval_one() {
 
 #[test]
 fn only_every_second_step_runs_two_passes_with_interval_two() {
-    let lines = run("sam_interval2", sam_toml("sam2", "interval = 2"));
+    let lines = run(
+        "sam_interval2",
+        sam_toml("sam2", "interval = 2\nlog_grad_norm = true"),
+    );
     checked_losses(&lines);
     let passes = by_batch(&lines, "sam/pass");
     let expected = BTreeMap::from([(0, vec![0.0]), (1, vec![0.0, 1.0]), (2, vec![0.0])]);

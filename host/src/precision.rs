@@ -197,6 +197,12 @@ impl GradScaler {
         }
     }
 
+    /// Puts the scaler's state on `device` (an upload), so that the steps read and write it
+    /// there without one; call before training.
+    pub fn prepare(&mut self, device: Device) -> Result<(), TchError> {
+        self.live(device).map(|_| ())
+    }
+
     /// `loss · scale`, the tensor to run the backward pass on (a device multiplication).
     pub fn scale_loss(&mut self, loss: &Tensor) -> Result<Tensor, TchError> {
         let live = self.live(loss.device())?;

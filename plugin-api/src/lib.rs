@@ -61,7 +61,7 @@
 //! crate-type = ["cdylib", "rlib"]
 //!
 //! [dependencies]
-//! tessera-plugin-api = "1.7"
+//! tessera-plugin-api = "1.8"
 //! tch = "=0.26.0"
 //! ```
 //!
@@ -110,9 +110,13 @@
 //! - **1.7** (appended to the module object): [`Module::forward_masked`], the forward of a
 //!   batch with an attention mask ([`keys::ATTENTION_MASK`]); a module of an older plugin gets
 //!   [`Module::forward`].
+//! - **1.8** (no change to the ABI's layout): [`device::upload`], a host-made tensor (a
+//!   permutation, a mask) to the device without a blocking copy; [`targets::ensure_one_hot`]
+//!   no longer reads the targets on the host.
 #![warn(missing_docs)]
 
 pub mod abi;
+pub mod device;
 pub mod random;
 mod sample;
 mod settings;

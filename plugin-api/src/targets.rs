@@ -39,7 +39,11 @@ pub fn ensure_one_hot(output: &Tensor, target: &Tensor) -> Result<Tensor, TchErr
 }
 
 /// Composer's `_one_hot(targets, num_classes, dim=1)` as float32: negative indices give all-zero
-/// rows; indices `>= num_classes` are an error (raised by libtorch's `one_hot`).
+/// rows; indices `>= num_classes` are an error (libtorch's, from `scatter`: out of bounds).
+///
+/// Made with `scatter`, not libtorch's `one_hot`, which on the CPU checks the indices' minimum
+/// and maximum with reads on the host (`item`) at every call; `scatter` checks each index as it
+/// writes (on CUDA, a device-side assertion, as `one_hot` there).
 fn one_hot_at_dim1(targets: &Tensor, num_classes: i64) -> Result<Tensor, TchError> {
     if !matches!(
         targets.kind(),
@@ -52,11 +56,11 @@ fn one_hot_at_dim1(targets: &Tensor, num_classes: i64) -> Result<Tensor, TchErro
     }
     let index = targets.f_to_kind(Kind::Int64)?;
     let kept = index.f_ge(0)?.f_unsqueeze(-1)?;
-    let one_hot = index
-        .f_clamp_min(0)?
-        .f_one_hot(num_classes)?
-        .f_mul(&kept)?
-        .f_to_kind(Kind::Float)?;
+    let mut shape = index.size();
+    shape.push(num_classes);
+    let one_hot = Tensor::f_zeros(&shape, (Kind::Float, index.device()))?
+        .f_scatter_value(-1, &index.f_clamp_min(0)?.f_unsqueeze(-1)?, 1.0)?
+        .f_mul(&kept)?;
     // one_hot appends the class dimension last; Composer's layout has it at dim 1.
     if one_hot.dim() > 2 {
         one_hot.f_movedim(&[-1i64][..], &[1i64][..])?.f_contiguous()

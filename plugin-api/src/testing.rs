@@ -3,7 +3,7 @@
 //!
 //! ```toml
 //! [dev-dependencies]
-//! tessera-plugin-api = { version = "1.7", features = ["testing"] }
+//! tessera-plugin-api = { version = "1.8", features = ["testing"] }
 //! ```
 //!
 //! ```no_run

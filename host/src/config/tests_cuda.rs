@@ -93,3 +93,19 @@ fn errors_name_the_key_and_line() {
     );
     assert!(e.to_string().starts_with("trainer.toml:12:"), "{e}");
 }
+
+#[test]
+fn cuda_graphs_is_read_and_recorded() {
+    let c = parse(MINIMAL).unwrap();
+    assert!(!c.train.cuda_graphs, "off by default");
+    let c = parse(&with("cuda_graphs = true\n")).unwrap();
+    assert!(c.train.cuda_graphs);
+    let json = serde_json::to_value(&c).unwrap();
+    assert_eq!(json["train"]["cuda_graphs"], serde_json::json!(true));
+    let c = parse_with(MINIMAL, &["train.cuda_graphs=true"]).unwrap();
+    assert!(c.train.cuda_graphs);
+    let e = parse(&with("cuda_graphs = 1\n")).unwrap_err();
+    assert_eq!(e.key, "train.cuda_graphs");
+    assert_eq!(e.kind, ErrorKind::WrongType);
+    assert_eq!(e.location.line(), Some(10));
+}

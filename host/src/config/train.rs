@@ -75,6 +75,9 @@ pub struct TrainConfig {
     /// Float32 matmul precision, as `torch.set_float32_matmul_precision` (default `high`:
     /// TF32 on GPUs that have it).
     pub matmul_precision: MatmulPrecision,
+    /// Capture the training step in a CUDA graph and replay it per batch (default false; CUDA
+    /// only; see docs/gpu.md for what it refuses).
+    pub cuda_graphs: bool,
 }
 
 section!(TrainConfig {
@@ -98,6 +101,7 @@ section!(TrainConfig {
     stop_at_target: bool(),
     deterministic: bool(),
     matmul_precision: choice("matmul_precision", &MatmulPrecision::CHOICES),
+    cuda_graphs: bool(),
 });
 
 pub(super) fn read(top: &Tbl<'_>, data: &DataConfig) -> Result<TrainConfig, ConfigError> {
@@ -129,6 +133,7 @@ pub(super) fn read(top: &Tbl<'_>, data: &DataConfig) -> Result<TrainConfig, Conf
         stop_at_target: true,
         deterministic: false,
         matmul_precision: MatmulPrecision::default(),
+        cuda_graphs: false,
     }
     .read_keys(&t)?;
     check_metrics(&t, &train, data)?;

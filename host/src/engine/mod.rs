@@ -132,6 +132,8 @@ struct Entry {
     algorithm: Box<dyn Algorithm>,
     on_error: OnError,
     disabled: bool,
+    /// Host reads made in the method's hooks are charged to it (run.json's `host_reads`).
+    source: crate::sync::observer::Source,
 }
 
 /// Dispatches events to methods and counts every event fired.
@@ -148,6 +150,7 @@ impl Engine {
         let entries: Vec<Entry> = algorithms
             .into_iter()
             .map(|(algorithm, on_error)| Entry {
+                source: crate::sync::observer::Source::new(algorithm.name()),
                 algorithm,
                 on_error,
                 disabled: false,
@@ -181,6 +184,20 @@ impl Engine {
         }
     }
 
+    /// The names of the enabled methods hooked at `event`, in the order they run.
+    pub fn methods_at(&self, event: Event) -> Vec<&str> {
+        self.order
+            .get(event.0 as usize)
+            .map(|order| {
+                order
+                    .iter()
+                    .filter(|&&i| !self.entries[i].disabled)
+                    .map(|&i| self.entries[i].algorithm.name())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     /// Fires `event`: runs every hooked, enabled method in order.
     pub fn fire(&mut self, event: Event, stage: &mut Stage<'_>) -> Result<(), EngineError> {
         let id = event.0 as usize;
@@ -196,7 +213,8 @@ impl Engine {
                 continue;
             }
             stage.set_current_method(i);
-            if let Err(e) = entry.algorithm.on_event(event, stage) {
+            let algorithm = &mut entry.algorithm;
+            if let Err(e) = entry.source.charge(|| algorithm.on_event(event, stage)) {
                 let error = EngineError {
                     method: entry.algorithm.name().to_owned(),
                     event,

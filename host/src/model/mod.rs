@@ -180,6 +180,31 @@ impl Model {
         Ok(Model { root, params })
     }
 
+    /// The paths of the zoo's token embeddings, whose rows bound the ids a batch may hold.
+    pub const TOKEN_EMBEDDINGS: [&'static str; 2] =
+        ["transformer.wte", "bert.embeddings.word_embeddings"];
+
+    /// The rows of the model's token embedding (GPT-2's `transformer.wte`, BERT's
+    /// `bert.embeddings.word_embeddings`): the token ids a batch may hold are `[0, rows)`.
+    /// `None` for models without one (vision models, TorchScript models, whose own checks
+    /// stand).
+    pub fn token_rows(&self) -> Option<i64> {
+        self.root.walk().into_iter().find_map(|l| {
+            if l.kind != "embedding" || !Self::TOKEN_EMBEDDINGS.contains(&l.path.as_str()) {
+                return None;
+            }
+            match l.attrs.get("num_embeddings") {
+                Some(Attr::Int(n)) => Some(*n),
+                _ => None,
+            }
+        })
+    }
+
+    /// The plugin modules in the model (from methods' surgery), as (path, kind).
+    pub fn plugin_modules(&self) -> Vec<(String, String)> {
+        self.root.plugin_layers()
+    }
+
     /// Runs the model.
     pub fn forward(&self, xs: &Tensor, train: bool) -> Result<Tensor, TchError> {
         self.root.forward(xs, train)

@@ -103,6 +103,18 @@ impl dyn Layer {
         self.walk_at("")
     }
 
+    /// The layers whose forward is a plugin's code ([`Layer::is_plugin_code`]), depth first, as
+    /// (path, kind).
+    pub fn plugin_layers(&self) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        visit(self, "", &mut |path, layer| {
+            if layer.is_plugin_code() {
+                out.push((path.to_owned(), layer.kind().to_owned()));
+            }
+        });
+        out
+    }
+
     /// Every layer, depth first, with paths prefixed as if this layer were at `path`.
     pub fn walk_at(&self, path: &str) -> Vec<LayerInfo> {
         let mut out = Vec::new();

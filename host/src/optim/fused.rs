@@ -19,6 +19,7 @@ extern "C" {
         nesterov: i32,
         is_first_step: i32,
         found_inf: *mut c_void,
+        lr_tensor: *mut c_void,
     ) -> i32;
     fn tessera_optim_fused_adam(
         params: *mut *mut c_void,
@@ -34,6 +35,7 @@ extern "C" {
         eps: f64,
         decoupled: i32,
         found_inf: *mut c_void,
+        lr_tensor: *mut c_void,
     ) -> i32;
     fn tessera_optim_foreach_mul_scalar(tensors: *mut *mut c_void, n: i32, factor: f64) -> i32;
     fn tessera_optim_foreach_mul(tensors: *mut *mut c_void, n: i32, factor: *mut c_void) -> i32;
@@ -46,6 +48,14 @@ extern "C" {
         beta1: f64,
         beta2: f64,
         weight_decay: f64,
+        found_inf: *mut c_void,
+    ) -> i32;
+    fn tessera_optim_foreach_add_scalar(tensors: *mut *mut c_void, n: i32, value: f64) -> i32;
+    fn tessera_optim_foreach_add_tensor(
+        tensors: *mut *mut c_void,
+        n: i32,
+        other: *mut c_void,
+        alpha: f64,
     ) -> i32;
     fn tessera_optim_count_start() -> i32;
     fn tessera_optim_count_stop(top: *mut i64, all: *mut i64) -> i32;
@@ -94,14 +104,20 @@ pub(super) struct SgdArgs {
     pub is_first_step: bool,
 }
 
+fn lr_ptr(lr_tensor: Option<&Tensor>) -> *mut c_void {
+    lr_tensor.map_or(std::ptr::null_mut(), |t| t.as_ptr() as *mut c_void)
+}
+
 /// `torch._fused_sgd_` over `params` (with their `grads` and, when momentum is used,
-/// `buffers`; empty otherwise).
+/// `buffers`; empty otherwise). `lr_tensor`: the rate as a 0-dim tensor on the device, read
+/// there instead of `a.lr`.
 pub(super) fn sgd(
     params: &[&Tensor],
     grads: &[&Tensor],
     buffers: &[&Tensor],
     a: &SgdArgs,
     found_inf: Option<&Tensor>,
+    lr_tensor: Option<&Tensor>,
 ) -> Result<(), TchError> {
     let n = len(params.len())?;
     let (mut p, mut g, mut b) = (ptrs(params), ptrs(grads), ptrs(buffers));
@@ -125,6 +141,7 @@ pub(super) fn sgd(
             i32::from(a.nesterov),
             i32::from(a.is_first_step),
             flag_ptr(found_inf),
+            lr_ptr(lr_tensor),
         )
     };
     check(rc, "fused SGD step")
@@ -140,21 +157,27 @@ pub(super) struct AdamArgs {
     pub decoupled: bool,
 }
 
-/// `torch._fused_adamw_` / `_fused_adam_` over `params`; `step` (float32, already advanced) is
-/// every parameter's step count.
+/// `torch._fused_adamw_` / `_fused_adam_` over `params`; `steps` (float32, already advanced)
+/// are the parameters' own step counts; `lr_tensor` as in [`sgd`].
+#[allow(clippy::too_many_arguments)]
 pub(super) fn adam(
     params: &[&Tensor],
     grads: &[&Tensor],
     exp_avgs: &[&Tensor],
     exp_avg_sqs: &[&Tensor],
-    step: &Tensor,
+    steps: &[&Tensor],
     a: &AdamArgs,
     found_inf: Option<&Tensor>,
+    lr_tensor: Option<&Tensor>,
 ) -> Result<(), TchError> {
     let n = len(params.len())?;
-    let (mut p, mut g, mut m, mut v) =
-        (ptrs(params), ptrs(grads), ptrs(exp_avgs), ptrs(exp_avg_sqs));
-    let mut s = vec![step.as_ptr() as *mut c_void; params.len()];
+    let (mut p, mut g, mut m, mut v, mut s) = (
+        ptrs(params),
+        ptrs(grads),
+        ptrs(exp_avgs),
+        ptrs(exp_avg_sqs),
+        ptrs(steps),
+    );
     // SAFETY: every array holds `n` live `at::Tensor*`; `found_inf` is null or live.
     let rc = unsafe {
         tessera_optim_fused_adam(
@@ -171,6 +194,7 @@ pub(super) fn adam(
             a.eps,
             i32::from(a.decoupled),
             flag_ptr(found_inf),
+            lr_ptr(lr_tensor),
         )
     };
     check(rc, "fused Adam step")
@@ -207,12 +231,14 @@ pub(super) struct LionArgs {
     pub weight_decay: f64,
 }
 
-/// Lion with `_foreach_*` operators over `params`.
+/// Lion with `_foreach_*` operators over `params`, masked on the device by `found_inf` (a 0-dim
+/// float32 0 or 1) when given.
 pub(super) fn lion(
     params: &[&Tensor],
     grads: &[&Tensor],
     exp_avgs: &[&Tensor],
     a: &LionArgs,
+    found_inf: Option<&Tensor>,
 ) -> Result<(), TchError> {
     let n = len(params.len())?;
     let (mut p, mut g, mut m) = (ptrs(params), ptrs(grads), ptrs(exp_avgs));
@@ -227,9 +253,32 @@ pub(super) fn lion(
             a.betas.0,
             a.betas.1,
             a.weight_decay,
+            flag_ptr(found_inf),
         )
     };
     check(rc, "foreach Lion step")
+}
+
+/// `torch._foreach_add_(tensors, value)`.
+pub(super) fn add_scalar(tensors: &[&Tensor], value: f64) -> Result<(), TchError> {
+    let n = len(tensors.len())?;
+    let mut t = ptrs(tensors);
+    // SAFETY: `t` holds `n` live `at::Tensor*`.
+    check(
+        unsafe { tessera_optim_foreach_add_scalar(t.as_mut_ptr(), n, value) },
+        "foreach add",
+    )
+}
+
+/// `torch._foreach_add_(tensors, other, alpha=alpha)`, `other` a 0-dim tensor on their device.
+pub(super) fn add_tensor(tensors: &[&Tensor], other: &Tensor, alpha: f64) -> Result<(), TchError> {
+    let n = len(tensors.len())?;
+    let mut t = ptrs(tensors);
+    // SAFETY: `t` holds `n` live `at::Tensor*`; `other` is live.
+    let rc = unsafe {
+        tessera_optim_foreach_add_tensor(t.as_mut_ptr(), n, other.as_ptr() as *mut c_void, alpha)
+    };
+    check(rc, "foreach add")
 }
 
 /// Libtorch operator calls made on this thread while a [`OpCounter`] was alive.

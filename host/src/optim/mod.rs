@@ -249,6 +249,11 @@ impl Rule {
         }
     }
 
+    /// Whether the rule keeps a step count per parameter (Adam's bias correction).
+    fn counts_steps(&self) -> bool {
+        matches!(self, Rule::Adam(_) | Rule::AdamW(_))
+    }
+
     /// The names of the state buffers kept per parameter.
     fn buffer_names(&self) -> &'static [&'static str] {
         match self {
@@ -315,6 +320,41 @@ struct Slot {
     state: Vec<Tensor>,
     /// Index into the optimizer's groups (the default group is last).
     group: usize,
+    /// Adam, AdamW: the parameter's own step count (a float32 0-dim tensor on its device, as
+    /// torch.optim's `state["step"]`): a parameter that skips steps (no gradient) or joins late
+    /// (unfrozen, handed back) gets its own bias correction. Made with the moments.
+    step: Option<Tensor>,
+    /// SGD with momentum and dampening: the buffer was made in a step that may have been
+    /// masked (a float32 0-dim flag on the device, 1: masked, so the buffer is still new and
+    /// the next step takes the gradient as it is). Resolved without a read on the host.
+    pending: Option<Tensor>,
+}
+
+impl Slot {
+    fn new(name: String, param: Tensor, group: usize) -> Slot {
+        Slot {
+            name,
+            param,
+            state: Vec::new(),
+            group,
+            step: None,
+            pending: None,
+        }
+    }
+
+    /// Makes Adam's zero moments and step count, or Lion's zero momentum, when missing.
+    fn ensure_state(&mut self, buffers: usize, with_step: bool) -> Result<(), TchError> {
+        while self.state.len() < buffers {
+            self.state.push(self.param.f_zeros_like()?);
+        }
+        if with_step && self.step.is_none() {
+            self.step = Some(Tensor::f_zeros(
+                [] as [i64; 0],
+                (tch::Kind::Float, self.param.device()),
+            )?);
+        }
+        Ok(())
+    }
 }
 
 /// A group's resolved hyperparameters.
@@ -345,10 +385,13 @@ pub struct Optimizer {
     /// The sum of the `found_inf` flags of masked steps (a device scalar; `None` before the
     /// first masked step): steps taken = `steps` − this.
     skipped: Option<Tensor>,
-    /// Adam's step count for the fused kernels (float32 0-dim on the parameters' device), made
-    /// from `steps` at the first fused step after construction or restore.
-    step_count: Option<Tensor>,
     slots: Vec<Slot>,
+    /// Each group's learning rate as a 0-dim float32 tensor on the parameters' device, read
+    /// there by the fused kernels (`train.cuda_graphs`: a captured step replays with the rate of
+    /// the moment); `None`: the rate is a host number of each call.
+    device_lr: Option<Vec<Tensor>>,
+    /// The device rates hold this step's values already ([`Optimizer::stage_lr`]).
+    lr_staged: bool,
     /// Parameters a method updates itself (plugin-api 1.6 `claim_parameters`): left out of
     /// the steps and the state, but their gradients are cleared and unscaled with the others.
     external: Vec<(String, Tensor)>,
@@ -393,12 +436,7 @@ impl Optimizer {
             let group = groups
                 .assign(&e.name, e.tensor.dim())?
                 .unwrap_or(hyper.len() - 1);
-            slots.push(Slot {
-                name: e.name.clone(),
-                param: e.tensor.shallow_clone(),
-                state: Vec::new(),
-                group,
-            });
+            slots.push(Slot::new(e.name.clone(), e.tensor.shallow_clone(), group));
         }
         let lr = rule.lr();
         Ok(Optimizer {
@@ -413,8 +451,9 @@ impl Optimizer {
             lr_scale: 1.0,
             steps: 0,
             skipped: None,
-            step_count: None,
             slots,
+            device_lr: None,
+            lr_staged: false,
             external: Vec::new(),
         })
     }
@@ -570,12 +609,8 @@ impl Optimizer {
                     .ok()
                     .flatten()
                     .unwrap_or(default);
-                self.slots.push(Slot {
-                    name: name.to_owned(),
-                    param: param.shallow_clone(),
-                    state: Vec::new(),
-                    group,
-                })
+                self.slots
+                    .push(Slot::new(name.to_owned(), param.shallow_clone(), group))
             }
             (Some(i), false) => {
                 self.slots.remove(i);
@@ -613,20 +648,28 @@ impl Optimizer {
         self.algorithm.name()
     }
 
-    /// The whole state (shallow copies of the state tensors), for checkpoints. Reads the step
-    /// count from the device after masked steps (see [`Optimizer::steps`]).
+    /// The whole state (shallow copies of the state tensors, and Adam's per-parameter step
+    /// counts as `<param>.step`), for checkpoints. Reads the step count from the device after
+    /// masked steps (see [`Optimizer::steps`]), and whether an SGD buffer made in a masked step
+    /// is still new (then it is left out: the resumed run makes it).
     pub fn snapshot(&self) -> Snapshot {
         let names = self.algorithm.buffer_names();
-        let tensors = self
-            .slots
-            .iter()
-            .flat_map(|s| {
-                s.state
-                    .iter()
-                    .zip(names)
-                    .map(move |(t, n)| (format!("{}.{n}", s.name), t.shallow_clone()))
-            })
-            .collect();
+        let mut tensors = Vec::new();
+        for s in &self.slots {
+            let still_new = s
+                .pending
+                .as_ref()
+                .is_some_and(|p| p.f_double_value(&[]).is_ok_and(|v| v != 0.0));
+            if still_new {
+                continue;
+            }
+            for (t, n) in s.state.iter().zip(names) {
+                tensors.push((format!("{}.{n}", s.name), t.shallow_clone()));
+            }
+            if let Some(step) = &s.step {
+                tensors.push((format!("{}.{STEP}", s.name), step.shallow_clone()));
+            }
+        }
         let groups = if self.groups.specs().is_empty() {
             Vec::new()
         } else {
@@ -710,12 +753,12 @@ impl Optimizer {
                 .assign(name, entry.tensor.dim())
                 .map_err(|e| OptimizerStateError(e.0))?
                 .unwrap_or(default);
-            slots.push(Slot {
-                name: name.clone(),
-                param: entry.tensor.shallow_clone(),
-                state: buffers,
-                group,
-            });
+            let mut slot = Slot::new(name.clone(), entry.tensor.shallow_clone(), group);
+            slot.state = buffers;
+            if self.algorithm.counts_steps() && !slot.state.is_empty() {
+                slot.step = Some(restored_step(name, tensors, position.steps, &entry.tensor)?);
+            }
+            slots.push(slot);
         }
         self.check_groups(&position.groups, &slots)?;
         for slot in &slots {
@@ -732,7 +775,6 @@ impl Optimizer {
         self.slots = slots;
         self.steps = position.steps;
         self.skipped = None;
-        self.step_count = None;
         self.initial_lr = position.initial_lr;
         self.lr_scale = position.lr_scale.unwrap_or(1.0);
         self.lr_multiplier = match position.lr_multiplier {
@@ -797,33 +839,146 @@ impl Optimizer {
         self.lr_scale = 1.0;
     }
 
+    /// Keeps the learning rates on `device` from now on (see [`Optimizer::stage_lr`]): the
+    /// fused SGD, Adam and AdamW kernels read them there. The arithmetic is the same (the
+    /// kernels round the rate to float32 either way).
+    pub fn keep_lr_on_device(&mut self, device: tch::Device) -> Result<(), TchError> {
+        let rates = (0..self.hyper.len())
+            .map(|_| Tensor::f_zeros([] as [i64; 0], (tch::Kind::Float, device)))
+            .collect::<Result<Vec<_>, _>>()?;
+        self.device_lr = Some(rates);
+        self.lr_staged = false;
+        Ok(())
+    }
+
+    /// Writes the next step's rates into the device rates (a fill on the device, not a
+    /// copy from the host); the next [`Optimizer::step_masked`] uses them as they are. Called
+    /// before a captured step is replayed, whose fills would otherwise be the captured ones.
+    pub fn stage_lr(&mut self) -> Result<(), TchError> {
+        let lr = self.lr();
+        if let Some(rates) = &self.device_lr {
+            for (rate, h) in rates.iter().zip(&self.hyper) {
+                let _ = rate.shallow_clone().f_fill_(lr * h.lr_multiplier)?;
+            }
+        }
+        self.lr_staged = true;
+        Ok(())
+    }
+
+    /// Makes the optimizer ready for its step to be captured in a CUDA graph and replayed:
+    /// every piece of state the step writes exists already (so that the graph updates it in
+    /// place), and the rates are on the device. Fails naming what cannot be captured: the
+    /// `per_param` implementation, Lion (its masking and rate are host numbers of each call),
+    /// Composer's decoupled SGD (its decay factor is), a momentum buffer not made yet.
+    pub fn prepare_capture(&mut self) -> Result<(), String> {
+        self.capturable()?;
+        let device = self.slots.first().map(|s| s.param.device());
+        let Some(device) = device else {
+            return Err("the optimizer trains no parameter".into());
+        };
+        let error = |e: TchError| e.to_string();
+        if self.device_lr.is_none() {
+            self.keep_lr_on_device(device).map_err(error)?;
+        }
+        if self.skipped.is_none() {
+            self.skipped =
+                Some(Tensor::f_zeros([] as [i64; 0], (tch::Kind::Double, device)).map_err(error)?);
+        }
+        let buffers = self.algorithm.buffer_names().len();
+        let counts = self.algorithm.counts_steps();
+        for slot in &mut self.slots {
+            match &self.algorithm {
+                Rule::Sgd(s) if s.momentum != 0.0 && slot.state.is_empty() => {
+                    return Err(format!(
+                        "`{}` has no momentum buffer yet (it had no gradient in the steps \
+                         before the capture)",
+                        slot.name
+                    ))
+                }
+                Rule::Sgd(_) => {}
+                _ => slot.ensure_state(buffers, counts).map_err(error)?,
+            }
+        }
+        Ok(())
+    }
+
+    /// Why this optimizer's step cannot be captured in a CUDA graph, naming the setting; `Ok`
+    /// when it can (see [`Optimizer::prepare_capture`]).
+    pub fn capturable(&self) -> Result<(), String> {
+        if self.implementation != Implementation::Fused {
+            return Err(
+                "optimizer.implementation = \"per_param\" steps one parameter at a \
+                        time with host numbers; use \"fused\""
+                    .into(),
+            );
+        }
+        match &self.algorithm {
+            Rule::Lion(_) => {
+                return Err(
+                    "optimizer.name = \"lion\" has no fused kernel that reads its rate \
+                            on the device; use sgd, adam or adamw"
+                        .into(),
+                )
+            }
+            Rule::Sgd(s) if s.decoupled_weight_decay && self.rule_decays() => {
+                return Err(
+                    "optimizer.decoupled_weight_decay = true scales the decay by a host \
+                            number each step; leave it false"
+                        .into(),
+                )
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Counts a step that a replayed CUDA graph took (its kernels updated parameters, state and
+    /// the device counters; the host's bookkeeping is this).
+    pub fn replayed_step(&mut self) {
+        self.lr_scale = 1.0;
+        self.steps += 1;
+        self.lr_staged = false;
+    }
+
+    /// Whether any group decays its weights.
+    fn rule_decays(&self) -> bool {
+        self.hyper.iter().any(|h| h.weight_decay != 0.0)
+    }
+
     /// Applies one update with the current learning rate.
     pub fn step(&mut self) -> Result<(), TchError> {
         self.step_masked(None)
     }
 
     /// Applies one update unless `found_inf` (a 0-dim float32 tensor on the parameters' device
-    /// holding 0 or 1) holds 1: then parameters, state and the step count stay as they were,
-    /// as with torch.optim's fused optimizers under a `GradScaler`. The host does not read the
-    /// flag for SGD, Adam and AdamW with the fused implementation: the kernels read it on the
-    /// device, and the step count is kept there until [`Optimizer::steps`] is asked. Lion and
-    /// the `per_param` implementation read it once. The pending [`Optimizer::scale_lr`] is
-    /// used up either way, as by [`Optimizer::skip_step`]. Parameters without a gradient are
-    /// left alone.
+    /// holding 0 or 1) holds 1: then parameters, state and the step counts stay as they were,
+    /// as with torch.optim's fused optimizers under a `GradScaler`. The host never reads the
+    /// flag: the fused kernels read it on the device, Lion and the `per_param` implementation
+    /// mask their arithmetic with it there, and the step count is kept on the device until
+    /// [`Optimizer::steps`] is asked. The pending [`Optimizer::scale_lr`] is used up either way,
+    /// as by [`Optimizer::skip_step`]. Parameters without a gradient are left alone (Adam's
+    /// step count of such a parameter does not advance, as in torch.optim).
     pub fn step_masked(&mut self, found_inf: Option<&Tensor>) -> Result<(), TchError> {
         let _guard = tch::no_grad_guard();
         let lr = self.lr();
+        if self.device_lr.is_some() && !self.lr_staged {
+            self.stage_lr()?;
+        }
+        self.lr_staged = false;
         // A method's scaling was meant for this step only.
         self.lr_scale = 1.0;
         let previous = self.steps;
         self.steps += 1;
         let result = match self.implementation {
             Implementation::PerParam => self.per_param_step(lr, found_inf),
-            Implementation::Fused => self.fused_step(lr, previous, found_inf),
+            Implementation::Fused => self.fused_step(lr, found_inf),
         };
         if let Err(e) = result {
             self.steps = previous;
             return Err(e);
+        }
+        if let Some(flag) = found_inf {
+            self.count_masked(flag)?;
         }
         Ok(())
     }
@@ -840,23 +995,66 @@ impl Optimizer {
         Ok(())
     }
 
+    /// One parameter at a time (the reference). A masked step runs on zero gradients and then
+    /// puts back what it changed, selected on the device by the flag.
     fn per_param_step(&mut self, lr: f64, found_inf: Option<&Tensor>) -> Result<(), TchError> {
-        if let Some(flag) = found_inf {
-            // The reference path reads the flag.
-            if flag.f_double_value(&[])? != 0.0 {
-                self.steps -= 1;
-                return Ok(());
-            }
-        }
-        let steps = self.steps();
+        let masked = found_inf.map(|f| f.f_ne(0.0)).transpose()?;
         for slot in &mut self.slots {
+            let grad = slot.param.grad();
+            if !grad.defined() {
+                continue;
+            }
             let h = &self.hyper[slot.group];
             let (lr_g, wd) = (lr * h.lr_multiplier, h.weight_decay);
             match &self.algorithm {
-                Rule::Sgd(s) => sgd_update(slot, s, lr_g, wd, lr / self.initial_lr)?,
-                Rule::AdamW(a) => adam_update(slot, a.betas, a.eps, lr_g, wd, true, steps)?,
-                Rule::Adam(a) => adam_update(slot, a.betas, a.eps, lr_g, wd, false, steps)?,
-                Rule::Lion(l) => lion_update(slot, l.betas, lr_g, wd)?,
+                Rule::AdamW(_) | Rule::Adam(_) | Rule::Lion(_) => {
+                    let buffers = self.algorithm.buffer_names().len();
+                    slot.ensure_state(buffers, self.algorithm.counts_steps())?;
+                }
+                // A new momentum buffer in a step that may be masked: zeros (what a masked
+                // step leaves), new until a step is taken (`pending`) when dampening is used
+                // (without, `m·0 + g` is the first step's `g` exactly).
+                Rule::Sgd(s) if s.momentum != 0.0 && masked.is_some() && slot.state.is_empty() => {
+                    slot.ensure_state(1, false)?;
+                    if s.dampening != 0.0 {
+                        slot.pending = Some(Tensor::f_ones(
+                            [] as [i64; 0],
+                            (tch::Kind::Float, slot.param.device()),
+                        )?);
+                    }
+                }
+                Rule::Sgd(_) => {}
+            }
+            let saved = match &masked {
+                Some(_) => Some(
+                    std::iter::once(&slot.param)
+                        .chain(&slot.state)
+                        .map(Tensor::f_detach_copy)
+                        .collect::<Result<Vec<_>, _>>()?,
+                ),
+                None => None,
+            };
+            let grad = match &masked {
+                Some(m) => Tensor::f_where_scalarself(m, 0.0, &grad)?,
+                None => grad,
+            };
+            match &self.algorithm {
+                Rule::Sgd(s) => {
+                    sgd_update(slot, &grad, s, lr_g, wd, lr / self.initial_lr, found_inf)?
+                }
+                Rule::AdamW(a) => adam_update(slot, &grad, a.betas, a.eps, lr_g, wd, true)?,
+                Rule::Adam(a) => adam_update(slot, &grad, a.betas, a.eps, lr_g, wd, false)?,
+                Rule::Lion(l) => lion_update(slot, &grad, l.betas, lr_g, wd)?,
+            }
+            if let (Some(m), Some(saved), Some(flag)) = (&masked, saved, found_inf) {
+                let now = std::iter::once(&slot.param).chain(&slot.state);
+                for (t, before) in now.zip(&saved) {
+                    let kept = before.f_where_self(m, t)?;
+                    t.shallow_clone().f_copy_(&kept)?;
+                }
+                if let Some(step) = &slot.step {
+                    let _ = step.shallow_clone().f_sub_(flag)?;
+                }
             }
         }
         Ok(())
@@ -883,12 +1081,7 @@ impl Optimizer {
         out
     }
 
-    fn fused_step(
-        &mut self,
-        lr: f64,
-        previous: u64,
-        found_inf: Option<&Tensor>,
-    ) -> Result<(), TchError> {
+    fn fused_step(&mut self, lr: f64, found_inf: Option<&Tensor>) -> Result<(), TchError> {
         let buckets = self.buckets();
         match self.algorithm.clone() {
             Rule::Sgd(h) => {
@@ -898,55 +1091,17 @@ impl Optimizer {
             }
             Rule::AdamW(AdamW { betas, eps, .. }) | Rule::Adam(Adam { betas, eps, .. }) => {
                 let decoupled = matches!(self.algorithm, Rule::AdamW(_));
-                let step = self.advance_step_count(previous)?;
                 for bucket in &buckets {
-                    self.fused_adam(bucket, &step, lr, betas, eps, decoupled, found_inf)?;
-                }
-                if let Some(flag) = found_inf {
-                    let _ = step.shallow_clone().f_sub_(flag)?;
+                    self.fused_adam(bucket, lr, betas, eps, decoupled, found_inf)?;
                 }
             }
             Rule::Lion(h) => {
-                // Non-finite gradients cannot be masked by multiplying: Lion reads the flag.
-                if let Some(flag) = found_inf {
-                    if flag.f_double_value(&[])? != 0.0 {
-                        self.steps -= 1;
-                        return Ok(());
-                    }
-                }
                 for bucket in &buckets {
-                    self.foreach_lion(bucket, &h, lr)?;
+                    self.foreach_lion(bucket, &h, lr, found_inf)?;
                 }
-                return Ok(());
             }
-        }
-        if let Some(flag) = found_inf {
-            self.count_masked(flag)?;
         }
         Ok(())
-    }
-
-    /// Adam's float32 step count, advanced by one for this step (torch.optim's fused Adam adds
-    /// one before the kernel and, when the step is masked, takes the flag back after it).
-    fn advance_step_count(&mut self, previous: u64) -> Result<Tensor, TchError> {
-        let step = match &self.step_count {
-            Some(s) => s.shallow_clone(),
-            None => {
-                let Some(first) = self.slots.first() else {
-                    return Tensor::f_zeros([] as [i64; 0], (tch::Kind::Float, tch::Device::Cpu));
-                };
-                let device = first.param.device();
-                let mut s =
-                    Tensor::f_full([] as [i64; 0], previous as f64, (tch::Kind::Float, device))?;
-                if let Some(skipped) = &self.skipped {
-                    let _ = s.f_sub_(skipped)?;
-                }
-                self.step_count = Some(s.shallow_clone());
-                s
-            }
-        };
-        let _ = step.shallow_clone().f_add_scalar_(1.0)?;
-        Ok(step)
     }
 
     fn fused_sgd(
@@ -976,64 +1131,101 @@ impl Optimizer {
             }
         }
         let l2 = if h.decoupled_weight_decay { 0.0 } else { wd };
-        // New momentum buffers take the gradient as it is (`is_first_step`); a bucket whose
-        // parameters have buffers and some that have none (one unfrozen later) takes two calls.
-        let (mut fresh, old): (Vec<usize>, Vec<usize>) = if h.momentum == 0.0 {
-            (Vec::new(), bucket.to_vec())
-        } else {
-            bucket
-                .iter()
-                .partition(|&&i| self.slots[i].state.is_empty())
+        let args = |is_first_step| fused::SgdArgs {
+            weight_decay: l2,
+            momentum: h.momentum,
+            lr: lr_g,
+            dampening: h.dampening,
+            nesterov: h.nesterov,
+            is_first_step,
         };
-        if let Some(flag) = found_inf {
-            // A masked step leaves new buffers at zero, which the next step treats as momentum
-            // (`m·0 + (1 − dampening)·g`): the same as a first step (`g`) only without
-            // dampening. With dampening, the steps that make buffers (the first, and the
-            // first after a parameter is unfrozen) read the flag.
-            if !fresh.is_empty() && h.dampening != 0.0 && flag.f_double_value(&[])? != 0.0 {
-                fresh.clear();
+        if h.momentum == 0.0 {
+            return self.sgd_call(bucket, &args(false), found_inf);
+        }
+        // New momentum buffers take the gradient as it is (`is_first_step`). A masked step
+        // leaves a new buffer at zero, which the next step would treat as momentum
+        // (`m·0 + (1 − dampening)·g`): the same as a first step (`g`) only without dampening.
+        // With dampening, such a buffer stays `pending` (its flag on the device) and its next
+        // step makes both calls, a first step masked unless it is pending and an ordinary one
+        // masked when it is: exactly one of them runs, and the host reads nothing.
+        let fresh: Vec<usize> = bucket
+            .iter()
+            .copied()
+            .filter(|&i| self.slots[i].state.is_empty())
+            .collect();
+        let pending: Vec<usize> = bucket
+            .iter()
+            .copied()
+            .filter(|&i| self.slots[i].pending.is_some())
+            .collect();
+        let old: Vec<usize> = bucket
+            .iter()
+            .copied()
+            .filter(|i| !fresh.contains(i) && !pending.contains(i))
+            .collect();
+        for &i in &fresh {
+            // Zeros, not uninitialized memory: a masked first step leaves them so.
+            let buf = self.slots[i].param.f_zeros_like()?;
+            self.slots[i].state.push(buf);
+        }
+        self.sgd_call(&fresh, &args(true), found_inf)?;
+        self.sgd_call(&old, &args(false), found_inf)?;
+        for i in pending {
+            let Some(pending) = self.slots[i].pending.take() else {
+                continue;
+            };
+            let not_pending = pending.f_neg()?.f_add_scalar(1.0)?;
+            let (as_first, as_next) = match found_inf {
+                Some(flag) => (flag.f_maximum(&not_pending)?, flag.f_maximum(&pending)?),
+                None => (not_pending, pending.shallow_clone()),
+            };
+            self.sgd_call(&[i], &args(true), Some(&as_first))?;
+            self.sgd_call(&[i], &args(false), Some(&as_next))?;
+            // Still new only when this step was masked too (in place: a captured step
+            // replays on the same tensor).
+            if let Some(flag) = found_inf {
+                let _ = pending.shallow_clone().f_mul_(flag)?;
+                self.slots[i].pending = Some(pending);
             }
         }
-        for (part, first) in [(fresh, true), (old, false)] {
-            if part.is_empty() {
-                continue;
-            }
-            if first {
-                for &i in &part {
-                    // Zeros, not uninitialized memory: a masked first step leaves them so.
-                    let buf = self.slots[i].param.f_zeros_like()?;
-                    self.slots[i].state.push(buf);
+        if h.dampening != 0.0 {
+            if let Some(flag) = found_inf {
+                for &i in &fresh {
+                    self.slots[i].pending = Some(flag.f_detach_copy()?);
                 }
             }
-            let p: Vec<&Tensor> = part.iter().map(|&i| &self.slots[i].param).collect();
-            let grads: Vec<Tensor> = part
-                .iter()
-                .map(|&i| same_layout(&self.slots[i].param.grad(), &self.slots[i].param))
-                .collect::<Result<_, _>>()?;
-            let g: Vec<&Tensor> = grads.iter().collect();
-            let b: Vec<&Tensor> = if h.momentum == 0.0 {
-                Vec::new()
-            } else {
-                part.iter().map(|&i| &self.slots[i].state[0]).collect()
-            };
-            let args = fused::SgdArgs {
-                weight_decay: l2,
-                momentum: h.momentum,
-                lr: lr_g,
-                dampening: h.dampening,
-                nesterov: h.nesterov,
-                is_first_step: first,
-            };
-            fused::sgd(&p, &g, &b, &args, found_inf)?;
         }
         Ok(())
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// One fused SGD call over the slots `part` (nothing when empty).
+    fn sgd_call(
+        &self,
+        part: &[usize],
+        args: &fused::SgdArgs,
+        found_inf: Option<&Tensor>,
+    ) -> Result<(), TchError> {
+        if part.is_empty() {
+            return Ok(());
+        }
+        let p: Vec<&Tensor> = part.iter().map(|&i| &self.slots[i].param).collect();
+        let grads: Vec<Tensor> = part
+            .iter()
+            .map(|&i| same_layout(&self.slots[i].param.grad(), &self.slots[i].param))
+            .collect::<Result<_, _>>()?;
+        let g: Vec<&Tensor> = grads.iter().collect();
+        let b: Vec<&Tensor> = if args.momentum == 0.0 {
+            Vec::new()
+        } else {
+            part.iter().map(|&i| &self.slots[i].state[0]).collect()
+        };
+        let rate = self.device_rate(self.slots[part[0]].group);
+        fused::sgd(&p, &g, &b, args, found_inf, rate)
+    }
+
     fn fused_adam(
         &mut self,
         bucket: &[usize],
-        step: &Tensor,
         lr: f64,
         betas: (f64, f64),
         eps: f64,
@@ -1049,11 +1241,7 @@ impl Optimizer {
             decoupled,
         };
         for &i in bucket {
-            let slot = &mut self.slots[i];
-            if slot.state.is_empty() {
-                slot.state.push(slot.param.f_zeros_like()?);
-                slot.state.push(slot.param.f_zeros_like()?);
-            }
+            self.slots[i].ensure_state(2, true)?;
         }
         let p: Vec<&Tensor> = bucket.iter().map(|&i| &self.slots[i].param).collect();
         let grads: Vec<Tensor> = bucket
@@ -1063,61 +1251,98 @@ impl Optimizer {
         let g: Vec<&Tensor> = grads.iter().collect();
         let m: Vec<&Tensor> = bucket.iter().map(|&i| &self.slots[i].state[0]).collect();
         let v: Vec<&Tensor> = bucket.iter().map(|&i| &self.slots[i].state[1]).collect();
-        fused::adam(&p, &g, &m, &v, step, &args, found_inf)
+        let steps: Vec<&Tensor> = bucket
+            .iter()
+            .filter_map(|&i| self.slots[i].step.as_ref())
+            .collect();
+        // torch.optim's `_fused_adam`: the counts advance before the kernel and a masked step
+        // takes them back after it.
+        fused::add_scalar(&steps, 1.0)?;
+        let rate = self.device_rate(self.slots[bucket[0]].group);
+        fused::adam(&p, &g, &m, &v, &steps, &args, found_inf, rate)?;
+        if let Some(flag) = found_inf {
+            fused::add_tensor(&steps, flag, -1.0)?;
+        }
+        Ok(())
     }
 
-    fn foreach_lion(&mut self, bucket: &[usize], h: &Lion, lr: f64) -> Result<(), TchError> {
+    /// Group `group`'s rate on the device, when the rates are kept there.
+    fn device_rate(&self, group: usize) -> Option<&Tensor> {
+        self.device_lr.as_ref().and_then(|r| r.get(group))
+    }
+
+    fn foreach_lion(
+        &mut self,
+        bucket: &[usize],
+        h: &Lion,
+        lr: f64,
+        found_inf: Option<&Tensor>,
+    ) -> Result<(), TchError> {
         let group = &self.hyper[self.slots[bucket[0]].group];
         let args = fused::LionArgs {
             lr: lr * group.lr_multiplier,
             betas: h.betas,
             weight_decay: group.weight_decay,
         };
-        let fresh: Vec<usize> = bucket
-            .iter()
-            .copied()
-            .filter(|&i| self.slots[i].state.is_empty())
-            .collect();
-        let made: Vec<Tensor> = fresh
-            .iter()
-            .map(|&i| self.slots[i].param.f_zeros_like())
-            .collect::<Result<_, _>>()?;
+        for &i in bucket {
+            self.slots[i].ensure_state(1, false)?;
+        }
         let p: Vec<&Tensor> = bucket.iter().map(|&i| &self.slots[i].param).collect();
         let grads: Vec<Tensor> = bucket
             .iter()
             .map(|&i| same_layout(&self.slots[i].param.grad(), &self.slots[i].param))
             .collect::<Result<_, _>>()?;
         let g: Vec<&Tensor> = grads.iter().collect();
-        let m: Vec<&Tensor> = bucket
-            .iter()
-            .map(|&i| match fresh.iter().position(|&f| f == i) {
-                Some(k) => &made[k],
-                None => &self.slots[i].state[0],
-            })
-            .collect();
-        fused::lion(&p, &g, &m, &args)?;
-        for (i, buf) in fresh.into_iter().zip(made) {
-            self.slots[i].state.push(buf);
-        }
-        Ok(())
+        let m: Vec<&Tensor> = bucket.iter().map(|&i| &self.slots[i].state[0]).collect();
+        fused::lion(&p, &g, &m, &args, found_inf)
     }
 }
 
+/// The name of Adam's per-parameter step count in a snapshot (`<param>.step`), as torch.optim's
+/// `state["step"]`.
+const STEP: &str = "step";
+
+/// A restored parameter's Adam step count: its `<name>.step` in the snapshot, or (a checkpoint
+/// of a Tessera that counted the optimizer's steps only) the optimizer's step count.
+fn restored_step(
+    name: &str,
+    tensors: &[(String, Tensor)],
+    steps: u64,
+    param: &Tensor,
+) -> Result<Tensor, OptimizerStateError> {
+    let key = format!("{name}.{STEP}");
+    let fail = |e: TchError| OptimizerStateError(format!("optimizer state `{key}`: {e}"));
+    let options = (tch::Kind::Float, param.device());
+    match tensors.iter().find(|(k, _)| *k == key) {
+        Some((_, t)) if t.numel() == 1 => t
+            .f_to_dtype(tch::Kind::Float, false, true)
+            .and_then(|t| t.f_to_device(param.device()))
+            .and_then(|t| t.f_reshape([] as [i64; 0]))
+            .map_err(fail),
+        Some((_, t)) => Err(OptimizerStateError(format!(
+            "optimizer state `{key}` has shape {:?}, a step count has one value",
+            t.size()
+        ))),
+        None => Tensor::f_full([] as [i64; 0], steps as f64, options).map_err(fail),
+    }
+}
+
+/// SGD on one parameter. A `pending` buffer (made in a step that may have been masked) takes
+/// the gradient as it is when it is still new, and stays pending when this step may be masked
+/// too (`found_inf`).
 fn sgd_update(
     slot: &mut Slot,
+    grad: &Tensor,
     h: &Sgd,
     lr: f64,
     weight_decay: f64,
     schedule_ratio: f64,
+    found_inf: Option<&Tensor>,
 ) -> Result<(), TchError> {
-    let grad = slot.param.grad();
-    if !grad.defined() {
-        return Ok(());
-    }
     let mut d_p = if weight_decay != 0.0 && !h.decoupled_weight_decay {
         grad.f_add(&slot.param.f_mul_scalar(weight_decay)?)?
     } else {
-        grad
+        grad.shallow_clone()
     };
     if h.momentum != 0.0 {
         match slot.state.first_mut() {
@@ -1125,6 +1350,15 @@ fn sgd_update(
             Some(buf) => {
                 let _ = buf.f_mul_scalar_(h.momentum)?;
                 let _ = buf.f_add_(&d_p.f_mul_scalar(1.0 - h.dampening)?)?;
+                if let Some(pending) = slot.pending.take() {
+                    // Made in a masked step: still new, it takes the gradient as it is.
+                    let first = d_p.f_where_self(&pending.f_ne(0.0)?, buf)?;
+                    buf.f_copy_(&first)?;
+                    if let Some(flag) = found_inf {
+                        let _ = pending.shallow_clone().f_mul_(flag)?;
+                        slot.pending = Some(pending);
+                    }
+                }
             }
         }
         let buf = &slot.state[0];
@@ -1143,23 +1377,17 @@ fn sgd_update(
     Ok(())
 }
 
+/// Adam on one parameter, its bias correction computed on the device from its own step count.
 fn adam_update(
     slot: &mut Slot,
+    grad: &Tensor,
     betas: (f64, f64),
     eps: f64,
     lr: f64,
     weight_decay: f64,
     decoupled: bool,
-    step: u64,
 ) -> Result<(), TchError> {
-    let mut grad = slot.param.grad();
-    if !grad.defined() {
-        return Ok(());
-    }
-    if slot.state.is_empty() {
-        slot.state.push(slot.param.f_zeros_like()?);
-        slot.state.push(slot.param.f_zeros_like()?);
-    }
+    let mut grad = grad.shallow_clone();
     let (b1, b2) = betas;
     if weight_decay != 0.0 {
         if decoupled {
@@ -1168,33 +1396,40 @@ fn adam_update(
             grad = grad.f_add(&slot.param.f_mul_scalar(weight_decay)?)?;
         }
     }
+    let Some(step) = &slot.step else {
+        return Err(TchError::Torch(format!(
+            "Adam step of `{}` without a step count",
+            slot.name
+        )));
+    };
+    let step = step.shallow_clone().f_add_scalar_(1.0)?;
+    let step = step.f_to_kind(tch::Kind::Double)?;
+    // 1 − β^t in float64, as torch.optim computes it on the host.
+    let bias = |beta: f64| -> Result<Tensor, TchError> {
+        Tensor::f_pow_scalar(beta, &step)?
+            .f_neg()?
+            .f_add_scalar(1.0)
+    };
+    let (bias1, bias2) = (bias(b1)?, bias(b2)?);
     let (m, v) = slot.state.split_at_mut(1);
     let (m, v) = (&mut m[0], &mut v[0]);
     let _ = m.f_lerp_(&grad, 1.0 - b1)?;
     let _ = v.f_mul_scalar_(b2)?;
     let _ = v.f_addcmul_(&grad, &grad.f_mul_scalar(1.0 - b2)?)?;
-    let bias1 = 1.0 - b1.powi(step as i32);
-    let bias2 = 1.0 - b2.powi(step as i32);
-    let denom = v.f_sqrt()?.f_div_scalar(bias2.sqrt())?.f_add_scalar(eps)?;
-    let _ = slot
-        .param
-        .f_addcdiv_(&m.f_mul_scalar(-lr / bias1)?, &denom)?;
+    let denom = v.f_sqrt()?.f_div(&bias2.f_sqrt()?)?.f_add_scalar(eps)?;
+    let step_size = bias1.f_reciprocal()?.f_mul_scalar(-lr)?;
+    let _ = slot.param.f_addcdiv_(&m.f_mul(&step_size)?, &denom)?;
     Ok(())
 }
 
+/// Lion on one parameter.
 fn lion_update(
     slot: &mut Slot,
+    grad: &Tensor,
     betas: (f64, f64),
     lr: f64,
     weight_decay: f64,
 ) -> Result<(), TchError> {
-    let grad = slot.param.grad();
-    if !grad.defined() {
-        return Ok(());
-    }
-    if slot.state.is_empty() {
-        slot.state.push(slot.param.f_zeros_like()?);
-    }
     let (b1, b2) = betas;
     let m = &mut slot.state[0];
     let update = m
@@ -1308,7 +1543,8 @@ mod tests {
             (got[0] - 0.99).abs() < 1e-6 && (got[1] - 1.01).abs() < 1e-6,
             "{got:?}"
         );
-        assert_eq!(opt.snapshot().tensors.len(), 2);
+        // The two moments and the parameter's own step count.
+        assert_eq!(opt.snapshot().tensors.len(), 3);
     }
 
     #[test]

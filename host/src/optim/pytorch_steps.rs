@@ -133,6 +133,17 @@ fn replay(case: &Value, name: &str, implementation: Implementation) -> Vec<Vec<V
     let mut opt = Optimizer::new(config, Schedule::default(), 1.0, &store, &[])
         .unwrap_or_else(|e| panic!("{name}: {e}"));
     let steps = case["lr"].as_array().expect("lr");
+    // Masked steps (amp's overflow check): their gradients are non-finite and the flag says so;
+    // in a case with any, every step gets the flag (0 or 1) on the device, as under amp_fp16.
+    let masked: Vec<usize> = case["masked"]
+        .as_array()
+        .map(|m| {
+            m.iter()
+                .filter_map(Value::as_u64)
+                .map(|i| i as usize)
+                .collect()
+        })
+        .unwrap_or_default();
     let mut out = Vec::new();
     for (i, lr) in steps.iter().enumerate() {
         opt.zero_grad();
@@ -142,7 +153,14 @@ fn replay(case: &Value, name: &str, implementation: Implementation) -> Vec<Vec<V
             if g.is_null() {
                 continue;
             }
-            let g = Tensor::from_slice(&floats(g, "grad")).view(p.size().as_slice());
+            let mut g = floats(g, "grad");
+            if masked.contains(&i) {
+                g[0] = f32::INFINITY;
+                if g.len() > 1 {
+                    g[1] = f32::NAN;
+                }
+            }
+            let g = Tensor::from_slice(&g).view(p.size().as_slice());
             // d(Σ p·g)/dp = g exactly.
             let term = (p * g).sum(Kind::Float);
             loss = Some(match loss {
@@ -155,7 +173,13 @@ fn replay(case: &Value, name: &str, implementation: Implementation) -> Vec<Vec<V
         }
         // The case's rate for this step, as a schedule would set it.
         opt.scale_lr(lr.as_f64().expect("lr") / opt.lr());
-        opt.step().unwrap();
+        if masked.is_empty() {
+            opt.step().unwrap();
+        } else {
+            let flag = f32::from(u8::from(masked.contains(&i)));
+            let flag = Tensor::from_slice(&[flag]).view([] as [i64; 0]);
+            opt.step_masked(Some(&flag)).unwrap();
+        }
         out.push(
             params
                 .iter()
@@ -163,7 +187,7 @@ fn replay(case: &Value, name: &str, implementation: Implementation) -> Vec<Vec<V
                 .collect(),
         );
     }
-    assert_eq!(opt.steps(), steps.len() as u64);
+    assert_eq!(opt.steps(), (steps.len() - masked.len()) as u64);
     out
 }
 
@@ -192,6 +216,7 @@ fn several_steps_with_groups_match_pytorch() {
     let doc: Value = serde_json::from_str(text).expect("pytorch_steps.json is JSON");
     let cases = doc["cases"].as_array().expect("cases");
     let mut seen = Vec::new();
+    let (mut masked_rules, mut late_rules) = (Vec::new(), Vec::new());
     for case in cases {
         let name = case["name"].as_str().expect("a case name");
         assert!(
@@ -214,6 +239,25 @@ fn several_steps_with_groups_match_pytorch() {
             !case["groups"].as_array().is_none_or(Vec::is_empty),
             case["grads"].to_string().contains("null"),
         ));
+        if case["masked"].as_array().is_some_and(|m| !m.is_empty()) {
+            masked_rules.push(case["optimizer"].as_str().unwrap_or_default().to_owned());
+        }
+        if late_joiner(case) {
+            late_rules.push(case["optimizer"].as_str().unwrap_or_default().to_owned());
+        }
+    }
+    // Masked steps (amp_fp16's overflow check, read on the device only) and parameters that
+    // join late (Adam's per-parameter step counts) are covered for every rule torch.optim has
+    // and Lion.
+    for o in ["adamw", "adam", "sgd", "lion"] {
+        assert!(
+            masked_rules.iter().any(|x| x == o),
+            "no {o} case with masked steps"
+        );
+        assert!(
+            late_rules.iter().any(|x| x == o),
+            "no {o} case with a late joiner"
+        );
     }
     // Every rule is covered with groups; missing gradients are covered.
     for o in ["adamw", "adam", "sgd", "sgdw", "lion"] {
@@ -226,4 +270,13 @@ fn several_steps_with_groups_match_pytorch() {
         seen.iter().any(|(_, _, missing)| *missing),
         "no missing gradient"
     );
+}
+
+/// Whether a parameter of `case` has no gradient in its first steps and one later.
+fn late_joiner(case: &Value) -> bool {
+    let steps = case["grads"].as_array().map_or(&[][..], Vec::as_slice);
+    let params = steps.first().and_then(Value::as_array).map_or(0, Vec::len);
+    (0..params).any(|j| {
+        steps.first().is_some_and(|s| s[j].is_null()) && steps.iter().any(|s| !s[j].is_null())
+    })
 }

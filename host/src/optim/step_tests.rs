@@ -382,3 +382,78 @@ fn the_fused_step_makes_a_number_of_calls_independent_of_the_parameter_count() {
         );
     }
 }
+
+/// `train.cuda_graphs` keeps the rates on the device: the fused kernels read them there and
+/// give the same bits as with host rates (both round the rate to float32).
+#[test]
+fn rates_on_the_device_give_the_same_steps() {
+    for rule in rules() {
+        let what = format!("{rule:?}");
+        let (store_a, a) = model();
+        let (store_b, b) = model();
+        let mut on_device = optimizer(&rule, Implementation::Fused, &store_a);
+        let mut on_host = optimizer(&rule, Implementation::Fused, &store_b);
+        if on_device.capturable().is_err() {
+            continue;
+        }
+        on_device.keep_lr_on_device(Device::Cpu).unwrap();
+        for step in 0..4 {
+            for (opt, params) in [(&mut on_device, &a), (&mut on_host, &b)] {
+                opt.zero_grad();
+                backward(params, step);
+                opt.scale_lr(0.5 + step as f64);
+                let masked = flag(if step == 2 { 1.0 } else { 0.0 });
+                opt.step_masked(Some(&masked)).unwrap();
+            }
+            for (j, (x, y)) in a.iter().zip(&b).enumerate() {
+                assert!(x.equal(y), "{what}: step {step}: parameter {j} differs");
+            }
+        }
+        assert_eq!(on_device.steps(), on_host.steps(), "{what}");
+    }
+}
+
+/// What a captured step cannot do is named; a capture needs every piece of state made first,
+/// and a replayed step is counted on the host.
+#[test]
+fn capture_refusals_name_the_setting_and_replays_count() {
+    let (store, params) = model();
+    let lion = Rule::Lion(Lion::default());
+    let e = optimizer(&lion, Implementation::Fused, &store)
+        .capturable()
+        .unwrap_err();
+    assert!(e.contains("lion"), "{e}");
+    let sgd = Rule::Sgd(Sgd::default());
+    let e = optimizer(&sgd, Implementation::PerParam, &store)
+        .capturable()
+        .unwrap_err();
+    assert!(e.contains("per_param"), "{e}");
+    let decoupled = Rule::Sgd(Sgd {
+        weight_decay: 0.01,
+        decoupled_weight_decay: true,
+        ..Sgd::default()
+    });
+    let e = optimizer(&decoupled, Implementation::Fused, &store)
+        .capturable()
+        .unwrap_err();
+    assert!(e.contains("decoupled_weight_decay"), "{e}");
+    // SGD with momentum: the buffers come from the first (eager) step.
+    let mut opt = optimizer(&sgd, Implementation::Fused, &store);
+    let e = opt.prepare_capture().unwrap_err();
+    assert!(e.contains("`fc.weight` has no momentum buffer yet"), "{e}");
+    opt.zero_grad();
+    backward(&params, 0);
+    opt.step().unwrap();
+    opt.prepare_capture().unwrap();
+    opt.replayed_step();
+    assert_eq!(opt.steps(), 2);
+    // Adam's state is made for the capture (zeros and a step count of 0, as a fresh state).
+    let mut adam = optimizer(
+        &Rule::AdamW(AdamW::default()),
+        Implementation::Fused,
+        &store,
+    );
+    adam.prepare_capture().unwrap();
+    let names: Vec<String> = state(&adam).into_iter().map(|(n, _)| n).collect();
+    assert!(names.contains(&"fc.weight.step".to_owned()), "{names:?}");
+}

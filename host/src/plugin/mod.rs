@@ -36,6 +36,8 @@ use crate::model::{Attr, ExportTree, Exported, Layer};
 pub struct PluginLayer {
     module: ModuleBox,
     kind: String,
+    /// Host reads in the module's forward are charged to `module KIND`.
+    source: crate::sync::observer::Source,
     attrs: Vec<(String, f64)>,
     tensors: Vec<(String, tch::Tensor)>,
 }
@@ -51,9 +53,39 @@ impl PluginLayer {
             .collect();
         PluginLayer {
             module,
+            source: crate::sync::observer::Source::new(&format!("module {kind}")),
             kind,
             attrs,
             tensors,
+        }
+    }
+
+    /// The plugin's forward (masked when the batch is padded and the module has one).
+    fn forward_plugin(&self, xs: &tch::Tensor, train: bool) -> Result<tch::Tensor, tch::TchError> {
+        let failed = |e: tessera_plugin_api::abi::PluginError| {
+            tch::TchError::Torch(format!(
+                "plugin module `{}`: {}: {}",
+                self.kind,
+                e.kind.name(),
+                e.message
+            ))
+        };
+        // A batch with padding: the module's masked forward (plugin-api 1.7), when it has one.
+        if let Some(mask) = crate::model::layers::mask::attention_mask() {
+            let input = TensorHandle::from_tensor(xs.shallow_clone());
+            match self
+                .module
+                .forward_masked(input, TensorHandle::from_tensor(mask), train)
+            {
+                RResult::ROk(ROption::RSome(out)) => return Ok(out.into_tensor()),
+                RResult::ROk(ROption::RNone) => {}
+                RResult::RErr(e) => return Err(failed(e)),
+            }
+        }
+        let input = TensorHandle::from_tensor(xs.shallow_clone());
+        match self.module.forward(input, train) {
+            RResult::ROk(out) => Ok(out.into_tensor()),
+            RResult::RErr(e) => Err(failed(e)),
         }
     }
 }
@@ -84,31 +116,11 @@ impl Layer for PluginLayer {
     }
 
     fn forward(&self, xs: &tch::Tensor, train: bool) -> Result<tch::Tensor, tch::TchError> {
-        let failed = |e: tessera_plugin_api::abi::PluginError| {
-            tch::TchError::Torch(format!(
-                "plugin module `{}`: {}: {}",
-                self.kind,
-                e.kind.name(),
-                e.message
-            ))
-        };
-        // A batch with padding: the module's masked forward (plugin-api 1.7), when it has one.
-        if let Some(mask) = crate::model::layers::mask::attention_mask() {
-            let input = TensorHandle::from_tensor(xs.shallow_clone());
-            match self
-                .module
-                .forward_masked(input, TensorHandle::from_tensor(mask), train)
-            {
-                RResult::ROk(ROption::RSome(out)) => return Ok(out.into_tensor()),
-                RResult::ROk(ROption::RNone) => {}
-                RResult::RErr(e) => return Err(failed(e)),
-            }
-        }
-        let input = TensorHandle::from_tensor(xs.shallow_clone());
-        match self.module.forward(input, train) {
-            RResult::ROk(out) => Ok(out.into_tensor()),
-            RResult::RErr(e) => Err(failed(e)),
-        }
+        self.source.charge(|| self.forward_plugin(xs, train))
+    }
+
+    fn is_plugin_code(&self) -> bool {
+        true
     }
 
     fn export(&self) -> Result<Exported, tch::TchError> {

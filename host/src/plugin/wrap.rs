@@ -14,6 +14,8 @@ use crate::model::{Attr, ExportTree, Exported, Layer};
 pub struct WrappedLayer {
     wrapper: WrapperBox,
     kind: String,
+    /// Host reads in the wrapper's own forward are charged to `module KIND`.
+    source: crate::sync::observer::Source,
     attrs: Vec<(String, f64)>,
     inner: Box<dyn Layer>,
     inner_name: String,
@@ -36,6 +38,7 @@ impl WrappedLayer {
             .collect();
         WrappedLayer {
             wrapper,
+            source: crate::sync::observer::Source::new(&format!("module {kind}")),
             kind,
             attrs,
             inner,
@@ -87,7 +90,9 @@ extern "C" fn call_inner(
                 child.as_str()
             )
         })?;
-        module.forward(&input, train).map_err(|e| e.to_string())
+        // The host's own module: its reads are the trainer's, not the wrapper's.
+        crate::sync::observer::Source::trainer(|| module.forward(&input, train))
+            .map_err(|e| e.to_string())
     }));
     match run {
         Ok(Ok(out)) => RResult::ROk(TensorHandle::from_tensor(out)),
@@ -97,6 +102,10 @@ extern "C" fn call_inner(
 }
 
 impl Layer for WrappedLayer {
+    fn is_plugin_code(&self) -> bool {
+        true
+    }
+
     fn kind(&self) -> &str {
         &self.kind
     }
@@ -150,7 +159,10 @@ impl Layer for WrappedLayer {
             ctx: InnerCtx(&inner as *const &dyn Layer as *const std::ffi::c_void),
         };
         let input = TensorHandle::from_tensor(xs.shallow_clone());
-        match self.wrapper.forward(input, train, call) {
+        match self
+            .source
+            .charge(|| self.wrapper.forward(input, train, call))
+        {
             RResult::ROk(out) => Ok(out.into_tensor()),
             RResult::RErr(e) => Err(tch::TchError::Torch(format!(
                 "plugin wrapper `{}`: {}: {}",

@@ -220,6 +220,25 @@ impl Trainer {
         .context("[optimizer.groups]")?;
         let mut optimizer = optimizer;
         optimizer.hand_over(&claimed);
+        // train.cuda_graphs: refused at start, naming what cannot be captured.
+        let graphs = if config.train.cuda_graphs {
+            let world = dp.as_ref().map_or(1, |d| d.world());
+            let capturable =
+                super::graph::check(&config, &engine, &setup.model, &optimizer, world, device);
+            if let Err(e) = capturable {
+                fail!("train.cuda_graphs = true: {e}");
+            }
+            let index = match device {
+                tch::Device::Cuda(i) => i,
+                _ => 0,
+            };
+            optimizer.keep_lr_on_device(device)?;
+            Some(super::graph::StepGraphs::new(index))
+        } else {
+            None
+        };
+        // Token ids are checked on the host against the token embedding as surgery left it.
+        let uploader = super::input::Uploader::new(device, setup.model.token_rows());
         let mut state = RunState::new(setup, optimizer);
         state.loss_fn = config.train.loss_fn();
 
@@ -263,7 +282,9 @@ impl Trainer {
             pending: Default::default(),
             scale_logged: false,
             host_reads: Default::default(),
-            reads_at_start: 0,
+            uploader,
+            graphs,
+            reads_at_start: (0, 0),
             microbatch: config.train.microbatch_size.initial(config.data.batch_size),
             train_seconds: 0.0,
             started,

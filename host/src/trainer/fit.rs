@@ -22,7 +22,18 @@ impl Trainer {
         if self.purpose == Purpose::Standalone {
             fail!("this trainer was built to evaluate or predict (Trainer::standalone); build one with Trainer::new to train");
         }
-        self.reads_at_start = crate::sync::reads();
+        // The observer of host reads (run.json's `host_reads`); without it the trainer's own
+        // count stands in.
+        match crate::sync::observer::arm() {
+            Ok(()) => self.host_reads.observed = true,
+            Err(e) => tracing::warn!("{e}; run.json's host_reads holds the trainer's own count"),
+        }
+        self.reads_at_start = (crate::sync::observer::reads(), crate::sync::reads());
+        // amp_fp16: the loss scaler's state goes to the device now, not in the first step.
+        let device = self.state.device();
+        if let Some(scaler) = &mut self.state.scaler {
+            scaler.prepare(device)?;
+        }
         self.fire(Event::FIT_START)?;
         // A resumed run keeps the learning rate the checkpoint holds: the schedule is stepped
         // before the clock advances, so the next step's rate is a function of the previous
@@ -62,8 +73,11 @@ impl Trainer {
                 start,
             );
             // The next batch is copied while the current step runs (see `input`).
-            let mut batches =
-                TrainInput::new(self.train_loader.epoch(epoch, start), self.state.device())?;
+            let mut batches = TrainInput::new(
+                self.train_loader.epoch(epoch, start),
+                self.state.device(),
+                self.uploader.token_rows(),
+            )?;
             let mut finished_early = false;
             loop {
                 // Training time counts from the request for data to the end of the step.
@@ -300,10 +314,7 @@ impl Trainer {
             microbatch_size: Some(self.microbatch),
             eval_subset: self.eval_subset.as_ref().map(|(_, choice)| choice.clone()),
             text_data: self.text_facts.clone(),
-            host_reads: Some(crate::sync::HostReads {
-                total: crate::sync::reads() - self.reads_at_start,
-                ..self.host_reads.clone()
-            }),
+            host_reads: Some(self.host_reads.record(self.reads_at_start)),
         }
     }
 }

@@ -7,6 +7,7 @@
 //! prefetcher does. On the CPU the same steps run in order, without streams, and give the same
 //! batches.
 
+use std::cell::RefCell;
 use std::ffi::{c_char, c_void, CStr};
 
 use tch::{Device, Kind, TchError, Tensor};
@@ -105,83 +106,161 @@ fn to_device_tensor<T: tch::kind::Element>(
 }
 
 /// The pixels as the model sees them: `u8` scaled to [0, 1] (÷255), then `(x - mean) * (1 /
-/// std)` per channel, in `f32`, in place on the device — on the CPU the same bits as the
-/// loader's host formula ([`HostBatch::input_f32`]).
+/// std)` per channel (`per_channel`: the two `[1, C, 1, 1]` tensors on the device), in `f32`,
+/// in place on the device — on the CPU the same bits as the loader's host formula
+/// ([`HostBatch::input_f32`]).
 fn scale_and_normalize(
     pixels: Tensor,
     bytes: bool,
-    normalize: Option<&Normalize>,
-    channels: i64,
+    per_channel: Option<&(Tensor, Tensor)>,
 ) -> Result<Tensor, TchError> {
-    let device = pixels.device();
     let mut x = if bytes {
         pixels.f_to_kind(Kind::Float)?.f_div_scalar_(255.0)?
     } else {
         pixels
     };
-    if let Some(n) = normalize {
-        let (mean, inv_std) = n.per_channel(channels as usize);
-        let per_channel = [1, channels, 1, 1];
-        x = x
-            .f_sub_(&to_device_tensor(&mean, &per_channel, device)?)?
-            .f_mul_(&to_device_tensor(&inv_std, &per_channel, device)?)?;
+    if let Some((mean, inv_std)) = per_channel {
+        x = x.f_sub_(mean)?.f_mul_(inv_std)?;
     }
     Ok(x)
 }
 
-/// Moves a loader batch to `device` on the current stream, as the state's batch: images become
-/// a `[B, C, H, W]` float input (scaled and normalized there) and `[B]` class indices, token
-/// sequences a `[B, T]` int64 input and `[B, T]` target ids (or `[B]` class indices: labelled
-/// text), with a `[B, T]` int64 `attention_mask` entry when they are padded. On CUDA the host
-/// buffers are pinned and the copies do not block the host.
-pub fn to_device(batch: &HostBatch, device: Device) -> Result<Batch, TchError> {
-    let mut attention_mask = None;
-    let (input, target) = match &batch.input {
-        HostInput::Pixels {
-            data,
-            shape,
-            normalize,
-        } => {
-            let shape = shape.map(|v| v as i64);
-            let pixels = match data {
-                Pixels::Bytes(bytes) => to_device_tensor(bytes, &shape, device)?,
-                Pixels::Floats(values) => to_device_tensor(values, &shape, device)?,
-            };
-            let bytes = matches!(data, Pixels::Bytes(_));
-            let input = scale_and_normalize(pixels, bytes, normalize.as_deref(), shape[1])?;
-            (input, to_device_tensor(&batch.target, &[shape[0]], device)?)
-        }
-        HostInput::Tokens {
-            ids,
-            shape,
-            targets,
-            attention_mask: mask,
-        } => {
-            let shape = shape.map(|v| v as i64);
-            let target_shape = match targets {
-                TokenTargets::PerToken => &shape[..],
-                TokenTargets::PerSequence => &shape[..1],
-            };
-            if let Some(mask) = mask {
-                attention_mask = Some(to_device_tensor(mask, &shape, device)?);
-            }
-            (
-                to_device_tensor(ids, &shape, device)?,
-                to_device_tensor(&batch.target, target_shape, device)?,
-            )
-        }
-    };
-    let mut out = Batch::new(input, target);
-    if let Some(mask) = attention_mask {
-        out.set(keys::ATTENTION_MASK, mask);
+/// A token id outside `[0, rows)`, found on the host before the batch is uploaded.
+fn check_token_ids(ids: &[i64], rows: i64, what: &str) -> Result<(), TchError> {
+    match ids.iter().position(|&id| id < 0 || id >= rows) {
+        None => Ok(()),
+        Some(at) => Err(TchError::Shape(format!(
+            "{what}: token id {} (at position {at} of the batch) is outside the model's \
+             vocabulary [0, {rows}) (its token embedding's rows): the data holds ids the model \
+             cannot embed (a larger model.vocab_size, or data tokenized for another vocabulary)",
+            ids[at]
+        ))),
     }
-    Ok(out)
+}
+
+/// A normalization for a channel count, with its `[1, C, 1, 1]` mean and 1/std on the device.
+type PerChannel = (Normalize, i64, (Tensor, Tensor));
+
+/// Moves loader batches to one device: the pixels cross as the loader made them and are scaled
+/// and normalized there, with the normalization's per-channel mean and 1/std uploaded once;
+/// token ids are checked on the host against the model's token embedding first, so the model
+/// never checks them on the device (a read on the host every forward).
+pub struct Uploader {
+    device: Device,
+    /// The rows of the model's token embedding ([`crate::model::Model::token_rows`]).
+    token_rows: Option<i64>,
+    /// The normalizations seen, with their `[1, C, 1, 1]` mean and 1/std on the device.
+    per_channel: RefCell<Vec<PerChannel>>,
+}
+
+impl Uploader {
+    /// An uploader to `device` for a model whose token embedding has `token_rows` rows.
+    pub fn new(device: Device, token_rows: Option<i64>) -> Uploader {
+        Uploader {
+            device,
+            token_rows,
+            per_channel: RefCell::new(Vec::new()),
+        }
+    }
+
+    /// The rows of the model's token embedding, which bound the token ids.
+    pub fn token_rows(&self) -> Option<i64> {
+        self.token_rows
+    }
+
+    /// `normalize`'s mean and 1/std for `channels` channels on the device, uploaded at the
+    /// first batch that uses them.
+    fn per_channel(
+        &self,
+        normalize: &Normalize,
+        channels: i64,
+    ) -> Result<(Tensor, Tensor), TchError> {
+        let mut cache = self.per_channel.borrow_mut();
+        if let Some((_, _, (mean, inv_std))) = cache
+            .iter()
+            .find(|(n, c, _)| n == normalize && *c == channels)
+        {
+            return Ok((mean.shallow_clone(), inv_std.shallow_clone()));
+        }
+        let (mean, inv_std) = normalize.per_channel(channels as usize);
+        let shape = [1, channels, 1, 1];
+        let made = (
+            to_device_tensor(&mean, &shape, self.device)?,
+            to_device_tensor(&inv_std, &shape, self.device)?,
+        );
+        let out = (made.0.shallow_clone(), made.1.shallow_clone());
+        cache.push((normalize.clone(), channels, made));
+        Ok(out)
+    }
+
+    /// Moves a loader batch to the device on the current stream, as the state's batch: images
+    /// become a `[B, C, H, W]` float input (scaled and normalized there) and `[B]` class
+    /// indices, token sequences a `[B, T]` int64 input (its ids checked first) and `[B, T]`
+    /// target ids (or `[B]` class indices: labelled text), with a `[B, T]` int64
+    /// `attention_mask` entry when they are padded. On CUDA the host buffers are pinned and
+    /// the copies do not block the host.
+    pub fn batch(&self, batch: &HostBatch) -> Result<Batch, TchError> {
+        let device = self.device;
+        let mut attention_mask = None;
+        let (input, target) = match &batch.input {
+            HostInput::Pixels {
+                data,
+                shape,
+                normalize,
+            } => {
+                let shape = shape.map(|v| v as i64);
+                let pixels = match data {
+                    Pixels::Bytes(bytes) => to_device_tensor(bytes, &shape, device)?,
+                    Pixels::Floats(values) => to_device_tensor(values, &shape, device)?,
+                };
+                let bytes = matches!(data, Pixels::Bytes(_));
+                let per_channel = match normalize.as_deref() {
+                    Some(n) => Some(self.per_channel(n, shape[1])?),
+                    None => None,
+                };
+                let input = scale_and_normalize(pixels, bytes, per_channel.as_ref())?;
+                (input, to_device_tensor(&batch.target, &[shape[0]], device)?)
+            }
+            HostInput::Tokens {
+                ids,
+                shape,
+                targets,
+                attention_mask: mask,
+            } => {
+                if let Some(rows) = self.token_rows {
+                    check_token_ids(ids, rows, "the batch's input ids")?;
+                }
+                let shape = shape.map(|v| v as i64);
+                let target_shape = match targets {
+                    TokenTargets::PerToken => &shape[..],
+                    TokenTargets::PerSequence => &shape[..1],
+                };
+                if let Some(mask) = mask {
+                    attention_mask = Some(to_device_tensor(mask, &shape, device)?);
+                }
+                (
+                    to_device_tensor(ids, &shape, device)?,
+                    to_device_tensor(&batch.target, target_shape, device)?,
+                )
+            }
+        };
+        let mut out = Batch::new(input, target);
+        if let Some(mask) = attention_mask {
+            out.set(keys::ATTENTION_MASK, mask);
+        }
+        Ok(out)
+    }
+}
+
+/// Moves a loader batch to `device` (an [`Uploader`] for one batch, without a token bound).
+pub fn to_device(batch: &HostBatch, device: Device) -> Result<Batch, TchError> {
+    Uploader::new(device, None).batch(batch)
 }
 
 impl Trainer {
-    /// Moves a loader batch to the device as the state's batch (see [`to_device`]).
+    /// Moves a loader batch to the device as the state's batch (see [`Uploader::batch`]).
     pub(super) fn device_batch(&self, b: HostBatch) -> Result<Batch> {
-        Ok(to_device(&b, self.state.device())?)
+        Ok(self.uploader.batch(&b)?)
     }
 }
 
@@ -245,9 +324,9 @@ impl SideStream {
     }
 
     /// Moves `batch` to the device on the side stream and records `copied` after it.
-    fn copy(&self, batch: &HostBatch, device: Device) -> Result<Batch, TchError> {
+    fn copy(&self, batch: &HostBatch, uploader: &Uploader) -> Result<Batch, TchError> {
         let compute = self.exchange(self.stream)?;
-        let copied = to_device(batch, device).and_then(|b| {
+        let copied = uploader.batch(batch).and_then(|b| {
             // SAFETY: the event is alive; the stream id came from the pool.
             check(
                 unsafe { tessera_event_record(self.copied.0, self.device, self.stream) },
@@ -290,21 +369,26 @@ impl SideStream {
 /// request for data to its end), so training time still counts every batch's preparation.
 pub(super) struct TrainInput<I> {
     batches: I,
-    device: Device,
+    /// The epoch's own uploader: its per-channel tensors live on the side stream.
+    uploader: Uploader,
     side: Option<SideStream>,
     next: Option<Result<Batch>>,
 }
 
 impl<I: Iterator<Item = std::result::Result<HostBatch, DataError>>> TrainInput<I> {
-    /// Serves `batches` on `device`.
-    pub(super) fn new(batches: I, device: Device) -> Result<TrainInput<I>> {
+    /// Serves `batches` on `device`, their token ids checked against `token_rows`.
+    pub(super) fn new(
+        batches: I,
+        device: Device,
+        token_rows: Option<i64>,
+    ) -> Result<TrainInput<I>> {
         let side = match device {
             Device::Cuda(index) => Some(SideStream::new(index as i32)?),
             _ => None,
         };
         Ok(TrainInput {
             batches,
-            device,
+            uploader: Uploader::new(device, token_rows),
             side,
             next: None,
         })
@@ -317,8 +401,8 @@ impl<I: Iterator<Item = std::result::Result<HostBatch, DataError>>> TrainInput<I
             Err(e) => return Some(Err(e.into())),
         };
         let copied = match &self.side {
-            Some(side) => side.copy(&host, self.device),
-            None => to_device(&host, self.device),
+            Some(side) => side.copy(&host, &self.uploader),
+            None => self.uploader.batch(&host),
         };
         Some(copied.map_err(Into::into))
     }

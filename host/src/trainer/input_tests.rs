@@ -163,7 +163,7 @@ fn train_input_serves_the_loaders_batches_in_order_fetching_one_ahead() {
         inner: loader.epoch(1, 1),
         taken: Arc::clone(&taken),
     };
-    let mut input = TrainInput::new(batches, Device::Cpu).unwrap();
+    let mut input = TrainInput::new(batches, Device::Cpu, None).unwrap();
     assert_eq!(
         taken.load(SeqCst),
         0,
@@ -187,11 +187,52 @@ fn a_loader_error_comes_when_its_batch_is_due() {
     let mut hosts: Vec<std::result::Result<HostBatch, DataError>> =
         loader.epoch(0, 0).take(2).collect();
     hosts.push(Err(DataError::Invalid("batch 2 is broken".into())));
-    let mut input = TrainInput::new(hosts.into_iter(), Device::Cpu).unwrap();
+    let mut input = TrainInput::new(hosts.into_iter(), Device::Cpu, None).unwrap();
     // Batch 1 is handed out while batch 2 (the error) is already fetched; the error waits.
     assert!(input.next_batch().unwrap().is_ok());
     assert!(input.next_batch().unwrap().is_ok());
     let err = input.next_batch().unwrap().unwrap_err().to_string();
     assert!(err.contains("batch 2 is broken"), "{err}");
     assert!(input.next_batch().is_none());
+}
+
+#[test]
+fn token_ids_outside_the_models_vocabulary_are_refused_on_the_host() {
+    let host = |ids: Vec<i64>| HostBatch {
+        input: HostInput::Tokens {
+            ids,
+            shape: [2, 2],
+            targets: TokenTargets::PerToken,
+            attention_mask: None,
+        },
+        target: vec![0, 1, 2, 3],
+        index: 0,
+    };
+    let uploader = Uploader::new(Device::Cpu, Some(10));
+    assert!(uploader.batch(&host(vec![0, 9, 3, 4])).is_ok());
+    for (ids, bad, at) in [(vec![0, 10, 3, 4], 10, 1), (vec![0, 1, 2, -1], -1, 3)] {
+        let err = uploader.batch(&host(ids)).unwrap_err().to_string();
+        assert!(
+            err.contains(&format!("token id {bad} (at position {at} of the batch)"))
+                && err.contains("[0, 10)"),
+            "{err}"
+        );
+    }
+    // Without a token embedding (a vision model, TorchScript) nothing is checked here.
+    assert!(Uploader::new(Device::Cpu, None)
+        .batch(&host(vec![0, 10, 3, 4]))
+        .is_ok());
+}
+
+#[test]
+fn the_normalization_is_uploaded_once_per_uploader() {
+    let loader = image_loader(Some(cifar_normalize()));
+    let uploader = Uploader::new(Device::Cpu, None);
+    for host in loader.epoch(0, 0) {
+        let host = host.unwrap();
+        let batch = uploader.batch(&host).unwrap();
+        let got = values(batch.input().unwrap());
+        assert_eq!(got, host.input_f32().unwrap());
+    }
+    assert_eq!(uploader.per_channel.borrow().len(), 1);
 }

@@ -22,6 +22,7 @@ mod error;
 mod eval;
 mod export;
 mod fit;
+mod graph;
 pub mod input;
 mod losses;
 pub mod metrics;
@@ -98,13 +99,17 @@ pub struct Trainer {
     pending: losses::Pending,
     /// Whether the loss scale was logged yet (`amp_fp16`: at the first check, then on change).
     scale_logged: bool,
-    /// The trainer's device→host reads (run.json's `host_reads`).
+    /// The device→host reads of the run (run.json's `host_reads`).
     host_reads: crate::sync::HostReads,
+    /// Evaluation and prediction batches to the device (training epochs have their own).
+    uploader: input::Uploader,
+    /// `train.cuda_graphs`: the captured steps.
+    graphs: Option<graph::StepGraphs>,
     /// Samples per forward/backward pass now (`train.microbatch_size`; "auto" halves it on
     /// out-of-memory errors).
     microbatch: usize,
-    /// `crate::sync::reads()` when `fit` started.
-    reads_at_start: u64,
+    /// The reads (the observer's, the trainer's own) when `fit` started.
+    reads_at_start: (u64, u64),
     train_seconds: f64,
     started: Instant,
     /// Wall seconds of the run before this process (recorded in the checkpoint it resumed).

@@ -22,6 +22,22 @@ impl Trainer {
     /// with its forward/loss/backward events, `after_train_batch` — repeated when a method asks
     /// for an extra pass (SAM) — then the optimizer step.
     pub fn train_batch(&mut self) -> Result<()> {
+        if self.graphs.is_some() {
+            return self.train_batch_graphed();
+        }
+        self.train_batch_eager()
+    }
+
+    /// [`Trainer::train_batch`] without CUDA graphs.
+    pub(super) fn train_batch_eager(&mut self) -> Result<()> {
+        let (loss, flag) = self.step_body()?;
+        self.finish_step(loss.as_ref(), flag.as_ref())
+    }
+
+    /// The step on the device, what a CUDA graph captures: the passes, the agreement of the
+    /// ranks, the non-finite guard, the optimizer step and the loss scaler's update. Returns
+    /// the first pass's loss and its non-finite flag (device tensors).
+    pub(super) fn step_body(&mut self) -> Result<(Option<Tensor>, Option<Tensor>)> {
         const MAX_PASSES: u32 = 8;
         self.state.pass_index = 0;
         let mut first_pass_loss = None;
@@ -75,9 +91,18 @@ impl Trainer {
         if let Some(scaler) = &mut self.state.scaler {
             scaler.update()?;
         }
-        if let (Some(loss), Some(flag)) = (first_pass_loss, loss_flag) {
+        Ok((first_pass_loss, loss_flag))
+    }
+
+    /// Keeps the step's loss and flag (on the device) for the next read.
+    pub(super) fn finish_step(
+        &mut self,
+        loss: Option<&Tensor>,
+        flag: Option<&Tensor>,
+    ) -> Result<()> {
+        if let (Some(loss), Some(flag)) = (loss, flag) {
             let t = &self.state.clock.timestamp;
-            self.pending.push(t.batch + 1, t.epoch, &loss, &flag)?;
+            self.pending.push(t.batch + 1, t.epoch, loss, flag)?;
         }
         Ok(())
     }
@@ -162,7 +187,7 @@ impl Trainer {
     pub fn step(&mut self, batch: Batch, started: Instant) -> Result<Timestamp> {
         let samples = batch.len() as u64;
         let tokens = batch.tokens();
-        let reads_before = crate::sync::reads();
+        let reads = self.host_reads.step_started();
         self.state.batch = batch;
         self.fire(Event::AFTER_DATALOADER)?;
         self.step_samples = self.state.batch.len() as u64;
@@ -189,8 +214,7 @@ impl Trainer {
         self.reporter
             .batch_done(count as f64 / self.train_seconds.max(1e-9), unit);
         self.fire(Event::BATCH_END)?;
-        self.host_reads.in_steps += crate::sync::reads() - reads_before;
-        self.host_reads.steps += 1;
+        self.host_reads.step_done(reads);
         Ok(previous)
     }
 }

@@ -1,5 +1,6 @@
 #![doc = include_str!("../README.md")]
 
+use tessera_plugin_api::device::upload;
 use tessera_plugin_api::tch::{TchError, Tensor};
 use tessera_plugin_api::{
     export_plugin, keys, Context, Error, Event, Hook, Method, Plugin, Sample, SampleRandom,
@@ -48,8 +49,9 @@ pub fn keep_rows_cols(images: &Tensor, rows: &[i64], cols: &[i64]) -> Result<Ten
         )));
     }
     let dims = size.len() as i64;
-    let rows = Tensor::f_from_slice(rows)?.f_to_device(images.device())?;
-    let cols = Tensor::f_from_slice(cols)?.f_to_device(images.device())?;
+    // Host-made indices, uploaded without a blocking copy.
+    let rows = upload(&Tensor::f_from_slice(rows)?, images.device())?;
+    let cols = upload(&Tensor::f_from_slice(cols)?, images.device())?;
     images
         .f_index_select(dims - 2, &rows)?
         .f_index_select(dims - 1, &cols)

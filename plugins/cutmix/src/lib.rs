@@ -1,5 +1,6 @@
 #![doc = include_str!("../README.md")]
 
+use tessera_plugin_api::device::upload;
 use tessera_plugin_api::targets::{mix, mix_one_hot};
 use tessera_plugin_api::tch::{TchError, Tensor};
 use tessera_plugin_api::{
@@ -203,7 +204,8 @@ impl CutMix {
             );
         }
         let (perm, bbox) = self.draw_box(ctx, &size);
-        let indices = Tensor::f_from_slice(&perm)?.f_to_device(input.device())?;
+        // Through pinned memory, without a blocking copy (which would drain a GPU's queue).
+        let indices = upload(&Tensor::f_from_slice(&perm)?, input.device())?;
         let (mixed, permuted_target, lambda) = cutmix_batch(&input, &target, bbox, &indices)?;
         ctx.set_tensor(keys::INPUT, mixed)?;
         ctx.log_metric("cutmix/lambda", lambda);

@@ -1,5 +1,6 @@
 #![doc = include_str!("../README.md")]
 
+use tessera_plugin_api::device::upload;
 use tessera_plugin_api::tch::{TchError, Tensor};
 use tessera_plugin_api::{
     export_plugin, keys, Context, Error, Event, Hook, Method, Plugin, Settings,
@@ -62,10 +63,12 @@ pub fn cutout_batch(
     }
     let (height, width) = (size[size.len() - 2], size[size.len() - 1]);
     let mask = cutout_mask(height, width, centres, length);
-    let mask = Tensor::f_from_slice(&mask)?
-        .f_view([height, width])?
-        .f_to_device(input.device())?
-        .f_to_kind(input.kind())?;
+    // Host-made, uploaded without a blocking copy.
+    let mask = upload(
+        &Tensor::f_from_slice(&mask)?.f_view([height, width])?,
+        input.device(),
+    )?
+    .f_to_kind(input.kind())?;
     input.f_mul(&mask)
 }
 

@@ -3,6 +3,7 @@
 
 use std::sync::Mutex;
 
+use tessera_plugin_api::device::upload;
 use tessera_plugin_api::tch::{Device, Kind, Tensor};
 use tessera_plugin_api::{Error, ErrorKind, Module, ModuleInfo};
 
@@ -64,7 +65,8 @@ impl Rotary {
     /// `(cos, sin)` of the angles `m · inv_freq[i]`, each `(t, dims / 2)` in `kind` on
     /// `device`: the angles and their cosines and sines computed in `f64`, then rounded once.
     pub fn cos_sin(&self, t: i64, kind: Kind, device: Device) -> Result<(Tensor, Tensor), Error> {
-        let inv = Tensor::f_from_slice(&self.inv_freq())?.f_to_device(device)?;
+        // Host-made, uploaded without a blocking copy.
+        let inv = upload(&Tensor::f_from_slice(&self.inv_freq())?, device)?;
         let positions = Tensor::f_arange(t, (Kind::Double, device))?;
         let angles = positions.f_outer(&inv)?;
         Ok((

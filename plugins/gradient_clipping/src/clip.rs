@@ -4,6 +4,7 @@
 use std::fmt;
 use std::str::FromStr;
 
+use tessera_plugin_api::device::upload;
 use tessera_plugin_api::tch::{self, TchError, Tensor};
 
 /// PyTorch's `clip_grad_norm_` adds this to the total norm before dividing.
@@ -94,7 +95,7 @@ pub fn total_norm(grads: &[Tensor]) -> Result<Option<Tensor>, TchError> {
     let device = first.device();
     let norms = grads
         .iter()
-        .map(|g| g.f_norm()?.f_to_device(device))
+        .map(|g| upload(&g.f_norm()?, device))
         .collect::<Result<Vec<_>, _>>()?;
     Ok(Some(Tensor::f_stack(&norms, 0)?.f_norm()?))
 }
@@ -117,7 +118,7 @@ pub fn clip_grad_norm(grads: &[Tensor], max_norm: f64) -> Result<Option<Tensor>,
     for g in grads {
         let _ = g
             .shallow_clone()
-            .f_mul_(&coefficient.f_to_device(g.device())?)?;
+            .f_mul_(&upload(&coefficient, g.device())?)?;
     }
     Ok(Some(total))
 }

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use rand::{Rng, RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tessera_plugin_api::tch::{Device, Kind, Tensor};
-use tessera_plugin_api::{Error, Module};
+use tessera_plugin_api::{device::upload, Error, Module};
 
 use crate::KIND;
 
@@ -60,10 +60,11 @@ pub fn gyro_dropout(x: &Tensor, selected: &Tensor, p: f64) -> Result<Tensor, Err
              the tau masks covers N / tau samples); use a batch size divisible by tau"
         )));
     }
-    let mask = selected
-        .f_to_kind(x.kind())?
-        .f_to_device(x.device())?
-        .f_repeat_interleave_self_int(n / tau, Some(0), None)?;
+    let mask = upload(&selected.f_to_kind(x.kind())?, x.device())?.f_repeat_interleave_self_int(
+        n / tau,
+        Some(0),
+        None,
+    )?;
     Ok(x.f_mul(&mask)?.f_mul_scalar(1.0 / (1.0 - p))?)
 }
 
@@ -114,6 +115,15 @@ impl LayerState {
             let masks = preselect_masks(schedule.sigma, features, schedule.p, || unit(&mut rng))?;
             self.preselected = Some(masks);
         }
+        // Drawn (or restored from a checkpoint) on the host: uploaded once, without a blocking
+        // copy, and picked from on the device.
+        if let Some(masks) = self
+            .preselected
+            .as_ref()
+            .filter(|m| m.device() != x.device())
+        {
+            self.preselected = Some(upload(masks, x.device())?);
+        }
         if self.step.is_multiple_of(schedule.iter_num) {
             self.picks = (0..schedule.tau)
                 .map(|_| rng.gen_range(0..schedule.sigma))
@@ -128,10 +138,8 @@ impl LayerState {
                 preselected.size().get(1)
             )));
         }
-        let picks = Tensor::from_slice(&self.picks);
-        Ok(preselected
-            .f_index_select(0, &picks)?
-            .f_to_device(x.device())?)
+        let picks = upload(&Tensor::from_slice(&self.picks), x.device())?;
+        Ok(preselected.f_index_select(0, &picks)?)
     }
 }
 

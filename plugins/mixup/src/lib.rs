@@ -1,5 +1,6 @@
 #![doc = include_str!("../README.md")]
 
+use tessera_plugin_api::device::upload;
 use tessera_plugin_api::targets::{mix, mix_one_hot};
 use tessera_plugin_api::tch::{TchError, Tensor};
 use tessera_plugin_api::{
@@ -73,7 +74,8 @@ impl MixUp {
         // Composer draws the coefficient, then the permutation.
         let mixing = mixing_coefficient(self.alpha, |a, b| ctx.rng_beta(a, b));
         let perm = ctx.rng_permutation(n as usize);
-        let indices = Tensor::f_from_slice(&perm)?.f_to_device(input.device())?;
+        // Through pinned memory, without a blocking copy (which would drain a GPU's queue).
+        let indices = upload(&Tensor::f_from_slice(&perm)?, input.device())?;
         let (mixed, permuted_target) = mixup_batch(&input, &target, mixing, &indices)?;
         ctx.set_tensor(keys::INPUT, mixed)?;
         ctx.log_metric("mixup/mixing", mixing);

@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![warn(missing_docs)]
 
+use tessera_plugin_api::device::upload;
 use tessera_plugin_api::tch::{self, Kind, TchError, Tensor};
 use tessera_plugin_api::{
     export_plugin, Context, Error, Event, Hook, Method, Plugin, Settings, State,
@@ -30,7 +31,7 @@ pub fn global_grad_norm(grads: &[Tensor]) -> Result<Option<Tensor>, TchError> {
     let device = grads[0].device();
     let norms = grads
         .iter()
-        .map(|g| g.f_norm()?.f_to_kind(Kind::Float)?.f_to_device(device))
+        .map(|g| upload(&g.f_norm()?.f_to_kind(Kind::Float)?, device))
         .collect::<Result<Vec<_>, _>>()?;
     Ok(Some(Tensor::f_stack(&norms, 0)?.f_norm()?))
 }
@@ -54,7 +55,7 @@ pub fn sam_perturbation_with_norm(
         .f_mul_scalar(rho)?;
     let perturbations = grads
         .iter()
-        .map(|g| g.f_mul(&scale.f_to_kind(g.kind())?.f_to_device(g.device())?))
+        .map(|g| g.f_mul(&upload(&scale.f_to_kind(g.kind())?, g.device())?))
         .collect::<Result<Vec<_>, _>>()?;
     Ok(Some((perturbations, norm)))
 }
@@ -85,6 +86,8 @@ pub struct Sam {
     rho: f64,
     epsilon: f64,
     interval: u64,
+    /// Log `sam/grad_norm` at every SAM step (a read on the host each time; default false).
+    log_grad_norm: bool,
     /// Optimizer steps seen so far (Composer's `global_step`), checkpointed.
     global_step: u64,
     /// The perturbation currently added to the weights, by parameter name, between the two
@@ -138,7 +141,10 @@ impl Sam {
             stored.push((name, e));
         }
         self.perturbation = Some(stored);
-        ctx.log_metric("sam/grad_norm", norm.f_double_value(&[])?);
+        if self.log_grad_norm {
+            // The one read on the host SAM makes, and only when asked for.
+            ctx.log_metric("sam/grad_norm", norm.f_double_value(&[])?);
+        }
         ctx.request_extra_pass()
     }
 }
@@ -200,7 +206,8 @@ impl Plugin for Sam {
     const VERSION: &'static str = env!("CARGO_PKG_VERSION");
     const DESCRIPTION: &'static str =
         "sharpness-aware minimization: steps with the gradient at w + rho·g/‖g‖ (two passes)";
-    const DEFAULT_SETTINGS: &'static str = "rho = 0.05\nepsilon = 1e-12\ninterval = 1";
+    const DEFAULT_SETTINGS: &'static str =
+        "rho = 0.05\nepsilon = 1e-12\ninterval = 1\nlog_grad_norm = false";
 
     fn hooks() -> Vec<Hook> {
         vec![Hook {
@@ -213,6 +220,7 @@ impl Plugin for Sam {
         let rho = settings.f64_or("rho", 0.05)?;
         let epsilon = settings.f64_or("epsilon", 1e-12)?;
         let interval = settings.u64_or("interval", 1)?;
+        let log_grad_norm = settings.bool_or("log_grad_norm", false)?;
         if !(rho.is_finite() && rho >= 0.0) {
             return Err(Error::config(format!(
                 "`rho` must be a finite number >= 0, got {rho}"
@@ -230,6 +238,7 @@ impl Plugin for Sam {
             rho,
             epsilon,
             interval,
+            log_grad_norm,
             global_step: 0,
             perturbation: None,
         })

@@ -155,6 +155,7 @@ impl Case {
             "rho": self.rho,
             "epsilon": self.epsilon,
             "interval": interval,
+            "log_grad_norm": true,
         });
         boxed_method::<Sam>(&settings(&json.to_string())).expect("sam settings")
     }
@@ -353,6 +354,8 @@ fn default_settings_are_composers() {
     let mut host = case.test_host();
     assert_eq!(case.host_step(&mut host, &mut method).0, 2);
     case.assert_weights("defaults", &snapshot(&host), "w_sam/");
+    // By default the gradient norm is not logged: it would be a read on the host per step.
+    assert!(host.metric("sam/grad_norm").is_empty());
 }
 
 /// A copy of the host's parameters.

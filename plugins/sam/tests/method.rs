@@ -119,7 +119,7 @@ fn bad_settings_are_config_errors_naming_the_setting() {
 #[test]
 fn a_sam_step_perturbs_then_restores_the_trainable_weights() {
     let mut host = host();
-    let mut m = method(r#"{"rho": 0.3, "epsilon": 1e-12, "interval": 1}"#);
+    let mut m = method(r#"{"rho": 0.3, "epsilon": 1e-12, "interval": 1, "log_grad_norm": true}"#);
     let w = snapshot(&host);
     backward(&mut host, true);
     let names = ["a.bias", "a.weight", "b.weight"];
@@ -168,7 +168,7 @@ fn a_sam_step_perturbs_then_restores_the_trainable_weights() {
 #[test]
 fn parameters_without_a_gradient_are_left_out() {
     let mut host = host();
-    let mut m = method("{}");
+    let mut m = method(r#"{"log_grad_norm": true}"#);
     let w = snapshot(&host);
     backward(&mut host, false);
     let names = ["a.bias", "a.weight"];

@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
-use tessera_plugin_api::tch::{Kind, TchError, Tensor};
+use tessera_plugin_api::device::upload;
+use tessera_plugin_api::tch::{Device, TchError, Tensor};
 use tessera_plugin_api::{
     export_plugin, keys, Context, Error, Event, Hook, Method, Plugin, Settings,
 };
@@ -155,7 +156,8 @@ pub fn downsample(input: &Tensor, scale_factor: f64) -> Result<Tensor, TchError>
 /// Composer's `select_using_loss`, with the model, the loss and the random numbers supplied by
 /// the caller: scores the samples of `input` with `loss(model(downsample(input)), target)`
 /// (per sample, shape `(N,)`), ranks them by ascending loss, and returns the indices of the
-/// [`n_select`] samples kept, in draw order (`sorted_idx[choice(...)]`).
+/// [`n_select`] samples kept, in draw order (`sorted_idx[choice(...)]`), read back to the host
+/// (see [`select_on_device`], which the method uses).
 pub fn select_using_loss(
     input: &Tensor,
     target: &Tensor,
@@ -165,31 +167,43 @@ pub fn select_using_loss(
     loss: impl FnOnce(&Tensor, &Tensor) -> Result<Tensor, Error>,
     uniform: impl FnMut() -> f64,
 ) -> Result<Vec<i64>, Error> {
+    let idx = select_on_device(input, target, keep, scale_factor, model, loss, uniform)?;
+    Ok(Vec::try_from(idx.f_to_device(Device::Cpu)?)?)
+}
+
+/// [`select_using_loss`] without a read on the host: the indices stay on the losses' device.
+/// The draw (which ranks are kept) does not depend on the losses, only the order does: the
+/// ranks are drawn on the host and uploaded, the losses sorted on the device (a stable sort:
+/// ties keep sample order and NaN losses rank last, as [`argsort`]), and the kept samples are
+/// `sorted[ranks]`.
+pub fn select_on_device(
+    input: &Tensor,
+    target: &Tensor,
+    keep: f64,
+    scale_factor: f64,
+    model: impl FnOnce(&Tensor) -> Result<Tensor, Error>,
+    loss: impl FnOnce(&Tensor, &Tensor) -> Result<Tensor, Error>,
+    uniform: impl FnMut() -> f64,
+) -> Result<Tensor, Error> {
     let n = usize::try_from(input.size().first().copied().unwrap_or(0)).unwrap_or(0);
     if n == 0 {
         return Err("selective backprop got an empty batch".into());
     }
     let scaled = downsample(input, scale_factor)?;
     let output = model(&scaled)?;
-    let losses = loss(&output, target)?;
-    let losses: Vec<f64> = Vec::try_from(
-        losses
-            .f_detach()?
-            .f_to_kind(Kind::Double)?
-            .f_to_device(tessera_plugin_api::tch::Device::Cpu)?
-            .f_reshape([-1])?,
-    )?;
-    if losses.len() != n {
-        return Err(format!(
-            "the per-sample loss has {} values for a batch of {n}",
-            losses.len()
-        )
-        .into());
+    let losses = loss(&output, target)?.f_detach()?.f_reshape([-1])?;
+    let scored = losses.size().first().copied().unwrap_or(0);
+    if scored != n as i64 {
+        return Err(format!("the per-sample loss has {scored} values for a batch of {n}").into());
     }
-    let sorted = argsort(&losses);
+    let sorted = losses.f_argsort_stable(true, 0, false)?;
     let probs = rank_probabilities(n, keep);
-    let ranks = weighted_sample_without_replacement(&probs, n_select(keep, n), uniform);
-    Ok(ranks.into_iter().map(|r| sorted[r] as i64).collect())
+    let ranks: Vec<i64> = weighted_sample_without_replacement(&probs, n_select(keep, n), uniform)
+        .into_iter()
+        .map(|r| r as i64)
+        .collect();
+    let ranks = upload(&Tensor::f_from_slice(&ranks)?, sorted.device())?;
+    Ok(sorted.f_index_select(0, &ranks)?)
 }
 
 /// The Selective Backprop method.
@@ -225,7 +239,8 @@ impl Method for SelectiveBackprop {
             .ok_or("the batch has no `target`")?;
         let idx = {
             let host = std::cell::RefCell::new(&mut *ctx);
-            select_using_loss(
+            // The indices stay on the device: no read on the host.
+            select_on_device(
                 &input,
                 &target,
                 self.keep,
@@ -235,8 +250,8 @@ impl Method for SelectiveBackprop {
                 || host.borrow_mut().rng_f64(),
             )?
         };
-        let kept = idx.len();
-        let idx = Tensor::f_from_slice(&idx)?.f_to_device(input.device())?;
+        let kept = idx.size().first().copied().unwrap_or(0);
+        let idx = upload(&idx, input.device())?;
         // Every batch tensor shrinks alike: `input`, `target` (Composer's pair), then any other.
         let mut entries = vec![
             (keys::INPUT.to_owned(), input.f_index_select(0, &idx)?),
@@ -245,7 +260,7 @@ impl Method for SelectiveBackprop {
         for key in ctx.batch_keys()? {
             if key != keys::INPUT && key != keys::TARGET {
                 if let Some(t) = ctx.tensor(&key) {
-                    let shrunk = t.f_index_select(0, &idx.f_to_device(t.device())?)?;
+                    let shrunk = t.f_index_select(0, &upload(&idx, t.device())?)?;
                     entries.push((key, shrunk));
                 }
             }

@@ -2,6 +2,7 @@
 
 use std::sync::{Arc, Mutex};
 
+use tessera_plugin_api::device::upload;
 use tessera_plugin_api::tch::{Device, Kind, Tensor};
 use tessera_plugin_api::{
     export_plugin, keys, Context, Error, Event, Hook, Inner, Method, ModuleInfo, Plugin, Settings,
@@ -284,8 +285,10 @@ impl StochasticDepth {
                     StochasticMethod::Block => Decision::Keep(ctx.rng_f64() < 1.0 - p as f64),
                     StochasticMethod::Sample => {
                         let u: Vec<f32> = (0..n).map(|_| ctx.rng_f64() as f32).collect();
+                        // Drawn from the host's stream (exact resume), uploaded through
+                        // pinned memory without a blocking copy.
                         let mask = Tensor::f_from_slice(&sample_mask(p, &u))?;
-                        Decision::Mask(mask.f_to_device(device)?.f_to_kind(Kind::Float)?)
+                        Decision::Mask(upload(&mask, device)?.f_to_kind(Kind::Float)?)
                     }
                 }))
             })

@@ -6,8 +6,14 @@ use super::{Attr, Layer};
 use crate::model::{tree::join, ParamStore};
 
 /// Maps each int64 index of its input (any shape) to a row of `weight`, giving the input's
-/// shape plus a last dimension of `embedding_dim`. An index outside `[0, num_embeddings)` is an
-/// error naming the layer, not a libtorch assertion.
+/// shape plus a last dimension of `embedding_dim`.
+///
+/// The indices are not checked here: a check on the device is a read on the host (the bounds'
+/// values), which would make every forward wait for the device. The trainer checks the token
+/// ids of every batch on the host, before they are uploaded, against the model's token
+/// embedding ([`crate::model::Model::token_rows`]); positions and token types are made in range
+/// by the models themselves. An index out of range that reaches this layer anyway gets
+/// libtorch's error on the CPU (a device-side assertion on CUDA).
 #[derive(Debug)]
 pub struct Embedding {
     /// `(num_embeddings, embedding_dim)`.
@@ -66,17 +72,6 @@ impl Layer for Embedding {
                 self.path,
                 xs.kind()
             )));
-        }
-        if xs.numel() > 0 {
-            let (lo, hi) = xs.f_aminmax(None::<i64>, false)?;
-            let (lo, hi) = (lo.f_int64_value(&[])?, hi.f_int64_value(&[])?);
-            if lo < 0 || hi >= self.num_embeddings {
-                let bad = if lo < 0 { lo } else { hi };
-                return Err(TchError::Shape(format!(
-                    "embedding `{}`: index {bad} is outside [0, {}) (its {} rows)",
-                    self.path, self.num_embeddings, self.num_embeddings
-                )));
-            }
         }
         Tensor::f_embedding(&self.weight, xs, -1, false, false)
     }

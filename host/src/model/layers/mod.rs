@@ -97,6 +97,12 @@ pub trait Layer: Send + fmt::Debug {
     fn export(&self) -> Result<Exported, TchError> {
         Ok(Exported::Plain)
     }
+
+    /// Whether the layer's forward is a plugin's code (a module or wrapper a method's surgery
+    /// put in), not the host's.
+    fn is_plugin_code(&self) -> bool {
+        false
+    }
 }
 
 /// How `tessera export` writes a layer.
