@@ -97,6 +97,7 @@ classes = 1000"
 GPT_METHODS='
 [[algorithms]]
 plugin = "alibi"
+max_sequence_length = '"$SEQ"'
 
 [[algorithms]]
 plugin = "gated_linear_units"
@@ -104,9 +105,9 @@ plugin = "gated_linear_units"
 [[algorithms]]
 plugin = "seq_length_warmup"
 duration = 0.5
-min_seq_length = 64
+min_seq_length = 128
 max_seq_length = 256
-step_size = 64'
+step_size = 128'
 VISION_METHODS='
 [[algorithms]]
 plugin = "channels_last"

@@ -58,8 +58,12 @@ fn one_hot_at_dim1(targets: &Tensor, num_classes: i64) -> Result<Tensor, TchErro
     let kept = index.f_ge(0)?.f_unsqueeze(-1)?;
     let mut shape = index.size();
     shape.push(num_classes);
+    let positions = index.f_clamp_min(0)?.f_unsqueeze(-1)?;
+    // A tensor of ones as the source, not a scalar: tch panics in a `Scalar`'s drop when the
+    // call it was passed to failed (an index >= C), instead of returning the error.
+    let ones = positions.f_ones_like()?.f_to_kind(Kind::Float)?;
     let one_hot = Tensor::f_zeros(&shape, (Kind::Float, index.device()))?
-        .f_scatter_value(-1, &index.f_clamp_min(0)?.f_unsqueeze(-1)?, 1.0)?
+        .f_scatter(-1, &positions, &ones)?
         .f_mul(&kept)?;
     // one_hot appends the class dimension last; Composer's layout has it at dim 1.
     if one_hot.dim() > 2 {
