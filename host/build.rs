@@ -128,6 +128,7 @@ fn main() {
     println!("cargo:rerun-if-changed=csrc/gloo-decls");
     println!("cargo:rerun-if-changed=csrc/grad.cpp");
     println!("cargo:rerun-if-changed=csrc/graph.cpp");
+    println!("cargo:rerun-if-changed=csrc/guarded.h");
     println!("cargo:rerun-if-changed=csrc/observe.cpp");
     println!("cargo:rerun-if-changed=csrc/oom.cpp");
     println!("cargo:rerun-if-changed=csrc/optim.cpp");

@@ -22,6 +22,8 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include "guarded.h"
+
 #include <algorithm>
 #include <chrono>
 #include <memory>
@@ -47,17 +49,7 @@ struct Reducer {
 
 template <typename F>
 int guarded(F f) {
-  try {
-    f();
-    return 0;
-  } catch (const c10::Error& e) {
-    last_error = e.what_without_backtrace();
-  } catch (const std::exception& e) {
-    last_error = e.what();
-  } catch (...) {
-    last_error = "unknown C++ exception";
-  }
-  return -1;
+  return tessera::guarded(last_error, f);
 }
 
 std::vector<at::Tensor> tensors_of(void** tensors, int n) {

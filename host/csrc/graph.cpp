@@ -12,6 +12,8 @@
 // libtorch's exceptions and returns 0, or -1 with a message for `tessera_graph_last_error`.
 #include <ATen/ATen.h>
 
+#include "guarded.h"
+
 #include <memory>
 #include <optional>
 #include <string>
@@ -31,17 +33,7 @@ thread_local std::string last_error;
 
 template <typename F>
 int guarded(F f) {
-  try {
-    f();
-    return 0;
-  } catch (const c10::Error& e) {
-    last_error = e.what_without_backtrace();
-  } catch (const std::exception& e) {
-    last_error = e.what();
-  } catch (...) {
-    last_error = "unknown C++ exception";
-  }
-  return -1;
+  return tessera::guarded(last_error, f);
 }
 
 #ifdef TESSERA_CUDA_GRAPHS

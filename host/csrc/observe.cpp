@@ -35,6 +35,8 @@
 #include <ATen/ATen.h>
 #include <ATen/record_function.h>
 
+#include "guarded.h"
+
 #include <c10/util/Backtrace.h>
 
 #include <cstdint>
@@ -253,15 +255,7 @@ thread_local std::string last_error;
 
 template <typename F>
 int guarded(F f) {
-  try {
-    f();
-    return 0;
-  } catch (const std::exception& e) {
-    last_error = e.what();
-  } catch (...) {
-    last_error = "unknown C++ exception";
-  }
-  return -1;
+  return tessera::guarded(last_error, f);
 }
 
 }  // namespace

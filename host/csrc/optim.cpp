@@ -11,6 +11,8 @@
 // Every function catches libtorch's exceptions and returns 0, or -1 with a message for
 // `tessera_optim_last_error` (per thread). Tensors are tch tensors' `at::Tensor*`.
 #include <ATen/ATen.h>
+
+#include "guarded.h"
 #include <ATen/record_function.h>
 
 #include <cstdint>
@@ -24,17 +26,7 @@ thread_local std::string last_error;
 
 template <typename F>
 int guarded(F f) {
-  try {
-    f();
-    return 0;
-  } catch (const c10::Error& e) {
-    last_error = e.what_without_backtrace();
-  } catch (const std::exception& e) {
-    last_error = e.what();
-  } catch (...) {
-    last_error = "unknown C++ exception";
-  }
-  return -1;
+  return tessera::guarded(last_error, f);
 }
 
 std::vector<at::Tensor> tensors_of(void** tensors, int n) {
