@@ -298,6 +298,28 @@ int tessera_dist_reducer_prepare_backward(void* reducer, void* loss) {
   });
 }
 
+// Sharded training (ZeRO): `out` (world × n elements, contiguous) becomes the concatenation of
+// every rank's `in` (n elements), in rank order. Waits for the result.
+int tessera_dist_all_gather_base(void* group, void* out, void* in) {
+  return guarded([&] {
+    auto& o = *static_cast<at::Tensor*>(out);
+    auto& i = *static_cast<at::Tensor*>(in);
+    static_cast<Group*>(group)->pg->_allgather_base(o, i)->wait();
+  });
+}
+
+// Sharded training (ZeRO): `out` (n elements) becomes the sum over the ranks of this rank's
+// slice `in[rank·n, (rank+1)·n)` of their `in` (world × n elements, contiguous). Waits.
+int tessera_dist_reduce_scatter_base(void* group, void* out, void* in) {
+  return guarded([&] {
+    auto& o = *static_cast<at::Tensor*>(out);
+    auto& i = *static_cast<at::Tensor*>(in);
+    c10d::ReduceScatterOptions options;
+    options.reduceOp = c10d::ReduceOp(c10d::ReduceOp::SUM);
+    static_cast<Group*>(group)->pg->_reduce_scatter_base(o, i, options)->wait();
+  });
+}
+
 // PyTorch DDP's own timing of the sampled steps, in nanoseconds: forward, backward compute,
 // backward communication, and their overlap; 0 until measured.
 int tessera_dist_reducer_stats(void* reducer, int64_t* out) {
@@ -344,5 +366,7 @@ void tessera_dist_reducer_free(void*) {}
 int tessera_dist_reducer_prepare_forward(void*) { return -1; }
 int tessera_dist_reducer_prepare_backward(void*, void*) { return -1; }
 int tessera_dist_reducer_stats(void*, int64_t*) { return -1; }
+int tessera_dist_all_gather_base(void*, void*, void*) { return -1; }
+int tessera_dist_reduce_scatter_base(void*, void*, void*) { return -1; }
 }
 #endif

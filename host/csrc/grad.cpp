@@ -16,4 +16,22 @@ int tessera_reset_grad(void* tensor) {
   }
 }
 
+// Sets `tensor`'s gradient to `grad` (an `at::Tensor*`, shared, not copied), or resets it when
+// `grad` is null: a shard of a sharded parameter (ZeRO) takes its slice of the reduced gradient
+// as its own without a copy. Returns 0, or -1 when libtorch threw.
+int tessera_set_grad(void* tensor, void* grad) {
+  try {
+    auto& slot = static_cast<at::Tensor*>(tensor)->mutable_grad();
+    if (grad == nullptr) {
+      slot.reset();
+    } else {
+      slot = *static_cast<at::Tensor*>(grad);
+    }
+    return 0;
+  } catch (...) {
+    return -1;
+  }
 }
+
+}
+

@@ -6,6 +6,7 @@ use serde::Serialize;
 use super::error::ConfigError;
 use super::reader::{Bounds, Tbl};
 use super::section::section;
+use crate::dist::shard::Sharding;
 use crate::dist::Backend;
 
 /// `[distributed]`
@@ -29,6 +30,10 @@ pub struct DistributedConfig {
     /// What carries the CUDA tensors' collectives: `auto` (default: NCCL on CUDA, Gloo on the
     /// CPU), `nccl` or `gloo`. CPU values always go through Gloo.
     pub backend: Backend,
+    /// What each rank keeps of the training state: `none` (default: everything, DDP),
+    /// `optimizer` (ZeRO-1: its slice of the optimizer state) or `gradients` (ZeRO-2: and of
+    /// the reduced gradients); see docs/distributed.md.
+    pub sharding: Sharding,
 }
 
 section!(DistributedConfig {
@@ -38,6 +43,7 @@ section!(DistributedConfig {
     find_unused_parameters: bool(),
     sync_batchnorm: bool(),
     backend: choice("backend", &Backend::CHOICES),
+    sharding: choice("sharding", &Sharding::CHOICES),
 });
 
 impl Default for DistributedConfig {
@@ -49,6 +55,7 @@ impl Default for DistributedConfig {
             find_unused_parameters: true,
             sync_batchnorm: false,
             backend: Backend::Auto,
+            sharding: Sharding::None,
         }
     }
 }

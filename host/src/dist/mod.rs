@@ -67,7 +67,19 @@ extern "C" {
     fn tessera_dist_reducer_prepare_forward(reducer: *mut c_void) -> i32;
     fn tessera_dist_reducer_prepare_backward(reducer: *mut c_void, loss: *mut c_void) -> i32;
     fn tessera_dist_reducer_stats(reducer: *mut c_void, out: *mut i64) -> i32;
+    fn tessera_dist_all_gather_base(
+        group: *mut c_void,
+        out: *mut c_void,
+        input: *mut c_void,
+    ) -> i32;
+    fn tessera_dist_reduce_scatter_base(
+        group: *mut c_void,
+        out: *mut c_void,
+        input: *mut c_void,
+    ) -> i32;
 }
+
+pub mod shard;
 
 /// A failure of the group: joining it, or a collective (a rank failed or left).
 #[derive(Debug, thiserror::Error)]
@@ -440,6 +452,34 @@ impl Group {
                 tessera_dist_broadcast(self.handle, p.as_mut_ptr(), p.len() as i32, root as i32)
             },
             || format!("broadcast from rank {root}"),
+        )
+    }
+
+    /// Fills `out` (contiguous, `world × n` elements) with every rank's `input` (`n`
+    /// elements), in rank order. `input` must not alias `out`.
+    pub fn all_gather_base(&self, out: &Tensor, input: &Tensor) -> Result<(), DistError> {
+        // SAFETY: both are live `at::Tensor*` of tch tensors borrowed for the call.
+        check(
+            unsafe {
+                tessera_dist_all_gather_base(self.handle, out.as_ptr() as _, input.as_ptr() as _)
+            },
+            || "all-gather".into(),
+        )
+    }
+
+    /// Fills `out` (`n` elements) with the sum over the ranks of their `input`'s slice
+    /// `[rank·n, (rank+1)·n)` (`input` contiguous, `world × n` elements).
+    pub fn reduce_scatter_base(&self, out: &Tensor, input: &Tensor) -> Result<(), DistError> {
+        // SAFETY: as in `all_gather_base`.
+        check(
+            unsafe {
+                tessera_dist_reduce_scatter_base(
+                    self.handle,
+                    out.as_ptr() as _,
+                    input.as_ptr() as _,
+                )
+            },
+            || "reduce-scatter".into(),
         )
     }
 

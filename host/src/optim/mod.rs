@@ -10,9 +10,11 @@
 mod fused;
 pub mod groups;
 pub mod schedule;
+mod shards;
 
 pub use fused::{OpCount, OpCounter};
 pub use groups::{GroupSpec, Groups, GroupsError, ParamKind};
+pub use shards::Shards;
 
 use serde::{Deserialize, Serialize};
 use tch::{TchError, Tensor};
@@ -315,7 +317,11 @@ impl From<Rule> for OptimizerConfig {
 
 struct Slot {
     name: String,
+    /// What the step updates: the parameter, or under sharding this rank's piece of it (1-D,
+    /// sharing its memory; see [`Shards`]).
     param: Tensor,
+    /// Under sharding, the whole parameter (its gradient is what backward fills).
+    whole: Option<Tensor>,
     /// SGD: momentum buffer. AdamW, Adam: first and second moments. Lion: momentum.
     state: Vec<Tensor>,
     /// Index into the optimizer's groups (the default group is last).
@@ -335,6 +341,7 @@ impl Slot {
         Slot {
             name,
             param,
+            whole: None,
             state: Vec::new(),
             group,
             step: None,
@@ -395,6 +402,8 @@ pub struct Optimizer {
     /// Parameters a method updates itself (plugin-api 1.6 `claim_parameters`): left out of
     /// the steps and the state, but their gradients are cleared and unscaled with the others.
     external: Vec<(String, Tensor)>,
+    /// `[distributed] sharding`: this rank's pieces of the parameters ([`Optimizer::shard`]).
+    shards: Option<Box<dyn Shards>>,
 }
 
 impl Optimizer {
@@ -455,6 +464,7 @@ impl Optimizer {
             device_lr: None,
             lr_staged: false,
             external: Vec::new(),
+            shards: None,
         })
     }
 
@@ -561,7 +571,7 @@ impl Optimizer {
     pub fn params(&self) -> impl Iterator<Item = &Tensor> {
         self.slots
             .iter()
-            .map(|s| &s.param)
+            .map(|s| s.whole.as_ref().unwrap_or(&s.param))
             .chain(self.external.iter().map(|(_, t)| t))
     }
 
@@ -609,8 +619,8 @@ impl Optimizer {
                     .ok()
                     .flatten()
                     .unwrap_or(default);
-                self.slots
-                    .push(Slot::new(name.to_owned(), param.shallow_clone(), group))
+                let slot = self.slot_for(name.to_owned(), param, group);
+                self.slots.push(slot)
             }
             (Some(i), false) => {
                 self.slots.remove(i);
@@ -628,7 +638,7 @@ impl Optimizer {
         let params = self
             .slots
             .iter_mut()
-            .map(|s| &mut s.param)
+            .flat_map(|s| std::iter::once(&mut s.param).chain(s.whole.as_mut()))
             .chain(self.external.iter_mut().map(|(_, t)| t));
         for param in params {
             if param.grad().defined() {
@@ -740,7 +750,9 @@ impl Optimizer {
                             .map_err(|e| {
                                 OptimizerStateError(format!("optimizer state `{key}`: {e}"))
                             })?;
-                        buffers.push(copy);
+                        buffers.push(self.cut(name, copy).map_err(|e| {
+                            OptimizerStateError(format!("optimizer state `{key}`: {e}"))
+                        })?);
                     }
                     None => break,
                 }
@@ -753,7 +765,7 @@ impl Optimizer {
                 .assign(name, entry.tensor.dim())
                 .map_err(|e| OptimizerStateError(e.0))?
                 .unwrap_or(default);
-            let mut slot = Slot::new(name.clone(), entry.tensor.shallow_clone(), group);
+            let mut slot = self.slot_for(name.clone(), &entry.tensor, group);
             slot.state = buffers;
             if self.algorithm.counts_steps() && !slot.state.is_empty() {
                 slot.step = Some(restored_step(name, tensors, position.steps, &entry.tensor)?);
@@ -762,7 +774,8 @@ impl Optimizer {
         }
         self.check_groups(&position.groups, &slots)?;
         for slot in &slots {
-            let _ = slot.param.shallow_clone().set_requires_grad(true);
+            let param = slot.whole.as_ref().unwrap_or(&slot.param);
+            let _ = param.shallow_clone().set_requires_grad(true);
         }
         for entry in params.entries() {
             if entry.role == crate::model::Role::Parameter

@@ -235,6 +235,20 @@ pub struct DataParallelRecord {
     /// steps, seconds): forward, backward computation, gradient communication (first bucket's
     /// all-reduce to the last one's end), and how much of that ran during the backward pass.
     pub timing: Option<AllReduceTiming>,
+    /// `[distributed] sharding` (`none` in records of earlier versions).
+    #[serde(default = "no_sharding")]
+    pub sharding: String,
+    /// Under sharding: the elements of the sharded parameters, and how many of them rank 0
+    /// steps and keeps the optimizer state of.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sharded_elements: Option<i64>,
+    /// See [`DataParallelRecord::sharded_elements`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sharded_elements_rank0: Option<i64>,
+}
+
+fn no_sharding() -> String {
+    "none".to_owned()
 }
 
 /// See [`DataParallelRecord::timing`].

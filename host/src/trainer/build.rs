@@ -312,6 +312,8 @@ impl Trainer {
             trainer.seed_rank();
             trainer.announce_data_parallel();
         }
+        // Before a checkpoint is restored: its optimizer state is cut into this rank's pieces.
+        trainer.start_sharding()?;
         if trainer.quiet_metrics {
             trainer.state.metrics.clear();
         }

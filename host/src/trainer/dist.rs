@@ -32,6 +32,8 @@ pub(super) struct DataParallel {
     /// checkpoint's store keys uniquely (two checkpoints can share a batch: the last batch's
     /// and the epoch end's).
     pub checkpoints: u64,
+    /// `[distributed] sharding`: the parameters' layout and this rank's pieces.
+    pub sharded: Option<crate::dist::shard::ShardedParams>,
 }
 
 impl DataParallel {
@@ -84,6 +86,7 @@ pub(super) fn join(config: &Config, env: &RankEnv, device: tch::Device) -> Resul
         nodes: env.nodes(),
         reducer: None,
         checkpoints: 0,
+        sharded: None,
     })
 }
 
@@ -187,6 +190,9 @@ impl Trainer {
             global_batch_size: per_rank * dp.world(),
             backend: "gloo".to_owned(),
             timing,
+            sharding: self.config.distributed.sharding.name().to_owned(),
+            sharded_elements: dp.sharded.as_ref().map(|s| s.elements().1),
+            sharded_elements_rank0: dp.sharded.as_ref().map(|s| s.elements().0),
         })
     }
 
@@ -235,16 +241,25 @@ impl Trainer {
 
     /// Sets up the gradient averaging over the trainable parameters as surgery left them.
     pub(super) fn start_reducer(&mut self) -> Result<()> {
-        let Some(dp) = &mut self.dp else {
+        if self.dp.is_none() {
             return Ok(());
-        };
-        let params: Vec<&Tensor> = self
+        }
+        // Under `sharding = "gradients"`, only the parameters a method updates itself.
+        let params: Vec<Tensor> = self
             .state
             .model
             .params
             .trainable()
-            .map(|e| &e.tensor)
+            .filter(|e| self.all_reduced(&e.name))
+            .map(|e| e.tensor.shallow_clone())
             .collect();
+        let Some(dp) = &mut self.dp else {
+            return Ok(());
+        };
+        if params.is_empty() {
+            return Ok(());
+        }
+        let params: Vec<&Tensor> = params.iter().collect();
         let d = &self.config.distributed;
         let bytes = (d.bucket_mb * 1024.0 * 1024.0).round().max(1.0) as i64;
         dp.reducer = Some(dp.group.reducer(&params, bytes, d.find_unused_parameters)?);
@@ -428,26 +443,44 @@ impl Trainer {
         Ok(())
     }
 
-    /// Whether a checkpoint written by `saved` ranks can continue on this run's ranks: the
-    /// same number continues exactly; another number only from the end of an epoch, because
-    /// each rank's share of an epoch depends on the number of ranks. Says what changes.
+    /// Whether a checkpoint written by `saved` ranks of batch `saved_batch` each can continue
+    /// on this run's ranks, and whether the global batch changes (`true`). The same number of
+    /// ranks continues exactly; another number with the same global batch too (batch b of W
+    /// ranks of batch B is batch b of one loader of batch W·B), except for the ranks' own random
+    /// draws; another global batch only from the end of an epoch. Says what changes.
     pub(super) fn check_world_change(
         &self,
         saved: usize,
+        saved_batch: Option<u64>,
         at: &crate::time::Timestamp,
     ) -> Result<bool> {
         let world = self.world();
         if saved == world {
             return Ok(false);
         }
+        let global = self.config.data.batch_size as u64 * world as u64;
+        if saved_batch.is_some_and(|b| b * saved as u64 == global) {
+            if self.is_rank0() {
+                tracing::info!(
+                    "the checkpoint was written by {saved} rank(s), this run has {world}: the \
+                     global batch is the same ({global}), so the data continues where it \
+                     stopped; the ranks' own random draws (dropout, per-rank methods) start \
+                     from their saved streams where there are some, fresh ones otherwise"
+                );
+            }
+            return Ok(false);
+        }
         if at.batch_in_epoch != 0 {
             fail!(
                 "the checkpoint was written by {saved} rank(s) in the middle of epoch {} (batch {} \
-                 of the epoch), and this run has {world}: the position inside an epoch depends on \
-                 the number of ranks. Resume with {saved} rank(s) (tessera launch --nproc {saved}), \
-                 or from a checkpoint written at the end of an epoch (checkpoint.interval = \"1ep\")",
+                 of the epoch), and this run has {world} with another global batch ({global} \
+                 instead of {}): the position inside an epoch depends on the global batch. Resume \
+                 with {saved} rank(s) (tessera launch --nproc {saved}), with a data.batch_size \
+                 that keeps the global batch, or from a checkpoint written at the end of an epoch \
+                 (checkpoint.interval = \"1ep\")",
                 at.epoch,
-                at.batch_in_epoch
+                at.batch_in_epoch,
+                saved_batch.map_or_else(|| "unknown".to_owned(), |b| (b * saved as u64).to_string())
             );
         }
         if self.is_rank0() {

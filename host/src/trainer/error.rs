@@ -78,6 +78,9 @@ pub enum TrainError {
     /// The data-parallel group failed: joining it, or a collective (another rank failed).
     #[error(transparent)]
     Dist(#[from] crate::dist::DistError),
+    /// Sharded training failed: laying out the parameters, or a collective.
+    #[error(transparent)]
+    Shard(#[from] crate::dist::shard::ShardError),
     /// Pretrained weights (`[model] init_weights`) cannot be read or do not fit.
     #[error(transparent)]
     InitWeights(#[from] crate::model::InitWeightsError),

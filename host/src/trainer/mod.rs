@@ -28,6 +28,7 @@ mod losses;
 pub mod metrics;
 mod microbatch;
 mod resume;
+mod shard;
 mod standalone;
 mod step;
 mod target;

@@ -34,9 +34,11 @@ impl Trainer {
                 );
             }
         }
+        // The per-rank batch of the run that wrote it (its global batch: that x its ranks).
+        let saved_batch = c.meta.config["data"]["batch_size"].as_u64();
         let parts = c.into_parts()?;
         let world_changed = self.purpose == Purpose::Fit
-            && self.check_world_change(parts.world_size, &parts.clock.timestamp)?;
+            && self.check_world_change(parts.world_size, saved_batch, &parts.clock.timestamp)?;
         // The data position matters only to a run that goes on training.
         if self.purpose == Purpose::Fit
             && !world_changed
@@ -164,8 +166,10 @@ impl Trainer {
         self.settle_steps()?;
         let folder = self.config.checkpoint.folder.clone();
         let path = folder.join(checkpoint::file_name(&self.state.clock.timestamp));
-        // Data-parallel: ranks 1.. hand their random streams to rank 0, which writes.
+        // Data-parallel: ranks 1.. hand their random streams to rank 0, which writes; a sharded
+        // optimizer state is gathered whole (every rank takes part).
         let ranks = self.gather_rank_parts()?;
+        let optimizer = self.optimizer_snapshot()?;
         if !self.is_rank0() {
             self.last_checkpoint_batch = Some(self.state.clock.timestamp.batch);
             self.last_checkpoint = Some(path.clone());
@@ -183,7 +187,7 @@ impl Trainer {
                 batches_per_epoch: self.state.clock.run.batches_per_epoch,
             },
             model: self.state.model.params.named_tensors(),
-            optimizer: self.state.optimizer.snapshot(),
+            optimizer,
             methods: self.engine.records()?,
             disabled_methods: self
                 .engine

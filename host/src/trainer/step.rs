@@ -74,13 +74,21 @@ impl Trainer {
             Some(scaler) => scaler.found_inf(),
             None => None,
         };
+        // Sharded gradients: each rank unscaled its own share before the reduce-scatter.
+        let grads_flag = match grads_flag {
+            Some(flag) if self.local_gradients() => Some(self.agree_flag(flag)?),
+            other => other,
+        };
         let skip = match (&loss_flag, grads_flag) {
             (Some(a), Some(b)) => Some(a.f_maximum(&b)?),
             (Some(a), None) => Some(a.shallow_clone()),
             (None, b) => b,
         };
         let step = crate::engine::Stage::Run(&mut self.state).step_info();
+        // Sharding: this rank's pieces get their gradients, are stepped, and reach every rank.
+        self.shard_gradients()?;
         self.state.optimizer.step_masked(skip.as_ref())?;
+        self.gather_parameters()?;
         // Methods that claimed parameters update them now, with this step's rate and flag.
         self.state.step = Some(step);
         self.state.found_inf = skip.as_ref().map(Tensor::shallow_clone);

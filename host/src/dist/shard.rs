@@ -1,0 +1,650 @@
+//! Sharded data-parallel training (ZeRO, `[distributed] sharding`): each rank keeps the
+//! optimizer state (`optimizer`) — and the reduced gradients (`gradients`) — of its 1/world
+//! slice of the parameters only, steps that slice, and all-gathers the updated parameters.
+//!
+//! The trainable parameters are laid out in flat buffers ([`Flat`]: one dtype and device,
+//! filled up to `[distributed] bucket_mb` in registration order, padded to a multiple of the
+//! world size), and every parameter becomes a view into its buffer (`set_data`, as PyTorch's
+//! FSDP does): the model and the methods keep seeing whole parameters. Rank `r` owns elements
+//! `[r·S, (r+1)·S)` of every buffer of `world·S` elements; its [`Piece`]s are the parts of the
+//! parameters inside that range, in the parameters' memory order, which the optimizer steps as
+//! 1-D tensors. Element-wise rules (SGD, Adam, AdamW, Lion) give what they give on the whole
+//! parameter.
+//!
+//! The collectives are c10d's `_allgather_base` and `_reduce_scatter_base` (`csrc/dist.cpp`),
+//! issued in buffer order on every rank.
+
+use tch::{Device, Kind, Tensor};
+
+use super::{DistError, Group};
+
+/// `[distributed] sharding`: what each rank keeps of the training state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Sharding {
+    /// Every rank holds everything (DDP, the default).
+    #[default]
+    None,
+    /// ZeRO-1: optimizer state sharded; gradients all-reduced whole.
+    Optimizer,
+    /// ZeRO-2: optimizer state and gradients sharded (reduce-scattered).
+    Gradients,
+    /// ZeRO-3 / FSDP: parameters sharded too (not built yet: refused at start).
+    Full,
+}
+
+impl Sharding {
+    /// Accepted spellings, for the config reader.
+    pub const CHOICES: [(&'static str, Sharding); 4] = [
+        ("none", Sharding::None),
+        ("optimizer", Sharding::Optimizer),
+        ("gradients", Sharding::Gradients),
+        ("full", Sharding::Full),
+    ];
+
+    /// Whether the gradients are reduce-scattered (each rank keeps its slice only).
+    pub fn shards_gradients(self) -> bool {
+        matches!(self, Sharding::Gradients | Sharding::Full)
+    }
+
+    /// The name as written in `trainer.toml`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Sharding::None => "none",
+            Sharding::Optimizer => "optimizer",
+            Sharding::Gradients => "gradients",
+            Sharding::Full => "full",
+        }
+    }
+}
+
+/// A failure of the sharded layout or of its collectives.
+#[derive(Debug, thiserror::Error)]
+pub enum ShardError {
+    /// A collective failed.
+    #[error(transparent)]
+    Dist(#[from] DistError),
+    /// libtorch failed.
+    #[error("{what}: {source}")]
+    Torch {
+        /// What Tessera was doing.
+        what: String,
+        /// libtorch's error.
+        source: tch::TchError,
+    },
+    /// A parameter cannot be laid out in a flat buffer.
+    #[error("{0}")]
+    Layout(String),
+}
+
+fn torch<T>(what: &str, r: Result<T, tch::TchError>) -> Result<T, ShardError> {
+    r.map_err(|source| ShardError::Torch {
+        what: what.to_owned(),
+        source,
+    })
+}
+
+/// One parameter inside a flat buffer.
+#[derive(Debug)]
+struct Member {
+    name: String,
+    /// The parameter (a view into the buffer once laid out).
+    param: Tensor,
+    /// Where its memory starts in the buffer.
+    offset: i64,
+    numel: i64,
+    size: Vec<i64>,
+    strides: Vec<i64>,
+}
+
+/// A flat buffer of parameters of one dtype and device.
+#[derive(Debug)]
+struct Flat {
+    /// `world · shard` elements; the parameters are views into it.
+    buffer: Tensor,
+    /// Elements per rank.
+    shard: i64,
+    members: Vec<Member>,
+}
+
+/// The part of a parameter this rank steps.
+#[derive(Debug)]
+pub struct Piece {
+    /// The parameter's name.
+    pub name: String,
+    /// Elements `[start, start + len)` of the parameter in its memory order: a 1-D tensor
+    /// sharing the parameter's memory (not a view in autograd's sense), possibly empty.
+    pub tensor: Tensor,
+    /// First element of the parameter it holds, in memory order.
+    pub start: i64,
+    /// Number of elements (0 when the parameter lies outside this rank's range).
+    pub len: i64,
+    flat: usize,
+    member: usize,
+}
+
+/// Whether `strides` lay out `size` densely without overlap (some permutation of a
+/// contiguous layout, as channels-last is).
+fn dense(size: &[i64], strides: &[i64]) -> bool {
+    let mut dims: Vec<(i64, i64)> = size
+        .iter()
+        .zip(strides)
+        .filter(|(s, _)| **s != 1)
+        .map(|(s, t)| (*s, *t))
+        .collect();
+    dims.sort_by_key(|(_, t)| *t);
+    let mut expected = 1;
+    for (s, t) in dims {
+        if t != expected {
+            return false;
+        }
+        expected *= s;
+    }
+    true
+}
+
+/// A tensor of `len` elements of `source`'s memory from `offset` (absolute in its storage),
+/// sharing it without being an autograd view of it.
+fn alias(source: &Tensor, offset: i64, len: i64) -> Result<Tensor, tch::TchError> {
+    // `set_` takes its storage from a contiguous tensor: an empty 1-D view of `source`'s.
+    let base = source.f_as_strided([0], [1], source.f_storage_offset()?)?;
+    let mut t = Tensor::f_empty([0], (source.kind(), source.device()))?;
+    t.f_set_source_tensor_storage_offset_(&base, offset, [len], [1])
+}
+
+extern "C" {
+    fn tessera_set_grad(tensor: *mut std::ffi::c_void, grad: *mut std::ffi::c_void) -> i32;
+}
+
+/// Sets `tensor`'s gradient to `grad` (shared), or clears it.
+pub fn set_grad(tensor: &Tensor, grad: Option<&Tensor>) -> Result<(), tch::TchError> {
+    let g = grad.map_or(std::ptr::null_mut(), |g| {
+        g.as_ptr() as *mut std::ffi::c_void
+    });
+    // SAFETY: both are live `at::Tensor*` of tch tensors for the call; the shim copies the
+    // handle of `grad` (a reference count), never frees either.
+    let rc = unsafe { tessera_set_grad(tensor.as_ptr() as *mut std::ffi::c_void, g) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(tch::TchError::Torch("setting a gradient failed".into()))
+    }
+}
+
+/// The trainable parameters laid out for sharding, and this rank's pieces of them.
+#[derive(Debug)]
+pub struct ShardedParams {
+    mode: Sharding,
+    rank: usize,
+    world: usize,
+    flats: Vec<Flat>,
+    pieces: Vec<Piece>,
+}
+
+impl ShardedParams {
+    /// Lays `params` (name, tensor; identical on every rank) out in flat buffers of at most
+    /// `bucket_bytes` (a larger parameter gets a buffer of its own) and makes each parameter a
+    /// view into its buffer, keeping its values and memory layout.
+    pub fn new(
+        mode: Sharding,
+        params: &[(String, Tensor)],
+        rank: usize,
+        world: usize,
+        bucket_bytes: i64,
+    ) -> Result<ShardedParams, ShardError> {
+        let _guard = tch::no_grad_guard();
+        let world_i = world as i64;
+        // Buckets: consecutive parameters of one (dtype, device), up to the byte cap.
+        let mut open: Vec<((Kind, Device), usize)> = Vec::new();
+        let mut groups: Vec<Vec<(String, Tensor)>> = Vec::new();
+        let mut bytes: Vec<i64> = Vec::new();
+        for (name, p) in params {
+            let key = (p.kind(), p.device());
+            let size = p.size();
+            let strides = p.stride();
+            if !dense(&size, &strides) {
+                return Err(ShardError::Layout(format!(
+                    "parameter `{name}` (size {size:?}, strides {strides:?}) is not laid out \
+                     densely in memory, so it cannot live in a flat buffer for sharding"
+                )));
+            }
+            let b = p.numel() as i64 * p.kind().elt_size_in_bytes() as i64;
+            let slot = open.iter().position(|(k, _)| *k == key);
+            let target = match slot {
+                Some(i) if bytes[open[i].1] + b <= bucket_bytes || bytes[open[i].1] == 0 => {
+                    open[i].1
+                }
+                _ => {
+                    groups.push(Vec::new());
+                    bytes.push(0);
+                    let g = groups.len() - 1;
+                    match slot {
+                        Some(i) => open[i].1 = g,
+                        None => open.push((key, g)),
+                    }
+                    g
+                }
+            };
+            groups[target].push((name.clone(), p.shallow_clone()));
+            bytes[target] += b;
+        }
+        let mut flats = Vec::with_capacity(groups.len());
+        for group in groups {
+            let total: i64 = group.iter().map(|(_, p)| p.numel() as i64).sum();
+            let shard = (total + world_i - 1) / world_i;
+            let (kind, device) = (group[0].1.kind(), group[0].1.device());
+            let buffer = torch(
+                "allocating a sharded buffer",
+                Tensor::f_zeros([shard * world_i], (kind, device)),
+            )?;
+            let mut members = Vec::with_capacity(group.len());
+            let mut offset = 0;
+            for (name, mut param) in group {
+                let size = param.size();
+                let strides = param.stride();
+                let numel = param.numel() as i64;
+                let what = format!("laying out parameter `{name}` for sharding");
+                let view = torch(&what, buffer.f_as_strided(&size, &strides, offset))?;
+                torch(&what, view.shallow_clone().f_copy_(&param))?;
+                torch(&what, param.f_set_data(&view))?;
+                members.push(Member {
+                    name,
+                    param,
+                    offset,
+                    numel,
+                    size,
+                    strides,
+                });
+                offset += numel;
+            }
+            flats.push(Flat {
+                buffer,
+                shard,
+                members,
+            });
+        }
+        let mut pieces = Vec::new();
+        for (f, flat) in flats.iter().enumerate() {
+            let (lo, hi) = (rank as i64 * flat.shard, (rank as i64 + 1) * flat.shard);
+            for (m, member) in flat.members.iter().enumerate() {
+                let a = lo.max(member.offset);
+                let b = hi.min(member.offset + member.numel).max(a);
+                let tensor = torch(
+                    "making a parameter shard",
+                    alias(&flat.buffer, if b > a { a } else { 0 }, b - a),
+                )?;
+                pieces.push(Piece {
+                    name: member.name.clone(),
+                    tensor,
+                    start: if b > a { a - member.offset } else { 0 },
+                    len: b - a,
+                    flat: f,
+                    member: m,
+                });
+            }
+        }
+        Ok(ShardedParams {
+            mode,
+            rank,
+            world,
+            flats,
+            pieces,
+        })
+    }
+
+    /// The mode.
+    pub fn mode(&self) -> Sharding {
+        self.mode
+    }
+
+    /// This rank's pieces, one per parameter (empty ones included), in parameter order.
+    pub fn pieces(&self) -> &[Piece] {
+        &self.pieces
+    }
+
+    /// Names of the sharded parameters.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.flats
+            .iter()
+            .flat_map(|f| f.members.iter().map(|m| m.name.as_str()))
+    }
+
+    /// Elements of parameters this rank holds the optimizer state of (its pieces) and the
+    /// elements of all sharded parameters.
+    pub fn elements(&self) -> (i64, i64) {
+        let mine = self.pieces.iter().map(|p| p.len).sum();
+        let all = self
+            .flats
+            .iter()
+            .flat_map(|f| f.members.iter().map(|m| m.numel))
+            .sum();
+        (mine, all)
+    }
+
+    /// `optimizer`: gives each piece its slice of the parameter's gradient (all-reduced whole
+    /// already), without a copy when the gradient has the parameter's layout; a parameter
+    /// without a gradient leaves its piece without one.
+    pub fn take_whole_grads(&self) -> Result<(), ShardError> {
+        let what = "handing the gradients to the shards";
+        for piece in &self.pieces {
+            let member = &self.flats[piece.flat].members[piece.member];
+            let grad = member.param.grad();
+            if !grad.defined() {
+                torch(what, set_grad(&piece.tensor, None))?;
+                continue;
+            }
+            let grad = if grad.stride() == member.strides {
+                grad
+            } else {
+                let g = torch(
+                    what,
+                    Tensor::f_empty_strided(
+                        &member.size,
+                        &member.strides,
+                        (grad.kind(), grad.device()),
+                    ),
+                )?;
+                torch(what, g.shallow_clone().f_copy_(&grad))?;
+                g
+            };
+            let offset = torch(what, grad.f_storage_offset())? + piece.start;
+            let slice = torch(what, alias(&grad, offset, piece.len))?;
+            torch(what, set_grad(&piece.tensor, Some(&slice)))?;
+        }
+        Ok(())
+    }
+
+    /// `gradients`: reduce-scatters each buffer's gradients (averaged over the ranks, as DDP's
+    /// all-reduce) so that each rank keeps its slice, gives the pieces their slices, and frees
+    /// the whole gradients. A parameter that got a gradient on no rank leaves its piece
+    /// without one (as DDP leaves it `None`); one that got a gradient on some ranks only is
+    /// reduced with zeros from the others. One host all-reduce of the flags per step.
+    pub fn reduce_scatter_grads(&self, group: &Group) -> Result<(), ShardError> {
+        let _guard = tch::no_grad_guard();
+        let what = "reduce-scattering the gradients";
+        let local: Vec<f64> = self
+            .flats
+            .iter()
+            .flat_map(|f| f.members.iter())
+            .map(|m| f64::from(u8::from(m.param.grad().defined())))
+            .collect();
+        let used = group.all_reduce_values(&local, super::Op::Max)?;
+        let mut used = used.into_iter();
+        let mut slices: Vec<Option<Tensor>> = Vec::with_capacity(self.flats.len());
+        let mut member_used: Vec<Vec<bool>> = Vec::with_capacity(self.flats.len());
+        for flat in &self.flats {
+            let flags: Vec<bool> = flat
+                .members
+                .iter()
+                .map(|_| used.next().is_some_and(|u| u > 0.0))
+                .collect();
+            if !flags.iter().any(|u| *u) {
+                slices.push(None);
+                member_used.push(flags);
+                continue;
+            }
+            let packed = torch(what, flat.buffer.f_zeros_like())?;
+            for m in &flat.members {
+                let grad = m.param.grad();
+                if grad.defined() {
+                    let dst = torch(what, packed.f_as_strided(&m.size, &m.strides, m.offset))?;
+                    torch(what, dst.shallow_clone().f_copy_(&grad))?;
+                }
+            }
+            let _ = torch(
+                what,
+                packed.shallow_clone().f_div_scalar_(self.world as f64),
+            )?;
+            let out = torch(
+                what,
+                Tensor::f_empty([flat.shard], (packed.kind(), packed.device())),
+            )?;
+            group.reduce_scatter_base(&out, &packed)?;
+            for m in &flat.members {
+                torch(what, set_grad(&m.param, None))?;
+            }
+            slices.push(Some(out));
+            member_used.push(flags);
+        }
+        let lo = |f: &Flat| self.rank as i64 * f.shard;
+        for piece in &self.pieces {
+            let flat = &self.flats[piece.flat];
+            let member = &flat.members[piece.member];
+            let slice = match &slices[piece.flat] {
+                Some(s) if member_used[piece.flat][piece.member] => s,
+                _ => {
+                    torch(what, set_grad(&piece.tensor, None))?;
+                    continue;
+                }
+            };
+            let at = if piece.len > 0 {
+                member.offset + piece.start - lo(flat)
+            } else {
+                0
+            };
+            let g = torch(what, alias(slice, at, piece.len))?;
+            torch(what, set_grad(&piece.tensor, Some(&g)))?;
+        }
+        Ok(())
+    }
+
+    /// Sends each rank's updated slice to every rank: the parameters are whole again.
+    pub fn all_gather(&self, group: &Group) -> Result<(), ShardError> {
+        let _guard = tch::no_grad_guard();
+        let what = "gathering the updated parameters";
+        for flat in &self.flats {
+            // A copy of this rank's slice: the output must not alias the input.
+            let mine = torch(
+                what,
+                flat.buffer
+                    .f_narrow(0, self.rank as i64 * flat.shard, flat.shard)
+                    .and_then(|t| t.f_detach_copy()),
+            )?;
+            group.all_gather_base(&flat.buffer, &mine)?;
+        }
+        Ok(())
+    }
+
+    /// Gathers whole tensors from pieces: `state(name)` gives this rank's piece-shaped tensor of
+    /// parameter `name` (`None` when it has none: then no rank has one). Returns (name, whole
+    /// tensor in the parameter's shape and layout) for the parameters that have one. Every
+    /// rank must call it with the same presence of tensors; collective.
+    pub fn gather_pieces(
+        &self,
+        group: &Group,
+        state: impl Fn(&str) -> Option<Tensor>,
+    ) -> Result<Vec<(String, Tensor)>, ShardError> {
+        let _guard = tch::no_grad_guard();
+        let what = "gathering the sharded optimizer state";
+        let mut out = Vec::new();
+        for (f, flat) in self.flats.iter().enumerate() {
+            let mine: Vec<(&Piece, Tensor)> = self
+                .pieces
+                .iter()
+                .filter(|p| p.flat == f)
+                .filter_map(|p| state(&p.name).map(|t| (p, t)))
+                .collect();
+            let Some((_, first)) = mine.first() else {
+                continue;
+            };
+            let kind = first.kind();
+            let device = first.device();
+            let local = torch(what, Tensor::f_zeros([flat.shard], (kind, device)))?;
+            let lo = self.rank as i64 * flat.shard;
+            for (p, t) in &mine {
+                if p.len == 0 {
+                    continue;
+                }
+                let m = &flat.members[p.member];
+                let dst = torch(what, local.f_narrow(0, m.offset + p.start - lo, p.len))?;
+                torch(
+                    what,
+                    dst.shallow_clone()
+                        .f_copy_(&t.f_reshape([-1]).map_err(|source| ShardError::Torch {
+                            what: what.into(),
+                            source,
+                        })?),
+                )?;
+            }
+            let whole = torch(
+                what,
+                Tensor::f_empty([flat.shard * self.world as i64], (kind, device)),
+            )?;
+            group.all_gather_base(&whole, &local)?;
+            for (p, _) in &mine {
+                let m = &flat.members[p.member];
+                let t = torch(what, whole.f_as_strided(&m.size, &m.strides, m.offset))?;
+                out.push((m.name.clone(), t));
+            }
+        }
+        Ok(out)
+    }
+
+    /// This rank's piece of `whole` (a tensor of parameter `name`'s shape, any layout): a new
+    /// 1-D tensor; `None` when `name` is not sharded.
+    pub fn piece_of(&self, name: &str, whole: &Tensor) -> Option<Result<Tensor, tch::TchError>> {
+        let piece = self.pieces.iter().find(|p| p.name == name)?;
+        let m = &self.flats[piece.flat].members[piece.member];
+        Some(cut(whole, &m.size, &m.strides, piece.start, piece.len))
+    }
+}
+
+/// What the optimizer needs of the layout ([`crate::optim::Shards`]): this rank's pieces and
+/// the parameters' layouts, to cut restored state into pieces.
+#[derive(Debug)]
+pub struct PieceView {
+    /// (name, piece, first element, length, size, strides).
+    pieces: Vec<(String, Tensor, i64, i64, Vec<i64>, Vec<i64>)>,
+}
+
+impl ShardedParams {
+    /// The optimizer's view of this rank's pieces.
+    pub fn view(&self) -> PieceView {
+        PieceView {
+            pieces: self
+                .pieces
+                .iter()
+                .map(|p| {
+                    let m = &self.flats[p.flat].members[p.member];
+                    (
+                        p.name.clone(),
+                        p.tensor.shallow_clone(),
+                        p.start,
+                        p.len,
+                        m.size.clone(),
+                        m.strides.clone(),
+                    )
+                })
+                .collect(),
+        }
+    }
+}
+
+impl crate::optim::Shards for PieceView {
+    fn piece(&self, name: &str) -> Option<Tensor> {
+        self.pieces
+            .iter()
+            .find(|p| p.0 == name)
+            .map(|p| p.1.shallow_clone())
+    }
+
+    fn cut(&self, name: &str, whole: &Tensor) -> Option<Result<Tensor, tch::TchError>> {
+        let (_, _, start, len, size, strides) = self.pieces.iter().find(|p| p.0 == name)?;
+        Some(cut(whole, size, strides, *start, *len))
+    }
+}
+
+/// Elements `[start, start + len)`, in the memory order of layout (`size`, `strides`), of
+/// `whole` (any layout of that size): a new 1-D tensor.
+fn cut(
+    whole: &Tensor,
+    size: &[i64],
+    strides: &[i64],
+    start: i64,
+    len: i64,
+) -> Result<Tensor, tch::TchError> {
+    let laid = Tensor::f_empty_strided(size, strides, (whole.kind(), whole.device()))?;
+    laid.shallow_clone().f_copy_(whole)?;
+    let numel = size.iter().product::<i64>();
+    let flat = laid.f_as_strided([numel], [1], 0)?;
+    flat.f_narrow(0, start, len)?.f_detach_copy()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dense_layouts_are_recognised() {
+        assert!(dense(&[2, 3], &[3, 1]));
+        assert!(dense(&[4, 3, 2, 2], &[12, 1, 6, 3]), "channels last");
+        assert!(dense(&[5], &[1]));
+        assert!(
+            dense(&[1, 5], &[99, 1]),
+            "size-1 dimensions have any stride"
+        );
+        assert!(!dense(&[2, 3], &[4, 1]), "padded rows");
+        assert!(!dense(&[2, 2], &[1, 1]), "overlapping");
+        assert!(!dense(&[3], &[0]), "expanded");
+    }
+
+    #[test]
+    fn pieces_tile_the_parameters_and_keep_their_values() {
+        let a = Tensor::arange(10, (Kind::Float, Device::Cpu)).reshape([2, 5]);
+        let b = Tensor::arange(3, (Kind::Float, Device::Cpu)) + 100.0;
+        let params = vec![
+            ("a".to_owned(), a.shallow_clone()),
+            ("b".to_owned(), b.shallow_clone()),
+        ];
+        let world = 3;
+        let mut covered = vec![0i64; 13];
+        for rank in 0..world {
+            let a2 = a.copy();
+            let b2 = b.copy();
+            let own = vec![
+                ("a".to_owned(), a2.shallow_clone()),
+                ("b".to_owned(), b2.shallow_clone()),
+            ];
+            let s = ShardedParams::new(Sharding::Optimizer, &own, rank, world, 1 << 20).unwrap();
+            assert_eq!(s.pieces().len(), 2);
+            // The parameters kept their values and are views of the buffer now.
+            assert!(a2.equal(&a) && b2.equal(&b));
+            for p in s.pieces() {
+                let base = if p.name == "a" { 0 } else { 10 };
+                for i in 0..p.len {
+                    covered[(base + p.start + i) as usize] += 1;
+                }
+                // A piece shares the parameter's memory.
+                if p.len > 0 {
+                    let _ = p.tensor.shallow_clone().fill_(-1.0);
+                }
+            }
+            let (mine, all) = s.elements();
+            assert_eq!((mine, all), ([5, 5, 3][rank], 13));
+            assert!(
+                a2.lt(0.0).sum(Kind::Int64).int64_value(&[])
+                    + b2.lt(0.0).sum(Kind::Int64).int64_value(&[])
+                    == mine
+            );
+        }
+        assert!(covered.iter().all(|c| *c == 1), "{covered:?}");
+        drop(params);
+    }
+
+    #[test]
+    fn a_piece_of_a_whole_tensor_follows_the_parameter_layout() {
+        // A channels-last parameter: its memory order is (n, h, w, c).
+        let p = Tensor::empty_strided([2, 3, 2, 2], [12, 1, 6, 3], (Kind::Float, Device::Cpu));
+        let _ = p
+            .shallow_clone()
+            .copy_(&Tensor::arange(24, (Kind::Float, Device::Cpu)).reshape([2, 3, 2, 2]));
+        let params = vec![("w".to_owned(), p.shallow_clone())];
+        let s = ShardedParams::new(Sharding::Optimizer, &params, 1, 2, 1 << 20).unwrap();
+        let whole = Tensor::arange(24, (Kind::Float, Device::Cpu)).reshape([2, 3, 2, 2]);
+        let piece = s.piece_of("w", &whole).unwrap().unwrap();
+        let own = &s.pieces()[0];
+        assert_eq!(own.len, 12);
+        assert!(piece.equal(&own.tensor), "{piece} vs {}", own.tensor);
+        assert!(s.piece_of("nope", &whole).is_none());
+    }
+}

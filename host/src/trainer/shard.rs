@@ -1,0 +1,170 @@
+//! `[distributed] sharding` in the training loop (ZeRO; `crate::dist::shard` holds the layout
+//! and the collectives): set up after rank 0's model reached every rank, the gradients handed
+//! to (`optimizer`) or reduce-scattered into (`gradients`) this rank's pieces before the
+//! optimizer step, the updated pieces all-gathered after it, and the optimizer state gathered
+//! whole for a checkpoint — which is therefore the same file DDP writes, and resumes on any
+//! number of ranks and in any sharding mode.
+
+use tch::Tensor;
+
+use crate::dist::shard::{ShardedParams, Sharding};
+use crate::engine::Event;
+use crate::model::Role;
+use crate::optim::Snapshot;
+
+use super::error::{fail, Result};
+use super::Trainer;
+
+impl Trainer {
+    /// Lays the parameters out for `[distributed] sharding` and gives the optimizer this
+    /// rank's pieces. Refuses, naming it, what the mode cannot run.
+    pub(super) fn start_sharding(&mut self) -> Result<()> {
+        let mode = self.config.distributed.sharding;
+        let Some(dp) = &self.dp else {
+            if mode != Sharding::None {
+                tracing::info!(
+                    "[distributed] sharding = \"{}\" has no effect in a single process",
+                    mode.name()
+                );
+            }
+            return Ok(());
+        };
+        match mode {
+            Sharding::None => return Ok(()),
+            Sharding::Full => fail!(
+                "[distributed] sharding = \"full\" (parameters sharded too, FSDP) is not built \
+                 yet; use \"gradients\" (optimizer state and gradients sharded) or \"optimizer\""
+            ),
+            Sharding::Optimizer | Sharding::Gradients => {}
+        }
+        if mode.shards_gradients() {
+            for event in [Event::AFTER_BACKWARD, Event::AFTER_TRAIN_BATCH] {
+                if let Some(method) = self.engine.methods_at(event).first() {
+                    fail!(
+                        "method `{method}` runs at `{}`, between the backward pass and the \
+                         optimizer step, where it may read the gradients: with [distributed] \
+                         sharding = \"{}\" each rank holds only its slice of them; use sharding \
+                         = \"optimizer\" (whole gradients, sharded optimizer state) with it",
+                        event.name(),
+                        mode.name()
+                    );
+                }
+            }
+        }
+        // Every parameter the optimizer steps (frozen ones too: a method may unfreeze them);
+        // those a method updates itself stay whole on every rank, all-reduced as under DDP.
+        let params: Vec<(String, Tensor)> = self
+            .state
+            .model
+            .params
+            .entries()
+            .iter()
+            .filter(|e| e.role == Role::Parameter)
+            .filter(|e| !self.state.optimizer.is_handed_over(&e.name))
+            .map(|e| (e.name.clone(), e.tensor.shallow_clone()))
+            .collect();
+        let bytes = (self.config.distributed.bucket_mb * 1024.0 * 1024.0)
+            .round()
+            .max(1.0) as i64;
+        let sharded = ShardedParams::new(mode, &params, dp.rank(), dp.world(), bytes)?;
+        self.state.optimizer.shard(Box::new(sharded.view()));
+        if dp.rank() == 0 {
+            let (mine, all) = sharded.elements();
+            tracing::info!(
+                "sharding = \"{}\": each rank steps about 1/{} of the {} parameter elements \
+                 ({} on rank 0) and keeps their optimizer state{}",
+                mode.name(),
+                dp.world(),
+                all,
+                mine,
+                if mode.shards_gradients() {
+                    " and reduced gradients"
+                } else {
+                    ""
+                }
+            );
+        }
+        if let Some(dp) = &mut self.dp {
+            dp.sharded = Some(sharded);
+        }
+        Ok(())
+    }
+
+    /// The parameters c10d's reducer all-reduces: every trainable one, except those whose
+    /// gradients are reduce-scattered instead.
+    pub(super) fn all_reduced(&self, name: &str) -> bool {
+        match self.dp.as_ref().and_then(|d| d.sharded.as_ref()) {
+            Some(s) if s.mode().shards_gradients() => !s.names().any(|n| n == name),
+            _ => true,
+        }
+    }
+
+    /// Before the optimizer step: this rank's pieces get their gradients.
+    pub(super) fn shard_gradients(&self) -> Result<()> {
+        let Some(dp) = &self.dp else {
+            return Ok(());
+        };
+        let Some(sharded) = &dp.sharded else {
+            return Ok(());
+        };
+        let _guard = tch::no_grad_guard();
+        if sharded.mode().shards_gradients() {
+            sharded.reduce_scatter_grads(&dp.group)?;
+        } else {
+            sharded.take_whole_grads()?;
+        }
+        Ok(())
+    }
+
+    /// After the optimizer step: every rank's updated pieces reach every rank.
+    pub(super) fn gather_parameters(&self) -> Result<()> {
+        if let Some((dp, sharded)) = self
+            .dp
+            .as_ref()
+            .and_then(|d| d.sharded.as_ref().map(|s| (d, s)))
+        {
+            sharded.all_gather(&dp.group)?;
+        }
+        Ok(())
+    }
+
+    /// Whether the gradients' non-finite flag must be agreed over the ranks (each rank
+    /// unscaled its own, unreduced gradients).
+    pub(super) fn local_gradients(&self) -> bool {
+        self.dp
+            .as_ref()
+            .and_then(|d| d.sharded.as_ref())
+            .is_some_and(|s| s.mode().shards_gradients())
+    }
+
+    /// The optimizer's state for a checkpoint: under sharding, every rank's pieces gathered
+    /// into whole tensors (collective: every rank calls it).
+    pub(super) fn optimizer_snapshot(&self) -> Result<Snapshot> {
+        let mut snapshot = self.state.optimizer.snapshot();
+        let Some((dp, sharded)) = self
+            .dp
+            .as_ref()
+            .and_then(|d| d.sharded.as_ref().map(|s| (d, s)))
+        else {
+            return Ok(snapshot);
+        };
+        for buffer in self.state.optimizer.buffer_names() {
+            let key = |name: &str| format!("{name}.{buffer}");
+            let gathered = sharded.gather_pieces(&dp.group, |name| {
+                let k = key(name);
+                snapshot
+                    .tensors
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, t)| t.shallow_clone())
+            })?;
+            for (name, whole) in gathered {
+                let k = key(&name);
+                if let Some(entry) = snapshot.tensors.iter_mut().find(|(n, _)| *n == k) {
+                    entry.1 = whole;
+                }
+            }
+        }
+        Ok(snapshot)
+    }
+}
