@@ -17,6 +17,8 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include <torch/csrc/distributed/c10d/logger.hpp>
 #include <torch/csrc/distributed/c10d/reducer.hpp>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
 #ifdef USE_C10D_NCCL
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
@@ -27,6 +29,7 @@
 #include <algorithm>
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -107,6 +110,118 @@ class QuietUnusedParameters : public c10::WarningHandler {
 
  private:
   c10::WarningHandler* next_;
+};
+
+// Sharded gradients (ZeRO-2): each flat buffer's gradients reduce-scattered as soon as the
+// backward pass has produced all of them, as c10d's Reducer all-reduces its buckets: a post
+// hook on each parameter's gradient accumulator counts the parameters still to come; a buffer
+// whose parameters are all there is packed (its gradients copied in, then freed), divided by
+// the world size and reduce-scattered into this rank's slice. Buffers are launched in one fixed
+// order (the last first, as backward produces them) on every rank, the next only when those
+// before it were, so the ranks' collectives always match.
+struct ShardMember {
+  at::Tensor param;
+  int64_t offset;
+  std::vector<int64_t> size, strides;
+  bool fired = false;
+  bool hooked = false;
+};
+
+struct ShardFlat {
+  std::vector<ShardMember> members;
+  int64_t shard = 0;
+  int pending = 0;
+  bool launched = false;
+  at::Tensor out;
+  c10::intrusive_ptr<c10d::Work> work;
+};
+
+struct ShardState {
+  Group* group = nullptr;
+  int world = 1;
+  std::vector<ShardFlat> flats;
+  size_t next = 0;  // index into the launch order (flats from the last to the first)
+  bool armed = false;
+  bool alive = true;
+  std::string error;  // the first failure inside a hook, reported by `finish`
+  std::mutex mu;
+  std::vector<c10::intrusive_ptr<torch::autograd::Node>> accumulators;
+
+  size_t order(size_t i) const { return flats.size() - 1 - i; }
+
+  void launch(ShardFlat& f) {
+    f.launched = true;
+    auto& first = f.members.front().param;
+    auto packed = at::zeros({f.shard * world}, first.options().requires_grad(false));
+    for (auto& m : f.members) {
+      auto& grad = m.param.mutable_grad();
+      if (grad.defined()) {
+        packed.as_strided(m.size, m.strides, m.offset).copy_(grad);
+        grad.reset();
+      }
+    }
+    packed.div_(static_cast<double>(world));
+    f.out = at::empty({f.shard}, packed.options());
+    c10d::ReduceScatterOptions options;
+    options.reduceOp = c10d::ReduceOp(c10d::ReduceOp::SUM);
+    f.work = group->pg->_reduce_scatter_base(f.out, packed, options);
+  }
+
+  // Launches, in order, every buffer whose parameters are all there (or all, `force`).
+  void advance(bool force) {
+    while (next < flats.size()) {
+      auto& f = flats[order(next)];
+      if (!force && f.pending > 0) {
+        return;
+      }
+      launch(f);
+      ++next;
+    }
+  }
+
+  void fired(size_t flat, size_t member) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!alive || !armed || !error.empty()) {
+      return;
+    }
+    auto& m = flats[flat].members[member];
+    if (m.fired) {
+      return;
+    }
+    m.fired = true;
+    flats[flat].pending -= 1;
+    try {
+      advance(false);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+
+  void hook(size_t flat, size_t member, const std::shared_ptr<ShardState>& self) {
+    auto& m = flats[flat].members[member];
+    if (m.hooked || !m.param.requires_grad()) {
+      return;
+    }
+    auto acc = torch::autograd::impl::grad_accumulator(m.param);
+    if (!acc) {
+      return;
+    }
+    std::weak_ptr<ShardState> weak = self;
+    acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+        [weak, flat, member](const torch::autograd::variable_list& outputs,
+                             const torch::autograd::variable_list&) {
+          if (auto state = weak.lock()) {
+            state->fired(flat, member);
+          }
+          return outputs;
+        }));
+    accumulators.push_back(std::move(acc));
+    m.hooked = true;
+  }
+};
+
+struct ShardReducer {
+  std::shared_ptr<ShardState> state;
 };
 
 }  // namespace
@@ -308,15 +423,99 @@ int tessera_dist_all_gather_base(void* group, void* out, void* in) {
   });
 }
 
-// Sharded training (ZeRO): `out` (n elements) becomes the sum over the ranks of this rank's
-// slice `in[rank·n, (rank+1)·n)` of their `in` (world × n elements, contiguous). Waits.
-int tessera_dist_reduce_scatter_base(void* group, void* out, void* in) {
+// Sharded gradients: a reducer over `n_flats` flat buffers. Member i of all of them (in buffer
+// order) is `params[i]`, laid at `offsets[i]` with `dims[i]` dimensions whose sizes and strides
+// follow in `sizes`/`strides` (concatenated); `counts[f]` members belong to buffer f, whose
+// slice per rank is `shards[f]` elements.
+void* tessera_shard_reducer_new(void* group, int world, void** params, const int64_t* offsets,
+                                const int64_t* dims, const int64_t* sizes,
+                                const int64_t* strides, const int64_t* counts,
+                                const int64_t* shards, int n_flats) {
+  ShardReducer* out = nullptr;
+  guarded([&] {
+    auto state = std::make_shared<ShardState>();
+    state->group = static_cast<Group*>(group);
+    state->world = world;
+    size_t i = 0;
+    size_t d = 0;
+    for (int f = 0; f < n_flats; ++f) {
+      ShardFlat flat;
+      flat.shard = shards[f];
+      for (int64_t k = 0; k < counts[f]; ++k, ++i) {
+        ShardMember m;
+        m.param = *static_cast<at::Tensor*>(params[i]);
+        m.offset = offsets[i];
+        m.size.assign(sizes + d, sizes + d + dims[i]);
+        m.strides.assign(strides + d, strides + d + dims[i]);
+        d += dims[i];
+        flat.members.push_back(std::move(m));
+      }
+      state->flats.push_back(std::move(flat));
+    }
+    out = new ShardReducer{state};
+  });
+  return out;
+}
+
+void tessera_shard_reducer_free(void* reducer) {
+  auto* r = static_cast<ShardReducer*>(reducer);
+  if (r != nullptr) {
+    std::lock_guard<std::mutex> lock(r->state->mu);
+    r->state->alive = false;
+    r->state->accumulators.clear();
+  }
+  delete r;
+}
+
+// Before a backward pass whose gradients are reduce-scattered: hooks the parameters that need
+// gradients (again after a method unfroze some) and starts counting.
+int tessera_shard_reducer_arm(void* reducer) {
   return guarded([&] {
-    auto& o = *static_cast<at::Tensor*>(out);
-    auto& i = *static_cast<at::Tensor*>(in);
-    c10d::ReduceScatterOptions options;
-    options.reduceOp = c10d::ReduceOp(c10d::ReduceOp::SUM);
-    static_cast<Group*>(group)->pg->_reduce_scatter_base(o, i, options)->wait();
+    auto& state = static_cast<ShardReducer*>(reducer)->state;
+    std::lock_guard<std::mutex> lock(state->mu);
+    for (size_t f = 0; f < state->flats.size(); ++f) {
+      auto& flat = state->flats[f];
+      flat.pending = 0;
+      flat.launched = false;
+      flat.out = at::Tensor();
+      flat.work.reset();
+      for (size_t m = 0; m < flat.members.size(); ++m) {
+        state->hook(f, m, state);
+        flat.members[m].fired = false;
+        if (flat.members[m].hooked && flat.members[m].param.requires_grad()) {
+          flat.pending += 1;
+        }
+      }
+    }
+    state->next = 0;
+    state->error.clear();
+    state->armed = true;
+  });
+}
+
+// After the backward pass: launches the buffers still waiting (parameters that got no gradient
+// count as zeros), waits for every reduce-scatter, and hands over buffer f's slice as `outs[f]`
+// (a new `at::Tensor*`) and, per member in order, 1 when it got a gradient here (`fired`).
+int tessera_shard_reducer_finish(void* reducer, void** outs, uint8_t* fired) {
+  return guarded([&] {
+    auto& state = static_cast<ShardReducer*>(reducer)->state;
+    std::lock_guard<std::mutex> lock(state->mu);
+    state->armed = false;
+    if (!state->error.empty()) {
+      throw std::runtime_error("reduce-scattering gradients during backward: " + state->error);
+    }
+    state->advance(true);
+    size_t i = 0;
+    for (size_t f = 0; f < state->flats.size(); ++f) {
+      auto& flat = state->flats[f];
+      flat.work->wait();
+      outs[f] = new at::Tensor(flat.out);
+      flat.out = at::Tensor();
+      flat.work.reset();
+      for (auto& m : flat.members) {
+        fired[i++] = m.fired ? 1 : 0;
+      }
+    }
   });
 }
 
@@ -367,6 +566,13 @@ int tessera_dist_reducer_prepare_forward(void*) { return -1; }
 int tessera_dist_reducer_prepare_backward(void*, void*) { return -1; }
 int tessera_dist_reducer_stats(void*, int64_t*) { return -1; }
 int tessera_dist_all_gather_base(void*, void*, void*) { return -1; }
-int tessera_dist_reduce_scatter_base(void*, void*, void*) { return -1; }
+void* tessera_shard_reducer_new(void*, int, void**, const int64_t*, const int64_t*,
+                                const int64_t*, const int64_t*, const int64_t*, const int64_t*,
+                                int) {
+  return nullptr;
+}
+void tessera_shard_reducer_free(void*) {}
+int tessera_shard_reducer_arm(void*) { return -1; }
+int tessera_shard_reducer_finish(void*, void**, uint8_t*) { return -1; }
 }
 #endif

@@ -1,5 +1,5 @@
 //! Tests of the CUDA keys: `train.deterministic`, `train.matmul_precision` and
-//! `[distributed] backend`.
+//! `[distributed] backend` and `sharding`.
 
 use super::*;
 use crate::device::MatmulPrecision;
@@ -108,4 +108,22 @@ fn cuda_graphs_is_read_and_recorded() {
     assert_eq!(e.key, "train.cuda_graphs");
     assert_eq!(e.kind, ErrorKind::WrongType);
     assert_eq!(e.location.line(), Some(10));
+}
+
+#[test]
+fn sharding_is_read_recorded_and_checked() {
+    use crate::dist::shard::Sharding;
+    assert_eq!(parse(MINIMAL).unwrap().distributed.sharding, Sharding::None);
+    for (text, want) in Sharding::CHOICES {
+        let c = parse(&with(&format!("\n[distributed]\nsharding = {text:?}\n"))).unwrap();
+        assert_eq!(c.distributed.sharding, want);
+        let json = serde_json::to_value(&c).unwrap();
+        assert_eq!(json["distributed"]["sharding"], serde_json::json!(text));
+    }
+    let c = parse_with(MINIMAL, &["distributed.sharding=\"gradients\""]).unwrap();
+    assert_eq!(c.distributed.sharding, Sharding::Gradients);
+    let e = parse(&with("\n[distributed]\nsharding = \"zero3\"\n")).unwrap_err();
+    assert_eq!(e.key, "distributed.sharding");
+    assert_eq!(e.location.line(), Some(12));
+    assert!(e.message.contains("\"optimizer\""), "{e}");
 }

@@ -72,11 +72,6 @@ extern "C" {
         out: *mut c_void,
         input: *mut c_void,
     ) -> i32;
-    fn tessera_dist_reduce_scatter_base(
-        group: *mut c_void,
-        out: *mut c_void,
-        input: *mut c_void,
-    ) -> i32;
 }
 
 pub mod shard;
@@ -464,22 +459,6 @@ impl Group {
                 tessera_dist_all_gather_base(self.handle, out.as_ptr() as _, input.as_ptr() as _)
             },
             || "all-gather".into(),
-        )
-    }
-
-    /// Fills `out` (`n` elements) with the sum over the ranks of their `input`'s slice
-    /// `[rank·n, (rank+1)·n)` (`input` contiguous, `world × n` elements).
-    pub fn reduce_scatter_base(&self, out: &Tensor, input: &Tensor) -> Result<(), DistError> {
-        // SAFETY: as in `all_gather_base`.
-        check(
-            unsafe {
-                tessera_dist_reduce_scatter_base(
-                    self.handle,
-                    out.as_ptr() as _,
-                    input.as_ptr() as _,
-                )
-            },
-            || "reduce-scatter".into(),
         )
     }
 

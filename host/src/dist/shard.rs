@@ -14,9 +14,12 @@
 //! The collectives are c10d's `_allgather_base` and `_reduce_scatter_base` (`csrc/dist.cpp`),
 //! issued in buffer order on every rank.
 
+use std::cell::RefCell;
+use std::ffi::c_void;
+
 use tch::{Device, Kind, Tensor};
 
-use super::{DistError, Group};
+use super::{check, last_error, DistError, Group};
 
 /// `[distributed] sharding`: what each rank keeps of the training state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize)]
@@ -154,6 +157,50 @@ fn alias(source: &Tensor, offset: i64, len: i64) -> Result<Tensor, tch::TchError
 
 extern "C" {
     fn tessera_set_grad(tensor: *mut std::ffi::c_void, grad: *mut std::ffi::c_void) -> i32;
+    fn tessera_shard_reducer_new(
+        group: *mut c_void,
+        world: i32,
+        params: *mut *mut c_void,
+        offsets: *const i64,
+        dims: *const i64,
+        sizes: *const i64,
+        strides: *const i64,
+        counts: *const i64,
+        shards: *const i64,
+        n_flats: i32,
+    ) -> *mut c_void;
+    fn tessera_shard_reducer_free(reducer: *mut c_void);
+    fn tessera_shard_reducer_arm(reducer: *mut c_void) -> i32;
+    fn tessera_shard_reducer_finish(
+        reducer: *mut c_void,
+        outs: *mut *mut c_void,
+        fired: *mut u8,
+    ) -> i32;
+}
+
+/// `gradients`: c10d-style hooks on the parameters' gradient accumulators that reduce-scatter
+/// each flat buffer as soon as backward produced its gradients (`csrc/dist.cpp`).
+struct GradHooks {
+    handle: *mut c_void,
+}
+
+// SAFETY: used from the training thread; the hooks inside run on autograd's threads and
+// synchronise on the shim's own mutex.
+unsafe impl Send for GradHooks {}
+
+impl Drop for GradHooks {
+    fn drop(&mut self) {
+        // SAFETY: made by `tessera_shard_reducer_new`, freed once.
+        unsafe { tessera_shard_reducer_free(self.handle) }
+    }
+}
+
+/// What the backward passes of a step reduce-scattered so far: per buffer this rank's slice
+/// (summed over the passes), per parameter whether it got a gradient on this rank.
+#[derive(Debug, Default)]
+struct Reduced {
+    slices: Vec<Tensor>,
+    fired: Vec<bool>,
 }
 
 /// Sets `tensor`'s gradient to `grad` (shared), or clears it.
@@ -179,6 +226,16 @@ pub struct ShardedParams {
     world: usize,
     flats: Vec<Flat>,
     pieces: Vec<Piece>,
+    /// `gradients`: the hooks, once [`ShardedParams::hook_gradients`] set them.
+    hooks: Option<GradHooks>,
+    /// `gradients`: what this step's backward passes reduced so far.
+    reduced: RefCell<Reduced>,
+}
+
+impl std::fmt::Debug for GradHooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("GradHooks")
+    }
 }
 
 impl ShardedParams {
@@ -289,6 +346,8 @@ impl ShardedParams {
             world,
             flats,
             pieces,
+            hooks: None,
+            reduced: RefCell::new(Reduced::default()),
         })
     }
 
@@ -354,75 +413,145 @@ impl ShardedParams {
         Ok(())
     }
 
-    /// `gradients`: reduce-scatters each buffer's gradients (averaged over the ranks, as DDP's
-    /// all-reduce) so that each rank keeps its slice, gives the pieces their slices, and frees
-    /// the whole gradients. A parameter that got a gradient on no rank leaves its piece
-    /// without one (as DDP leaves it `None`); one that got a gradient on some ranks only is
-    /// reduced with zeros from the others. One host all-reduce of the flags per step.
-    pub fn reduce_scatter_grads(&self, group: &Group) -> Result<(), ShardError> {
-        let _guard = tch::no_grad_guard();
-        let what = "reduce-scattering the gradients";
-        let local: Vec<f64> = self
-            .flats
-            .iter()
-            .flat_map(|f| f.members.iter())
-            .map(|m| f64::from(u8::from(m.param.grad().defined())))
-            .collect();
-        let used = group.all_reduce_values(&local, super::Op::Max)?;
-        let mut used = used.into_iter();
-        let mut slices: Vec<Option<Tensor>> = Vec::with_capacity(self.flats.len());
-        let mut member_used: Vec<Vec<bool>> = Vec::with_capacity(self.flats.len());
+    /// `gradients`: hooks the parameters' gradient accumulators so that each backward pass
+    /// reduce-scatters every buffer as soon as its gradients are there (overlapping the rest of
+    /// the backward pass, as DDP's buckets do), freeing the whole gradients as it goes.
+    pub fn hook_gradients(&mut self, group: &Group) -> Result<(), ShardError> {
+        let mut params: Vec<*mut c_void> = Vec::new();
+        let (mut offsets, mut dims, mut sizes, mut strides) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut counts, mut shards) = (Vec::new(), Vec::new());
         for flat in &self.flats {
-            let flags: Vec<bool> = flat
-                .members
-                .iter()
-                .map(|_| used.next().is_some_and(|u| u > 0.0))
-                .collect();
-            if !flags.iter().any(|u| *u) {
-                slices.push(None);
-                member_used.push(flags);
-                continue;
-            }
-            let packed = torch(what, flat.buffer.f_zeros_like())?;
+            counts.push(flat.members.len() as i64);
+            shards.push(flat.shard);
             for m in &flat.members {
-                let grad = m.param.grad();
-                if grad.defined() {
-                    let dst = torch(what, packed.f_as_strided(&m.size, &m.strides, m.offset))?;
-                    torch(what, dst.shallow_clone().f_copy_(&grad))?;
-                }
+                params.push(m.param.as_ptr() as *mut c_void);
+                offsets.push(m.offset);
+                dims.push(m.size.len() as i64);
+                sizes.extend_from_slice(&m.size);
+                strides.extend_from_slice(&m.strides);
             }
-            let _ = torch(
-                what,
-                packed.shallow_clone().f_div_scalar_(self.world as f64),
-            )?;
-            let out = torch(
-                what,
-                Tensor::f_empty([flat.shard], (packed.kind(), packed.device())),
-            )?;
-            group.reduce_scatter_base(&out, &packed)?;
-            for m in &flat.members {
-                torch(what, set_grad(&m.param, None))?;
-            }
-            slices.push(Some(out));
-            member_used.push(flags);
         }
-        let lo = |f: &Flat| self.rank as i64 * f.shard;
+        // SAFETY: every pointer and slice is live for the call; the shim copies what it keeps
+        // (tensor handles are reference-counted).
+        let handle = unsafe {
+            tessera_shard_reducer_new(
+                group.handle,
+                self.world as i32,
+                params.as_mut_ptr(),
+                offsets.as_ptr(),
+                dims.as_ptr(),
+                sizes.as_ptr(),
+                strides.as_ptr(),
+                counts.as_ptr(),
+                shards.as_ptr(),
+                self.flats.len() as i32,
+            )
+        };
+        if handle.is_null() {
+            return Err(ShardError::Dist(DistError::C10d {
+                what: "setting up the gradient reduce-scatter".into(),
+                message: last_error(),
+            }));
+        }
+        self.hooks = Some(GradHooks { handle });
+        Ok(())
+    }
+
+    /// `gradients`: forgets what earlier passes of an abandoned step reduced.
+    pub fn start_step(&self) {
+        *self.reduced.borrow_mut() = Reduced::default();
+    }
+
+    /// `gradients`: before a backward pass.
+    pub fn before_backward(&self) -> Result<(), ShardError> {
+        if let Some(h) = &self.hooks {
+            // SAFETY: the handle is live.
+            check(unsafe { tessera_shard_reducer_arm(h.handle) }, || {
+                "preparing the gradient reduce-scatter".into()
+            })?;
+        }
+        Ok(())
+    }
+
+    /// `gradients`: after a backward pass: waits for its reduce-scatters and adds this rank's
+    /// slices to the step's.
+    pub fn after_backward(&self) -> Result<(), ShardError> {
+        let Some(h) = &self.hooks else {
+            return Ok(());
+        };
+        let members: usize = self.flats.iter().map(|f| f.members.len()).sum();
+        let mut outs: Vec<*mut c_void> = vec![std::ptr::null_mut(); self.flats.len()];
+        let mut fired = vec![0u8; members];
+        // SAFETY: `outs` and `fired` hold as many entries as the shim writes.
+        check(
+            unsafe {
+                tessera_shard_reducer_finish(h.handle, outs.as_mut_ptr(), fired.as_mut_ptr())
+            },
+            || "reduce-scattering the gradients".into(),
+        )?;
+        // SAFETY: each entry is a fresh `at::Tensor*` the shim handed over.
+        let slices: Vec<Tensor> = outs
+            .into_iter()
+            .map(|p| unsafe { Tensor::from_ptr(p.cast()) })
+            .collect();
+        let mut reduced = self.reduced.borrow_mut();
+        if reduced.slices.is_empty() {
+            reduced.slices = slices;
+            reduced.fired = fired.iter().map(|f| *f != 0).collect();
+        } else {
+            let _guard = tch::no_grad_guard();
+            for (sum, s) in reduced.slices.iter_mut().zip(&slices) {
+                let _ = torch("adding a pass's gradients", sum.f_add_(s))?;
+            }
+            for (a, f) in reduced.fired.iter_mut().zip(&fired) {
+                *a |= *f != 0;
+            }
+        }
+        Ok(())
+    }
+
+    /// `gradients`: gives each piece its slice of the step's reduced gradients. A parameter
+    /// that got a gradient on no rank leaves its piece without one (as DDP leaves it `None`);
+    /// one that got a gradient on some ranks only was reduced with zeros from the others. One
+    /// host all-reduce of the flags per step.
+    pub fn take_reduced_grads(&self, group: &Group) -> Result<(), ShardError> {
+        let what = "handing the reduced gradients to the shards";
+        let reduced = std::mem::take(&mut *self.reduced.borrow_mut());
+        let members: usize = self.flats.iter().map(|f| f.members.len()).sum();
+        let local: Vec<f64> = if reduced.fired.is_empty() {
+            vec![0.0; members]
+        } else {
+            reduced
+                .fired
+                .iter()
+                .map(|f| f64::from(u8::from(*f)))
+                .collect()
+        };
+        let used = group.all_reduce_values(&local, super::Op::Max)?;
+        let mut first = Vec::with_capacity(self.flats.len());
+        let mut at = 0;
+        for flat in &self.flats {
+            first.push(at);
+            at += flat.members.len();
+        }
         for piece in &self.pieces {
             let flat = &self.flats[piece.flat];
             let member = &flat.members[piece.member];
-            let slice = match &slices[piece.flat] {
-                Some(s) if member_used[piece.flat][piece.member] => s,
+            let slice = reduced.slices.get(piece.flat);
+            let slice = match slice {
+                Some(s) if used[first[piece.flat] + piece.member] > 0.0 => s,
                 _ => {
                     torch(what, set_grad(&piece.tensor, None))?;
                     continue;
                 }
             };
-            let at = if piece.len > 0 {
-                member.offset + piece.start - lo(flat)
+            let start = if piece.len > 0 {
+                member.offset + piece.start - self.rank as i64 * flat.shard
             } else {
                 0
             };
-            let g = torch(what, alias(slice, at, piece.len))?;
+            let g = torch(what, alias(slice, start, piece.len))?;
             torch(what, set_grad(&piece.tensor, Some(&g)))?;
         }
         Ok(())

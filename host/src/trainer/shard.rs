@@ -66,7 +66,10 @@ impl Trainer {
         let bytes = (self.config.distributed.bucket_mb * 1024.0 * 1024.0)
             .round()
             .max(1.0) as i64;
-        let sharded = ShardedParams::new(mode, &params, dp.rank(), dp.world(), bytes)?;
+        let mut sharded = ShardedParams::new(mode, &params, dp.rank(), dp.world(), bytes)?;
+        if mode.shards_gradients() {
+            sharded.hook_gradients(&dp.group)?;
+        }
         self.state.optimizer.shard(Box::new(sharded.view()));
         if dp.rank() == 0 {
             let (mine, all) = sharded.elements();
@@ -109,9 +112,37 @@ impl Trainer {
         };
         let _guard = tch::no_grad_guard();
         if sharded.mode().shards_gradients() {
-            sharded.reduce_scatter_grads(&dp.group)?;
+            sharded.take_reduced_grads(&dp.group)?;
         } else {
             sharded.take_whole_grads()?;
+        }
+        Ok(())
+    }
+
+    fn sharded(&self) -> Option<&ShardedParams> {
+        self.dp.as_ref().and_then(|d| d.sharded.as_ref())
+    }
+
+    /// At the start of a forward/backward pass over the batch (`gradients`: nothing reduced
+    /// yet).
+    pub(super) fn start_sharded_pass(&self) {
+        if let Some(s) = self.sharded() {
+            s.start_step();
+        }
+    }
+
+    /// Before each microbatch's backward pass (`gradients`: the hooks count its gradients).
+    pub(super) fn before_sharded_backward(&self) -> Result<()> {
+        if let Some(s) = self.sharded() {
+            s.before_backward()?;
+        }
+        Ok(())
+    }
+
+    /// After each microbatch's backward pass (`gradients`: its reduce-scatters finished).
+    pub(super) fn after_sharded_backward(&self) -> Result<()> {
+        if let Some(s) = self.sharded() {
+            s.after_backward()?;
         }
         Ok(())
     }

@@ -121,6 +121,7 @@ impl Trainer {
         self.state.in_train_batch = true;
         self.fire(Event::BEFORE_TRAIN_BATCH)?;
         self.state.optimizer.zero_grad();
+        self.start_sharded_pass();
         let full = self.state.batch.shallow_clone();
         let total = full.len();
         if total == 0 {
@@ -165,7 +166,9 @@ impl Trainer {
             if synced {
                 self.before_synced_backward(&root)?;
             }
+            self.before_sharded_backward()?;
             root.f_backward()?;
+            self.after_sharded_backward()?;
             let detached = weighted.f_detach()?;
             batch_loss = Some(match batch_loss {
                 None => detached,
