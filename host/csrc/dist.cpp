@@ -28,6 +28,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -133,6 +134,7 @@ struct ShardFlat {
   int pending = 0;
   bool launched = false;
   at::Tensor out;
+  at::Tensor packed;
   c10::intrusive_ptr<c10d::Work> work;
 };
 
@@ -146,6 +148,7 @@ struct ShardState {
   std::string error;  // the first failure inside a hook, reported by `finish`
   std::mutex mu;
   std::vector<c10::intrusive_ptr<torch::autograd::Node>> accumulators;
+  std::deque<ShardFlat*> in_flight;
 
   size_t order(size_t i) const { return flats.size() - 1 - i; }
 
@@ -165,6 +168,27 @@ struct ShardState {
     c10d::ReduceScatterOptions options;
     options.reduceOp = c10d::ReduceOp(c10d::ReduceOp::SUM);
     f.work = group->pg->_reduce_scatter_base(f.out, packed, options);
+    f.packed = packed;
+    // At most two buffers in flight: an older one is waited for and let go, so that its packed
+    // copy is freed (the work holds it) and the gradients never sit in memory twice over.
+    in_flight.push_back(&f);
+    while (in_flight.size() > 2) {
+      settle(*in_flight.front());
+      in_flight.pop_front();
+    }
+  }
+
+  // Waits for `f`'s reduce-scatter and frees its packed copy here, on the training thread
+  // (the work may be destroyed on a Gloo thread, where the allocator's count would not see it).
+  static void settle(ShardFlat& f) {
+    if (f.work) {
+      f.work->wait();
+      f.work.reset();
+    }
+    if (f.packed.defined()) {
+      f.packed.storage().unsafeGetStorageImpl()->reset();
+      f.packed = at::Tensor();
+    }
   }
 
   // Launches, in order, every buffer whose parameters are all there (or all, `force`).
@@ -414,12 +438,17 @@ int tessera_dist_reducer_prepare_backward(void* reducer, void* loss) {
 }
 
 // Sharded training (ZeRO): `out` (world × n elements, contiguous) becomes the concatenation of
-// every rank's `in` (n elements), in rank order. Waits for the result.
-int tessera_dist_all_gather_base(void* group, void* out, void* in) {
+// every rank's `in` (n elements), in rank order. Waits for the result. With `release`, `in` is
+// a temporary whose memory is freed here once the collective is done (on this thread: the
+// work may be destroyed on a Gloo thread, where the allocator's count would not see the free).
+int tessera_dist_all_gather_base(void* group, void* out, void* in, int release) {
   return guarded([&] {
     auto& o = *static_cast<at::Tensor*>(out);
     auto& i = *static_cast<at::Tensor*>(in);
     static_cast<Group*>(group)->pg->_allgather_base(o, i)->wait();
+    if (release != 0) {
+      i.storage().unsafeGetStorageImpl()->reset();
+    }
   });
 }
 
@@ -488,6 +517,7 @@ int tessera_shard_reducer_arm(void* reducer) {
       }
     }
     state->next = 0;
+    state->in_flight.clear();
     state->error.clear();
     state->armed = true;
   });
@@ -508,10 +538,9 @@ int tessera_shard_reducer_finish(void* reducer, void** outs, uint8_t* fired) {
     size_t i = 0;
     for (size_t f = 0; f < state->flats.size(); ++f) {
       auto& flat = state->flats[f];
-      flat.work->wait();
+      ShardState::settle(flat);
       outs[f] = new at::Tensor(flat.out);
       flat.out = at::Tensor();
-      flat.work.reset();
       for (auto& m : flat.members) {
         fired[i++] = m.fired ? 1 : 0;
       }
@@ -565,7 +594,7 @@ void tessera_dist_reducer_free(void*) {}
 int tessera_dist_reducer_prepare_forward(void*) { return -1; }
 int tessera_dist_reducer_prepare_backward(void*, void*) { return -1; }
 int tessera_dist_reducer_stats(void*, int64_t*) { return -1; }
-int tessera_dist_all_gather_base(void*, void*, void*) { return -1; }
+int tessera_dist_all_gather_base(void*, void*, void*, int) { return -1; }
 void* tessera_shard_reducer_new(void*, int, void**, const int64_t*, const int64_t*,
                                 const int64_t*, const int64_t*, const int64_t*, const int64_t*,
                                 int) {

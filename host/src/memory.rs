@@ -61,3 +61,57 @@ fn apply() -> AllocatorTuning {
 fn apply() -> AllocatorTuning {
     AllocatorTuning::Unsupported
 }
+
+/// The most memory a run's tensors held at once: on CUDA the caching allocator's peak of
+/// allocated bytes, on the CPU the allocator's running total of the allocations made on the
+/// watched threads (`host/csrc/oom.cpp`; [`watch_cpu`] must run before the tensors are made).
+pub mod peak {
+    extern "C" {
+        fn tessera_oom_watch() -> i32;
+        fn tessera_memory_peak_cpu() -> i64;
+        fn tessera_memory_now_cpu() -> i64;
+        fn tessera_memory_reset_peak(cuda_device: i32);
+        fn tessera_memory_peak_cuda(cuda_device: i32, current: i32) -> i64;
+    }
+
+    /// The environment variable that turns the CPU count on (it costs a lock and a table
+    /// insert per allocation, so runs do without it unless a benchmark asks).
+    pub const CPU_VARIABLE: &str = "TESSERA_MEMORY_PEAK";
+
+    /// Starts counting this thread's CPU allocations (idempotent; shared with the
+    /// out-of-memory watch). False when a profiler holds the slot.
+    pub fn watch_cpu() -> bool {
+        // SAFETY: plain C call; installs a thread-local reporter in libtorch.
+        unsafe { tessera_oom_watch() == 0 }
+    }
+
+    /// Bytes allocated now (counted as for [`bytes`]); `None` when nothing is counted.
+    pub fn now(device: tch::Device) -> Option<u64> {
+        // SAFETY: plain C calls reading counters.
+        let v = match device {
+            tch::Device::Cuda(i) => unsafe { tessera_memory_peak_cuda(i as i32, 1) },
+            _ => unsafe { tessera_memory_now_cpu() },
+        };
+        (v > 0).then_some(v as u64)
+    }
+
+    /// Starts the peak again from what is allocated now.
+    pub fn reset(device: tch::Device) {
+        let index = match device {
+            tch::Device::Cuda(i) => i as i32,
+            _ => -1,
+        };
+        // SAFETY: plain C call.
+        unsafe { tessera_memory_reset_peak(index) }
+    }
+
+    /// The peak since the last [`reset`], in bytes; `None` when nothing was counted.
+    pub fn bytes(device: tch::Device) -> Option<u64> {
+        // SAFETY: plain C calls reading counters.
+        let v = match device {
+            tch::Device::Cuda(i) => unsafe { tessera_memory_peak_cuda(i as i32, 0) },
+            _ => unsafe { tessera_memory_peak_cpu() },
+        };
+        (v > 0).then_some(v as u64)
+    }
+}

@@ -71,6 +71,7 @@ extern "C" {
         group: *mut c_void,
         out: *mut c_void,
         input: *mut c_void,
+        release: i32,
     ) -> i32;
 }
 
@@ -451,12 +452,14 @@ impl Group {
     }
 
     /// Fills `out` (contiguous, `world × n` elements) with every rank's `input` (`n`
-    /// elements), in rank order. `input` must not alias `out`.
-    pub fn all_gather_base(&self, out: &Tensor, input: &Tensor) -> Result<(), DistError> {
-        // SAFETY: both are live `at::Tensor*` of tch tensors borrowed for the call.
+    /// elements), in rank order. `input` must not alias `out`; it is consumed: its memory is
+    /// freed as soon as the collective is done.
+    pub fn all_gather_base(&self, out: &Tensor, input: Tensor) -> Result<(), DistError> {
+        // SAFETY: both are live `at::Tensor*` of tch tensors for the call; the shim frees
+        // `input`'s memory, and `input` is dropped right after without being read.
         check(
             unsafe {
-                tessera_dist_all_gather_base(self.handle, out.as_ptr() as _, input.as_ptr() as _)
+                tessera_dist_all_gather_base(self.handle, out.as_ptr() as _, input.as_ptr() as _, 1)
             },
             || "all-gather".into(),
         )

@@ -569,7 +569,7 @@ impl ShardedParams {
                     .f_narrow(0, self.rank as i64 * flat.shard, flat.shard)
                     .and_then(|t| t.f_detach_copy()),
             )?;
-            group.all_gather_base(&flat.buffer, &mine)?;
+            group.all_gather_base(&flat.buffer, mine)?;
         }
         Ok(())
     }
@@ -619,7 +619,7 @@ impl ShardedParams {
                 what,
                 Tensor::f_empty([flat.shard * self.world as i64], (kind, device)),
             )?;
-            group.all_gather_base(&whole, &local)?;
+            group.all_gather_base(&whole, local)?;
             for (p, _) in &mine {
                 let m = &flat.members[p.member];
                 let t = torch(what, whole.f_as_strided(&m.size, &m.strides, m.offset))?;

@@ -200,6 +200,14 @@ pub struct RunRecord {
     /// single process).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data_parallel: Option<DataParallelRecord>,
+    /// The most memory the run's tensors held at once after set-up, in bytes (see
+    /// `crate::memory::peak`): on CUDA always, on the CPU when `TESSERA_MEMORY_PEAK=1`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_peak_bytes: Option<u64>,
+    /// The memory the run's tensors held right after its last optimizer step, in bytes:
+    /// parameters, gradients and optimizer state (counted as `memory_peak_bytes`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_after_step_bytes: Option<u64>,
     /// The trainer's device→host reads: inside steps (0 in the default configuration) and in
     /// all (absent in records of Tessera before 0.2).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -69,6 +69,12 @@ impl Trainer {
                 tracing::warn!("train.microbatch_size = \"auto\": another memory reporter (a profiler) is installed, so out-of-memory errors cannot be recognised and will stop the run");
             }
         }
+        // TESSERA_MEMORY_PEAK=1: count the CPU allocations from before the model exists.
+        if std::env::var(crate::memory::peak::CPU_VARIABLE).is_ok_and(|v| v == "1")
+            && !crate::memory::peak::watch_cpu()
+        {
+            tracing::warn!("TESSERA_MEMORY_PEAK=1: a profiler holds libtorch's memory reporter, so the CPU peak is not counted");
+        }
         // Every rank builds the same model from the run's seed; each gets its own streams
         // after set-up (`seed_rank`).
         tch::manual_seed(config.seed as i64);
@@ -304,6 +310,7 @@ impl Trainer {
             target_reached: None,
             init_weights: init_report,
             weights_from: None,
+            memory_after_step: None,
         };
         if trainer.dp.is_some() {
             // Every rank starts from rank 0's model (surgery drew the same weights, but a
@@ -344,6 +351,8 @@ impl Trainer {
         trainer.fire(Event::AFTER_LOAD)?;
         trainer.quiet_metrics = false;
         trainer.start_reducer()?;
+        // The peak counts the training from here: the set-up's passing tensors are left out.
+        crate::memory::peak::reset(device);
         Ok(trainer)
     }
 }

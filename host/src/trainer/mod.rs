@@ -138,6 +138,8 @@ pub struct Trainer {
     init_weights: Option<crate::model::InitReport>,
     /// The checkpoint whose weights started the run (`checkpoint.load` with `weights_only`).
     weights_from: Option<PathBuf>,
+    /// Bytes the tensors held right after the last optimizer step (`crate::memory::peak`).
+    memory_after_step: Option<u64>,
 }
 
 /// What a trainer was built for.

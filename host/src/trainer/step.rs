@@ -89,6 +89,7 @@ impl Trainer {
         self.shard_gradients()?;
         self.state.optimizer.step_masked(skip.as_ref())?;
         self.gather_parameters()?;
+        self.memory_after_step = crate::memory::peak::now(self.state.device());
         // Methods that claimed parameters update them now, with this step's rate and flag.
         self.state.step = Some(step);
         self.state.found_inf = skip.as_ref().map(Tensor::shallow_clone);
