@@ -502,3 +502,24 @@ fn a_fresh_run_never_silently_replaces_an_earlier_runs_checkpoints() {
         Path::new("ep0-ba2.ckpt")
     );
 }
+
+/// A checkpoint written by an earlier version (format 1, tests/fixtures/checkpoint-format-1:
+/// an MLP with AdamW on synthetic data, written at batch 3 of 6) resumes in this one and writes
+/// the batch-6 checkpoint that version wrote, bit for bit. Replace the fixture only with a
+/// format change that keeps reading it.
+#[test]
+fn a_checkpoint_of_an_earlier_version_resumes_exactly() {
+    let fixture = tessera_tests::repo_root().join("tests/fixtures/checkpoint-format-1");
+    let dir = TempDir::new("ckpt-fixture");
+    let toml = std::fs::read_to_string(fixture.join("trainer.toml")).expect("the fixture's toml");
+    dir.write("trainer.toml", &toml);
+    let load = format!(
+        "checkpoint.load={}",
+        tessera_tests::toml_string(&fixture.join("ep0-ba3.ckpt").display().to_string())
+    );
+    train(&dir, &["run_name=resumed", &load], &[]).assert_success();
+    assert_same_checkpoint(
+        &fixture.join("ep1-ba6.ckpt"),
+        &run_dir(&dir, "resumed").join("checkpoints/ep1-ba6.ckpt"),
+    );
+}

@@ -268,3 +268,30 @@ fn microbatches_and_many_buffers_train_as_ddp() {
     let record = read_json(&run_dir(&dir, "gradients").join("run.json"));
     assert_eq!(record["microbatch_size"], 2, "{record:#}");
 }
+
+/// The committed checkpoint of an earlier version (one process, tests/fixtures) continues on 2
+/// ranks with sharded gradients and the same global batch, where that version went.
+#[test]
+fn a_one_process_checkpoint_of_an_earlier_version_continues_sharded() {
+    let fixture = repo_root().join("tests/fixtures/checkpoint-format-1");
+    let dir = TempDir::new("shard-fixture");
+    let toml = std::fs::read_to_string(fixture.join("trainer.toml")).expect("the fixture's toml");
+    dir.write("trainer.toml", &toml);
+    let load = format!(
+        "checkpoint.load={}",
+        toml_string(&fixture.join("ep0-ba3.ckpt").display().to_string())
+    );
+    let run = [
+        "run_name=sharded",
+        "data.batch_size=8",
+        "distributed.sharding=\"gradients\"",
+        &load,
+    ];
+    assert_all_succeeded(&train_ranks(&dir, 2, &run));
+    let (diff, name) = max_difference(
+        &fixture.join("ep1-ba6.ckpt"),
+        &ckpt(&dir, "sharded", "ep1-ba6.ckpt"),
+        &["model/", "optim/"],
+    );
+    assert!(diff <= 1e-5, "{diff:e} at `{name}`");
+}
