@@ -642,8 +642,19 @@ impl ShardedParams {
 /// the parameters' layouts, to cut restored state into pieces.
 #[derive(Debug)]
 pub struct PieceView {
-    /// (name, piece, first element, length, size, strides).
-    pieces: Vec<(String, Tensor, i64, i64, Vec<i64>, Vec<i64>)>,
+    pieces: Vec<PieceLayout>,
+}
+
+/// One piece as the optimizer sees it: the parameter's name, the piece, its first element and
+/// length in the parameter's memory order, and the parameter's size and strides.
+#[derive(Debug)]
+struct PieceLayout {
+    name: String,
+    tensor: Tensor,
+    start: i64,
+    len: i64,
+    size: Vec<i64>,
+    strides: Vec<i64>,
 }
 
 impl ShardedParams {
@@ -655,14 +666,14 @@ impl ShardedParams {
                 .iter()
                 .map(|p| {
                     let m = &self.flats[p.flat].members[p.member];
-                    (
-                        p.name.clone(),
-                        p.tensor.shallow_clone(),
-                        p.start,
-                        p.len,
-                        m.size.clone(),
-                        m.strides.clone(),
-                    )
+                    PieceLayout {
+                        name: p.name.clone(),
+                        tensor: p.tensor.shallow_clone(),
+                        start: p.start,
+                        len: p.len,
+                        size: m.size.clone(),
+                        strides: m.strides.clone(),
+                    }
                 })
                 .collect(),
         }
@@ -673,13 +684,13 @@ impl crate::optim::Shards for PieceView {
     fn piece(&self, name: &str) -> Option<Tensor> {
         self.pieces
             .iter()
-            .find(|p| p.0 == name)
-            .map(|p| p.1.shallow_clone())
+            .find(|p| p.name == name)
+            .map(|p| p.tensor.shallow_clone())
     }
 
     fn cut(&self, name: &str, whole: &Tensor) -> Option<Result<Tensor, tch::TchError>> {
-        let (_, _, start, len, size, strides) = self.pieces.iter().find(|p| p.0 == name)?;
-        Some(cut(whole, size, strides, *start, *len))
+        let p = self.pieces.iter().find(|p| p.name == name)?;
+        Some(cut(whole, &p.size, &p.strides, p.start, p.len))
     }
 }
 
@@ -764,8 +775,7 @@ mod tests {
     fn a_piece_of_a_whole_tensor_follows_the_parameter_layout() {
         // A channels-last parameter: its memory order is (n, h, w, c).
         let p = Tensor::empty_strided([2, 3, 2, 2], [12, 1, 6, 3], (Kind::Float, Device::Cpu));
-        let _ = p
-            .shallow_clone()
+        p.shallow_clone()
             .copy_(&Tensor::arange(24, (Kind::Float, Device::Cpu)).reshape([2, 3, 2, 2]));
         let params = vec![("w".to_owned(), p.shallow_clone())];
         let s = ShardedParams::new(Sharding::Optimizer, &params, 1, 2, 1 << 20).unwrap();
