@@ -4,6 +4,7 @@
 //! in PyTorch and saved as TorchScript ([`TorchscriptModel`]). Names follow PyTorch conventions so weights
 //! map 1:1 to a PyTorch `state_dict`.
 
+mod activation_checkpointing;
 mod init_weights;
 pub mod layers;
 mod loss;
@@ -11,8 +12,10 @@ mod params;
 mod spec;
 mod torchscript;
 mod tree;
+mod units;
 mod zoo;
 
+pub use activation_checkpointing::ActivationCheckpointing;
 pub(crate) use init_weights::listed;
 pub use init_weights::{
     check_patterns as check_init_patterns, load_init_weights, read_state_dict, InitReport,
@@ -30,6 +33,7 @@ pub use spec::{
 };
 pub use torchscript::TorchscriptModel;
 pub use tree::{LayerInfo, SurgeryError};
+pub use units::{unit_paths, Unit};
 
 use tch::{Device, TchError, Tensor};
 
