@@ -2,7 +2,8 @@
 //! ([`LayerInfo`], paths and surgery), the named parameter store ([`ParamStore`]) and the model
 //! zoo (MLP, small CNN, CIFAR-style ResNet-20/56, ImageNet-style ResNet-18/50, airbench's net, GPT-2), or a model made
 //! in PyTorch and saved as TorchScript ([`TorchscriptModel`]). Names follow PyTorch conventions so weights
-//! map 1:1 to a PyTorch `state_dict`.
+//! map 1:1 to a PyTorch `state_dict`. A model's repeated units ([`unit_paths`]) are what
+//! activation checkpointing recomputes ([`ActivationCheckpointing`]).
 
 mod activation_checkpointing;
 mod init_weights;
