@@ -7,8 +7,9 @@
 //! libtorch's global CUDA settings (`csrc/context.cpp`), the input pipeline's pinned memory,
 //! streams and events (`csrc/stream.cpp`, through c10's device-generic interface, so it needs no
 //! CUDA headers), the loss scaler's multi-tensor unscale (`csrc/amp.cpp`) and the recognition of
-//! out-of-memory errors (`csrc/oom.cpp`), the observer of host reads (`csrc/observe.cpp`) and
-//! the CUDA graphs of `train.cuda_graphs` (`csrc/graph.cpp`, with CUDA headers only, as NCCL).
+//! out-of-memory errors (`csrc/oom.cpp`), the observer of host reads (`csrc/observe.cpp`), the
+//! recomputing autograd function of activation checkpointing (`csrc/checkpoint.cpp`) and the
+//! CUDA graphs of `train.cuda_graphs` (`csrc/graph.cpp`, with CUDA headers only, as NCCL).
 //!
 //! The c10d shim gets its NCCL backend (`-DUSE_C10D_NCCL`) when the libtorch has CUDA and the
 //! NCCL and CUDA headers are found: next to a PyPI wheel's libtorch (`$LIBTORCH/../nvidia/*/
@@ -123,6 +124,7 @@ fn main() {
     libjpeg();
     println!("cargo:rerun-if-changed=csrc/amp.cpp");
     println!("cargo:rerun-if-changed=csrc/autocast.cpp");
+    println!("cargo:rerun-if-changed=csrc/checkpoint.cpp");
     println!("cargo:rerun-if-changed=csrc/context.cpp");
     println!("cargo:rerun-if-changed=csrc/dist.cpp");
     println!("cargo:rerun-if-changed=csrc/gloo-decls");
@@ -172,6 +174,7 @@ fn main() {
     base()
         .file("csrc/amp.cpp")
         .file("csrc/autocast.cpp")
+        .file("csrc/checkpoint.cpp")
         .file("csrc/context.cpp")
         .file("csrc/grad.cpp")
         .file("csrc/observe.cpp")

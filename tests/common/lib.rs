@@ -217,6 +217,8 @@ pub struct TrainerToml {
     pub device: Option<String>,
     /// `train.precision`, when set.
     pub precision: Option<String>,
+    /// More `[train]` lines (`key = value`, one per line), when set.
+    pub train: String,
     /// `[plugins] dirs`.
     pub plugin_dirs: Vec<PathBuf>,
     /// Each `[[algorithms]]` entry's body lines (`plugin = "..."` first).
@@ -276,6 +278,7 @@ impl TrainerToml {
             max_duration: "3ba".to_owned(),
             device: None,
             precision: None,
+            train: String::new(),
             plugin_dirs: vec![target_dir()],
             algorithms: Vec::new(),
             data: FASHION_MNIST_DATA.to_owned(),
@@ -323,6 +326,10 @@ impl TrainerToml {
             .unwrap_or_default();
         if let Some(p) = &self.precision {
             device.push_str(&format!("precision = {}\n", toml_string(p)));
+        }
+        if !self.train.is_empty() {
+            device.push_str(&self.train);
+            device.push('\n');
         }
         let mut text = format!(
             r#"# written by tessera-tests

@@ -1622,6 +1622,7 @@ fn reference_documents_every_key() {
         ("optimizer", Sgd::KEYS),
         ("optimizer", AdamW::KEYS),
         ("train", TrainConfig::KEYS),
+        ("train", crate::model::ActivationCheckpointing::KEYS),
         ("checkpoint", CheckpointConfig::KEYS),
         ("logging", LoggingConfig::KEYS),
         ("logging", crate::tracking::mlflow::MlflowConfig::KEYS),
@@ -1646,6 +1647,79 @@ fn reference_documents_every_key() {
                 "docs/trainer-reference.toml does not document `{sub}`"
             );
         }
+    }
+}
+
+#[test]
+fn activation_checkpointing_is_read_checked_and_recorded() {
+    use crate::model::{ActivationCheckpointing, Unit};
+    assert_eq!(
+        ok(MINIMAL).train.activation_checkpointing,
+        None,
+        "off by default"
+    );
+    let with_key = |value: &str| {
+        MINIMAL.replace(
+            "\"3ep\"\n",
+            &format!("\"3ep\"\nactivation_checkpointing = {value}\n"),
+        )
+    };
+    let c = ok(&with_key("{}"));
+    assert_eq!(
+        c.train.activation_checkpointing,
+        Some(ActivationCheckpointing::default())
+    );
+    let stages = ActivationCheckpointing {
+        unit: Unit::Stage,
+        every: 2,
+    };
+    let c = ok(&with_key("{ unit = \"stage\", every = 2 }"));
+    assert_eq!(c.train.activation_checkpointing, Some(stages));
+    let recorded = serde_json::to_value(&c).unwrap();
+    assert_eq!(
+        recorded["train"]["activation_checkpointing"],
+        serde_json::json!({"unit": "stage", "every": 2})
+    );
+    let again = recorded::from_recorded(&recorded, "again", &[]).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(again.train.activation_checkpointing, Some(stages));
+    let set = parse_with(MINIMAL, &["train.activation_checkpointing.every=3"]).unwrap();
+    assert_eq!(set.train.activation_checkpointing.map(|a| a.every), Some(3));
+    for (value, key, kind, fragment) in [
+        (
+            "{ unit = \"layer\" }",
+            "train.activation_checkpointing.unit",
+            ErrorKind::InvalidValue,
+            "unknown unit \"layer\"",
+        ),
+        (
+            "{ every = 0 }",
+            "train.activation_checkpointing.every",
+            ErrorKind::InvalidValue,
+            "must be >= 1",
+        ),
+        (
+            "{ every = \"2\" }",
+            "train.activation_checkpointing.every",
+            ErrorKind::WrongType,
+            "an integer >= 1",
+        ),
+        (
+            "{ units = \"block\" }",
+            "train.activation_checkpointing.units",
+            ErrorKind::UnknownKey,
+            "unit",
+        ),
+        (
+            "true",
+            "train.activation_checkpointing",
+            ErrorKind::WrongType,
+            "expected a table",
+        ),
+    ] {
+        let e = err(&with_key(value));
+        assert_eq!((e.key.as_str(), e.kind), (key, kind), "{value}: {e}");
+        assert_eq!(e.location.line(), Some(10), "{value}: {e}");
+        assert!(e.message.contains(fragment), "{value}: {e}");
     }
 }
 

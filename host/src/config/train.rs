@@ -9,7 +9,9 @@ use super::required_table;
 use super::section::{section, Section};
 use crate::data::IGNORE_TARGET;
 use crate::device::{Device, MatmulPrecision};
-use crate::model::{Loss, LossKind, NonFiniteLoss, DEFAULT_IGNORE_INDEX};
+use crate::model::{
+    ActivationCheckpointing, Loss, LossKind, NonFiniteLoss, Unit, DEFAULT_IGNORE_INDEX,
+};
 use crate::precision::Precision;
 use crate::report::{Metric, Target};
 use crate::time::{Time, TimeUnit};
@@ -78,6 +80,11 @@ pub struct TrainConfig {
     /// Capture the training step in a CUDA graph and replay it per batch (default false; CUDA
     /// only; see docs/gpu.md for what it refuses).
     pub cuda_graphs: bool,
+    /// Units of the model whose activations are recomputed in backward instead of kept
+    /// (`{ unit = "block", every = 1 }`); `None` (default): every activation is kept. See
+    /// docs/memory.md.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub activation_checkpointing: Option<ActivationCheckpointing>,
 }
 
 section!(TrainConfig {
@@ -102,6 +109,12 @@ section!(TrainConfig {
     deterministic: bool(),
     matmul_precision: choice("matmul_precision", &MatmulPrecision::CHOICES),
     cuda_graphs: bool(),
+    activation_checkpointing,
+});
+
+section!(ActivationCheckpointing {
+    unit: choice("unit", &Unit::CHOICES),
+    every: uint(1),
 });
 
 pub(super) fn read(top: &Tbl<'_>, data: &DataConfig) -> Result<TrainConfig, ConfigError> {
@@ -134,8 +147,14 @@ pub(super) fn read(top: &Tbl<'_>, data: &DataConfig) -> Result<TrainConfig, Conf
         deterministic: false,
         matmul_precision: MatmulPrecision::default(),
         cuda_graphs: false,
+        activation_checkpointing: None,
     }
     .read_keys(&t)?;
+    let train = TrainConfig {
+        activation_checkpointing: t
+            .section("activation_checkpointing", ActivationCheckpointing::default)?,
+        ..train
+    };
     check_metrics(&t, &train, data)?;
     if train.max_duration.unit() == TimeUnit::Iteration && train.iteration_length.is_none() {
         return Err(t.err(

@@ -2,8 +2,10 @@
 //! ([`LayerInfo`], paths and surgery), the named parameter store ([`ParamStore`]) and the model
 //! zoo (MLP, small CNN, CIFAR-style ResNet-20/56, ImageNet-style ResNet-18/50, airbench's net, GPT-2), or a model made
 //! in PyTorch and saved as TorchScript ([`TorchscriptModel`]). Names follow PyTorch conventions so weights
-//! map 1:1 to a PyTorch `state_dict`.
+//! map 1:1 to a PyTorch `state_dict`. A model's repeated units ([`unit_paths`]) are what
+//! activation checkpointing recomputes ([`ActivationCheckpointing`]).
 
+mod activation_checkpointing;
 mod init_weights;
 pub mod layers;
 mod loss;
@@ -11,8 +13,10 @@ mod params;
 mod spec;
 mod torchscript;
 mod tree;
+mod units;
 mod zoo;
 
+pub use activation_checkpointing::ActivationCheckpointing;
 pub(crate) use init_weights::listed;
 pub use init_weights::{
     check_patterns as check_init_patterns, load_init_weights, read_state_dict, InitReport,
@@ -30,6 +34,7 @@ pub use spec::{
 };
 pub use torchscript::TorchscriptModel;
 pub use tree::{LayerInfo, SurgeryError};
+pub use units::{unit_paths, Unit};
 
 use tch::{Device, TchError, Tensor};
 

@@ -165,6 +165,8 @@ impl Trainer {
         }
         let model = Model::build(&config.model, input, classes as i64, device)
             .context("building the model")?;
+        // Units are found by their kinds before a method's surgery wraps them in its own.
+        let checkpointed_units = checkpointed_units(&config, &model, dp.is_some())?;
         // Which checkpoint the run continues (or, weights only, starts) from: read before the
         // pretrained weights, which a resumed run does not need.
         let read_started = Instant::now();
@@ -226,6 +228,10 @@ impl Trainer {
         .context("[optimizer.groups]")?;
         let mut optimizer = optimizer;
         optimizer.hand_over(&claimed);
+        // After the surgery and the optimizer's groups (which read the units' own kinds).
+        if let Err(e) = setup.model.checkpoint_activations(&checkpointed_units) {
+            fail!("train.activation_checkpointing: {e}");
+        }
         // train.cuda_graphs: refused at start, naming what cannot be captured.
         let graphs = if config.train.cuda_graphs {
             let world = dp.as_ref().map_or(1, |d| d.world());
@@ -471,6 +477,39 @@ fn engine_summary(engine: &crate::engine::Engine, claims: &[(usize, String)]) ->
         .map(|(i, c)| format!("{} ({c})", engine.name_of(*i).unwrap_or("?")))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// The paths of the units `train.activation_checkpointing` recomputes (none when it is off);
+/// a model without such units is refused, naming it.
+fn checkpointed_units(config: &Config, model: &Model, data_parallel: bool) -> Result<Vec<String>> {
+    let Some(checkpointing) = &config.train.activation_checkpointing else {
+        return Ok(Vec::new());
+    };
+    let unit = checkpointing.unit.as_str();
+    let model_name = match &config.model.torchscript {
+        Some(file) => format!("the TorchScript model {}", file.path.display()),
+        None => format!("model {:?}", config.model.name.as_str()),
+    };
+    let paths = checkpointing.select(model);
+    if paths.is_empty() {
+        fail!(
+            "train.activation_checkpointing: {model_name} has no {unit} to recompute (blocks are \
+             transformer, ResNet and airbench blocks; stages are containers of blocks); remove \
+             the key"
+        );
+    }
+    if data_parallel && config.distributed.find_unused_parameters {
+        fail!(
+            "train.activation_checkpointing needs `[distributed] find_unused_parameters = \
+             false` in a data-parallel run: the reducer's search for unused parameters does \
+             not see the parameters of the recomputed units and would then count them twice"
+        );
+    }
+    tracing::info!(
+        "activation checkpointing: {} of the model's {unit}s recomputed in backward",
+        paths.len()
+    );
+    Ok(paths)
 }
 
 /// A language model whose learned position embeddings (`transformer.wpe`, still there after

@@ -203,6 +203,14 @@ pub(super) fn check(
              which a captured graph would freeze; remove the method or set cuda_graphs = false"
         ));
     }
+    if config.train.activation_checkpointing.is_some() {
+        return Err(
+            "train.activation_checkpointing recomputes units in backward with the \
+             random generators' states saved and restored on the host, which a captured graph \
+             would freeze; remove one of the two"
+                .into(),
+        );
+    }
     optimizer.capturable()?;
     if config.train.microbatch_size == crate::config::MicrobatchSize::Auto {
         return Err(
