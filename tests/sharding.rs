@@ -226,6 +226,19 @@ fn what_a_mode_cannot_run_is_refused_at_start() {
         2,
         &["run_name=optimizer", "distributed.sharding=\"optimizer\""],
     ));
+    let fp16 = train_ranks(
+        &dir,
+        2,
+        &[
+            "distributed.sharding=\"gradients\"",
+            "train.precision=\"amp_fp16\"",
+        ],
+    );
+    assert!(
+        fp16[0].stderr.contains("amp_fp16") && fp16[0].stderr.contains("amp_bf16"),
+        "{}",
+        fp16[0].stderr
+    );
     let full = train_ranks(&dir, 2, &["distributed.sharding=\"full\""]);
     assert!(full[0].stderr.contains("\"full\"") && full[0].stderr.contains("not built"));
     // A bad value names the key and the choices.

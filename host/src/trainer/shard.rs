@@ -37,6 +37,15 @@ impl Trainer {
             ),
             Sharding::Optimizer | Sharding::Gradients => {}
         }
+        if mode.shards_gradients() && self.state.scaler.is_some() {
+            fail!(
+                "[distributed] sharding = \"{}\" with train.precision = \"amp_fp16\": the loss \
+                 scaler unscales and checks whole gradients, which this mode reduce-scatters into \
+                 slices during the backward pass; use amp_bf16 (no scaler) or sharding = \
+                 \"optimizer\"",
+                mode.name()
+            );
+        }
         if mode.shards_gradients() {
             for event in [Event::AFTER_BACKWARD, Event::AFTER_TRAIN_BATCH] {
                 if let Some(method) = self.engine.methods_at(event).first() {
