@@ -187,7 +187,7 @@ impl Trainer {
                 batches_per_epoch: self.state.clock.run.batches_per_epoch,
             },
             model: self.state.model.params.named_tensors(),
-            optimizer,
+            optimizer: optimizer.context("the optimizer's state on rank 0")?,
             methods: self.engine.records()?,
             disabled_methods: self
                 .engine

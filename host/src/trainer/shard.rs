@@ -177,17 +177,17 @@ impl Trainer {
             .is_some_and(|s| s.mode().shards_gradients())
     }
 
-    /// The optimizer's state for a checkpoint: under sharding, every rank's pieces gathered
-    /// into whole tensors (collective: every rank calls it).
-    pub(super) fn optimizer_snapshot(&self) -> Result<Snapshot> {
-        let mut snapshot = self.state.optimizer.snapshot();
+    /// The optimizer's state for rank 0's checkpoint: under sharding, every rank's pieces
+    /// gathered into whole tensors (collective: every rank calls it); `None` on the other ranks.
+    pub(super) fn optimizer_snapshot(&self) -> Result<Option<Snapshot>> {
         let Some((dp, sharded)) = self
             .dp
             .as_ref()
             .and_then(|d| d.sharded.as_ref().map(|s| (d, s)))
         else {
-            return Ok(snapshot);
+            return Ok(self.is_rank0().then(|| self.state.optimizer.snapshot()));
         };
+        let mut snapshot = self.state.optimizer.snapshot();
         for buffer in self.state.optimizer.buffer_names() {
             let key = |name: &str| format!("{name}.{buffer}");
             let gathered = sharded.gather_pieces(&dp.group, |name| {
@@ -205,6 +205,6 @@ impl Trainer {
                 }
             }
         }
-        Ok(snapshot)
+        Ok(self.is_rank0().then_some(snapshot))
     }
 }
