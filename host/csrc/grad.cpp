@@ -1,20 +1,11 @@
-// Resetting a tensor's gradient to undefined (PyTorch's `param.grad = None`), which tch cannot
-// do: `Optimizer::zero_grad` uses it so that a parameter that gets no gradient in a step (a
-// block stochastic depth dropped, a frozen layer) is skipped by the optimizer, as in PyTorch
-// (`zero_grad(set_to_none=True)`, its default), instead of being stepped with zeros.
+// Setting or resetting a tensor's gradient (PyTorch's `param.grad = g` / `param.grad = None`),
+// which tch cannot do. `Optimizer::zero_grad` resets with it, so that a parameter that gets no
+// gradient in a step (a block stochastic depth dropped, a frozen layer) is skipped by the
+// optimizer, as in PyTorch (`zero_grad(set_to_none=True)`, its default), instead of being
+// stepped with zeros.
 #include <ATen/ATen.h>
 
 extern "C" {
-
-// `tensor` is a tch tensor's `at::Tensor*`. Returns 0, or -1 when libtorch threw.
-int tessera_reset_grad(void* tensor) {
-  try {
-    static_cast<at::Tensor*>(tensor)->mutable_grad().reset();
-    return 0;
-  } catch (...) {
-    return -1;
-  }
-}
 
 // Sets `tensor`'s gradient to `grad` (an `at::Tensor*`, shared, not copied), or resets it when
 // `grad` is null: a shard of a sharded parameter (ZeRO) takes its slice of the reduced gradient

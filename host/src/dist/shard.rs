@@ -20,6 +20,7 @@ use std::ffi::c_void;
 use tch::{Device, Kind, Tensor};
 
 use super::{check, last_error, DistError, Group};
+use crate::optim::set_grad;
 
 /// `[distributed] sharding`: what each rank keeps of the training state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize)]
@@ -156,7 +157,6 @@ fn alias(source: &Tensor, offset: i64, len: i64) -> Result<Tensor, tch::TchError
 }
 
 extern "C" {
-    fn tessera_set_grad(tensor: *mut std::ffi::c_void, grad: *mut std::ffi::c_void) -> i32;
     fn tessera_shard_reducer_new(
         group: *mut c_void,
         world: i32,
@@ -201,21 +201,6 @@ impl Drop for GradHooks {
 struct Reduced {
     slices: Vec<Tensor>,
     fired: Vec<bool>,
-}
-
-/// Sets `tensor`'s gradient to `grad` (shared), or clears it.
-pub fn set_grad(tensor: &Tensor, grad: Option<&Tensor>) -> Result<(), tch::TchError> {
-    let g = grad.map_or(std::ptr::null_mut(), |g| {
-        g.as_ptr() as *mut std::ffi::c_void
-    });
-    // SAFETY: both are live `at::Tensor*` of tch tensors for the call; the shim copies the
-    // handle of `grad` (a reference count), never frees either.
-    let rc = unsafe { tessera_set_grad(tensor.as_ptr() as *mut std::ffi::c_void, g) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(tch::TchError::Torch("setting a gradient failed".into()))
-    }
 }
 
 /// The trainable parameters laid out for sharding, and this rank's pieces of them.
@@ -606,14 +591,8 @@ impl ShardedParams {
                 }
                 let m = &flat.members[p.member];
                 let dst = torch(what, local.f_narrow(0, m.offset + p.start - lo, p.len))?;
-                torch(
-                    what,
-                    dst.shallow_clone()
-                        .f_copy_(&t.f_reshape([-1]).map_err(|source| ShardError::Torch {
-                            what: what.into(),
-                            source,
-                        })?),
-                )?;
+                let src = torch(what, t.f_reshape([-1]))?;
+                torch(what, dst.shallow_clone().f_copy_(&src))?;
             }
             let whole = torch(
                 what,
@@ -627,14 +606,6 @@ impl ShardedParams {
             }
         }
         Ok(out)
-    }
-
-    /// This rank's piece of `whole` (a tensor of parameter `name`'s shape, any layout): a new
-    /// 1-D tensor; `None` when `name` is not sharded.
-    pub fn piece_of(&self, name: &str, whole: &Tensor) -> Option<Result<Tensor, tch::TchError>> {
-        let piece = self.pieces.iter().find(|p| p.name == name)?;
-        let m = &self.flats[piece.flat].members[piece.member];
-        Some(cut(whole, &m.size, &m.strides, piece.start, piece.len))
     }
 }
 
@@ -780,10 +751,13 @@ mod tests {
         let params = vec![("w".to_owned(), p.shallow_clone())];
         let s = ShardedParams::new(Sharding::Optimizer, &params, 1, 2, 1 << 20).unwrap();
         let whole = Tensor::arange(24, (Kind::Float, Device::Cpu)).reshape([2, 3, 2, 2]);
-        let piece = s.piece_of("w", &whole).unwrap().unwrap();
+        let view = s.view();
+        let piece = crate::optim::Shards::cut(&view, "w", &whole)
+            .unwrap()
+            .unwrap();
         let own = &s.pieces()[0];
         assert_eq!(own.len, 12);
         assert!(piece.equal(&own.tensor), "{piece} vs {}", own.tensor);
-        assert!(s.piece_of("nope", &whole).is_none());
+        assert!(crate::optim::Shards::cut(&view, "nope", &whole).is_none());
     }
 }

@@ -24,8 +24,25 @@ use crate::time::{RunLength, Timestamp};
 use schedule::Schedule;
 
 extern "C" {
-    /// `host/csrc/grad.cpp`: resets an `at::Tensor`'s gradient to undefined.
-    fn tessera_reset_grad(tensor: *mut std::ffi::c_void) -> i32;
+    /// `host/csrc/grad.cpp`: sets an `at::Tensor`'s gradient (shared), or resets it to
+    /// undefined when `grad` is null.
+    fn tessera_set_grad(tensor: *mut std::ffi::c_void, grad: *mut std::ffi::c_void) -> i32;
+}
+
+/// Sets `tensor`'s gradient to `grad` (shared, not copied), or clears it to undefined
+/// (PyTorch's `param.grad = None`).
+pub fn set_grad(tensor: &Tensor, grad: Option<&Tensor>) -> Result<(), TchError> {
+    let g = grad.map_or(std::ptr::null_mut(), |g| {
+        g.as_ptr() as *mut std::ffi::c_void
+    });
+    // SAFETY: both are live `at::Tensor*` of tch tensors for the call; the shim copies the
+    // handle of `grad` (a reference count) and never frees either.
+    let rc = unsafe { tessera_set_grad(tensor.as_ptr() as *mut std::ffi::c_void, g) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(TchError::Torch("setting a gradient failed".into()))
+    }
 }
 
 /// An optimizer state that does not fit the model or this optimizer.
@@ -637,18 +654,13 @@ impl Optimizer {
     pub fn zero_grad(&mut self) {
         let params = self
             .slots
-            .iter_mut()
-            .flat_map(|s| std::iter::once(&mut s.param).chain(s.whole.as_mut()))
-            .chain(self.external.iter_mut().map(|(_, t)| t));
+            .iter()
+            .flat_map(|s| std::iter::once(&s.param).chain(s.whole.as_ref()))
+            .chain(self.external.iter().map(|(_, t)| t));
         for param in params {
-            if param.grad().defined() {
-                // SAFETY: `as_mut_ptr` is the `at::Tensor*` of a live tensor; the shim only
-                // resets its gradient slot.
-                let failed = unsafe { tessera_reset_grad(param.as_mut_ptr().cast()) } != 0;
-                if failed {
-                    // Not expected; zeroing keeps the step correct for this parameter.
-                    let _ = param.grad().f_zero_();
-                }
+            // A failure is not expected; zeroing keeps the step correct for this parameter.
+            if param.grad().defined() && set_grad(param, None).is_err() {
+                let _ = param.grad().f_zero_();
             }
         }
     }

@@ -33,11 +33,6 @@ impl Optimizer {
         self.shards = Some(shards);
     }
 
-    /// Whether the optimizer steps pieces ([`Optimizer::shard`]).
-    pub fn is_sharded(&self) -> bool {
-        self.shards.is_some()
-    }
-
     /// The state buffers' names of the algorithm (`exp_avg`, ...), as in checkpoints.
     pub fn buffer_names(&self) -> &'static [&'static str] {
         self.algorithm.buffer_names()

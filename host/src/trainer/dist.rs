@@ -169,12 +169,6 @@ impl Trainer {
         );
     }
 
-    /// The most memory this rank's tensors held at once since set-up (see
-    /// `crate::memory::peak`).
-    pub(super) fn memory_peak(&self) -> Option<u64> {
-        crate::memory::peak::bytes(self.state.device())
-    }
-
     /// The data-parallel part of the run record.
     pub(super) fn data_parallel_record(&self) -> Option<crate::report::DataParallelRecord> {
         let dp = self.dp.as_ref()?;

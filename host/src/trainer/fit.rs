@@ -311,7 +311,7 @@ impl Trainer {
             skipped_steps: self.skipped_steps,
             trained_samples: self.trained_samples,
             data_parallel: self.data_parallel_record(),
-            memory_peak_bytes: self.memory_peak(),
+            memory_peak_bytes: crate::memory::peak::bytes(self.state.device()),
             memory_after_step_bytes: self.memory_after_step,
             microbatch_size: Some(self.microbatch),
             eval_subset: self.eval_subset.as_ref().map(|(_, choice)| choice.clone()),

@@ -8,6 +8,7 @@
 use tch::Tensor;
 
 use crate::dist::shard::{ShardedParams, Sharding};
+use crate::dist::Group;
 use crate::engine::Event;
 use crate::model::Role;
 use crate::optim::Snapshot;
@@ -105,7 +106,7 @@ impl Trainer {
     /// The parameters c10d's reducer all-reduces: every trainable one, except those whose
     /// gradients are reduce-scattered instead.
     pub(super) fn all_reduced(&self, name: &str) -> bool {
-        match self.dp.as_ref().and_then(|d| d.sharded.as_ref()) {
+        match self.sharded() {
             Some(s) if s.mode().shards_gradients() => !s.names().any(|n| n == name),
             _ => true,
         }
@@ -113,23 +114,26 @@ impl Trainer {
 
     /// Before the optimizer step: this rank's pieces get their gradients.
     pub(super) fn shard_gradients(&self) -> Result<()> {
-        let Some(dp) = &self.dp else {
-            return Ok(());
-        };
-        let Some(sharded) = &dp.sharded else {
+        let Some((group, sharded)) = self.sharded_in_group() else {
             return Ok(());
         };
         let _guard = tch::no_grad_guard();
         if sharded.mode().shards_gradients() {
-            sharded.take_reduced_grads(&dp.group)?;
+            sharded.take_reduced_grads(group)?;
         } else {
             sharded.take_whole_grads()?;
         }
         Ok(())
     }
 
+    /// The group and the layout under sharding.
+    fn sharded_in_group(&self) -> Option<(&Group, &ShardedParams)> {
+        let dp = self.dp.as_ref()?;
+        Some((&dp.group, dp.sharded.as_ref()?))
+    }
+
     fn sharded(&self) -> Option<&ShardedParams> {
-        self.dp.as_ref().and_then(|d| d.sharded.as_ref())
+        self.sharded_in_group().map(|(_, s)| s)
     }
 
     /// At the start of a forward/backward pass over the batch (`gradients`: nothing reduced
@@ -158,12 +162,8 @@ impl Trainer {
 
     /// After the optimizer step: every rank's updated pieces reach every rank.
     pub(super) fn gather_parameters(&self) -> Result<()> {
-        if let Some((dp, sharded)) = self
-            .dp
-            .as_ref()
-            .and_then(|d| d.sharded.as_ref().map(|s| (d, s)))
-        {
-            sharded.all_gather(&dp.group)?;
+        if let Some((group, sharded)) = self.sharded_in_group() {
+            sharded.all_gather(group)?;
         }
         Ok(())
     }
@@ -171,26 +171,19 @@ impl Trainer {
     /// Whether the gradients' non-finite flag must be agreed over the ranks (each rank
     /// unscaled its own, unreduced gradients).
     pub(super) fn local_gradients(&self) -> bool {
-        self.dp
-            .as_ref()
-            .and_then(|d| d.sharded.as_ref())
-            .is_some_and(|s| s.mode().shards_gradients())
+        self.sharded().is_some_and(|s| s.mode().shards_gradients())
     }
 
     /// The optimizer's state for rank 0's checkpoint: under sharding, every rank's pieces
     /// gathered into whole tensors (collective: every rank calls it); `None` on the other ranks.
     pub(super) fn optimizer_snapshot(&self) -> Result<Option<Snapshot>> {
-        let Some((dp, sharded)) = self
-            .dp
-            .as_ref()
-            .and_then(|d| d.sharded.as_ref().map(|s| (d, s)))
-        else {
+        let Some((group, sharded)) = self.sharded_in_group() else {
             return Ok(self.is_rank0().then(|| self.state.optimizer.snapshot()));
         };
         let mut snapshot = self.state.optimizer.snapshot();
         for buffer in self.state.optimizer.buffer_names() {
             let key = |name: &str| format!("{name}.{buffer}");
-            let gathered = sharded.gather_pieces(&dp.group, |name| {
+            let gathered = sharded.gather_pieces(group, |name| {
                 let k = key(name);
                 snapshot
                     .tensors

@@ -89,7 +89,6 @@ impl Trainer {
         self.shard_gradients()?;
         self.state.optimizer.step_masked(skip.as_ref())?;
         self.gather_parameters()?;
-        self.memory_after_step = crate::memory::peak::now(self.state.device());
         // Methods that claimed parameters update them now, with this step's rate and flag.
         self.state.step = Some(step);
         self.state.found_inf = skip.as_ref().map(Tensor::shallow_clone);
@@ -205,6 +204,7 @@ impl Trainer {
         self.step_samples = self.state.batch.len() as u64;
         self.fire(Event::BATCH_START)?;
         self.train_batch()?;
+        self.memory_after_step = crate::memory::peak::now(self.state.device());
         // As in Composer: the schedule is stepped before the clock advances.
         self.set_scheduled_lr();
         let previous = self.state.clock.timestamp.clone();
