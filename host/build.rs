@@ -127,6 +127,8 @@ fn main() {
     println!("cargo:rerun-if-changed=csrc/checkpoint.cpp");
     println!("cargo:rerun-if-changed=csrc/context.cpp");
     println!("cargo:rerun-if-changed=csrc/dist.cpp");
+    println!("cargo:rerun-if-changed=csrc/dist_group.h");
+    println!("cargo:rerun-if-changed=csrc/full_shard.cpp");
     println!("cargo:rerun-if-changed=csrc/gloo-decls");
     println!("cargo:rerun-if-changed=csrc/grad.cpp");
     println!("cargo:rerun-if-changed=csrc/graph.cpp");
@@ -188,7 +190,9 @@ fn main() {
     // The c10d shim, with NCCL when it can be built; CUDA graphs (`train.cuda_graphs`) need the
     // same CUDA headers.
     let mut dist = base();
-    dist.file("csrc/dist.cpp").include("csrc/gloo-decls");
+    dist.file("csrc/dist.cpp")
+        .file("csrc/full_shard.cpp")
+        .include("csrc/gloo-decls");
     let mut graph = base();
     graph.file("csrc/graph.cpp");
     let nccl = if has_cuda {

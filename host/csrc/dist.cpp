@@ -24,6 +24,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include "dist_group.h"
 #include "guarded.h"
 
 #include <algorithm>
@@ -249,6 +250,12 @@ struct ShardReducer {
 };
 
 }  // namespace
+
+namespace tessera {
+c10::intrusive_ptr<c10d::ProcessGroup> dist_process_group(void* group) {
+  return static_cast<Group*>(group)->pg;
+}
+}  // namespace tessera
 
 extern "C" {
 

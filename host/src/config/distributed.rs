@@ -8,6 +8,7 @@ use super::reader::{Bounds, Tbl};
 use super::section::section;
 use crate::dist::shard::Sharding;
 use crate::dist::Backend;
+use crate::model::Unit;
 
 /// `[distributed]`
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -31,9 +32,13 @@ pub struct DistributedConfig {
     /// CPU), `nccl` or `gloo`. CPU values always go through Gloo.
     pub backend: Backend,
     /// What each rank keeps of the training state: `none` (default: everything, DDP),
-    /// `optimizer` (ZeRO-1: its slice of the optimizer state) or `gradients` (ZeRO-2: and of
-    /// the reduced gradients); see docs/distributed.md.
+    /// `optimizer` (ZeRO-1: its slice of the optimizer state), `gradients` (ZeRO-2: and of
+    /// the reduced gradients) or `full` (ZeRO-3: and of the parameters, each unit gathered
+    /// while it runs); see docs/distributed.md.
     pub sharding: Sharding,
+    /// Under `sharding = "full"`, the units gathered one at a time: `block` (default: a
+    /// transformer or residual block) or `stage` (a container of blocks).
+    pub shard_unit: Unit,
 }
 
 section!(DistributedConfig {
@@ -44,6 +49,7 @@ section!(DistributedConfig {
     sync_batchnorm: bool(),
     backend: choice("backend", &Backend::CHOICES),
     sharding: choice("sharding", &Sharding::CHOICES),
+    shard_unit: choice("shard_unit", &Unit::CHOICES),
 });
 
 impl Default for DistributedConfig {
@@ -56,6 +62,7 @@ impl Default for DistributedConfig {
             sync_batchnorm: false,
             backend: Backend::Auto,
             sharding: Sharding::None,
+            shard_unit: Unit::Block,
         }
     }
 }

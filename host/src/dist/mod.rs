@@ -75,6 +75,7 @@ extern "C" {
     ) -> i32;
 }
 
+pub mod full;
 pub mod shard;
 
 /// A failure of the group: joining it, or a collective (a rank failed or left).

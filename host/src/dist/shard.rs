@@ -19,6 +19,9 @@ use std::ffi::c_void;
 
 use tch::{Device, Kind, Tensor};
 
+use std::sync::Arc;
+
+use super::full::{FullUnits, UnitGate};
 use super::{check, last_error, DistError, Group};
 use crate::optim::set_grad;
 
@@ -33,7 +36,8 @@ pub enum Sharding {
     Optimizer,
     /// ZeRO-2: optimizer state and gradients sharded (reduce-scattered).
     Gradients,
-    /// ZeRO-3 / FSDP: parameters sharded too (not built yet: refused at start).
+    /// ZeRO-3 / FSDP: parameters sharded too, each unit's gathered while it runs
+    /// ([`super::full`]).
     Full,
 }
 
@@ -101,6 +105,9 @@ struct Member {
     strides: Vec<i64>,
 }
 
+/// What the parameters of one buffer share: the unit (`full`), dtype and device.
+type BucketKey = (Option<usize>, Kind, Device);
+
 /// A flat buffer of parameters of one dtype and device.
 #[derive(Debug)]
 struct Flat {
@@ -109,6 +116,9 @@ struct Flat {
     /// Elements per rank.
     shard: i64,
     members: Vec<Member>,
+    /// `full`: the unit (index into the units given) whose parameters these are, and this
+    /// rank's shard of the buffer, a tensor of its own (the buffer's memory comes and goes).
+    unit: Option<(usize, Tensor)>,
 }
 
 /// The part of a parameter this rank steps.
@@ -215,6 +225,8 @@ pub struct ShardedParams {
     hooks: Option<GradHooks>,
     /// `gradients`: what this step's backward passes reduced so far.
     reduced: RefCell<Reduced>,
+    /// `full`: the units' gates.
+    full: FullUnits,
 }
 
 impl std::fmt::Debug for GradHooks {
@@ -226,22 +238,37 @@ impl std::fmt::Debug for GradHooks {
 impl ShardedParams {
     /// Lays `params` (name, tensor; identical on every rank) out in flat buffers of at most
     /// `bucket_bytes` (a larger parameter gets a buffer of its own) and makes each parameter a
-    /// view into its buffer, keeping its values and memory layout.
+    /// view into its buffer, keeping its values and memory layout. `full`: the parameters of
+    /// each of `units` (module paths) get buffers of their own, without the byte cap.
     pub fn new(
         mode: Sharding,
         params: &[(String, Tensor)],
         rank: usize,
         world: usize,
         bucket_bytes: i64,
+        units: &[String],
     ) -> Result<ShardedParams, ShardError> {
         let _guard = tch::no_grad_guard();
         let world_i = world as i64;
-        // Buckets: consecutive parameters of one (dtype, device), up to the byte cap.
-        let mut open: Vec<((Kind, Device), usize)> = Vec::new();
+        let unit_of = |name: &str| {
+            units.iter().position(|u| {
+                name.strip_prefix(u.as_str())
+                    .is_some_and(|r| r.starts_with('.'))
+            })
+        };
+        // Buckets: consecutive parameters of one (unit, dtype, device), up to the byte cap
+        // outside units.
+        let mut open: Vec<(BucketKey, usize)> = Vec::new();
         let mut groups: Vec<Vec<(String, Tensor)>> = Vec::new();
+        let mut group_unit: Vec<Option<usize>> = Vec::new();
         let mut bytes: Vec<i64> = Vec::new();
         for (name, p) in params {
-            let key = (p.kind(), p.device());
+            let unit = if mode == Sharding::Full {
+                unit_of(name)
+            } else {
+                None
+            };
+            let key = (unit, p.kind(), p.device());
             let size = p.size();
             let strides = p.stride();
             if !dense(&size, &strides) {
@@ -253,11 +280,16 @@ impl ShardedParams {
             let b = p.numel() as i64 * p.kind().elt_size_in_bytes() as i64;
             let slot = open.iter().position(|(k, _)| *k == key);
             let target = match slot {
-                Some(i) if bytes[open[i].1] + b <= bucket_bytes || bytes[open[i].1] == 0 => {
+                Some(i)
+                    if unit.is_some()
+                        || bytes[open[i].1] + b <= bucket_bytes
+                        || bytes[open[i].1] == 0 =>
+                {
                     open[i].1
                 }
                 _ => {
                     groups.push(Vec::new());
+                    group_unit.push(unit);
                     bytes.push(0);
                     let g = groups.len() - 1;
                     match slot {
@@ -271,7 +303,7 @@ impl ShardedParams {
             bytes[target] += b;
         }
         let mut flats = Vec::with_capacity(groups.len());
-        for group in groups {
+        for (group, unit) in groups.into_iter().zip(group_unit) {
             let total: i64 = group.iter().map(|(_, p)| p.numel() as i64).sum();
             let shard = (total + world_i - 1) / world_i;
             let (kind, device) = (group[0].1.kind(), group[0].1.device());
@@ -299,10 +331,23 @@ impl ShardedParams {
                 });
                 offset += numel;
             }
+            let unit = match unit {
+                Some(u) => {
+                    let local = torch(
+                        "making a parameter shard",
+                        buffer
+                            .f_narrow(0, rank as i64 * shard, shard)
+                            .and_then(|t| t.f_detach_copy()),
+                    )?;
+                    Some((u, local))
+                }
+                None => None,
+            };
             flats.push(Flat {
                 buffer,
                 shard,
                 members,
+                unit,
             });
         }
         let mut pieces = Vec::new();
@@ -311,10 +356,12 @@ impl ShardedParams {
             for (m, member) in flat.members.iter().enumerate() {
                 let a = lo.max(member.offset);
                 let b = hi.min(member.offset + member.numel).max(a);
-                let tensor = torch(
-                    "making a parameter shard",
-                    alias(&flat.buffer, if b > a { a } else { 0 }, b - a),
-                )?;
+                // Under `full` a unit's pieces live in this rank's shard, which stays.
+                let tensor = match &flat.unit {
+                    Some((_, local)) => alias(local, if b > a { a - lo } else { 0 }, b - a),
+                    None => alias(&flat.buffer, if b > a { a } else { 0 }, b - a),
+                };
+                let tensor = torch("making a parameter shard", tensor)?;
                 pieces.push(Piece {
                     name: member.name.clone(),
                     tensor,
@@ -333,7 +380,52 @@ impl ShardedParams {
             pieces,
             hooks: None,
             reduced: RefCell::new(Reduced::default()),
+            full: FullUnits::default(),
         })
+    }
+
+    /// `full`: one gate per unit that has parameters here, for its wrapper (path, gate), in the
+    /// units' order. The units start whole (the parameters hold their values); the first
+    /// [`ShardedParams::release`] frees them.
+    pub fn gate_units(
+        &mut self,
+        group: &Group,
+        units: &[String],
+    ) -> Result<Vec<Arc<UnitGate>>, ShardError> {
+        let mut gates = Vec::new();
+        for (u, path) in units.iter().enumerate() {
+            let flats: Vec<&Flat> = self
+                .flats
+                .iter()
+                .filter(|f| f.unit.as_ref().is_some_and(|(i, _)| *i == u))
+                .collect();
+            if flats.is_empty() {
+                continue;
+            }
+            let gate = UnitGate::new(path)?;
+            for flat in flats {
+                if let Some((_, local)) = &flat.unit {
+                    gate.add(group, &flat.buffer, local, self.rank)?;
+                }
+            }
+            gates.push(Arc::new(gate));
+        }
+        self.full = FullUnits {
+            units: gates.clone(),
+        };
+        self.full.register();
+        Ok(gates)
+    }
+
+    /// `full`: makes every unit's parameters whole (collective), for what reads them outside
+    /// the training step.
+    pub fn summon(&self) -> Result<(), ShardError> {
+        Ok(self.full.summon()?)
+    }
+
+    /// `full`: frees every unit's parameters, keeping this rank's slice of what they hold.
+    pub fn release(&self) -> Result<(), ShardError> {
+        Ok(self.full.release()?)
     }
 
     /// The mode.
@@ -462,6 +554,8 @@ impl ShardedParams {
     /// `gradients`: after a backward pass: waits for its reduce-scatters and adds this rank's
     /// slices to the step's.
     pub fn after_backward(&self) -> Result<(), ShardError> {
+        // `full`: a unit whose input had no gradient is still gathered.
+        self.full.free_gathered()?;
         let Some(h) = &self.hooks else {
             return Ok(());
         };
@@ -546,7 +640,8 @@ impl ShardedParams {
     pub fn all_gather(&self, group: &Group) -> Result<(), ShardError> {
         let _guard = tch::no_grad_guard();
         let what = "gathering the updated parameters";
-        for flat in &self.flats {
+        // `full`: the units are gathered when they run.
+        for flat in self.flats.iter().filter(|f| f.unit.is_none()) {
             // A copy of this rank's slice: the output must not alias the input.
             let mine = torch(
                 what,
@@ -716,7 +811,8 @@ mod tests {
                 ("a".to_owned(), a2.shallow_clone()),
                 ("b".to_owned(), b2.shallow_clone()),
             ];
-            let s = ShardedParams::new(Sharding::Optimizer, &own, rank, world, 1 << 20).unwrap();
+            let s =
+                ShardedParams::new(Sharding::Optimizer, &own, rank, world, 1 << 20, &[]).unwrap();
             assert_eq!(s.pieces().len(), 2);
             // The parameters kept their values and are views of the buffer now.
             assert!(a2.equal(&a) && b2.equal(&b));
@@ -749,7 +845,7 @@ mod tests {
         p.shallow_clone()
             .copy_(&Tensor::arange(24, (Kind::Float, Device::Cpu)).reshape([2, 3, 2, 2]));
         let params = vec![("w".to_owned(), p.shallow_clone())];
-        let s = ShardedParams::new(Sharding::Optimizer, &params, 1, 2, 1 << 20).unwrap();
+        let s = ShardedParams::new(Sharding::Optimizer, &params, 1, 2, 1 << 20, &[]).unwrap();
         let whole = Tensor::arange(24, (Kind::Float, Device::Cpu)).reshape([2, 3, 2, 2]);
         let view = s.view();
         let piece = crate::optim::Shards::cut(&view, "w", &whole)

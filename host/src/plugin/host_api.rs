@@ -259,6 +259,11 @@ extern "C" fn parameters(ctx: HostCtx) -> RVec<ParamInfo> {
 }
 
 extern "C" fn parameter(ctx: HostCtx, name: RStr<'_>) -> ROption<TensorHandle> {
+    // `[distributed] sharding = "full"`: the parameters are made whole first.
+    if let Err(e) = crate::dist::full::summon() {
+        tracing::error!("gathering the parameters for a method: {e}");
+        return ROption::RNone;
+    }
     with_state(ctx, |s| match s.model().params.get(name.as_str()) {
         Some(e) => ROption::RSome(TensorHandle::from_tensor(e.tensor.shallow_clone())),
         None => ROption::RNone,

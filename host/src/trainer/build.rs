@@ -9,8 +9,9 @@ use crate::config::{self, Config};
 use crate::data::{
     self, ImageDataset, ImageFolder, Loader, LoaderOptions, MethodTransform, SampleSource,
 };
+use crate::dist::shard::Sharding;
 use crate::engine::{Algorithm, Engine, Event, OnError, RunState, SetupState, Stage};
-use crate::model::{InputShape, Model};
+use crate::model::{unit_paths, InputShape, Model};
 use crate::optim::Optimizer;
 use crate::plugin::LoadedPlugin;
 use crate::report::{PluginRecord, Reporter};
@@ -167,6 +168,12 @@ impl Trainer {
             .context("building the model")?;
         // Units are found by their kinds before a method's surgery wraps them in its own.
         let checkpointed_units = checkpointed_units(&config, &model, dp.is_some())?;
+        let sharded_units = match &dp {
+            Some(_) if config.distributed.sharding == Sharding::Full => {
+                unit_paths(&model, config.distributed.shard_unit)
+            }
+            _ => Vec::new(),
+        };
         // Which checkpoint the run continues (or, weights only, starts) from: read before the
         // pretrained weights, which a resumed run does not need.
         let read_started = Instant::now();
@@ -326,7 +333,7 @@ impl Trainer {
             trainer.announce_data_parallel();
         }
         // Before a checkpoint is restored: its optimizer state is cut into this rank's pieces.
-        trainer.start_sharding()?;
+        trainer.start_sharding(&sharded_units)?;
         if trainer.quiet_metrics {
             trainer.state.metrics.clear();
         }

@@ -336,6 +336,7 @@ impl Trainer {
         let Some(dp) = &self.dp else {
             return Ok(());
         };
+        self.whole_parameters()?;
         let entries = self.state.model.params.entries();
         let mut sums = Vec::with_capacity(entries.len());
         for e in entries {

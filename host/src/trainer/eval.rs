@@ -21,6 +21,9 @@ impl Trainer {
         // Data-parallel: every rank evaluates rank 0's batch-norm statistics (PyTorch DDP
         // broadcasts buffers from rank 0 before each forward pass; only rank 0's are ever used).
         self.broadcast_model(false, true)?;
+        // Fully sharded: the ranks may evaluate different numbers of batches, so the units are
+        // gathered once for the whole evaluation rather than per forward pass.
+        self.whole_parameters()?;
         self.fire_as(Event::EVAL_BEFORE_ALL, false)?;
         let record = self.eval_loop()?;
         self.fire_as(Event::EVAL_AFTER_ALL, false)?;

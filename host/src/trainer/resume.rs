@@ -169,6 +169,7 @@ impl Trainer {
         // Data-parallel: ranks 1.. hand their random streams to rank 0, which writes; a sharded
         // optimizer state is gathered whole (every rank takes part).
         let ranks = self.gather_rank_parts()?;
+        self.whole_parameters()?;
         let optimizer = self.optimizer_snapshot()?;
         if !self.is_rank0() {
             self.last_checkpoint_batch = Some(self.state.clock.timestamp.batch);

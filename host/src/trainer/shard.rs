@@ -1,16 +1,19 @@
 //! `[distributed] sharding` in the training loop (ZeRO; `crate::dist::shard` holds the layout
 //! and the collectives): set up after rank 0's model reached every rank, the gradients handed
-//! to (`optimizer`) or reduce-scattered into (`gradients`) this rank's pieces before the
-//! optimizer step, the updated pieces all-gathered after it, and the optimizer state gathered
-//! whole for a checkpoint — which is therefore the same file DDP writes, and resumes on any
-//! number of ranks and in any sharding mode.
+//! to (`optimizer`) or reduce-scattered into (`gradients`, `full`) this rank's pieces before
+//! the optimizer step, the updated pieces all-gathered after it (`full`: each unit when it
+//! runs), and the optimizer state gathered whole for a checkpoint — which is therefore the same
+//! file DDP writes, and resumes on any number of ranks and in any sharding mode.
+
+use std::sync::Arc;
 
 use tch::Tensor;
 
 use crate::dist::shard::{ShardedParams, Sharding};
 use crate::dist::Group;
 use crate::engine::Event;
-use crate::model::Role;
+use crate::model::layers::{Gate, Gated};
+use crate::model::{Layer, Role};
 use crate::optim::Snapshot;
 
 use super::error::{fail, Result};
@@ -19,7 +22,9 @@ use super::Trainer;
 impl Trainer {
     /// Lays the parameters out for `[distributed] sharding` and gives the optimizer this
     /// rank's pieces. Refuses, naming it, what the mode cannot run.
-    pub(super) fn start_sharding(&mut self) -> Result<()> {
+    /// `units`: the module paths of the units `full` gathers one at a time (read before a
+    /// method's surgery).
+    pub(super) fn start_sharding(&mut self, units: &[String]) -> Result<()> {
         let mode = self.config.distributed.sharding;
         let Some(dp) = &self.dp else {
             if mode != Sharding::None {
@@ -32,11 +37,15 @@ impl Trainer {
         };
         match mode {
             Sharding::None => return Ok(()),
-            Sharding::Full => fail!(
-                "[distributed] sharding = \"full\" (parameters sharded too, FSDP) is not built \
-                 yet; use \"gradients\" (optimizer state and gradients sharded) or \"optimizer\""
+            Sharding::Full if units.is_empty() => fail!(
+                "[distributed] sharding = \"full\" gathers the model's parameters one unit at a \
+                 time, and model {:?} has no {} (blocks are transformer, ResNet and airbench \
+                 blocks; stages are containers of blocks): use sharding = \"gradients\" or \
+                 another [distributed] shard_unit",
+                self.config.model.name.as_str(),
+                self.config.distributed.shard_unit.as_str()
             ),
-            Sharding::Optimizer | Sharding::Gradients => {}
+            Sharding::Optimizer | Sharding::Gradients | Sharding::Full => {}
         }
         if mode.shards_gradients() && self.state.scaler.is_some() {
             fail!(
@@ -76,9 +85,24 @@ impl Trainer {
         let bytes = (self.config.distributed.bucket_mb * 1024.0 * 1024.0)
             .round()
             .max(1.0) as i64;
-        let mut sharded = ShardedParams::new(mode, &params, dp.rank(), dp.world(), bytes)?;
+        let mut sharded = ShardedParams::new(mode, &params, dp.rank(), dp.world(), bytes, units)?;
         if mode.shards_gradients() {
             sharded.hook_gradients(&dp.group)?;
+        }
+        // `full`: each unit behind a gate that gathers its parameters while it runs.
+        let gates = sharded.gate_units(&dp.group, units)?;
+        for gate in &gates {
+            let path = gate.path().to_owned();
+            let gate: Arc<dyn Gate> = gate.clone();
+            let wrapped =
+                self.state
+                    .model
+                    .wrap_module(&path, None, &[], |inner| -> Box<dyn Layer> {
+                        Box::new(Gated::new(inner, gate))
+                    });
+            if let Err(e) = wrapped {
+                fail!("[distributed] sharding = \"full\": unit `{path}`: {e}");
+            }
         }
         self.state.optimizer.shard(Box::new(sharded.view()));
         if dp.rank() == 0 {
@@ -90,10 +114,13 @@ impl Trainer {
                 dp.world(),
                 all,
                 mine,
-                if mode.shards_gradients() {
-                    " and reduced gradients"
-                } else {
-                    ""
+                match mode {
+                    Sharding::Full => format!(
+                        ", reduced gradients and parameters ({} units gathered as they run)",
+                        gates.len()
+                    ),
+                    Sharding::Gradients => " and reduced gradients".to_owned(),
+                    _ => String::new(),
                 }
             );
         }
@@ -112,12 +139,14 @@ impl Trainer {
         }
     }
 
-    /// Before the optimizer step: this rank's pieces get their gradients.
+    /// Before the optimizer step: this rank's pieces get their gradients (`full`: and what a
+    /// method wrote into whole parameters).
     pub(super) fn shard_gradients(&self) -> Result<()> {
         let Some((group, sharded)) = self.sharded_in_group() else {
             return Ok(());
         };
         let _guard = tch::no_grad_guard();
+        sharded.release()?;
         if sharded.mode().shards_gradients() {
             sharded.take_reduced_grads(group)?;
         } else {
@@ -137,11 +166,23 @@ impl Trainer {
     }
 
     /// At the start of a forward/backward pass over the batch (`gradients`: nothing reduced
-    /// yet).
-    pub(super) fn start_sharded_pass(&self) {
+    /// yet; `full`: the parameters made whole since the last step let go, keeping what a method
+    /// wrote).
+    pub(super) fn start_sharded_pass(&self) -> Result<()> {
         if let Some(s) = self.sharded() {
             s.start_step();
+            s.release()?;
         }
+        Ok(())
+    }
+
+    /// `full`: makes every unit's parameters whole, for what reads them outside the training
+    /// step (the evaluation, a checkpoint, the check that the ranks agree). Collective.
+    pub(super) fn whole_parameters(&self) -> Result<()> {
+        if let Some(s) = self.sharded() {
+            s.summon()?;
+        }
+        Ok(())
     }
 
     /// Before each microbatch's backward pass (`gradients`: the hooks count its gradients).

@@ -121,7 +121,7 @@ impl Trainer {
         self.state.in_train_batch = true;
         self.fire(Event::BEFORE_TRAIN_BATCH)?;
         self.state.optimizer.zero_grad();
-        self.start_sharded_pass();
+        self.start_sharded_pass()?;
         let full = self.state.batch.shallow_clone();
         let total = full.len();
         if total == 0 {

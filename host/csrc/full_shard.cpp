@@ -1,0 +1,211 @@
+// Fully sharded parameters (`[distributed] sharding = "full"`, ZeRO-3 / FSDP): a unit of the
+// model (a transformer or residual block) keeps its parameters in flat buffers of world × shard
+// elements, of which each rank holds only its shard between uses. The buffer's memory exists
+// while the unit runs: it is allocated and all-gathered (`_allgather_base`) before the unit's
+// forward pass, freed after it, gathered again when backward reaches the unit's output and freed
+// once backward has produced the gradient of the unit's input. The parameters stay views into
+// the buffer throughout, so autograd's saved tensors (which share its storage) see the gathered
+// values again in backward: the storage is emptied and refilled in place, as PyTorch's FSDP
+// resizes it.
+//
+// A flat is in one of three states: released (only the shard: the storage is empty), gathered
+// (for one pass; the shard is the truth) or whole (gathered for the methods or a checkpoint,
+// which may change the parameters: the buffer is the truth until it is released, when this
+// rank's slice is copied back into the shard).
+//
+// Every state change that gathers is a collective: the ranks make the same ones in the same
+// order (the units run in the same order on every rank).
+#if __has_include(<torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>)
+#include <torch/csrc/autograd/variable.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+#include "dist_group.h"
+#include "guarded.h"
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace {
+
+thread_local std::string last_error;
+
+template <typename F>
+int guarded(F f) {
+  return tessera::guarded(last_error, f);
+}
+
+enum class State { Released, Gathered, Whole };
+
+struct FullFlat {
+  c10::intrusive_ptr<c10d::ProcessGroup> pg;
+  at::Tensor buffer;  // world × shard elements; the unit's parameters are views into it
+  at::Tensor local;   // this rank's shard
+  int64_t rank = 0;
+  int64_t shard = 0;
+  size_t nbytes = 0;
+  State state = State::Whole;
+
+  void allocate() {
+    auto* impl = buffer.storage().unsafeGetStorageImpl();
+    impl->set_data_ptr_noswap(impl->allocator()->allocate(nbytes));
+    impl->set_nbytes(nbytes);
+  }
+
+  // Empties the storage in place (every view of it keeps its sizes, not its memory).
+  void drop() {
+    auto* impl = buffer.storage().unsafeGetStorageImpl();
+    impl->set_data_ptr_noswap(at::DataPtr(nullptr, impl->device()));
+    impl->set_nbytes(0);
+  }
+
+  void gather_into_buffer() {
+    allocate();
+    pg->_allgather_base(buffer, local)->wait();
+  }
+};
+
+struct FullUnit {
+  std::vector<std::shared_ptr<FullFlat>> flats;
+  std::mutex mu;  // hooks run on autograd's threads
+
+  void gather() {
+    std::lock_guard<std::mutex> lock(mu);
+    for (auto& f : flats) {
+      if (f->state == State::Released) {
+        f->gather_into_buffer();
+        f->state = State::Gathered;
+      }
+    }
+  }
+
+  void free() {
+    std::lock_guard<std::mutex> lock(mu);
+    for (auto& f : flats) {
+      if (f->state == State::Gathered) {
+        f->drop();
+        f->state = State::Released;
+      }
+    }
+  }
+
+  void summon() {
+    std::lock_guard<std::mutex> lock(mu);
+    for (auto& f : flats) {
+      if (f->state == State::Released) {
+        f->gather_into_buffer();
+      }
+      f->state = State::Whole;
+    }
+  }
+
+  void release() {
+    std::lock_guard<std::mutex> lock(mu);
+    at::NoGradGuard no_grad;
+    for (auto& f : flats) {
+      if (f->state == State::Whole) {
+        f->local.copy_(f->buffer.narrow(0, f->rank * f->shard, f->shard));
+      }
+      if (f->state != State::Released) {
+        f->drop();
+        f->state = State::Released;
+      }
+    }
+  }
+};
+
+struct Handle {
+  std::shared_ptr<FullUnit> unit;
+};
+
+}  // namespace
+
+extern "C" {
+
+const char* tessera_full_last_error() { return last_error.c_str(); }
+
+// A unit with no flat yet, on `group` (a `tessera_dist_init` group).
+void* tessera_full_unit_new() { return new Handle{std::make_shared<FullUnit>()}; }
+
+void tessera_full_unit_free(void* unit) { delete static_cast<Handle*>(unit); }
+
+// Adds a flat: `buffer` (world × shard elements, holding the parameters now: the flat starts
+// whole) and `local`, this rank's shard (`shard` elements, a tensor of its own).
+int tessera_full_unit_add(void* unit, void* group, void* buffer, void* local, int64_t rank) {
+  return guarded([&] {
+    auto f = std::make_shared<FullFlat>();
+    f->pg = tessera::dist_process_group(group);
+    f->buffer = *static_cast<at::Tensor*>(buffer);
+    f->local = *static_cast<at::Tensor*>(local);
+    f->rank = rank;
+    f->shard = f->local.numel();
+    f->nbytes = f->buffer.storage().nbytes();
+    auto& u = static_cast<Handle*>(unit)->unit;
+    std::lock_guard<std::mutex> lock(u->mu);
+    u->flats.push_back(std::move(f));
+  });
+}
+
+int tessera_full_unit_gather(void* unit) {
+  return guarded([&] { static_cast<Handle*>(unit)->unit->gather(); });
+}
+
+int tessera_full_unit_drop(void* unit) {
+  return guarded([&] { static_cast<Handle*>(unit)->unit->free(); });
+}
+
+int tessera_full_unit_summon(void* unit) {
+  return guarded([&] { static_cast<Handle*>(unit)->unit->summon(); });
+}
+
+int tessera_full_unit_release(void* unit) {
+  return guarded([&] { static_cast<Handle*>(unit)->unit->release(); });
+}
+
+// After the unit's forward pass from `input` to `output`: when backward reaches `output` the
+// unit is gathered again; when it has produced the gradient of `input`, every node of the unit
+// that reads the parameters has run (autograd runs the later-made nodes first) and the unit is
+// freed. An input without a gradient leaves the unit gathered until the trainer frees it after
+// the backward pass.
+int tessera_full_unit_hook(void* unit, void* input, void* output) {
+  return guarded([&] {
+    std::weak_ptr<FullUnit> weak = static_cast<Handle*>(unit)->unit;
+    auto& out = *static_cast<at::Tensor*>(output);
+    auto& in = *static_cast<at::Tensor*>(input);
+    if (!out.requires_grad()) {
+      return;
+    }
+    out.register_hook([weak](const at::TensorBase&) {
+      if (auto u = weak.lock()) {
+        u->gather();
+      }
+    });
+    if (in.defined() && in.requires_grad()) {
+      in.register_hook([weak](const at::TensorBase&) {
+        if (auto u = weak.lock()) {
+          u->free();
+        }
+      });
+    }
+  });
+}
+
+}  // extern "C"
+
+#else
+#include <cstdint>
+extern "C" {
+const char* tessera_full_last_error() {
+  return "this libtorch was built without distributed support (c10d)";
+}
+void* tessera_full_unit_new() { return nullptr; }
+void tessera_full_unit_free(void*) {}
+int tessera_full_unit_add(void*, void*, void*, void*, int64_t) { return -1; }
+int tessera_full_unit_gather(void*) { return -1; }
+int tessera_full_unit_drop(void*) { return -1; }
+int tessera_full_unit_summon(void*) { return -1; }
+int tessera_full_unit_release(void*) { return -1; }
+int tessera_full_unit_hook(void*, void*, void*) { return -1; }
+}
+#endif

@@ -1,0 +1,234 @@
+//! `[distributed] sharding = "full"` (ZeRO-3 / FSDP): the parameters of each unit of the model
+//! (a transformer or residual block, `[distributed] shard_unit`) exist whole only while the unit
+//! runs. Between uses each rank keeps its shard of the unit's flat buffers; the unit's
+//! [`UnitGate`] all-gathers them before its forward pass and frees them after, and does the
+//! same around its part of the backward pass (`csrc/full_shard.cpp`).
+//!
+//! Whatever else reads the parameters — a method through the plugin API, a checkpoint, the
+//! evaluation, the check that the ranks agree — first makes them whole ([`summon`]); the
+//! training step lets them go again ([`FullUnits::release`]), keeping what a method wrote.
+//! Making them whole is a collective: a method that reads parameters must do so on every rank.
+
+use std::cell::RefCell;
+use std::ffi::{c_char, c_void, CStr};
+use std::sync::{Arc, Weak};
+
+use tch::{TchError, Tensor};
+
+use super::{DistError, Group};
+use crate::model::layers::Gate;
+
+extern "C" {
+    fn tessera_full_last_error() -> *const c_char;
+    fn tessera_full_unit_new() -> *mut c_void;
+    fn tessera_full_unit_free(unit: *mut c_void);
+    fn tessera_full_unit_add(
+        unit: *mut c_void,
+        group: *mut c_void,
+        buffer: *mut c_void,
+        local: *mut c_void,
+        rank: i64,
+    ) -> i32;
+    fn tessera_full_unit_gather(unit: *mut c_void) -> i32;
+    fn tessera_full_unit_drop(unit: *mut c_void) -> i32;
+    fn tessera_full_unit_summon(unit: *mut c_void) -> i32;
+    fn tessera_full_unit_release(unit: *mut c_void) -> i32;
+    fn tessera_full_unit_hook(unit: *mut c_void, input: *mut c_void, output: *mut c_void) -> i32;
+}
+
+fn full_error(what: &str) -> String {
+    // SAFETY: a NUL-terminated thread-local string, copied at once.
+    let text = unsafe { CStr::from_ptr(tessera_full_last_error()) }.to_string_lossy();
+    let text = text
+        .lines()
+        .take_while(|l| !l.starts_with("Exception raised from") && !l.starts_with("frame #"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    format!("{what}: {text}")
+}
+
+fn check(rc: i32, what: impl FnOnce() -> String) -> Result<(), DistError> {
+    if rc == 0 {
+        return Ok(());
+    }
+    let what = what();
+    Err(DistError::C10d {
+        message: full_error(&what),
+        what,
+    })
+}
+
+/// One unit's flat buffers under full sharding, and the gate of its [`crate::model::layers::Gated`]
+/// wrapper.
+#[derive(Debug)]
+pub struct UnitGate {
+    /// The unit's path in the module tree.
+    path: String,
+    handle: Handle,
+}
+
+struct Handle(*mut c_void);
+
+// SAFETY: the shim's unit guards its state with its own mutex; the autograd hooks that reach it
+// from other threads hold their own reference.
+unsafe impl Send for Handle {}
+unsafe impl Sync for Handle {}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        // SAFETY: made by `tessera_full_unit_new`, freed once.
+        unsafe { tessera_full_unit_free(self.0) }
+    }
+}
+
+impl std::fmt::Debug for Handle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Handle")
+    }
+}
+
+impl UnitGate {
+    /// An empty unit at `path`.
+    pub fn new(path: &str) -> Result<UnitGate, DistError> {
+        // SAFETY: no arguments; null only on allocation failure.
+        let handle = unsafe { tessera_full_unit_new() };
+        if handle.is_null() {
+            return Err(DistError::C10d {
+                what: format!("sharding unit `{path}`"),
+                message: full_error("no distributed support"),
+            });
+        }
+        Ok(UnitGate {
+            path: path.to_owned(),
+            handle: Handle(handle),
+        })
+    }
+
+    /// The unit's path.
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// Adds a flat buffer (holding the parameters now) and this rank's shard of it (a tensor of
+    /// its own, which the optimizer steps).
+    pub fn add(
+        &self,
+        group: &Group,
+        buffer: &Tensor,
+        local: &Tensor,
+        rank: usize,
+    ) -> Result<(), DistError> {
+        // SAFETY: live handles; the shim keeps its own references to the tensors.
+        check(
+            unsafe {
+                tessera_full_unit_add(
+                    self.handle.0,
+                    group.handle,
+                    buffer.as_ptr() as *mut c_void,
+                    local.as_ptr() as *mut c_void,
+                    rank as i64,
+                )
+            },
+            || format!("sharding unit `{}`", self.path),
+        )
+    }
+
+    fn call(
+        &self,
+        f: unsafe extern "C" fn(*mut c_void) -> i32,
+        what: &str,
+    ) -> Result<(), DistError> {
+        // SAFETY: a live handle.
+        check(unsafe { f(self.handle.0) }, || {
+            format!("{what} the parameters of `{}`", self.path)
+        })
+    }
+
+    /// Makes the parameters whole for the methods or a checkpoint (collective).
+    pub fn summon(&self) -> Result<(), DistError> {
+        self.call(tessera_full_unit_summon, "gathering")
+    }
+
+    /// Keeps this rank's slice of what the whole parameters hold now and frees them.
+    pub fn release(&self) -> Result<(), DistError> {
+        self.call(tessera_full_unit_release, "releasing")
+    }
+
+    /// Frees parameters gathered for a pass (after a backward pass that did not free them).
+    pub fn free_gathered(&self) -> Result<(), DistError> {
+        self.call(tessera_full_unit_drop, "freeing")
+    }
+}
+
+fn torch_error(e: DistError) -> TchError {
+    TchError::Torch(e.to_string())
+}
+
+impl Gate for UnitGate {
+    fn open(&self) -> Result<(), TchError> {
+        self.call(tessera_full_unit_gather, "gathering")
+            .map_err(torch_error)
+    }
+
+    fn close(&self, input: &Tensor, output: Option<&Tensor>) -> Result<(), TchError> {
+        let hooked = match output {
+            // SAFETY: live tensors for the call; the hooks hold the unit weakly.
+            Some(out) => check(
+                unsafe {
+                    tessera_full_unit_hook(
+                        self.handle.0,
+                        input.as_ptr() as *mut c_void,
+                        out.as_ptr() as *mut c_void,
+                    )
+                },
+                || format!("hooking the backward pass of `{}`", self.path),
+            ),
+            None => Ok(()),
+        };
+        let freed = self.free_gathered();
+        hooked.and(freed).map_err(torch_error)
+    }
+}
+
+/// Every unit's gate, in forward order.
+#[derive(Debug, Default)]
+pub struct FullUnits {
+    pub units: Vec<Arc<UnitGate>>,
+}
+
+impl FullUnits {
+    /// Makes every unit whole (collective).
+    pub fn summon(&self) -> Result<(), DistError> {
+        self.units.iter().try_for_each(|u| u.summon())
+    }
+
+    /// Lets every unit go, keeping this rank's slice of what they hold.
+    pub fn release(&self) -> Result<(), DistError> {
+        self.units.iter().try_for_each(|u| u.release())
+    }
+
+    /// Frees what a pass left gathered.
+    pub fn free_gathered(&self) -> Result<(), DistError> {
+        self.units.iter().try_for_each(|u| u.free_gathered())
+    }
+
+    /// Registers the units as what [`summon`] makes whole on this thread (the training thread,
+    /// where the methods run).
+    pub fn register(&self) {
+        let weak = self.units.iter().map(Arc::downgrade).collect();
+        REGISTERED.with(|r| *r.borrow_mut() = weak);
+    }
+}
+
+thread_local! {
+    static REGISTERED: RefCell<Vec<Weak<UnitGate>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Makes the parameters of every fully sharded unit whole before something outside the
+/// training step reads them (a method, through the plugin API); a no-op without full sharding.
+/// Collective.
+pub fn summon() -> Result<(), DistError> {
+    let units: Vec<Arc<UnitGate>> =
+        REGISTERED.with(|r| r.borrow().iter().filter_map(Weak::upgrade).collect());
+    units.iter().try_for_each(|u| u.summon())
+}
