@@ -7,8 +7,11 @@
 # (parameters, gradients and optimizer state: run.json `memory_after_step_bytes`) and its peak
 # from the end of set-up on (`memory_peak_bytes`: that plus one backward pass's activations and
 # gradients in flight), beside the ideal of each mode for N parameters (ratio: after step /
-# ideal): none 16N, optimizer 8N + 8N/world, gradients 4N + 12N/world (bytes: fp32 parameters
-# 4N, gradients 4N, AdamW moments 8N). Not part of the test suite;
+# ideal): none 16N, optimizer 8N + 8N/world, gradients 4N + 12N/world, full 16N/world (bytes:
+# fp32 parameters 4N, gradients 4N, AdamW moments 8N). `full` gathers one block at a time and
+# the parameters outside the blocks (the tied embedding, 38.6M: the largest unit) for a whole
+# pass, so its peak adds those gathered parameters and their gradients in flight; the "unit"
+# column is the ideal plus the largest unit's gathered parameters. Not part of the test suite;
 # docs/benchmarks.md records its output.
 #   SEQ=64 STEPS=3 ./scripts/bench-sharding-memory.sh
 set -euo pipefail
@@ -58,9 +61,10 @@ progress = false
 [checkpoint]
 save = false
 TOML
-printf '%-6s %-10s %14s %14s %12s %8s\n' ranks sharding "after step MiB" "peak MiB" "ideal MiB" ratio
+printf '%-6s %-10s %14s %14s %12s %8s %12s %10s\n' ranks sharding "after step MiB" "peak MiB" \
+  "ideal MiB" ratio "+unit MiB" "peak ratio"
 for world in 1 2 4; do
-  for mode in none optimizer gradients; do
+  for mode in none optimizer gradients full; do
     if [ "$world" = 1 ] && [ "$mode" != none ]; then continue; fi
     run="w$world-$mode"
     (cd "$WORK" && TESSERA_MEMORY_PEAK=1 timeout 900 "$BIN" launch --nproc "$world" train trainer.toml \
@@ -74,11 +78,14 @@ dp = record.get("data_parallel") or {}
 # Parameters: the sharded ones' count when sharded, else GPT-2 small's (tied head).
 n = dp.get("sharded_elements") or 124439808
 ideal = {"none": 16 * n, "optimizer": 8 * n + 8 * n / world,
-         "gradients": 4 * n + 12 * n / world}[mode]
+         "gradients": 4 * n + 12 * n / world, "full": 16 * n / world}[mode]
+# The largest unit under `full`: what lies outside the blocks (wte 50257 x 768, wpe 1024 x 768,
+# ln_f 2 x 768), fp32.
+unit = 4 * (50257 * 768 + 1024 * 768 + 2 * 768) if mode == "full" else 0
 peak = record["memory_peak_bytes"]
 steady = record["memory_after_step_bytes"]
 print(f"{world:<6} {mode:<10} {steady / 2**20:14.0f} {peak / 2**20:14.0f} {ideal / 2**20:12.0f}"
-      f" {steady / ideal:8.2f}")
+      f" {steady / ideal:8.2f} {(ideal + unit) / 2**20:12.0f} {peak / (ideal + unit):10.2f}")
 PY
   done
 done

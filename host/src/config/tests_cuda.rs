@@ -126,4 +126,12 @@ fn sharding_is_read_recorded_and_checked() {
     assert_eq!(e.key, "distributed.sharding");
     assert_eq!(e.location.line(), Some(12));
     assert!(e.message.contains("\"optimizer\""), "{e}");
+    // The unit `full` gathers at a time.
+    use crate::model::Unit;
+    assert_eq!(parse(MINIMAL).unwrap().distributed.shard_unit, Unit::Block);
+    let c = parse(&with("\n[distributed]\nshard_unit = \"stage\"\n")).unwrap();
+    assert_eq!(c.distributed.shard_unit, Unit::Stage);
+    let e = parse(&with("\n[distributed]\nshard_unit = \"layer\"\n")).unwrap_err();
+    assert_eq!(e.key, "distributed.shard_unit");
+    assert!(e.message.contains("\"block\""), "{e}");
 }

@@ -154,6 +154,11 @@ impl UnitGate {
         self.call(tessera_full_unit_release, "releasing")
     }
 
+    /// Gathers the parameters for a pass (collective).
+    pub fn gather(&self) -> Result<(), DistError> {
+        self.call(tessera_full_unit_gather, "gathering")
+    }
+
     /// Frees parameters gathered for a pass (after a backward pass that did not free them).
     pub fn free_gathered(&self) -> Result<(), DistError> {
         self.call(tessera_full_unit_drop, "freeing")
@@ -166,8 +171,7 @@ fn torch_error(e: DistError) -> TchError {
 
 impl Gate for UnitGate {
     fn open(&self) -> Result<(), TchError> {
-        self.call(tessera_full_unit_gather, "gathering")
-            .map_err(torch_error)
+        self.gather().map_err(torch_error)
     }
 
     fn close(&self, input: &Tensor, output: Option<&Tensor>) -> Result<(), TchError> {
@@ -190,38 +194,62 @@ impl Gate for UnitGate {
     }
 }
 
-/// Every unit's gate, in forward order.
+/// Every unit's gate, in forward order, and the gate of the parameters outside the units.
 #[derive(Debug, Default)]
 pub struct FullUnits {
+    /// The units' gates (their wrappers hold them too).
     pub units: Vec<Arc<UnitGate>>,
+    /// The parameters outside the units (embeddings, head), gathered for a whole step.
+    pub root: Option<Arc<UnitGate>>,
 }
 
 impl FullUnits {
+    fn all(&self) -> impl Iterator<Item = &Arc<UnitGate>> {
+        self.units.iter().chain(&self.root)
+    }
+
     /// Makes every unit whole (collective).
     pub fn summon(&self) -> Result<(), DistError> {
-        self.units.iter().try_for_each(|u| u.summon())
+        self.all().try_for_each(|u| u.summon())
     }
 
     /// Lets every unit go, keeping this rank's slice of what they hold.
     pub fn release(&self) -> Result<(), DistError> {
-        self.units.iter().try_for_each(|u| u.release())
+        self.all().try_for_each(|u| u.release())
     }
 
-    /// Frees what a pass left gathered.
+    /// Frees what a pass left gathered in the units (not the parameters outside them, which
+    /// serve the step's every pass).
     pub fn free_gathered(&self) -> Result<(), DistError> {
         self.units.iter().try_for_each(|u| u.free_gathered())
+    }
+
+    /// Gathers the parameters outside the units for the step (collective).
+    pub fn gather_root(&self) -> Result<(), DistError> {
+        match &self.root {
+            Some(root) => root.gather(),
+            None => Ok(()),
+        }
     }
 
     /// Registers the units as what [`summon`] makes whole on this thread (the training thread,
     /// where the methods run).
     pub fn register(&self) {
-        let weak = self.units.iter().map(Arc::downgrade).collect();
-        REGISTERED.with(|r| *r.borrow_mut() = weak);
+        let all = self.all().map(Arc::downgrade).collect();
+        let root = self.root.as_ref().map(Arc::downgrade);
+        REGISTERED.with(|r| *r.borrow_mut() = Registered { all, root });
     }
 }
 
+/// The gates [`summon`] and [`gather_outside_units`] reach.
+#[derive(Default)]
+struct Registered {
+    all: Vec<Weak<UnitGate>>,
+    root: Option<Weak<UnitGate>>,
+}
+
 thread_local! {
-    static REGISTERED: RefCell<Vec<Weak<UnitGate>>> = const { RefCell::new(Vec::new()) };
+    static REGISTERED: RefCell<Registered> = RefCell::new(Registered::default());
 }
 
 /// Makes the parameters of every fully sharded unit whole before something outside the
@@ -229,6 +257,16 @@ thread_local! {
 /// Collective.
 pub fn summon() -> Result<(), DistError> {
     let units: Vec<Arc<UnitGate>> =
-        REGISTERED.with(|r| r.borrow().iter().filter_map(Weak::upgrade).collect());
+        REGISTERED.with(|r| r.borrow().all.iter().filter_map(Weak::upgrade).collect());
     units.iter().try_for_each(|u| u.summon())
+}
+
+/// Gathers the parameters outside the units before a method runs the model itself (the
+/// units gather their own); a no-op without full sharding. Collective.
+pub fn gather_outside_units() -> Result<(), DistError> {
+    let root = REGISTERED.with(|r| r.borrow().root.as_ref().and_then(Weak::upgrade));
+    match root {
+        Some(root) => root.gather(),
+        None => Ok(()),
+    }
 }

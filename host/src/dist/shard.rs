@@ -264,7 +264,9 @@ impl ShardedParams {
         let mut bytes: Vec<i64> = Vec::new();
         for (name, p) in params {
             let unit = if mode == Sharding::Full {
-                unit_of(name)
+                // The parameters outside every unit (embeddings, head) form one more, index
+                // `units.len()`, gathered for a whole step.
+                Some(unit_of(name).unwrap_or(units.len()))
             } else {
                 None
             };
@@ -281,7 +283,7 @@ impl ShardedParams {
             let slot = open.iter().position(|(k, _)| *k == key);
             let target = match slot {
                 Some(i)
-                    if unit.is_some()
+                    if unit.is_some_and(|u| u < units.len())
                         || bytes[open[i].1] + b <= bucket_bytes
                         || bytes[open[i].1] == 0 =>
                 {
@@ -385,15 +387,20 @@ impl ShardedParams {
     }
 
     /// `full`: one gate per unit that has parameters here, for its wrapper (path, gate), in the
-    /// units' order. The units start whole (the parameters hold their values); the first
-    /// [`ShardedParams::release`] frees them.
+    /// units' order; the parameters outside the units get one more, gathered for a whole step
+    /// ([`ShardedParams::gather_root`]), not returned. The units start whole (the parameters
+    /// hold their values); the first [`ShardedParams::release`] frees them.
     pub fn gate_units(
         &mut self,
         group: &Group,
         units: &[String],
     ) -> Result<Vec<Arc<UnitGate>>, ShardError> {
+        if self.mode != Sharding::Full {
+            return Ok(Vec::new());
+        }
         let mut gates = Vec::new();
-        for (u, path) in units.iter().enumerate() {
+        let root = "(outside the units)".to_owned();
+        for (u, path) in units.iter().chain([&root]).enumerate() {
             let flats: Vec<&Flat> = self
                 .flats
                 .iter()
@@ -410,11 +417,19 @@ impl ShardedParams {
             }
             gates.push(Arc::new(gate));
         }
+        let root = gates.pop_if(|g| g.path() == root);
         self.full = FullUnits {
             units: gates.clone(),
+            root,
         };
         self.full.register();
         Ok(gates)
+    }
+
+    /// `full`: gathers the parameters outside the units (the embeddings, the head) for the
+    /// step's passes; the step's [`ShardedParams::release`] frees them.
+    pub fn gather_root(&self) -> Result<(), ShardError> {
+        Ok(self.full.gather_root()?)
     }
 
     /// `full`: makes every unit's parameters whole (collective), for what reads them outside

@@ -168,6 +168,10 @@ extern "C" fn forward(
     grad: bool,
 ) -> RResult<TensorHandle, RString> {
     let input = input.into_tensor();
+    // `[distributed] sharding = "full"`: the parameters outside the units are gathered first.
+    if let Err(e) = crate::dist::full::gather_outside_units() {
+        return RResult::RErr(format!("forward: {e}").into());
+    }
     with_state(ctx, |s| {
         result(
             s.run("forward")
@@ -435,6 +439,9 @@ extern "C" fn training_sample(ctx: HostCtx, samples: u64) -> RResult<RVec<NamedT
 
 extern "C" fn forward_eval(ctx: HostCtx, input: TensorHandle) -> RResult<TensorHandle, RString> {
     let input = input.into_tensor();
+    if let Err(e) = crate::dist::full::gather_outside_units() {
+        return RResult::RErr(format!("forward_eval: {e}").into());
+    }
     with_state(ctx, |s| {
         result(
             s.run("forward_eval")

@@ -167,11 +167,12 @@ impl Trainer {
 
     /// At the start of a forward/backward pass over the batch (`gradients`: nothing reduced
     /// yet; `full`: the parameters made whole since the last step let go, keeping what a method
-    /// wrote).
+    /// wrote, and those outside the units gathered for the pass).
     pub(super) fn start_sharded_pass(&self) -> Result<()> {
         if let Some(s) = self.sharded() {
             s.start_step();
             s.release()?;
+            s.gather_root()?;
         }
         Ok(())
     }
