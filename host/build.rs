@@ -129,6 +129,7 @@ fn main() {
     println!("cargo:rerun-if-changed=csrc/dist.cpp");
     println!("cargo:rerun-if-changed=csrc/dist_group.h");
     println!("cargo:rerun-if-changed=csrc/full_shard.cpp");
+    println!("cargo:rerun-if-changed=csrc/dist_watch.cpp");
     println!("cargo:rerun-if-changed=csrc/gloo-decls");
     println!("cargo:rerun-if-changed=csrc/grad.cpp");
     println!("cargo:rerun-if-changed=csrc/graph.cpp");
@@ -192,6 +193,7 @@ fn main() {
     let mut dist = base();
     dist.file("csrc/dist.cpp")
         .file("csrc/full_shard.cpp")
+        .file("csrc/dist_watch.cpp")
         .include("csrc/gloo-decls");
     let mut graph = base();
     graph.file("csrc/graph.cpp");

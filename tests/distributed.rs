@@ -805,3 +805,45 @@ fn two_checkpoints_of_one_batch_gather_each_ranks_streams() {
         assert_eq!((meta.timestamp.batch, meta.ranks.len()), (4, 1), "{name}");
     }
 }
+
+/// A rank that stops answering (SIGSTOP) without dying: the others' next collective waits
+/// `[distributed] timeout`, then fails naming the rank that is behind, at which step and
+/// collective sequence number, and `tessera launch` stops every rank with that message.
+#[test]
+fn a_stopped_rank_is_named_when_a_collective_times_out() {
+    use tessera_tests::resume::{finish, wait_for};
+    let dir = TempDir::new("dp-hang");
+    let mut toml = TrainerToml::new("hung").algorithm("fake_plugin", "");
+    toml.model = "name = \"mlp\"\nhidden = [16]".to_owned();
+    toml.max_duration = "400ba".to_owned();
+    dir.write("trainer.toml", &with_checkpoints(&toml, "2ba"));
+    let child = spawn_launch(
+        &dir,
+        &["--nproc", "2", "--grace-seconds", "2"],
+        &["distributed.timeout=4"],
+        &[("TESSERA_FAKE_SLEEP_MS", "100")],
+    );
+    let folder = ckpt(&dir, "hung", "");
+    wait_for(
+        "the batch-4 checkpoint",
+        std::time::Duration::from_secs(120),
+        || folder.join("ep0-ba4.ckpt").exists(),
+    );
+    let stopped = rank_pid(child.id(), 1).expect("rank 1's process");
+    tessera_tests::kill("-STOP", stopped);
+    let (status, stderr) = finish(child);
+    // Rank 1 does not outlive the test, stopped or not (the launcher has killed it already).
+    let _ = std::process::Command::new("kill")
+        .args(["-9", &stopped.to_string()])
+        .status();
+    assert!(!status.success(), "{stderr}");
+    if let Some(line) = stderr.lines().find(|l| l.contains("is behind")) {
+        eprintln!("{line}");
+    }
+    assert!(
+        stderr.contains("waited past [distributed] timeout (4 s)")
+            && stderr.contains("rank 1 is behind")
+            && stderr.contains("collective #"),
+        "{stderr}"
+    );
+}

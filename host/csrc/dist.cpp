@@ -255,6 +255,9 @@ namespace tessera {
 c10::intrusive_ptr<c10d::ProcessGroup> dist_process_group(void* group) {
   return static_cast<Group*>(group)->pg;
 }
+c10::intrusive_ptr<c10d::Store> dist_store(void* group) {
+  return static_cast<Group*>(group)->store;
+}
 }  // namespace tessera
 
 extern "C" {

@@ -77,6 +77,7 @@ extern "C" {
 
 pub mod full;
 pub mod shard;
+pub mod watch;
 
 /// A failure of the group: joining it, or a collective (a rank failed or left).
 #[derive(Debug, thiserror::Error)]

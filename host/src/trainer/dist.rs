@@ -34,6 +34,9 @@ pub(super) struct DataParallel {
     pub checkpoints: u64,
     /// `[distributed] sharding`: the parameters' layout and this rank's pieces.
     pub sharded: Option<crate::dist::shard::ShardedParams>,
+    /// This rank's position, published for the report of a hang (its thread holds the group
+    /// too, and stops when this is dropped).
+    pub watch: crate::dist::watch::Watch,
 }
 
 impl DataParallel {
@@ -81,6 +84,7 @@ pub(super) fn join(config: &Config, env: &RankEnv, device: tch::Device) -> Resul
         })));
     }
     Ok(DataParallel {
+        watch: crate::dist::watch::Watch::start(Arc::clone(&group)),
         group,
         local_world: env.local_world,
         nodes: env.nodes(),

@@ -17,8 +17,37 @@ use super::{signal_name, FitSummary, Purpose, Trainer};
 
 impl Trainer {
     /// Runs the training loop to `max_duration`, evaluating at `eval_interval` and at the end,
-    /// and writes the run record.
+    /// and writes the run record. Data-parallel: a collective that waited past `[distributed]
+    /// timeout` fails with which rank is behind, at which step and collective sequence number.
     pub fn fit(&mut self) -> Result<FitSummary> {
+        let out = self.fit_loop();
+        let Err(e) = out else {
+            return out;
+        };
+        let Some(dp) = &self.dp else {
+            return Err(e);
+        };
+        let mut chain = e.to_string();
+        let mut source = std::error::Error::source(&e);
+        while let Some(s) = source {
+            chain.push_str(&format!(": {s}"));
+            source = s.source();
+        }
+        let chain = chain.to_ascii_lowercase();
+        if !chain.contains("timed out") && !chain.contains("timeout") {
+            return Err(e);
+        }
+        let why = dp.watch.diagnose();
+        tracing::error!("a collective waited past [distributed] timeout: {why}");
+        Err(e).with_context(|| {
+            format!(
+                "a collective waited past [distributed] timeout ({:.0} s): {why}",
+                self.config.distributed.timeout
+            )
+        })
+    }
+
+    fn fit_loop(&mut self) -> Result<FitSummary> {
         if self.purpose == Purpose::Standalone {
             fail!("this trainer was built to evaluate or predict (Trainer::standalone); build one with Trainer::new to train");
         }

@@ -199,6 +199,9 @@ impl Trainer {
         let samples = batch.len() as u64;
         let tokens = batch.tokens();
         let reads = self.host_reads.step_started();
+        if let Some(dp) = &self.dp {
+            dp.watch.at_step(self.state.clock.timestamp.batch);
+        }
         self.state.batch = batch;
         self.fire(Event::AFTER_DATALOADER)?;
         self.step_samples = self.state.batch.len() as u64;
