@@ -181,8 +181,8 @@ fn gpt2_with_adamw_on_four_ranks_trains_as_ddp_in_every_mode() {
     assert_modes_match_ddp("shard-gpt4", &toml, 4, Limit::Fixed(1e-6), &MODES);
 }
 
-/// The "loss continuity" check: a checkpoint of 4 ranks with everything sharded continues on 2
-/// ranks with a sharded optimizer state and on 1 process, with the same global batch, where the
+/// The "loss continuity" check: a checkpoint of 4 ranks with everything sharded (each rank's
+/// slices in its own file) continues on 2 ranks with a sharded optimizer state and on 1 process, with the same global batch, where the
 /// straight run went (the same samples in the same steps; sums in another order).
 #[test]
 fn a_sharded_checkpoint_continues_on_other_ranks_and_modes() {
@@ -356,4 +356,102 @@ fn a_one_process_checkpoint_of_an_earlier_version_continues_sharded() {
         &["model/", "optim/"],
     );
     assert!(diff <= 1e-5, "{diff:e} at `{name}`");
+}
+
+/// Under sharding each rank writes its own slices: a checkpoint is a folder (rank 0's
+/// `index.ckpt` and one `rank-<r>.pieces` per rank) that reads back whole, as the single file
+/// `checkpoint.sharded = false` writes, verifies every file, and exports.
+#[test]
+fn sharded_checkpoints_are_folders_of_slices_that_read_back_whole() {
+    use tessera::checkpoint::Checkpoint;
+    let mut toml = TrainerToml::tiny_gpt("sliced");
+    toml.max_duration = "4ba".to_owned();
+    let dir = TempDir::new("shard-files");
+    dir.write(
+        "trainer.toml",
+        &format!("{}\n[checkpoint]\ninterval = \"2ba\"\n", toml.render()),
+    );
+    for (run, sharded) in [("sliced", "true"), ("single", "false")] {
+        let (name, files) = (
+            format!("run_name={run}"),
+            format!("checkpoint.sharded={sharded}"),
+        );
+        let overrides = [
+            name.as_str(),
+            "distributed.sharding=\"full\"",
+            files.as_str(),
+            "train.threads=1",
+        ];
+        assert_all_succeeded(&train_ranks(&dir, 2, &overrides));
+    }
+    let folder = ckpt(&dir, "sliced", "ep0-ba4.ckpt");
+    assert!(folder.is_dir(), "{}", folder.display());
+    let mut files: Vec<String> = std::fs::read_dir(&folder)
+        .expect("the checkpoint folder")
+        .map(|e| {
+            e.expect("an entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    files.sort();
+    assert_eq!(files, ["index.ckpt", "rank-0.pieces", "rank-1.pieces"]);
+    assert!(ckpt(&dir, "single", "ep0-ba4.ckpt").is_file());
+    // `latest` points at the newest folder; no temporary folder is left.
+    let latest = ckpt(&dir, "sliced", "latest.ckpt");
+    assert_eq!(
+        std::fs::read_link(&latest).expect("latest is a link"),
+        PathBuf::from("ep0-ba4.ckpt")
+    );
+    let left: Vec<String> = std::fs::read_dir(ckpt(&dir, "sliced", ""))
+        .expect("the checkpoints")
+        .map(|e| {
+            e.expect("an entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .filter(|n| n.starts_with('.'))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    // Whole again: the same tensors as the single file, bit for bit.
+    let read = Checkpoint::read(&folder).expect("the folder reads");
+    let index = read.meta.shards.as_ref().expect("an index");
+    assert_eq!((index.world, index.files.len()), (2, 2));
+    assert!(index.tensors.iter().any(|t| t.name.starts_with("optim/")));
+    let (diff, name) = max_difference(
+        &folder,
+        &ckpt(&dir, "single", "ep0-ba4.ckpt"),
+        &["model/", "optim/", "method/"],
+    );
+    assert_eq!(diff, 0.0, "at `{name}`");
+    // A missing or damaged slice file is refused, naming it.
+    let damaged = dir.join("damaged.ckpt");
+    std::fs::create_dir_all(&damaged).expect("a copy");
+    for f in &files {
+        std::fs::copy(folder.join(f), damaged.join(f)).expect("copy a file");
+    }
+    let piece = damaged.join("rank-1.pieces");
+    let mut bytes = std::fs::read(&piece).expect("the slices");
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    std::fs::write(&piece, &bytes).expect("damage it");
+    let e = Checkpoint::read(&damaged)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(e.contains("rank-1.pieces") && e.contains("SHA-256"), "{e}");
+    std::fs::remove_file(&piece).expect("remove it");
+    let e = Checkpoint::read(&damaged)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(e.contains("rank-1.pieces"), "{e}");
+    // A plain export of the folder.
+    let exported = dir.join("model.safetensors");
+    let to = exported.display().to_string();
+    let from = folder.display().to_string();
+    tessera(&["export", "--to", &to, &from], dir.path(), &[]).assert_success();
+    assert!(exported.is_file());
 }

@@ -67,10 +67,16 @@ pub fn remove_stale_temporaries(folder: &Path) -> Vec<PathBuf> {
     let mut removed = Vec::new();
     for e in entries.filter_map(Result::ok) {
         let name = e.file_name().to_string_lossy().into_owned();
-        if name.starts_with(TMP_PREFIX)
-            && !name.ends_with(&own)
-            && std::fs::remove_file(e.path()).is_ok()
-        {
+        // A folder: a sharded checkpoint's, left by a save that did not finish.
+        let is_folder = e.file_type().is_ok_and(|t| t.is_dir());
+        let remove = || {
+            if is_folder {
+                std::fs::remove_dir_all(e.path()).is_ok()
+            } else {
+                std::fs::remove_file(e.path()).is_ok()
+            }
+        };
+        if name.starts_with(TMP_PREFIX) && !name.ends_with(&own) && remove() {
             removed.push(e.path());
         }
     }

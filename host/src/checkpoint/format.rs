@@ -12,14 +12,14 @@ use super::{Checkpoint, CheckpointError, Meta, FORMAT_VERSION};
 use crate::files::{hex, write_atomic};
 
 const META_KEY: &str = "tessera.checkpoint";
-const CHECKSUM_KEY: &str = "tessera.sha256";
+pub(super) const CHECKSUM_KEY: &str = "tessera.sha256";
 
 /// A tensor as little-endian bytes on the CPU, ready for safetensors (also used by
 /// `tessera export`).
 pub(crate) struct Blob {
-    dtype: Dtype,
-    shape: Vec<usize>,
-    bytes: Vec<u8>,
+    pub(super) dtype: Dtype,
+    pub(super) shape: Vec<usize>,
+    pub(super) bytes: Vec<u8>,
 }
 
 impl View for &Blob {
@@ -92,7 +92,7 @@ pub(crate) fn blob_of(name: &str, t: &Tensor) -> Result<Blob, CheckpointError> {
     })
 }
 
-fn hash_tensor(h: &mut Sha256, name: &str, dtype: Dtype, shape: &[usize], bytes: &[u8]) {
+pub(super) fn hash_tensor(h: &mut Sha256, name: &str, dtype: Dtype, shape: &[usize], bytes: &[u8]) {
     h.update((name.len() as u64).to_le_bytes());
     h.update(name.as_bytes());
     h.update(format!("{dtype:?}").as_bytes());
@@ -106,7 +106,10 @@ fn hash_tensor(h: &mut Sha256, name: &str, dtype: Dtype, shape: &[usize], bytes:
 
 /// The tensor of safetensors view `v` named `name` (copied out of the file's bytes); `Err`
 /// names it when its dtype has no libtorch kind or libtorch refuses it.
-fn tensor_of(name: &str, v: &safetensors::tensor::TensorView<'_>) -> Result<Tensor, String> {
+pub(super) fn tensor_of(
+    name: &str,
+    v: &safetensors::tensor::TensorView<'_>,
+) -> Result<Tensor, String> {
     let kind = kind_of(v.dtype()).ok_or_else(|| {
         format!(
             "`{name}` has dtype {:?}, which Tessera cannot hold",
@@ -221,8 +224,18 @@ impl Checkpoint {
         Ok(Checkpoint { meta, tensors })
     }
 
-    /// Reads and verifies the checkpoint at `path`.
+    /// Reads and verifies the checkpoint at `path`: a file, or the folder of a sharded
+    /// checkpoint, whose tensors are put together whole (see [`super::sharded`]).
     pub fn read(path: &Path) -> Result<Checkpoint, CheckpointError> {
+        if path.is_dir() {
+            let mut c = Checkpoint::read(&path.join(super::sharded::INDEX))?;
+            if let Some(index) = &c.meta.shards {
+                let whole = super::sharded::assemble(path, index)?;
+                c.tensors.extend(whole);
+                c.tensors.sort_by(|a, b| a.0.cmp(&b.0));
+            }
+            return Ok(c);
+        }
         let bytes = std::fs::read(path).map_err(|source| CheckpointError::Io {
             path: path.to_owned(),
             source,

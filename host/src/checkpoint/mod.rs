@@ -26,6 +26,7 @@ mod folder;
 mod format;
 mod parts;
 mod retention;
+pub mod sharded;
 #[cfg(test)]
 mod tests;
 pub mod torch_rng;
@@ -37,6 +38,7 @@ pub(crate) use format::{blob_of, read_plain_tensors, Blob};
 pub use parts::{
     rng_from_meta, rng_meta, Meta, MethodMeta, Parts, RankPart, RngMeta, SavedClock, TrainerMeta,
 };
+pub(crate) use parts::{MODEL as MODEL_PREFIX, OPTIMIZER as OPTIMIZER_PREFIX};
 pub use retention::prune;
 
 /// Version of the checkpoint layout this build writes and reads.

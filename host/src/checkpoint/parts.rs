@@ -122,6 +122,10 @@ pub struct Meta {
     /// The random streams of ranks 1.. (rank 0's are `rng` and `trainer/torch_cpu_rng`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ranks: Vec<RngMeta>,
+    /// A sharded checkpoint's index (this file is then the folder's `index.ckpt`): the tensors
+    /// the ranks wrote in slices, in their own files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shards: Option<super::sharded::ShardIndex>,
 }
 
 fn one() -> usize {
@@ -212,8 +216,8 @@ pub struct Parts {
     pub ranks: Vec<RankPart>,
 }
 
-const MODEL: &str = "model/";
-const OPTIMIZER: &str = "optim/";
+pub(crate) const MODEL: &str = "model/";
+pub(crate) const OPTIMIZER: &str = "optim/";
 const METHOD: &str = "method/";
 const RUNNING_LOSS: &str = "trainer/running_loss";
 const TORCH_RNG: &str = "trainer/torch_cpu_rng";
@@ -347,6 +351,7 @@ impl Checkpoint {
             config,
             world_size,
             ranks: rank_rngs,
+            shards: None,
         };
         Ok(Checkpoint { meta, tensors })
     }

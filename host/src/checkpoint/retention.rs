@@ -15,7 +15,13 @@ pub fn prune(folder: &Path, keep: usize, current: &Path) -> Vec<PathBuf> {
         if path == current {
             continue;
         }
-        match std::fs::remove_file(&path) {
+        // A sharded checkpoint is a folder.
+        let removed = if path.is_dir() {
+            std::fs::remove_dir_all(&path)
+        } else {
+            std::fs::remove_file(&path)
+        };
+        match removed {
             Ok(()) => deleted.push(path),
             Err(e) => tracing::warn!("cannot delete old checkpoint {}: {e}", path.display()),
         }

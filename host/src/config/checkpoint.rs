@@ -35,6 +35,15 @@ pub struct CheckpointConfig {
     /// still wins, so a restarted fine-tuning run goes on where it stopped.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub weights_only: bool,
+    /// Under `[distributed] sharding`: each rank writes its own slices of the sharded tensors
+    /// (a checkpoint is then a folder) instead of gathering them into rank 0's file (default
+    /// true). Either reads back whole and resumes on any number of ranks.
+    #[serde(skip_serializing_if = "is_true")]
+    pub sharded: bool,
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
 }
 
 section!(CheckpointConfig {
@@ -46,6 +55,7 @@ section!(CheckpointConfig {
     overwrite: bool(),
     load: path(),
     weights_only: bool(),
+    sharded: bool(),
 });
 
 impl CheckpointConfig {
@@ -60,6 +70,7 @@ impl CheckpointConfig {
             overwrite: false,
             load: None,
             weights_only: false,
+            sharded: true,
         }
     }
 }

@@ -121,6 +121,19 @@ struct Flat {
     unit: Option<(usize, Tensor)>,
 }
 
+/// A sharded parameter's layout and every rank's slice of it ([`ShardedParams::slices`]).
+#[derive(Debug, Clone)]
+pub struct ParamSlices {
+    /// The parameter's name.
+    pub name: String,
+    /// Its size.
+    pub size: Vec<i64>,
+    /// Its strides (the slices follow its memory order).
+    pub strides: Vec<i64>,
+    /// (rank, first element, length), non-empty ones only.
+    pub slices: Vec<(usize, i64, i64)>,
+}
+
 /// The part of a parameter this rank steps.
 #[derive(Debug)]
 pub struct Piece {
@@ -451,6 +464,31 @@ impl ShardedParams {
     /// This rank's pieces, one per parameter (empty ones included), in parameter order.
     pub fn pieces(&self) -> &[Piece] {
         &self.pieces
+    }
+
+    /// Every sharded parameter's layout and every rank's slice of it: (name, size, strides,
+    /// [(rank, first element, length)] in the parameter's memory order, empty slices left out).
+    pub fn slices(&self) -> Vec<ParamSlices> {
+        let mut out = Vec::new();
+        for flat in &self.flats {
+            for m in &flat.members {
+                let slices = (0..self.world)
+                    .filter_map(|r| {
+                        let (lo, hi) = (r as i64 * flat.shard, (r as i64 + 1) * flat.shard);
+                        let a = lo.max(m.offset);
+                        let b = hi.min(m.offset + m.numel);
+                        (b > a).then_some((r, a - m.offset, b - a))
+                    })
+                    .collect();
+                out.push(ParamSlices {
+                    name: m.name.clone(),
+                    size: m.size.clone(),
+                    strides: m.strides.clone(),
+                    slices,
+                });
+            }
+        }
+        out
     }
 
     /// Names of the sharded parameters.

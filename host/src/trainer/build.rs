@@ -891,8 +891,14 @@ fn prepare_checkpoint_folder(ck: &config::CheckpointConfig, resuming: bool) -> R
     let mut stale = earlier.clone();
     stale.push(ck.folder.join(checkpoint::LATEST));
     for old in stale.iter().filter(|p| p.symlink_metadata().is_ok()) {
-        std::fs::remove_file(old)
-            .with_context(|| format!("checkpoint.overwrite: deleting {}", old.display()))?;
+        // A sharded checkpoint is a folder (`latest` a link to one).
+        let is_folder = old.symlink_metadata().is_ok_and(|m| m.is_dir());
+        let deleted = if is_folder {
+            std::fs::remove_dir_all(old)
+        } else {
+            std::fs::remove_file(old)
+        };
+        deleted.with_context(|| format!("checkpoint.overwrite: deleting {}", old.display()))?;
     }
     tracing::info!(
         "checkpoint.overwrite: deleted {} checkpoint(s) of an earlier run in {}",

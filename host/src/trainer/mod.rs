@@ -29,6 +29,7 @@ pub mod metrics;
 mod microbatch;
 mod resume;
 mod shard;
+mod shard_save;
 mod standalone;
 mod step;
 mod target;

@@ -11,6 +11,7 @@ use crate::time::Timestamp;
 use tch::Tensor;
 
 use super::error::{fail, Context as _, Result};
+use super::shard_save::SlicedSave;
 use super::{Purpose, Trainer};
 
 impl Trainer {
@@ -169,8 +170,25 @@ impl Trainer {
         // Data-parallel: ranks 1.. hand their random streams to rank 0, which writes; a sharded
         // optimizer state is gathered whole (every rank takes part).
         let ranks = self.gather_rank_parts()?;
-        self.whole_parameters()?;
-        let optimizer = self.optimizer_snapshot()?;
+        // Sharded checkpoint: every rank writes its own slices; else a sharded state is
+        // gathered into rank 0's file.
+        let sliced = self.write_slices(&path)?;
+        let (sliced, optimizer) = match sliced {
+            Some(Some(s)) => {
+                let SlicedSave {
+                    folder,
+                    index,
+                    sharded,
+                    optimizer,
+                } = s;
+                (Some((folder, index, sharded)), Some(optimizer))
+            }
+            Some(None) => (None, None),
+            None => {
+                self.whole_parameters()?;
+                (None, self.optimizer_snapshot()?)
+            }
+        };
         if !self.is_rank0() {
             self.last_checkpoint_batch = Some(self.state.clock.timestamp.batch);
             self.last_checkpoint = Some(path.clone());
@@ -187,7 +205,17 @@ impl Trainer {
                 timestamp: self.state.clock.timestamp.clone(),
                 batches_per_epoch: self.state.clock.run.batches_per_epoch,
             },
-            model: self.state.model.params.named_tensors(),
+            model: match &sliced {
+                Some((_, _, sharded)) => self
+                    .state
+                    .model
+                    .params
+                    .named_tensors()
+                    .into_iter()
+                    .filter(|(n, _)| !sharded.contains(n))
+                    .collect(),
+                None => self.state.model.params.named_tensors(),
+            },
             optimizer: optimizer.context("the optimizer's state on rank 0")?,
             methods: self.engine.records()?,
             disabled_methods: self
@@ -218,9 +246,19 @@ impl Trainer {
             world_size: self.world(),
             ranks,
         };
-        let bytes = Checkpoint::from_parts(parts)?
-            .write(&path)
-            .context("writing a checkpoint")?;
+        let mut c = Checkpoint::from_parts(parts)?;
+        let bytes = match sliced {
+            Some((folder, index, _)) => {
+                let pieces: u64 = index.files.iter().map(|f| f.bytes).sum();
+                c.meta.shards = Some(index);
+                let written = c
+                    .write(&folder.join(checkpoint::sharded::INDEX))
+                    .context("writing a checkpoint's index")?;
+                finish_folder(&folder, &path)?;
+                written + pieces
+            }
+            None => c.write(&path).context("writing a checkpoint")?,
+        };
         checkpoint::update_latest(&folder, &path).with_context(|| {
             format!(
                 "pointing {} at the new checkpoint",
@@ -319,4 +357,21 @@ pub(super) fn weights_checkpoint(
         }
         _ => Ok(None),
     }
+}
+
+/// Renames the complete folder of a sharded checkpoint to its name (replacing what was there),
+/// durably.
+fn finish_folder(folder: &Path, path: &Path) -> Result<()> {
+    if path.is_dir() {
+        std::fs::remove_dir_all(path).with_context(|| format!("replacing {}", path.display()))?;
+    } else if path.exists() {
+        std::fs::remove_file(path).with_context(|| format!("replacing {}", path.display()))?;
+    }
+    std::fs::rename(folder, path).with_context(|| format!("writing {}", path.display()))?;
+    if let Some(parent) = path.parent() {
+        if let Ok(d) = std::fs::File::open(parent) {
+            let _ = d.sync_all();
+        }
+    }
+    Ok(())
 }
