@@ -415,7 +415,7 @@ void* tessera_dist_reducer_new(void* group, void** params, int n, int64_t bucket
     std::vector<int64_t> caps(limits.rbegin(), limits.rend());
     auto reducer = std::make_shared<c10d::Reducer>(
         tensors, buckets, g->pg, sparse, bucket_cap_bytes, find_unused != 0,
-        /*gradient_as_bucket_view=*/false, std::unordered_map<size_t, std::string>{},
+        /*gradient_as_bucket_view=*/true, std::unordered_map<size_t, std::string>{},
         static_cast<int64_t>(first_bucket), /*skip_all_reduce_unused_params=*/false,
         /*use_python_reducer=*/false, caps);
     auto logger = std::make_shared<c10d::Logger>(reducer);

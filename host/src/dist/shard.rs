@@ -173,8 +173,9 @@ fn dense(size: &[i64], strides: &[i64]) -> bool {
 /// A tensor of `len` elements of `source`'s memory from `offset` (absolute in its storage),
 /// sharing it without being an autograd view of it.
 fn alias(source: &Tensor, offset: i64, len: i64) -> Result<Tensor, tch::TchError> {
-    // `set_` takes its storage from a contiguous tensor: an empty 1-D view of `source`'s.
-    let base = source.f_as_strided([0], [1], source.f_storage_offset()?)?;
+    // `set_` takes its storage from a contiguous tensor: an empty 1-D view of `source`'s, at
+    // its start (`set_` adds the view's own storage offset to `offset`).
+    let base = source.f_as_strided([0], [1], 0)?;
     let mut t = Tensor::f_empty([0], (source.kind(), source.device()))?;
     t.f_set_source_tensor_storage_offset_(&base, offset, [len], [1])
 }
@@ -689,6 +690,94 @@ impl ShardedParams {
         Ok(())
     }
 
+    /// `gradients`/`full`, before methods that read the gradients between the backward pass and
+    /// the optimizer step (gradient clipping, SAM): every parameter gets its whole reduced
+    /// gradient, all-gathered from the ranks' slices (a parameter that got a gradient on no
+    /// rank gets none). Collective; [`ShardedParams::scatter_gradients`] undoes it.
+    pub fn gather_gradients(&self, group: &Group) -> Result<(), ShardError> {
+        let _guard = tch::no_grad_guard();
+        let what = "gathering the reduced gradients for the methods";
+        let reduced = self.reduced.borrow();
+        let local: Vec<f64> = self
+            .flats
+            .iter()
+            .flat_map(|f| f.members.iter())
+            .enumerate()
+            .map(|(i, _)| f64::from(u8::from(reduced.fired.get(i).copied().unwrap_or(false))))
+            .collect();
+        let used = group.all_reduce_values(&local, super::Op::Max)?;
+        let mut at = 0;
+        for (f, flat) in self.flats.iter().enumerate() {
+            let first = at;
+            at += flat.members.len();
+            let Some(slice) = reduced.slices.get(f) else {
+                continue;
+            };
+            let whole = torch(
+                what,
+                Tensor::f_empty(
+                    [flat.shard * self.world as i64],
+                    (slice.kind(), slice.device()),
+                ),
+            )?;
+            group.all_gather_base(&whole, torch(what, slice.f_detach_copy())?)?;
+            for (m, member) in flat.members.iter().enumerate() {
+                let grad = match used[first + m] > 0.0 {
+                    true => Some(torch(
+                        what,
+                        whole.f_as_strided(&member.size, &member.strides, member.offset),
+                    )?),
+                    false => None,
+                };
+                torch(what, set_grad(&member.param, grad.as_ref()))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// After [`ShardedParams::gather_gradients`] and the methods: this rank's slices take what
+    /// the methods left in the whole gradients (clipped, say), and the whole gradients go.
+    pub fn scatter_gradients(&self) -> Result<(), ShardError> {
+        let _guard = tch::no_grad_guard();
+        let what = "taking back the gradients the methods saw";
+        let reduced = self.reduced.borrow();
+        for (f, flat) in self.flats.iter().enumerate() {
+            let (lo, hi) = (
+                self.rank as i64 * flat.shard,
+                (self.rank as i64 + 1) * flat.shard,
+            );
+            for member in &flat.members {
+                let grad = member.param.grad();
+                if let Some(slice) = reduced.slices.get(f).filter(|_| grad.defined()) {
+                    let (a, b) = (lo.max(member.offset), hi.min(member.offset + member.numel));
+                    if b > a {
+                        // In the parameter's layout (a method may have put another there).
+                        let g = if grad.stride() == member.strides {
+                            grad
+                        } else {
+                            let g = torch(
+                                what,
+                                Tensor::f_empty_strided(
+                                    &member.size,
+                                    &member.strides,
+                                    (grad.kind(), grad.device()),
+                                ),
+                            )?;
+                            torch(what, g.shallow_clone().f_copy_(&grad))?;
+                            g
+                        };
+                        let offset = torch(what, g.f_storage_offset())? + (a - member.offset);
+                        let src = torch(what, alias(&g, offset, b - a))?;
+                        let dst = torch(what, slice.f_narrow(0, a - lo, b - a))?;
+                        torch(what, dst.shallow_clone().f_copy_(&src))?;
+                    }
+                }
+                torch(what, set_grad(&member.param, None))?;
+            }
+        }
+        Ok(())
+    }
+
     /// Sends each rank's updated slice to every rank: the parameters are whole again.
     pub fn all_gather(&self, group: &Group) -> Result<(), ShardError> {
         let _guard = tch::no_grad_guard();
@@ -845,6 +934,17 @@ mod tests {
         assert!(!dense(&[2, 3], &[4, 1]), "padded rows");
         assert!(!dense(&[2, 2], &[1, 1]), "overlapping");
         assert!(!dense(&[3], &[0]), "expanded");
+    }
+
+    #[test]
+    fn an_alias_reads_the_storage_where_it_is_told() {
+        let t = Tensor::arange(10, (Kind::Float, Device::Cpu));
+        // A source that starts inside the storage (a view, as a gradient in a bucket is).
+        let view = t.narrow(0, 3, 5);
+        let a = alias(&view, 4, 3).unwrap();
+        assert_eq!(Vec::<f32>::try_from(&a).unwrap(), [4.0, 5.0, 6.0]);
+        let _ = a.shallow_clone().fill_(-1.0);
+        assert_eq!(t.double_value(&[5]), -1.0, "shares the memory");
     }
 
     #[test]

@@ -56,18 +56,18 @@ impl Trainer {
                 mode.name()
             );
         }
+        // Methods at `after_train_batch` see whole gradients, gathered for them; after each
+        // microbatch's backward pass there are only this rank's slices of its gradients.
         if mode.shards_gradients() {
-            for event in [Event::AFTER_BACKWARD, Event::AFTER_TRAIN_BATCH] {
-                if let Some(method) = self.engine.methods_at(event).first() {
-                    fail!(
-                        "method `{method}` runs at `{}`, between the backward pass and the \
-                         optimizer step, where it may read the gradients: with [distributed] \
-                         sharding = \"{}\" each rank holds only its slice of them; use sharding \
-                         = \"optimizer\" (whole gradients, sharded optimizer state) with it",
-                        event.name(),
-                        mode.name()
-                    );
-                }
+            if let Some(method) = self.engine.methods_at(Event::AFTER_BACKWARD).first() {
+                fail!(
+                    "method `{method}` runs at `{}`, after each microbatch's backward pass, where \
+                     it may read the gradients: with [distributed] sharding = \"{}\" each rank \
+                     holds only its slice of them there; use sharding = \"optimizer\" (whole \
+                     gradients, sharded optimizer state) with it",
+                    Event::AFTER_BACKWARD.name(),
+                    mode.name()
+                );
             }
         }
         // Every parameter the optimizer steps (frozen ones too: a method may unfreeze them);
@@ -151,6 +151,29 @@ impl Trainer {
             sharded.take_reduced_grads(group)?;
         } else {
             sharded.take_whole_grads()?;
+        }
+        Ok(())
+    }
+
+    /// Under sharded gradients, before the methods at `after_train_batch` (gradient clipping,
+    /// SAM): the parameters get their whole reduced gradients. Returns whether it gathered.
+    pub(super) fn gradients_for_methods(&self) -> Result<bool> {
+        let Some((group, sharded)) = self.sharded_in_group() else {
+            return Ok(false);
+        };
+        if !sharded.mode().shards_gradients()
+            || self.engine.methods_at(Event::AFTER_TRAIN_BATCH).is_empty()
+        {
+            return Ok(false);
+        }
+        sharded.gather_gradients(group)?;
+        Ok(true)
+    }
+
+    /// After those methods: this rank's slices keep what they left.
+    pub(super) fn gradients_after_methods(&self) -> Result<()> {
+        if let Some(s) = self.sharded() {
+            s.scatter_gradients()?;
         }
         Ok(())
     }

@@ -181,7 +181,12 @@ impl Trainer {
         if let Some(scaler) = &mut self.state.scaler {
             scaler.unscale(self.state.optimizer.params())?;
         }
+        // Sharded gradients: the methods here see whole gradients, gathered for them.
+        let gathered = self.gradients_for_methods()?;
         self.fire(Event::AFTER_TRAIN_BATCH)?;
+        if gathered {
+            self.gradients_after_methods()?;
+        }
         self.state.in_train_batch = false;
         Ok(batch_loss)
     }
