@@ -1,8 +1,9 @@
 //! MDS datasets read from S3: shards written by `tessera data pack`, uploaded with boto3 to a
 //! local S3 server (`moto`, started here on the loopback address), trained on with
 //! `data_dir = "s3://bucket/prefix"`: the same losses and weights as from the local folder,
-//! resumed mid-epoch exactly, through a cache smaller than the dataset, and errors that name the
-//! missing bucket or object.
+//! resumed mid-epoch exactly, through a cache smaller than the dataset, errors that name the
+//! missing bucket or object, and a run over two (simulated) nodes whose nodes download the
+//! training shards once between them.
 //!
 //! moto comes from `scripts/ensure-moto.sh` (`$TESSERA_MOTO_PYTHONPATH`, as `scripts/test.sh`
 //! sets it). Without it the tests are skipped with a notice, unless `TESSERA_REQUIRE_MOTO=1`
@@ -13,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use tessera_tests::dist::free_port;
+use tessera_tests::dist::{assert_all_succeeded, free_port};
 use tessera_tests::resume::{assert_same_checkpoint, names};
 use tessera_tests::*;
 
@@ -180,6 +181,11 @@ fn png_folder(dir: &TempDir) -> PathBuf {
 
 /// `tessera data pack` of the PNG folder as zstd MDS shards of at most 5 KB.
 fn packed(dir: &TempDir) -> PathBuf {
+    packed_in_shards_of(dir, "5KB")
+}
+
+/// `tessera data pack` of the PNG folder as zstd MDS shards of at most `shard_size`.
+fn packed_in_shards_of(dir: &TempDir, shard_size: &str) -> PathBuf {
     let images = png_folder(dir);
     let root = dir.join("mds");
     pack(
@@ -192,7 +198,7 @@ fn packed(dir: &TempDir) -> PathBuf {
             "--compression",
             "zstd",
             "--shard-size",
-            "5KB",
+            shard_size,
         ],
     );
     root
@@ -292,7 +298,10 @@ fn training_from_s3_matches_the_local_folder_and_resumes_mid_epoch_exactly() {
     assert_eq!(train_losses(&run_dir(&dir, "remote")), local);
     assert_same_checkpoints(&dir, "local", "remote");
     // Every shard of both splits went through the cache, which holds them all (10GB limit).
-    let cached = std::fs::read_dir(&cache).unwrap().count();
+    let cached = std::fs::read_dir(&cache)
+        .unwrap()
+        .filter(|e| e.as_ref().is_ok_and(|e| e.path().is_file()))
+        .count();
     let val_shards = shard_names(&root, "val");
     assert_eq!(
         cached,
@@ -406,4 +415,131 @@ fn a_missing_bucket_or_object_is_named() {
     assert!(!out.status.success(), "{}", out.dump());
     let object = format!("s3://{BUCKET}/broken/val/index.json: no such object");
     assert!(out.stderr.contains(&object), "{object}:\n{}", out.dump());
+}
+
+/// The GET requests for training shards in moto's log (werkzeug logs one line per request).
+fn shard_gets(dir: &TempDir) -> usize {
+    std::fs::read_to_string(dir.join("moto.log"))
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("\"GET ") && l.contains("/train/shard."))
+        .count()
+}
+
+/// The training shards in each node's cache folder (`cache-<tag>-<node>`).
+fn cached_train_shards(dir: &TempDir, tag: &str) -> [Vec<String>; 2] {
+    [0, 1].map(|node| {
+        let mut names: Vec<String> = std::fs::read_dir(dir.join(&format!("cache-{tag}-{node}")))
+            .map(|entries| {
+                entries
+                    .filter_map(|e| e.ok()?.file_name().into_string().ok())
+                    .filter_map(|n| n.strip_prefix("train%2F").map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default();
+        names.sort();
+        names
+    })
+}
+
+/// One epoch on 4 ranks, ranks 0 and 1 sharing node 0's cache folder, 2 and 3 node 1's, each
+/// rank told `LOCAL_WORLD_SIZE=local_world`: 2 makes them two nodes of two ranks, 4 one node.
+fn train_on_two_caches(dir: &TempDir, moto: &Moto, tag: &str, local_world: usize) -> Vec<Output> {
+    let port = free_port();
+    let config = dir.join("trainer.toml").display().to_string();
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..4usize)
+            .map(|rank| {
+                let config = &config;
+                s.spawn(move || {
+                    let cache = dir.join(&format!("cache-{tag}-{}", rank / 2));
+                    let cache = format!("data.shards.cache_dir={}", cache.display());
+                    let args = [
+                        "train",
+                        config,
+                        "--set",
+                        &cache,
+                        "--set",
+                        "train.max_duration=1ep",
+                        "--set",
+                        &format!("run_name={tag}"),
+                    ];
+                    let vars = [
+                        ("RANK", rank.to_string()),
+                        ("WORLD_SIZE", "4".to_owned()),
+                        ("LOCAL_RANK", (rank % local_world).to_string()),
+                        ("LOCAL_WORLD_SIZE", local_world.to_string()),
+                        ("GROUP_RANK", (rank / local_world).to_string()),
+                        ("MASTER_ADDR", "127.0.0.1".to_owned()),
+                        ("MASTER_PORT", port.to_string()),
+                    ];
+                    let mut env = moto.env();
+                    env.extend(vars.iter().map(|(k, v)| (*k, v.as_str())));
+                    tessera(&args, dir.path(), &env)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("a rank's thread"))
+            .collect()
+    })
+}
+
+/// Four ranks on two simulated nodes (`LOCAL_WORLD_SIZE=2`), each node with a cache folder of
+/// its own: the nodes download each training shard once between them in an epoch, where one
+/// node of four ranks (the order split round-robin over all ranks, as before node splits) has
+/// both cache folders fetch nearly every shard.
+#[test]
+fn two_nodes_download_each_training_shard_once_between_them() {
+    let dir = TempDir::new("s3-nodes");
+    let Some(moto) = Moto::start(&dir) else {
+        return;
+    };
+    // About 5 samples a shard, so that round-robin ranks share shards.
+    let root = packed_in_shards_of(&dir, "16KB");
+    let shards = shard_names(&root, "train");
+    moto.upload(&root, "packed/nodes");
+    let url = format!("s3://{BUCKET}/packed/nodes");
+    // No shard of the next epoch is fetched ahead, so the caches hold what the epoch read.
+    write_toml(&dir, &url, "nodes", "prefetch_shards = 0\n");
+
+    let before = shard_gets(&dir);
+    let outputs = train_on_two_caches(&dir, &moto, "one-node", 4);
+    assert_all_succeeded(&outputs);
+    let one_node_gets = shard_gets(&dir) - before;
+    let [a, b] = cached_train_shards(&dir, "one-node");
+    eprintln!(
+        "one node of 4 ranks, two cache folders: {} + {} of {} shards cached, {one_node_gets} \
+         shard downloads",
+        a.len(),
+        b.len(),
+        shards.len()
+    );
+    assert!(
+        a.len() + b.len() > shards.len() + shards.len() / 2,
+        "{a:?} / {b:?}"
+    );
+
+    let before = shard_gets(&dir);
+    let outputs = train_on_two_caches(&dir, &moto, "two-nodes", 2);
+    assert_all_succeeded(&outputs);
+    let two_node_gets = shard_gets(&dir) - before;
+    let [a, b] = cached_train_shards(&dir, "two-nodes");
+    eprintln!(
+        "two nodes of 2 ranks: {} + {} of {} shards cached, {two_node_gets} shard downloads",
+        a.len(),
+        b.len(),
+        shards.len()
+    );
+    assert!(a.iter().all(|s| !b.contains(s)), "{a:?} / {b:?}");
+    let mut both: Vec<String> = a.iter().chain(&b).cloned().collect();
+    both.sort();
+    let mut all = shards.clone();
+    all.sort();
+    assert_eq!(both, all);
+    assert_eq!(two_node_gets, shards.len(), "{}", outputs[0].dump());
+    let record = read_json(&run_dir(&dir, "two-nodes").join("run.json"));
+    assert_eq!(record["status"], "completed", "{record:#}");
+    assert_eq!(record["nodes"], 2, "{record:#}");
 }

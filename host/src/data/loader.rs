@@ -278,6 +278,18 @@ struct Shard {
     /// Pad the epoch to a multiple of `world` with its first samples, so that every rank gets
     /// as many (training); otherwise ranks get one sample fewer or more (evaluation).
     pad: bool,
+    /// In a run over several nodes whose source splits epochs by node (see
+    /// [`Loader::across_nodes`]): how.
+    nodes: Option<NodeShare>,
+}
+
+/// How a rank's node reads its own part of every epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct NodeShare {
+    /// Nodes in the run; ranks `k·R..(k+1)·R` (R = world / nodes) are node `k`'s.
+    nodes: usize,
+    /// Samples of each node's share of an epoch (the source's `node_span`).
+    span: usize,
 }
 
 impl Shard {
@@ -285,11 +297,14 @@ impl Shard {
         rank: 0,
         world: 1,
         pad: false,
+        nodes: None,
     };
 
     /// Samples this shard gets of an epoch of `n`.
     fn len(&self, n: usize) -> usize {
-        if self.pad {
+        if let Some(share) = self.nodes {
+            share.span.div_ceil(self.world / share.nodes)
+        } else if self.pad {
             n.div_ceil(self.world)
         } else {
             (n + self.world - 1 - self.rank) / self.world
@@ -445,7 +460,33 @@ impl Loader {
             rank: rank.min(world - 1),
             world,
             pad,
+            nodes: None,
         };
+        self
+    }
+
+    /// In a run over several nodes of `ranks_per_node` ranks each (after
+    /// [`shard`](Loader::shard) with `pad`): when the source splits its epochs by node (a
+    /// sharded dataset: each node reads whole shards of its own, so the nodes download the
+    /// dataset once between them), this rank serves its node's share, split round-robin over
+    /// the node's ranks and padded with the share's first samples to a multiple of them.
+    /// Otherwise (one node, ranks not a multiple of `ranks_per_node`, evaluation, another
+    /// source) the loader is unchanged.
+    ///
+    /// The order then depends on the number of nodes too: batch b of the ranks together holds
+    /// batch b of each node's share, so a run resumes exactly mid-epoch on the same nodes.
+    pub fn across_nodes(mut self, ranks_per_node: usize) -> Loader {
+        let world = self.shard.world;
+        let per_node = ranks_per_node.max(1);
+        if !self.shard.pad || world <= per_node || !world.is_multiple_of(per_node) {
+            return self;
+        }
+        let nodes = world / per_node;
+        if let Source::Images { dataset, .. } = &self.source {
+            if let Some(span) = dataset.node_span(nodes) {
+                self.shard.nodes = Some(NodeShare { nodes, span });
+            }
+        }
         self
     }
 
@@ -591,8 +632,16 @@ impl Loader {
     }
 
     /// The sample order of an epoch: a permutation keyed by (seed, epoch), or the identity;
-    /// in a data-parallel run, this rank's share of it (see [`Loader::shard`]).
+    /// in a data-parallel run, this rank's share of it (see [`Loader::shard`] and
+    /// [`Loader::across_nodes`]).
     fn order(&self, epoch: u64) -> Vec<u32> {
+        if let Some(order) = self
+            .shard
+            .nodes
+            .and_then(|share| self.node_order(epoch, share))
+        {
+            return order;
+        }
         // `new` checked that the length fits in u32.
         let n = self.source.len();
         let own = match &self.source {
@@ -613,7 +662,9 @@ impl Loader {
                 order
             }
         };
-        let Shard { rank, world, pad } = self.shard;
+        let Shard {
+            rank, world, pad, ..
+        } = self.shard;
         if world == 1 {
             return order;
         }
@@ -622,6 +673,32 @@ impl Loader {
             .step_by(world)
             .filter_map(|position| order.get(position % n.max(1)).copied())
             .collect()
+    }
+
+    /// This rank's part of its node's share of epoch `epoch` (see [`Loader::across_nodes`]):
+    /// the share split round-robin over the node's ranks, padded with its first samples.
+    fn node_order(&self, epoch: u64, share: NodeShare) -> Option<Vec<u32>> {
+        let Source::Images { dataset, .. } = &self.source else {
+            return None;
+        };
+        let per_node = self.shard.world / share.nodes;
+        let (node, local) = (self.shard.rank / per_node, self.shard.rank % per_node);
+        let order = dataset
+            .node_order(
+                self.options.seed,
+                epoch,
+                self.options.shuffle,
+                share.nodes,
+                node,
+            )
+            .filter(|o| o.len() == share.span && !o.is_empty())?;
+        let total = share.span.div_ceil(per_node) * per_node;
+        Some(
+            (local..total)
+                .step_by(per_node)
+                .map(|position| order[position % order.len()])
+                .collect(),
+        )
     }
 }
 

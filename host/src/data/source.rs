@@ -68,6 +68,28 @@ pub trait SampleSource: Send + Sync + std::fmt::Debug {
         None
     }
 
+    /// In a run over `nodes` nodes: the samples each node's share of an epoch holds when the
+    /// source splits its epochs by node ([`SampleSource::node_order`]; a sharded dataset gives
+    /// each node whole shards of its own), the same in every epoch; `None` when it does not
+    /// (the loader then splits the global order round-robin over all ranks).
+    fn node_span(&self, _nodes: usize) -> Option<usize> {
+        None
+    }
+
+    /// Node `node`'s share of epoch `epoch` of a run over `nodes` nodes, `node_span(nodes)`
+    /// samples (shuffled when `shuffle`), a pure function of `(seed, epoch, nodes, node)`; the
+    /// loader splits it round-robin over the node's ranks. Only called when `node_span` is some.
+    fn node_order(
+        &self,
+        _seed: u64,
+        _epoch: u64,
+        _shuffle: bool,
+        _nodes: usize,
+        _node: usize,
+    ) -> Option<Vec<u32>> {
+        None
+    }
+
     /// Called by the loader when sample `index`, read as [`SampleData::Encoded`], cannot be
     /// decoded (`error` names the image): `Ok(())` leaves the sample out of its batch (a source
     /// set to skip bad files records and warns), an error stops the run. The default stops.

@@ -116,10 +116,13 @@ impl Trainer {
                 Some((loader, choice))
             }
         };
-        // Each rank trains on its share of every epoch and evaluates its share of the test set.
+        // Each rank trains on its share of every epoch and evaluates its share of the test set;
+        // over several nodes, a sharded dataset gives each node shards of its own to train on.
         let (train_loader, eval_loader, eval_subset) = match &dp {
             Some(dp) => (
-                train_loader.shard(dp.rank(), dp.world(), true),
+                train_loader
+                    .shard(dp.rank(), dp.world(), true)
+                    .across_nodes(dp.local_world),
                 eval_loader.shard(dp.rank(), dp.world(), false),
                 eval_subset
                     .map(|(loader, choice)| (loader.shard(dp.rank(), dp.world(), false), choice)),

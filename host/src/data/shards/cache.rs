@@ -3,6 +3,9 @@
 //! the sha256, when listed) that `index.json` gives, the folder kept under a size limit by
 //! evicting the least recently used shards that the current, previous and next blocks of the
 //! epoch do not need, and the shards the epoch reads next fetched ahead by a background thread.
+//! The processes sharing a folder (a machine's ranks) fetch a shard one at a time (a lock file
+//! per shard), so each is downloaded once per machine; over several nodes, each node's ranks
+//! read only their node's shards (`order::node_order`).
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
@@ -247,11 +250,20 @@ impl ShardCache {
             }
             st.fetching.insert(want.key.clone());
             drop(st);
-            let fetched = self.download(want);
+            // The other processes of this machine (ranks sharing the folder) fetch it one at a
+            // time: a process that waited finds it in place and takes it as it is.
+            let shared = self.lock_shard(want);
+            let fetched = if on_disk(&path, want.bytes) {
+                Ok(None)
+            } else {
+                self.download(want).map(Some)
+            };
             let mut st = self.lock();
             st.fetching.remove(&want.key);
-            let installed = fetched.and_then(|temp| self.install(&mut st, want, &temp, &path));
+            let installed =
+                fetched.and_then(|temp| self.install(&mut st, want, temp.as_deref(), &path));
             drop(st);
+            drop(shared);
             self.ready.notify_all();
             installed?;
         }
@@ -324,12 +336,31 @@ impl ShardCache {
         Ok(())
     }
 
-    /// Makes room for `want` and renames its download into place.
+    /// An exclusive lock (`flock`) on shard `want` among the processes sharing the folder,
+    /// held while the returned file is open; `None` (no lock) where the lock file cannot be
+    /// made, which only costs a second download.
+    fn lock_shard(&self, want: &Want) -> Option<File> {
+        use std::os::fd::AsRawFd as _;
+        let dir = self.dir.join(LOCKS);
+        std::fs::create_dir_all(&dir).ok()?;
+        let file = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.join(file_name(&want.key)))
+            .ok()?;
+        // SAFETY: flock on a descriptor this function owns; it is released when `file` closes.
+        let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0;
+        locked.then_some(file)
+    }
+
+    /// Makes room for `want` and renames its download `temp` into place (`None`: another
+    /// process of the machine put it there).
     fn install(
         &self,
         st: &mut State,
         want: &Want,
-        temp: &Path,
+        temp: Option<&Path>,
         path: &Path,
     ) -> Result<(), DataError> {
         let pinned: HashSet<&String> = st.pinned.values().flatten().collect();
@@ -369,13 +400,15 @@ impl ShardCache {
                 self.limit
             );
         }
-        if let Err(e) = std::fs::rename(temp, path) {
-            let _ = std::fs::remove_file(temp);
-            return Err(DataError::io(path, e));
+        if let Some(temp) = temp {
+            if let Err(e) = std::fs::rename(temp, path) {
+                let _ = std::fs::remove_file(temp);
+                return Err(DataError::io(path, e));
+            }
+            st.fetches += 1;
         }
         st.clock += 1;
         st.used += want.bytes;
-        st.fetches += 1;
         st.entries.insert(
             want.key.clone(),
             Entry {
@@ -385,6 +418,15 @@ impl ShardCache {
         );
         Ok(())
     }
+}
+
+/// The folder (in the cache folder) of the lock files that keep two processes from fetching one
+/// shard at once.
+const LOCKS: &str = ".locks";
+
+/// Whether `path` holds a shard of `bytes` bytes (installed, so checked, by another process).
+fn on_disk(path: &Path, bytes: u64) -> bool {
+    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.len() == bytes)
 }
 
 /// Whether the download temporary `name` (`<tmp prefix><file>.<pid>.<serial>`) belongs to
@@ -504,19 +546,22 @@ pub struct CachedShards {
 
 #[derive(Debug)]
 struct Plan {
-    /// The shard order of the epoch being read, then of the next one.
+    /// The shard order of the epoch being read, then of the next one (on one node of several,
+    /// the node's own shards only).
     order: Vec<usize>,
-    /// Each shard's place in the first half of `order`.
-    position: Vec<usize>,
+    /// Each shard's place in the first half of `order`, `None` for one it does not list.
+    position: Vec<Option<usize>>,
     /// The block last announced to the prefetcher.
     announced: Option<usize>,
 }
 
 impl Plan {
-    fn new(this: Vec<usize>, next: Vec<usize>) -> Plan {
-        let mut position = vec![0; this.len()];
+    fn new(shards: usize, this: Vec<usize>, next: Vec<usize>) -> Plan {
+        let mut position = vec![None; shards];
         for (p, &s) in this.iter().enumerate() {
-            position[s] = p;
+            if let Some(at) = position.get_mut(s) {
+                *at = Some(p);
+            }
         }
         let mut order = this;
         order.extend(next);
@@ -546,14 +591,16 @@ impl CachedShards {
             wants,
             block: block.max(1),
             prefetch,
-            plan: Mutex::new(Plan::new((0..n).collect(), (0..n).collect())),
+            plan: Mutex::new(Plan::new(n, (0..n).collect(), (0..n).collect())),
             prefetcher,
         }
     }
 
-    /// The shard order of the epoch being read and of the next one.
+    /// The shard order of the epoch being read and of the next one: every shard, or on one
+    /// node of several the node's own (a shard not listed is fetched when read, not ahead).
     pub fn set_epoch(&self, this: Vec<usize>, next: Vec<usize>) {
-        *self.plan.lock().unwrap_or_else(|p| p.into_inner()) = Plan::new(this, next);
+        *self.plan.lock().unwrap_or_else(|p| p.into_inner()) =
+            Plan::new(self.wants.len(), this, next);
     }
 
     /// The cache the shards go through.
@@ -570,9 +617,11 @@ impl CachedShards {
     pub fn open(&self, shard: usize) -> Result<File, DataError> {
         {
             let mut plan = self.plan.lock().unwrap_or_else(|p| p.into_inner());
-            let p = plan.position[shard];
-            let b = p / self.block;
-            if plan.announced != Some(b) {
+            let p = plan.position.get(shard).copied().flatten();
+            if let Some((p, b)) = p
+                .map(|p| (p, p / self.block))
+                .filter(|&(_, b)| plan.announced != Some(b))
+            {
                 plan.announced = Some(b);
                 let from = b.saturating_sub(1) * self.block;
                 let current = b * self.block;

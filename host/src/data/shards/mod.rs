@@ -791,6 +791,55 @@ impl SampleSource for Sharded {
             epoch,
         ))
     }
+
+    fn node_span(&self, nodes: usize) -> Option<usize> {
+        let split = order::NodeSplit { nodes };
+        if let Some(why) = split.refusal(&self.sizes) {
+            tracing::warn!(
+                "{}: {why}, so every node reads the whole dataset (round-robin over all ranks)",
+                self.name
+            );
+            return None;
+        }
+        Some(split.span(&self.sizes))
+    }
+
+    fn node_order(
+        &self,
+        seed: u64,
+        epoch: u64,
+        shuffle: bool,
+        nodes: usize,
+        node: usize,
+    ) -> Option<Vec<u32>> {
+        let split = order::NodeSplit { nodes };
+        if let Backend::Mds {
+            store: Store::Cached(c),
+            ..
+        } = &self.backend
+        {
+            // This node fetches (and keeps) only its own shards, this epoch's then the next's.
+            let n = self.sizes.len();
+            let shards = |epoch| {
+                let all = if shuffle {
+                    order::shard_order(n, seed, epoch)
+                } else {
+                    (0..n).collect()
+                };
+                split.node_shards(&all, node).to_vec()
+            };
+            c.set_epoch(shards(epoch), shards(epoch + 1));
+        }
+        Some(order::node_order(
+            &self.sizes,
+            self.config.shuffle_block,
+            seed,
+            epoch,
+            shuffle,
+            split,
+            node,
+        ))
+    }
 }
 
 /// The name of the temporary a shard `path` is written to before it is renamed into place.

@@ -186,6 +186,107 @@ fn sharded_order_is_world_size_independent_and_resumes_in_place() {
     }
 }
 
+/// The shard (index, from its first sample) holding sample `id` of [`write`]'s dataset.
+fn shard_of(source: &Sharded, id: u8) -> usize {
+    source.locate(usize::from(id)).unwrap().0
+}
+
+#[test]
+fn over_two_nodes_each_node_reads_its_own_shards_and_every_sample_once() {
+    let dir = temp("nodes");
+    write(ShardFormat::Mds, &dir.0, None);
+    let source = open(ShardFormat::Mds, &dir.0);
+    let shards = source.shard_sizes().len();
+    // 4 ranks, 2 per node (ranks 0, 1 on node 0; 2, 3 on node 1), batches of 4.
+    let rank = |r: usize, workers: usize| {
+        loader(&source, 4, workers)
+            .shard(r, 4, true)
+            .across_nodes(2)
+    };
+    let span = order::NodeSplit { nodes: 2 }.span(source.shard_sizes());
+    for e in [0u64, 1] {
+        let ranks: Vec<Vec<Vec<u8>>> = (0..4).map(|r| ids(&epoch(&rank(r, r % 3), e, 0))).collect();
+        // Every rank has as many batches; each node's ranks read shards no other node reads.
+        let per_rank = span.div_ceil(2);
+        for (r, batches) in ranks.iter().enumerate() {
+            assert_eq!(batches.len(), per_rank.div_ceil(4), "rank {r}");
+            assert_eq!(rank(r, 0).len(), per_rank, "rank {r}");
+        }
+        let node_shards = |node: usize| {
+            let mut s: Vec<usize> = ranks[2 * node..2 * node + 2]
+                .iter()
+                .flatten()
+                .flatten()
+                .map(|&id| shard_of(&source, id))
+                .collect();
+            s.sort_unstable();
+            s.dedup();
+            s
+        };
+        let (a, b) = (node_shards(0), node_shards(1));
+        assert!(a.iter().all(|s| !b.contains(s)), "epoch {e}: {a:?} / {b:?}");
+        assert_eq!(a.len() + b.len(), shards, "epoch {e}");
+        // Every sample is trained on, each at least once; repeats only pad a node's share.
+        let mut all: Vec<u8> = ranks.iter().flatten().flatten().copied().collect();
+        assert_eq!(all.len(), 4 * per_rank);
+        all.sort_unstable();
+        all.dedup();
+        assert_eq!(all, (0..64).collect::<Vec<u8>>(), "epoch {e}");
+        // Resuming at batch 2 yields batches 2.. of the uninterrupted epoch, any worker count.
+        for (r, batches) in ranks.iter().enumerate() {
+            assert_eq!(ids(&epoch(&rank(r, 2), e, 2)), batches[2..], "rank {r}");
+        }
+    }
+    // One node of 4 ranks, or ranks that do not fill their nodes: the order of today.
+    for (world, per_node) in [(4, 4), (3, 2)] {
+        for r in 0..world {
+            let plain = loader(&source, 4, 0).shard(r, world, true);
+            assert_eq!(
+                ids(&epoch(&plain.clone().across_nodes(per_node), 1, 0)),
+                ids(&epoch(&plain, 1, 0))
+            );
+        }
+    }
+}
+
+#[test]
+fn over_two_nodes_each_node_caches_only_its_own_shards() {
+    let dir = temp("node-caches");
+    write(ShardFormat::Mds, &dir.0, Some("zstd:3"));
+    let mut config = ShardsConfig {
+        shuffle_block: 2,
+        prefetch_shards: Some(0),
+        ..ShardsConfig::new(ShardFormat::Mds, 2, 4)
+    };
+    config.images.channels = 1;
+    let remote: Arc<dyn cache::Remote> = Arc::new(cache::FolderRemote::new(&dir.0));
+    let mut cached = Vec::new();
+    for node in 0..2 {
+        let cache = cache::ShardCache::new(
+            Arc::clone(&remote),
+            &dir.0.join(format!("cache-{node}")),
+            1 << 30,
+        )
+        .unwrap();
+        for local in 0..2 {
+            // Each rank opens the dataset itself, as a rank process does.
+            let source =
+                Arc::new(Sharded::open_remote(&cache, "train", ShardFormat::Mds, &config).unwrap());
+            let l = loader(&source, 4, 1)
+                .shard(2 * node + local, 4, true)
+                .across_nodes(2);
+            epoch(&l, 0, 0);
+        }
+        cached.push(cache.cached());
+    }
+    let shards = open(ShardFormat::Mds, &dir.0).shard_sizes().len();
+    assert!(
+        cached[0].iter().all(|k| !cached[1].contains(k)),
+        "{cached:?}"
+    );
+    assert_eq!(cached[0].len() + cached[1].len(), shards, "{cached:?}");
+}
+
 #[test]
 fn a_truncated_shard_is_refused_naming_it() {
     let dir = temp("truncated");
