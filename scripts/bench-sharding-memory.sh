@@ -63,8 +63,8 @@ save = false
 TOML
 printf '%-6s %-10s %14s %14s %12s %8s %12s %10s\n' ranks sharding "after step MiB" "peak MiB" \
   "ideal MiB" ratio "+unit MiB" "peak ratio"
-for world in 1 2 4; do
-  for mode in none optimizer gradients full; do
+for world in ${WORLDS:-1 2 4}; do
+  for mode in ${MODES:-none optimizer gradients full}; do
     if [ "$world" = 1 ] && [ "$mode" != none ]; then continue; fi
     run="w$world-$mode"
     (cd "$WORK" && TESSERA_MEMORY_PEAK=1 timeout 900 "$BIN" launch --nproc "$world" train trainer.toml \

@@ -402,7 +402,7 @@ void* tessera_dist_all_reduce_autograd(void* group, void* input) {
 // c10d's Reducer over `params` (those that need gradients), buckets as PyTorch DDP assigns them
 // (a small first bucket, then `bucket_cap_bytes`, last layers first).
 void* tessera_dist_reducer_new(void* group, void** params, int n, int64_t bucket_cap_bytes,
-                               int find_unused) {
+                               int find_unused, int bucket_view) {
   Reducer* out = nullptr;
   guarded([&] {
     auto* g = static_cast<Group*>(group);
@@ -415,7 +415,7 @@ void* tessera_dist_reducer_new(void* group, void** params, int n, int64_t bucket
     std::vector<int64_t> caps(limits.rbegin(), limits.rend());
     auto reducer = std::make_shared<c10d::Reducer>(
         tensors, buckets, g->pg, sparse, bucket_cap_bytes, find_unused != 0,
-        /*gradient_as_bucket_view=*/true, std::unordered_map<size_t, std::string>{},
+        /*gradient_as_bucket_view=*/bucket_view != 0, std::unordered_map<size_t, std::string>{},
         static_cast<int64_t>(first_bucket), /*skip_all_reduce_unused_params=*/false,
         /*use_python_reducer=*/false, caps);
     auto logger = std::make_shared<c10d::Logger>(reducer);
@@ -599,7 +599,7 @@ int tessera_dist_store_get(void*, const char*, void*, void (*)(void*, const uint
 }
 int tessera_dist_store_delete(void*, const char*) { return -1; }
 void* tessera_dist_all_reduce_autograd(void*, void*) { return nullptr; }
-void* tessera_dist_reducer_new(void*, void**, int, int64_t, int) { return nullptr; }
+void* tessera_dist_reducer_new(void*, void**, int, int64_t, int, int) { return nullptr; }
 void tessera_dist_reducer_free(void*) {}
 int tessera_dist_reducer_prepare_forward(void*) { return -1; }
 int tessera_dist_reducer_prepare_backward(void*, void*) { return -1; }

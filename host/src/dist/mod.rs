@@ -62,6 +62,7 @@ extern "C" {
         n: i32,
         bucket_cap_bytes: i64,
         find_unused: i32,
+        bucket_view: i32,
     ) -> *mut c_void;
     fn tessera_dist_reducer_free(reducer: *mut c_void);
     fn tessera_dist_reducer_prepare_forward(reducer: *mut c_void) -> i32;
@@ -538,12 +539,14 @@ impl Group {
 
     /// c10d's `Reducer` over `params` (the trainable parameters, identical on every rank):
     /// from now on, a backward pass announced with [`GradReducer::prepare_backward`] leaves
-    /// every parameter's gradient averaged over the ranks.
+    /// every parameter's gradient averaged over the ranks. With `bucket_view` the gradients
+    /// live in the reducer's buckets (PyTorch DDP's `gradient_as_bucket_view`: no second copy).
     pub fn reducer(
         &self,
         params: &[&Tensor],
         bucket_bytes: i64,
         find_unused: bool,
+        bucket_view: bool,
     ) -> Result<GradReducer, DistError> {
         let mut p = ptrs(params);
         // SAFETY: `p` holds live tensors; c10d keeps its own references to them.
@@ -554,6 +557,7 @@ impl Group {
                 p.len() as i32,
                 bucket_bytes,
                 i32::from(find_unused),
+                i32::from(bucket_view),
             )
         };
         if handle.is_null() {

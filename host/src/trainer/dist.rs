@@ -266,7 +266,13 @@ impl Trainer {
         let params: Vec<&Tensor> = params.iter().collect();
         let d = &self.config.distributed;
         let bytes = (d.bucket_mb * 1024.0 * 1024.0).round().max(1.0) as i64;
-        dp.reducer = Some(dp.group.reducer(&params, bytes, d.find_unused_parameters)?);
+        // The gradients live in the buckets: no second copy (4 bytes a parameter in fp32).
+        let bucket_view = true;
+        dp.reducer =
+            Some(
+                dp.group
+                    .reducer(&params, bytes, d.find_unused_parameters, bucket_view)?,
+            );
         Ok(())
     }
 
