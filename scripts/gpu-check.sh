@@ -19,8 +19,8 @@
 #  12. CUDA graphs (`train.cuda_graphs = true`): step time eager vs captured for the airbench
 #      net, ResNet-50 and GPT-2 small (the eager ResNet-50 and GPT-2 figures are steps 1 and 3),
 #      and the losses of a deterministic run eager vs captured, bit for bit;
-#  13. `[distributed] sharding`: 2 ranks on the GPU through Gloo, each mode's losses against
-#      DDP's and the memory each rank holds after a step.
+#  13. `[distributed] sharding`: 2 ranks on the GPU through Gloo, ResNet-20 (blocks, for
+#      `full`), each mode's losses against DDP's and the memory each rank holds after a step.
 # Every step runs under `timeout` (its own limit, cut to what is left of BUDGET); a step that
 # fails, times out or finds no time left is recorded as such and the script goes on. Throughput
 # is warm steady state: warmup steps left out, CUDA synchronized around the timed steps.
@@ -425,16 +425,17 @@ fi
 
 # Sharding on the device: 2 ranks on the one GPU (NCCL needs a device per rank, so Gloo through
 # host copies), each mode against DDP, and the memory each holds after a step.
-if begin sharding "13. [distributed] sharding on $DEVICE: 2 ranks (Gloo), none vs optimizer vs gradients" 150 40; then
+if begin sharding "13. [distributed] sharding on $DEVICE: 2 ranks (Gloo), none vs optimizer vs gradients vs full" 200 40; then
   deadline=$(($(date +%s) + T))
   shard_ok=1
-  for mode in none optimizer gradients; do
+  for mode in none optimizer gradients full; do
     T=$((deadline - $(date +%s))); [ "$T" -ge 10 ] || T=10
     dev=(--set 'train.device="cuda:0"')
     [ "$DEVICE" = cpu ] && dev=()
     timeout -k 5 "$T" "$TESSERA" launch --nproc 2 train "$EXAMPLE" "${common[@]}" "${dev[@]}" \
       --set "run_name=\"shard-$mode\"" --set 'distributed.backend="gloo"' \
       --set "distributed.sharding=\"$mode\"" --set 'train.max_duration="20ba"' \
+      --set 'model.name="resnet20"' --set 'model.width=8' \
       --set 'data.workers=0' --set 'checkpoint.save=false' --set 'train.threads=1' \
       >"$DETAILS/shard-$mode.log" 2>&1 || shard_ok=0
     cp "$WORK/runs/shard-$mode/run.json" "$DETAILS/shard-$mode.run.json" 2>/dev/null
@@ -450,13 +451,13 @@ def run(mode):
               if l.strip() and json.loads(l).get("kind") == "train"]
     return losses, json.loads((d / "run.json").read_text()).get("memory_after_step_bytes")
 base, base_mem = run("none")
-for mode in ("optimizer", "gradients"):
+for mode in ("optimizer", "gradients", "full"):
     losses, mem = run(mode)
     worst = max((abs(a - b) / max(abs(a), 1.0) for a, b in zip(base, losses)), default=float("nan"))
     print(f"sharding = {mode}: {len(losses)} losses, largest relative difference to DDP {worst:.2e}; "
           f"after a step {mem} bytes (DDP {base_mem})")
 PY
-    record sharding ok $(($(date +%s) - STEP_START)) "none vs optimizer vs gradients"
+    record sharding ok $(($(date +%s) - STEP_START)) "none vs optimizer vs gradients vs full"
   else
     finish sharding 1 "$DETAILS/shard-gradients.log" "see details"
   fi
