@@ -47,15 +47,6 @@ impl Trainer {
             ),
             Sharding::Optimizer | Sharding::Gradients | Sharding::Full => {}
         }
-        if mode.shards_gradients() && self.state.scaler.is_some() {
-            fail!(
-                "[distributed] sharding = \"{}\" with train.precision = \"amp_fp16\": the loss \
-                 scaler unscales and checks whole gradients, which this mode reduce-scatters into \
-                 slices during the backward pass; use amp_bf16 (no scaler) or sharding = \
-                 \"optimizer\"",
-                mode.name()
-            );
-        }
         // Methods at `after_train_batch` see whole gradients, gathered for them; after each
         // microbatch's backward pass there are only this rank's slices of its gradients.
         if mode.shards_gradients() {
@@ -155,15 +146,16 @@ impl Trainer {
         Ok(())
     }
 
-    /// Under sharded gradients, before the methods at `after_train_batch` (gradient clipping,
-    /// SAM): the parameters get their whole reduced gradients. Returns whether it gathered.
+    /// Under sharded gradients, before amp_fp16's loss scaler unscales and checks them and the
+    /// methods at `after_train_batch` (gradient clipping, SAM) read them: the parameters get
+    /// their whole reduced gradients. Returns whether it gathered.
     pub(super) fn gradients_for_methods(&self) -> Result<bool> {
         let Some((group, sharded)) = self.sharded_in_group() else {
             return Ok(false);
         };
-        if !sharded.mode().shards_gradients()
-            || self.engine.methods_at(Event::AFTER_TRAIN_BATCH).is_empty()
-        {
+        let wanted = self.state.scaler.is_some()
+            || !self.engine.methods_at(Event::AFTER_TRAIN_BATCH).is_empty();
+        if !sharded.mode().shards_gradients() || !wanted {
             return Ok(false);
         }
         sharded.gather_gradients(group)?;

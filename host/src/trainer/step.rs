@@ -177,12 +177,13 @@ impl Trainer {
             self.fire(Event::AFTER_BACKWARD)?;
         }
         self.state.batch = full;
+        // Sharded gradients: the loss scaler and the methods here see whole gradients, gathered
+        // for them.
+        let gathered = self.gradients_for_methods()?;
         // amp_fp16: methods and the optimizer see true gradients.
         if let Some(scaler) = &mut self.state.scaler {
             scaler.unscale(self.state.optimizer.params())?;
         }
-        // Sharded gradients: the methods here see whole gradients, gathered for them.
-        let gathered = self.gradients_for_methods()?;
         self.fire(Event::AFTER_TRAIN_BATCH)?;
         if gathered {
             self.gradients_after_methods()?;
