@@ -30,9 +30,9 @@ pub(super) struct SlicedSave {
 
 impl Trainer {
     /// Under sharding with `checkpoint.sharded`: writes this rank's slices for the checkpoint
-    /// at `path` (collective). Returns on rank 0 what it needs to finish the checkpoint
-    /// ([`Trainer::finish_sliced`]); `Ok(None)` on the other ranks and when checkpoints are
-    /// not sharded.
+    /// at `path` (collective). Returns `Some(Some(..))` on rank 0 (what it needs to write the
+    /// index and rename the folder), `Some(None)` on the other ranks, and `None` when the
+    /// checkpoint is a single file (no sharding, or `checkpoint.sharded = false`).
     pub(super) fn write_slices(&self, path: &Path) -> Result<Option<Option<SlicedSave>>> {
         let Some(dp) = &self.dp else {
             return Ok(None);
