@@ -36,25 +36,19 @@ extern "C" {
     fn tessera_full_unit_hook(unit: *mut c_void, input: *mut c_void, output: *mut c_void) -> i32;
 }
 
-fn full_error(what: &str) -> String {
+/// The shim's last error on this thread.
+fn full_error() -> String {
     // SAFETY: a NUL-terminated thread-local string, copied at once.
-    let text = unsafe { CStr::from_ptr(tessera_full_last_error()) }.to_string_lossy();
-    let text = text
-        .lines()
-        .take_while(|l| !l.starts_with("Exception raised from") && !l.starts_with("frame #"))
-        .collect::<Vec<_>>()
-        .join(" ");
-    format!("{what}: {text}")
+    super::sentences(&unsafe { CStr::from_ptr(tessera_full_last_error()) }.to_string_lossy())
 }
 
 fn check(rc: i32, what: impl FnOnce() -> String) -> Result<(), DistError> {
     if rc == 0 {
         return Ok(());
     }
-    let what = what();
     Err(DistError::C10d {
-        message: full_error(&what),
-        what,
+        what: what(),
+        message: full_error(),
     })
 }
 
@@ -95,7 +89,7 @@ impl UnitGate {
         if handle.is_null() {
             return Err(DistError::C10d {
                 what: format!("sharding unit `{path}`"),
-                message: full_error("no distributed support"),
+                message: full_error(),
             });
         }
         Ok(UnitGate {

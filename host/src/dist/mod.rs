@@ -100,10 +100,12 @@ pub enum DistError {
 fn last_error() -> String {
     // SAFETY: the shim returns a NUL-terminated thread-local string that lives until the next
     // failing call on this thread; it is copied at once.
-    let text = unsafe { CStr::from_ptr(tessera_dist_last_error()) }
-        .to_string_lossy()
-        .into_owned();
-    // c10d's messages may end with a C++ source location and stack frames; keep the sentences.
+    sentences(&unsafe { CStr::from_ptr(tessera_dist_last_error()) }.to_string_lossy())
+}
+
+/// A libtorch message without the C++ source location and stack frames that may end it, on
+/// one line.
+fn sentences(text: &str) -> String {
     text.lines()
         .take_while(|l| !l.starts_with("Exception raised from") && !l.starts_with("frame #"))
         .filter(|l| !l.trim().is_empty())

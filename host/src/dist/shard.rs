@@ -105,6 +105,19 @@ struct Member {
     strides: Vec<i64>,
 }
 
+impl Member {
+    /// `grad` in the parameter's memory layout: itself when it has it, else a copy, so that
+    /// its elements in memory order are the parameter's.
+    fn laid_out(&self, grad: Tensor) -> Result<Tensor, tch::TchError> {
+        if grad.stride() == self.strides {
+            return Ok(grad);
+        }
+        let g = Tensor::f_empty_strided(&self.size, &self.strides, (grad.kind(), grad.device()))?;
+        g.shallow_clone().f_copy_(&grad)?;
+        Ok(g)
+    }
+}
+
 /// What the parameters of one buffer share: the unit (`full`), dtype and device.
 type BucketKey = (Option<usize>, Kind, Device);
 
@@ -523,20 +536,7 @@ impl ShardedParams {
                 torch(what, set_grad(&piece.tensor, None))?;
                 continue;
             }
-            let grad = if grad.stride() == member.strides {
-                grad
-            } else {
-                let g = torch(
-                    what,
-                    Tensor::f_empty_strided(
-                        &member.size,
-                        &member.strides,
-                        (grad.kind(), grad.device()),
-                    ),
-                )?;
-                torch(what, g.shallow_clone().f_copy_(&grad))?;
-                g
-            };
+            let grad = torch(what, member.laid_out(grad))?;
             let offset = torch(what, grad.f_storage_offset())? + piece.start;
             let slice = torch(what, alias(&grad, offset, piece.len))?;
             torch(what, set_grad(&piece.tensor, Some(&slice)))?;
@@ -751,21 +751,8 @@ impl ShardedParams {
                 if let Some(slice) = reduced.slices.get(f).filter(|_| grad.defined()) {
                     let (a, b) = (lo.max(member.offset), hi.min(member.offset + member.numel));
                     if b > a {
-                        // In the parameter's layout (a method may have put another there).
-                        let g = if grad.stride() == member.strides {
-                            grad
-                        } else {
-                            let g = torch(
-                                what,
-                                Tensor::f_empty_strided(
-                                    &member.size,
-                                    &member.strides,
-                                    (grad.kind(), grad.device()),
-                                ),
-                            )?;
-                            torch(what, g.shallow_clone().f_copy_(&grad))?;
-                            g
-                        };
+                        // A method may have put a gradient of another layout there.
+                        let g = torch(what, member.laid_out(grad))?;
                         let offset = torch(what, g.f_storage_offset())? + (a - member.offset);
                         let src = torch(what, alias(&g, offset, b - a))?;
                         let dst = torch(what, slice.f_narrow(0, a - lo, b - a))?;

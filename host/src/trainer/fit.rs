@@ -27,13 +27,7 @@ impl Trainer {
         let Some(dp) = &self.dp else {
             return Err(e);
         };
-        let mut chain = e.to_string();
-        let mut source = std::error::Error::source(&e);
-        while let Some(s) = source {
-            chain.push_str(&format!(": {s}"));
-            source = s.source();
-        }
-        let chain = chain.to_ascii_lowercase();
+        let chain = crate::with_causes(&e).to_ascii_lowercase();
         if !chain.contains("timed out") && !chain.contains("timeout") {
             return Err(e);
         }
