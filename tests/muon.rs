@@ -7,6 +7,7 @@ use muon::{MatrixGroup, MuonConfig};
 use serde_json::{json, Value};
 use tessera_plugin_api::tch::{Device, Kind, Tensor};
 use tessera_plugin_api::testing::settings;
+use tessera_tests::dist::{assert_all_succeeded, max_difference, train_ranks};
 use tessera_tests::*;
 
 /// Parameter names and shapes of the script's `SHAPES`; the two squares share a group, so the
@@ -455,4 +456,67 @@ fn a_skipped_step_leaves_the_claimed_parameters_and_momentum_alone() {
     }
     let record = read_json(&run_dir(&dir, "skip").join("run.json"));
     assert_eq!(record["skipped_steps"], 1, "{record:#}");
+}
+
+/// Two and three ranks share the orthogonalization (plugin-api 1.9 `all_gather`): rank 0
+/// (the one that logs) does some of the matrices and not all (the unit tests of `muon::Plan`
+/// show every matrix has exactly one rank); the weights and momentum end bit for bit where they
+/// end when every rank computes every matrix (`share_across_ranks = false`), which is also
+/// what the log says then.
+#[test]
+fn ranks_share_the_orthogonalization_and_train_as_when_each_does_all() {
+    let mut toml = gpt("shared", "lr = 0.02", 6);
+    toml.model = toml.model.replace("n_layer = 2", "n_layer = 3");
+    let dir = TempDir::new("muon-share");
+    dir.write(
+        "trainer.toml",
+        &format!("{}\n[checkpoint]\ninterval = \"6ba\"\n", toml.render()),
+    );
+    let share = |out: &Output| -> (usize, usize) {
+        let line = out
+            .stderr
+            .lines()
+            .find(|l| l.contains("muon: rank "))
+            .unwrap_or_else(|| panic!("no share in the log: {}", out.dump()));
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let at = words
+            .iter()
+            .position(|w| *w == "orthogonalizes")
+            .expect("the word");
+        let n = |w: &str| w.parse::<usize>().unwrap_or_else(|_| panic!("{line}"));
+        (n(words[at + 1]), n(words[at + 4]))
+    };
+    for world in [2, 3] {
+        let shared = format!("shared{world}");
+        let whole = format!("whole{world}");
+        let outputs = train_ranks(&dir, world, &[&format!("run_name={shared}")]);
+        assert_all_succeeded(&outputs);
+        let (mine, total) = share(&outputs[0]);
+        assert_eq!(total, 12, "{}", outputs[0].dump());
+        assert!(
+            mine > 0 && mine < total,
+            "rank 0 of {world} orthogonalizes {mine} of {total}"
+        );
+        let metrics = read_jsonl(&run_dir(&dir, &shared).join("metrics.jsonl"));
+        assert!(
+            metrics
+                .iter()
+                .any(|m| m["name"] == "muon/orthogonalized"
+                    && m["value"].as_f64() == Some(mine as f64)),
+            "no muon/orthogonalized metric"
+        );
+        let outputs = train_ranks(
+            &dir,
+            world,
+            &[
+                &format!("run_name={whole}"),
+                "algorithms.0.share_across_ranks=false",
+            ],
+        );
+        assert_all_succeeded(&outputs);
+        assert_eq!(share(&outputs[0]), (total, total), "{}", outputs[0].dump());
+        let ckpt = |run: &str| run_dir(&dir, run).join("checkpoints").join("ep0-ba6.ckpt");
+        let (diff, name) = max_difference(&ckpt(&shared), &ckpt(&whole), &["model/", "method/"]);
+        assert_eq!(diff, 0.0, "{world} ranks: {name} differs");
+    }
 }

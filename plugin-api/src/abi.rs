@@ -431,6 +431,13 @@ pub struct HostApi {
     /// Runs the model on `input` in evaluation mode (batch-norm statistics used, dropout off)
     /// under the run's precision, without gradient: test-time augmentation's extra forwards.
     pub forward_eval: extern "C" fn(HostCtx, input: TensorHandle) -> RResult<TensorHandle, RString>,
+
+    // ---- 1.9: appended; the accessor returns `None` in an older host ----
+    /// Every rank's `input` stacked in rank order: `(world_size, *input.shape)`, of `input`'s
+    /// kind on its device. Every rank must call it, in the same order, with a tensor of the
+    /// same shape, kind and device (a collective). A single process gets `input` with a
+    /// leading dimension of 1.
+    pub all_gather: extern "C" fn(HostCtx, input: TensorHandle) -> RResult<TensorHandle, RString>,
 }
 
 /// The learning rate of an optimizer step (plugin-api 1.6), for a method that updates the

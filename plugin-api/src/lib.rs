@@ -61,7 +61,7 @@
 //! crate-type = ["cdylib", "rlib"]
 //!
 //! [dependencies]
-//! tessera-plugin-api = "1.8"
+//! tessera-plugin-api = "1.9"
 //! tch = "=0.26.0"
 //! ```
 //!
@@ -113,6 +113,9 @@
 //! - **1.8** (no change to the ABI's layout): [`device::upload`], a host-made tensor (a
 //!   permutation, a mask) to the device without a blocking copy; [`targets::ensure_one_hot`]
 //!   no longer reads the targets on the host.
+//! - **1.9** (appended to the host's function table): [`Context::all_gather`], a collective
+//!   over the ranks, for a method that shares its work between them (Muon's orthogonalisation
+//!   by matrix).
 #![warn(missing_docs)]
 
 pub mod abi;
@@ -623,6 +626,33 @@ impl Context<'_> {
         let f = self.host_fn_since(self.host.api.forward_eval(), "forward_eval", "1.6")?;
         let handle = TensorHandle::from_tensor(input.shallow_clone());
         host_result(f(self.host.ctx, handle)).map(TensorHandle::into_tensor)
+    }
+
+    // ---- plugin-api 1.9 ----
+
+    /// Every rank's `tensor`, stacked in rank order: `(world_size, *tensor.shape)`, of
+    /// `tensor`'s kind on its device (a copy; `tensor` is not changed). For a method that
+    /// shares work between the ranks: each computes its part, and all of them receive every
+    /// part (Muon orthogonalises a share of the matrices on each rank).
+    ///
+    /// A collective: every rank must call it, at the same point of the run and the same number
+    /// of times, with a tensor of the same shape, kind and device; a rank that does not call
+    /// it leaves the others waiting until `[distributed] timeout`, which then fails the run
+    /// naming the rank behind. Call it only from events every rank receives (not from a
+    /// branch on the rank or on a rank's own data). A single process gets `tensor` with a
+    /// leading dimension of 1; a host older than 1.9 returns an error naming the version.
+    pub fn all_gather(&mut self, tensor: &tch::Tensor) -> Result<tch::Tensor, Error> {
+        let f = self.host_fn_since(self.host.api.all_gather(), "all_gather", "1.9")?;
+        let handle = TensorHandle::from_tensor(tensor.shallow_clone());
+        host_result(f(self.host.ctx, handle)).map(TensorHandle::into_tensor)
+    }
+
+    /// Whether the host offers [`Context::all_gather`] (plugin-api 1.9 or later): a method
+    /// that shares work between ranks checks it and, in an older host, does all the work on
+    /// every rank instead. Every rank of a run has the same host, so every rank gets the
+    /// same answer.
+    pub fn supports_all_gather(&self) -> bool {
+        self.host.api.all_gather().is_some()
     }
 }
 

@@ -3,7 +3,7 @@
 //!
 //! ```toml
 //! [dev-dependencies]
-//! tessera-plugin-api = { version = "1.8", features = ["testing"] }
+//! tessera-plugin-api = { version = "1.9", features = ["testing"] }
 //! ```
 //!
 //! ```no_run
@@ -135,6 +135,10 @@ pub struct TestHost {
     pub sample: Vec<(String, Tensor)>,
     /// The model `forward_eval` (1.6) runs; none: `forward_eval` fails.
     pub eval_model: Option<EvalModel>,
+    /// Every tensor passed to `all_gather` (1.9), in order. The test host has no other ranks:
+    /// `all_gather` answers `ranks.world_size` copies of the input, as if every rank had sent
+    /// the same.
+    pub gathered: Vec<Tensor>,
 }
 
 impl TestHost {
@@ -170,6 +174,7 @@ impl TestHost {
             groups: Vec::new(),
             sample: Vec::new(),
             eval_model: None,
+            gathered: Vec::new(),
         }
     }
 
@@ -266,6 +271,7 @@ fn api() -> HostApi_Ref {
             set_param_group,
             training_sample,
             forward_eval,
+            all_gather,
         }
         .leak_into_prefix()
     })
@@ -353,6 +359,21 @@ extern "C" fn forward_eval(ctx: HostCtx, input: TensorHandle) -> RResult<TensorH
             RResult::ROk(TensorHandle::from_tensor(out))
         }
         None => unsupported("forward_eval"),
+    }
+}
+
+extern "C" fn all_gather(ctx: HostCtx, input: TensorHandle) -> RResult<TensorHandle, RString> {
+    let h = host(ctx);
+    let input = input.into_tensor();
+    let copies: Vec<Tensor> = (0..h.ranks.world_size.max(1))
+        .map(|_| input.shallow_clone())
+        .collect();
+    match Tensor::f_stack(&copies, 0) {
+        Ok(out) => {
+            h.gathered.push(input);
+            RResult::ROk(TensorHandle::from_tensor(out))
+        }
+        Err(e) => RResult::RErr(e.to_string().into()),
     }
 }
 

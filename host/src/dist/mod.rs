@@ -311,6 +311,61 @@ fn set_process_ranks(value: (usize, usize, usize)) {
     }
 }
 
+/// The run's group as plugins reach it (`Context::all_gather`, plugin-api 1.9): held weakly,
+/// so the group still ends with the run that joined it.
+static PLUGIN_GROUP: std::sync::RwLock<Option<std::sync::Weak<Group>>> =
+    std::sync::RwLock::new(None);
+
+/// Makes `group` the one plugins' collectives go through (until it is dropped).
+pub fn set_plugin_group(group: &std::sync::Arc<Group>) {
+    let weak = Some(std::sync::Arc::downgrade(group));
+    match PLUGIN_GROUP.write() {
+        Ok(mut g) => *g = weak,
+        Err(poisoned) => *poisoned.into_inner() = weak,
+    }
+}
+
+/// Every rank's `input` stacked in rank order, `(world, *shape)`, through the run's group; a
+/// copy of `input` with a leading dimension of 1 outside a data-parallel run. `input` keeps
+/// its value. What a plugin's `Context::all_gather` calls.
+pub fn all_gather_stacked(input: &Tensor) -> Result<Tensor, DistError> {
+    let group = match PLUGIN_GROUP.read() {
+        Ok(g) => g.as_ref().and_then(std::sync::Weak::upgrade),
+        Err(poisoned) => poisoned
+            .into_inner()
+            .as_ref()
+            .and_then(std::sync::Weak::upgrade),
+    };
+    let failed = |e: tch::TchError| DistError::C10d {
+        what: "all-gather".into(),
+        message: e.to_string(),
+    };
+    if !input.defined() {
+        return Err(DistError::Env("all-gather of an undefined tensor".into()));
+    }
+    let Some(group) = group else {
+        return input
+            .f_unsqueeze(0)
+            .and_then(|t| t.f_contiguous())
+            .map_err(failed);
+    };
+    let _no_grad = tch::no_grad_guard();
+    let mut shape = input.size();
+    shape.insert(0, group.world as i64);
+    let numel = input.numel() as i64;
+    let out = Tensor::f_empty([group.world as i64 * numel], (input.kind(), input.device()))
+        .map_err(failed)?;
+    // A flat contiguous copy (the collective frees its input's memory; Gloo wants the output
+    // `world` times the input along the first dimension).
+    let mine = input
+        .f_detach_copy()
+        .and_then(|t| t.f_reshape([numel]))
+        .and_then(|t| t.f_contiguous())
+        .map_err(failed)?;
+    group.all_gather_base(&out, mine)?;
+    out.f_view(shape.as_slice()).map_err(failed)
+}
+
 /// A reduction over the ranks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Op {

@@ -59,6 +59,7 @@ fn api() -> HostApi_Ref {
             set_param_group,
             training_sample,
             forward_eval,
+            all_gather,
         }
         .leak_into_prefix()
     })
@@ -448,5 +449,13 @@ extern "C" fn forward_eval(ctx: HostCtx, input: TensorHandle) -> RResult<TensorH
                 .and_then(|r| r.eval_forward(&input))
                 .map(TensorHandle::from_tensor),
         )
+    })
+}
+
+extern "C" fn all_gather(ctx: HostCtx, input: TensorHandle) -> RResult<TensorHandle, RString> {
+    let input = input.into_tensor();
+    with_state(ctx, |_| match crate::dist::all_gather_stacked(&input) {
+        Ok(t) => RResult::ROk(TensorHandle::from_tensor(t)),
+        Err(e) => RResult::RErr(format!("all_gather: {e}").into()),
     })
 }

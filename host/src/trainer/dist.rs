@@ -76,6 +76,7 @@ pub(super) fn join(config: &Config, env: &RankEnv, device: tch::Device) -> Resul
         device,
     )?;
     let group = Arc::new(group);
+    crate::dist::set_plugin_group(&group);
     if d.sync_batchnorm {
         let g = Arc::clone(&group);
         crate::model::layers::set_batch_norm_sync(Some(Arc::new(move |t: &Tensor| {

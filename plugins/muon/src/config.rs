@@ -62,6 +62,10 @@ pub struct MuonConfig {
     pub include: Vec<String>,
     /// Glob patterns over parameter names removed from the selection.
     pub exclude: Vec<String>,
+    /// In a data-parallel run, each rank orthogonalizes its share of the matrices and the
+    /// results are gathered (plugin-api 1.9 `all_gather`); off: every rank computes every
+    /// matrix.
+    pub share_across_ranks: bool,
 }
 
 impl MuonConfig {
@@ -93,6 +97,7 @@ impl MuonConfig {
         let adjust = settings.get_or::<Option<String>>("adjust_lr", None)?;
         let include: Vec<String> = settings.get_or("include", Vec::new())?;
         let exclude: Vec<String> = settings.get_or("exclude", Vec::new())?;
+        let share_across_ranks = settings.bool_or("share_across_ranks", true)?;
 
         let finite_at_least_zero = |key: &str, v: f64| {
             if v.is_finite() && v >= 0.0 {
@@ -160,6 +165,7 @@ impl MuonConfig {
             adjust_lr,
             include,
             exclude,
+            share_across_ranks,
         })
     }
 

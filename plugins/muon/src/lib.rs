@@ -4,6 +4,7 @@
 mod config;
 mod method;
 mod select;
+mod share;
 mod update;
 
 use tessera_plugin_api::{export_plugin, Error, Event, Hook, Plugin, Settings};
@@ -11,6 +12,7 @@ use tessera_plugin_api::{export_plugin, Error, Event, Hook, Plugin, Settings};
 pub use config::{AdjustLr, MuonConfig, Variant, NS_COEFFICIENTS};
 pub use method::{Muon, INIT_PRIORITY, STATE_FORMAT_VERSION};
 pub use select::select_parameters;
+pub use share::Plan;
 pub use update::{matrix_shape, newton_schulz, MatrixGroup};
 
 impl Plugin for Muon {
@@ -29,6 +31,7 @@ impl Plugin for Muon {
         adjust_lr = \"original\"\n\
         include = []\n\
         exclude = []\n\
+        share_across_ranks = true\n\
         # variant = \"keller\": lr 0.02, weight_decay 0.0, no adjust_lr";
 
     fn hooks() -> Vec<Hook> {

@@ -8,7 +8,8 @@ use tessera_plugin_api::{keys, Context, Error, Event, Method, State};
 
 use crate::config::MuonConfig;
 use crate::select::select_parameters;
-use crate::update::MatrixGroup;
+use crate::share::Plan;
+use crate::update::{newton_schulz, MatrixGroup};
 
 /// The current layout of [`Method::state`]: one tensor per parameter, its momentum buffer in
 /// the parameter's shape, named as the parameter; the bytes list the claimed names, one a line.
@@ -28,6 +29,9 @@ pub struct Muon {
     groups: Vec<MatrixGroup>,
     /// Momentum restored by `load_state` before the groups exist.
     loaded: HashMap<String, Tensor>,
+    /// Who orthogonalizes which matrix when the ranks share the work (built at the first
+    /// step).
+    plan: Option<Plan>,
 }
 
 impl Muon {
@@ -38,6 +42,7 @@ impl Muon {
             claimed: Vec::new(),
             groups: Vec::new(),
             loaded: HashMap::new(),
+            plan: None,
         }
     }
 
@@ -130,9 +135,11 @@ impl Muon {
     fn step(&mut self, ctx: &mut Context<'_>) -> Result<(), Error> {
         if self.groups.is_empty() {
             self.build_groups(ctx)?;
+            self.plan = self.sharing(ctx)?;
         }
         let lr = self.config.lr * ctx.step_info()?.lr_factor;
         let skip = ctx.tensor(keys::FOUND_INF);
+        let mut steps = Vec::with_capacity(self.groups.len());
         for g in &mut self.groups {
             let params = g
                 .names
@@ -140,9 +147,64 @@ impl Muon {
                 .map(|n| Self::parameter(ctx, n))
                 .collect::<Result<Vec<_>, Error>>()?;
             let grads: Vec<Tensor> = params.iter().map(Tensor::grad).collect();
-            g.step(&params, &grads, &self.config, lr, skip.as_ref())?;
+            let update = g.advance(&grads, &self.config, skip.as_ref())?;
+            steps.push((params, grads, update));
+        }
+        let orthos = match &self.plan {
+            Some(plan) => {
+                let updates: Vec<Tensor> = steps.iter().map(|s| s.2.shallow_clone()).collect();
+                plan.orthogonalize(&updates, &self.config, &mut |t| ctx.all_gather(t))?
+            }
+            None => steps
+                .iter()
+                .map(|s| newton_schulz(&s.2, &self.config))
+                .collect::<Result<Vec<_>, Error>>()?,
+        };
+        for (g, ((params, grads, _), ortho)) in self.groups.iter().zip(steps.iter().zip(&orthos)) {
+            g.apply(params, grads, ortho, &self.config, lr, skip.as_ref())?;
         }
         Ok(())
+    }
+
+    /// The plan sharing the orthogonalization between the ranks, when they share it: a
+    /// data-parallel run, with `share_across_ranks` on, in a host that gathers (1.9). Says
+    /// each rank's share.
+    fn sharing(&self, ctx: &mut Context<'_>) -> Result<Option<Plan>, Error> {
+        let r = ctx.ranks();
+        let (rank, world) = (r.rank as usize, r.world_size as usize);
+        let total: usize = self.groups.iter().map(|g| g.names.len()).sum();
+        let shared = world > 1 && self.config.share_across_ranks && ctx.supports_all_gather();
+        let plan = match (shared, self.groups.first()) {
+            (true, Some(first)) => {
+                let shapes: Vec<(i64, i64, i64)> = self
+                    .groups
+                    .iter()
+                    .map(|g| (g.names.len() as i64, g.rows, g.cols))
+                    .collect();
+                Some(Plan::new(&shapes, rank, world, first.momentum.device())?)
+            }
+            _ => None,
+        };
+        let mine = plan.as_ref().map_or(total, Plan::mine);
+        if world > 1 {
+            ctx.info(&format!(
+                "muon: rank {rank} orthogonalizes {mine} of the {total} matrices{}",
+                if plan.is_some() {
+                    format!(" (shared by the {world} ranks)")
+                } else if !self.config.share_across_ranks {
+                    " (share_across_ranks = false)".to_owned()
+                } else {
+                    " (this tessera cannot gather for plugins: it predates plugin-api 1.9)"
+                        .to_owned()
+                }
+            ));
+        }
+        // Logged at a run's first step; a resumed run's metrics continue the file that has it
+        // (a resume on another rank count says its share in the log).
+        if ctx.time().batch == 0 {
+            ctx.log_metric("muon/orthogonalized", mine as f64);
+        }
+        Ok(plan)
     }
 }
 

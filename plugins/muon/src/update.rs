@@ -109,8 +109,9 @@ impl MatrixGroup {
     }
 
     /// One Muon step of `params` (aligned with `names`) from their gradients `grads`, at base
-    /// rate `lr` (already scheduled). A parameter whose gradient is undefined (frozen, or not
-    /// used by the forward) keeps its value and momentum, as `torch.optim.Muon` skips it. With `skip`
+    /// rate `lr` (already scheduled): [`MatrixGroup::advance`], [`newton_schulz`],
+    /// [`MatrixGroup::apply`]. A parameter whose gradient is undefined (frozen, or not used by
+    /// the forward) keeps its value and momentum, as `torch.optim.Muon` skips it. With `skip`
     /// (a 0-dim flag on the device, 1: the host skipped this step) parameters and momentum
     /// stay bit for bit as they were when it is set, without reading it on the host.
     pub fn step(
@@ -121,6 +122,20 @@ impl MatrixGroup {
         lr: f64,
         skip: Option<&Tensor>,
     ) -> Result<(), Error> {
+        let update = self.advance(grads, config, skip)?;
+        let ortho = newton_schulz(&update, config)?;
+        self.apply(params, grads, &ortho, config, lr, skip)
+    }
+
+    /// The momentum step: `M ← lerp(M, G, 1 − β)`; returns the `(n, rows, cols)` matrices to
+    /// orthogonalize (`lerp(G, M, β)` with Nesterov, else `M`). A skipped step (`skip` set)
+    /// leaves the momentum as it was.
+    pub fn advance(
+        &mut self,
+        grads: &[Tensor],
+        config: &MuonConfig,
+        skip: Option<&Tensor>,
+    ) -> Result<Tensor, Error> {
         let _no_grad = tch::no_grad_guard();
         for (i, g) in grads.iter().enumerate() {
             let mut row = self.gathered.f_select(0, i as i64)?;
@@ -128,7 +143,7 @@ impl MatrixGroup {
                 row.f_view(self.shape.as_slice())?.f_copy_(g)?;
             } else {
                 // No gradient (frozen, or unused by the forward): the momentum's own row, which
-                // `lerp` leaves as it is; the parameter is not touched below.
+                // `lerp` leaves as it is; the parameter is not touched by `apply`.
                 row.f_copy_(&self.momentum.f_select(0, i as i64)?)?;
             }
         }
@@ -143,13 +158,32 @@ impl MatrixGroup {
             None => self.gathered.shallow_clone(),
         };
         let _ = self.momentum.f_lerp_(&grad, 1.0 - config.momentum)?;
-        let update = if config.nesterov {
+        Ok(if config.nesterov {
             let _ = grad.f_lerp_(&self.momentum, config.momentum)?;
             grad
         } else {
             self.momentum.shallow_clone()
+        })
+    }
+
+    /// The parameter step from the orthogonalized update `ortho` (bfloat16, as
+    /// [`newton_schulz`] returns it): `W ← W·(1 − lr·wd) − lr_adj·O`, for the parameters that
+    /// have a gradient; a skipped step leaves them as they were.
+    pub fn apply(
+        &self,
+        params: &[Tensor],
+        grads: &[Tensor],
+        ortho: &Tensor,
+        config: &MuonConfig,
+        lr: f64,
+        skip: Option<&Tensor>,
+    ) -> Result<(), Error> {
+        let _no_grad = tch::no_grad_guard();
+        let skip = match skip {
+            Some(flag) => Some(flag.f_to_kind(Kind::Bool)?),
+            None => None,
         };
-        let mut ortho = newton_schulz(&update, config)?;
+        let mut ortho = ortho.shallow_clone();
         if let Some(scale) = config.update_scale(self.rows, self.cols) {
             ortho = ortho.f_mul_scalar(scale)?;
         }
