@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use tessera_tests::dist::{assert_all_succeeded, free_port};
+use tessera_tests::dist::{assert_all_succeeded, free_port, train_nodes, Ranks};
 use tessera_tests::resume::{assert_same_checkpoint, names};
 use tessera_tests::*;
 
@@ -445,45 +445,22 @@ fn cached_train_shards(dir: &TempDir, tag: &str) -> [Vec<String>; 2] {
 /// One epoch on 4 ranks, ranks 0 and 1 sharing node 0's cache folder, 2 and 3 node 1's, each
 /// rank told `LOCAL_WORLD_SIZE=local_world`: 2 makes them two nodes of two ranks, 4 one node.
 fn train_on_two_caches(dir: &TempDir, moto: &Moto, tag: &str, local_world: usize) -> Vec<Output> {
-    let port = free_port();
-    let config = dir.join("trainer.toml").display().to_string();
-    std::thread::scope(|s| {
-        let handles: Vec<_> = (0..4usize)
-            .map(|rank| {
-                let config = &config;
-                s.spawn(move || {
-                    let cache = dir.join(&format!("cache-{tag}-{}", rank / 2));
-                    let cache = format!("data.shards.cache_dir={}", cache.display());
-                    let args = [
-                        "train",
-                        config,
-                        "--set",
-                        &cache,
-                        "--set",
-                        "train.max_duration=1ep",
-                        "--set",
-                        &format!("run_name={tag}"),
-                    ];
-                    let vars = [
-                        ("RANK", rank.to_string()),
-                        ("WORLD_SIZE", "4".to_owned()),
-                        ("LOCAL_RANK", (rank % local_world).to_string()),
-                        ("LOCAL_WORLD_SIZE", local_world.to_string()),
-                        ("GROUP_RANK", (rank / local_world).to_string()),
-                        ("MASTER_ADDR", "127.0.0.1".to_owned()),
-                        ("MASTER_PORT", port.to_string()),
-                    ];
-                    let mut env = moto.env();
-                    env.extend(vars.iter().map(|(k, v)| (*k, v.as_str())));
-                    tessera(&args, dir.path(), &env)
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("a rank's thread"))
-            .collect()
-    })
+    let run_name = format!("run_name={tag}");
+    let overrides = ["train.max_duration=1ep", run_name.as_str()];
+    let per_rank = |rank: usize| {
+        let cache = dir.join(&format!("cache-{tag}-{}", rank / 2));
+        vec![format!("data.shards.cache_dir={}", cache.display())]
+    };
+    train_nodes(
+        dir,
+        &Ranks {
+            world: 4,
+            local_world,
+            overrides: &overrides,
+            env: &moto.env(),
+            per_rank: &per_rank,
+        },
+    )
 }
 
 /// Four ranks on two simulated nodes (`LOCAL_WORLD_SIZE=2`), each node with a cache folder of
@@ -542,4 +519,64 @@ fn two_nodes_download_each_training_shard_once_between_them() {
     let record = read_json(&run_dir(&dir, "two-nodes").join("run.json"));
     assert_eq!(record["status"], "completed", "{record:#}");
     assert_eq!(record["nodes"], 2, "{record:#}");
+}
+
+/// A run whose sharded data is split over two simulated nodes (a local MDS folder: no S3
+/// needed) resumes from its mid-epoch checkpoint on two nodes exactly where the straight run
+/// went, and is refused on one node of the same four ranks, whose order inside the epoch
+/// differs, with a message naming both splits; the epoch-end checkpoint resumes anywhere.
+#[test]
+fn a_mid_epoch_checkpoint_split_over_two_nodes_resumes_on_two_nodes_only() {
+    let dir = TempDir::new("nodes-resume");
+    let root = packed_in_shards_of(&dir, "16KB");
+    write_toml(&dir, &root.display().to_string(), "nodes", "");
+    // Global batch 4 (one sample a rank): several batches an epoch, checkpoints every 3.
+    let on = |local_world: usize, overrides: &[&str]| {
+        let mut all = vec!["data.batch_size=1"];
+        all.extend_from_slice(overrides);
+        train_nodes(
+            &dir,
+            &Ranks {
+                world: 4,
+                local_world,
+                overrides: &all,
+                env: &[],
+                per_rank: &|_| Vec::new(),
+            },
+        )
+    };
+    assert_all_succeeded(&on(2, &["run_name=straight", "train.max_duration=6ba"]));
+    let straight = run_dir(&dir, "straight").join("checkpoints");
+    let meta = tessera::checkpoint::Checkpoint::read(&straight.join("ep0-ba3.ckpt"))
+        .expect("the checkpoint reads")
+        .meta;
+    assert_eq!(meta.trainer.data_nodes, Some(2));
+    assert_ne!(meta.timestamp.batch_in_epoch, 0, "not mid-epoch: {meta:?}");
+    let load = format!(
+        "checkpoint.load={}",
+        toml_string(&straight.join("ep0-ba3.ckpt").display().to_string())
+    );
+
+    let refused = on(4, &["run_name=one-node", "train.max_duration=6ba", &load]);
+    assert!(refused.iter().all(|o| !o.status.success()));
+    let message = &refused[0].stderr;
+    for part in [
+        "in the middle of epoch 0",
+        "split over 2 nodes",
+        "in one order for all ranks",
+        "Resume on 2 node(s)",
+    ] {
+        assert!(message.contains(part), "{part:?}: {}", refused[0].dump());
+    }
+
+    assert_all_succeeded(&on(
+        2,
+        &["run_name=two-nodes", "train.max_duration=6ba", &load],
+    ));
+    assert_same_checkpoint(
+        &straight.join("ep0-ba6.ckpt"),
+        &run_dir(&dir, "two-nodes")
+            .join("checkpoints")
+            .join("ep0-ba6.ckpt"),
+    );
 }

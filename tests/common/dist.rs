@@ -17,13 +17,26 @@ pub fn free_port() -> u16 {
         .expect("a free loopback port")
 }
 
-/// The torchrun-style variables of rank `rank` of `world` meeting at `port`.
+/// The torchrun-style variables of rank `rank` of `world` meeting at `port`, all on one node.
 pub fn rank_env(rank: usize, world: usize, port: u16) -> Vec<(String, String)> {
+    node_rank_env(rank, world, world, port)
+}
+
+/// The torchrun-style variables of rank `rank` of `world` meeting at `port`, on nodes of
+/// `local_world` ranks each (rank `r` is local rank `r % local_world` of node
+/// `r / local_world`).
+pub fn node_rank_env(
+    rank: usize,
+    world: usize,
+    local_world: usize,
+    port: u16,
+) -> Vec<(String, String)> {
     vec![
         ("RANK".into(), rank.to_string()),
         ("WORLD_SIZE".into(), world.to_string()),
-        ("LOCAL_RANK".into(), rank.to_string()),
-        ("LOCAL_WORLD_SIZE".into(), world.to_string()),
+        ("LOCAL_RANK".into(), (rank % local_world).to_string()),
+        ("LOCAL_WORLD_SIZE".into(), local_world.to_string()),
+        ("GROUP_RANK".into(), (rank / local_world).to_string()),
         ("MASTER_ADDR".into(), "127.0.0.1".into()),
         ("MASTER_PORT".into(), port.to_string()),
     ]
@@ -42,6 +55,35 @@ pub fn train_ranks_with_env(
     overrides: &[&str],
     env: &[(&str, &str)],
 ) -> Vec<Output> {
+    train_nodes(
+        dir,
+        &Ranks {
+            world,
+            local_world: world,
+            overrides,
+            env,
+            per_rank: &|_| Vec::new(),
+        },
+    )
+}
+
+/// How [`train_nodes`] starts the ranks.
+pub struct Ranks<'a> {
+    /// Ranks in all.
+    pub world: usize,
+    /// Ranks on each simulated node (`LOCAL_WORLD_SIZE`).
+    pub local_world: usize,
+    /// `--set` overrides of every rank.
+    pub overrides: &'a [&'a str],
+    /// Added to every rank's environment.
+    pub env: &'a [(&'a str, &'a str)],
+    /// More `--set` overrides of rank `r` (a cache folder per node).
+    pub per_rank: &'a (dyn Fn(usize) -> Vec<String> + Sync),
+}
+
+/// Runs `tessera train <dir>/trainer.toml` as the ranks `ranks` describes, at once (one process
+/// each), and returns their outputs in rank order.
+pub fn train_nodes(dir: &TempDir, ranks: &Ranks<'_>) -> Vec<Output> {
     if uses_fashion_mnist(dir) {
         require_fashion_mnist();
     }
@@ -49,7 +91,7 @@ pub fn train_ranks_with_env(
     // (seen once in CI): then every rank fails at the rendezvous, and the run is tried again on
     // another port.
     for _ in 0..2 {
-        let outputs = train_ranks_at(dir, world, overrides, env, free_port());
+        let outputs = train_ranks_at(dir, ranks, free_port());
         let taken = outputs.first().is_some_and(|o| {
             !o.status.success()
                 && o.stderr
@@ -61,33 +103,32 @@ pub fn train_ranks_with_env(
         }
         eprintln!("the rendezvous port was taken meanwhile; running the ranks again on another");
     }
-    train_ranks_at(dir, world, overrides, env, free_port())
+    train_ranks_at(dir, ranks, free_port())
 }
 
-/// [`train_ranks_with_env`] meeting at `port`.
-fn train_ranks_at(
-    dir: &TempDir,
-    world: usize,
-    overrides: &[&str],
-    env: &[(&str, &str)],
-    port: u16,
-) -> Vec<Output> {
+/// [`train_nodes`] meeting at `port`.
+fn train_ranks_at(dir: &TempDir, ranks: &Ranks<'_>, port: u16) -> Vec<Output> {
     let config = dir.join("trainer.toml");
     let config = config.to_str().expect("a UTF-8 temp path").to_owned();
     let mut args = vec!["train".to_owned(), config];
-    for o in overrides {
+    for o in ranks.overrides {
         args.push("--set".into());
         args.push((*o).to_owned());
     }
     std::thread::scope(|s| {
-        let handles: Vec<_> = (0..world)
+        let handles: Vec<_> = (0..ranks.world)
             .map(|rank| {
-                let (args, extra) = (&args, env);
+                let args = &args;
                 s.spawn(move || {
-                    let vars = rank_env(rank, world, port);
+                    let vars = node_rank_env(rank, ranks.world, ranks.local_world, port);
                     let mut env: Vec<(&str, &str)> =
                         vars.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-                    env.extend_from_slice(extra);
+                    env.extend_from_slice(ranks.env);
+                    let mut args = args.clone();
+                    for o in (ranks.per_rank)(rank) {
+                        args.push("--set".into());
+                        args.push(o);
+                    }
                     let args: Vec<&str> = args.iter().map(String::as_str).collect();
                     tessera(&args, dir.path(), &env)
                 })

@@ -67,6 +67,11 @@ pub struct TrainerMeta {
     /// `train.microbatch_size = "auto"` found (absent in checkpoints before Tessera 0.2).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub microbatch_size: Option<usize>,
+    /// The number of nodes the training order was split over, when a sharded dataset was read
+    /// per node (`Loader::across_nodes`; absent: one order for all ranks). The position inside
+    /// an epoch holds only for the same number.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_nodes: Option<usize>,
 }
 
 /// One method's entry.

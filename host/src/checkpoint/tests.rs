@@ -78,6 +78,7 @@ fn sample() -> Checkpoint {
             skipped_steps: 0,
             grad_scaler: None,
             microbatch_size: None,
+            data_nodes: None,
             trained_samples: 3,
             target_reached: None,
         },

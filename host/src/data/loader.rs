@@ -631,6 +631,13 @@ impl Loader {
         )
     }
 
+    /// The number of nodes each epoch's order is split over when this loader reads per node
+    /// ([`Loader::across_nodes`] found a sharded dataset to split); `None`: one order for all
+    /// ranks.
+    pub fn node_split(&self) -> Option<usize> {
+        self.shard.nodes.map(|share| share.nodes)
+    }
+
     /// The sample order of an epoch: a permutation keyed by (seed, epoch), or the identity;
     /// in a data-parallel run, this rank's share of it (see [`Loader::shard`] and
     /// [`Loader::across_nodes`]).

@@ -455,6 +455,36 @@ impl Trainer {
         Ok(())
     }
 
+    /// Refuses to continue mid-epoch from a checkpoint whose training order was split over
+    /// another number of nodes (`saved`, as `TrainerMeta::data_nodes` records it): the order
+    /// inside an epoch depends on it (docs/data.md, "Over several nodes").
+    pub(super) fn check_node_change(
+        &self,
+        saved: Option<usize>,
+        at: &crate::time::Timestamp,
+    ) -> Result<()> {
+        let ours = self.train_loader.node_split();
+        if saved == ours || at.batch_in_epoch == 0 {
+            return Ok(());
+        }
+        let order = |nodes: Option<usize>| match nodes {
+            Some(n) => format!("split over {n} nodes"),
+            None => "in one order for all ranks (one node, or data not split by node)".to_owned(),
+        };
+        fail!(
+            "the checkpoint was written in the middle of epoch {} (batch {} of the epoch) by a \
+             run that read its training data {}, and this run reads it {}: the order inside an \
+             epoch depends on the number of nodes, so the position would not carry over. Resume \
+             on {} node(s), or from a checkpoint written at the end of an epoch \
+             (checkpoint.interval = \"1ep\")",
+            at.epoch,
+            at.batch_in_epoch,
+            order(saved),
+            order(ours),
+            saved.unwrap_or(1)
+        );
+    }
+
     /// Whether a checkpoint written by `saved` ranks of batch `saved_batch` each can continue
     /// on this run's ranks, and whether the global batch changes (`true`). The same number of
     /// ranks continues exactly; another number with the same global batch too (batch b of W

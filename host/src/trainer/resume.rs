@@ -38,6 +38,9 @@ impl Trainer {
         // The per-rank batch of the run that wrote it (its global batch: that x its ranks).
         let saved_batch = c.meta.config["data"]["batch_size"].as_u64();
         let parts = c.into_parts()?;
+        if self.purpose == Purpose::Fit {
+            self.check_node_change(parts.trainer.data_nodes, &parts.clock.timestamp)?;
+        }
         let world_changed = self.purpose == Purpose::Fit
             && self.check_world_change(parts.world_size, saved_batch, &parts.clock.timestamp)?;
         // The data position matters only to a run that goes on training.
@@ -238,6 +241,7 @@ impl Trainer {
                 trained_samples: self.trained_samples,
                 grad_scaler: self.state.scaler.clone(),
                 microbatch_size: Some(self.microbatch),
+                data_nodes: self.train_loader.node_split(),
                 target_reached: self.target_reached.clone(),
             },
             running_loss: (self.running_batches > 0).then(|| Tensor::from(self.running_loss)),
