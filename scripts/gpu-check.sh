@@ -20,7 +20,8 @@
 #      net, ResNet-50 and GPT-2 small (the eager ResNet-50 and GPT-2 figures are steps 1 and 3),
 #      and the losses of a deterministic run eager vs captured, bit for bit;
 #  13. `[distributed] sharding`: 2 ranks on the GPU through Gloo, ResNet-20 (blocks, for
-#      `full`), each mode's losses against DDP's and the memory each rank holds after a step.
+#      `full`), each mode's losses against DDP's and the memory each rank holds after a step;
+#      `full` under amp_bf16 with bf16 gathers and bf16 gradient reduce-scatters too.
 # Every step runs under `timeout` (its own limit, cut to what is left of BUDGET); a step that
 # fails, times out or finds no time left is recorded as such and the script goes on. Throughput
 # is warm steady state: warmup steps left out, CUDA synchronized around the timed steps.
@@ -428,13 +429,17 @@ fi
 if begin sharding "13. [distributed] sharding on $DEVICE: 2 ranks (Gloo), none vs optimizer vs gradients vs full" 200 40; then
   deadline=$(($(date +%s) + T))
   shard_ok=1
-  for mode in none optimizer gradients full; do
+  for mode in none optimizer gradients full full-bf16; do
     T=$((deadline - $(date +%s))); [ "$T" -ge 10 ] || T=10
     dev=(--set 'train.device="cuda:0"')
     [ "$DEVICE" = cpu ] && dev=()
+    # full-bf16: `full` under amp_bf16 (units gathered in bf16) with gradients reduced in bf16.
+    wire=()
+    [ "$mode" = full-bf16 ] && wire=(--set 'train.precision="amp_bf16"' \
+      --set 'distributed.reduce_dtype="bf16"')
     timeout -k 5 "$T" "$TESSERA" launch --nproc 2 train "$EXAMPLE" "${common[@]}" "${dev[@]}" \
-      --set "run_name=\"shard-$mode\"" --set 'distributed.backend="gloo"' \
-      --set "distributed.sharding=\"$mode\"" --set 'train.max_duration="20ba"' \
+      "${wire[@]}" --set "run_name=\"shard-$mode\"" --set 'distributed.backend="gloo"' \
+      --set "distributed.sharding=\"${mode%-bf16}\"" --set 'train.max_duration="20ba"' \
       --set 'model.name="resnet20"' --set 'model.width=8' \
       --set 'data.workers=0' --set 'checkpoint.save=false' --set 'train.threads=1' \
       >"$DETAILS/shard-$mode.log" 2>&1 || shard_ok=0
@@ -451,13 +456,13 @@ def run(mode):
               if l.strip() and json.loads(l).get("kind") == "train"]
     return losses, json.loads((d / "run.json").read_text()).get("memory_after_step_bytes")
 base, base_mem = run("none")
-for mode in ("optimizer", "gradients", "full"):
+for mode in ("optimizer", "gradients", "full", "full-bf16"):
     losses, mem = run(mode)
     worst = max((abs(a - b) / max(abs(a), 1.0) for a, b in zip(base, losses)), default=float("nan"))
     print(f"sharding = {mode}: {len(losses)} losses, largest relative difference to DDP {worst:.2e}; "
           f"after a step {mem} bytes (DDP {base_mem})")
 PY
-    record sharding ok $(($(date +%s) - STEP_START)) "none vs optimizer vs gradients vs full"
+    record sharding ok $(($(date +%s) - STEP_START)) "none vs optimizer vs gradients vs full (and full in bf16)"
   else
     finish sharding 1 "$DETAILS/shard-gradients.log" "see details"
   fi

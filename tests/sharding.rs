@@ -494,3 +494,79 @@ fn sharded_checkpoints_are_folders_of_slices_that_read_back_whole() {
     tessera(&["export", "--to", &to, &from], dir.path(), &[]).assert_success();
     assert!(exported.is_file());
 }
+
+/// bfloat16 on the wire (`[distributed] reduce_dtype = "bf16"` under `gradients`, and `full`'s
+/// gathers under `amp_bf16`, where `gather_dtype = "auto"` chooses bf16): the run is the
+/// float32 one up to bf16 rounding. The bound is fixed beforehand from bf16's unit roundoff
+/// (2^-9 relative per value): over 10 AdamW steps every logged loss stays within 4 × 2^-9
+/// (relative) of the float32 wire's, while the weights do differ (the wire really was bf16).
+/// Where a mode has no such collective the setting is refused naming the key.
+#[test]
+fn bfloat16_on_the_wire_trains_as_float32_up_to_its_rounding() {
+    let mut toml = TrainerToml::tiny_gpt("wire");
+    toml.model = toml.model.replace("n_layer = 2", "n_layer = 4");
+    toml.max_duration = "10ba".to_owned();
+    let dir = TempDir::new("shard-wire");
+    dir.write(
+        "trainer.toml",
+        &format!("{}\n[checkpoint]\ninterval = \"10ba\"\n", toml.render()),
+    );
+    let bound = 4.0 * 2f64.powi(-9);
+    let cases: [(&str, &[&str], &[&str], &str); 2] = [
+        (
+            "reduce",
+            &["distributed.sharding=\"gradients\""],
+            &["distributed.reduce_dtype=\"bf16\""],
+            "reduced in bf16",
+        ),
+        (
+            "gather",
+            &[
+                "distributed.sharding=\"full\"",
+                "train.precision=\"amp_bf16\"",
+            ],
+            &[],
+            "in bf16; gradients reduced in fp32",
+        ),
+    ];
+    for (tag, common, bf16, said) in cases {
+        let exact = format!("run_name={tag}-fp32");
+        let low = format!("run_name={tag}-bf16");
+        let mut a: Vec<&str> = vec![&exact, "train.threads=1"];
+        a.extend_from_slice(common);
+        if tag == "gather" {
+            a.push("distributed.gather_dtype=\"fp32\"");
+        }
+        assert_all_succeeded(&train_ranks(&dir, 2, &a));
+        let mut b: Vec<&str> = vec![&low, "train.threads=1"];
+        b.extend_from_slice(common);
+        b.extend_from_slice(bf16);
+        let outputs = train_ranks(&dir, 2, &b);
+        assert_all_succeeded(&outputs);
+        assert!(outputs[0].stderr.contains(said), "{}", outputs[0].dump());
+        let (diff, name, losses) = differences(
+            &dir,
+            &format!("{tag}-fp32"),
+            &format!("{tag}-bf16"),
+            "ep0-ba10.ckpt",
+        );
+        eprintln!("{tag}: weights {diff:e} at `{name}`, losses {losses:e} (bound {bound:e})");
+        assert!(diff > 0.0, "{tag}: bf16 on the wire changed nothing");
+        assert!(
+            losses <= bound,
+            "{tag}: losses differ by {losses:e} > {bound:e}"
+        );
+    }
+    for (mode, key) in [("none", "reduce_dtype"), ("gradients", "gather_dtype")] {
+        let set = format!("distributed.{key}=\"bf16\"");
+        let sharding = format!("distributed.sharding={}", toml_string(mode));
+        let outputs = train_ranks(&dir, 2, &["run_name=refused", &sharding, &set]);
+        assert!(outputs.iter().all(|o| !o.status.success()));
+        let message = &outputs[0].stderr;
+        assert!(
+            message.contains(&format!("[distributed] {key} = \"bf16\"")),
+            "{}",
+            outputs[0].dump()
+        );
+    }
+}

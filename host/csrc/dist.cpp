@@ -142,6 +142,9 @@ struct ShardFlat {
 struct ShardState {
   Group* group = nullptr;
   int world = 1;
+  // `[distributed] reduce_dtype = "bf16"`: floating gradients go over the wire (and are summed)
+  // in bfloat16; each rank's slice comes back in the parameter's dtype.
+  bool reduce_bf16 = false;
   std::vector<ShardFlat> flats;
   size_t next = 0;  // index into the launch order (flats from the last to the first)
   bool armed = false;
@@ -156,7 +159,11 @@ struct ShardState {
   void launch(ShardFlat& f) {
     f.launched = true;
     auto& first = f.members.front().param;
-    auto packed = at::zeros({f.shard * world}, first.options().requires_grad(false));
+    auto wire = first.options().requires_grad(false);
+    if (reduce_bf16 && first.is_floating_point()) {
+      wire = wire.dtype(at::kBFloat16);
+    }
+    auto packed = at::zeros({f.shard * world}, wire);
     for (auto& m : f.members) {
       auto& grad = m.param.mutable_grad();
       if (grad.defined()) {
@@ -469,12 +476,13 @@ int tessera_dist_all_gather_base(void* group, void* out, void* in, int release) 
 void* tessera_shard_reducer_new(void* group, int world, void** params, const int64_t* offsets,
                                 const int64_t* dims, const int64_t* sizes,
                                 const int64_t* strides, const int64_t* counts,
-                                const int64_t* shards, int n_flats) {
+                                const int64_t* shards, int n_flats, int reduce_bf16) {
   ShardReducer* out = nullptr;
   guarded([&] {
     auto state = std::make_shared<ShardState>();
     state->group = static_cast<Group*>(group);
     state->world = world;
+    state->reduce_bf16 = reduce_bf16 != 0;
     size_t i = 0;
     size_t d = 0;
     for (int f = 0; f < n_flats; ++f) {
@@ -549,7 +557,8 @@ int tessera_shard_reducer_finish(void* reducer, void** outs, uint8_t* fired) {
     for (size_t f = 0; f < state->flats.size(); ++f) {
       auto& flat = state->flats[f];
       ShardState::settle(flat);
-      outs[f] = new at::Tensor(flat.out);
+      auto dtype = flat.members.front().param.scalar_type();
+      outs[f] = new at::Tensor(flat.out.scalar_type() == dtype ? flat.out : flat.out.to(dtype));
       flat.out = at::Tensor();
       for (auto& m : flat.members) {
         fired[i++] = m.fired ? 1 : 0;
@@ -607,7 +616,7 @@ int tessera_dist_reducer_stats(void*, int64_t*) { return -1; }
 int tessera_dist_all_gather_base(void*, void*, void*, int) { return -1; }
 void* tessera_shard_reducer_new(void*, int, void**, const int64_t*, const int64_t*,
                                 const int64_t*, const int64_t*, const int64_t*, const int64_t*,
-                                int) {
+                                int, int) {
   return nullptr;
 }
 void tessera_shard_reducer_free(void*) {}

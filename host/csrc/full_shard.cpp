@@ -46,6 +46,10 @@ struct FullFlat {
   int64_t shard = 0;
   size_t nbytes = 0;
   State state = State::Whole;
+  // `[distributed] gather_dtype = "bf16"`: for the passes the shard goes over the wire in
+  // bfloat16 and the buffer holds the rounded values (FSDP's `param_dtype`); gathered whole
+  // for the methods or a checkpoint, it is exact.
+  bool low = false;
 
   void allocate() {
     auto* impl = buffer.storage().unsafeGetStorageImpl();
@@ -60,9 +64,17 @@ struct FullFlat {
     impl->set_nbytes(0);
   }
 
-  void gather_into_buffer() {
+  void gather_into_buffer(bool exact) {
     allocate();
-    pg->_allgather_base(buffer, local)->wait();
+    if (low && !exact) {
+      at::NoGradGuard no_grad;
+      auto wire = local.to(at::kBFloat16);
+      auto gathered = at::empty({buffer.numel()}, wire.options());
+      pg->_allgather_base(gathered, wire)->wait();
+      buffer.copy_(gathered);
+    } else {
+      pg->_allgather_base(buffer, local)->wait();
+    }
   }
 };
 
@@ -74,7 +86,7 @@ struct FullUnit {
     std::lock_guard<std::mutex> lock(mu);
     for (auto& f : flats) {
       if (f->state == State::Released) {
-        f->gather_into_buffer();
+        f->gather_into_buffer(false);
         f->state = State::Gathered;
       }
     }
@@ -93,8 +105,9 @@ struct FullUnit {
   void summon() {
     std::lock_guard<std::mutex> lock(mu);
     for (auto& f : flats) {
-      if (f->state == State::Released) {
-        f->gather_into_buffer();
+      if (f->state == State::Released || (f->state == State::Gathered && f->low)) {
+        // A unit gathered for a pass in bfloat16 is gathered again, exactly.
+        f->gather_into_buffer(true);
       }
       f->state = State::Whole;
     }
@@ -132,7 +145,8 @@ void tessera_full_unit_free(void* unit) { delete static_cast<Handle*>(unit); }
 
 // Adds a flat: `buffer` (world × shard elements, holding the parameters now: the flat starts
 // whole) and `local`, this rank's shard (`shard` elements, a tensor of its own).
-int tessera_full_unit_add(void* unit, void* group, void* buffer, void* local, int64_t rank) {
+int tessera_full_unit_add(void* unit, void* group, void* buffer, void* local, int64_t rank,
+                          int low) {
   return guarded([&] {
     auto f = std::make_shared<FullFlat>();
     f->pg = tessera::dist_process_group(group);
@@ -140,6 +154,8 @@ int tessera_full_unit_add(void* unit, void* group, void* buffer, void* local, in
     f->local = *static_cast<at::Tensor*>(local);
     f->rank = rank;
     f->shard = f->local.numel();
+    f->low = low != 0 && f->local.is_floating_point() &&
+             f->local.scalar_type() != at::kBFloat16;
     f->nbytes = f->buffer.storage().nbytes();
     auto& u = static_cast<Handle*>(unit)->unit;
     std::lock_guard<std::mutex> lock(u->mu);
@@ -201,7 +217,7 @@ const char* tessera_full_last_error() {
 }
 void* tessera_full_unit_new() { return nullptr; }
 void tessera_full_unit_free(void*) {}
-int tessera_full_unit_add(void*, void*, void*, void*, int64_t) { return -1; }
+int tessera_full_unit_add(void*, void*, void*, void*, int64_t, int) { return -1; }
 int tessera_full_unit_gather(void*) { return -1; }
 int tessera_full_unit_drop(void*) { return -1; }
 int tessera_full_unit_summon(void*) { return -1; }

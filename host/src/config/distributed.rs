@@ -6,7 +6,7 @@ use serde::Serialize;
 use super::error::ConfigError;
 use super::reader::{Bounds, Tbl};
 use super::section::section;
-use crate::dist::shard::Sharding;
+use crate::dist::shard::{Sharding, Wire};
 use crate::dist::Backend;
 use crate::model::Unit;
 
@@ -39,6 +39,14 @@ pub struct DistributedConfig {
     /// Under `sharding = "full"`, the units gathered one at a time: `block` (default: a
     /// transformer or residual block) or `stage` (a container of blocks).
     pub shard_unit: Unit,
+    /// Under `sharding = "gradients"` or `"full"`, the dtype the gradients are reduce-scattered
+    /// in: `fp32` (default: exact, as DDP) or `bf16` (half the bytes; FSDP's `reduce_dtype`).
+    pub reduce_dtype: Wire,
+    /// Under `sharding = "full"`, the dtype the units' parameters are gathered in for the
+    /// forward and backward passes: `auto` (default: `bf16` under `train.precision =
+    /// "amp_bf16"`, else `fp32`), `fp32` or `bf16` (FSDP's `param_dtype`; the shards, the
+    /// optimizer and checkpoints stay float32).
+    pub gather_dtype: Wire,
 }
 
 section!(DistributedConfig {
@@ -50,6 +58,8 @@ section!(DistributedConfig {
     backend: choice("backend", &Backend::CHOICES),
     sharding: choice("sharding", &Sharding::CHOICES),
     shard_unit: choice("shard_unit", &Unit::CHOICES),
+    reduce_dtype: choice("reduce_dtype", &Wire::REDUCE),
+    gather_dtype: choice("gather_dtype", &Wire::GATHER),
 });
 
 impl Default for DistributedConfig {
@@ -63,6 +73,8 @@ impl Default for DistributedConfig {
             backend: Backend::Auto,
             sharding: Sharding::None,
             shard_unit: Unit::Block,
+            reduce_dtype: Wire::Fp32,
+            gather_dtype: Wire::Auto,
         }
     }
 }

@@ -134,4 +134,21 @@ fn sharding_is_read_recorded_and_checked() {
     let e = parse(&with("\n[distributed]\nshard_unit = \"layer\"\n")).unwrap_err();
     assert_eq!(e.key, "distributed.shard_unit");
     assert!(e.message.contains("\"block\""), "{e}");
+    // The dtypes on the wire: float32 reduce and automatic gathers by default.
+    use crate::dist::shard::Wire;
+    let d = parse(MINIMAL).unwrap().distributed;
+    assert_eq!((d.reduce_dtype, d.gather_dtype), (Wire::Fp32, Wire::Auto));
+    let c = parse(&with(
+        "\n[distributed]\nreduce_dtype = \"bf16\"\ngather_dtype = \"fp32\"\n",
+    ))
+    .unwrap();
+    assert_eq!(c.distributed.reduce_dtype, Wire::Bf16);
+    assert_eq!(c.distributed.gather_dtype, Wire::Fp32);
+    // `auto` is no reduce dtype.
+    let e = parse(&with("\n[distributed]\nreduce_dtype = \"auto\"\n")).unwrap_err();
+    assert_eq!(e.key, "distributed.reduce_dtype");
+    assert_eq!(e.location.line(), Some(12));
+    let e = parse(&with("\n[distributed]\ngather_dtype = \"fp16\"\n")).unwrap_err();
+    assert_eq!(e.key, "distributed.gather_dtype");
+    assert!(e.message.contains("\"bf16\""), "{e}");
 }

@@ -28,6 +28,7 @@ extern "C" {
         buffer: *mut c_void,
         local: *mut c_void,
         rank: i64,
+        low: i32,
     ) -> i32;
     fn tessera_full_unit_gather(unit: *mut c_void) -> i32;
     fn tessera_full_unit_drop(unit: *mut c_void) -> i32;
@@ -104,13 +105,15 @@ impl UnitGate {
     }
 
     /// Adds a flat buffer (holding the parameters now) and this rank's shard of it (a tensor of
-    /// its own, which the optimizer steps).
+    /// its own, which the optimizer steps). `low`: gathered for the passes in bfloat16
+    /// (`[distributed] gather_dtype`), exactly for the methods and checkpoints.
     pub fn add(
         &self,
         group: &Group,
         buffer: &Tensor,
         local: &Tensor,
         rank: usize,
+        low: bool,
     ) -> Result<(), DistError> {
         // SAFETY: live handles; the shim keeps its own references to the tensors.
         check(
@@ -121,6 +124,7 @@ impl UnitGate {
                     buffer.as_ptr() as *mut c_void,
                     local.as_ptr() as *mut c_void,
                     rank as i64,
+                    i32::from(low),
                 )
             },
             || format!("sharding unit `{}`", self.path),

@@ -66,6 +66,38 @@ impl Sharding {
     }
 }
 
+/// The dtype of a collective's data on the wire (`[distributed] reduce_dtype`, `gather_dtype`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Wire {
+    /// `gather_dtype` only: bfloat16 under `train.precision = "amp_bf16"`, float32 otherwise.
+    Auto,
+    /// The parameters' own dtype (float32): exact.
+    Fp32,
+    /// bfloat16: half the bytes; values rounded to 8 bits of mantissa.
+    Bf16,
+}
+
+impl Wire {
+    /// `reduce_dtype`'s choices.
+    pub const REDUCE: [(&'static str, Wire); 2] = [("fp32", Wire::Fp32), ("bf16", Wire::Bf16)];
+    /// `gather_dtype`'s choices.
+    pub const GATHER: [(&'static str, Wire); 3] = [
+        ("auto", Wire::Auto),
+        ("fp32", Wire::Fp32),
+        ("bf16", Wire::Bf16),
+    ];
+
+    /// The name `trainer.toml` uses.
+    pub fn name(self) -> &'static str {
+        match self {
+            Wire::Auto => "auto",
+            Wire::Fp32 => "fp32",
+            Wire::Bf16 => "bf16",
+        }
+    }
+}
+
 /// A failure of the sharded layout or of its collectives.
 #[derive(Debug, thiserror::Error)]
 pub enum ShardError {
@@ -205,6 +237,7 @@ extern "C" {
         counts: *const i64,
         shards: *const i64,
         n_flats: i32,
+        reduce_bf16: i32,
     ) -> *mut c_void;
     fn tessera_shard_reducer_free(reducer: *mut c_void);
     fn tessera_shard_reducer_arm(reducer: *mut c_void) -> i32;
@@ -417,10 +450,13 @@ impl ShardedParams {
     /// units' order; the parameters outside the units get one more, gathered for a whole step
     /// ([`ShardedParams::gather_root`]), not returned. The units start whole (the parameters
     /// hold their values); the first [`ShardedParams::release`] frees them.
+    /// `wire`: the dtype the units are gathered in for the passes (`[distributed]
+    /// gather_dtype`, resolved).
     pub fn gate_units(
         &mut self,
         group: &Group,
         units: &[String],
+        wire: Wire,
     ) -> Result<Vec<Arc<UnitGate>>, ShardError> {
         if self.mode != Sharding::Full {
             return Ok(Vec::new());
@@ -439,7 +475,7 @@ impl ShardedParams {
             let gate = UnitGate::new(path)?;
             for flat in flats {
                 if let Some((_, local)) = &flat.unit {
-                    gate.add(group, &flat.buffer, local, self.rank)?;
+                    gate.add(group, &flat.buffer, local, self.rank, wire == Wire::Bf16)?;
                 }
             }
             gates.push(Arc::new(gate));
@@ -547,7 +583,8 @@ impl ShardedParams {
     /// `gradients`: hooks the parameters' gradient accumulators so that each backward pass
     /// reduce-scatters every buffer as soon as its gradients are there (overlapping the rest of
     /// the backward pass, as DDP's buckets do), freeing the whole gradients as it goes.
-    pub fn hook_gradients(&mut self, group: &Group) -> Result<(), ShardError> {
+    /// `wire`: the dtype the gradients are reduced in (`[distributed] reduce_dtype`).
+    pub fn hook_gradients(&mut self, group: &Group, wire: Wire) -> Result<(), ShardError> {
         let mut params: Vec<*mut c_void> = Vec::new();
         let (mut offsets, mut dims, mut sizes, mut strides) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
@@ -577,6 +614,7 @@ impl ShardedParams {
                 counts.as_ptr(),
                 shards.as_ptr(),
                 self.flats.len() as i32,
+                i32::from(wire == Wire::Bf16),
             )
         };
         if handle.is_null() {

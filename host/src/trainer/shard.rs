@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use tch::Tensor;
 
-use crate::dist::shard::{ShardedParams, Sharding};
+use crate::dist::shard::{ShardedParams, Sharding, Wire};
 use crate::dist::Group;
 use crate::engine::Event;
 use crate::model::layers::{Gate, Gated};
@@ -35,6 +35,7 @@ impl Trainer {
             }
             return Ok(());
         };
+        let (reduce, gather) = self.wires(mode)?;
         match mode {
             Sharding::None => return Ok(()),
             Sharding::Full if units.is_empty() => fail!(
@@ -78,10 +79,10 @@ impl Trainer {
             .max(1.0) as i64;
         let mut sharded = ShardedParams::new(mode, &params, dp.rank(), dp.world(), bytes, units)?;
         if mode.shards_gradients() {
-            sharded.hook_gradients(&dp.group)?;
+            sharded.hook_gradients(&dp.group, reduce)?;
         }
         // `full`: each unit behind a gate that gathers its parameters while it runs.
-        let gates = sharded.gate_units(&dp.group, units)?;
+        let gates = sharded.gate_units(&dp.group, units, gather)?;
         for gate in &gates {
             let path = gate.path().to_owned();
             let gate: Arc<dyn Gate> = gate.clone();
@@ -107,10 +108,14 @@ impl Trainer {
                 mine,
                 match mode {
                     Sharding::Full => format!(
-                        ", reduced gradients and parameters ({} units gathered as they run)",
-                        gates.len()
+                        ", reduced gradients and parameters ({} units gathered as they run, in \
+                         {}; gradients reduced in {})",
+                        gates.len(),
+                        gather.name(),
+                        reduce.name()
                     ),
-                    Sharding::Gradients => " and reduced gradients".to_owned(),
+                    Sharding::Gradients =>
+                        format!(" and reduced gradients (reduced in {})", reduce.name()),
                     _ => String::new(),
                 }
             );
@@ -119,6 +124,38 @@ impl Trainer {
             dp.sharded = Some(sharded);
         }
         Ok(())
+    }
+
+    /// The dtypes of the gradients' reduce-scatter and of `full`'s gathers under `mode`
+    /// (`[distributed] reduce_dtype`, `gather_dtype`; `auto` resolved by the precision).
+    /// Refuses, naming the key, a bfloat16 wire where the mode has no such collective.
+    fn wires(&self, mode: Sharding) -> Result<(Wire, Wire)> {
+        let d = &self.config.distributed;
+        if d.reduce_dtype == Wire::Bf16 && !mode.shards_gradients() {
+            fail!(
+                "[distributed] reduce_dtype = \"bf16\" applies to the gradients' reduce-scatter \
+                 under sharding = \"gradients\" or \"full\"; with sharding = \"{}\" c10d's \
+                 reducer all-reduces them in their own dtype: use sharding = \"gradients\", or \
+                 leave reduce_dtype at \"fp32\"",
+                mode.name()
+            );
+        }
+        if d.gather_dtype == Wire::Bf16 && mode != Sharding::Full {
+            fail!(
+                "[distributed] gather_dtype = \"bf16\" applies to sharding = \"full\", where the \
+                 parameters are gathered for each pass; with sharding = \"{}\" every rank holds \
+                 them whole: use sharding = \"full\", or leave gather_dtype at \"auto\"",
+                mode.name()
+            );
+        }
+        let gather = match d.gather_dtype {
+            Wire::Auto if self.config.train.precision == crate::precision::Precision::AmpBf16 => {
+                Wire::Bf16
+            }
+            Wire::Auto => Wire::Fp32,
+            chosen => chosen,
+        };
+        Ok((d.reduce_dtype, gather))
     }
 
     /// The parameters c10d's reducer all-reduces: every trainable one, except those whose
