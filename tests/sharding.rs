@@ -570,3 +570,49 @@ fn bfloat16_on_the_wire_trains_as_float32_up_to_its_rounding() {
         );
     }
 }
+
+/// `full` gathers the next unit while one computes (`[distributed] prefetch`, on by default):
+/// each step's forward pass prefetches every block (the first while the embeddings are
+/// gathered) and its backward pass every block but the last, 2 × 4 − 1 per step for 4 blocks,
+/// and every prefetched unit is used. The weights are bit for bit those of waiting for each
+/// gather (`prefetch = false`, which prefetches nothing).
+#[test]
+fn full_sharding_prefetches_the_next_unit_and_trains_as_without() {
+    let mut toml = TrainerToml::tiny_gpt("prefetch");
+    toml.model = toml.model.replace("n_layer = 2", "n_layer = 4");
+    toml.max_duration = "6ba".to_owned();
+    let dir = TempDir::new("shard-prefetch");
+    dir.write(
+        "trainer.toml",
+        &format!("{}\n[checkpoint]\ninterval = \"6ba\"\n", toml.render()),
+    );
+    let full = "distributed.sharding=\"full\"";
+    let outputs = train_ranks(&dir, 2, &["run_name=on", full]);
+    assert_all_succeeded(&outputs);
+    assert!(
+        outputs[0].stderr.contains("the next one prefetched"),
+        "{}",
+        outputs[0].dump()
+    );
+    let outputs = train_ranks(
+        &dir,
+        2,
+        &["run_name=off", full, "distributed.prefetch=false"],
+    );
+    assert_all_succeeded(&outputs);
+    let record = |run: &str| read_json(&run_dir(&dir, run).join("run.json"));
+    let (on, off) = (record("on"), record("off"));
+    let dp = &on["data_parallel"];
+    assert_eq!(dp["prefetched_units"], 6 * (2 * 4 - 1), "{dp:#}");
+    assert_eq!(
+        dp["prefetched_units_used"], dp["prefetched_units"],
+        "{dp:#}"
+    );
+    assert_eq!(off["data_parallel"]["prefetched_units"], 0, "{off:#}");
+    let (diff, name) = max_difference(
+        &ckpt(&dir, "on", "ep0-ba6.ckpt"),
+        &ckpt(&dir, "off", "ep0-ba6.ckpt"),
+        &["model/", "optim/"],
+    );
+    assert_eq!(diff, 0.0, "prefetching changed `{name}`");
+}

@@ -22,6 +22,7 @@
 #include "dist_group.h"
 #include "guarded.h"
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -36,7 +37,15 @@ int guarded(F f) {
   return tessera::guarded(last_error, f);
 }
 
-enum class State { Released, Gathered, Whole };
+// Prefetching: an all-gather started ahead of the unit's use (the next unit's while one
+// computes), waited for when the unit is gathered.
+enum class State { Released, Prefetching, Gathered, Whole };
+
+// Whether the output hooks prefetch the previous unit when backward reaches a unit
+// (`[distributed] prefetch`).
+std::atomic<bool> prefetch_backward{false};
+// Units prefetched, and prefetched units a pass then used (for the run record).
+std::atomic<int64_t> prefetches{0}, prefetches_used{0};
 
 struct FullFlat {
   c10::intrusive_ptr<c10d::ProcessGroup> pg;
@@ -64,16 +73,44 @@ struct FullFlat {
     impl->set_nbytes(0);
   }
 
-  void gather_into_buffer(bool exact) {
+  // A prefetch in flight: its work and, gathering in bfloat16, the tensors on the wire.
+  c10::intrusive_ptr<c10d::Work> work;
+  at::Tensor wire, gathered;
+
+  // Starts the all-gather for a pass (bfloat16 when `low`) without waiting for it.
+  void start() {
     allocate();
-    if (low && !exact) {
+    if (low) {
       at::NoGradGuard no_grad;
-      auto wire = local.to(at::kBFloat16);
-      auto gathered = at::empty({buffer.numel()}, wire.options());
-      pg->_allgather_base(gathered, wire)->wait();
-      buffer.copy_(gathered);
+      wire = local.to(at::kBFloat16);
+      gathered = at::empty({buffer.numel()}, wire.options());
+      work = pg->_allgather_base(gathered, wire);
     } else {
+      work = pg->_allgather_base(buffer, local);
+    }
+  }
+
+  // Waits for the all-gather `start` began and fills the buffer.
+  void finish() {
+    if (work) {
+      work->wait();
+      work.reset();
+    }
+    if (gathered.defined()) {
+      at::NoGradGuard no_grad;
+      buffer.copy_(gathered);
+      gathered = at::Tensor();
+      wire = at::Tensor();
+    }
+  }
+
+  void gather_into_buffer(bool exact) {
+    if (exact) {
+      allocate();
       pg->_allgather_base(buffer, local)->wait();
+    } else {
+      start();
+      finish();
     }
   }
 };
@@ -81,20 +118,53 @@ struct FullFlat {
 struct FullUnit {
   std::vector<std::shared_ptr<FullFlat>> flats;
   std::mutex mu;  // hooks run on autograd's threads
+  // The units before and after this one in forward order, for prefetching.
+  std::weak_ptr<FullUnit> prev, next;
+
+  // Waits for a prefetch in flight, if any.
+  static void settle(FullFlat& f) {
+    if (f.state == State::Prefetching) {
+      f.finish();
+      f.state = State::Gathered;
+    }
+  }
 
   void gather() {
     std::lock_guard<std::mutex> lock(mu);
+    bool used = false;
     for (auto& f : flats) {
+      used = used || f->state == State::Prefetching;
+      settle(*f);
       if (f->state == State::Released) {
         f->gather_into_buffer(false);
         f->state = State::Gathered;
       }
+    }
+    if (used) {
+      prefetches_used.fetch_add(1);
+    }
+  }
+
+  // Starts gathering a released unit ahead of its use (a collective, as `gather`).
+  void prefetch() {
+    std::lock_guard<std::mutex> lock(mu);
+    bool started = false;
+    for (auto& f : flats) {
+      if (f->state == State::Released) {
+        f->start();
+        f->state = State::Prefetching;
+        started = true;
+      }
+    }
+    if (started) {
+      prefetches.fetch_add(1);
     }
   }
 
   void free() {
     std::lock_guard<std::mutex> lock(mu);
     for (auto& f : flats) {
+      settle(*f);
       if (f->state == State::Gathered) {
         f->drop();
         f->state = State::Released;
@@ -105,6 +175,7 @@ struct FullUnit {
   void summon() {
     std::lock_guard<std::mutex> lock(mu);
     for (auto& f : flats) {
+      settle(*f);
       if (f->state == State::Released || (f->state == State::Gathered && f->low)) {
         // A unit gathered for a pass in bfloat16 is gathered again, exactly.
         f->gather_into_buffer(true);
@@ -117,6 +188,7 @@ struct FullUnit {
     std::lock_guard<std::mutex> lock(mu);
     at::NoGradGuard no_grad;
     for (auto& f : flats) {
+      settle(*f);
       if (f->state == State::Whole) {
         f->local.copy_(f->buffer.narrow(0, f->rank * f->shard, f->shard));
       }
@@ -163,9 +235,29 @@ int tessera_full_unit_add(void* unit, void* group, void* buffer, void* local, in
   });
 }
 
-int tessera_full_unit_gather(void* unit) {
-  return guarded([&] { static_cast<Handle*>(unit)->unit->gather(); });
+// Gathers the unit for a pass; `ahead` 1 then starts gathering the next unit in forward order
+// (a forward pass), -1 the previous one (a backward pass), 0 none.
+int tessera_full_unit_gather(void* unit, int ahead) {
+  return guarded([&] {
+    auto& u = static_cast<Handle*>(unit)->unit;
+    u->gather();
+    auto other = ahead > 0 ? u->next.lock() : ahead < 0 ? u->prev.lock() : nullptr;
+    if (other) {
+      other->prefetch();
+    }
+  });
 }
+
+// Makes `next` the unit after `unit` in forward order (for prefetching).
+int tessera_full_unit_link(void* unit, void* next) {
+  return guarded([&] {
+    auto& a = static_cast<Handle*>(unit)->unit;
+    auto& b = static_cast<Handle*>(next)->unit;
+    a->next = b;
+    b->prev = a;
+  });
+}
+
 
 int tessera_full_unit_drop(void* unit) {
   return guarded([&] { static_cast<Handle*>(unit)->unit->free(); });
@@ -184,6 +276,13 @@ int tessera_full_unit_release(void* unit) {
 // that reads the parameters has run (autograd runs the later-made nodes first) and the unit is
 // freed. An input without a gradient leaves the unit gathered until the trainer frees it after
 // the backward pass.
+void tessera_full_prefetch_backward(int on) { prefetch_backward.store(on != 0); }
+
+void tessera_full_prefetch_counts(int64_t* out) {
+  out[0] = prefetches.load();
+  out[1] = prefetches_used.load();
+}
+
 int tessera_full_unit_hook(void* unit, void* input, void* output) {
   return guarded([&] {
     std::weak_ptr<FullUnit> weak = static_cast<Handle*>(unit)->unit;
@@ -195,6 +294,10 @@ int tessera_full_unit_hook(void* unit, void* input, void* output) {
     out.register_hook([weak](const at::TensorBase&) {
       if (auto u = weak.lock()) {
         u->gather();
+        auto prev = prefetch_backward.load() ? u->prev.lock() : nullptr;
+        if (prev) {
+          prev->prefetch();
+        }
       }
     });
     if (in.defined() && in.requires_grad()) {
@@ -218,7 +321,13 @@ const char* tessera_full_last_error() {
 void* tessera_full_unit_new() { return nullptr; }
 void tessera_full_unit_free(void*) {}
 int tessera_full_unit_add(void*, void*, void*, void*, int64_t, int) { return -1; }
-int tessera_full_unit_gather(void*) { return -1; }
+int tessera_full_unit_gather(void*, int) { return -1; }
+int tessera_full_unit_link(void*, void*) { return -1; }
+void tessera_full_prefetch_backward(int) {}
+void tessera_full_prefetch_counts(int64_t* out) {
+  out[0] = 0;
+  out[1] = 0;
+}
 int tessera_full_unit_drop(void*) { return -1; }
 int tessera_full_unit_summon(void*) { return -1; }
 int tessera_full_unit_release(void*) { return -1; }

@@ -47,6 +47,9 @@ pub struct DistributedConfig {
     /// "amp_bf16"`, else `fp32`), `fp32` or `bf16` (FSDP's `param_dtype`; the shards, the
     /// optimizer and checkpoints stay float32).
     pub gather_dtype: Wire,
+    /// Under `sharding = "full"`, gather the next unit while one computes (forward: the next
+    /// in order; backward: the previous), as FSDP's prefetching (default true).
+    pub prefetch: bool,
 }
 
 section!(DistributedConfig {
@@ -60,6 +63,7 @@ section!(DistributedConfig {
     shard_unit: choice("shard_unit", &Unit::CHOICES),
     reduce_dtype: choice("reduce_dtype", &Wire::REDUCE),
     gather_dtype: choice("gather_dtype", &Wire::GATHER),
+    prefetch: bool(),
 });
 
 impl Default for DistributedConfig {
@@ -75,6 +79,7 @@ impl Default for DistributedConfig {
             shard_unit: Unit::Block,
             reduce_dtype: Wire::Fp32,
             gather_dtype: Wire::Auto,
+            prefetch: true,
         }
     }
 }

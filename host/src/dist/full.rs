@@ -11,6 +11,7 @@
 
 use std::cell::RefCell;
 use std::ffi::{c_char, c_void, CStr};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 
 use tch::{TchError, Tensor};
@@ -30,7 +31,10 @@ extern "C" {
         rank: i64,
         low: i32,
     ) -> i32;
-    fn tessera_full_unit_gather(unit: *mut c_void) -> i32;
+    fn tessera_full_unit_gather(unit: *mut c_void, ahead: i32) -> i32;
+    fn tessera_full_unit_link(unit: *mut c_void, next: *mut c_void) -> i32;
+    fn tessera_full_prefetch_backward(on: i32);
+    fn tessera_full_prefetch_counts(out: *mut i64);
     fn tessera_full_unit_drop(unit: *mut c_void) -> i32;
     fn tessera_full_unit_summon(unit: *mut c_void) -> i32;
     fn tessera_full_unit_release(unit: *mut c_void) -> i32;
@@ -154,7 +158,26 @@ impl UnitGate {
 
     /// Gathers the parameters for a pass (collective).
     pub fn gather(&self) -> Result<(), DistError> {
-        self.call(tessera_full_unit_gather, "gathering")
+        self.gather_then(0)
+    }
+
+    /// [`UnitGate::gather`], then starts gathering the next unit in forward order (`ahead` 1)
+    /// or the previous one (-1) without waiting for it (collective).
+    fn gather_then(&self, ahead: i32) -> Result<(), DistError> {
+        // SAFETY: a live handle.
+        check(
+            unsafe { tessera_full_unit_gather(self.handle.0, ahead) },
+            || format!("gathering the parameters of `{}`", self.path),
+        )
+    }
+
+    /// Makes `next` the unit after this one in forward order, for prefetching.
+    fn link(&self, next: &UnitGate) -> Result<(), DistError> {
+        // SAFETY: live handles; the shim links them weakly.
+        check(
+            unsafe { tessera_full_unit_link(self.handle.0, next.handle.0) },
+            || format!("linking `{}` to `{}`", self.path, next.path),
+        )
     }
 
     /// Frees parameters gathered for a pass (after a backward pass that did not free them).
@@ -167,9 +190,37 @@ fn torch_error(e: DistError) -> TchError {
     TchError::Torch(e.to_string())
 }
 
+/// Whether a forward pass prefetches the next unit (`[distributed] prefetch`), and whether a
+/// backward pass runs now (a unit recomputed by activation checkpointing during backward then
+/// prefetches nothing: backward prefetches the previous unit instead).
+static PREFETCH: AtomicBool = AtomicBool::new(false);
+static IN_BACKWARD: AtomicBool = AtomicBool::new(false);
+
+/// Turns prefetching on or off for the units of this process: while a unit runs, the next one
+/// (forward) or the previous one (backward) is gathered.
+pub fn set_prefetch(on: bool) {
+    PREFETCH.store(on, Ordering::Relaxed);
+    // SAFETY: sets an atomic flag in the shim.
+    unsafe { tessera_full_prefetch_backward(i32::from(on)) }
+}
+
+/// Units gathered ahead of their use in this process so far, and how many of them a pass used.
+pub fn prefetch_counts() -> (u64, u64) {
+    let mut out = [0i64; 2];
+    // SAFETY: the shim writes two numbers.
+    unsafe { tessera_full_prefetch_counts(out.as_mut_ptr()) };
+    (out[0].max(0) as u64, out[1].max(0) as u64)
+}
+
+/// Marks the start and end of a backward pass (see [`set_prefetch`]).
+pub fn set_in_backward(on: bool) {
+    IN_BACKWARD.store(on, Ordering::Relaxed);
+}
+
 impl Gate for UnitGate {
     fn open(&self) -> Result<(), TchError> {
-        self.gather().map_err(torch_error)
+        let ahead = PREFETCH.load(Ordering::Relaxed) && !IN_BACKWARD.load(Ordering::Relaxed);
+        self.gather_then(i32::from(ahead)).map_err(torch_error)
     }
 
     fn close(&self, input: &Tensor, output: Option<&Tensor>) -> Result<(), TchError> {
@@ -225,9 +276,21 @@ impl FullUnits {
     /// Gathers the parameters outside the units for the step (collective).
     pub fn gather_root(&self) -> Result<(), DistError> {
         match &self.root {
-            Some(root) => root.gather(),
+            Some(root) => root.gather_then(i32::from(PREFETCH.load(Ordering::Relaxed))),
             None => Ok(()),
         }
+    }
+
+    /// Links the units in forward order, for prefetching; the parameters outside the units
+    /// (gathered at the step's start, before the first unit) start the first unit's gather.
+    pub fn link(&self) -> Result<(), DistError> {
+        for pair in self.units.windows(2) {
+            pair[0].link(&pair[1])?;
+        }
+        if let (Some(root), Some(first)) = (&self.root, self.units.first()) {
+            root.link(first)?;
+        }
+        Ok(())
     }
 
     /// Registers the units as what [`summon`] makes whole on this thread (the training thread,

@@ -485,6 +485,7 @@ impl ShardedParams {
             units: gates.clone(),
             root,
         };
+        self.full.link()?;
         self.full.register();
         Ok(gates)
     }

@@ -253,6 +253,13 @@ pub struct DataParallelRecord {
     /// See [`DataParallelRecord::sharded_elements`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sharded_elements_rank0: Option<i64>,
+    /// `sharding = "full"` on rank 0: units gathered ahead of their use (`[distributed]
+    /// prefetch`), and how many of those a pass then used (the rest were freed unused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefetched_units: Option<u64>,
+    /// See [`DataParallelRecord::prefetched_units`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefetched_units_used: Option<u64>,
 }
 
 fn no_sharding() -> String {

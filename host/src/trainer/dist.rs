@@ -189,6 +189,11 @@ impl Trainer {
                 overlap_seconds: s.overlap,
             });
         let per_rank = self.config.data.batch_size;
+        let prefetched = dp
+            .sharded
+            .as_ref()
+            .filter(|s| s.mode() == crate::dist::shard::Sharding::Full)
+            .map(|_| crate::dist::full::prefetch_counts());
         Some(crate::report::DataParallelRecord {
             world_size: dp.world(),
             per_rank_batch_size: per_rank,
@@ -198,6 +203,8 @@ impl Trainer {
             sharding: self.config.distributed.sharding.name().to_owned(),
             sharded_elements: dp.sharded.as_ref().map(|s| s.elements().1),
             sharded_elements_rank0: dp.sharded.as_ref().map(|s| s.elements().0),
+            prefetched_units: prefetched.map(|p| p.0),
+            prefetched_units_used: prefetched.map(|p| p.1),
         })
     }
 

@@ -96,6 +96,7 @@ impl Trainer {
                 fail!("[distributed] sharding = \"full\": unit `{path}`: {e}");
             }
         }
+        crate::dist::full::set_prefetch(mode == Sharding::Full && self.config.distributed.prefetch);
         self.state.optimizer.shard(Box::new(sharded.view()));
         if dp.rank() == 0 {
             let (mine, all) = sharded.elements();
@@ -108,9 +109,14 @@ impl Trainer {
                 mine,
                 match mode {
                     Sharding::Full => format!(
-                        ", reduced gradients and parameters ({} units gathered as they run, in \
-                         {}; gradients reduced in {})",
+                        ", reduced gradients and parameters ({} units gathered as they run{}, \
+                         in {}; gradients reduced in {})",
                         gates.len(),
+                        if self.config.distributed.prefetch {
+                            ", the next one prefetched"
+                        } else {
+                            ""
+                        },
                         gather.name(),
                         reduce.name()
                     ),
@@ -222,6 +228,7 @@ impl Trainer {
     /// wrote, and those outside the units gathered for the pass).
     pub(super) fn start_sharded_pass(&self) -> Result<()> {
         if let Some(s) = self.sharded() {
+            crate::dist::full::set_in_backward(false);
             s.start_step();
             s.release()?;
             s.gather_root()?;
@@ -241,6 +248,7 @@ impl Trainer {
     /// Before each microbatch's backward pass (`gradients`: the hooks count its gradients).
     pub(super) fn before_sharded_backward(&self) -> Result<()> {
         if let Some(s) = self.sharded() {
+            crate::dist::full::set_in_backward(true);
             s.before_backward()?;
         }
         Ok(())
@@ -249,6 +257,7 @@ impl Trainer {
     /// After each microbatch's backward pass (`gradients`: its reduce-scatters finished).
     pub(super) fn after_sharded_backward(&self) -> Result<()> {
         if let Some(s) = self.sharded() {
+            crate::dist::full::set_in_backward(false);
             s.after_backward()?;
         }
         Ok(())
