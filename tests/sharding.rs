@@ -616,3 +616,34 @@ fn full_sharding_prefetches_the_next_unit_and_trains_as_without() {
     );
     assert_eq!(diff, 0.0, "prefetching changed `{name}`");
 }
+
+/// Under `full` every rank gathers the units in the same order; stochastic depth skips blocks
+/// on each rank's own draws, so a method's module in a block's place is refused at start,
+/// naming the block and the module (it ran into a collective mismatch before).
+#[test]
+fn full_sharding_refuses_blocks_a_method_may_skip_on_some_ranks() {
+    let mut toml = TrainerToml::new("skips").algorithm("stochastic_depth", "drop_rate = 0.5");
+    toml.model = "name = \"resnet50\"\nwidth = 8".to_owned();
+    toml.data = "dataset = \"synthetic\"\nbatch_size = 8\nworkers = 0\n\n[data.synthetic]\n\
+                 samples = 64\neval_samples = 16\nchannels = 3\nheight = 32\nwidth = 32\n\
+                 classes = 4"
+        .to_owned();
+    toml.max_duration = "2ba".to_owned();
+    let dir = TempDir::new("shard-skips");
+    toml.write_to(&dir);
+    for unit in ["block", "stage"] {
+        let set = format!("distributed.shard_unit={}", toml_string(unit));
+        let outputs = train_ranks(&dir, 2, &["distributed.sharding=\"full\"", &set]);
+        assert!(outputs.iter().all(|o| !o.status.success()));
+        let message = &outputs[0].stderr;
+        for part in [
+            "block `layer1.0`",
+            "`stochastic_bottleneck`",
+            "sharding = \"gradients\"",
+        ] {
+            assert!(message.contains(part), "{part}: {}", outputs[0].dump());
+        }
+    }
+    let outputs = train_ranks(&dir, 2, &["distributed.sharding=\"gradients\""]);
+    assert_all_succeeded(&outputs);
+}

@@ -171,11 +171,12 @@ impl Trainer {
             .context("building the model")?;
         // Units are found by their kinds before a method's surgery wraps them in its own.
         let checkpointed_units = checkpointed_units(&config, &model, dp.is_some())?;
-        let sharded_units = match &dp {
-            Some(_) if config.distributed.sharding == Sharding::Full => {
-                unit_paths(&model, config.distributed.shard_unit)
-            }
-            _ => Vec::new(),
+        let (sharded_units, blocks) = match &dp {
+            Some(_) if config.distributed.sharding == Sharding::Full => (
+                unit_paths(&model, config.distributed.shard_unit),
+                unit_paths(&model, crate::model::Unit::Block),
+            ),
+            _ => (Vec::new(), Vec::new()),
         };
         // Which checkpoint the run continues (or, weights only, starts) from: read before the
         // pretrained weights, which a resumed run does not need.
@@ -336,7 +337,7 @@ impl Trainer {
             trainer.announce_data_parallel();
         }
         // Before a checkpoint is restored: its optimizer state is cut into this rank's pieces.
-        trainer.start_sharding(&sharded_units)?;
+        trainer.start_sharding(&sharded_units, &blocks)?;
         if trainer.quiet_metrics {
             trainer.state.metrics.clear();
         }

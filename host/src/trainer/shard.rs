@@ -22,9 +22,9 @@ use super::Trainer;
 impl Trainer {
     /// Lays the parameters out for `[distributed] sharding` and gives the optimizer this
     /// rank's pieces. Refuses, naming it, what the mode cannot run.
-    /// `units`: the module paths of the units `full` gathers one at a time (read before a
-    /// method's surgery).
-    pub(super) fn start_sharding(&mut self, units: &[String]) -> Result<()> {
+    /// `units`: the module paths of the units `full` gathers one at a time, `blocks` those of
+    /// the model's blocks (both read before a method's surgery).
+    pub(super) fn start_sharding(&mut self, units: &[String], blocks: &[String]) -> Result<()> {
         let mode = self.config.distributed.sharding;
         let Some(dp) = &self.dp else {
             if mode != Sharding::None {
@@ -47,6 +47,21 @@ impl Trainer {
                 self.config.distributed.shard_unit.as_str()
             ),
             Sharding::Optimizer | Sharding::Gradients | Sharding::Full => {}
+        }
+        // `full`: every rank gathers the units in the same order, so the blocks must run alike
+        // on every rank; a method's module in a block's place (stochastic depth's block, which
+        // each rank skips on its own draws) may not.
+        if mode == Sharding::Full {
+            let plugin = self.state.model.root.plugin_layers();
+            if let Some((path, kind)) = plugin.iter().find(|(p, _)| blocks.contains(p)) {
+                fail!(
+                    "[distributed] sharding = \"full\": block `{path}` is a method's module \
+                     (`{kind}`), which may run its layers on some ranks and not on others \
+                     (stochastic depth skips blocks on each rank's own draws), while every rank \
+                     must gather the units in the same order; use sharding = \"gradients\" with \
+                     this method"
+                );
+            }
         }
         // Methods at `after_train_batch` see whole gradients, gathered for them; after each
         // microbatch's backward pass there are only this rank's slices of its gradients.
