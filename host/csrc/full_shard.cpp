@@ -258,6 +258,14 @@ int tessera_full_unit_link(void* unit, void* next) {
   });
 }
 
+// Whether backward prefetches the previous unit (`[distributed] prefetch`).
+void tessera_full_prefetch_backward(int on) { prefetch_backward.store(on != 0); }
+
+// Units prefetched so far in this process, and those a pass then used.
+void tessera_full_prefetch_counts(int64_t* out) {
+  out[0] = prefetches.load();
+  out[1] = prefetches_used.load();
+}
 
 int tessera_full_unit_drop(void* unit) {
   return guarded([&] { static_cast<Handle*>(unit)->unit->free(); });
@@ -276,13 +284,6 @@ int tessera_full_unit_release(void* unit) {
 // that reads the parameters has run (autograd runs the later-made nodes first) and the unit is
 // freed. An input without a gradient leaves the unit gathered until the trainer frees it after
 // the backward pass.
-void tessera_full_prefetch_backward(int on) { prefetch_backward.store(on != 0); }
-
-void tessera_full_prefetch_counts(int64_t* out) {
-  out[0] = prefetches.load();
-  out[1] = prefetches_used.load();
-}
-
 int tessera_full_unit_hook(void* unit, void* input, void* output) {
   return guarded([&] {
     std::weak_ptr<FullUnit> weak = static_cast<Handle*>(unit)->unit;
