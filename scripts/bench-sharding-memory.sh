@@ -13,6 +13,7 @@
 # pass, so its peak adds those gathered parameters and their gradients in flight; the "unit"
 # column is the ideal plus the largest unit's gathered parameters. Not part of the test suite;
 # docs/benchmarks.md records its output.
+# WORLDS, MODES and SET (one more `--set`, e.g. SET=distributed.prefetch=false) narrow it.
 #   SEQ=64 STEPS=3 ./scripts/bench-sharding-memory.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -68,7 +69,8 @@ for world in ${WORLDS:-1 2 4}; do
     if [ "$world" = 1 ] && [ "$mode" != none ]; then continue; fi
     run="w$world-$mode"
     (cd "$WORK" && TESSERA_MEMORY_PEAK=1 timeout 900 "$BIN" launch --nproc "$world" train trainer.toml \
-      --set run_name="\"$run\"" --set distributed.sharding="\"$mode\"" >/dev/null 2>"$run.err") ||
+      --set run_name="\"$run\"" --set distributed.sharding="\"$mode\"" ${SET:+--set "$SET"} \
+      >/dev/null 2>"$run.err") ||
       { cat "$WORK/$run.err" >&2; exit 1; }
     python3 - "$WORK/runs/$run/run.json" "$world" "$mode" <<'PY'
 import json, sys
