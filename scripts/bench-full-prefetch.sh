@@ -1,62 +1,11 @@
 #!/usr/bin/env bash
 # `[distributed] sharding = "full"` with the next unit gathered while one computes (`prefetch =
-# true`, the default) against waiting for each unit's gather (`prefetch = false`): a 4-layer
-# GPT-2 of width WIDTH (256), AdamW, BATCHES (30) batches of 2 ranks x 8 sequences of 64
-# tokens on this machine's CPU (`tessera launch --nproc 2`, one thread a rank, Gloo), whole
-# processes timed by farm-bench side by side, alternating, ROUNDS (5) pairs; the ratio is
-# prefetch / no prefetch. Only the setting differs. docs/benchmarks.md records the output.
+# true`, the default) against waiting for each unit's gather (`prefetch = false`), on
+# scripts/bench-gpt-two-ranks.sh's GPT-2, 2 CPU ranks; the ratio is prefetch / no prefetch.
+# Only the setting differs. docs/benchmarks.md records the output.
 #   ROUNDS=5 BATCHES=30 WIDTH=256 ./scripts/bench-full-prefetch.sh
 set -euo pipefail
-cd "$(dirname "$0")/.."
-LIBTORCH="$(./scripts/ensure-libtorch.sh)"
-export LIBTORCH
-cargo build --release --workspace
-ROUNDS=${ROUNDS:-5}
-BATCHES=${BATCHES:-30}
-WIDTH=${WIDTH:-256}
-DIR=$(mktemp -d)
-trap 'rm -rf "$DIR"' EXIT
-cat >"$DIR/trainer.toml" <<TOML
-run_name = "full-prefetch"
-seed = 7
-output_dir = "$DIR/runs"
-
-[data]
-dataset = "synthetic-text"
-batch_size = 8
-workers = 0
-
-[data.text]
-seq_len = 64
-vocab_size = 256
-tokens = 200000
-eval_tokens = 2000
-
-[model]
-name = "gpt2"
-n_layer = 4
-n_head = 4
-n_embd = $WIDTH
-n_positions = 64
-
-[optimizer]
-name = "adamw"
-lr = 0.003
-
-[train]
-max_duration = "${BATCHES}ba"
-eval_interval = "1000ep"
-progress = false
-device = "cpu"
-threads = 1
-
-[checkpoint]
-save = false
-
-[distributed]
-sharding = "full"
-TOML
-T="$PWD/target/release/tessera"
-farm-bench -n "$ROUNDS" --timeout 3000 \
-  --vs "$T launch --nproc 2 train $DIR/trainer.toml --set distributed.prefetch=false" \
-  -- "$T" launch --nproc 2 train "$DIR/trainer.toml"
+NAME=full-prefetch \
+  EXTRA='[distributed]\nsharding = "full"' \
+  B_SET=distributed.prefetch=false \
+  exec "$(dirname "$0")/bench-gpt-two-ranks.sh"
