@@ -509,14 +509,8 @@ fn a_fresh_run_never_silently_replaces_an_earlier_runs_checkpoints() {
 /// format change that keeps reading it.
 #[test]
 fn a_checkpoint_of_an_earlier_version_resumes_exactly() {
-    let fixture = tessera_tests::repo_root().join("tests/fixtures/checkpoint-format-1");
-    let dir = TempDir::new("ckpt-fixture");
-    let toml = std::fs::read_to_string(fixture.join("trainer.toml")).expect("the fixture's toml");
-    dir.write("trainer.toml", &toml);
-    let load = format!(
-        "checkpoint.load={}",
-        tessera_tests::toml_string(&fixture.join("ep0-ba3.ckpt").display().to_string())
-    );
+    let (fixture, dir, load) =
+        tessera_tests::resume::from_fixture("checkpoint-format-1", "ckpt-fixture");
     train(&dir, &["run_name=resumed", &load], &[]).assert_success();
     assert_same_checkpoint(
         &fixture.join("ep1-ba6.ckpt"),

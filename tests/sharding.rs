@@ -337,14 +337,8 @@ fn microbatches_and_many_buffers_train_as_ddp() {
 /// ranks with sharded gradients and the same global batch, where that version went.
 #[test]
 fn a_one_process_checkpoint_of_an_earlier_version_continues_sharded() {
-    let fixture = repo_root().join("tests/fixtures/checkpoint-format-1");
-    let dir = TempDir::new("shard-fixture");
-    let toml = std::fs::read_to_string(fixture.join("trainer.toml")).expect("the fixture's toml");
-    dir.write("trainer.toml", &toml);
-    let load = format!(
-        "checkpoint.load={}",
-        toml_string(&fixture.join("ep0-ba3.ckpt").display().to_string())
-    );
+    let (fixture, dir, load) =
+        tessera_tests::resume::from_fixture("checkpoint-format-1", "shard-fixture");
     let run = [
         "run_name=sharded",
         "data.batch_size=8",
@@ -367,14 +361,8 @@ fn a_one_process_checkpoint_of_an_earlier_version_continues_sharded() {
 /// only with a format change that keeps reading it.
 #[test]
 fn a_sharded_checkpoint_of_an_earlier_version_resumes_exactly() {
-    let fixture = repo_root().join("tests/fixtures/checkpoint-sharded-1");
-    let dir = TempDir::new("shard-fixture-folder");
-    let toml = std::fs::read_to_string(fixture.join("trainer.toml")).expect("the fixture's toml");
-    dir.write("trainer.toml", &toml);
-    let load = format!(
-        "checkpoint.load={}",
-        toml_string(&fixture.join("ep0-ba3.ckpt").display().to_string())
-    );
+    let (fixture, dir, load) =
+        tessera_tests::resume::from_fixture("checkpoint-sharded-1", "shard-fixture-folder");
     assert_all_succeeded(&train_ranks(&dir, 2, &["run_name=resumed", &load]));
     let resumed = ckpt(&dir, "resumed", "ep1-ba6.ckpt");
     assert!(

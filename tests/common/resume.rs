@@ -23,6 +23,22 @@ pub fn with_checkpoints(toml: &TrainerToml, extra: &str) -> String {
     )
 }
 
+/// A run from a committed checkpoint fixture (`tests/fixtures/<name>`: its `trainer.toml`, the
+/// batch-3 checkpoint `ep0-ba3.ckpt` and the batch-6 one `ep1-ba6.ckpt` of the version that
+/// wrote it): the fixture's folder, a temporary folder `tag` holding its `trainer.toml`, and
+/// the `--set` that loads its batch-3 checkpoint.
+pub fn from_fixture(name: &str, tag: &str) -> (PathBuf, TempDir, String) {
+    let fixture = crate::repo_root().join("tests/fixtures").join(name);
+    let dir = TempDir::new(tag);
+    let toml = std::fs::read_to_string(fixture.join("trainer.toml")).expect("the fixture's toml");
+    dir.write("trainer.toml", &toml);
+    let load = format!(
+        "checkpoint.load={}",
+        crate::toml_string(&fixture.join("ep0-ba3.ckpt").display().to_string())
+    );
+    (fixture, dir, load)
+}
+
 pub fn ckpt_dir(dir: &TempDir, run: &str) -> PathBuf {
     run_dir(dir, run).join("checkpoints")
 }
