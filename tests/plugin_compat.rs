@@ -35,6 +35,7 @@ const FIXTURES: &[(&str, &[(&str, &str)])] = &[
     ("1.6.0", &[("alternating_flip", "")]),
     ("1.7.0", &[("mixup", "alpha = 0.2")]),
     ("1.8.0", &[("cutmix", "alpha = 1.0")]),
+    ("1.9.0", &[("muon", "lr = 0.02")]),
 ];
 
 /// The plugin built against the current interface that runs beside the old ones.

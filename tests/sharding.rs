@@ -150,8 +150,8 @@ fn resnet20_with_adamw_on_two_ranks_trains_as_ddp_in_every_mode() {
     toml.optimizer = "name = \"adamw\"\nlr = 0.003\nweight_decay = 0.01".to_owned();
     toml.max_duration = "20ba".to_owned();
     toml.data = toml.data.replace("batch_size = 64", "batch_size = 16");
-    // EMA reads and writes the whole parameters at every step and evaluation: under `full`
-    // they are gathered for it and its writes kept in the shards.
+    // EMA averages this rank's slices at every step and swaps them in for the evaluation:
+    // with batch norm's buffers (whole on every rank) beside the sharded parameters.
     let toml = toml
         .algorithm("channels_last", "")
         .algorithm("ema", "half_life = \"5ba\"");
@@ -171,6 +171,39 @@ fn gpt2_with_muon_and_adamw_on_two_ranks_trains_as_ddp_in_every_mode() {
     assert_modes_match_ddp("shard-gpt", &toml, 2, Limit::Fixed(0.0), &MODES);
 }
 
+/// EMA, SWA and Lookahead keep a copy of the weights: under sharding each rank keeps and
+/// updates its slice only (plugin-api 1.10), writes (EMA's swap for the evaluation and the
+/// checkpoints, Lookahead's syncs, SWA's replacement) reach the whole parameters, and their
+/// checkpointed state is gathered whole: the same state and losses as DDP.
+#[test]
+fn weight_averaging_methods_keep_their_slices_and_train_as_ddp() {
+    let mut toml = TrainerToml::tiny_gpt("shard-avg");
+    toml.model = toml.model.replace("n_layer = 2", "n_layer = 4");
+    toml.max_duration = "20ba".to_owned();
+    let toml = toml
+        .algorithm("ema", "half_life = \"3ba\"")
+        .algorithm("lookahead", "k = 3\nalpha = 0.5")
+        .algorithm(
+            "swa",
+            "swa_start = \"0.25dur\"\nswa_end = \"0.8dur\"\nupdate_interval = \"2ba\"",
+        );
+    assert_modes_match_ddp("shard-avg", &toml, 2, Limit::Fixed(1e-6), &MODES);
+    // Each rank kept its slices, not the whole weights.
+    let dir = TempDir::new("shard-avg-log");
+    dir.write("trainer.toml", &toml.render());
+    let outputs = train_ranks(
+        &dir,
+        2,
+        &["distributed.sharding=\"full\"", "train.threads=1"],
+    );
+    assert_all_succeeded(&outputs);
+    let log = format!("{}{}", outputs[0].stdout, outputs[0].stderr);
+    assert!(
+        log.contains("ema: the weights are sharded: this rank averages its slices"),
+        "{log}"
+    );
+}
+
 /// Four ranks: a reduce-scatter may sum in another order than DDP's all-reduce; equal within
 /// float rounding (bit for bit here).
 #[test]
@@ -188,6 +221,11 @@ fn gpt2_with_adamw_on_four_ranks_trains_as_ddp_in_every_mode() {
 fn a_sharded_checkpoint_continues_on_other_ranks_and_modes() {
     let mut toml = TrainerToml::tiny_gpt("straight");
     toml.max_duration = "8ba".to_owned();
+    // EMA's average and Lookahead's slow weights: slices on 4 ranks, saved whole, cut again
+    // to the 2 ranks' slices (Lookahead writes them back into the model: the losses show it).
+    let toml = toml
+        .algorithm("ema", "half_life = \"3ba\"")
+        .algorithm("lookahead", "k = 3\nalpha = 0.5");
     let dir = TempDir::new("shard-resume");
     dir.write(
         "trainer.toml",
@@ -230,7 +268,7 @@ fn a_sharded_checkpoint_continues_on_other_ranks_and_modes() {
         let (diff, name) = max_difference(
             &ckpt(&dir, "straight", "ep0-ba8.ckpt"),
             &ckpt(&dir, run, "ep0-ba8.ckpt"),
-            &["model/", "optim/"],
+            &["model/", "optim/", "method/"],
         );
         assert!(diff <= 1e-5, "{run}: {diff:e} at `{name}`");
     }

@@ -184,6 +184,25 @@ struct FullUnit {
     }
   }
 
+  // Lets the flats made whole (for the methods, a checkpoint, the evaluation) go, keeping this
+  // rank's slice of what they hold, and leaves those gathered for a pass as they are (a method
+  // reading its slices during a step). Returns whether any was whole.
+  bool release_whole() {
+    std::lock_guard<std::mutex> lock(mu);
+    at::NoGradGuard no_grad;
+    bool any = false;
+    for (auto& f : flats) {
+      settle(*f);
+      if (f->state == State::Whole) {
+        f->local.copy_(f->buffer.narrow(0, f->rank * f->shard, f->shard));
+        f->drop();
+        f->state = State::Released;
+        any = true;
+      }
+    }
+    return any;
+  }
+
   void release() {
     std::lock_guard<std::mutex> lock(mu);
     at::NoGradGuard no_grad;
@@ -279,6 +298,15 @@ int tessera_full_unit_release(void* unit) {
   return guarded([&] { static_cast<Handle*>(unit)->unit->release(); });
 }
 
+// `*was_whole` is set to 1 when the unit was whole (else left as it is).
+int tessera_full_unit_release_whole(void* unit, int* was_whole) {
+  return guarded([&] {
+    if (static_cast<Handle*>(unit)->unit->release_whole()) {
+      *was_whole = 1;
+    }
+  });
+}
+
 // After the unit's forward pass from `input` to `output`: when backward reaches `output` the
 // unit is gathered again; when it has produced the gradient of `input`, every node of the unit
 // that reads the parameters has run (autograd runs the later-made nodes first) and the unit is
@@ -332,6 +360,7 @@ void tessera_full_prefetch_counts(int64_t* out) {
 int tessera_full_unit_drop(void*) { return -1; }
 int tessera_full_unit_summon(void*) { return -1; }
 int tessera_full_unit_release(void*) { return -1; }
+int tessera_full_unit_release_whole(void*, int*) { return -1; }
 int tessera_full_unit_hook(void*, void*, void*) { return -1; }
 }
 #endif

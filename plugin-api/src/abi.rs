@@ -438,6 +438,40 @@ pub struct HostApi {
     /// same shape, kind and device (a collective). A single process gets `input` with a
     /// leading dimension of 1.
     pub all_gather: extern "C" fn(HostCtx, input: TensorHandle) -> RResult<TensorHandle, RString>,
+
+    // ---- 1.10: appended; accessors return `None` in an older host ----
+    /// This rank's slice of the model's tensor `name` ([`SliceInfo`]), `RNone` when the model
+    /// has no such tensor. `write`: the caller will change it, and the host makes the whole
+    /// parameters agree with every rank's slices once the event is over (a collective under
+    /// `[distributed] sharding`: every rank must ask alike).
+    pub parameter_slice:
+        extern "C" fn(HostCtx, name: RStr<'_>, write: bool) -> RResult<ROption<SliceInfo>, RString>,
+    /// The whole tensors of the named model tensors from every rank's slices: `slices[i]` has
+    /// the shape of this rank's slice of `names[i]`; the answer has each tensor's whole shape
+    /// (a collective: every rank calls it with the same names, in the same order).
+    pub gather_slices: extern "C" fn(
+        HostCtx,
+        names: RVec<RString>,
+        slices: RVec<TensorHandle>,
+    ) -> RResult<RVec<TensorHandle>, RString>,
+}
+
+/// This rank's slice of a model tensor (plugin-api 1.10): under `[distributed] sharding` each
+/// rank owns a run of every sharded parameter's elements, in the parameter's memory order.
+#[repr(C)]
+#[derive(StableAbi, Debug)]
+pub struct SliceInfo {
+    /// The slice, sharing the memory this rank keeps of the parameter: a 1-D tensor of the
+    /// elements `[start, start + len)` (possibly none) when `sharded`, else the whole tensor.
+    pub tensor: TensorHandle,
+    /// The ranks hold different parts of this tensor (else every rank holds it whole).
+    pub sharded: bool,
+    /// The first element of the whole tensor the slice holds, in its memory order.
+    pub start: i64,
+    /// The whole tensor's size.
+    pub size: RVec<i64>,
+    /// The whole tensor's strides (its memory order).
+    pub strides: RVec<i64>,
 }
 
 /// The learning rate of an optimizer step (plugin-api 1.6), for a method that updates the

@@ -61,7 +61,7 @@
 //! crate-type = ["cdylib", "rlib"]
 //!
 //! [dependencies]
-//! tessera-plugin-api = "1.9"
+//! tessera-plugin-api = "1.10"
 //! tch = "=0.26.0"
 //! ```
 //!
@@ -116,6 +116,10 @@
 //! - **1.9** (appended to the host's function table): [`Context::all_gather`], a collective
 //!   over the ranks, for a method that shares its work between them (Muon's orthogonalisation
 //!   by matrix).
+//! - **1.10** (appended to the host's function table): this rank's slices of the model's
+//!   tensors under `[distributed] sharding` ([`Context::parameter_slice`],
+//!   [`Context::gather_slices`], [`ParameterSlice`], [`SliceLayout`]), for a method that keeps a copy of the
+//!   weights (EMA, SWA, Lookahead) to keep only its slice; whole tensors in an older host.
 #![warn(missing_docs)]
 
 pub mod abi;
@@ -123,6 +127,7 @@ pub mod device;
 pub mod random;
 mod sample;
 mod settings;
+mod slices;
 pub mod targets;
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -136,6 +141,7 @@ pub use abi_stable;
 use abi_stable::std_types::{ROption, RResult, RStr, RString, RVec};
 pub use sample::{Sample, SampleRandom, SampleTransform};
 pub use settings::Settings;
+pub use slices::{ParameterSlice, SliceLayout};
 pub use tch;
 pub use wrap::{Inner, Wrapper};
 

@@ -3,7 +3,7 @@
 //!
 //! ```toml
 //! [dev-dependencies]
-//! tessera-plugin-api = { version = "1.9", features = ["testing"] }
+//! tessera-plugin-api = { version = "1.10", features = ["testing"] }
 //! ```
 //!
 //! ```no_run
@@ -37,7 +37,7 @@ use abi_stable::std_types::RVec;
 use crate::abi::{
     EvalResults, HostApi, HostApi_Ref, HostCtx, HostHandle, MethodBox, Metric, ModuleBox,
     ModuleInfo, NamedTensor, ParamInfo, SampleBuf, SampleRng, SampleRngState, SampleShape,
-    TensorHandle, WrapperBox,
+    SliceInfo, TensorHandle, WrapperBox,
 };
 use crate::{Event, ParamGroup, Sample, SamplePlace, Settings, StepInfo, TimeInfo};
 
@@ -272,6 +272,8 @@ fn api() -> HostApi_Ref {
             training_sample,
             forward_eval,
             all_gather,
+            parameter_slice,
+            gather_slices,
         }
         .leak_into_prefix()
     })
@@ -375,6 +377,52 @@ extern "C" fn all_gather(ctx: HostCtx, input: TensorHandle) -> RResult<TensorHan
         }
         Err(e) => RResult::RErr(e.to_string().into()),
     }
+}
+
+/// The test host shards nothing: a slice is the whole tensor (as in a single process).
+extern "C" fn parameter_slice(
+    ctx: HostCtx,
+    name: RStr<'_>,
+    _write: bool,
+) -> RResult<ROption<SliceInfo>, RString> {
+    RResult::ROk(match host(ctx).params.get(name.as_str()) {
+        Some(t) => ROption::RSome(SliceInfo {
+            size: t.size().into_iter().collect(),
+            strides: t.stride().into_iter().collect(),
+            tensor: TensorHandle::from_tensor(t.shallow_clone()),
+            sharded: false,
+            start: 0,
+        }),
+        None => ROption::RNone,
+    })
+}
+
+/// Nothing is sharded: the whole tensors are the slices given (names checked).
+extern "C" fn gather_slices(
+    ctx: HostCtx,
+    names: RVec<RString>,
+    slices: RVec<TensorHandle>,
+) -> RResult<RVec<TensorHandle>, RString> {
+    let h = host(ctx);
+    let mut out = RVec::new();
+    for (name, slice) in names.into_iter().zip(slices) {
+        let slice = slice.into_tensor();
+        match h.params.get(name.as_str()) {
+            Some(t) if t.size() == slice.size() => out.push(TensorHandle::from_tensor(slice)),
+            Some(t) => {
+                return RResult::RErr(
+                    format!(
+                        "gather_slices: `{name}` has size {:?}, the slice {:?}",
+                        t.size(),
+                        slice.size()
+                    )
+                    .into(),
+                )
+            }
+            None => return RResult::RErr(format!("the model has no `{name}`").into()),
+        }
+    }
+    RResult::ROk(out)
 }
 
 extern "C" fn get_tensor(ctx: HostCtx, key: RStr<'_>) -> ROption<TensorHandle> {

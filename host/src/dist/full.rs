@@ -38,6 +38,7 @@ extern "C" {
     fn tessera_full_unit_drop(unit: *mut c_void) -> i32;
     fn tessera_full_unit_summon(unit: *mut c_void) -> i32;
     fn tessera_full_unit_release(unit: *mut c_void) -> i32;
+    fn tessera_full_unit_release_whole(unit: *mut c_void, was_whole: *mut i32) -> i32;
     fn tessera_full_unit_hook(unit: *mut c_void, input: *mut c_void, output: *mut c_void) -> i32;
 }
 
@@ -156,6 +157,18 @@ impl UnitGate {
         self.call(tessera_full_unit_release, "releasing")
     }
 
+    /// Lets the parameters go if they were made whole (keeping this rank's slice of what they
+    /// hold), leaving them as they are if gathered for a pass. Returns whether they were whole.
+    pub fn release_whole(&self) -> Result<bool, DistError> {
+        let mut was_whole = 0i32;
+        // SAFETY: a live handle and a valid out-pointer.
+        check(
+            unsafe { tessera_full_unit_release_whole(self.handle.0, &mut was_whole) },
+            || format!("releasing the parameters of `{}`", self.path),
+        )?;
+        Ok(was_whole != 0)
+    }
+
     /// Gathers the parameters for a pass (collective).
     pub fn gather(&self) -> Result<(), DistError> {
         self.gather_then(0)
@@ -265,6 +278,16 @@ impl FullUnits {
     /// Lets every unit go, keeping this rank's slice of what they hold.
     pub fn release(&self) -> Result<(), DistError> {
         self.all().try_for_each(|u| u.release())
+    }
+
+    /// Lets the units made whole go, keeping this rank's slices (those gathered for a pass
+    /// stay). Returns whether any was whole.
+    pub fn release_whole(&self) -> Result<bool, DistError> {
+        let mut any = false;
+        for u in self.all() {
+            any |= u.release_whole()?;
+        }
+        Ok(any)
     }
 
     /// Frees what a pass left gathered in the units (not the parameters outside them, which

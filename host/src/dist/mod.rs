@@ -78,6 +78,7 @@ extern "C" {
 
 pub mod full;
 pub mod shard;
+pub mod slices;
 pub mod watch;
 
 /// A failure of the group: joining it, or a collective (a rank failed or left).
@@ -325,17 +326,22 @@ pub fn set_plugin_group(group: &std::sync::Arc<Group>) {
     }
 }
 
-/// Every rank's `input` stacked in rank order, `(world, *shape)`, through the run's group; a
-/// copy of `input` with a leading dimension of 1 outside a data-parallel run. `input` keeps
-/// its value. What a plugin's `Context::all_gather` calls.
-pub fn all_gather_stacked(input: &Tensor) -> Result<Tensor, DistError> {
-    let group = match PLUGIN_GROUP.read() {
+/// The group plugins' collectives go through, while the run holds it.
+pub(crate) fn plugin_group() -> Option<std::sync::Arc<Group>> {
+    match PLUGIN_GROUP.read() {
         Ok(g) => g.as_ref().and_then(std::sync::Weak::upgrade),
         Err(poisoned) => poisoned
             .into_inner()
             .as_ref()
             .and_then(std::sync::Weak::upgrade),
-    };
+    }
+}
+
+/// Every rank's `input` stacked in rank order, `(world, *shape)`, through the run's group; a
+/// copy of `input` with a leading dimension of 1 outside a data-parallel run. `input` keeps
+/// its value. What a plugin's `Context::all_gather` calls.
+pub fn all_gather_stacked(input: &Tensor) -> Result<Tensor, DistError> {
+    let group = plugin_group();
     let failed = |e: tch::TchError| DistError::C10d {
         what: "all-gather".into(),
         message: e.to_string(),

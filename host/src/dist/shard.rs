@@ -507,6 +507,12 @@ impl ShardedParams {
         Ok(self.full.release()?)
     }
 
+    /// `full`: lets the units made whole go, keeping this rank's slices; returns whether any
+    /// was whole.
+    pub fn release_whole(&self) -> Result<bool, ShardError> {
+        Ok(self.full.release_whole()?)
+    }
+
     /// The mode.
     pub fn mode(&self) -> Sharding {
         self.mode
@@ -515,6 +521,14 @@ impl ShardedParams {
     /// This rank's pieces, one per parameter (empty ones included), in parameter order.
     pub fn pieces(&self) -> &[Piece] {
         &self.pieces
+    }
+
+    /// This rank's piece of parameter `name` with the parameter's size and strides, `None`
+    /// when it is not sharded.
+    pub fn piece_of(&self, name: &str) -> Option<(&Piece, &[i64], &[i64])> {
+        let p = self.pieces.iter().find(|p| p.name == name)?;
+        let m = &self.flats[p.flat].members[p.member];
+        Some((p, &m.size, &m.strides))
     }
 
     /// Every sharded parameter's layout and every rank's slice of it: (name, size, strides,

@@ -9,7 +9,7 @@ use abi_stable::prefix_type::PrefixTypeTrait;
 use abi_stable::std_types::{ROption, RResult, RStr, RString, RVec};
 use tessera_plugin_api::abi::{
     Attribute, EvalResults, HostApi, HostApi_Ref, HostCtx, HostHandle, Metric, ModuleBox,
-    ModuleInfo, NamedTensor, ParamGroup, ParamInfo, TensorHandle, WrapperBox,
+    ModuleInfo, NamedTensor, ParamGroup, ParamInfo, SliceInfo, TensorHandle, WrapperBox,
 };
 use tessera_plugin_api::{StepInfo, TimeInfo};
 
@@ -60,6 +60,8 @@ fn api() -> HostApi_Ref {
             training_sample,
             forward_eval,
             all_gather,
+            parameter_slice,
+            gather_slices,
         }
         .leak_into_prefix()
     })
@@ -457,5 +459,49 @@ extern "C" fn all_gather(ctx: HostCtx, input: TensorHandle) -> RResult<TensorHan
     with_state(ctx, |_| match crate::dist::all_gather_stacked(&input) {
         Ok(t) => RResult::ROk(TensorHandle::from_tensor(t)),
         Err(e) => RResult::RErr(format!("all_gather: {e}").into()),
+    })
+}
+
+extern "C" fn parameter_slice(
+    ctx: HostCtx,
+    name: RStr<'_>,
+    write: bool,
+) -> RResult<ROption<SliceInfo>, RString> {
+    with_state(ctx, |s| {
+        let whole = s
+            .model()
+            .params
+            .get(name.as_str())
+            .map(|e| e.tensor.shallow_clone());
+        match crate::dist::slices::slice(name.as_str(), whole, write) {
+            Ok(slice) => RResult::ROk(
+                slice
+                    .map(|sl| SliceInfo {
+                        tensor: TensorHandle::from_tensor(sl.tensor),
+                        sharded: sl.sharded,
+                        start: sl.start,
+                        size: sl.size.into_iter().collect(),
+                        strides: sl.strides.into_iter().collect(),
+                    })
+                    .into(),
+            ),
+            Err(e) => RResult::RErr(format!("parameter_slice `{name}`: {e}").into()),
+        }
+    })
+}
+
+extern "C" fn gather_slices(
+    ctx: HostCtx,
+    names: RVec<RString>,
+    slices: RVec<TensorHandle>,
+) -> RResult<RVec<TensorHandle>, RString> {
+    let slices: Vec<(String, tch::Tensor)> = names
+        .into_iter()
+        .map(RString::into_string)
+        .zip(slices.into_iter().map(TensorHandle::into_tensor))
+        .collect();
+    with_state(ctx, |_| match crate::dist::slices::gather(slices) {
+        Ok(whole) => RResult::ROk(whole.into_iter().map(TensorHandle::from_tensor).collect()),
+        Err(e) => RResult::RErr(format!("gather_slices: {e}").into()),
     })
 }

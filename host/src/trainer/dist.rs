@@ -33,7 +33,7 @@ pub(super) struct DataParallel {
     /// and the epoch end's).
     pub checkpoints: u64,
     /// `[distributed] sharding`: the parameters' layout and this rank's pieces.
-    pub sharded: Option<crate::dist::shard::ShardedParams>,
+    pub sharded: Option<std::rc::Rc<crate::dist::shard::ShardedParams>>,
     /// This rank's position, published for the report of a hang (its thread holds the group
     /// too, and stops when this is dropped).
     pub watch: crate::dist::watch::Watch,

@@ -230,6 +230,7 @@ impl Trainer {
     fn fire_as(&mut self, event: Event, training: bool) -> Result<()> {
         self.state.clock.training = training;
         self.engine.fire(event, &mut Stage::Run(&mut self.state))?;
+        self.after_slices()?;
         if !self.state.metrics.is_empty() {
             let metrics = std::mem::take(&mut self.state.metrics);
             if !self.quiet_metrics {

@@ -141,6 +141,8 @@ impl Trainer {
                 }
             );
         }
+        let sharded = std::rc::Rc::new(sharded);
+        crate::dist::slices::register(&sharded);
         if let Some(dp) = &mut self.dp {
             dp.sharded = Some(sharded);
         }
@@ -228,10 +230,19 @@ impl Trainer {
         Ok(())
     }
 
+    /// After an event: what the methods wrote into their slices reaches the whole parameters
+    /// (`crate::dist::slices::after_event`).
+    pub(super) fn after_slices(&self) -> Result<()> {
+        if let Some((group, sharded)) = self.sharded_in_group() {
+            crate::dist::slices::after_event(group, sharded)?;
+        }
+        Ok(())
+    }
+
     /// The group and the layout under sharding.
     fn sharded_in_group(&self) -> Option<(&Group, &ShardedParams)> {
         let dp = self.dp.as_ref()?;
-        Some((&dp.group, dp.sharded.as_ref()?))
+        Some((&dp.group, dp.sharded.as_deref()?))
     }
 
     fn sharded(&self) -> Option<&ShardedParams> {

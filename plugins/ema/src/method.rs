@@ -1,9 +1,15 @@
 //! The method: shadow weights taken at `init`, updated on the schedule, swapped into the model
 //! for evaluation and checkpoints, and saved in the method's state.
+//!
+//! Under `[distributed] sharding` the shadow weights are this rank's slices of the model's
+//! (plugin-api 1.10, [`Context::parameter_slice`]): the average is element by element, so each
+//! rank averages its slice, and the whole shadow weights exist only for a checkpoint (gathered
+//! at the `*_checkpoint` event, [`Context::gather_slices`]). Without sharding a slice is the
+//! whole tensor.
 
 use serde::{Deserialize, Serialize};
 use tessera_plugin_api::tch::{self, Device, Kind, Tensor};
-use tessera_plugin_api::{Context, Error, Event, Method, State};
+use tessera_plugin_api::{Context, Error, Event, Method, SliceLayout, State};
 
 use crate::config::EmaConfig;
 use crate::update::{copy_into, detached_copy, ema_update};
@@ -30,10 +36,16 @@ pub const RESTORE_PRIORITY: i32 = -1000;
 /// The EMA method.
 pub struct Ema {
     config: EmaConfig,
-    /// The shadow weights, by model name, in the host's order.
+    /// The shadow weights (this rank's slices of them), by model name, in the host's order.
     ema: Vec<(String, Tensor)>,
     /// The training weights while the model holds the EMA weights (aligned with `ema`).
     training: Vec<Tensor>,
+    /// Which part of each model tensor `ema` holds (aligned with it); empty while `ema` holds
+    /// whole tensors read from a checkpoint, before `attach` cut them.
+    layouts: Vec<SliceLayout>,
+    /// Rank 0, between a `*_checkpoint` event and the save: the state's tensors gathered whole
+    /// from the ranks' slices (only when some are sharded).
+    gathered: Option<Vec<(String, Tensor)>>,
     /// Averaging has started (`ema_start` reached at an update event).
     started: bool,
     /// The model holds the EMA weights; the training weights are in `training`.
@@ -51,6 +63,8 @@ impl Ema {
             config,
             ema: Vec::new(),
             training: Vec::new(),
+            layouts: Vec::new(),
+            gathered: None,
             started: false,
             swapped_in: false,
             updates: 0,
@@ -83,37 +97,83 @@ impl Ema {
         self.updates
     }
 
-    /// The model's tensors (shared with the host) under the shadow weights' names.
-    fn model_tensors(&self, ctx: &Context<'_>) -> Result<Vec<Tensor>, Error> {
+    /// This rank's slices of the model's tensors (shared with the host) under the shadow
+    /// weights' names; `write`: to put weights into them.
+    fn model_tensors(&self, ctx: &mut Context<'_>, write: bool) -> Result<Vec<Tensor>, Error> {
         self.ema
             .iter()
             .map(|(name, _)| {
-                ctx.parameter(name)?.ok_or_else(|| {
+                let slice = ctx.parameter_slice(name, write)?.ok_or_else(|| {
                     Error::from(format!("the model no longer has `{name}` (EMA tracks it)"))
-                })
+                })?;
+                Ok(slice.tensor)
             })
             .collect()
+    }
+
+    /// Whether `ema` holds this rank's slices of sharded tensors.
+    fn sliced(&self) -> bool {
+        self.layouts.len() == self.ema.len() && self.layouts.iter().any(|l| l.sharded)
+    }
+
+    /// The whole tensors of `ema` and, while swapped in, `training`, gathered from every
+    /// rank's slices for the checkpoint that follows (collective; kept on rank 0 only).
+    fn gather_for_checkpoint(&mut self, ctx: &mut Context<'_>) -> Result<(), Error> {
+        if !self.sliced() {
+            return Ok(());
+        }
+        let mut slices: Vec<(String, Tensor)> = self
+            .ema
+            .iter()
+            .map(|(n, t)| (n.clone(), t.shallow_clone()))
+            .collect();
+        if self.swapped_in {
+            slices.extend(
+                self.ema
+                    .iter()
+                    .zip(&self.training)
+                    .map(|((n, _), t)| (n.clone(), t.shallow_clone())),
+            );
+        }
+        let whole = ctx.gather_slices(&slices)?;
+        if ctx.ranks().rank == 0 {
+            let n = self.ema.len();
+            let named = slices
+                .into_iter()
+                .zip(whole)
+                .enumerate()
+                .map(|(i, ((name, _), t))| {
+                    let prefix = if i < n { "ema" } else { "training" };
+                    (format!("{prefix}/{name}"), t)
+                })
+                .collect();
+            self.gathered = Some(named);
+        }
+        Ok(())
     }
 
     /// Shadow (and spare training) copies of the model's trainable parameters and all its
     /// buffers, as Composer's `EMAParameters`: a frozen parameter (`requires_grad` off) is not
     /// averaged, and the model keeps its own value for it at evaluation.
-    fn snapshot(&mut self, ctx: &Context<'_>) -> Result<(), Error> {
+    fn snapshot(&mut self, ctx: &mut Context<'_>) -> Result<(), Error> {
         let mut ema = Vec::new();
         let mut training = Vec::new();
+        let mut layouts = Vec::new();
         for info in ctx.parameters()? {
             if !info.buffer && !info.trainable {
                 continue;
             }
             let name = info.name.as_str().to_owned();
-            let t = ctx.parameter(&name)?.ok_or_else(|| {
+            let slice = ctx.parameter_slice(&name, false)?.ok_or_else(|| {
                 Error::from(format!("the host listed `{name}` but has no such tensor"))
             })?;
-            ema.push((name, detached_copy(&t)?));
-            training.push(detached_copy(&t)?);
+            ema.push((name, detached_copy(&slice.tensor)?));
+            training.push(detached_copy(&slice.tensor)?);
+            layouts.push(slice.layout);
         }
         self.ema = ema;
         self.training = training;
+        self.layouts = layouts;
         Ok(())
     }
 
@@ -121,6 +181,19 @@ impl Ema {
     /// started and no checkpoint gave them; otherwise checks them against the model (and moves
     /// them to its device).
     fn attach(&mut self, ctx: &mut Context<'_>) -> Result<(), Error> {
+        self.attach_weights(ctx)?;
+        if self.sliced() {
+            let mine: i64 = self.layouts.iter().map(|l| l.len).sum();
+            let all: i64 = self.layouts.iter().map(|l| l.numel()).sum();
+            ctx.info(&format!(
+                "ema: the weights are sharded: this rank averages its slices ({mine} of {all} \
+                 elements)"
+            ));
+        }
+        Ok(())
+    }
+
+    fn attach_weights(&mut self, ctx: &mut Context<'_>) -> Result<(), Error> {
         // Until averaging starts, the shadow weights follow the model: at `fit_start` they are
         // taken again, so that weights loaded after `init` (a `weights_only` checkpoint, as
         // Composer loads one after `init` and takes its EMA model at `fit_start`) are averaged,
@@ -140,7 +213,14 @@ impl Ema {
         let ours: Vec<(String, Vec<i64>)> = self
             .ema
             .iter()
-            .map(|(n, t)| (n.clone(), t.size()))
+            .enumerate()
+            .map(|(i, (n, t))| {
+                let size = match self.layouts.get(i) {
+                    Some(l) if self.layouts.len() == self.ema.len() => l.size.clone(),
+                    _ => t.size(),
+                };
+                (n.clone(), size)
+            })
             .collect();
         if model != ours {
             let missing: Vec<&str> = ours
@@ -159,7 +239,27 @@ impl Ema {
             )
             .into());
         }
-        let current = self.model_tensors(ctx)?;
+        // This rank's slices; shadow weights read whole from a checkpoint are cut to them.
+        let mut layouts = Vec::with_capacity(self.ema.len());
+        let mut current = Vec::with_capacity(self.ema.len());
+        for (name, _) in &self.ema {
+            let slice = ctx.parameter_slice(name, false)?.ok_or_else(|| {
+                Error::from(format!("the model no longer has `{name}` (EMA tracks it)"))
+            })?;
+            current.push(slice.tensor);
+            layouts.push(slice.layout);
+        }
+        // Whole shadow weights (read from a checkpoint, or taken at `init` before the host
+        // sharded the parameters) are cut to this rank's slices.
+        let aligned = self.layouts.len() == self.ema.len();
+        for (i, layout) in layouts.iter().enumerate() {
+            let whole = !aligned || !self.layouts[i].sharded;
+            if whole && layout.sharded {
+                self.ema[i].1 = layout.cut(&self.ema[i].1)?;
+                self.training[i] = layout.cut(&self.training[i])?;
+            }
+        }
+        self.layouts = layouts;
         for (i, m) in current.iter().enumerate() {
             let device: Device = m.device();
             if self.ema[i].1.device() != device {
@@ -173,8 +273,8 @@ impl Ema {
     }
 
     /// Puts the EMA weights into the model, keeping the training weights.
-    fn swap_in(&mut self, ctx: &Context<'_>) -> Result<(), Error> {
-        let model = self.model_tensors(ctx)?;
+    fn swap_in(&mut self, ctx: &mut Context<'_>) -> Result<(), Error> {
+        let model = self.model_tensors(ctx, true)?;
         for ((m, (_, e)), t) in model.iter().zip(&self.ema).zip(&self.training) {
             copy_into(t, m)?;
             copy_into(m, e)?;
@@ -184,8 +284,8 @@ impl Ema {
     }
 
     /// Puts the training weights back into the model.
-    fn restore(&mut self, ctx: &Context<'_>) -> Result<(), Error> {
-        let model = self.model_tensors(ctx)?;
+    fn restore(&mut self, ctx: &mut Context<'_>) -> Result<(), Error> {
+        let model = self.model_tensors(ctx, true)?;
         for (m, t) in model.iter().zip(&self.training) {
             copy_into(m, t)?;
         }
@@ -193,11 +293,13 @@ impl Ema {
         Ok(())
     }
 
-    /// `sqrt(Σ ‖ema − θ‖²)` over the floating-point tensors, `θ` the training weights.
-    fn distance(&self, training: &[Tensor]) -> Result<f64, Error> {
+    /// `sqrt(Σ ‖ema − θ‖²)` over the floating-point tensors, `θ` the training weights: the
+    /// sharded slices' part summed over the ranks (collective when some are sharded).
+    fn distance(&self, ctx: &mut Context<'_>) -> Result<f64, Error> {
         let _no_grad = tch::no_grad_guard();
-        let mut total: Option<Tensor> = None;
-        for ((_, e), t) in self.ema.iter().zip(training) {
+        let mut whole: Option<Tensor> = None;
+        let mut sliced: Option<Tensor> = None;
+        for (i, ((_, e), t)) in self.ema.iter().zip(&self.training).enumerate() {
             if !e.is_floating_point() {
                 continue;
             }
@@ -205,15 +307,30 @@ impl Ema {
                 .f_to_kind(Kind::Double)?
                 .f_sub(&t.f_to_kind(Kind::Double)?)?;
             let sq = d.f_mul(&d)?.f_sum(Kind::Double)?;
-            total = Some(match total {
+            let total = match self.layouts.get(i) {
+                Some(l) if l.sharded => &mut sliced,
+                _ => &mut whole,
+            };
+            *total = Some(match total.take() {
                 None => sq,
                 Some(s) => s.f_add(&sq)?,
             });
         }
-        Ok(match total {
-            Some(t) => t.f_double_value(&[])?.sqrt(),
+        let mut sum = match whole {
+            Some(t) => t.f_double_value(&[])?,
             None => 0.0,
-        })
+        };
+        if self.sliced() {
+            let mine = match sliced {
+                Some(t) => t,
+                None => Tensor::f_zeros([], (Kind::Double, self.ema[0].1.device()))?,
+            };
+            sum += ctx
+                .all_gather(&mine)?
+                .f_sum(Kind::Double)?
+                .f_double_value(&[])?;
+        }
+        Ok(sum.sqrt())
     }
 
     fn update_event(&mut self, ctx: &mut Context<'_>) -> Result<(), Error> {
@@ -235,7 +352,7 @@ impl Ema {
             ));
         }
         if self.started && self.config.update_due(&time) {
-            let model = self.model_tensors(ctx)?;
+            let model = self.model_tensors(ctx, false)?;
             let s = self.config.smoothing;
             for ((_, e), m) in self.ema.iter().zip(&model) {
                 ema_update(&mut e.shallow_clone(), m, s)?;
@@ -248,6 +365,8 @@ impl Ema {
 
 impl Method for Ema {
     fn on_event(&mut self, event: Event, ctx: &mut Context<'_>) -> Result<(), Error> {
+        // What was gathered for the last checkpoint has been saved.
+        self.gathered = None;
         match event {
             Event::INIT | Event::FIT_START => self.attach(ctx),
             Event::BATCH_START | Event::EPOCH_START | Event::BEFORE_DATALOADER | Event::FIT_END => {
@@ -263,7 +382,7 @@ impl Method for Ema {
                 }
                 ctx.log_metric("ema/swapped_in", if self.swapped_in { 1.0 } else { 0.0 });
                 if self.swapped_in {
-                    let distance = self.distance(&self.training)?;
+                    let distance = self.distance(ctx)?;
                     ctx.log_metric("ema/distance", distance);
                     ctx.log_metric("ema/updates", self.updates as f64);
                 }
@@ -277,8 +396,11 @@ impl Method for Ema {
                 Ok(())
             }
             Event::BATCH_CHECKPOINT | Event::EPOCH_CHECKPOINT | Event::ITERATION_CHECKPOINT => {
-                if self.started && !self.swapped_in && ctx.checkpoint_pending()? {
-                    self.swap_in(ctx)?;
+                if ctx.checkpoint_pending()? {
+                    if self.started && !self.swapped_in {
+                        self.swap_in(ctx)?;
+                    }
+                    self.gather_for_checkpoint(ctx)?;
                 }
                 Ok(())
             }
@@ -295,6 +417,23 @@ impl Method for Ema {
             updates: self.updates,
         };
         let bytes = serde_json::to_vec(&flags).map_err(|e| e.to_string())?;
+        if self.sliced() {
+            // Sharded: the whole tensors were gathered at the `*_checkpoint` event.
+            let tensors = self.gathered.as_ref().ok_or_else(|| {
+                Error::from(
+                    "EMA's weights are sliced over the ranks and were not gathered for this \
+                     checkpoint (they are at a `*_checkpoint` event that announces one)",
+                )
+            })?;
+            return Ok(State {
+                format_version: STATE_FORMAT_VERSION,
+                bytes,
+                tensors: tensors
+                    .iter()
+                    .map(|(n, t)| (n.clone(), t.shallow_clone()))
+                    .collect(),
+            });
+        }
         let mut tensors = Vec::new();
         for (name, t) in &self.ema {
             tensors.push((format!("ema/{name}"), detached_copy(t)?));
@@ -353,11 +492,18 @@ impl Method for Ema {
                     .collect::<Result<_, _>>()?,
             };
             self.ema = ema;
+            // Whole tensors: `attach` cuts them to this rank's slices.
+            self.layouts.clear();
         } else {
+            let aligned = self.layouts.len() == self.ema.len();
             let ours: Vec<(&str, Vec<i64>)> = self
                 .ema
                 .iter()
-                .map(|(n, t)| (n.as_str(), t.size()))
+                .enumerate()
+                .map(|(i, (n, t))| match self.layouts.get(i) {
+                    Some(l) if aligned => (n.as_str(), l.size.clone()),
+                    _ => (n.as_str(), t.size()),
+                })
                 .collect();
             let theirs: Vec<(&str, Vec<i64>)> =
                 ema.iter().map(|(n, t)| (n.as_str(), t.size())).collect();
@@ -378,11 +524,22 @@ impl Method for Ema {
             self.ema.retain(|_| *keep.next().unwrap_or(&false));
             let mut keep = kept.iter();
             self.training.retain(|_| *keep.next().unwrap_or(&false));
-            for ((_, dst), (_, src)) in self.ema.iter().zip(&ema) {
-                copy_into(dst, src)?;
+            if aligned {
+                let mut keep = kept.iter();
+                self.layouts.retain(|_| *keep.next().unwrap_or(&false));
             }
-            for (dst, (_, src)) in self.training.iter().zip(&training) {
-                copy_into(dst, src)?;
+            // This rank's slice of each saved whole tensor (the whole tensor without sharding).
+            let fit = |i: usize, whole: &Tensor| -> Result<Tensor, Error> {
+                match self.layouts.get(i) {
+                    Some(l) if aligned => l.cut(whole),
+                    _ => Ok(whole.shallow_clone()),
+                }
+            };
+            for (i, ((_, dst), (_, src))) in self.ema.iter().zip(&ema).enumerate() {
+                copy_into(dst, &fit(i, src)?)?;
+            }
+            for (i, (dst, (_, src))) in self.training.iter().zip(&training).enumerate() {
+                copy_into(dst, &fit(i, src)?)?;
             }
         }
         self.started = flags.started;

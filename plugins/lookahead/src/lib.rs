@@ -29,6 +29,10 @@ impl Plugin for Lookahead {
                 priority: SYNC_PRIORITY,
             },
             Hook::at(Event::FIT_END),
+            // Under sharding: the slow weights gathered whole for a checkpoint.
+            Hook::at(Event::BATCH_CHECKPOINT),
+            Hook::at(Event::EPOCH_CHECKPOINT),
+            Hook::at(Event::ITERATION_CHECKPOINT),
         ]
     }
 

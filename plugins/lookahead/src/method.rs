@@ -5,12 +5,17 @@
 //! behaviour, as functions of the step count, the run's length and the model's tensors, so
 //! that a test can drive them without a host; the [`Method`] implementation gathers those from
 //! the [`Context`] and logs what happened.
+//!
+//! Under `[distributed] sharding` the model's tensors it is given are this rank's slices
+//! (plugin-api 1.10, [`Context::parameter_slice`]): the update is element by element, so each
+//! rank keeps the slow weights of its slice only, and they are gathered whole for a checkpoint
+//! ([`Context::gather_slices`]). Without sharding a slice is the whole tensor.
 
 use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 use tessera_plugin_api::tch::Tensor;
-use tessera_plugin_api::{Context, Error, Event, Method, State};
+use tessera_plugin_api::{Context, Error, Event, Method, SliceLayout, State};
 
 use crate::config::{LookaheadConfig, Variant};
 use crate::update::{copy_into, detached_copy, sync_tensor};
@@ -71,6 +76,13 @@ pub struct Lookahead {
     syncs: u64,
     /// `T` was reached (or the final copy made at `fit_end`): the method does nothing more.
     done: bool,
+    /// Which part of each model tensor its slice is, by name, as last read from the host.
+    layouts: HashMap<String, SliceLayout>,
+    /// `slow` holds whole tensors read from a checkpoint, not yet cut to this rank's slices.
+    whole: bool,
+    /// Rank 0, between a `*_checkpoint` event and the save: the slow weights gathered whole
+    /// from the ranks' slices (only when some are sharded).
+    gathered: Option<Vec<(String, Tensor)>>,
 }
 
 impl Lookahead {
@@ -83,6 +95,9 @@ impl Lookahead {
             steps: 0,
             syncs: 0,
             done: false,
+            layouts: HashMap::new(),
+            whole: false,
+            gathered: None,
         }
     }
 
@@ -256,34 +271,99 @@ impl Lookahead {
     }
 }
 
-/// The model's parameters and buffers, sharing storage, in the host's order; only those the
-/// method may select (trainable parameters, and buffers when `buffers`) are fetched.
-fn model_tensors(ctx: &Context<'_>, buffers: bool) -> Result<Vec<ModelTensor>, Error> {
-    let mut out = Vec::new();
-    for info in ctx.parameters()? {
-        if !(info.trainable || (info.buffer && buffers)) {
-            continue;
+impl Lookahead {
+    /// This rank's slices of the model's parameters and buffers, sharing storage, in the
+    /// host's order; only those the method may select (trainable parameters, and buffers when
+    /// `buffers`) are fetched. `write`: the model will be given the slow weights. Slow weights
+    /// read whole from a checkpoint are cut to the slices.
+    fn model_tensors(
+        &mut self,
+        ctx: &mut Context<'_>,
+        write: bool,
+    ) -> Result<Vec<ModelTensor>, Error> {
+        let mut out = Vec::new();
+        for info in ctx.parameters()? {
+            if !(info.trainable || (info.buffer && self.config.buffers)) {
+                continue;
+            }
+            let name = info.name.as_str().to_owned();
+            let slice = ctx.parameter_slice(&name, write)?.ok_or_else(|| {
+                Error::from(format!("the host listed `{name}` but has no such tensor"))
+            })?;
+            self.layouts.insert(name.clone(), slice.layout);
+            out.push(ModelTensor {
+                name,
+                tensor: slice.tensor,
+                buffer: info.buffer,
+                trainable: info.trainable,
+            });
         }
-        let name = info.name.as_str().to_owned();
-        let tensor = ctx.parameter(&name)?.ok_or_else(|| {
-            Error::from(format!("the host listed `{name}` but has no such tensor"))
-        })?;
-        out.push(ModelTensor {
-            name,
-            tensor,
-            buffer: info.buffer,
-            trainable: info.trainable,
-        });
+        if self.whole {
+            for (name, t) in &mut self.slow {
+                if let Some(layout) = self.layouts.get(name) {
+                    if t.size() != layout.size {
+                        return Err(Error::from(format!(
+                            "lookahead: `{name}` has shape {:?} in the model but {:?} in the slow weights",
+                            layout.size,
+                            t.size()
+                        )));
+                    }
+                    *t = layout.cut(t)?;
+                }
+            }
+            self.whole = false;
+        }
+        Ok(out)
     }
-    Ok(out)
+
+    /// Whether `slow` holds this rank's slices of sharded tensors.
+    fn sliced(&self) -> bool {
+        !self.whole
+            && self
+                .slow
+                .iter()
+                .any(|(n, _)| self.layouts.get(n).is_some_and(|l| l.sharded))
+    }
+
+    /// The slow weights gathered whole from every rank's slices for the checkpoint that
+    /// follows (collective; kept on rank 0 only).
+    fn gather_for_checkpoint(&mut self, ctx: &mut Context<'_>) -> Result<(), Error> {
+        if !self.sliced() {
+            return Ok(());
+        }
+        let slices: Vec<(String, Tensor)> = self
+            .slow
+            .iter()
+            .map(|(n, t)| (n.clone(), t.shallow_clone()))
+            .collect();
+        let whole = ctx.gather_slices(&slices)?;
+        if ctx.ranks().rank == 0 {
+            self.gathered = Some(
+                slices
+                    .into_iter()
+                    .zip(whole)
+                    .map(|((n, _), t)| (format!("slow/{n}"), t))
+                    .collect(),
+            );
+        }
+        Ok(())
+    }
 }
 
 impl Method for Lookahead {
     fn on_event(&mut self, event: Event, ctx: &mut Context<'_>) -> Result<(), Error> {
+        // What was gathered for the last checkpoint has been saved.
+        self.gathered = None;
         match event {
+            Event::BATCH_CHECKPOINT | Event::EPOCH_CHECKPOINT | Event::ITERATION_CHECKPOINT => {
+                if ctx.checkpoint_pending()? {
+                    self.gather_for_checkpoint(ctx)?;
+                }
+                Ok(())
+            }
             Event::BATCH_START => {
                 if !self.started && !self.done {
-                    let model = model_tensors(ctx, self.config.buffers)?;
+                    let model = self.model_tensors(ctx, false)?;
                     self.start(&model)?;
                     let c = self.config;
                     let rate = match c.variant {
@@ -307,7 +387,7 @@ impl Method for Lookahead {
                 let time = ctx.time();
                 let total = self.total(time.max_batches);
                 let model = if self.needs_model(total) {
-                    model_tensors(ctx, self.config.buffers)?
+                    self.model_tensors(ctx, true)?
                 } else {
                     Vec::new()
                 };
@@ -340,7 +420,7 @@ impl Method for Lookahead {
             }
             Event::FIT_END => {
                 if self.started && !self.done && self.config.final_copy {
-                    let model = model_tensors(ctx, self.config.buffers)?;
+                    let model = self.model_tensors(ctx, true)?;
                     if self.finish(&model)? {
                         ctx.log_metric("lookahead/final_copy", 1.0);
                         ctx.info(&format!(
@@ -365,11 +445,24 @@ impl Method for Lookahead {
             done: self.done,
         };
         let bytes = serde_json::to_vec(&counters).map_err(|e| e.to_string())?;
-        let tensors = self
-            .slow
-            .iter()
-            .map(|(name, t)| Ok((format!("slow/{name}"), detached_copy(t)?)))
-            .collect::<Result<_, Error>>()?;
+        let tensors = if self.sliced() {
+            // Sharded: the whole tensors were gathered at the `*_checkpoint` event.
+            let gathered = self.gathered.as_ref().ok_or_else(|| {
+                Error::from(
+                    "lookahead's slow weights are sliced over the ranks and were not gathered \
+                     for this checkpoint (they are at a `*_checkpoint` event that announces one)",
+                )
+            })?;
+            gathered
+                .iter()
+                .map(|(n, t)| (n.clone(), t.shallow_clone()))
+                .collect()
+        } else {
+            self.slow
+                .iter()
+                .map(|(name, t)| Ok((format!("slow/{name}"), detached_copy(t)?)))
+                .collect::<Result<_, Error>>()?
+        };
         Ok(State {
             format_version: STATE_FORMAT_VERSION,
             bytes,
@@ -406,6 +499,8 @@ impl Method for Lookahead {
             )
             .into());
         }
+        // Whole tensors: cut to this rank's slices when the model is next read.
+        self.whole = !slow.is_empty();
         self.slow = slow;
         self.started = counters.started;
         self.steps = counters.steps;

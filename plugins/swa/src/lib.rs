@@ -31,6 +31,10 @@ impl Plugin for Swa {
             Hook::at(Event::BATCH_END),
             Hook::at(Event::EPOCH_END),
             Hook::at(Event::FIT_END),
+            // Under sharding: the average gathered whole for a checkpoint.
+            Hook::at(Event::BATCH_CHECKPOINT),
+            Hook::at(Event::EPOCH_CHECKPOINT),
+            Hook::at(Event::ITERATION_CHECKPOINT),
         ]
     }
 

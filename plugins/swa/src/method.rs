@@ -5,10 +5,17 @@
 //! the host's learning rate and the model's tensors, so that a test can drive them without a
 //! host; the [`Method`] implementation only gathers those from the [`Context`] and applies the
 //! result.
+//!
+//! Under `[distributed] sharding` the model's tensors it is given are this rank's slices
+//! (plugin-api 1.10, [`Context::parameter_slice`]): the average is element by element, so each
+//! rank averages its slice only, and the average is gathered whole for a checkpoint
+//! ([`Context::gather_slices`]). Without sharding a slice is the whole tensor.
+
+use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 use tessera_plugin_api::tch::Tensor;
-use tessera_plugin_api::{Context, Error, Event, Method, State, TimeInfo};
+use tessera_plugin_api::{Context, Error, Event, Method, SliceLayout, State, TimeInfo};
 
 use crate::average::{check_matches, copy_into, detached_copy, update_average, ModelTensor};
 use crate::config::{SwaConfig, SwaLrMode};
@@ -61,6 +68,13 @@ pub struct Swa {
     swalr: Option<Swalr>,
     /// [`SwaLrMode::Hold`]: the rate every step uses from the first update on.
     held_lr: Option<f64>,
+    /// Which part of each model tensor its slice is, by name, as last read from the host.
+    layouts: HashMap<String, SliceLayout>,
+    /// `average` holds whole tensors read from a checkpoint, not yet cut to this rank's slices.
+    whole: bool,
+    /// Rank 0, between a `*_checkpoint` event and the save: the average gathered whole from
+    /// the ranks' slices (only when some are sharded).
+    gathered: Option<Vec<(String, Tensor)>>,
 }
 
 impl Swa {
@@ -75,6 +89,9 @@ impl Swa {
             n_averaged: 0,
             swalr: None,
             held_lr: None,
+            layouts: HashMap::new(),
+            whole: false,
+            gathered: None,
         }
     }
 
@@ -216,22 +233,78 @@ impl Swa {
     }
 }
 
-/// The model's parameters and buffers, sharing storage, in the host's order.
-fn model_tensors(ctx: &Context<'_>) -> Result<Vec<ModelTensor>, Error> {
-    ctx.parameters()?
-        .into_iter()
-        .map(|info| {
+impl Swa {
+    /// This rank's slices of the model's parameters and buffers, sharing storage, in the
+    /// host's order; `write`: the average will be put into them. An average read whole from a
+    /// checkpoint is cut to the slices.
+    fn model_tensors(
+        &mut self,
+        ctx: &mut Context<'_>,
+        write: bool,
+    ) -> Result<Vec<ModelTensor>, Error> {
+        let mut out = Vec::new();
+        for info in ctx.parameters()? {
             let name = info.name.as_str().to_owned();
-            let tensor = ctx.parameter(&name)?.ok_or_else(|| {
+            let slice = ctx.parameter_slice(&name, write)?.ok_or_else(|| {
                 Error::from(format!("the host listed `{name}` but has no such tensor"))
             })?;
-            Ok(ModelTensor {
+            self.layouts.insert(name.clone(), slice.layout);
+            out.push(ModelTensor {
                 name,
-                tensor,
+                tensor: slice.tensor,
                 buffer: info.buffer,
-            })
-        })
-        .collect()
+            });
+        }
+        if self.whole {
+            for (name, t) in &mut self.average {
+                if let Some(layout) = self.layouts.get(name) {
+                    if t.size() != layout.size {
+                        return Err(Error::from(format!(
+                            "SWA: `{name}` has shape {:?} in the model but {:?} in the average",
+                            layout.size,
+                            t.size()
+                        )));
+                    }
+                    *t = layout.cut(t)?;
+                }
+            }
+            self.whole = false;
+        }
+        Ok(out)
+    }
+
+    /// Whether `average` holds this rank's slices of sharded tensors.
+    fn sliced(&self) -> bool {
+        !self.whole
+            && self
+                .average
+                .iter()
+                .any(|(n, _)| self.layouts.get(n).is_some_and(|l| l.sharded))
+    }
+
+    /// The average gathered whole from every rank's slices for the checkpoint that follows
+    /// (collective; kept on rank 0 only).
+    fn gather_for_checkpoint(&mut self, ctx: &mut Context<'_>) -> Result<(), Error> {
+        if !self.sliced() {
+            return Ok(());
+        }
+        let slices: Vec<(String, Tensor)> = self
+            .average
+            .iter()
+            .map(|(n, t)| (n.clone(), t.shallow_clone()))
+            .collect();
+        let whole = ctx.gather_slices(&slices)?;
+        if ctx.ranks().rank == 0 {
+            self.gathered = Some(
+                slices
+                    .into_iter()
+                    .zip(whole)
+                    .map(|((n, _), t)| (format!("average/{n}"), t))
+                    .collect(),
+            );
+        }
+        Ok(())
+    }
 }
 
 /// Makes the host's next step use `lr` (the host only scales its own rate).
@@ -252,14 +325,28 @@ fn set_next_lr(ctx: &mut Context<'_>, lr: f64) -> Result<(), Error> {
 
 impl Method for Swa {
     fn on_event(&mut self, event: Event, ctx: &mut Context<'_>) -> Result<(), Error> {
+        // What was gathered for the last checkpoint has been saved.
+        self.gathered = None;
         match event {
+            Event::BATCH_CHECKPOINT | Event::EPOCH_CHECKPOINT | Event::ITERATION_CHECKPOINT => {
+                if ctx.checkpoint_pending()? {
+                    self.gather_for_checkpoint(ctx)?;
+                }
+                Ok(())
+            }
             Event::BATCH_END | Event::EPOCH_END => {
                 let update_event = event == self.config.update_event();
                 let due = update_event && !self.completed && self.config.started_at(&ctx.time());
                 if !due && self.held_lr.is_none() {
                     return Ok(());
                 }
-                let model = if due { model_tensors(ctx)? } else { Vec::new() };
+                // The average goes into the model when `swa_end` is reached.
+                let model = if due {
+                    let write = self.config.ended_at(&ctx.time());
+                    self.model_tensors(ctx, write)?
+                } else {
+                    Vec::new()
+                };
                 let first = !self.started && due;
                 let lr = ctx.lr()?;
                 let time = ctx.time();
@@ -298,7 +385,7 @@ impl Method for Swa {
             }
             Event::FIT_END => {
                 if self.started && !self.completed {
-                    let model = model_tensors(ctx)?;
+                    let model = self.model_tensors(ctx, true)?;
                     if self.finish(&model)? {
                         ctx.log_metric("swa/replaced", 1.0);
                         ctx.warn(&format!(
@@ -327,11 +414,24 @@ impl Method for Swa {
             held_lr: self.held_lr,
         };
         let bytes = serde_json::to_vec(&counters).map_err(|e| e.to_string())?;
-        let tensors = self
-            .average
-            .iter()
-            .map(|(name, t)| Ok((format!("average/{name}"), detached_copy(t)?)))
-            .collect::<Result<_, Error>>()?;
+        let tensors = if self.sliced() {
+            // Sharded: the whole tensors were gathered at the `*_checkpoint` event.
+            let gathered = self.gathered.as_ref().ok_or_else(|| {
+                Error::from(
+                    "SWA's average is sliced over the ranks and was not gathered for this \
+                     checkpoint (it is at a `*_checkpoint` event that announces one)",
+                )
+            })?;
+            gathered
+                .iter()
+                .map(|(n, t)| (n.clone(), t.shallow_clone()))
+                .collect()
+        } else {
+            self.average
+                .iter()
+                .map(|(name, t)| Ok((format!("average/{name}"), detached_copy(t)?)))
+                .collect::<Result<_, Error>>()?
+        };
         Ok(State {
             format_version: STATE_FORMAT_VERSION,
             bytes,
@@ -364,6 +464,8 @@ impl Method for Swa {
             )
             .into());
         }
+        // Whole tensors: cut to this rank's slices when the model is next read.
+        self.whole = !average.is_empty();
         self.average = average;
         self.started = counters.started;
         self.completed = counters.completed;
