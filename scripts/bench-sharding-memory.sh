@@ -13,7 +13,8 @@
 # pass, so its peak adds those gathered parameters and their gradients in flight; the "unit"
 # column is the ideal plus the largest unit's gathered parameters. Not part of the test suite;
 # docs/benchmarks.md records its output.
-# WORLDS, MODES and SET (one more `--set`, e.g. SET=distributed.prefetch=false) narrow it.
+# WORLDS, MODES and SET (one more `--set`, e.g. SET=distributed.prefetch=false) narrow it;
+# EXTRA is appended to trainer.toml (a method: `[[algorithms]]` and `[plugins] dirs`).
 #   SEQ=64 STEPS=3 ./scripts/bench-sharding-memory.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -61,6 +62,8 @@ progress = false
 
 [checkpoint]
 save = false
+
+${EXTRA:-}
 TOML
 printf '%-6s %-10s %14s %14s %12s %8s %12s %10s\n' ranks sharding "after step MiB" "peak MiB" \
   "ideal MiB" ratio "+unit MiB" "peak ratio"
