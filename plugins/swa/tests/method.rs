@@ -346,5 +346,16 @@ fn through_the_abi_metrics_rate_and_state_round_trip() {
 fn hooks_and_name() {
     assert_eq!(Swa::NAME, "swa");
     let events: Vec<Event> = Swa::hooks().into_iter().map(|h| h.event).collect();
-    assert_eq!(events, [Event::BATCH_END, Event::EPOCH_END, Event::FIT_END]);
+    // The checkpoint events: under sharding the average is gathered whole for the save.
+    assert_eq!(
+        events,
+        [
+            Event::BATCH_END,
+            Event::EPOCH_END,
+            Event::FIT_END,
+            Event::BATCH_CHECKPOINT,
+            Event::EPOCH_CHECKPOINT,
+            Event::ITERATION_CHECKPOINT
+        ]
+    );
 }
