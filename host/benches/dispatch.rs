@@ -67,6 +67,7 @@ fn main() {
             norm: None,
             gpt2: None,
             bert: None,
+            llama: None,
             vit: None,
             init: None,
         };

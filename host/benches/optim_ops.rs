@@ -35,6 +35,7 @@ fn model(name: &str) -> Model {
                 norm: None,
                 gpt2: None,
                 bert: None,
+                llama: None,
                 vit: None,
                 init: None,
             },
@@ -60,6 +61,7 @@ fn model(name: &str) -> Model {
                     ..Gpt2Config::default()
                 }),
                 bert: None,
+                llama: None,
                 vit: None,
                 init: None,
             },

@@ -8,8 +8,8 @@ use super::reader::{quote_list, Bounds, Tbl};
 use super::required_table;
 use super::section::{section, Section};
 use crate::model::{
-    BertConfig, BertHead, Gpt2Config, InitWeights, ModelConfig, ModelName, Norm, TorchscriptFile,
-    VitConfig,
+    BertConfig, BertHead, Gpt2Config, InitWeights, LlamaConfig, ModelConfig, ModelName, Norm,
+    RopeScaling, TorchscriptFile, VitConfig,
 };
 
 section!(ModelConfig {
@@ -28,6 +28,20 @@ section!(ModelConfig {
     vocab_size,
     tie_embeddings,
     layer_norm_epsilon,
+    num_hidden_layers,
+    hidden_size,
+    intermediate_size,
+    num_attention_heads,
+    num_key_value_heads,
+    head_dim,
+    max_position_embeddings,
+    rms_norm_eps,
+    rope_theta,
+    rope_scaling,
+    attention_bias,
+    o_bias,
+    initializer_range,
+    config,
     n_inner,
     type_vocab_size,
     head,
@@ -44,6 +58,34 @@ section!(ModelConfig {
 /// The `[model]` keys only BERT has ([`BertConfig`], with gpt2's shared ones), read by
 /// [`bert`].
 const BERT_ONLY_KEYS: [&str; 3] = ["n_inner", "type_vocab_size", "head"];
+
+/// The `[model]` keys only llama has ([`LlamaConfig`]: Hugging Face's `LlamaConfig` names, and
+/// `config`, a `config.json` to read them from), read by [`llama`].
+const LLAMA_KEYS: [&str; 14] = [
+    "num_hidden_layers",
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "max_position_embeddings",
+    "rms_norm_eps",
+    "rope_theta",
+    "rope_scaling",
+    "attention_bias",
+    "o_bias",
+    "initializer_range",
+    "config",
+];
+
+/// gpt2's keys that llama names otherwise.
+const GPT2_ONLY_KEYS: [&str; 5] = [
+    "n_layer",
+    "n_head",
+    "n_embd",
+    "n_positions",
+    "layer_norm_epsilon",
+];
 
 /// The `[model]` keys of a ViT's sizes ([`VitConfig`]), read by [`vit`].
 const VIT_KEYS: [&str; 4] = ["embed_dim", "depth", "num_heads", "patch_size"];
@@ -81,6 +123,7 @@ pub(super) fn read(top: &Tbl<'_>, data: &DataConfig) -> Result<ModelConfig, Conf
             for key in ["hidden", "width", "dropout", "norm", "widths"]
                 .into_iter()
                 .chain(GPT2_KEYS)
+                .chain(LLAMA_KEYS)
                 .chain(BERT_ONLY_KEYS)
                 .chain(VIT_KEYS)
             {
@@ -115,12 +158,12 @@ pub(super) fn read(top: &Tbl<'_>, data: &DataConfig) -> Result<ModelConfig, Conf
                         ),
                     )
                 })?;
-            let text_model = matches!(name, ModelName::Gpt2 | ModelName::Bert);
+            let text_model = matches!(name, ModelName::Gpt2 | ModelName::Bert | ModelName::Llama);
             if data.is_text() != text_model {
                 let why = if data.is_text() {
                     format!(
-                        "model {:?} takes images, but dataset {:?} is text: use name = \"gpt2\" \
-                         or \"bert\" (or a TorchScript model that takes token ids)",
+                        "model {:?} takes images, but dataset {:?} is text: use name = \"gpt2\", \
+                         \"llama\" or \"bert\" (or a TorchScript model that takes token ids)",
                         name.as_str(),
                         data.dataset.as_str()
                     )
@@ -159,6 +202,26 @@ pub(super) fn read(top: &Tbl<'_>, data: &DataConfig) -> Result<ModelConfig, Conf
                             "`{key}` only applies to models \"gpt2\" and \"bert\", not {:?}",
                             name.as_str()
                         ),
+                    )?;
+                }
+            }
+            if name != ModelName::Llama {
+                for key in LLAMA_KEYS {
+                    m.reject(
+                        key,
+                        &format!(
+                            "`{key}` only applies to model \"llama\", not {:?}",
+                            name.as_str()
+                        ),
+                    )?;
+                }
+            } else {
+                for key in GPT2_ONLY_KEYS {
+                    m.reject(
+                        key,
+                        "llama's sizes have Hugging Face's LlamaConfig names: \
+                         `num_hidden_layers`, `num_attention_heads`, `hidden_size`, \
+                         `max_position_embeddings`, `rms_norm_eps` (or `config`, a config.json)",
                     )?;
                 }
             }
@@ -204,8 +267,8 @@ pub(super) fn read(top: &Tbl<'_>, data: &DataConfig) -> Result<ModelConfig, Conf
                     m.reject(
                         key,
                         &format!(
-                            "`{key}` does not apply to model {:?} (its sizes are `n_layer`, \
-                             `n_head`, `n_embd`, `n_positions`, `vocab_size`)",
+                            "`{key}` does not apply to model {:?} (a language model: its sizes \
+                             are its own keys, docs/models.md)",
                             name.as_str()
                         ),
                     )?;
@@ -236,6 +299,9 @@ pub(super) fn read(top: &Tbl<'_>, data: &DataConfig) -> Result<ModelConfig, Conf
     }
     if model.name == ModelName::Bert {
         model.bert = Some(bert(&m, classes, data)?);
+    }
+    if model.name == ModelName::Llama {
+        model.llama = Some(llama(&m, classes)?);
     }
     if let Some(sizes) = model.name.vit_sizes() {
         model.vit = Some(vit(&m, sizes)?);
@@ -388,6 +454,154 @@ fn gpt2(m: &Tbl<'_>, classes: usize) -> Result<Gpt2Config, ConfigError> {
             "vocab_size",
             ErrorKind::InvalidValue,
             format!("must be >= {classes} (the tokens of the data's vocabulary), got {v}"),
+        ));
+    }
+    Ok(c)
+}
+
+/// llama's sizes: those of the `config` file (a Hugging Face `config.json`) if given, else
+/// SmolLM-135M's ([`LlamaConfig::default`]), each key given overriding them; checked against
+/// each other and the data's vocabulary (`classes`), errors naming the key.
+fn llama(m: &Tbl<'_>, classes: usize) -> Result<LlamaConfig, ConfigError> {
+    let mut c = match m.path("config")? {
+        Some(given) => {
+            let path = absolute(&given);
+            let invalid = |msg: String| m.err("config", ErrorKind::InvalidValue, msg);
+            let text = std::fs::read_to_string(&path)
+                .map_err(|e| invalid(format!("cannot read {}: {e}", path.display())))?;
+            let json: serde_json::Value = serde_json::from_str(&text)
+                .map_err(|e| invalid(format!("{} is not JSON: {e}", path.display())))?;
+            LlamaConfig::from_hf_config(&json)
+                .map_err(|e| invalid(format!("{}: {e}", path.display())))?
+        }
+        None => LlamaConfig::default(),
+    };
+    for (key, field) in [
+        ("num_hidden_layers", &mut c.num_hidden_layers),
+        ("hidden_size", &mut c.hidden_size),
+        ("intermediate_size", &mut c.intermediate_size),
+        ("num_attention_heads", &mut c.num_attention_heads),
+        ("max_position_embeddings", &mut c.max_position_embeddings),
+    ] {
+        if let Some(v) = m.uint(key, 1)? {
+            *field = v;
+        }
+    }
+    for (key, field) in [
+        ("num_key_value_heads", &mut c.num_key_value_heads),
+        ("head_dim", &mut c.head_dim),
+        ("vocab_size", &mut c.vocab_size),
+    ] {
+        if let Some(v) = m.uint(key, 1)? {
+            *field = Some(v);
+        }
+    }
+    for (key, field) in [
+        ("tie_embeddings", &mut c.tie_embeddings),
+        ("attention_bias", &mut c.attention_bias),
+    ] {
+        if let Some(v) = m.bool(key)? {
+            *field = v;
+        }
+    }
+    if let Some(v) = m.bool("o_bias")? {
+        c.o_bias = Some(v);
+    }
+    // Query heads given without key/value heads: one key/value head each (Hugging Face's
+    // default), not the default model's grouping.
+    if m.entry("num_attention_heads").is_some()
+        && m.entry("num_key_value_heads").is_none()
+        && m.entry("config").is_none()
+    {
+        c.num_key_value_heads = None;
+    }
+    for (key, field) in [
+        ("rms_norm_eps", &mut c.rms_norm_eps),
+        ("rope_theta", &mut c.rope_theta),
+        ("initializer_range", &mut c.initializer_range),
+    ] {
+        if let Some(v) = m.float(key, Bounds::POSITIVE)? {
+            *field = v;
+        }
+    }
+    const SCALING: [&str; 4] = [
+        "factor",
+        "low_freq_factor",
+        "high_freq_factor",
+        "original_max_position_embeddings",
+    ];
+    if let Some(t) = m.sub("rope_scaling", Some(&SCALING))? {
+        let mut v = [0.0; 4];
+        for (key, slot) in SCALING.iter().zip(&mut v) {
+            *slot = t
+                .float(key, Bounds::POSITIVE)?
+                .ok_or_else(|| t.missing(key, "a number > 0 (Llama 3's rope_scaling)"))?;
+        }
+        if v[2] <= v[1] {
+            return Err(t.err(
+                "high_freq_factor",
+                ErrorKind::InvalidValue,
+                format!("must be > low_freq_factor ({}), got {}", v[1], v[2]),
+            ));
+        }
+        c.rope_scaling = Some(RopeScaling {
+            factor: v[0],
+            low_freq_factor: v[1],
+            high_freq_factor: v[2],
+            original_max_position_embeddings: v[3],
+        });
+    }
+    let (heads, kv) = (c.num_attention_heads, c.kv_heads());
+    if !heads.is_multiple_of(kv) {
+        return Err(m.err(
+            if m.entry("num_key_value_heads").is_some() {
+                "num_key_value_heads"
+            } else {
+                "num_attention_heads"
+            },
+            ErrorKind::InvalidValue,
+            format!(
+                "`num_key_value_heads` ({kv}) must divide `num_attention_heads` ({heads}): \
+                 each key/value head serves a group of query heads"
+            ),
+        ));
+    }
+    if c.head_dim.is_none() && !c.hidden_size.is_multiple_of(heads) {
+        return Err(m.err(
+            "hidden_size",
+            ErrorKind::InvalidValue,
+            format!(
+                "`hidden_size` ({}) must be a multiple of `num_attention_heads` ({heads}), or \
+                 give `head_dim`",
+                c.hidden_size
+            ),
+        ));
+    }
+    if !c.head_width().is_multiple_of(2) {
+        return Err(m.err(
+            if m.entry("head_dim").is_some() {
+                "head_dim"
+            } else {
+                "hidden_size"
+            },
+            ErrorKind::InvalidValue,
+            format!(
+                "a head's width ({}) must be even: the rotary positions turn pairs of features",
+                c.head_width()
+            ),
+        ));
+    }
+    if let Some(v) = c.vocab_size.filter(|v| *v < classes) {
+        return Err(m.err(
+            if m.entry("vocab_size").is_some() {
+                "vocab_size"
+            } else {
+                "config"
+            },
+            ErrorKind::InvalidValue,
+            format!(
+                "`vocab_size` must be >= {classes} (the tokens of the data's vocabulary), got {v}"
+            ),
         ));
     }
     Ok(c)

@@ -180,6 +180,7 @@ fn full_file() {
             norm: None,
             gpt2: None,
             bert: None,
+            llama: None,
             vit: None,
             init: None
         }
@@ -1060,7 +1061,7 @@ fn unknown_names() {
             InvalidValue,
             "model.name",
             Some(6),
-            "unknown model \"transformer\"; expected \"mlp\", \"cnn\", \"resnet20\", \"resnet56\", \"resnet18\", \"resnet50\", \"gpt2\", \"bert\", \"airbench\", \"vit_tiny\", \"vit_small\" or \"vit_base\"",
+            "unknown model \"transformer\"; expected \"mlp\", \"cnn\", \"resnet20\", \"resnet56\", \"resnet18\", \"resnet50\", \"gpt2\", \"llama\", \"bert\", \"airbench\", \"vit_tiny\", \"vit_small\" or \"vit_base\"",
         ),
         case(
             "optimizer",

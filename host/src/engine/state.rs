@@ -221,6 +221,7 @@ impl SetupState {
             norm: None,
             gpt2: None,
             bert: None,
+            llama: None,
             vit: None,
             init: None,
         };

@@ -143,7 +143,10 @@ fn matches_any(patterns: &[glob::Pattern], name: &str) -> bool {
 /// The tensors of the classifier head: the last linear layer's, for the zoo's classifiers (not
 /// gpt2 and BERT's masked LM, whose last linear layers are not class heads).
 fn head_tensors(model: &Model, name: ModelName) -> Vec<String> {
-    if name == ModelName::Gpt2 || name == ModelName::Torchscript {
+    if matches!(
+        name,
+        ModelName::Gpt2 | ModelName::Llama | ModelName::Torchscript
+    ) {
         return Vec::new();
     }
     // A masked LM's last linear layer is its prediction transform, not a class head.

@@ -22,15 +22,15 @@ pub use init_weights::{
     check_patterns as check_init_patterns, load_init_weights, read_state_dict, InitReport,
     InitWeightsError,
 };
-pub use layers::{Attr, ExportTree, Exported, Layer};
+pub use layers::{Attr, ExportTree, Exported, Layer, RopeScaling};
 pub use loss::{
     binary_cross_entropy_with, cross_entropy, cross_entropy_ignoring, cross_entropy_with, Loss,
     LossKind, NonFiniteLoss, DEFAULT_IGNORE_INDEX,
 };
 pub use params::{Entry, ParamStore, Role};
 pub use spec::{
-    BertConfig, BertHead, Gpt2Config, InitWeights, ModelConfig, ModelName, Norm, TorchscriptFile,
-    VitConfig,
+    BertConfig, BertHead, Gpt2Config, InitWeights, LlamaConfig, ModelConfig, ModelName, Norm,
+    TorchscriptFile, VitConfig,
 };
 pub use torchscript::TorchscriptModel;
 pub use tree::{LayerInfo, SurgeryError};
@@ -130,6 +130,10 @@ impl Model {
                     config.dropout,
                     num_classes,
                 )?)
+            }
+            ModelName::Llama => {
+                let sizes = config.llama.clone().unwrap_or_default();
+                Box::new(layers::LlamaForCausalLm::new(store, &sizes, num_classes)?)
             }
             ModelName::Bert => {
                 let sizes = config.bert.clone().unwrap_or_default();
@@ -318,6 +322,7 @@ mod tests {
             norm: None,
             gpt2: None,
             bert: None,
+            llama: None,
             vit: None,
             init: None,
         }
@@ -779,6 +784,7 @@ mod surgery_tests {
             norm: None,
             gpt2: None,
             bert: None,
+            llama: None,
             vit: None,
             init: None,
         };

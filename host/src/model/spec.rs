@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
-pub use super::layers::{BertConfig, BertHead, VitConfig};
+pub use super::layers::{BertConfig, BertHead, LlamaConfig, VitConfig};
 
 /// A model architecture (`[model] name`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
@@ -41,12 +41,15 @@ pub enum ModelName {
     VitSmall,
     /// timm's `vit_base_patch16_*` (768 features, 12 blocks, 12 heads).
     VitBase,
+    /// A Llama-family decoder over token ids (Hugging Face's `LlamaForCausalLM` names; Qwen2
+    /// and Mistral without a sliding window too), sized by [`ModelConfig::llama`].
+    Llama,
 }
 
 impl ModelName {
     /// Every zoo architecture with the name used in `trainer.toml` (a TorchScript model is named
     /// by its file instead).
-    pub const CHOICES: [(&'static str, ModelName); 12] = [
+    pub const CHOICES: [(&'static str, ModelName); 13] = [
         ("mlp", ModelName::Mlp),
         ("cnn", ModelName::Cnn),
         ("resnet20", ModelName::Resnet20),
@@ -54,6 +57,7 @@ impl ModelName {
         ("resnet18", ModelName::Resnet18),
         ("resnet50", ModelName::Resnet50),
         ("gpt2", ModelName::Gpt2),
+        ("llama", ModelName::Llama),
         ("bert", ModelName::Bert),
         ("airbench", ModelName::Airbench),
         ("vit_tiny", ModelName::VitTiny),
@@ -71,6 +75,7 @@ impl ModelName {
             ModelName::Resnet18 => "resnet18",
             ModelName::Resnet50 => "resnet50",
             ModelName::Gpt2 => "gpt2",
+            ModelName::Llama => "llama",
             ModelName::Bert => "bert",
             ModelName::Airbench => "airbench",
             ModelName::Torchscript => "torchscript",
@@ -98,6 +103,7 @@ impl ModelName {
         match self {
             ModelName::Mlp
             | ModelName::Gpt2
+            | ModelName::Llama
             | ModelName::Bert
             | ModelName::Airbench
             | ModelName::Torchscript
@@ -179,7 +185,8 @@ impl Norm {
             | ModelName::VitSmall
             | ModelName::VitBase => &[Norm::Layer],
             ModelName::Cnn => &[Norm::Batch, Norm::Group],
-            ModelName::Torchscript => &[],
+            // RMSNorm, which `norm` does not choose.
+            ModelName::Torchscript | ModelName::Llama => &[],
             _ => &[Norm::Batch],
         }
     }
@@ -231,6 +238,9 @@ pub struct ModelConfig {
     /// bert only (`Some` for it): its sizes and head.
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub bert: Option<BertConfig>,
+    /// llama only (`Some` for it): its sizes, Hugging Face's `LlamaConfig` keys.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub llama: Option<LlamaConfig>,
     /// The ViTs only (`Some` for them): their sizes (`embed_dim`, `depth`, `num_heads`,
     /// `patch_size`), timm's for the name unless given.
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
@@ -325,6 +335,7 @@ impl ModelConfig {
             norm: None,
             gpt2: (name == ModelName::Gpt2).then(Gpt2Config::default),
             bert: (name == ModelName::Bert).then(BertConfig::default),
+            llama: (name == ModelName::Llama).then(LlamaConfig::default),
             vit: name.vit_sizes(),
             init: None,
         }

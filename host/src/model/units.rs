@@ -24,8 +24,9 @@ impl Unit {
     pub const CHOICES: [(&'static str, Unit); 2] = [("block", Unit::Block), ("stage", Unit::Stage)];
 
     /// The layer kinds that are blocks.
-    pub const BLOCK_KINDS: [&'static str; 6] = [
+    pub const BLOCK_KINDS: [&'static str; 7] = [
         "gpt2_block",
+        "llama_block",
         "bert_layer",
         "vit_block",
         "residual_block",

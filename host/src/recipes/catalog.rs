@@ -129,6 +129,8 @@ pub fn builtin(config: &Config) -> Result<(Vec<Recipe>, Vec<Skipped>), config::C
         // No built-in BERT recipe yet: its methods (gated_linear_units, alibi, the
         // low-precision layer norms) are listed in docs/models.md for a user's own recipes.
         ModelName::Bert => Vec::new(),
+        // No built-in llama recipe yet (issue 37 brings its fine-tuning methods).
+        ModelName::Llama => Vec::new(),
         ModelName::Cnn => owned(&[&FIXED_SIZE_CONV[..], &[MUON_CONV]].concat()),
         ModelName::Torchscript => Vec::new(),
         ModelName::Resnet20 | ModelName::Resnet56 | ModelName::Resnet18 | ModelName::Resnet50 => {

@@ -139,12 +139,15 @@ impl Trainer {
         // the classes its labels name.
         if let Some(classes) = text_facts.as_ref().and_then(|f| f.classes.as_ref()) {
             if config.model.torchscript.is_none()
-                && config.model.name == crate::model::ModelName::Gpt2
+                && matches!(
+                    config.model.name,
+                    crate::model::ModelName::Gpt2 | crate::model::ModelName::Llama
+                )
             {
                 fail!(
-                    "model \"gpt2\" is a language model (next-token logits over the \
-                     vocabulary), but dataset {:?} is labelled text of {} classes: use a text \
-                     classifier",
+                    "model {:?} is a language model (next-token logits over the vocabulary), \
+                     but dataset {:?} is labelled text of {} classes: use a text classifier",
+                    config.model.name.as_str(),
                     config.data.dataset.as_str(),
                     classes.count
                 );

@@ -443,6 +443,28 @@ pub struct LmHead {
     out_features: i64,
 }
 
+impl LmHead {
+    /// A head multiplying by `weight`, the token embedding's (`tied_lm_head`).
+    pub(super) fn tied(weight: Tensor, in_features: i64, out_features: i64) -> LmHead {
+        LmHead {
+            weight,
+            tied: true,
+            in_features,
+            out_features,
+        }
+    }
+
+    /// A head with its own `weight` `(V, C)` (kind `linear`).
+    pub(super) fn untied(weight: Tensor, in_features: i64, out_features: i64) -> LmHead {
+        LmHead {
+            weight,
+            tied: false,
+            in_features,
+            out_features,
+        }
+    }
+}
+
 impl Layer for LmHead {
     fn kind(&self) -> &str {
         if self.tied {

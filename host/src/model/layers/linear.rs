@@ -75,6 +75,32 @@ impl Linear {
         })
     }
 
+    /// A linear layer with `weight_init` for its weight and, with `bias`, a zero bias
+    /// (Hugging Face's Llama init: normal(0, `initializer_range`), biases zero).
+    pub fn normal(
+        store: &mut ParamStore,
+        path: &str,
+        in_features: i64,
+        out_features: i64,
+        weight_init: tch::nn::Init,
+        bias: bool,
+    ) -> Result<Linear, TchError> {
+        if bias {
+            return Linear::with_init(store, path, in_features, out_features, weight_init);
+        }
+        let weight = store.parameter(
+            join(path, "weight"),
+            &[out_features, in_features],
+            weight_init,
+        )?;
+        Ok(Linear {
+            weight,
+            bias: None,
+            in_features,
+            out_features,
+        })
+    }
+
     /// The same without a bias (PyTorch `Linear(..., bias=False)`): only `{path}.weight`.
     pub fn no_bias(
         store: &mut ParamStore,

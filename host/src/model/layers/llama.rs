@@ -152,7 +152,9 @@ impl LlamaConfig {
                     .ok_or_else(|| format!("`{key}` must be true or false, got {v}")),
             }
         };
-        let model_type = get("model_type").and_then(|v| v.as_str()).unwrap_or("llama");
+        let model_type = get("model_type")
+            .and_then(|v| v.as_str())
+            .unwrap_or("llama");
         if !matches!(model_type, "llama" | "mistral" | "qwen2") {
             return Err(format!(
                 "`model_type` {model_type:?} is not a Llama-family decoder this model computes \
@@ -161,7 +163,9 @@ impl LlamaConfig {
         }
         if let Some(act) = get("hidden_act").and_then(|v| v.as_str()) {
             if act != "silu" {
-                return Err(format!("`hidden_act` {act:?}: only \"silu\" (SwiGLU) is computed"));
+                return Err(format!(
+                    "`hidden_act` {act:?}: only \"silu\" (SwiGLU) is computed"
+                ));
             }
         }
         if flag("mlp_bias")? == Some(true) {
@@ -229,7 +233,11 @@ impl LlamaConfig {
             rope_scaling,
             // transformers' default for `tie_word_embeddings` is true.
             tie_embeddings: flag("tie_word_embeddings")?.unwrap_or(true),
-            attention_bias: if qwen2 { true } else { flag("attention_bias")?.unwrap_or(false) },
+            attention_bias: if qwen2 {
+                true
+            } else {
+                flag("attention_bias")?.unwrap_or(false)
+            },
             o_bias: qwen2.then_some(false),
             initializer_range: match get("initializer_range") {
                 Some(v) => number(v, "initializer_range")?,
@@ -266,7 +274,9 @@ fn inv_freq(dim: i64, theta: f64, scaling: Option<RopeScaling>) -> Result<Tensor
     let old = s.original_max_position_embeddings;
     let low_wavelen = old / s.low_freq_factor;
     let high_wavelen = old / s.high_freq_factor;
-    let wavelen = inv.f_reciprocal()?.f_mul_scalar(2.0 * std::f64::consts::PI)?;
+    let wavelen = inv
+        .f_reciprocal()?
+        .f_mul_scalar(2.0 * std::f64::consts::PI)?;
     let long = wavelen.f_gt(low_wavelen)?;
     let scaled = inv.f_div_scalar(s.factor)?.f_where_self(&long, &inv)?;
     let smooth = wavelen
@@ -355,7 +365,9 @@ impl Layer for RmsNorm {
     fn forward(&self, xs: &Tensor, _train: bool) -> Result<Tensor, TchError> {
         let kind = xs.kind();
         let x = xs.f_to_kind(Kind::Float)?;
-        let variance = x.f_pow_tensor_scalar(2)?.f_mean_dim(-1, true, Kind::Float)?;
+        let variance = x
+            .f_pow_tensor_scalar(2)?
+            .f_mean_dim(-1, true, Kind::Float)?;
         let normed = x.f_mul(&variance.f_add_scalar(self.eps)?.f_rsqrt()?)?;
         self.weight.f_mul(&normed.f_to_kind(kind)?)
     }
@@ -379,11 +391,7 @@ pub struct LlamaAttention {
 
 impl LlamaAttention {
     /// The attention of block `path` of a model of `config`'s sizes.
-    pub fn new(
-        store: &mut ParamStore,
-        path: &str,
-        config: &LlamaConfig,
-    ) -> Result<Self, TchError> {
+    pub fn new(store: &mut ParamStore, path: &str, config: &LlamaConfig) -> Result<Self, TchError> {
         let c = config.hidden_size as i64;
         let (h, k, d) = (
             config.num_attention_heads as i64,
@@ -500,11 +508,7 @@ pub struct LlamaMlp {
 
 impl LlamaMlp {
     /// The MLP of block `path`.
-    pub fn new(
-        store: &mut ParamStore,
-        path: &str,
-        config: &LlamaConfig,
-    ) -> Result<Self, TchError> {
+    pub fn new(store: &mut ParamStore, path: &str, config: &LlamaConfig) -> Result<Self, TchError> {
         let (c, i) = (config.hidden_size as i64, config.intermediate_size as i64);
         let std = config.initializer_range;
         let at = |name| join(path, name);
@@ -566,11 +570,7 @@ pub struct LlamaBlock {
 
 impl LlamaBlock {
     /// Block `path` (`model.layers.{i}`).
-    pub fn new(
-        store: &mut ParamStore,
-        path: &str,
-        config: &LlamaConfig,
-    ) -> Result<Self, TchError> {
+    pub fn new(store: &mut ParamStore, path: &str, config: &LlamaConfig) -> Result<Self, TchError> {
         let c = config.hidden_size as i64;
         let eps = config.rms_norm_eps;
         let at = |name| join(path, name);
@@ -602,7 +602,10 @@ impl Layer for LlamaBlock {
         vec![
             ("input_layernorm", self.input_layernorm.as_ref()),
             ("self_attn", self.self_attn.as_ref()),
-            ("post_attention_layernorm", self.post_attention_layernorm.as_ref()),
+            (
+                "post_attention_layernorm",
+                self.post_attention_layernorm.as_ref(),
+            ),
             ("mlp", self.mlp.as_ref()),
         ]
     }
@@ -719,7 +722,8 @@ impl LlamaForCausalLm {
         let lm_head = if config.tie_embeddings {
             LmHead::tied(embed.weight().shallow_clone(), c, vocab_size)
         } else {
-            let weight = store.parameter("lm_head.weight".to_owned(), &[vocab_size, c], normal(std))?;
+            let weight =
+                store.parameter("lm_head.weight".to_owned(), &[vocab_size, c], normal(std))?;
             LmHead::untied(weight, c, vocab_size)
         };
         let model = LlamaModel {
@@ -761,13 +765,20 @@ fn validate(config: &LlamaConfig, num_classes: i64) -> Result<i64, TchError> {
         ));
     }
     if config.rope_theta.is_nan() || config.rope_theta <= 0.0 {
-        return bad(format!("`[model] rope_theta` must be > 0, got {}", config.rope_theta));
+        return bad(format!(
+            "`[model] rope_theta` must be > 0, got {}",
+            config.rope_theta
+        ));
     }
     if config.rms_norm_eps.is_nan() || config.rms_norm_eps <= 0.0 {
-        return bad(format!("`[model] rms_norm_eps` must be > 0, got {}", config.rms_norm_eps));
+        return bad(format!(
+            "`[model] rms_norm_eps` must be > 0, got {}",
+            config.rms_norm_eps
+        ));
     }
     if let Some(s) = config.rope_scaling {
-        let fine = s.factor > 0.0 && s.low_freq_factor > 0.0 && s.high_freq_factor > s.low_freq_factor;
+        let fine =
+            s.factor > 0.0 && s.low_freq_factor > 0.0 && s.high_freq_factor > s.low_freq_factor;
         if !fine {
             return bad(format!(
                 "`[model] rope_scaling`: factor and low_freq_factor must be > 0 and \
@@ -801,7 +812,10 @@ impl Layer for LlamaForCausalLm {
             ("vocab_size", Attr::Int(self.vocab_size)),
             ("hidden_size", Attr::Int(c.hidden_size as i64)),
             ("num_hidden_layers", Attr::Int(c.num_hidden_layers as i64)),
-            ("num_attention_heads", Attr::Int(c.num_attention_heads as i64)),
+            (
+                "num_attention_heads",
+                Attr::Int(c.num_attention_heads as i64),
+            ),
             ("num_key_value_heads", Attr::Int(c.kv_heads() as i64)),
             ("tie_embeddings", Attr::Bool(c.tie_embeddings)),
         ]

@@ -16,6 +16,7 @@ mod gated;
 mod gpt2;
 pub mod init;
 mod linear;
+mod llama;
 pub mod mask;
 mod norm;
 mod pooling;
@@ -40,6 +41,10 @@ pub use flatten::Flatten;
 pub use gated::{Gate, Gated};
 pub use gpt2::{Gpt2Attention, Gpt2Block, Gpt2LmHeadModel, Gpt2Mlp, Gpt2Model, LmHead};
 pub use linear::Linear;
+pub use llama::{
+    LlamaAttention, LlamaBlock, LlamaConfig, LlamaForCausalLm, LlamaMlp, LlamaModel, RmsNorm,
+    RopeScaling,
+};
 pub use norm::{GroupNorm, LayerNorm};
 pub use pooling::{GlobalAvgPool, GlobalMaxPool, MaxPool2d};
 pub use residual_block::ResidualBlock;
