@@ -2,7 +2,8 @@
 Tessera's `[model] name = "llama"` (tests/llama.rs): writes OUT/config.json (the model's
 `save_pretrained` config) and OUT/case.safetensors holding every tensor of the model's
 `state_dict` as `param/<name>`, the input ids `input` and transformers' logits `logits`
-(float32, eval mode).
+(float32, eval mode); and the model's `save_pretrained` folders OUT/single (model.safetensors)
+and OUT/sharded (shards of at most 20 KB and model.safetensors.index.json).
 
     python3 scripts/llama_reference.py VARIANT OUT
 
@@ -74,6 +75,9 @@ def main():
     tensors["input"] = ids
     tensors["logits"] = logits.contiguous()
     save_file(tensors, os.path.join(out, "case.safetensors"))
+    # The same weights as save_pretrained writes them: one file, and shards with an index.
+    model.save_pretrained(os.path.join(out, "single"))
+    model.save_pretrained(os.path.join(out, "sharded"), max_shard_size="20KB")
     print(json.dumps({"variant": variant, "logits_abs_max": float(logits.abs().max())}))
 
 

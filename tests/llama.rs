@@ -104,6 +104,74 @@ fn hugging_face_llama_and_qwen2_weights_give_their_logits() {
     }
 }
 
+/// `init_weights` takes a `save_pretrained` folder: its `model.safetensors`, or the shards its
+/// index lists (read one at a time): the same weights, the same logits as transformers'.
+#[test]
+fn save_pretrained_folders_load_whole_or_sharded() {
+    use tessera::model::load_init_weights;
+    let dir = TempDir::new("llama-folders");
+    for variant in ["gqa", "rope3"] {
+        let Some((config, tensors)) = reference(&dir, variant) else {
+            return;
+        };
+        let vocab = config.vocab_size.expect("the config has a vocabulary");
+        let ids = tensor(&tensors, "input");
+        let want = tensor(&tensors, "logits");
+        let out = dir.path().join(variant);
+        let shards = std::fs::read_dir(out.join("sharded"))
+            .expect("the sharded folder")
+            .filter(|e| {
+                e.as_ref()
+                    .is_ok_and(|e| e.file_name().to_string_lossy().starts_with("model-0"))
+            })
+            .count();
+        assert!(shards >= 3, "{variant}: {shards} shards");
+        for folder in ["single", "sharded"] {
+            let model = build(config.clone(), vocab);
+            let report = load_init_weights(&model, ModelName::Llama, &out.join(folder), &[], true)
+                .unwrap_or_else(|e| panic!("{variant} {folder}: {e}"));
+            assert_eq!(
+                report.loaded,
+                model.params.entries().len(),
+                "{variant} {folder}"
+            );
+            assert_eq!(report.sha256.len(), 64, "{report:?}");
+            let logits =
+                tessera_plugin_api::tch::no_grad(|| model.forward(ids, false)).expect("forward");
+            let diff = (&logits - want).abs().max().double_value(&[]);
+            println!("llama {variant} from {folder} folder: max abs logits difference {diff:e}");
+            assert!(diff <= 1e-5 * want.abs().max().double_value(&[]).max(1.0));
+        }
+    }
+    // A folder without weights, and a shard the index lists but that is gone, are named.
+    let empty = dir.path().join("empty");
+    std::fs::create_dir_all(&empty).expect("mkdir");
+    let model = build(
+        LlamaConfig {
+            num_hidden_layers: 1,
+            hidden_size: 8,
+            intermediate_size: 8,
+            num_attention_heads: 2,
+            num_key_value_heads: None,
+            ..LlamaConfig::default()
+        },
+        11,
+    );
+    let e = load_init_weights(&model, ModelName::Llama, &empty, &[], true)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("model.safetensors.index.json"), "{e}");
+    let gone = dir.path().join("gqa").join("sharded");
+    std::fs::remove_file(gone.join("model-00002-of-00005.safetensors")).expect("remove");
+    let e = load_init_weights(&model, ModelName::Llama, &gone, &[], true)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("model-00002-of-00005.safetensors") && e.contains("missing"),
+        "{e}"
+    );
+}
+
 #[test]
 fn the_module_tree_follows_the_plugin_contract() {
     let config = LlamaConfig {
@@ -337,9 +405,10 @@ fn llama_blocks_are_units_for_full_sharding_and_activation_checkpointing() {
     use tessera_tests::{read_jsonl, run_dir, train_losses, TrainerToml};
     let dir = TempDir::new("llama-units");
     let mut toml = TrainerToml::tiny_gpt("llama");
-    toml.model = "name = \"llama\"\nnum_hidden_layers = 3\nhidden_size = 32\nintermediate_size = 64\n\
+    toml.model =
+        "name = \"llama\"\nnum_hidden_layers = 3\nhidden_size = 32\nintermediate_size = 64\n\
                   num_attention_heads = 4\nnum_key_value_heads = 2\nmax_position_embeddings = 64"
-        .to_owned();
+            .to_owned();
     toml.max_duration = "6ba".to_owned();
     dir.write("trainer.toml", &toml.render());
     let runs: [(&str, &[&str]); 3] = [

@@ -365,7 +365,8 @@ fn init_weights(m: &Tbl<'_>) -> Result<Option<InitWeights>, ConfigError> {
         return Err(m.err(
             "init_weights",
             ErrorKind::InvalidValue,
-            "give a safetensors file of PyTorch state_dict weights",
+            "give a safetensors file of PyTorch state_dict weights, or a Hugging Face \
+             save_pretrained folder",
         ));
     }
     let ignore = m.string_list("init_ignore")?.unwrap_or_default();

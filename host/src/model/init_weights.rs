@@ -17,6 +17,11 @@
 //!
 //! A `.pt`/`.bin` file (a pickled `state_dict`) is refused with the one-line conversion
 //! (`scripts/to_safetensors.py`).
+//!
+//! The path may also be a Hugging Face `save_pretrained` folder: its `model.safetensors`, or the
+//! shards its `model.safetensors.index.json` lists, checked from their headers and then read one
+//! at a time ([`super::weight_files`]); the report's sha256 is then that of the shards' names
+//! and sha256s.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -192,7 +197,30 @@ pub fn load_init_weights(
         .iter()
         .filter_map(|p| glob::Pattern::new(p).ok())
         .collect();
-    let (file, sha256) = read_weights_file(path)?;
+    let files = super::weight_files::weight_files(path)?;
+    let sharded = files.len() > 1;
+    // A sharded folder: stand-ins of the tensors (shape and dtype, no data) from the headers,
+    // and which shard holds each; the data is read shard by shard once everything fits.
+    let mut shard_of: BTreeMap<String, usize> = BTreeMap::new();
+    let (file, sha256) = if sharded {
+        let mut stand_ins = Vec::new();
+        for (i, f) in files.iter().enumerate() {
+            for (name, shape, kind) in super::weight_files::header(f)? {
+                let t = super::weight_files::stand_in(&shape, kind).map_err(|source| {
+                    InitWeightsError::Copy {
+                        path: f.clone(),
+                        source,
+                    }
+                })?;
+                shard_of.insert(name.clone(), i);
+                stand_ins.push((name, t));
+            }
+        }
+        stand_ins.sort_by(|a, b| a.0.cmp(&b.0));
+        (stand_ins, String::new())
+    } else {
+        read_weights_file(&files[0])?
+    };
     let mismatch = |problems: Vec<String>| InitWeightsError::Mismatch {
         path: path.to_owned(),
         model: name.as_str().to_owned(),
@@ -216,6 +244,8 @@ pub fn load_init_weights(
         ..InitReport::default()
     };
     let mut tied_differ = Vec::new();
+    // Sharded: a tied weight's second name, compared once the data is read.
+    let mut tied_later: Vec<(String, String)> = Vec::new();
     for (file_name, t) in &file {
         if matches_any(&patterns, file_name) {
             continue;
@@ -226,6 +256,7 @@ pub fn load_init_weights(
             continue;
         }
         match by_store.get(store_name) {
+            Some(_) if sharded => tied_later.push((store_name.clone(), file_name.clone())),
             Some((first, other)) => {
                 let same = other.size() == t.size()
                     && other
@@ -242,7 +273,7 @@ pub fn load_init_weights(
         }
     }
 
-    let mut copies: Vec<(&Tensor, &Tensor)> = Vec::new();
+    let mut copies: Vec<(&Tensor, &str)> = Vec::new();
     let mut head_shapes = Vec::new();
     for entry in model.params.entries() {
         let n = &entry.name;
@@ -287,7 +318,7 @@ pub fn load_init_weights(
                 .converted
                 .push(format!("{file_name}: {from:?} -> {to:?}"));
         }
-        copies.push((&entry.tensor, *t));
+        copies.push((&entry.tensor, file_name.as_str()));
     }
     let mut problems = Vec::new();
     if !tied_differ.is_empty() {
@@ -329,16 +360,23 @@ pub fn load_init_weights(
         }
         return Err(mismatch(problems));
     }
-    tch::no_grad(|| -> Result<(), TchError> {
-        for (to, from) in &copies {
-            to.shallow_clone().f_copy_(from)?;
-        }
-        Ok(())
-    })
-    .map_err(|source| InitWeightsError::Copy {
-        path: path.to_owned(),
-        source,
-    })?;
+    if sharded {
+        report.sha256 = copy_shards(path, &files, &shard_of, &copies, &tied_later, model, name)?;
+    } else {
+        let values: BTreeMap<&str, &Tensor> = file.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        tch::no_grad(|| -> Result<(), TchError> {
+            for (to, name) in &copies {
+                if let Some(from) = values.get(name) {
+                    to.shallow_clone().f_copy_(from)?;
+                }
+            }
+            Ok(())
+        })
+        .map_err(|source| InitWeightsError::Copy {
+            path: path.to_owned(),
+            source,
+        })?;
+    }
     report.loaded = copies.len();
     if !head_shapes.is_empty() {
         tracing::warn!(
@@ -349,6 +387,73 @@ pub fn load_init_weights(
         );
     }
     Ok(report)
+}
+
+/// Reads the shards of a folder one at a time and copies each one's planned tensors (`copies`:
+/// model tensor, file name) into the model, dropping the shard before the next; then checks a
+/// tied weight's second name (`tied`: store name, file name) against what the first put in.
+/// Returns the sha256 of the shards' names and sha256s.
+fn copy_shards(
+    path: &Path,
+    files: &[PathBuf],
+    shard_of: &BTreeMap<String, usize>,
+    copies: &[(&Tensor, &str)],
+    tied: &[(String, String)],
+    model: &Model,
+    name: ModelName,
+) -> Result<String, InitWeightsError> {
+    let copy_error = |source| InitWeightsError::Copy {
+        path: path.to_owned(),
+        source,
+    };
+    let mut digests = String::new();
+    let mut seconds: Vec<(String, String, Tensor)> = Vec::new();
+    for (i, shard) in files.iter().enumerate() {
+        let (tensors, sha256) = read_weights_file(shard)?;
+        let name = shard.file_name().map(|n| n.to_string_lossy().into_owned());
+        digests.push_str(&format!("{} {sha256}\n", name.unwrap_or_default()));
+        let values: BTreeMap<&str, &Tensor> =
+            tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        tch::no_grad(|| -> Result<(), TchError> {
+            for (to, name) in copies {
+                if shard_of.get(*name) == Some(&i) {
+                    if let Some(from) = values.get(name) {
+                        to.shallow_clone().f_copy_(from)?;
+                    }
+                }
+            }
+            Ok(())
+        })
+        .map_err(copy_error)?;
+        for (store, file_name) in tied {
+            if let Some(t) = values.get(file_name.as_str()) {
+                seconds.push((store.clone(), file_name.clone(), t.shallow_clone()));
+            }
+        }
+    }
+    let mut differ = Vec::new();
+    for (store, file_name, t) in seconds {
+        let same = model.params.get(&store).is_some_and(|e| {
+            e.tensor.size() == t.size()
+                && t.f_to_kind(e.tensor.kind())
+                    .map(|c| c.equal(&e.tensor))
+                    .unwrap_or(false)
+        });
+        if !same {
+            differ.push(format!("`{store}` and `{file_name}`"));
+        }
+    }
+    if !differ.is_empty() {
+        return Err(InitWeightsError::Mismatch {
+            path: path.to_owned(),
+            model: name.as_str().to_owned(),
+            problems: vec![format!(
+                "tied weights differ in the shards (one tensor in this model): {}",
+                differ.join(", ")
+            )],
+        });
+    }
+    Ok(crate::files::sha256_hex(digests.as_bytes()))
 }
 
 /// Checks `init_ignore` patterns, naming the first bad one.

@@ -14,6 +14,7 @@ mod spec;
 mod torchscript;
 mod tree;
 mod units;
+mod weight_files;
 mod zoo;
 
 pub use activation_checkpointing::ActivationCheckpointing;
