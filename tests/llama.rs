@@ -439,3 +439,87 @@ fn llama_blocks_are_units_for_full_sharding_and_activation_checkpointing() {
     assert_eq!(losses("full"), ddp);
     assert_eq!(losses("checkpointed"), ddp);
 }
+
+/// `tessera export --format hf`: a trained llama (and a Qwen2-style one, and gpt2) becomes a
+/// folder `AutoModelForCausalLM.from_pretrained` loads with nothing missing, giving Tessera's
+/// logits.
+#[test]
+fn the_hf_export_loads_into_transformers_with_the_same_logits() {
+    use tessera::model::{load_init_weights, Gpt2Config};
+    use tessera_tests::{run_dir, tessera, train, TrainerToml};
+    let dir = TempDir::new("llama-hf-export");
+    let sizes = "num_hidden_layers = 2\nhidden_size = 32\nintermediate_size = 64\n\
+                 num_attention_heads = 4\nnum_key_value_heads = 2\nmax_position_embeddings = 64";
+    let cases = [
+        (
+            "llama",
+            format!("name = \"llama\"\n{sizes}\ntie_embeddings = false"),
+        ),
+        (
+            "qwen2",
+            format!("name = \"llama\"\n{sizes}\nattention_bias = true\no_bias = false"),
+        ),
+        (
+            "gpt2",
+            "name = \"gpt2\"\nn_layer = 2\nn_head = 2\nn_embd = 16\nn_positions = 64".to_owned(),
+        ),
+    ];
+    for (run, model) in cases {
+        let mut toml = TrainerToml::tiny_gpt(run);
+        toml.model = model;
+        toml.max_duration = "3ba".to_owned();
+        dir.write("trainer.toml", &toml.render());
+        train(&dir, &[], &[]).assert_success();
+        let ckpt = run_dir(&dir, run).join("checkpoints").join("latest.ckpt");
+        let out = dir.path().join(format!("{run}-hf"));
+        let exported = tessera(
+            &[
+                "export",
+                &ckpt.display().to_string(),
+                "--format",
+                "hf",
+                "--to",
+                &out.display().to_string(),
+            ],
+            dir.path(),
+            &[],
+        );
+        exported.assert_success();
+        assert!(out.join("config.json").is_file() && out.join("model.safetensors").is_file());
+        // Tessera's logits: the exported weights in a model built from the run's config.
+        let config =
+            tessera::config::load(&dir.path().join("trainer.toml"), &[]).expect("the config reads");
+        let vocab = config.model.num_classes;
+        let mut mc = config.model.clone();
+        if mc.gpt2.is_none() && mc.name == ModelName::Gpt2 {
+            mc.gpt2 = Some(Gpt2Config::default());
+        }
+        let classes = mc
+            .llama
+            .as_ref()
+            .and_then(|l| l.vocab_size)
+            .unwrap_or(vocab) as i64;
+        let model = Model::build(&mc, INPUT, classes, Device::Cpu).expect("builds");
+        let file = out.join("model.safetensors");
+        load_init_weights(&model, mc.name, &file, &[], true).expect("the export loads back");
+        let ids = Tensor::from_slice(&[3i64, 1, 4, 1, 5, 9, 2, 6, 5, 3]).view([2, 5]);
+        let logits =
+            tessera_plugin_api::tch::no_grad(|| model.forward(&ids, false)).expect("forward");
+        let case = dir.path().join(format!("{run}-case.safetensors"));
+        Tensor::write_safetensors(&[("input", &ids), ("output", &logits)], &case).expect("case");
+        if !transformers_imports() {
+            return;
+        }
+        let out_s = out.display().to_string();
+        let case_s = case.display().to_string();
+        let check = python_with_env(&["scripts/check_hf_export.py", &out_s, &case_s], &[])
+            .unwrap_or_else(|e| panic!("{e}"));
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&check.stdout),
+            String::from_utf8_lossy(&check.stderr)
+        );
+        assert!(check.status.success(), "{run}: {text}");
+        println!("{run} hf export: {}", text.trim());
+    }
+}

@@ -5,17 +5,37 @@ use std::process::ExitCode;
 
 use tessera::trainer;
 
+/// What `--to` receives.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Format {
+    /// One safetensors file (PyTorch's names).
+    Safetensors,
+    /// A Hugging Face folder: `model.safetensors`, `config.json` and, for text a tokenizer
+    /// file trained with, `tokenizer.json` (gpt2 and llama).
+    Hf,
+}
+
 #[derive(clap::Args)]
 pub struct Args {
     /// The checkpoint file (`.ckpt`).
     checkpoint: PathBuf,
-    /// The safetensors file to write.
+    /// The safetensors file to write (`--format hf`: the folder).
     #[arg(long)]
     to: PathBuf,
+    /// `safetensors` (a file) or `hf` (a folder `from_pretrained` loads).
+    #[arg(long, value_enum, default_value = "safetensors")]
+    format: Format,
 }
 
 pub fn run(args: Args) -> anyhow::Result<ExitCode> {
-    let Args { checkpoint, to } = args;
+    let Args {
+        checkpoint,
+        to,
+        format,
+    } = args;
+    if format == Format::Hf {
+        return export_hf(&checkpoint, &to);
+    }
     let s = trainer::export_checkpoint(&checkpoint, &to)?;
     println!(
         "exported {} tensors ({} parameters) to {}",
@@ -43,5 +63,49 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             );
         }
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `--format hf`: the model as `DIR/model.safetensors`, its Hugging Face `config.json` and the
+/// run's `tokenizer.json` (when it trained with one). The config is checked before anything is
+/// written.
+fn export_hf(checkpoint: &std::path::Path, dir: &std::path::Path) -> anyhow::Result<ExitCode> {
+    use anyhow::Context;
+    let ckpt = tessera::checkpoint::Checkpoint::read(checkpoint)?;
+    let model_json = ckpt.meta.config.get("model").cloned().unwrap_or_default();
+    let config = tessera::hf_config::hf_config(&model_json)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", checkpoint.display()))?;
+    if dir.is_file() {
+        anyhow::bail!("{} is a file: `--format hf` writes a folder", dir.display());
+    }
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let s = trainer::export_checkpoint(checkpoint, &dir.join("model.safetensors"))?;
+    let text = serde_json::to_string_pretty(&config)? + "\n";
+    let config_path = dir.join("config.json");
+    tessera::files::write_atomic(&config_path, text.as_bytes())
+        .with_context(|| format!("writing {}", config_path.display()))?;
+    let tokenizer = ckpt
+        .meta
+        .config
+        .pointer("/data/text/tokenizer")
+        .and_then(|v| v.as_str())
+        .map(PathBuf::from)
+        .filter(|p| p.is_file());
+    if let Some(t) = &tokenizer {
+        let bytes = std::fs::read(t).with_context(|| format!("reading {}", t.display()))?;
+        tessera::files::write_atomic(&dir.join("tokenizer.json"), &bytes)
+            .with_context(|| format!("writing {}", dir.join("tokenizer.json").display()))?;
+    }
+    println!(
+        "exported {} tensors ({} parameters) to {} as a Hugging Face folder ({}config.json, model.safetensors{}): AutoModelForCausalLM.from_pretrained loads it",
+        s.tensors,
+        s.parameters,
+        dir.display(),
+        config["architectures"][0]
+            .as_str()
+            .map(|a| format!("{a}: "))
+            .unwrap_or_default(),
+        if tokenizer.is_some() { ", tokenizer.json" } else { "" }
+    );
     Ok(ExitCode::SUCCESS)
 }

@@ -1,0 +1,105 @@
+//! `tessera export --format hf`: the `config.json` Hugging Face's `from_pretrained` reads beside
+//! the exported `model.safetensors`, written from the run's `[model]` section, so that
+//! `AutoModelForCausalLM.from_pretrained(DIR)` builds the same network (gpt2, llama, Qwen2-style
+//! llama) and loads every tensor.
+
+use serde_json::{json, Value};
+
+/// The Hugging Face config of the model `model_json` describes (the run's `[model]` section as
+/// recorded in a checkpoint), or why there is none.
+pub fn hf_config(model_json: &Value) -> Result<Value, String> {
+    let name = model_json.get("name").and_then(Value::as_str).unwrap_or("");
+    let num = |key: &str| model_json.get(key).and_then(Value::as_f64);
+    let int = |key: &str| model_json.get(key).and_then(Value::as_u64);
+    let flag = |key: &str| model_json.get(key).and_then(Value::as_bool);
+    let vocab = int("vocab_size")
+        .or(int("num_classes"))
+        .ok_or("the model's config has neither `vocab_size` nor `num_classes`")?;
+    match name {
+        "gpt2" => {
+            let dropout = num("dropout").unwrap_or(0.0);
+            Ok(json!({
+                "architectures": ["GPT2LMHeadModel"],
+                "model_type": "gpt2",
+                "vocab_size": vocab,
+                "n_layer": int("n_layer"),
+                "n_head": int("n_head"),
+                "n_embd": int("n_embd"),
+                "n_positions": int("n_positions"),
+                "layer_norm_epsilon": num("layer_norm_epsilon"),
+                "activation_function": "gelu_new",
+                "embd_pdrop": dropout,
+                "attn_pdrop": dropout,
+                "resid_pdrop": dropout,
+                "tie_word_embeddings": flag("tie_embeddings").unwrap_or(true),
+                // GPT-2's end-of-text token where the vocabulary has it, else none.
+                "bos_token_id": (vocab > 50256).then_some(50256),
+                "eos_token_id": (vocab > 50256).then_some(50256),
+                "torch_dtype": "float32",
+            }))
+        }
+        "llama" => {
+            let bias = flag("attention_bias").unwrap_or(false);
+            let o_bias = flag("o_bias").unwrap_or(bias);
+            // Biases on q, k and v but not o: Qwen2's layout (Llama's `attention_bias` puts one
+            // on all four).
+            let qwen2 = bias && !o_bias;
+            if !bias && o_bias {
+                return Err(
+                    "a bias on the output projection only (`o_bias` without `attention_bias`) \
+                     has no Hugging Face model"
+                        .into(),
+                );
+            }
+            let heads = int("num_attention_heads").ok_or("`num_attention_heads` is missing")?;
+            let mut rope = json!({
+                "rope_type": "default",
+                "rope_theta": num("rope_theta").unwrap_or(10000.0),
+            });
+            if let Some(s) = model_json.get("rope_scaling").filter(|s| s.is_object()) {
+                rope = json!({
+                    "rope_type": "llama3",
+                    "rope_theta": num("rope_theta").unwrap_or(10000.0),
+                    "factor": s.get("factor"),
+                    "low_freq_factor": s.get("low_freq_factor"),
+                    "high_freq_factor": s.get("high_freq_factor"),
+                    "original_max_position_embeddings": s.get("original_max_position_embeddings"),
+                });
+            }
+            let mut config = json!({
+                "architectures": [if qwen2 { "Qwen2ForCausalLM" } else { "LlamaForCausalLM" }],
+                "model_type": if qwen2 { "qwen2" } else { "llama" },
+                "vocab_size": vocab,
+                "hidden_size": int("hidden_size"),
+                "intermediate_size": int("intermediate_size"),
+                "num_hidden_layers": int("num_hidden_layers"),
+                "num_attention_heads": heads,
+                "num_key_value_heads": int("num_key_value_heads").unwrap_or(heads),
+                "max_position_embeddings": int("max_position_embeddings"),
+                "rms_norm_eps": num("rms_norm_eps"),
+                "initializer_range": num("initializer_range"),
+                "hidden_act": "silu",
+                "tie_word_embeddings": flag("tie_embeddings").unwrap_or(true),
+                // transformers 5 reads `rope_parameters`, 4 `rope_theta` and `rope_scaling`.
+                "rope_parameters": rope.clone(),
+                "rope_theta": rope["rope_theta"],
+                "torch_dtype": "float32",
+            });
+            if rope["rope_type"] == "llama3" {
+                config["rope_scaling"] = rope;
+            }
+            if let Some(d) = int("head_dim") {
+                config["head_dim"] = json!(d);
+            }
+            if !qwen2 {
+                config["attention_bias"] = json!(bias);
+                config["mlp_bias"] = json!(false);
+            }
+            Ok(config)
+        }
+        other => Err(format!(
+            "`--format hf` writes gpt2 and llama models; model {other:?} is exported as a plain \
+             safetensors file (without --format)"
+        )),
+    }
+}
