@@ -4,6 +4,9 @@
 //! An out-of-memory error is recognised by the allocator's own report (`host/csrc/oom.cpp`), not
 //! by the text of the error: the count of allocations libtorch's allocators could not serve is
 //! compared before and after the failed pass.
+//!
+//! How microbatches weigh: a language model's by their shares of the batch's scored tokens
+//! ([`scored_tokens`]), every other model's by their samples (as Composer).
 
 use tch::Tensor;
 
@@ -75,4 +78,21 @@ impl Trainer {
             self.report_metrics(vec![("train/microbatch_size".to_owned(), smaller as f64)]);
         }
     }
+}
+
+/// The scored tokens of a language model's targets (`(B, T)` int64 ids: those other than
+/// `ignore_index`) as a float64 device tensor, at least 1; `None` for other targets (class
+/// labels, soft targets), which microbatches weigh by their samples.
+pub(super) fn scored_tokens(
+    target: &tch::Tensor,
+    ignore_index: i64,
+) -> Result<Option<tch::Tensor>, tch::TchError> {
+    if target.kind() != tch::Kind::Int64 || target.dim() < 2 {
+        return Ok(None);
+    }
+    let n = target
+        .f_ne(ignore_index)?
+        .f_sum(tch::Kind::Double)?
+        .f_clamp_min(1.0)?;
+    Ok(Some(n))
 }

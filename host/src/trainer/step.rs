@@ -133,6 +133,16 @@ impl Trainer {
         let microbatch = (self.microbatch as i64).clamp(1, total);
         let parts = full.split(microbatch)?;
         let count = parts.len();
+        // A language model's loss is a mean over the scored tokens (targets other than
+        // `train.ignore_index`): with microbatches, each weighs by its share of the batch's
+        // scored tokens, so that the step's loss and gradient are those of the whole batch (a
+        // mean over its tokens, not the mean of the microbatches' means: the Hugging Face
+        // Trainer's gradient-accumulation bug). Counted on the device: no read.
+        let ignore_index = self.state.loss_fn.ignore_index;
+        let token_total = match full.target() {
+            Some(t) if count > 1 => super::microbatch::scored_tokens(t, ignore_index)?,
+            _ => None,
+        };
         let mut batch_loss: Option<Tensor> = None;
         for (index, part) in parts.into_iter().enumerate() {
             let size = part.len();
@@ -156,11 +166,23 @@ impl Trainer {
             self.fire(Event::AFTER_LOSS)?;
             self.fire(Event::BEFORE_BACKWARD)?;
             let loss = self.state.loss.as_ref().context("the loss was removed")?;
+            let tokens = match (&token_total, self.state.batch.target()) {
+                (Some(all), Some(t)) => super::microbatch::scored_tokens(t, ignore_index)?
+                    .map(|mine| mine.f_div(all))
+                    .transpose()?,
+                _ => None,
+            };
             let weight = size as f64 / total as f64;
-            let weighted = loss.f_mul_scalar(weight)?;
+            let weigh = |l: &Tensor| -> Result<Tensor, tch::TchError> {
+                match &tokens {
+                    Some(share) => l.f_mul(&share.f_to_kind(l.kind())?),
+                    None => l.f_mul_scalar(weight),
+                }
+            };
+            let weighted = weigh(loss)?;
             let root = match &mut self.state.scaler {
                 // As Composer: the loss is scaled, then weighted by the microbatch's share.
-                Some(scaler) => scaler.scale_loss(loss)?.f_mul_scalar(weight)?,
+                Some(scaler) => weigh(&scaler.scale_loss(loss)?)?,
                 None => weighted.shallow_clone(),
             };
             if synced {
