@@ -453,7 +453,12 @@ fn the_hf_export_loads_into_transformers_with_the_same_logits() {
     let cases = [
         (
             "llama",
-            format!("name = \"llama\"\n{sizes}\ntie_embeddings = false"),
+            // Llama 3's rotary scaling goes into config.json as transformers reads it.
+            format!(
+                "name = \"llama\"\n{sizes}\ntie_embeddings = false\nrope_scaling = {{ factor = \
+                 8.0, low_freq_factor = 1.0, high_freq_factor = 4.0, \
+                 original_max_position_embeddings = 16 }}"
+            ),
         ),
         (
             "qwen2",

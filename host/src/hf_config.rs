@@ -63,7 +63,11 @@ pub fn hf_config(model_json: &Value) -> Result<Value, String> {
                     "factor": s.get("factor"),
                     "low_freq_factor": s.get("low_freq_factor"),
                     "high_freq_factor": s.get("high_freq_factor"),
-                    "original_max_position_embeddings": s.get("original_max_position_embeddings"),
+                    // transformers wants a whole number here.
+                    "original_max_position_embeddings": s
+                        .get("original_max_position_embeddings")
+                        .and_then(Value::as_f64)
+                        .map(|v| if v.fract() == 0.0 && v >= 0.0 { json!(v as u64) } else { json!(v) }),
                 });
             }
             let mut config = json!({
