@@ -141,7 +141,7 @@ pub use abi_stable;
 use abi_stable::std_types::{ROption, RResult, RStr, RString, RVec};
 pub use sample::{Sample, SampleRandom, SampleTransform};
 pub use settings::Settings;
-pub use slices::{ParameterSlice, SliceLayout};
+pub use slices::{gather_for_save, ParameterSlice, SliceLayout, SlicedCopies};
 pub use tch;
 pub use wrap::{Inner, Wrapper};
 

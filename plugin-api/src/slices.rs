@@ -180,6 +180,137 @@ impl Context<'_> {
     }
 }
 
+/// The whole tensors of a method's copies for the checkpoint that follows, gathered from every
+/// rank's slices ([`Context::gather_slices`]): `sets` are (prefix, copies shaped as this rank's
+/// slices), and the answer names each `prefix/name`, on rank 0 (`None` on the others, which
+/// save nothing). A collective: call it on every rank at the `*_checkpoint` event that
+/// [`Context::checkpoint_pending`] announces.
+pub fn gather_for_save(
+    ctx: &mut Context<'_>,
+    sets: &[(&str, &[(String, tch::Tensor)])],
+) -> Result<Option<Vec<(String, tch::Tensor)>>, Error> {
+    let mut names = Vec::new();
+    let mut slices = Vec::new();
+    for (prefix, copies) in sets {
+        for (name, t) in copies.iter() {
+            names.push(format!("{prefix}/{name}"));
+            slices.push((name.clone(), t.shallow_clone()));
+        }
+    }
+    let whole = ctx.gather_slices(&slices)?;
+    Ok((ctx.ranks().rank == 0).then(|| names.into_iter().zip(whole).collect()))
+}
+
+/// What a method keeping named copies of model tensors (SWA's average, Lookahead's slow
+/// weights) tracks to keep only slices under sharding: each tensor's [`SliceLayout`] as last
+/// read, whether the copies are whole tensors read from a checkpoint (cut at the next read),
+/// and, on rank 0 between a `*_checkpoint` event and the save, the copies gathered whole.
+#[derive(Debug, Default)]
+pub struct SlicedCopies {
+    layouts: std::collections::HashMap<String, SliceLayout>,
+    whole: bool,
+    gathered: Option<Vec<(String, tch::Tensor)>>,
+}
+
+impl SlicedCopies {
+    /// Notes the layout of the model tensor `name`'s slice, as just read from the host.
+    pub fn note(&mut self, name: &str, layout: SliceLayout) {
+        self.layouts.insert(name.to_owned(), layout);
+    }
+
+    /// The copies now hold whole tensors (restored from a checkpoint), or not.
+    pub fn set_whole(&mut self, whole: bool) {
+        self.whole = whole;
+    }
+
+    /// Cuts whole `copies` (restored from a checkpoint) to this rank's slices by the noted
+    /// layouts, once. A copy of another size than its model tensor is an error:
+    /// "`{method}: `name` has shape [model] in the model but [copy] in {what}`".
+    pub fn cut_whole(
+        &mut self,
+        copies: &mut [(String, tch::Tensor)],
+        method: &str,
+        what: &str,
+    ) -> Result<(), Error> {
+        if !self.whole {
+            return Ok(());
+        }
+        for (name, t) in copies.iter_mut() {
+            if let Some(layout) = self.layouts.get(name.as_str()) {
+                if t.size() != layout.size {
+                    return Err(Error::from(format!(
+                        "{method}: `{name}` has shape {:?} in the model but {:?} in {what}",
+                        layout.size,
+                        t.size()
+                    )));
+                }
+                *t = layout.cut(t)?;
+            }
+        }
+        self.whole = false;
+        Ok(())
+    }
+
+    /// Whether `copies` hold this rank's slices of sharded tensors.
+    pub fn sliced(&self, copies: &[(String, tch::Tensor)]) -> bool {
+        !self.whole
+            && copies
+                .iter()
+                .any(|(n, _)| self.layouts.get(n.as_str()).is_some_and(|l| l.sharded))
+    }
+
+    /// At a `*_checkpoint` event that announces a checkpoint: `copies` gathered whole under
+    /// `prefix` ([`gather_for_save`]) when they are slices (collective).
+    pub fn gather(
+        &mut self,
+        ctx: &mut Context<'_>,
+        prefix: &str,
+        copies: &[(String, tch::Tensor)],
+    ) -> Result<(), Error> {
+        if self.sliced(copies) {
+            self.gathered = gather_for_save(ctx, &[(prefix, copies)])?;
+        }
+        Ok(())
+    }
+
+    /// Drops what was gathered for the last checkpoint (saved by now).
+    pub fn forget_gathered(&mut self) {
+        self.gathered = None;
+    }
+
+    /// The state's tensors for `copies` (`prefix/name`): the gathered whole ones when the
+    /// copies are slices (an error naming `what` when the host saves without the
+    /// `*_checkpoint` event), else copies of them.
+    pub fn saved(
+        &self,
+        prefix: &str,
+        copies: &[(String, tch::Tensor)],
+        what: &str,
+    ) -> Result<Vec<(String, tch::Tensor)>, Error> {
+        if !self.sliced(copies) {
+            let _no_grad = tch::no_grad_guard();
+            return copies
+                .iter()
+                .map(|(name, t)| {
+                    let mut out = t.f_detach()?.f_empty_like()?;
+                    out.f_copy_(t)?;
+                    Ok((format!("{prefix}/{name}"), out))
+                })
+                .collect();
+        }
+        let gathered = self.gathered.as_ref().ok_or_else(|| {
+            Error::from(format!(
+                "{what} sliced over the ranks and not gathered for this checkpoint (that \
+                 happens at a `*_checkpoint` event that announces one)"
+            ))
+        })?;
+        Ok(gathered
+            .iter()
+            .map(|(n, t)| (n.clone(), t.shallow_clone()))
+            .collect())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,7 +9,7 @@
 
 use serde::{Deserialize, Serialize};
 use tessera_plugin_api::tch::{self, Device, Kind, Tensor};
-use tessera_plugin_api::{Context, Error, Event, Method, SliceLayout, State};
+use tessera_plugin_api::{gather_for_save, Context, Error, Event, Method, SliceLayout, State};
 
 use crate::config::EmaConfig;
 use crate::update::{copy_into, detached_copy, ema_update};
@@ -122,33 +122,16 @@ impl Ema {
         if !self.sliced() {
             return Ok(());
         }
-        let mut slices: Vec<(String, Tensor)> = self
-            .ema
-            .iter()
-            .map(|(n, t)| (n.clone(), t.shallow_clone()))
-            .collect();
-        if self.swapped_in {
-            slices.extend(
-                self.ema
-                    .iter()
-                    .zip(&self.training)
-                    .map(|((n, _), t)| (n.clone(), t.shallow_clone())),
-            );
-        }
-        let whole = ctx.gather_slices(&slices)?;
-        if ctx.ranks().rank == 0 {
-            let n = self.ema.len();
-            let named = slices
-                .into_iter()
-                .zip(whole)
-                .enumerate()
-                .map(|(i, ((name, _), t))| {
-                    let prefix = if i < n { "ema" } else { "training" };
-                    (format!("{prefix}/{name}"), t)
-                })
-                .collect();
-            self.gathered = Some(named);
-        }
+        let training: Vec<(String, Tensor)> = match self.swapped_in {
+            true => self
+                .ema
+                .iter()
+                .zip(&self.training)
+                .map(|((n, _), t)| (n.clone(), t.shallow_clone()))
+                .collect(),
+            false => Vec::new(),
+        };
+        self.gathered = gather_for_save(ctx, &[("ema", &self.ema), ("training", &training)])?;
         Ok(())
     }
 

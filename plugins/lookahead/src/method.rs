@@ -15,7 +15,7 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 use tessera_plugin_api::tch::Tensor;
-use tessera_plugin_api::{Context, Error, Event, Method, SliceLayout, State};
+use tessera_plugin_api::{Context, Error, Event, Method, SlicedCopies, State};
 
 use crate::config::{LookaheadConfig, Variant};
 use crate::update::{copy_into, detached_copy, sync_tensor};
@@ -76,13 +76,9 @@ pub struct Lookahead {
     syncs: u64,
     /// `T` was reached (or the final copy made at `fit_end`): the method does nothing more.
     done: bool,
-    /// Which part of each model tensor its slice is, by name, as last read from the host.
-    layouts: HashMap<String, SliceLayout>,
-    /// `slow` holds whole tensors read from a checkpoint, not yet cut to this rank's slices.
-    whole: bool,
-    /// Rank 0, between a `*_checkpoint` event and the save: the slow weights gathered whole
-    /// from the ranks' slices (only when some are sharded).
-    gathered: Option<Vec<(String, Tensor)>>,
+    /// Under sharding: the slices' layouts, whether `slow` holds whole tensors from a
+    /// checkpoint, and the slow weights gathered whole for a checkpoint.
+    sliced: SlicedCopies,
 }
 
 impl Lookahead {
@@ -95,9 +91,7 @@ impl Lookahead {
             steps: 0,
             syncs: 0,
             done: false,
-            layouts: HashMap::new(),
-            whole: false,
-            gathered: None,
+            sliced: SlicedCopies::default(),
         }
     }
 
@@ -290,7 +284,7 @@ impl Lookahead {
             let slice = ctx.parameter_slice(&name, write)?.ok_or_else(|| {
                 Error::from(format!("the host listed `{name}` but has no such tensor"))
             })?;
-            self.layouts.insert(name.clone(), slice.layout);
+            self.sliced.note(&name, slice.layout);
             out.push(ModelTensor {
                 name,
                 tensor: slice.tensor,
@@ -298,66 +292,20 @@ impl Lookahead {
                 trainable: info.trainable,
             });
         }
-        if self.whole {
-            for (name, t) in &mut self.slow {
-                if let Some(layout) = self.layouts.get(name) {
-                    if t.size() != layout.size {
-                        return Err(Error::from(format!(
-                            "lookahead: `{name}` has shape {:?} in the model but {:?} in the slow weights",
-                            layout.size,
-                            t.size()
-                        )));
-                    }
-                    *t = layout.cut(t)?;
-                }
-            }
-            self.whole = false;
-        }
+        self.sliced
+            .cut_whole(&mut self.slow, "lookahead", "the slow weights")?;
         Ok(out)
-    }
-
-    /// Whether `slow` holds this rank's slices of sharded tensors.
-    fn sliced(&self) -> bool {
-        !self.whole
-            && self
-                .slow
-                .iter()
-                .any(|(n, _)| self.layouts.get(n).is_some_and(|l| l.sharded))
-    }
-
-    /// The slow weights gathered whole from every rank's slices for the checkpoint that
-    /// follows (collective; kept on rank 0 only).
-    fn gather_for_checkpoint(&mut self, ctx: &mut Context<'_>) -> Result<(), Error> {
-        if !self.sliced() {
-            return Ok(());
-        }
-        let slices: Vec<(String, Tensor)> = self
-            .slow
-            .iter()
-            .map(|(n, t)| (n.clone(), t.shallow_clone()))
-            .collect();
-        let whole = ctx.gather_slices(&slices)?;
-        if ctx.ranks().rank == 0 {
-            self.gathered = Some(
-                slices
-                    .into_iter()
-                    .zip(whole)
-                    .map(|((n, _), t)| (format!("slow/{n}"), t))
-                    .collect(),
-            );
-        }
-        Ok(())
     }
 }
 
 impl Method for Lookahead {
     fn on_event(&mut self, event: Event, ctx: &mut Context<'_>) -> Result<(), Error> {
         // What was gathered for the last checkpoint has been saved.
-        self.gathered = None;
+        self.sliced.forget_gathered();
         match event {
             Event::BATCH_CHECKPOINT | Event::EPOCH_CHECKPOINT | Event::ITERATION_CHECKPOINT => {
                 if ctx.checkpoint_pending()? {
-                    self.gather_for_checkpoint(ctx)?;
+                    self.sliced.gather(ctx, "slow", &self.slow)?;
                 }
                 Ok(())
             }
@@ -445,24 +393,9 @@ impl Method for Lookahead {
             done: self.done,
         };
         let bytes = serde_json::to_vec(&counters).map_err(|e| e.to_string())?;
-        let tensors = if self.sliced() {
-            // Sharded: the whole tensors were gathered at the `*_checkpoint` event.
-            let gathered = self.gathered.as_ref().ok_or_else(|| {
-                Error::from(
-                    "lookahead's slow weights are sliced over the ranks and were not gathered \
-                     for this checkpoint (they are at a `*_checkpoint` event that announces one)",
-                )
-            })?;
-            gathered
-                .iter()
-                .map(|(n, t)| (n.clone(), t.shallow_clone()))
-                .collect()
-        } else {
-            self.slow
-                .iter()
-                .map(|(name, t)| Ok((format!("slow/{name}"), detached_copy(t)?)))
-                .collect::<Result<_, Error>>()?
-        };
+        let tensors = self
+            .sliced
+            .saved("slow", &self.slow, "lookahead's slow weights are")?;
         Ok(State {
             format_version: STATE_FORMAT_VERSION,
             bytes,
@@ -500,7 +433,7 @@ impl Method for Lookahead {
             .into());
         }
         // Whole tensors: cut to this rank's slices when the model is next read.
-        self.whole = !slow.is_empty();
+        self.sliced.set_whole(!slow.is_empty());
         self.slow = slow;
         self.started = counters.started;
         self.steps = counters.steps;

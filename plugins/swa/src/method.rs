@@ -11,11 +11,9 @@
 //! rank averages its slice only, and the average is gathered whole for a checkpoint
 //! ([`Context::gather_slices`]). Without sharding a slice is the whole tensor.
 
-use std::collections::HashMap;
-
 use serde::{Deserialize, Serialize};
 use tessera_plugin_api::tch::Tensor;
-use tessera_plugin_api::{Context, Error, Event, Method, SliceLayout, State, TimeInfo};
+use tessera_plugin_api::{Context, Error, Event, Method, SlicedCopies, State, TimeInfo};
 
 use crate::average::{check_matches, copy_into, detached_copy, update_average, ModelTensor};
 use crate::config::{SwaConfig, SwaLrMode};
@@ -68,13 +66,9 @@ pub struct Swa {
     swalr: Option<Swalr>,
     /// [`SwaLrMode::Hold`]: the rate every step uses from the first update on.
     held_lr: Option<f64>,
-    /// Which part of each model tensor its slice is, by name, as last read from the host.
-    layouts: HashMap<String, SliceLayout>,
-    /// `average` holds whole tensors read from a checkpoint, not yet cut to this rank's slices.
-    whole: bool,
-    /// Rank 0, between a `*_checkpoint` event and the save: the average gathered whole from
-    /// the ranks' slices (only when some are sharded).
-    gathered: Option<Vec<(String, Tensor)>>,
+    /// Under sharding: the slices' layouts, whether `average` holds whole tensors from a
+    /// checkpoint, and the average gathered whole for a checkpoint.
+    sliced: SlicedCopies,
 }
 
 impl Swa {
@@ -89,9 +83,7 @@ impl Swa {
             n_averaged: 0,
             swalr: None,
             held_lr: None,
-            layouts: HashMap::new(),
-            whole: false,
-            gathered: None,
+            sliced: SlicedCopies::default(),
         }
     }
 
@@ -248,62 +240,16 @@ impl Swa {
             let slice = ctx.parameter_slice(&name, write)?.ok_or_else(|| {
                 Error::from(format!("the host listed `{name}` but has no such tensor"))
             })?;
-            self.layouts.insert(name.clone(), slice.layout);
+            self.sliced.note(&name, slice.layout);
             out.push(ModelTensor {
                 name,
                 tensor: slice.tensor,
                 buffer: info.buffer,
             });
         }
-        if self.whole {
-            for (name, t) in &mut self.average {
-                if let Some(layout) = self.layouts.get(name) {
-                    if t.size() != layout.size {
-                        return Err(Error::from(format!(
-                            "SWA: `{name}` has shape {:?} in the model but {:?} in the average",
-                            layout.size,
-                            t.size()
-                        )));
-                    }
-                    *t = layout.cut(t)?;
-                }
-            }
-            self.whole = false;
-        }
+        self.sliced
+            .cut_whole(&mut self.average, "SWA", "the average")?;
         Ok(out)
-    }
-
-    /// Whether `average` holds this rank's slices of sharded tensors.
-    fn sliced(&self) -> bool {
-        !self.whole
-            && self
-                .average
-                .iter()
-                .any(|(n, _)| self.layouts.get(n).is_some_and(|l| l.sharded))
-    }
-
-    /// The average gathered whole from every rank's slices for the checkpoint that follows
-    /// (collective; kept on rank 0 only).
-    fn gather_for_checkpoint(&mut self, ctx: &mut Context<'_>) -> Result<(), Error> {
-        if !self.sliced() {
-            return Ok(());
-        }
-        let slices: Vec<(String, Tensor)> = self
-            .average
-            .iter()
-            .map(|(n, t)| (n.clone(), t.shallow_clone()))
-            .collect();
-        let whole = ctx.gather_slices(&slices)?;
-        if ctx.ranks().rank == 0 {
-            self.gathered = Some(
-                slices
-                    .into_iter()
-                    .zip(whole)
-                    .map(|((n, _), t)| (format!("average/{n}"), t))
-                    .collect(),
-            );
-        }
-        Ok(())
     }
 }
 
@@ -326,11 +272,11 @@ fn set_next_lr(ctx: &mut Context<'_>, lr: f64) -> Result<(), Error> {
 impl Method for Swa {
     fn on_event(&mut self, event: Event, ctx: &mut Context<'_>) -> Result<(), Error> {
         // What was gathered for the last checkpoint has been saved.
-        self.gathered = None;
+        self.sliced.forget_gathered();
         match event {
             Event::BATCH_CHECKPOINT | Event::EPOCH_CHECKPOINT | Event::ITERATION_CHECKPOINT => {
                 if ctx.checkpoint_pending()? {
-                    self.gather_for_checkpoint(ctx)?;
+                    self.sliced.gather(ctx, "average", &self.average)?;
                 }
                 Ok(())
             }
@@ -414,24 +360,9 @@ impl Method for Swa {
             held_lr: self.held_lr,
         };
         let bytes = serde_json::to_vec(&counters).map_err(|e| e.to_string())?;
-        let tensors = if self.sliced() {
-            // Sharded: the whole tensors were gathered at the `*_checkpoint` event.
-            let gathered = self.gathered.as_ref().ok_or_else(|| {
-                Error::from(
-                    "SWA's average is sliced over the ranks and was not gathered for this \
-                     checkpoint (it is at a `*_checkpoint` event that announces one)",
-                )
-            })?;
-            gathered
-                .iter()
-                .map(|(n, t)| (n.clone(), t.shallow_clone()))
-                .collect()
-        } else {
-            self.average
-                .iter()
-                .map(|(name, t)| Ok((format!("average/{name}"), detached_copy(t)?)))
-                .collect::<Result<_, Error>>()?
-        };
+        let tensors = self
+            .sliced
+            .saved("average", &self.average, "SWA's average is")?;
         Ok(State {
             format_version: STATE_FORMAT_VERSION,
             bytes,
@@ -465,7 +396,7 @@ impl Method for Swa {
             .into());
         }
         // Whole tensors: cut to this rank's slices when the model is next read.
-        self.whole = !average.is_empty();
+        self.sliced.set_whole(!average.is_empty());
         self.average = average;
         self.started = counters.started;
         self.completed = counters.completed;

@@ -75,9 +75,10 @@ impl Linear {
         })
     }
 
-    /// A linear layer with `weight_init` for its weight and, with `bias`, a zero bias
-    /// (Hugging Face's Llama init: normal(0, `initializer_range`), biases zero).
-    pub fn normal(
+    /// A linear layer with `weight_init` for its weight and, with `bias`, a zero bias (Hugging
+    /// Face's Llama init: normal(0, `initializer_range`), biases zero); without, only
+    /// `{path}.weight`.
+    pub fn with_init_and_bias(
         store: &mut ParamStore,
         path: &str,
         in_features: i64,
@@ -108,17 +109,14 @@ impl Linear {
         in_features: i64,
         out_features: i64,
     ) -> Result<Linear, TchError> {
-        let weight = store.parameter(
-            join(path, "weight"),
-            &[out_features, in_features],
-            TORCH_DEFAULT_WEIGHT,
-        )?;
-        Ok(Linear {
-            weight,
-            bias: None,
+        Linear::with_init_and_bias(
+            store,
+            path,
             in_features,
             out_features,
-        })
+            TORCH_DEFAULT_WEIGHT,
+            false,
+        )
     }
 }
 

@@ -327,7 +327,7 @@ fn projection(
     bias: bool,
     std: f64,
 ) -> Result<Linear, TchError> {
-    Linear::normal(store, path, in_features, out_features, normal(std), bias)
+    Linear::with_init_and_bias(store, path, in_features, out_features, normal(std), bias)
 }
 
 /// RMSNorm (`LlamaRMSNorm`), kind `rms_norm`.
