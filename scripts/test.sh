@@ -87,6 +87,12 @@ if ! PYTHONPATH="$TESSERA_TORCH_PYTHONPATH" "$PYTHON" -W ignore -c "import timm"
   echo "error: \`import timm\` fails with PYTHONPATH=$TESSERA_TORCH_PYTHONPATH ($PYTHON)" >&2
   exit 1
 fi
+# peft, beside them: Tessera's exported LoRA adapters load onto the base model with PeftModel.
+TESSERA_TORCH_PYTHONPATH="$TESSERA_TORCH_PYTHONPATH:$(./scripts/ensure-peft.sh)"
+if ! PYTHONPATH="$TESSERA_TORCH_PYTHONPATH" "$PYTHON" -W ignore -c "import peft"; then
+  echo "error: \`import peft\` fails with PYTHONPATH=$TESSERA_TORCH_PYTHONPATH ($PYTHON)" >&2
+  exit 1
+fi
 export TESSERA_TORCH_PYTHONPATH
 # The PyTorch comparisons must run: a failing `import torch` (or transformers) is a test
 # failure, not a skip.

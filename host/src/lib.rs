@@ -24,6 +24,7 @@ pub mod launch;
 pub mod memory;
 pub mod model;
 pub mod optim;
+pub mod peft;
 pub mod plugin;
 pub mod precision;
 pub mod recipes;

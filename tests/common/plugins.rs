@@ -6,7 +6,8 @@ use crate::repo_root;
 
 /// Methods for language models (GPT-2 attention and MLP surgery, token-sequence batches): they
 /// have nothing to act on in a ResNet and are trained on the GPT instead.
-pub const LANGUAGE_PLUGINS: [&str; 8] = [
+pub const LANGUAGE_PLUGINS: [&str; 9] = [
+    "lora",
     "alibi",
     "gated_linear_units",
     "seq_length_warmup",

@@ -11,7 +11,7 @@ use serde_json::Value;
 use crate::checkpoint::Checkpoint;
 use crate::export::{self, ExportSummary};
 
-use super::error::{Context as _, Result};
+use super::error::{fail, Context as _, Result, TrainError};
 use super::{standalone_config, Trainer};
 
 /// Writes the model of the checkpoint at `checkpoint` to `to` as a plain safetensors file
@@ -49,4 +49,44 @@ pub fn export_checkpoint(checkpoint: &Path, to: &Path) -> Result<ExportSummary> 
         &ckpt.meta.methods,
         to,
     )?)
+}
+
+/// Writes the LoRA adapters of the checkpoint's run into the folder `dir` as a PEFT adapter
+/// ([`crate::peft`]): the run is rebuilt as `tessera eval` rebuilds it (on the CPU), its
+/// adapters read from the live model. Returns what was written.
+pub fn export_peft(checkpoint: &Path, dir: &Path) -> Result<crate::peft::PeftAdapter> {
+    if dir.is_file() {
+        fail!(
+            "{} is a file: `--format peft` writes a folder",
+            dir.display()
+        );
+    }
+    let ckpt = Checkpoint::read(checkpoint)?;
+    if ckpt.meta.methods.is_empty() {
+        fail!(
+            "{}: the run trained no methods, so it has no LoRA adapters (train with the `lora` \
+             plugin)",
+            checkpoint.display()
+        );
+    }
+    let rebuilding = || {
+        format!(
+            "{}: rebuilding the trained model with its methods (as `tessera eval` does: the \
+             plugins and the data must be available)",
+            checkpoint.display()
+        )
+    };
+    let config =
+        standalone_config(checkpoint, &["train.device=cpu".to_owned()]).with_context(rebuilding)?;
+    let trainer = Trainer::standalone(config, Vec::new()).with_context(rebuilding)?;
+    let model_json = ckpt
+        .meta
+        .config
+        .get("model")
+        .cloned()
+        .unwrap_or(Value::Null);
+    let named = |e: String| TrainError::Run(format!("{}: {e}", checkpoint.display()));
+    let adapter = crate::peft::peft_adapter(trainer.model(), &model_json).map_err(named)?;
+    crate::peft::write_adapter(&adapter, dir).map_err(named)?;
+    Ok(adapter)
 }

@@ -37,7 +37,7 @@ mod tracking;
 
 pub use build::load_datasets;
 pub use error::{Result, TrainError};
-pub use export::export_checkpoint;
+pub use export::{export_checkpoint, export_peft};
 pub use standalone::{standalone_config, PredictSummary};
 
 /// A summary of a finished `fit`.

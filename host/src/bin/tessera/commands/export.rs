@@ -13,6 +13,10 @@ enum Format {
     /// A Hugging Face folder: `model.safetensors`, `config.json` and, for text a tokenizer
     /// file trained with, `tokenizer.json` (gpt2 and llama).
     Hf,
+    /// A PEFT adapter folder: `adapter_model.safetensors` and `adapter_config.json`, the
+    /// low-rank adapters the `lora` plugin trained (`PeftModel.from_pretrained` loads them onto
+    /// the base model).
+    Peft,
 }
 
 #[derive(clap::Args)]
@@ -22,7 +26,8 @@ pub struct Args {
     /// The safetensors file to write (`--format hf`: the folder).
     #[arg(long)]
     to: PathBuf,
-    /// `safetensors` (a file) or `hf` (a folder `from_pretrained` loads).
+    /// `safetensors` (a file), `hf` (a folder `from_pretrained` loads; LoRA adapters merged
+    /// in) or `peft` (the LoRA adapters alone, a folder PEFT loads).
     #[arg(long, value_enum, default_value = "safetensors")]
     format: Format,
 }
@@ -33,8 +38,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         to,
         format,
     } = args;
-    if format == Format::Hf {
-        return export_hf(&checkpoint, &to);
+    match format {
+        Format::Hf => return export_hf(&checkpoint, &to),
+        Format::Peft => return export_peft(&checkpoint, &to),
+        Format::Safetensors => {}
     }
     let s = trainer::export_checkpoint(&checkpoint, &to)?;
     println!(
@@ -63,6 +70,22 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             );
         }
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `--format peft`: the run's LoRA adapters as a PEFT adapter folder.
+fn export_peft(checkpoint: &std::path::Path, dir: &std::path::Path) -> anyhow::Result<ExitCode> {
+    let a = trainer::export_peft(checkpoint, dir)?;
+    let parameters: i64 = a.tensors.iter().map(|(_, t)| t.numel() as i64).sum();
+    println!(
+        "exported the LoRA adapters of {} layers ({} parameters, rank {}, target_modules {}) to {} (adapter_model.safetensors, adapter_config.json): PeftModel.from_pretrained(base_model, \"{}\") loads them",
+        a.layers.len(),
+        parameters,
+        a.config["r"],
+        a.config["target_modules"],
+        dir.display(),
+        dir.display()
+    );
     Ok(ExitCode::SUCCESS)
 }
 
