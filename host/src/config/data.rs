@@ -10,7 +10,8 @@ use super::required_table;
 use super::section::{section, Section};
 use crate::data::decode::{ColorJitter, RandomResizedCrop};
 use crate::data::{
-    folder, Dataset, DatasetShape, FolderConfig, HorizontalFlip, MlmConfig, Normalize, OnBadFile,
+    folder, Dataset, DatasetShape, FolderConfig, HorizontalFlip, LossOn, MlmConfig, Normalize,
+    OnBadFile,
     RandomCrop, ShardsConfig, SyntheticConfig, TextConfig, Transforms,
 };
 
@@ -131,6 +132,9 @@ section!(TextConfig {
     text_field: string(),
     cache_dir: path(),
     label_field: string(),
+    chat_template: string(),
+    loss_on: choice("loss_on setting", &LossOn::CHOICES),
+    packing: bool(),
 });
 
 /// The `[data.text]` keys only `dataset = "text"` and `"labelled-text"` (the user's own text)
@@ -329,13 +333,33 @@ pub(super) fn read(top: &Tbl<'_>) -> Result<DataConfig, ConfigError> {
                         ),
                     )?;
                 }
-                if !matches!(dataset, Dataset::Text | Dataset::LabelledText) {
+                if dataset != Dataset::Chat {
+                    for key in ["chat_template", "loss_on", "packing"] {
+                        t.reject(
+                            key,
+                            &format!(
+                                "[data.text] {key} only applies to dataset = \"chat\", not {:?}",
+                                dataset.as_str()
+                            ),
+                        )?;
+                    }
+                } else {
+                    t.reject(
+                        "text_field",
+                        "dataset = \"chat\" reads `messages` (or `prompt` and `completion`) \
+                         from each line; it has no text_field",
+                    )?;
+                }
+                if !matches!(
+                    dataset,
+                    Dataset::Text | Dataset::LabelledText | Dataset::Chat
+                ) {
                     for key in OWN_TEXT_KEYS {
                         t.reject(
                             key,
                             &format!(
-                                "[data.text] {key} only applies to dataset = \"text\" or \
-                                 \"labelled-text\" (your own text), not {:?}",
+                                "[data.text] {key} only applies to dataset = \"text\", \
+                                 \"labelled-text\" or \"chat\" (your own text), not {:?}",
                                 dataset.as_str()
                             ),
                         )?;
@@ -356,7 +380,7 @@ pub(super) fn read(top: &Tbl<'_>) -> Result<DataConfig, ConfigError> {
         d.reject(
             "text",
             &format!(
-                "[data.text] only applies to text datasets (sotu, shakespeare, synthetic-text, text, labelled-text), not {:?}",
+                "[data.text] only applies to text datasets (sotu, shakespeare, synthetic-text, text, labelled-text, chat), not {:?}",
                 dataset.as_str()
             ),
         )?;
@@ -374,6 +398,13 @@ pub(super) fn read(top: &Tbl<'_>) -> Result<DataConfig, ConfigError> {
             "data_dir",
             "your labelled text: a .jsonl file (one JSON object with a \"text\" and a \
              \"label\" field per line), or a folder of them",
+        ));
+    }
+    if dataset == Dataset::Chat && d.entry("data_dir").is_none() {
+        return Err(d.missing(
+            "data_dir",
+            "your conversations: a .jsonl file (one JSON object with `messages` — a list of \
+             {\"role\", \"content\"} — or `prompt` and `completion` per line), or a folder of them",
         ));
     }
     let mlm = read_mlm(&d, dataset)?;
@@ -468,8 +499,12 @@ pub(super) fn read(top: &Tbl<'_>) -> Result<DataConfig, ConfigError> {
 /// `[data.mlm]`: masked-LM settings, for a language model's text datasets only; the fractions
 /// of the selected positions replaced by `[MASK]` and by a random token may not exceed 1.
 fn read_mlm(d: &Tbl<'_>, dataset: Dataset) -> Result<Option<MlmConfig>, ConfigError> {
-    if !dataset.is_text() || dataset.is_labelled_text() {
-        let why = if dataset.is_labelled_text() {
+    if !dataset.is_text() || dataset.is_labelled_text() || dataset == Dataset::Chat {
+        let why = if dataset == Dataset::Chat {
+            "[data.mlm] makes masked-LM batches from a token stream; dataset = \"chat\" trains a \
+             causal language model on the assistant's tokens"
+                .to_owned()
+        } else if dataset.is_labelled_text() {
             "[data.mlm] makes masked-LM batches from a token stream; dataset = \"labelled-text\" \
              is classification (one label per text): use dataset = \"text\" for your own text"
                 .to_owned()

@@ -743,7 +743,7 @@ fn wrong_types() {
             WrongType,
             "data.dataset",
             Some(3),
-            "expected one of \"fashion-mnist\", \"mnist\", \"synthetic\", \"folder\", \"mds\", \"wds\", \"sotu\", \"shakespeare\", \"synthetic-text\", \"text\" or \"labelled-text\"",
+            "expected one of \"fashion-mnist\", \"mnist\", \"synthetic\", \"folder\", \"mds\", \"wds\", \"sotu\", \"shakespeare\", \"synthetic-text\", \"text\", \"labelled-text\" or \"chat\"",
         ),
         case(
             "algorithms table",
@@ -1045,7 +1045,7 @@ fn unknown_names() {
             InvalidValue,
             "data.dataset",
             Some(3),
-            "unknown dataset \"cifar10\"; expected \"fashion-mnist\", \"mnist\", \"synthetic\", \"folder\", \"mds\", \"wds\", \"sotu\", \"shakespeare\", \"synthetic-text\", \"text\" or \"labelled-text\"",
+            "unknown dataset \"cifar10\"; expected \"fashion-mnist\", \"mnist\", \"synthetic\", \"folder\", \"mds\", \"wds\", \"sotu\", \"shakespeare\", \"synthetic-text\", \"text\", \"labelled-text\" or \"chat\"",
         ),
         case(
             "dataset typo",
@@ -1116,7 +1116,7 @@ fn missing_required() {
             MissingKey,
             "data.dataset",
             Some(2),
-            "expected \"fashion-mnist\", \"mnist\", \"synthetic\", \"folder\", \"mds\", \"wds\", \"sotu\", \"shakespeare\", \"synthetic-text\", \"text\" or \"labelled-text\"",
+            "expected \"fashion-mnist\", \"mnist\", \"synthetic\", \"folder\", \"mds\", \"wds\", \"sotu\", \"shakespeare\", \"synthetic-text\", \"text\", \"labelled-text\" or \"chat\"",
         ),
         case(
             "model name",
@@ -2887,6 +2887,54 @@ fn shard_cache_keys_and_remote_data_dir() {
     assert!(
         e.contains("data.data_dir") && e.contains("for dataset = \"mds\" only"),
         "{e}"
+    );
+}
+
+#[test]
+fn chat_keys_are_read_checked_and_round_trip() {
+    let chat = MINIMAL
+        .replace(
+            "\"fashion-mnist\"",
+            "\"chat\"\ndata_dir = \"train.jsonl\"\n[data.text]\nseq_len = 64\n\
+             chat_template = \"plain\"\nloss_on = \"all\"\npacking = true\neval_fraction = 0.2",
+        )
+        .replace("\"cnn\"", "\"gpt2\"");
+    let c = ok(&chat);
+    assert_eq!(c.data.dataset, Dataset::Chat);
+    assert!(c.data.dataset.is_text() && !c.data.dataset.is_labelled_text());
+    let t = c.data.text.as_ref().expect("a text config");
+    assert_eq!(t.chat_template.as_deref(), Some("plain"));
+    assert_eq!(t.loss_on, Some(crate::data::LossOn::All));
+    assert_eq!((t.packing, t.eval_fraction()), (Some(true), 0.2));
+    let recorded = serde_json::to_value(&c).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(recorded["data"]["dataset"], "chat");
+    assert_eq!(recorded["data"]["text"]["loss_on"], "all");
+    let again = recorded::from_recorded(&recorded, "again", &[]).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(again.data, c.data);
+    refused(
+        &chat.replace("data_dir = \"train.jsonl\"\n", ""),
+        "data.data_dir",
+        &["missing", "conversations", "prompt"],
+    );
+    refused(
+        &chat.replace("loss_on = \"all\"", "loss_on = \"assistent\""),
+        "data.text.loss_on",
+        &["did you mean \"assistant\"?"],
+    );
+    refused(
+        &chat.replace("packing = true", "text_field = \"body\""),
+        "data.text.text_field",
+        &["has no text_field"],
+    );
+    refused(
+        &chat.replace("\"chat\"", "\"text\""),
+        "data.text.chat_template",
+        &["only applies to dataset = \"chat\"", "\"text\""],
+    );
+    refused(
+        &chat.replace("[train]", "[train]\nignore_index = 0"),
+        "train.ignore_index",
+        &["dataset = \"chat\" marks the positions", "-100"],
     );
 }
 

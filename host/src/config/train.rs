@@ -7,7 +7,7 @@ use super::error::{ConfigError, ErrorKind};
 use super::reader::{quote_list, Bounds, Tbl, COUNT_UNITS, INTERVAL_UNITS};
 use super::required_table;
 use super::section::{section, Section};
-use crate::data::IGNORE_TARGET;
+use crate::data::{Dataset, IGNORE_TARGET};
 use crate::device::{Device, MatmulPrecision};
 use crate::model::{
     ActivationCheckpointing, Loss, LossKind, NonFiniteLoss, Unit, DEFAULT_IGNORE_INDEX,
@@ -190,13 +190,18 @@ fn check_metrics(t: &Tbl<'_>, train: &TrainConfig, data: &DataConfig) -> Result<
     let dataset = data.dataset.as_str();
     if let Some(index) = train
         .ignore_index
-        .filter(|&i| data.mlm.is_some() && i != IGNORE_TARGET)
+        .filter(|&i| (data.mlm.is_some() || data.dataset == Dataset::Chat) && i != IGNORE_TARGET)
     {
+        let marker = if data.mlm.is_some() {
+            "[data.mlm]"
+        } else {
+            "dataset = \"chat\""
+        };
         return Err(t.err(
             "ignore_index",
             ErrorKind::InvalidValue,
             format!(
-                "is {index}, but [data.mlm] marks the positions it does not score with \
+                "is {index}, but {marker} marks the positions it does not score with \
                  {IGNORE_TARGET} (the default): leave ignore_index out"
             ),
         ));

@@ -55,8 +55,9 @@ pub use source::{SampleData, SampleSource};
 pub use spec::{Dataset, DatasetShape, SyntheticConfig, TextConfig};
 pub use subset::SubsetChoice;
 pub use text::{
-    fetch_corpus, known_corpora, load_labelled_text, load_own_text, load_text, Classes,
-    CorpusConfig, LabelledSequences, LabelledText, LabelledTextConfig, MaskedSequences, MlmConfig,
+    fetch_corpus, known_corpora, load_chat, load_labelled_text, load_own_text, load_text,
+    ChatConfig, ChatData, ChatLayout, ChatSequences, ChatTemplate, Classes, CorpusConfig,
+    LabelledSequences, LabelledText, LabelledTextConfig, LossOn, MaskedSequences, MlmConfig,
     MlmSplit, OwnTextConfig, PackedSequences, SpecialTokens, TextFacts, TextTokenizer, TokenCorpus,
     IGNORE_TARGET,
 };

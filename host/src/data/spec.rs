@@ -47,11 +47,15 @@ pub enum Dataset {
     /// (`[data] data_dir`), samples `[CLS] tokens [SEP] [PAD]...` with an attention mask.
     #[serde(rename = "labelled-text")]
     LabelledText,
+    /// Instruction data for a language model: `.jsonl` conversations (`[data] data_dir`)
+    /// rendered by a chat template, the loss on the assistant's tokens.
+    #[serde(rename = "chat")]
+    Chat,
 }
 
 impl Dataset {
     /// Every dataset with the name used in `trainer.toml`.
-    pub const CHOICES: [(&'static str, Dataset); 11] = [
+    pub const CHOICES: [(&'static str, Dataset); 12] = [
         ("fashion-mnist", Dataset::FashionMnist),
         ("mnist", Dataset::Mnist),
         ("synthetic", Dataset::Synthetic),
@@ -63,6 +67,7 @@ impl Dataset {
         ("synthetic-text", Dataset::SyntheticText),
         ("text", Dataset::Text),
         ("labelled-text", Dataset::LabelledText),
+        ("chat", Dataset::Chat),
     ];
 
     /// The name used in `trainer.toml` (and by [`fetch`](super::fetch()) for registry datasets).
@@ -79,6 +84,7 @@ impl Dataset {
             Dataset::SyntheticText => "synthetic-text",
             Dataset::Text => "text",
             Dataset::LabelledText => "labelled-text",
+            Dataset::Chat => "chat",
         }
     }
 
@@ -92,6 +98,7 @@ impl Dataset {
                 | Dataset::SyntheticText
                 | Dataset::Text
                 | Dataset::LabelledText
+                | Dataset::Chat
         )
     }
 
@@ -112,6 +119,7 @@ impl Dataset {
                 | Dataset::SyntheticText
                 | Dataset::Text
                 | Dataset::LabelledText
+                | Dataset::Chat
         )
     }
 
@@ -248,6 +256,18 @@ pub struct TextConfig {
     /// `labelled-text` only: the key of a `.jsonl` line's label (default `"label"`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub label_field: Option<String>,
+    /// `chat` only: the chat template, `"tokenizer"` (the `tokenizer_config.json` beside the
+    /// tokenizer), `"chatml"`, `"plain"` or a Jinja file (default: the tokenizer's, else
+    /// `chatml`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub chat_template: Option<String>,
+    /// `chat` only: which tokens the loss scores (default the assistant's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub loss_on: Option<super::LossOn>,
+    /// `chat` only: conversations packed one after another into the sequences (`true`) or one
+    /// per sequence, padded (default `false`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub packing: Option<bool>,
 }
 
 impl Default for TextConfig {
@@ -264,6 +284,9 @@ impl Default for TextConfig {
             text_field: None,
             cache_dir: None,
             label_field: None,
+            chat_template: None,
+            loss_on: None,
+            packing: None,
         }
     }
 }

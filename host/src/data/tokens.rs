@@ -1,12 +1,13 @@
 //! Token sources of the loader ([`TokenSource`]): [`PackedSequences`] (next-token targets),
-//! [`MaskedSequences`] (masked-LM), [`LabelledSequences`] (classification), and the
+//! [`MaskedSequences`] (masked-LM), [`LabelledSequences`] (classification), [`ChatSequences`]
+//! (instruction data, the assistant's tokens scored), and the
 //! `synthetic-text` generator.
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use super::loader::{TokenRows, TokenSource, TokenTargets};
-use super::text::{LabelledSequences, MaskedSequences, PackedSequences};
+use super::text::{ChatSequences, LabelledSequences, MaskedSequences, PackedSequences};
 use super::DataError;
 
 fn outside(index: usize, len: usize) -> DataError {
@@ -29,6 +30,24 @@ impl TokenSource for PackedSequences {
         let (x, y) = self.sample(index);
         rows.input.extend(x.iter().map(|&t| i64::from(t)));
         rows.target.extend(y.iter().map(|&t| i64::from(t)));
+        Ok(())
+    }
+}
+
+impl TokenSource for ChatSequences {
+    fn len(&self) -> usize {
+        ChatSequences::len(self)
+    }
+
+    fn seq_len(&self) -> usize {
+        ChatSequences::seq_len(self)
+    }
+
+    fn read(&self, index: usize, _epoch: u64, rows: &mut TokenRows) -> Result<(), DataError> {
+        if index >= ChatSequences::len(self) {
+            return Err(outside(index, ChatSequences::len(self)));
+        }
+        self.write(index, &mut rows.input, &mut rows.target);
         Ok(())
     }
 }

@@ -709,6 +709,58 @@ pub fn load_token_sets(cfg: &Config) -> Result<TokenSets> {
     let announce = |path: &Path, sha256: &str| {
         tracing::info!("tokenizer {} (sha256 {sha256})", path.display());
     };
+    if d.dataset == data::Dataset::Chat {
+        let Some(path) = d.data_dir.clone() else {
+            fail!("dataset = \"chat\" needs data.data_dir: the conversations");
+        };
+        let ccfg = data::ChatConfig {
+            text: own_text(path),
+            template: text.chat_template.clone(),
+            loss_on: text.loss_on.unwrap_or(data::LossOn::Assistant),
+            layout: if text.packing.unwrap_or(false) {
+                data::ChatLayout::Packed
+            } else {
+                data::ChatLayout::Padded
+            },
+            seq_len: text.seq_len,
+            eval_seq_len: text.eval_seq_len(),
+            ignore: data::IGNORE_TARGET,
+        };
+        let loaded = data::load_chat(&ccfg).with_context(|| {
+            format!("loading the conversations at {}", ccfg.text.path.display())
+        })?;
+        announce(&loaded.tokenizer_path, &loaded.tokenizer_sha256);
+        let truncated = loaded.train.truncated();
+        if truncated > 0 {
+            tracing::warn!(
+                "{truncated} of {} training conversations are longer than {} tokens and are cut \
+                 (raise data.text.seq_len, or set data.text.packing = true)",
+                loaded.conversations.0,
+                text.seq_len + 1
+            );
+        }
+        tracing::info!(
+            "chat: {} training and {} evaluation conversations, template {}, {} sequences of {} ({}), {} scored targets ({}), vocabulary {}",
+            loaded.conversations.0,
+            loaded.conversations.1,
+            loaded.template,
+            loaded.train.len(),
+            text.seq_len,
+            if ccfg.layout == data::ChatLayout::Packed { "packed" } else { "one conversation each, padded" },
+            loaded.train.scored_targets(),
+            if ccfg.loss_on == data::LossOn::Assistant { "the assistant's tokens" } else { "every token" },
+            loaded.vocab_size
+        );
+        return Ok(TokenSets {
+            facts: data::TextFacts {
+                vocab_size: loaded.vocab_size,
+                classes: None,
+                special_tokens: None,
+            },
+            train: Arc::new(loaded.train),
+            eval: Arc::new(loaded.eval),
+        });
+    }
     if d.dataset == data::Dataset::LabelledText {
         let Some(path) = d.data_dir.clone() else {
             fail!("dataset = \"labelled-text\" needs data.data_dir: the labelled text");

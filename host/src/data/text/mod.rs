@@ -15,6 +15,8 @@
 //!   tokenizer's, or reserved after its vocabulary).
 //! * [`labelled`]: labelled `.jsonl` text for classification (`dataset = "labelled-text"`),
 //!   read and split as `own`, samples `[CLS] tokens [SEP] [PAD]...`.
+//! * [`chat`]: instruction data (`dataset = "chat"`): `.jsonl` conversations rendered by a chat
+//!   template (Jinja), the loss on the assistant's tokens, padded or packed.
 //! * [`mlm`]: masked-LM samples over packed sequences (`[data.mlm]`), masked per sample.
 //! * this file: the `[data.text]` settings of a corpus and [`load_text`], which puts them
 //!   together.
@@ -29,6 +31,7 @@
 //! ```
 
 pub mod cache;
+pub mod chat;
 pub mod corpus;
 pub mod labelled;
 pub mod mlm;
@@ -41,6 +44,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 pub use cache::{token_cache_dir, token_width, OnDamage};
+pub use chat::{load_chat, ChatConfig, ChatData, ChatLayout, ChatSequences, ChatTemplate, LossOn};
 pub use corpus::{fetch_corpus, is_text_corpus, known_corpora, DOCUMENTS, TRAIN_TEXT, VAL_TEXT};
 pub use labelled::{
     load_labelled_text, Classes, LabelledSequences, LabelledText, LabelledTextConfig,

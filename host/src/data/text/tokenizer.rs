@@ -25,6 +25,9 @@ pub const MIN_VOCAB_SIZE: usize = 257;
 /// none of the first four and separates documents with `[SEP]`, as BERT's pretraining data does.
 const EOS_CANDIDATES: [&str; 5] = [EOS_TOKEN, "</s>", "<|end_of_text|>", "<eos>", "[SEP]"];
 
+/// A token's byte range `(start, end)` in the text it came from.
+pub type Span = (usize, usize);
+
 /// A loaded tokenizer file and what a token stream needs from it.
 pub struct TextTokenizer {
     inner: Tokenizer,
@@ -113,6 +116,16 @@ impl TextTokenizer {
         self.inner
             .encode_fast(text, false)
             .map(|e| e.get_ids().to_vec())
+            .map_err(|e| DataError::format(&self.path, format!("cannot encode text: {e}")))
+    }
+
+    /// The token ids of `text` and each token's byte range in it (no special token added: a
+    /// chat template writes its own), as `tokenizer(text, add_special_tokens=False,
+    /// return_offsets_mapping=True)` in bytes.
+    pub fn encode_with_offsets(&self, text: &str) -> Result<(Vec<u32>, Vec<Span>), DataError> {
+        self.inner
+            .encode(text, false)
+            .map(|e| (e.get_ids().to_vec(), e.get_offsets().to_vec()))
             .map_err(|e| DataError::format(&self.path, format!("cannot encode text: {e}")))
     }
 
