@@ -11,8 +11,7 @@ use super::section::{section, Section};
 use crate::data::decode::{ColorJitter, RandomResizedCrop};
 use crate::data::{
     folder, Dataset, DatasetShape, FolderConfig, HorizontalFlip, LossOn, MlmConfig, Normalize,
-    OnBadFile,
-    RandomCrop, ShardsConfig, SyntheticConfig, TextConfig, Transforms,
+    OnBadFile, RandomCrop, ShardsConfig, SyntheticConfig, TextConfig, Transforms,
 };
 
 /// `[data]`
