@@ -528,3 +528,72 @@ fn the_hf_export_loads_into_transformers_with_the_same_logits() {
         println!("{run} hf export: {}", text.trim());
     }
 }
+
+/// The methods that apply to a llama act on it: QK-norm wraps every attention's `q_proj` and
+/// `k_proj`, the logits are soft-capped, the attention and MLP output projections start at
+/// zero, Muon trains the hidden matrices, sequence-length warmup shortens the early batches.
+/// None warns that it had no effect; a stopped run resumes bit for bit. Composer's
+/// low_precision_layernorm has no RMSNorm to convert and is refused, naming the reason.
+#[test]
+fn methods_act_on_a_llama_and_resume_bit_for_bit() {
+    use tessera_tests::resume::{assert_continues, with_checkpoints};
+    use tessera_tests::{train, TrainerToml};
+    let dir = TempDir::new("llama-methods");
+    let make = |run: &str| {
+        let mut toml = TrainerToml::tiny_gpt(run)
+            .algorithm("qk_norm", "")
+            .algorithm("logit_softcap", "cap = 15.0")
+            .algorithm("zero_init_projections", "")
+            .algorithm("muon", "lr = 0.02")
+            .algorithm(
+                "seq_length_warmup",
+                "duration = 0.5\nmin_seq_length = 8\nmax_seq_length = 32\nstep_size = 8",
+            );
+        toml.model =
+            "name = \"llama\"\nnum_hidden_layers = 2\nhidden_size = 32\nintermediate_size = 64\n\
+             num_attention_heads = 4\nnum_key_value_heads = 2\nmax_position_embeddings = 64\n\
+             tie_embeddings = false"
+                .to_owned();
+        toml.max_duration = "6ba".to_owned();
+        toml
+    };
+    dir.write("trainer.toml", &with_checkpoints(&make("straight"), ""));
+    let out = train(&dir, &[], &[]);
+    out.assert_success();
+    let log = format!("{}{}", out.stdout, out.stderr);
+    for said in [
+        "qk_norm: 2 llama attention blocks RMS-normalise q and k per head",
+        "logit_softcap: the logits of the untied lm_head are capped at 15",
+        "zero_init_projections: 4 output projections start at zero",
+    ] {
+        assert!(log.contains(said), "{said}: {log}");
+    }
+    assert!(
+        !log.contains("no effect") && !log.contains("nothing was zeroed"),
+        "{log}"
+    );
+    // The same run resumed from the straight run's batch-2 checkpoint (the same length, so
+    // the warmup's schedule is the same).
+    let from = tessera_tests::run_dir(&dir, "straight")
+        .join("checkpoints")
+        .join("ep0-ba2.ckpt");
+    dir.write("trainer.toml", &with_checkpoints(&make("resumed"), ""));
+    let load = format!("checkpoint.load={:?}", from.display().to_string());
+    let out = train(&dir, &[&load], &[]);
+    out.assert_success();
+    assert!(out.stderr.contains("resumed from"), "{}", out.dump());
+    assert_continues(&dir, "straight", "resumed", 2);
+
+    let mut toml = make("lowp").algorithm("low_precision_layernorm", "");
+    toml.precision = Some("amp_bf16".to_owned());
+    dir.write("trainer.toml", &toml.render());
+    let out = train(&dir, &[], &[]);
+    assert!(!out.status.success(), "{}", out.dump());
+    assert!(
+        out.stderr
+            .contains("RMSNorms (rms_norm, e.g. `model.layers.0.input_layernorm`)")
+            && out.stderr.contains("leave the method out"),
+        "{}",
+        out.stderr
+    );
+}

@@ -28,6 +28,17 @@ pub const ALIBI_ZERO_POSITIONS: &str = "alibi_zero_positions";
 /// Gated linear units' feed-forward block (plugins/gated_linear_units).
 pub const GLU_MLP: &str = "glu_gpt2_mlp";
 
+/// The host's Llama-family block (`model.layers.{i}`): `self_attn` (`llama_attention`, its
+/// projections `q_proj`, `k_proj`, `v_proj`, `o_proj` linear children) and `mlp` (`llama_mlp`:
+/// `gate_proj`, `up_proj`, `down_proj`).
+pub const LLAMA_BLOCK: &str = "llama_block";
+/// The host's Llama-family attention.
+pub const LLAMA_ATTENTION: &str = "llama_attention";
+/// The root of a Llama-family decoder.
+pub const LLAMA_ROOT: &str = "llama_for_causal_lm";
+/// qk_norm's wrapper around a llama attention's `q_proj` or `k_proj`.
+pub const QK_NORM_PROJECTION: &str = "qk_norm_projection";
+
 /// Path of GPT-2's position embedding.
 pub const WPE_PATH: &str = "transformer.wpe";
 /// Path of GPT-2's language-model head.

@@ -1,7 +1,9 @@
 #![doc = include_str!("../README.md")]
 #![warn(missing_docs)]
 
-use gpt_surgery::kinds::{LINEAR, LM_HEAD_PATH, SOFTCAP_LM_HEAD, SURGERY_PRIORITY, TIED_LM_HEAD};
+use gpt_surgery::kinds::{
+    LINEAR, LLAMA_ROOT, LM_HEAD_PATH, SOFTCAP_LM_HEAD, SURGERY_PRIORITY, TIED_LM_HEAD,
+};
 use gpt_surgery::{module_at, Model};
 use tessera_plugin_api::tch::{Kind, Tensor};
 use tessera_plugin_api::{
@@ -85,7 +87,9 @@ pub enum Outcome {
 /// [`SoftcapHead`] with `cap`.
 pub fn apply_logit_softcap(model: &mut impl Model, cap: f64) -> Result<Outcome, Error> {
     let modules = model.modules()?;
-    let is_gpt2 = module_at(&modules, "").is_some_and(|m| m.kind.as_str() == "gpt2_lm_head_model");
+    // GPT-2's head, or a Llama-family decoder's (the same two kinds, tied or untied).
+    let is_gpt2 = module_at(&modules, "")
+        .is_some_and(|m| matches!(m.kind.as_str(), "gpt2_lm_head_model" | LLAMA_ROOT));
     let Some(head) = module_at(&modules, LM_HEAD_PATH).filter(|_| is_gpt2) else {
         return Ok(Outcome::NoHead);
     };
@@ -129,8 +133,8 @@ impl Method for LogitSoftcap {
             )),
             Outcome::AlreadyCapped => {}
             Outcome::NoHead => ctx.warn(
-                "logit_softcap: the model is not a GPT-2 with an lm_head: soft-capping had no \
-                 effect",
+                "logit_softcap: the model is not a GPT-2 or llama with an lm_head: soft-capping \
+                 had no effect",
             ),
         }
         Ok(())

@@ -213,11 +213,42 @@ pub fn apply(ctx: &mut Context<'_>, kind: NormKind) -> Result<Vec<String>, Error
     Ok(paths)
 }
 
+/// The host's RMSNorm (a Llama-family decoder's).
+pub const RMS_NORM: &str = "rms_norm";
+
+/// low_precision_layernorm on a model whose norms are RMSNorms and none a layer norm (a llama):
+/// refused, naming the reason, rather than a silent no-op. Hugging Face's `LlamaRMSNorm`
+/// computes in float32 on purpose (it upcasts its input; the host's `rms_norm` does as it does)
+/// and Composer's LowPrecisionLayerNorm converts `torch.nn.LayerNorm` only: there is no
+/// Composer semantics to follow, and an RMSNorm in bfloat16 changes what a pretrained llama
+/// computes.
+pub fn refuse_rms_norms(modules: &[ModuleInfo]) -> Result<(), Error> {
+    let layer = NormKind::Layer.host_kind();
+    let has = |k: &str| modules.iter().any(|m| m.kind.as_str() == k);
+    if has(RMS_NORM) && !has(layer) {
+        let first = modules
+            .iter()
+            .find(|m| m.kind.as_str() == RMS_NORM)
+            .map(|m| m.path.to_string())
+            .unwrap_or_default();
+        return Err(Error::config(format!(
+            "low_precision_layernorm converts layer norms ({layer}), and this model's norms are \
+             RMSNorms ({RMS_NORM}, e.g. `{first}`), which Llama-family models compute in \
+             float32 on purpose (Hugging Face's LlamaRMSNorm upcasts its input); there is no \
+             low-precision RMSNorm variant: leave the method out for this model"
+        )));
+    }
+    Ok(())
+}
+
 /// A method's `init`: with a mixed precision, [`apply`] and log `<plugin>/num_layers`; with
 /// `fp32`, a warning that the method does nothing (as Composer's) and the metric 0.
 pub fn on_init(ctx: &mut Context<'_>, kind: NormKind) -> Result<(), Error> {
     let plugin = kind.plugin();
     let metric = format!("{plugin}/num_layers");
+    if kind == NormKind::Layer {
+        refuse_rms_norms(&ctx.modules()?)?;
+    }
     let precision = ctx.precision()?;
     let Some(dtype) = autocast_dtype(&precision) else {
         ctx.warn(&format!(

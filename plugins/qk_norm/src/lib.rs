@@ -1,9 +1,15 @@
 #![doc = include_str!("../README.md")]
 #![warn(missing_docs)]
 
-use gpt_surgery::kinds::{ALIBI_ATTENTION, EXT_ATTENTION, GPT2_ATTENTION, SURGERY_PRIORITY};
-use gpt_surgery::{rebuild_attention, Model};
-use tessera_plugin_api::{export_plugin, Context, Error, Event, Hook, Method, Plugin, Settings};
+use gpt_surgery::kinds::{
+    ALIBI_ATTENTION, EXT_ATTENTION, GPT2_ATTENTION, LLAMA_ATTENTION, QK_NORM_PROJECTION,
+    SURGERY_PRIORITY,
+};
+use gpt_surgery::{module_at, paths_of_kind, rebuild_attention, Model};
+use tessera_plugin_api::tch::Tensor;
+use tessera_plugin_api::{
+    export_plugin, Context, Error, Event, Hook, Inner, Method, Plugin, Settings, Wrapper,
+};
 
 pub use gpt_surgery::{qk_rms_norm, ExtAttention};
 
@@ -33,22 +39,113 @@ pub fn apply_qk_norm(model: &mut impl Model) -> Result<Vec<String>, Error> {
     })
 }
 
+/// The wrapper around a llama attention's `q_proj` or `k_proj` (kind [`QK_NORM_PROJECTION`]):
+/// runs the projection, then [`qk_rms_norm`] over each head's `head_dim` features. The
+/// attention applies its rotary positions after the projection, so queries and keys are
+/// normalised before the rotation, as in modded-nanogpt (the rotation keeps each head's root
+/// mean square anyway). Transparent: the projection keeps its tensors and names; nothing
+/// learned is added (no `q_norm.weight`, unlike Qwen3's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QkNormProjection {
+    head_dim: i64,
+}
+
+impl QkNormProjection {
+    /// The wrapper for heads of `head_dim` features.
+    pub fn new(head_dim: i64) -> QkNormProjection {
+        QkNormProjection { head_dim }
+    }
+}
+
+/// `qk_rms_norm` of `y` `(..., heads · head_dim)` per head.
+pub fn per_head_rms_norm(y: &Tensor, head_dim: i64) -> Result<Tensor, Error> {
+    let shape = y.size();
+    let mut heads = shape.clone();
+    let width = heads.pop().unwrap_or(0);
+    if head_dim <= 0 || width % head_dim != 0 {
+        return Err(format!(
+            "qk_norm: a projection of {width} features is not whole heads of {head_dim}"
+        )
+        .into());
+    }
+    heads.extend([width / head_dim, head_dim]);
+    qk_rms_norm(&y.f_reshape(&heads)?)?
+        .f_reshape(&shape)
+        .map_err(Error::from)
+}
+
+impl Wrapper for QkNormProjection {
+    fn kind(&self) -> &str {
+        QK_NORM_PROJECTION
+    }
+
+    fn attrs(&self) -> Vec<(String, f64)> {
+        vec![("head_dim".to_owned(), self.head_dim as f64)]
+    }
+
+    fn forward(&self, input: &Tensor, train: bool, inner: &mut Inner<'_>) -> Result<Tensor, Error> {
+        per_head_rms_norm(&inner.forward(input, train)?, self.head_dim)
+    }
+}
+
+/// The llama surgery: `q_proj` and `k_proj` of every `llama_attention` are wrapped in a
+/// [`QkNormProjection`] (a projection LoRA adapted is wrapped with its adapter, so the norm
+/// applies to what the attention sees). Returns the attention paths changed; those already
+/// normalised are left alone.
+pub fn apply_llama_qk_norm(model: &mut impl Model) -> Result<Vec<String>, Error> {
+    let modules = model.modules()?;
+    let mut done = Vec::new();
+    for attention in paths_of_kind(&modules, LLAMA_ATTENTION) {
+        let head_dim = module_at(&modules, &attention)
+            .ok_or("the module tree changed during surgery")?
+            .int_attr("head_dim", None)?;
+        let mut changed = false;
+        for projection in ["q_proj", "k_proj"] {
+            let path = format!("{attention}.{projection}");
+            match module_at(&modules, &path) {
+                Some(m) if m.kind.as_str() == QK_NORM_PROJECTION => {}
+                Some(_) => {
+                    model.wrap(&path, QkNormProjection::new(head_dim))?;
+                    changed = true;
+                }
+                None => return Err(format!("qk_norm: no module at `{path}`").into()),
+            }
+        }
+        if changed {
+            done.push(attention);
+        }
+    }
+    Ok(done)
+}
+
 /// The QK-norm method: surgery at `init`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct QkNorm;
 
 impl Method for QkNorm {
     fn on_event(&mut self, _event: Event, ctx: &mut Context<'_>) -> Result<(), Error> {
+        let llama = apply_llama_qk_norm(ctx)?;
+        if !llama.is_empty() {
+            ctx.info(&format!(
+                "qk_norm: {} llama attention blocks RMS-normalise q and k per head",
+                llama.len()
+            ));
+            return Ok(());
+        }
         let done = apply_qk_norm(ctx)?;
         if done.is_empty() {
             let normalised = ctx
                 .modules()?
                 .iter()
-                .filter(|m| m.kind.as_str() == EXT_ATTENTION && m.attr("qk_norm") == Some(1.0))
+                .filter(|m| {
+                    (m.kind.as_str() == EXT_ATTENTION && m.attr("qk_norm") == Some(1.0))
+                        || m.kind.as_str() == QK_NORM_PROJECTION
+                })
                 .count();
             if normalised == 0 {
                 ctx.warn(&format!(
-                    "qk_norm: the model has no {GPT2_ATTENTION} block: QK-norm had no effect"
+                    "qk_norm: the model has no {GPT2_ATTENTION} or {LLAMA_ATTENTION} block: \
+                     QK-norm had no effect"
                 ));
             }
             return Ok(());
@@ -81,3 +178,27 @@ impl Plugin for QkNorm {
 }
 
 export_plugin!(QkNorm);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_plugin_api::tch::{Kind, Tensor};
+
+    #[test]
+    fn each_head_is_normalised_on_its_own() {
+        // 2 heads of 3: the first scaled by 10, the second by 0.5; each head comes out with a
+        // root mean square of 1 and its direction kept.
+        let y = Tensor::from_slice(&[10.0f32, 20.0, 20.0, 0.5, 0.0, 0.0]).view([1, 1, 6]);
+        let n = per_head_rms_norm(&y, 3).unwrap();
+        let r3 = 3f32.sqrt();
+        let want =
+            Tensor::from_slice(&[1.0 / r3, 2.0 / r3, 2.0 / r3, r3, 0.0, 0.0]).view([1, 1, 6]);
+        let diff = (n - want).abs().max().double_value(&[]);
+        assert!(diff < 1e-5, "{diff}");
+        assert!(per_head_rms_norm(
+            &Tensor::zeros([1, 5], (Kind::Float, tessera_plugin_api::tch::Device::Cpu)),
+            2
+        )
+        .is_err());
+    }
+}

@@ -1,7 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![warn(missing_docs)]
 
-use gpt_surgery::kinds::{GPT2_BLOCK, LM_HEAD_PATH, ZERO_INIT_PRIORITY};
+use gpt_surgery::kinds::{GPT2_BLOCK, LLAMA_BLOCK, LM_HEAD_PATH, ZERO_INIT_PRIORITY};
 use gpt_surgery::{module_at, paths_of_kind, Model};
 use tessera_plugin_api::tch::{self, Tensor};
 use tessera_plugin_api::{
@@ -50,7 +50,8 @@ fn projection(model: &impl Model, path: &str, kind: &str) -> Result<(String, Ten
     ))
 }
 
-/// Zeroes the chosen output projections of every `gpt2_block` of the model, in place (the
+/// Zeroes the chosen output projections of every `gpt2_block` of the model (and of every
+/// `llama_block`: `self_attn.o_proj.weight` and `mlp.down_proj.weight`), in place (the
 /// tensors the optimizer then trains); returns their names in tree order. With `lm_head`, an
 /// untied head's `lm_head.weight` too; a tied head (no tensor of its own: it multiplies by
 /// `transformer.wte.weight`) is an error, since zeroing it would zero the token embeddings.
@@ -70,6 +71,21 @@ pub fn zero_init_projections(
                 .map(|m| m.kind.to_string())
                 .ok_or_else(|| format!("zero_init_projections: no module at `{path}`"))?;
             targets.push(projection(model, &path, &kind)?);
+        }
+    }
+    for block in paths_of_kind(&modules, LLAMA_BLOCK) {
+        for (leaf, wanted) in [
+            ("self_attn.o_proj.weight", settings.attention),
+            ("mlp.down_proj.weight", settings.mlp),
+        ] {
+            if !wanted {
+                continue;
+            }
+            let name = format!("{block}.{leaf}");
+            let weight = model.parameter(&name)?.ok_or_else(|| {
+                format!("zero_init_projections: the llama block `{block}` has no `{name}`")
+            })?;
+            targets.push((name, weight));
         }
     }
     if settings.lm_head && module_at(&modules, LM_HEAD_PATH).is_some() {
@@ -111,8 +127,8 @@ impl Method for ZeroInitProjections {
         ctx.log_metric(METRIC_ZEROED, zeroed.len() as f64);
         if zeroed.is_empty() {
             ctx.warn(
-                "zero_init_projections: the model has no gpt2_block (or every projection is \
-                 switched off): nothing was zeroed",
+                "zero_init_projections: the model has no gpt2_block or llama_block (or every \
+                 projection is switched off): nothing was zeroed",
             );
         } else {
             ctx.info(&format!(
