@@ -332,8 +332,11 @@ pub(super) fn read(top: &Tbl<'_>, data: &DataConfig) -> Result<ModelConfig, Conf
             ));
         }
     }
-    // Labelled text's classes are known once its labels are read (the run records them).
-    if model.num_classes < classes && !data.dataset.is_labelled_text() {
+    // Labelled text's classes are known once its labels are read, and a trained BPE's
+    // vocabulary once it is trained (at most `vocab_size`: a small corpus gives fewer): the
+    // run records them, and a recorded config holds them.
+    let known_later = data.dataset.is_text() && data.dataset != crate::data::Dataset::SyntheticText;
+    if model.num_classes < classes && !known_later {
         return Err(m.err(
             "num_classes",
             ErrorKind::InvalidValue,

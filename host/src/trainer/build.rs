@@ -739,6 +739,16 @@ pub fn load_token_sets(cfg: &Config) -> Result<TokenSets> {
                 text.seq_len + 1
             );
         }
+        for (split, seqs) in [("training", &loaded.train), ("evaluation", &loaded.eval)] {
+            if seqs.dropped() > 0 {
+                tracing::warn!(
+                    "{} {split} sequences have no assistant token within {} tokens and are left \
+                     out (their loss would be a mean over nothing; raise data.text.seq_len)",
+                    seqs.dropped(),
+                    seqs.seq_len() + 1
+                );
+            }
+        }
         tracing::info!(
             "chat: {} training and {} evaluation conversations, template {}, {} sequences of {} ({}), {} scored targets ({}), vocabulary {}",
             loaded.conversations.0,

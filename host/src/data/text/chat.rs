@@ -432,16 +432,22 @@ pub fn tokenize_conversation(
 pub struct ChatSequences {
     /// Padded: one conversation per row. Packed: one row, the whole stream.
     rows: Vec<ChatTokens>,
+    /// The sequences kept: `(row, first token)` of each; those without a scored target are
+    /// left out.
+    windows: Vec<(usize, usize)>,
+    /// Sequences left out for having no scored target.
+    dropped: usize,
     layout: ChatLayout,
     seq_len: usize,
-    len: usize,
     pad_id: u32,
     ignore: i64,
 }
 
 impl ChatSequences {
     /// Sequences of `seq_len` tokens over `conversations` laid out by `layout`; unscored
-    /// targets (and padding) are `ignore`. An error when nothing is left to train on.
+    /// targets (and padding) are `ignore`. A sequence without any scored target (a
+    /// conversation cut before its answer, a packed window of prompts only) is left out: its
+    /// loss would be a mean over nothing. An error when nothing is left to train on.
     pub fn new(
         conversations: Vec<ChatTokens>,
         layout: ChatLayout,
@@ -454,14 +460,10 @@ impl ChatSequences {
                 "the sequence length must be at least 1".to_owned(),
             ));
         }
-        let (rows, len) = match layout {
+        let (rows, starts): (Vec<ChatTokens>, Vec<(usize, usize)>) = match layout {
             ChatLayout::Padded => {
-                let rows: Vec<ChatTokens> = conversations
-                    .into_iter()
-                    .filter(|c| c.ids.len() >= 2)
-                    .collect();
-                let len = rows.len();
-                (rows, len)
+                let starts = (0..conversations.len()).map(|r| (r, 0)).collect();
+                (conversations, starts)
             }
             ChatLayout::Packed => {
                 let mut stream = ChatTokens {
@@ -472,25 +474,36 @@ impl ChatSequences {
                     stream.ids.extend(c.ids);
                     stream.scored.extend(c.scored);
                 }
-                let len = stream.ids.len().saturating_sub(1) / seq_len;
-                (vec![stream], len)
+                let n = stream.ids.len().saturating_sub(1) / seq_len;
+                (vec![stream], (0..n).map(|i| (0, i * seq_len)).collect())
             }
         };
-        if len == 0 {
+        let scores = |&(row, start): &(usize, usize)| {
+            let r: &ChatTokens = &rows[row];
+            let end = (start + seq_len + 1).min(r.ids.len());
+            r.scored
+                .get(start + 1..end)
+                .is_some_and(|s| s.contains(&true))
+        };
+        let total = starts.len();
+        let windows: Vec<(usize, usize)> = starts.into_iter().filter(|w| scores(w)).collect();
+        if windows.is_empty() {
             return Err(DataError::Invalid(format!(
-                "the conversations make no sequence of {seq_len} tokens{}",
+                "the conversations make no sequence of {seq_len} tokens with a scored target \
+                 ({total} without one{})",
                 if layout == ChatLayout::Packed {
-                    " (packed: the stream needs seq_len + 1 tokens)"
+                    "; packed, the stream needs seq_len + 1 tokens"
                 } else {
-                    ""
+                    ": raise data.text.seq_len so that the answers fit"
                 }
             )));
         }
         Ok(ChatSequences {
-            rows,
+            dropped: total - windows.len(),
             layout,
+            rows,
+            windows,
             seq_len,
-            len,
             pad_id,
             ignore,
         })
@@ -498,12 +511,12 @@ impl ChatSequences {
 
     /// The number of sequences.
     pub fn len(&self) -> usize {
-        self.len
+        self.windows.len()
     }
 
     /// Whether there are none (never: [`ChatSequences::new`] refuses that).
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.windows.is_empty()
     }
 
     /// Tokens per sequence.
@@ -511,39 +524,37 @@ impl ChatSequences {
         self.seq_len
     }
 
-    /// Padded: the conversations longer than `seq_len + 1` tokens (cut).
+    /// Padded: the sequences kept whose conversation is longer than `seq_len + 1` tokens (cut).
     pub fn truncated(&self) -> usize {
         match self.layout {
             ChatLayout::Padded => self
-                .rows
+                .windows
                 .iter()
-                .filter(|r| r.ids.len() > self.seq_len + 1)
+                .filter(|&&(row, _)| self.rows[row].ids.len() > self.seq_len + 1)
                 .count(),
             ChatLayout::Packed => 0,
         }
     }
 
+    /// The sequences left out for having no scored target.
+    pub fn dropped(&self) -> usize {
+        self.dropped
+    }
+
     /// The scored targets of all sequences.
     pub fn scored_targets(&self) -> usize {
-        (0..self.len)
+        (0..self.len())
             .map(|i| {
-                let (ids, scored) = self.window(i);
-                scored
-                    .iter()
-                    .skip(1)
-                    .take(ids.len() - 1)
-                    .filter(|&&s| s)
-                    .count()
+                let (_, scored) = self.window(i);
+                scored.iter().skip(1).filter(|&&s| s).count()
             })
             .sum()
     }
 
     /// The tokens of sequence `i`: up to `T + 1` ids and their scored flags.
     fn window(&self, i: usize) -> (&[u32], &[bool]) {
-        let (row, start) = match self.layout {
-            ChatLayout::Padded => (&self.rows[i], 0),
-            ChatLayout::Packed => (&self.rows[0], i * self.seq_len),
-        };
+        let (row, start) = self.windows[i];
+        let row = &self.rows[row];
         let end = (start + self.seq_len + 1).min(row.ids.len());
         (&row.ids[start..end], &row.scored[start..end])
     }

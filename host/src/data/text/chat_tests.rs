@@ -243,7 +243,28 @@ fn padded_and_packed_sequences_shift_targets_and_ignore_the_rest() {
     }
     assert_eq!(x, [1, 2, 3, 4, 5, 6, 7, 8, 9]);
     assert_eq!(y, [-100, 3, 4, -100, 6, 7, -100, 9, 10]);
-    let e = ChatSequences::new(vec![tokens(&[1], &[true])], ChatLayout::Padded, 4, 0, -100)
-        .unwrap_err();
-    assert!(e.to_string().contains("no sequence"), "{e}");
+    // A conversation whose answer lies beyond the cut is left out (its loss would be a mean
+    // over nothing); with nothing left, an error.
+    let late = tokens(
+        &[1, 2, 3, 4, 5, 6],
+        &[false, false, false, false, false, true],
+    );
+    let kept = ChatSequences::new(
+        vec![late.clone(), tokens(&[7, 8], &[false, true])],
+        ChatLayout::Padded,
+        3,
+        0,
+        -100,
+    )
+    .unwrap();
+    assert_eq!((kept.len(), kept.dropped()), (1, 1));
+    let (mut x, mut y) = (Vec::new(), Vec::new());
+    kept.write(0, &mut x, &mut y);
+    assert_eq!((x, y), (vec![7, 8, 0], vec![8, -100, -100]));
+    let e = ChatSequences::new(vec![late], ChatLayout::Padded, 4, 0, -100).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("no sequence of 4 tokens with a scored target"),
+        "{e}"
+    );
 }
