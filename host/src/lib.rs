@@ -19,6 +19,7 @@ pub mod engine;
 pub mod explore;
 pub mod export;
 pub mod files;
+pub mod generate;
 pub mod hf_config;
 pub mod launch;
 pub mod memory;

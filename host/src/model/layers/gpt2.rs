@@ -54,7 +54,9 @@
 
 use tch::{nn::Init, Kind, TchError, Tensor};
 
-use super::{Attr, Dropout, Embedding, ExportTree, Exported, Layer, LayerNorm, Sequential};
+use super::{
+    Attr, Dropout, Embedding, ExportTree, Exported, KvCache, Layer, LayerNorm, Sequential,
+};
 use crate::model::{tree::join, Gpt2Config, ParamStore};
 
 /// Hugging Face's `initializer_range`: the standard deviation of every weight's normal init.
@@ -195,6 +197,37 @@ impl Layer for Gpt2Attention {
         let y = conv1d(&y, &self.c_proj_weight, &self.c_proj_bias)?;
         dropout(y, self.resid_pdrop, train)
     }
+
+    fn forward_cached(&self, xs: &Tensor, cache: &mut KvCache) -> Result<Tensor, TchError> {
+        let (b, t, c) = btc(xs, self.n_embd, "gpt2 attention")?;
+        let (h, d) = (self.n_head, self.n_embd / self.n_head);
+        let qkv = conv1d(xs, &self.c_attn_weight, &self.c_attn_bias)?;
+        let heads = |part: &Tensor| -> Result<Tensor, TchError> {
+            part.f_reshape([b, t, h, d])?.f_transpose(1, 2)
+        };
+        let parts = qkv.f_split(c, 2)?;
+        let [q, k, v] = parts.as_slice() else {
+            return Err(TchError::Shape(format!(
+                "gpt2 attention: c_attn gave {} parts, not 3",
+                parts.len()
+            )));
+        };
+        let (k, v) = cache.append(&heads(k)?, &heads(v)?)?;
+        let mask = cache.mask().map(Tensor::shallow_clone);
+        let causal = mask.is_none() && t > 1;
+        let y = Tensor::f_scaled_dot_product_attention(
+            &heads(q)?,
+            &k,
+            &v,
+            mask,
+            0.0,
+            causal,
+            None,
+            false,
+        )?;
+        let y = y.f_transpose(1, 2)?.f_contiguous()?.f_reshape([b, t, c])?;
+        conv1d(&y, &self.c_proj_weight, &self.c_proj_bias)
+    }
 }
 
 /// GPT-2's feed-forward block (Hugging Face's `GPT2MLP`), kind `gpt2_mlp`.
@@ -254,6 +287,10 @@ impl Layer for Gpt2Mlp {
             ("c_proj.weight", &self.c_proj_weight),
             ("c_proj.bias", &self.c_proj_bias),
         ]
+    }
+
+    fn is_position_wise(&self) -> bool {
+        true
     }
 
     fn forward(&self, xs: &Tensor, train: bool) -> Result<Tensor, TchError> {
@@ -338,6 +375,13 @@ impl Layer for Gpt2Block {
         let xs = xs.f_add(&a)?;
         let m = self.mlp.forward(&self.ln_2.forward(&xs, train)?, train)?;
         xs.f_add(&m)
+    }
+
+    fn forward_cached(&self, xs: &Tensor, cache: &mut KvCache) -> Result<Tensor, TchError> {
+        let normed = self.ln_1.forward_cached(xs, cache)?;
+        let xs = xs.f_add(&self.attn.forward_cached(&normed, cache)?)?;
+        let normed = self.ln_2.forward_cached(&xs, cache)?;
+        xs.f_add(&self.mlp.forward_cached(&normed, cache)?)
     }
 }
 
@@ -430,6 +474,27 @@ impl Layer for Gpt2Model {
         let x = self.h.forward(&x, train)?;
         self.ln_f.forward(&x, train)
     }
+
+    fn forward_cached(&self, ids: &Tensor, cache: &mut KvCache) -> Result<Tensor, TchError> {
+        let t = ids.size().last().copied().unwrap_or(0);
+        if let Some(rows) = embedding_rows(self.wpe.as_ref()) {
+            if cache.past() + t > rows {
+                return Err(TchError::Shape(format!(
+                    "gpt2: {} tokens per sequence, more than the model's context of {rows} \
+                     (`n_positions`)",
+                    cache.past() + t
+                )));
+            }
+        }
+        let positions = cache.positions()?.shallow_clone();
+        let x = self
+            .wte
+            .forward_cached(ids, cache)?
+            .f_add(&self.wpe.forward_cached(&positions, cache)?)?;
+        let x = self.drop.forward_cached(&x, cache)?;
+        let x = self.h.forward_cached(&x, cache)?;
+        self.ln_f.forward_cached(&x, cache)
+    }
 }
 
 /// GPT-2's output projection: `x @ weightᵀ`, no bias. Tied (kind `tied_lm_head`), `weight` is
@@ -488,6 +553,10 @@ impl Layer for LmHead {
         } else {
             vec![("weight", &self.weight)]
         }
+    }
+
+    fn is_position_wise(&self) -> bool {
+        true
     }
 
     fn forward(&self, xs: &Tensor, _train: bool) -> Result<Tensor, TchError> {
@@ -669,5 +738,13 @@ impl Layer for Gpt2LmHeadModel {
     fn forward(&self, ids: &Tensor, train: bool) -> Result<Tensor, TchError> {
         let hidden = self.transformer.forward(ids, train)?;
         self.lm_head.forward(&hidden, train)
+    }
+
+    /// The logits of the last new token only `(B, 1, V)`: generation needs no other.
+    fn forward_cached(&self, ids: &Tensor, cache: &mut KvCache) -> Result<Tensor, TchError> {
+        let hidden = self.transformer.forward_cached(ids, cache)?;
+        let t = hidden.size().get(1).copied().unwrap_or(1);
+        self.lm_head
+            .forward_cached(&hidden.f_narrow(1, t - 1, 1)?, cache)
     }
 }
