@@ -127,8 +127,7 @@ pub fn generate(
     for batch in rows.chunks_mut(settings.batch_size) {
         if recomputed_because.is_none() {
             if let Some(kind) = run_cached(lm.model(), batch, &step, on_event)? {
-                let why =
-                    format!("the model's `{kind}` module (a plugin's) cannot decode incrementally");
+                let why = format!("the model's `{kind}` module cannot decode incrementally");
                 tracing::warn!(
                     "{why}: every new token recomputes the whole sequence, one prompt at a \
                      time (the same tokens, slower)"
