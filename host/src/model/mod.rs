@@ -6,6 +6,7 @@
 //! activation checkpointing recomputes ([`ActivationCheckpointing`]).
 
 mod activation_checkpointing;
+mod hf_json;
 mod init_weights;
 pub mod layers;
 mod loss;

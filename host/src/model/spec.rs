@@ -314,17 +314,9 @@ impl Gpt2Config {
     /// width other than 4·n_embd, cross-attention, per-layer attention scaling) is an error
     /// naming the key.
     pub fn from_hf_config(json: &serde_json::Value) -> Result<Gpt2Config, String> {
-        let get = |key: &str| json.get(key).filter(|v| !v.is_null());
-        let count = |key: &str| -> Result<Option<usize>, String> {
-            match get(key) {
-                None => Ok(None),
-                Some(v) => v
-                    .as_u64()
-                    .map(|n| Some(n as usize))
-                    .ok_or_else(|| format!("`{key}` must be a whole number, got {v}")),
-            }
-        };
-        let flag = |key: &str| get(key).and_then(|v| v.as_bool()).unwrap_or(false);
+        let get = |key: &str| super::hf_json::field(json, key);
+        let count = |key: &str| super::hf_json::count(json, key);
+        let flag = |key: &str| super::hf_json::flag(json, key);
         let model_type = get("model_type").and_then(|v| v.as_str()).unwrap_or("gpt2");
         if model_type != "gpt2" {
             return Err(format!("`model_type` {model_type:?} is not \"gpt2\""));
@@ -341,7 +333,7 @@ impl Gpt2Config {
             "scale_attn_by_inverse_layer_idx",
             "reorder_and_upcast_attn",
         ] {
-            if flag(key) {
+            if flag(key)? == Some(true) {
                 return Err(format!("`{key}` = true is not computed"));
             }
         }
@@ -359,13 +351,10 @@ impl Gpt2Config {
             n_embd,
             n_positions: count("n_positions")?.unwrap_or(defaults.n_positions),
             vocab_size: count("vocab_size")?,
-            tie_embeddings: get("tie_word_embeddings")
-                .and_then(|v| v.as_bool())
-                .unwrap_or(true),
+            // transformers' default for `tie_word_embeddings` is true.
+            tie_embeddings: flag("tie_word_embeddings")?.unwrap_or(true),
             layer_norm_epsilon: match get("layer_norm_epsilon") {
-                Some(v) => v
-                    .as_f64()
-                    .ok_or_else(|| format!("`layer_norm_epsilon` must be a number, got {v}"))?,
+                Some(v) => super::hf_json::number(v, "layer_norm_epsilon")?,
                 None => defaults.layer_norm_epsilon,
             },
         })

@@ -169,36 +169,35 @@ impl Layer for Gpt2Attention {
     }
 
     fn forward(&self, xs: &Tensor, train: bool) -> Result<Tensor, TchError> {
-        let (b, t, c) = btc(xs, self.n_embd, "gpt2 attention")?;
-        let (h, d) = (self.n_head, self.n_embd / self.n_head);
-        let qkv = conv1d(xs, &self.c_attn_weight, &self.c_attn_bias)?;
-        let heads = |part: &Tensor| -> Result<Tensor, TchError> {
-            part.f_reshape([b, t, h, d])?.f_transpose(1, 2)
-        };
-        let parts = qkv.f_split(c, 2)?;
-        let [q, k, v] = parts.as_slice() else {
-            return Err(TchError::Shape(format!(
-                "gpt2 attention: c_attn gave {} parts, not 3",
-                parts.len()
-            )));
-        };
+        let [q, k, v] = self.qkv(xs)?;
         let p = if train { self.attn_pdrop } else { 0.0 };
         let y = Tensor::f_scaled_dot_product_attention(
-            &heads(q)?,
-            &heads(k)?,
-            &heads(v)?,
+            &q,
+            &k,
+            &v,
             None::<Tensor>,
             p,
             true,
             None,
             false,
         )?;
-        let y = y.f_transpose(1, 2)?.f_contiguous()?.f_reshape([b, t, c])?;
-        let y = conv1d(&y, &self.c_proj_weight, &self.c_proj_bias)?;
+        let y = conv1d(&merge_heads(&y)?, &self.c_proj_weight, &self.c_proj_bias)?;
         dropout(y, self.resid_pdrop, train)
     }
 
     fn forward_cached(&self, xs: &Tensor, cache: &mut KvCache) -> Result<Tensor, TchError> {
+        let [q, k, v] = self.qkv(xs)?;
+        let (k, v) = cache.append(&k, &v)?;
+        let mask = cache.mask().map(Tensor::shallow_clone);
+        let causal = mask.is_none() && q.size()[2] > 1;
+        let y = Tensor::f_scaled_dot_product_attention(&q, &k, &v, mask, 0.0, causal, None, false)?;
+        conv1d(&merge_heads(&y)?, &self.c_proj_weight, &self.c_proj_bias)
+    }
+}
+
+impl Gpt2Attention {
+    /// The queries, keys and values of `xs` `(B, T, C)` in heads `(B, n_head, T, C / n_head)`.
+    fn qkv(&self, xs: &Tensor) -> Result<[Tensor; 3], TchError> {
         let (b, t, c) = btc(xs, self.n_embd, "gpt2 attention")?;
         let (h, d) = (self.n_head, self.n_embd / self.n_head);
         let qkv = conv1d(xs, &self.c_attn_weight, &self.c_attn_bias)?;
@@ -212,22 +211,16 @@ impl Layer for Gpt2Attention {
                 parts.len()
             )));
         };
-        let (k, v) = cache.append(&heads(k)?, &heads(v)?)?;
-        let mask = cache.mask().map(Tensor::shallow_clone);
-        let causal = mask.is_none() && t > 1;
-        let y = Tensor::f_scaled_dot_product_attention(
-            &heads(q)?,
-            &k,
-            &v,
-            mask,
-            0.0,
-            causal,
-            None,
-            false,
-        )?;
-        let y = y.f_transpose(1, 2)?.f_contiguous()?.f_reshape([b, t, c])?;
-        conv1d(&y, &self.c_proj_weight, &self.c_proj_bias)
+        Ok([heads(q)?, heads(k)?, heads(v)?])
     }
+}
+
+/// Attention heads `(B, H, T, D)` merged back into features `(B, T, H·D)`.
+pub(super) fn merge_heads(y: &Tensor) -> Result<Tensor, TchError> {
+    let (b, h, t, d) = y.size4()?;
+    y.f_transpose(1, 2)?
+        .f_contiguous()?
+        .f_reshape([b, t, h * d])
 }
 
 /// GPT-2's feed-forward block (Hugging Face's `GPT2MLP`), kind `gpt2_mlp`.

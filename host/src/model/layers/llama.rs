@@ -38,9 +38,9 @@
 use serde::{Deserialize, Serialize};
 use tch::{Kind, TchError, Tensor};
 
-use super::gpt2::{check_sizes, normal, LmHead};
+use super::gpt2::{check_sizes, merge_heads, normal, LmHead};
 use super::{Attr, Embedding, KvCache, Layer, Linear, Sequential};
-use crate::model::{tree::join, ParamStore};
+use crate::model::{hf_json, tree::join, ParamStore};
 
 /// The sizes and choices of a Llama-family decoder, named as Hugging Face's `LlamaConfig`
 /// (`[model]` keys, or `config.json`). The defaults are SmolLM-135M's shapes.
@@ -129,29 +129,10 @@ impl LlamaConfig {
     /// `rope_scaling`) or 5 (`rope_parameters`) writes it. What this model does not compute (another
     /// activation, an MLP bias, a sliding window, another rotary type) is an error naming the key.
     pub fn from_hf_config(json: &serde_json::Value) -> Result<LlamaConfig, String> {
-        let get = |key: &str| json.get(key).filter(|v| !v.is_null());
-        let count = |key: &str| -> Result<Option<usize>, String> {
-            match get(key) {
-                None => Ok(None),
-                Some(v) => v
-                    .as_u64()
-                    .map(|n| Some(n as usize))
-                    .ok_or_else(|| format!("`{key}` must be a whole number, got {v}")),
-            }
-        };
-        let number = |v: &serde_json::Value, key: &str| -> Result<f64, String> {
-            v.as_f64()
-                .ok_or_else(|| format!("`{key}` must be a number, got {v}"))
-        };
-        let flag = |key: &str| -> Result<Option<bool>, String> {
-            match get(key) {
-                None => Ok(None),
-                Some(v) => v
-                    .as_bool()
-                    .map(Some)
-                    .ok_or_else(|| format!("`{key}` must be true or false, got {v}")),
-            }
-        };
+        let get = |key: &str| hf_json::field(json, key);
+        let count = |key: &str| hf_json::count(json, key);
+        let number = hf_json::number;
+        let flag = |key: &str| hf_json::flag(json, key);
         let model_type = get("model_type")
             .and_then(|v| v.as_str())
             .unwrap_or("llama");
@@ -464,57 +445,19 @@ impl Layer for LlamaAttention {
     }
 
     fn forward(&self, xs: &Tensor, train: bool) -> Result<Tensor, TchError> {
-        let (b, t) = self.batch_tokens(xs)?;
-        let d = self.head_dim;
-        let heads = |x: Tensor, n: i64| x.f_reshape([b, t, n, d])?.f_transpose(1, 2);
-        let q = heads(self.q_proj.forward(xs, train)?, self.heads)?;
-        let k = heads(self.k_proj.forward(xs, train)?, self.kv_heads)?;
-        let v = heads(self.v_proj.forward(xs, train)?, self.kv_heads)?;
-        let (cos, sin) = rotary(&self.inv_freq, t, &q)?;
-        let (q, k) = (rotate(&q, &cos, &sin)?, rotate(&k, &cos, &sin)?);
-        let y = Tensor::f_scaled_dot_product_attention(
-            &q,
-            &self.repeat_kv(k)?,
-            &self.repeat_kv(v)?,
-            None::<Tensor>,
-            0.0,
-            t > 1,
-            None,
-            false,
-        )?;
-        let y = y
-            .f_transpose(1, 2)?
-            .f_contiguous()?
-            .f_reshape([b, t, self.heads * d])?;
+        let [q, k, v] = self.rotated_qkv(xs, None, |p| p.forward(xs, train))?;
+        let t = q.size()[2];
+        let y = self.attend(&q, k, v, None, t > 1)?;
         self.o_proj.forward(&y, train)
     }
 
     fn forward_cached(&self, xs: &Tensor, cache: &mut KvCache) -> Result<Tensor, TchError> {
-        let (b, t) = self.batch_tokens(xs)?;
-        let d = self.head_dim;
-        let heads = |x: Tensor, n: i64| x.f_reshape([b, t, n, d])?.f_transpose(1, 2);
-        let q = heads(self.q_proj.forward_cached(xs, cache)?, self.heads)?;
-        let k = heads(self.k_proj.forward_cached(xs, cache)?, self.kv_heads)?;
-        let v = heads(self.v_proj.forward_cached(xs, cache)?, self.kv_heads)?;
-        let (cos, sin) = rotary_at(&self.inv_freq, cache.positions()?, &q)?;
-        let (q, k) = (rotate(&q, &cos, &sin)?, rotate(&k, &cos, &sin)?);
+        let positions = cache.positions()?.shallow_clone();
+        let [q, k, v] = self.rotated_qkv(xs, Some(&positions), |p| p.forward_cached(xs, cache))?;
         let (k, v) = cache.append(&k, &v)?;
         let mask = cache.mask().map(Tensor::shallow_clone);
-        let causal = mask.is_none() && t > 1;
-        let y = Tensor::f_scaled_dot_product_attention(
-            &q,
-            &self.repeat_kv(k)?,
-            &self.repeat_kv(v)?,
-            mask,
-            0.0,
-            causal,
-            None,
-            false,
-        )?;
-        let y = y
-            .f_transpose(1, 2)?
-            .f_contiguous()?
-            .f_reshape([b, t, self.heads * d])?;
+        let causal = mask.is_none() && q.size()[2] > 1;
+        let y = self.attend(&q, k, v, mask, causal)?;
         self.o_proj.forward_cached(&y, cache)
     }
 }
@@ -525,15 +468,57 @@ fn rotate(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor, TchError> {
 }
 
 impl LlamaAttention {
-    /// `(B, T)` of an input `(B, T, C)`.
-    fn batch_tokens(&self, xs: &Tensor) -> Result<(i64, i64), TchError> {
-        match xs.size().as_slice() {
-            &[b, t, c] if c == self.hidden => Ok((b, t)),
-            s => Err(TchError::Shape(format!(
-                "llama attention: expected an input (batch, tokens, {}), got {s:?}",
-                self.hidden
-            ))),
-        }
+    /// The queries, keys and values of `xs` `(B, T, C)` in heads `(B, heads, T, D)`, queries
+    /// and keys rotated to `positions` `(B, T)` (`None`: `0..T`); `project` runs a projection.
+    fn rotated_qkv(
+        &self,
+        xs: &Tensor,
+        positions: Option<&Tensor>,
+        mut project: impl FnMut(&dyn Layer) -> Result<Tensor, TchError>,
+    ) -> Result<[Tensor; 3], TchError> {
+        let (b, t) = match xs.size().as_slice() {
+            &[b, t, c] if c == self.hidden => (b, t),
+            s => {
+                return Err(TchError::Shape(format!(
+                    "llama attention: expected an input (batch, tokens, {}), got {s:?}",
+                    self.hidden
+                )))
+            }
+        };
+        let d = self.head_dim;
+        let heads = |x: Tensor, n: i64| x.f_reshape([b, t, n, d])?.f_transpose(1, 2);
+        let q = heads(project(self.q_proj.as_ref())?, self.heads)?;
+        let k = heads(project(self.k_proj.as_ref())?, self.kv_heads)?;
+        let v = heads(project(self.v_proj.as_ref())?, self.kv_heads)?;
+        let (cos, sin) = match positions {
+            None => rotary(&self.inv_freq, t, &q)?,
+            Some(p) => rotary_at(&self.inv_freq, p, &q)?,
+        };
+        Ok([rotate(&q, &cos, &sin)?, rotate(&k, &cos, &sin)?, v])
+    }
+
+    /// Scaled dot-product attention of the queries `q` over the keys `k` and values `v` (their
+    /// heads repeated to serve the query heads), `mask` or `causal` as libtorch's SDPA takes
+    /// them; the heads merged `(B, T, H·D)`.
+    fn attend(
+        &self,
+        q: &Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Option<Tensor>,
+        causal: bool,
+    ) -> Result<Tensor, TchError> {
+        let y = Tensor::f_scaled_dot_product_attention(
+            q,
+            &self.repeat_kv(k)?,
+            &self.repeat_kv(v)?,
+            mask,
+            0.0,
+            causal,
+            None,
+            false,
+        )?;
+        merge_heads(&y)
     }
 
     /// Hugging Face's `repeat_kv`: each key/value head of `x` `(B, K, T, D)` serves
