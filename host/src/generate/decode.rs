@@ -364,3 +364,7 @@ fn advance(
     }
     Ok(())
 }
+
+#[cfg(test)]
+#[path = "decode_tests.rs"]
+mod tests;
