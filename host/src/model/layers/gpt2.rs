@@ -449,15 +449,7 @@ impl Layer for Gpt2Model {
                 )))
             }
         };
-        if let Some(rows) = embedding_rows(self.wpe.as_ref()) {
-            if t > rows {
-                return Err(TchError::Shape(format!(
-                    "gpt2: the input has {t} tokens per sequence, more than the model's context \
-                     of {rows} (`[model] n_positions`, the rows of the position embedding \
-                     `transformer.wpe`)"
-                )));
-            }
-        }
+        self.check_context(t)?;
         let positions = Tensor::f_arange(t, (Kind::Int64, ids.device()))?.f_unsqueeze(0)?;
         let x = self
             .wte
@@ -469,16 +461,7 @@ impl Layer for Gpt2Model {
     }
 
     fn forward_cached(&self, ids: &Tensor, cache: &mut KvCache) -> Result<Tensor, TchError> {
-        let t = ids.size().last().copied().unwrap_or(0);
-        if let Some(rows) = embedding_rows(self.wpe.as_ref()) {
-            if cache.past() + t > rows {
-                return Err(TchError::Shape(format!(
-                    "gpt2: {} tokens per sequence, more than the model's context of {rows} \
-                     (`n_positions`)",
-                    cache.past() + t
-                )));
-            }
-        }
+        self.check_context(cache.past() + ids.size().last().copied().unwrap_or(0))?;
         let positions = cache.positions()?.shallow_clone();
         let x = self
             .wte
@@ -487,6 +470,20 @@ impl Layer for Gpt2Model {
         let x = self.drop.forward_cached(&x, cache)?;
         let x = self.h.forward_cached(&x, cache)?;
         self.ln_f.forward_cached(&x, cache)
+    }
+}
+
+impl Gpt2Model {
+    /// Refuses sequences of `t` tokens beyond the learned position table (while `wpe` is one).
+    fn check_context(&self, t: i64) -> Result<(), TchError> {
+        match embedding_rows(self.wpe.as_ref()) {
+            Some(rows) if t > rows => Err(TchError::Shape(format!(
+                "gpt2: the input has {t} tokens per sequence, more than the model's context of \
+                 {rows} (`[model] n_positions`, the rows of the position embedding \
+                 `transformer.wpe`)"
+            ))),
+            _ => Ok(()),
+        }
     }
 }
 
