@@ -108,7 +108,8 @@ fn a_shrunk_batch_keeps_each_row_exact() {
         let mut real = Tensor::from_slice(&[1i64, 1, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1]).view([2, 6]);
         let mut cache = KvCache::new();
         cache.begin_step(&real, 6).unwrap();
-        model.root.forward_cached(&ids, &mut cache).unwrap();
+        let logits = model.root.forward_cached(&ids, &mut cache).unwrap();
+        assert_eq!(logits.size(), [2, 1, VOCAB], "{name}");
         cache.end_step(6);
         // The first row ends: the second keeps its 2 tokens, its 4 padding columns dropped.
         let kept = Tensor::from_slice(&[1i64]);
