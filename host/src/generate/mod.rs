@@ -13,8 +13,6 @@ pub mod sample;
 pub mod source;
 pub mod text;
 
-use serde::Serialize;
-
 pub use decode::{generate, Completion, Event, Finish, Report};
 pub use sample::Sampling;
 pub use source::LanguageModel;
@@ -44,12 +42,11 @@ pub enum GenerateError {
 }
 
 /// How to generate.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone)]
 pub struct Settings {
     /// Tokens to generate per prompt at most.
     pub max_new_tokens: usize,
     /// How each next token is chosen.
-    #[serde(skip)]
     pub sampling: Sampling,
     /// The seed of the draws (each prompt has its own stream of it).
     pub seed: u64,

@@ -72,7 +72,7 @@ enum Command {
     #[command(
         after_help = "Examples:\n  tessera generate runs/demo/checkpoints/latest.ckpt --prompt \"To be\"\n  \
                       tessera generate exported-hf/ --prompt \"Once\" --max-new-tokens 100 --temperature 0.8 --top-p 0.95 --seed 1\n  \
-                      tessera generate model/ --prompts prompts.jsonl --json --stop \"\\n\\n\""
+                      tessera generate model/ --prompts prompts.jsonl --json --stop $'\\n\\n'"
     )]
     Generate(commands::generate::Args),
     /// Datasets.
