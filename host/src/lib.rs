@@ -5,7 +5,7 @@
 //! (optimizers, schedules), `engine` (events and dispatch), `plugin` (loading plugins, the
 //! host side of the ABI), `precision` (autocast), `device` (where to train), `trainer` (the loops), `report` (progress, metrics, run records), `tracking` (an MLflow server),
 //! `cost` (machine prices, instance presets), `explore` (`tessera explore`: the Pareto frontier
-//! of time and cost against quality, its plots and report), `sweep` (`tessera sweep`), `recipes` (`tessera recipe search`), `scaffold` (`tessera new-plugin`), `export` (`tessera export`: weights for PyTorch), `memory` (the C allocator's settings for
+//! of time and cost against quality, its plots and report), `sweep` (`tessera sweep`), `recipes` (`tessera recipe search`), `scaffold` (`tessera new-plugin`), `export` (`tessera export`: weights for PyTorch), `generate` (`tessera generate`: text from a language model), `memory` (the C allocator's settings for
 //! training), `launch` (`tessera launch`: starting and supervising the ranks of a data-parallel
 //! run).
 
@@ -19,6 +19,7 @@ pub mod engine;
 pub mod explore;
 pub mod export;
 pub mod files;
+pub mod generate;
 pub mod hf_config;
 pub mod launch;
 pub mod memory;

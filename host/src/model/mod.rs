@@ -6,6 +6,7 @@
 //! activation checkpointing recomputes ([`ActivationCheckpointing`]).
 
 mod activation_checkpointing;
+mod hf_json;
 mod init_weights;
 pub mod layers;
 mod loss;
@@ -864,5 +865,40 @@ mod surgery_tests {
         }
         assert_eq!(m.root.walk(), before);
         assert!(m.params.get("layer1.0.conv1.weight").is_some());
+    }
+
+    #[test]
+    fn a_hugging_face_gpt2_config_reads_or_names_what_is_not_computed() {
+        let json = serde_json::json!({
+            "model_type": "gpt2", "n_layer": 3, "n_head": 2, "n_embd": 16, "n_positions": 40,
+            "vocab_size": 99, "n_inner": null, "activation_function": "gelu_new",
+            "layer_norm_epsilon": 1e-6, "tie_word_embeddings": false
+        });
+        let c = Gpt2Config::from_hf_config(&json).unwrap();
+        assert_eq!(
+            (c.n_layer, c.n_head, c.n_embd, c.n_positions, c.vocab_size),
+            (3, 2, 16, 40, Some(99))
+        );
+        assert!(!c.tie_embeddings && c.layer_norm_epsilon == 1e-6);
+        for (key, value, says) in [
+            (
+                "activation_function",
+                serde_json::json!("relu"),
+                "activation_function",
+            ),
+            ("n_inner", serde_json::json!(20), "n_inner"),
+            (
+                "add_cross_attention",
+                serde_json::json!(true),
+                "add_cross_attention",
+            ),
+            ("n_layer", serde_json::json!("two"), "whole number"),
+            ("model_type", serde_json::json!("bert"), "model_type"),
+        ] {
+            let mut bad = json.clone();
+            bad[key] = value;
+            let e = Gpt2Config::from_hf_config(&bad).unwrap_err();
+            assert!(e.contains(says), "{key}: {e}");
+        }
     }
 }

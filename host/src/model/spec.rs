@@ -308,6 +308,59 @@ impl Default for Gpt2Config {
     }
 }
 
+impl Gpt2Config {
+    /// The sizes of a Hugging Face `config.json` of a `GPT2LMHeadModel` (what `tessera export
+    /// --format hf` writes). What this model does not compute (another activation, an inner
+    /// width other than 4·n_embd, cross-attention, per-layer attention scaling) is an error
+    /// naming the key.
+    pub fn from_hf_config(json: &serde_json::Value) -> Result<Gpt2Config, String> {
+        let get = |key: &str| super::hf_json::field(json, key);
+        let count = |key: &str| super::hf_json::count(json, key);
+        let flag = |key: &str| super::hf_json::flag(json, key);
+        let model_type = get("model_type").and_then(|v| v.as_str()).unwrap_or("gpt2");
+        if model_type != "gpt2" {
+            return Err(format!("`model_type` {model_type:?} is not \"gpt2\""));
+        }
+        if let Some(act) = get("activation_function").and_then(|v| v.as_str()) {
+            if act != "gelu_new" {
+                return Err(format!(
+                    "`activation_function` {act:?}: only \"gelu_new\" is computed"
+                ));
+            }
+        }
+        for key in [
+            "add_cross_attention",
+            "scale_attn_by_inverse_layer_idx",
+            "reorder_and_upcast_attn",
+        ] {
+            if flag(key)? == Some(true) {
+                return Err(format!("`{key}` = true is not computed"));
+            }
+        }
+        let defaults = Gpt2Config::default();
+        let n_embd = count("n_embd")?.unwrap_or(defaults.n_embd);
+        if let Some(inner) = count("n_inner")?.filter(|&i| i != 4 * n_embd) {
+            return Err(format!(
+                "`n_inner` {inner}: only an inner width of 4·n_embd ({}) is computed",
+                4 * n_embd
+            ));
+        }
+        Ok(Gpt2Config {
+            n_layer: count("n_layer")?.unwrap_or(defaults.n_layer),
+            n_head: count("n_head")?.unwrap_or(defaults.n_head),
+            n_embd,
+            n_positions: count("n_positions")?.unwrap_or(defaults.n_positions),
+            vocab_size: count("vocab_size")?,
+            // transformers' default for `tie_word_embeddings` is true.
+            tie_embeddings: flag("tie_word_embeddings")?.unwrap_or(true),
+            layer_norm_epsilon: match get("layer_norm_epsilon") {
+                Some(v) => super::hf_json::number(v, "layer_norm_epsilon")?,
+                None => defaults.layer_norm_epsilon,
+            },
+        })
+    }
+}
+
 /// airbench94's conv-group widths, the default of [`ModelConfig::widths`].
 pub const AIRBENCH_WIDTHS: [usize; 3] = [64, 256, 256];
 

@@ -106,6 +106,14 @@ impl Layer for WrappedLayer {
         true
     }
 
+    /// A wrapper stands in for the module it wraps and is taken to compute per position when
+    /// that module does (LoRA around a projection, a soft cap around the head), so generation
+    /// runs it on the new tokens only; a wrapper around anything else cannot decode
+    /// incrementally.
+    fn is_position_wise(&self) -> bool {
+        self.inner.is_position_wise()
+    }
+
     fn kind(&self) -> &str {
         &self.kind
     }

@@ -94,11 +94,11 @@ impl Trainer {
                 .barrier()
                 .context("waiting for rank 0 to prepare the data")?;
         }
-        let (train_loader, eval_loader, text_facts) = if config.data.is_text() {
+        let (train_loader, eval_loader, text_facts, tokenizer) = if config.data.is_text() {
             build_token_loaders(&config, &engine.sample_transforms())?
         } else {
             let (train, eval) = build_loaders(&config, &engine.sample_transforms())?;
-            (train, eval, None)
+            (train, eval, None, None)
         };
         if let Some(dp) = dp.as_ref().filter(|d| d.rank() == 0) {
             dp.group
@@ -298,6 +298,7 @@ impl Trainer {
             eval_loader,
             eval_subset,
             text_facts,
+            tokenizer,
             reporter,
             plugins,
             evals: Vec::new(),
@@ -623,12 +624,12 @@ fn build_loaders(config: &Config, methods: &[MethodTransform]) -> Result<(Loader
 }
 
 /// The training and evaluation loaders of a text dataset (token sequences of
-/// `data.text.seq_len`), and its facts. Per-sample transforms do not apply to text: a method
-/// that asks for one is an error.
+/// `data.text.seq_len`), its facts and its tokenizer file. Per-sample transforms do not apply
+/// to text: a method that asks for one is an error.
 fn build_token_loaders(
     config: &Config,
     methods: &[MethodTransform],
-) -> Result<(Loader, Loader, Option<data::TextFacts>)> {
+) -> Result<(Loader, Loader, Option<data::TextFacts>, Option<PathBuf>)> {
     if let Some(m) = methods.first() {
         fail!(
             "method `{}` transforms every training sample (an image transform), but dataset \
@@ -637,7 +638,12 @@ fn build_token_loaders(
             config.data.dataset
         );
     }
-    let TokenSets { train, eval, facts } = load_token_sets(config)?;
+    let TokenSets {
+        train,
+        eval,
+        facts,
+        tokenizer,
+    } = load_token_sets(config)?;
     let d = &config.data;
     let train_loader = Loader::tokens(
         train,
@@ -671,7 +677,7 @@ fn build_token_loaders(
             d.batch_size
         );
     }
-    Ok((train_loader, eval_loader, Some(facts)))
+    Ok((train_loader, eval_loader, Some(facts), tokenizer))
 }
 
 /// A text dataset's training and evaluation sequences and what the model needs to know of it.
@@ -682,6 +688,8 @@ pub struct TokenSets {
     pub eval: Arc<dyn data::TokenSource>,
     /// The vocabulary, the classes of labelled text, the special tokens.
     pub facts: data::TextFacts,
+    /// The tokenizer file the text was encoded with (`None` for `synthetic-text`).
+    pub tokenizer: Option<PathBuf>,
 }
 
 /// The training and evaluation token sequences of a text dataset and its facts:
@@ -806,12 +814,13 @@ pub fn load_token_sets(cfg: &Config) -> Result<TokenSets> {
                 classes: Some(loaded.classes),
                 special_tokens: Some(loaded.specials),
             },
+            tokenizer: Some(loaded.tokenizer_path),
             train: Arc::new(loaded.train),
             eval: Arc::new(loaded.eval),
         });
     }
     // The token streams, their vocabulary and the special tokens' ids (tokenizer, if any).
-    let (train, eval, vocab, specials) = match d.dataset {
+    let (train, eval, vocab, specials, tokenizer) = match d.dataset {
         data::Dataset::SyntheticText => (
             data::synthetic_tokens(cfg.seed, text.tokens(), text.vocab_size)?,
             data::synthetic_tokens(
@@ -821,6 +830,7 @@ pub fn load_token_sets(cfg: &Config) -> Result<TokenSets> {
             )?,
             text.vocab_size,
             data::SpecialTokens::new(text.vocab_size, None, |_| None),
+            None,
         ),
         data::Dataset::Text => {
             let Some(path) = d.data_dir.clone() else {
@@ -831,7 +841,14 @@ pub fn load_token_sets(cfg: &Config) -> Result<TokenSets> {
                 .with_context(|| format!("loading the text at {}", cfg.path.display()))?;
             announce(&loaded.tokenizer_path, &loaded.tokenizer_sha256);
             let specials = data::SpecialTokens::of(&loaded.tokenizer()?);
-            (loaded.train, loaded.val, loaded.vocab_size, specials)
+            let tokenizer = Some(loaded.tokenizer_path);
+            (
+                loaded.train,
+                loaded.val,
+                loaded.vocab_size,
+                specials,
+                tokenizer,
+            )
         }
         corpus => {
             let root = d.data_dir.clone().unwrap_or_else(data::default_cache_root);
@@ -847,7 +864,14 @@ pub fn load_token_sets(cfg: &Config) -> Result<TokenSets> {
             .with_context(|| format!("loading the text corpus `{corpus}`"))?;
             announce(&loaded.tokenizer_path, &loaded.tokenizer_sha256);
             let specials = data::SpecialTokens::of(&loaded.tokenizer()?);
-            (loaded.train, loaded.val, loaded.vocab_size, specials)
+            let tokenizer = Some(loaded.tokenizer_path);
+            (
+                loaded.train,
+                loaded.val,
+                loaded.vocab_size,
+                specials,
+                tokenizer,
+            )
         }
     };
     let (n_train, n_eval) = (train.len(), eval.len());
@@ -870,6 +894,7 @@ pub fn load_token_sets(cfg: &Config) -> Result<TokenSets> {
                 classes: None,
                 special_tokens: None,
             },
+            tokenizer,
         });
     };
     tracing::info!(
@@ -893,6 +918,7 @@ pub fn load_token_sets(cfg: &Config) -> Result<TokenSets> {
             classes: None,
             special_tokens: Some(specials),
         },
+        tokenizer,
     })
 }
 

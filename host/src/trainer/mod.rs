@@ -87,6 +87,8 @@ pub struct Trainer {
     eval_subset: Option<(Loader, crate::data::SubsetChoice)>,
     /// A text dataset's vocabulary, classes and special tokens (for the run record).
     text_facts: Option<crate::data::TextFacts>,
+    /// The tokenizer file of a text run (`None` for `synthetic-text` and images).
+    tokenizer: Option<PathBuf>,
     reporter: Reporter,
     plugins: Vec<PluginRecord>,
     evals: Vec<EvalRecord>,
@@ -184,6 +186,12 @@ impl Trainer {
     /// The checkpoint this run continued from.
     pub fn resumed_from(&self) -> Option<&Path> {
         self.resumed_from.as_deref()
+    }
+
+    /// The tokenizer file the run's text was encoded with (`None` for `synthetic-text` and
+    /// images).
+    pub fn tokenizer_path(&self) -> Option<&Path> {
+        self.tokenizer.as_deref()
     }
 
     /// The model.

@@ -16,7 +16,7 @@ use tessera_plugin_api::{API_VERSION, LIBTORCH_VERSION};
     name = "tessera",
     about = "A fast deep-learning trainer whose speed-up methods are binary plugins",
     disable_version_flag = true,
-    after_help = "Examples:\n  tessera data fetch fashion-mnist\n  tessera train examples/fashion-mnist/trainer.toml\n  tessera train trainer.toml --set optimizer.lr=0.05 --set train.max_duration=1ep\n  tessera launch --nproc 4 train trainer.toml\n  tessera plugins list\n  tessera plugins install ./libmy_method.so\n  tessera new-plugin my_method\n  tessera eval runs/demo/checkpoints/latest.ckpt\n  tessera predict runs/demo/checkpoints/latest.ckpt --to predictions.jsonl\n  tessera export runs/demo/checkpoints/latest.ckpt --to model.safetensors\n  tessera explore runs/"
+    after_help = "Examples:\n  tessera data fetch fashion-mnist\n  tessera train examples/fashion-mnist/trainer.toml\n  tessera train trainer.toml --set optimizer.lr=0.05 --set train.max_duration=1ep\n  tessera launch --nproc 4 train trainer.toml\n  tessera plugins list\n  tessera plugins install ./libmy_method.so\n  tessera new-plugin my_method\n  tessera eval runs/demo/checkpoints/latest.ckpt\n  tessera predict runs/demo/checkpoints/latest.ckpt --to predictions.jsonl\n  tessera export runs/demo/checkpoints/latest.ckpt --to model.safetensors\n  tessera generate runs/demo/checkpoints/latest.ckpt --prompt \"Once upon\"\n  tessera explore runs/"
 )]
 struct Cli {
     /// Print the version, the libtorch version and whether CUDA is usable.
@@ -65,6 +65,16 @@ enum Command {
     /// Predict every test sample with a checkpoint's or a trainer.toml's model and write the
     /// predictions as JSON Lines (index, predicted class, target, class probabilities).
     Predict(commands::predict::Args),
+    /// Generate text from a language model: a run's checkpoint (rebuilt with its methods) or
+    /// a Hugging Face save_pretrained folder (llama, gpt2). Greedy by default; --temperature,
+    /// --top-k, --top-p and --seed sample. Streams one prompt's text as it comes; --json writes
+    /// JSON Lines. See docs/generate.md.
+    #[command(
+        after_help = "Examples:\n  tessera generate runs/demo/checkpoints/latest.ckpt --prompt \"To be\"\n  \
+                      tessera generate exported-hf/ --prompt \"Once\" --max-new-tokens 100 --temperature 0.8 --top-p 0.95 --seed 1\n  \
+                      tessera generate model/ --prompts prompts.jsonl --json --stop $'\\n\\n'"
+    )]
+    Generate(commands::generate::Args),
     /// Datasets.
     Data(commands::data::Args),
     /// Plugins.
@@ -132,6 +142,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Recipe(args) => commands::recipe::run(args),
         Command::Eval(args) => commands::eval::run(args),
         Command::Predict(args) => commands::predict::run(args),
+        Command::Generate(args) => commands::generate::run(args),
         Command::Data(args) => commands::data::run(args),
         Command::Plugins(args) => commands::plugins::run(args),
         Command::Export(args) => commands::export::run(args),

@@ -13,6 +13,10 @@ impl Layer for Relu {
         "relu"
     }
 
+    fn is_position_wise(&self) -> bool {
+        true
+    }
+
     fn forward(&self, xs: &Tensor, _train: bool) -> Result<Tensor, TchError> {
         xs.f_relu()
     }
@@ -25,6 +29,10 @@ pub struct Gelu;
 impl Layer for Gelu {
     fn kind(&self) -> &str {
         "gelu"
+    }
+
+    fn is_position_wise(&self) -> bool {
+        true
     }
 
     fn forward(&self, xs: &Tensor, _train: bool) -> Result<Tensor, TchError> {
@@ -52,6 +60,10 @@ impl Layer for Mul {
 
     fn attrs(&self) -> Vec<(&str, Attr)> {
         vec![("factor", Attr::Float(self.factor))]
+    }
+
+    fn is_position_wise(&self) -> bool {
+        true
     }
 
     fn forward(&self, xs: &Tensor, _train: bool) -> Result<Tensor, TchError> {

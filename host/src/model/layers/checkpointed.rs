@@ -19,7 +19,7 @@ use std::sync::{Arc, Weak};
 use tch::{TchError, Tensor};
 
 use super::mask::{attention_mask, with_attention_mask};
-use super::{Attr, Layer};
+use super::{Attr, KvCache, Layer};
 
 type UnitFn =
     extern "C" fn(*mut c_void, c_int, *mut c_void, *mut *mut c_void, *mut c_char, usize) -> c_int;
@@ -111,6 +111,14 @@ impl Layer for Checkpointed {
 
     fn child_mut(&mut self, name: &str) -> Option<&mut Box<dyn Layer>> {
         self.inner.child_mut(name)
+    }
+
+    fn is_position_wise(&self) -> bool {
+        self.inner.is_position_wise()
+    }
+
+    fn forward_cached(&self, xs: &Tensor, cache: &mut KvCache) -> Result<Tensor, TchError> {
+        self.inner.forward_cached(xs, cache)
     }
 
     fn forward(&self, xs: &Tensor, train: bool) -> Result<Tensor, TchError> {

@@ -27,6 +27,10 @@ impl Layer for Dropout {
         vec![("p", Attr::Float(self.p))]
     }
 
+    fn is_position_wise(&self) -> bool {
+        true
+    }
+
     fn forward(&self, xs: &Tensor, train: bool) -> Result<Tensor, TchError> {
         if train && self.p > 0.0 {
             xs.f_dropout(self.p, true)

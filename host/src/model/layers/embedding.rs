@@ -65,6 +65,10 @@ impl Layer for Embedding {
         vec![("weight", &self.weight)]
     }
 
+    fn is_position_wise(&self) -> bool {
+        true
+    }
+
     fn forward(&self, xs: &Tensor, _train: bool) -> Result<Tensor, TchError> {
         if xs.kind() != Kind::Int64 {
             return Err(TchError::Kind(format!(

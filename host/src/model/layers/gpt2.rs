@@ -54,7 +54,9 @@
 
 use tch::{nn::Init, Kind, TchError, Tensor};
 
-use super::{Attr, Dropout, Embedding, ExportTree, Exported, Layer, LayerNorm, Sequential};
+use super::{
+    Attr, Dropout, Embedding, ExportTree, Exported, KvCache, Layer, LayerNorm, Sequential,
+};
 use crate::model::{tree::join, Gpt2Config, ParamStore};
 
 /// Hugging Face's `initializer_range`: the standard deviation of every weight's normal init.
@@ -167,6 +169,35 @@ impl Layer for Gpt2Attention {
     }
 
     fn forward(&self, xs: &Tensor, train: bool) -> Result<Tensor, TchError> {
+        let [q, k, v] = self.qkv(xs)?;
+        let p = if train { self.attn_pdrop } else { 0.0 };
+        let y = Tensor::f_scaled_dot_product_attention(
+            &q,
+            &k,
+            &v,
+            None::<Tensor>,
+            p,
+            true,
+            None,
+            false,
+        )?;
+        let y = conv1d(&merge_heads(&y)?, &self.c_proj_weight, &self.c_proj_bias)?;
+        dropout(y, self.resid_pdrop, train)
+    }
+
+    fn forward_cached(&self, xs: &Tensor, cache: &mut KvCache) -> Result<Tensor, TchError> {
+        let [q, k, v] = self.qkv(xs)?;
+        let (k, v) = cache.append(&k, &v)?;
+        let mask = cache.mask().map(Tensor::shallow_clone);
+        let causal = mask.is_none() && q.size()[2] > 1;
+        let y = Tensor::f_scaled_dot_product_attention(&q, &k, &v, mask, 0.0, causal, None, false)?;
+        conv1d(&merge_heads(&y)?, &self.c_proj_weight, &self.c_proj_bias)
+    }
+}
+
+impl Gpt2Attention {
+    /// The queries, keys and values of `xs` `(B, T, C)` in heads `(B, n_head, T, C / n_head)`.
+    fn qkv(&self, xs: &Tensor) -> Result<[Tensor; 3], TchError> {
         let (b, t, c) = btc(xs, self.n_embd, "gpt2 attention")?;
         let (h, d) = (self.n_head, self.n_embd / self.n_head);
         let qkv = conv1d(xs, &self.c_attn_weight, &self.c_attn_bias)?;
@@ -180,21 +211,16 @@ impl Layer for Gpt2Attention {
                 parts.len()
             )));
         };
-        let p = if train { self.attn_pdrop } else { 0.0 };
-        let y = Tensor::f_scaled_dot_product_attention(
-            &heads(q)?,
-            &heads(k)?,
-            &heads(v)?,
-            None::<Tensor>,
-            p,
-            true,
-            None,
-            false,
-        )?;
-        let y = y.f_transpose(1, 2)?.f_contiguous()?.f_reshape([b, t, c])?;
-        let y = conv1d(&y, &self.c_proj_weight, &self.c_proj_bias)?;
-        dropout(y, self.resid_pdrop, train)
+        Ok([heads(q)?, heads(k)?, heads(v)?])
     }
+}
+
+/// Attention heads `(B, H, T, D)` merged back into features `(B, T, H·D)`.
+pub(super) fn merge_heads(y: &Tensor) -> Result<Tensor, TchError> {
+    let (b, h, t, d) = y.size4()?;
+    y.f_transpose(1, 2)?
+        .f_contiguous()?
+        .f_reshape([b, t, h * d])
 }
 
 /// GPT-2's feed-forward block (Hugging Face's `GPT2MLP`), kind `gpt2_mlp`.
@@ -254,6 +280,10 @@ impl Layer for Gpt2Mlp {
             ("c_proj.weight", &self.c_proj_weight),
             ("c_proj.bias", &self.c_proj_bias),
         ]
+    }
+
+    fn is_position_wise(&self) -> bool {
+        true
     }
 
     fn forward(&self, xs: &Tensor, train: bool) -> Result<Tensor, TchError> {
@@ -339,6 +369,13 @@ impl Layer for Gpt2Block {
         let m = self.mlp.forward(&self.ln_2.forward(&xs, train)?, train)?;
         xs.f_add(&m)
     }
+
+    fn forward_cached(&self, xs: &Tensor, cache: &mut KvCache) -> Result<Tensor, TchError> {
+        let normed = self.ln_1.forward_cached(xs, cache)?;
+        let xs = xs.f_add(&self.attn.forward_cached(&normed, cache)?)?;
+        let normed = self.ln_2.forward_cached(&xs, cache)?;
+        xs.f_add(&self.mlp.forward_cached(&normed, cache)?)
+    }
 }
 
 /// The decoder without its head (Hugging Face's `GPT2Model`, path `transformer`), kind
@@ -412,15 +449,7 @@ impl Layer for Gpt2Model {
                 )))
             }
         };
-        if let Some(rows) = embedding_rows(self.wpe.as_ref()) {
-            if t > rows {
-                return Err(TchError::Shape(format!(
-                    "gpt2: the input has {t} tokens per sequence, more than the model's context \
-                     of {rows} (`[model] n_positions`, the rows of the position embedding \
-                     `transformer.wpe`)"
-                )));
-            }
-        }
+        self.check_context(t)?;
         let positions = Tensor::f_arange(t, (Kind::Int64, ids.device()))?.f_unsqueeze(0)?;
         let x = self
             .wte
@@ -429,6 +458,32 @@ impl Layer for Gpt2Model {
         let x = self.drop.forward(&x, train)?;
         let x = self.h.forward(&x, train)?;
         self.ln_f.forward(&x, train)
+    }
+
+    fn forward_cached(&self, ids: &Tensor, cache: &mut KvCache) -> Result<Tensor, TchError> {
+        self.check_context(cache.past() + ids.size().last().copied().unwrap_or(0))?;
+        let positions = cache.positions()?.shallow_clone();
+        let x = self
+            .wte
+            .forward_cached(ids, cache)?
+            .f_add(&self.wpe.forward_cached(&positions, cache)?)?;
+        let x = self.drop.forward_cached(&x, cache)?;
+        let x = self.h.forward_cached(&x, cache)?;
+        self.ln_f.forward_cached(&x, cache)
+    }
+}
+
+impl Gpt2Model {
+    /// Refuses sequences of `t` tokens beyond the learned position table (while `wpe` is one).
+    fn check_context(&self, t: i64) -> Result<(), TchError> {
+        match embedding_rows(self.wpe.as_ref()) {
+            Some(rows) if t > rows => Err(TchError::Shape(format!(
+                "gpt2: the input has {t} tokens per sequence, more than the model's context of \
+                 {rows} (`[model] n_positions`, the rows of the position embedding \
+                 `transformer.wpe`)"
+            ))),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -488,6 +543,10 @@ impl Layer for LmHead {
         } else {
             vec![("weight", &self.weight)]
         }
+    }
+
+    fn is_position_wise(&self) -> bool {
+        true
     }
 
     fn forward(&self, xs: &Tensor, _train: bool) -> Result<Tensor, TchError> {
@@ -669,5 +728,13 @@ impl Layer for Gpt2LmHeadModel {
     fn forward(&self, ids: &Tensor, train: bool) -> Result<Tensor, TchError> {
         let hidden = self.transformer.forward(ids, train)?;
         self.lm_head.forward(&hidden, train)
+    }
+
+    /// The logits of the last new token only `(B, 1, V)`: generation needs no other.
+    fn forward_cached(&self, ids: &Tensor, cache: &mut KvCache) -> Result<Tensor, TchError> {
+        let hidden = self.transformer.forward_cached(ids, cache)?;
+        let t = hidden.size().get(1).copied().unwrap_or(1);
+        self.lm_head
+            .forward_cached(&hidden.f_narrow(1, t - 1, 1)?, cache)
     }
 }

@@ -140,6 +140,10 @@ impl Layer for Linear {
         tensors
     }
 
+    fn is_position_wise(&self) -> bool {
+        true
+    }
+
     fn forward(&self, xs: &Tensor, _train: bool) -> Result<Tensor, TchError> {
         xs.f_linear(&self.weight, self.bias.as_ref())
     }

@@ -38,9 +38,9 @@
 use serde::{Deserialize, Serialize};
 use tch::{Kind, TchError, Tensor};
 
-use super::gpt2::{check_sizes, normal, LmHead};
-use super::{Attr, Embedding, Layer, Linear, Sequential};
-use crate::model::{tree::join, ParamStore};
+use super::gpt2::{check_sizes, merge_heads, normal, LmHead};
+use super::{Attr, Embedding, KvCache, Layer, Linear, Sequential};
+use crate::model::{hf_json, tree::join, ParamStore};
 
 /// The sizes and choices of a Llama-family decoder, named as Hugging Face's `LlamaConfig`
 /// (`[model]` keys, or `config.json`). The defaults are SmolLM-135M's shapes.
@@ -129,29 +129,10 @@ impl LlamaConfig {
     /// `rope_scaling`) or 5 (`rope_parameters`) writes it. What this model does not compute (another
     /// activation, an MLP bias, a sliding window, another rotary type) is an error naming the key.
     pub fn from_hf_config(json: &serde_json::Value) -> Result<LlamaConfig, String> {
-        let get = |key: &str| json.get(key).filter(|v| !v.is_null());
-        let count = |key: &str| -> Result<Option<usize>, String> {
-            match get(key) {
-                None => Ok(None),
-                Some(v) => v
-                    .as_u64()
-                    .map(|n| Some(n as usize))
-                    .ok_or_else(|| format!("`{key}` must be a whole number, got {v}")),
-            }
-        };
-        let number = |v: &serde_json::Value, key: &str| -> Result<f64, String> {
-            v.as_f64()
-                .ok_or_else(|| format!("`{key}` must be a number, got {v}"))
-        };
-        let flag = |key: &str| -> Result<Option<bool>, String> {
-            match get(key) {
-                None => Ok(None),
-                Some(v) => v
-                    .as_bool()
-                    .map(Some)
-                    .ok_or_else(|| format!("`{key}` must be true or false, got {v}")),
-            }
-        };
+        let get = |key: &str| hf_json::field(json, key);
+        let count = |key: &str| hf_json::count(json, key);
+        let number = hf_json::number;
+        let flag = |key: &str| hf_json::flag(json, key);
         let model_type = get("model_type")
             .and_then(|v| v.as_str())
             .unwrap_or("llama");
@@ -297,17 +278,27 @@ fn inv_freq(dim: i64, theta: f64, scaling: Option<RopeScaling>) -> Result<Tensor
     smoothed.f_where_self(&medium, &scaled)
 }
 
-/// `(cos, sin)` of `(1, 1, T, D)` for positions `0..t` on `device`, in `kind`.
+/// `(cos, sin)` of `(1, 1, T, D)` for positions `0..t` on `like`'s device, in its kind.
 fn rotary(inv_freq: &Tensor, t: i64, like: &Tensor) -> Result<(Tensor, Tensor), TchError> {
+    let positions = Tensor::f_arange(t, (Kind::Float, like.device()))?.f_unsqueeze(0)?;
+    rotary_at(inv_freq, &positions, like)
+}
+
+/// `(cos, sin)` of `(B, 1, T, D)` for the positions `(B, T)` (each row its own, as generation's
+/// left-padded rows have), on `like`'s device, in its kind.
+fn rotary_at(
+    inv_freq: &Tensor,
+    positions: &Tensor,
+    like: &Tensor,
+) -> Result<(Tensor, Tensor), TchError> {
     let device = like.device();
-    let positions = Tensor::f_arange(t, (Kind::Float, device))?;
     let freqs = positions
-        .f_unsqueeze(1)?
-        .f_mul(&inv_freq.f_to_device(device)?.f_unsqueeze(0)?)?;
+        .f_to_kind(Kind::Float)?
+        .f_unsqueeze(-1)?
+        .f_mul(&inv_freq.f_to_device(device)?)?;
     let emb = Tensor::f_cat(&[&freqs, &freqs], -1)?;
-    let shape = |x: Tensor| -> Result<Tensor, TchError> {
-        x.f_to_kind(like.kind())?.f_unsqueeze(0)?.f_unsqueeze(0)
-    };
+    let shape =
+        |x: Tensor| -> Result<Tensor, TchError> { x.f_to_kind(like.kind())?.f_unsqueeze(1) };
     Ok((shape(emb.f_cos()?)?, shape(emb.f_sin()?)?))
 }
 
@@ -360,6 +351,10 @@ impl Layer for RmsNorm {
 
     fn tensors(&self) -> Vec<(&str, &Tensor)> {
         vec![("weight", &self.weight)]
+    }
+
+    fn is_position_wise(&self) -> bool {
+        true
     }
 
     fn forward(&self, xs: &Tensor, _train: bool) -> Result<Tensor, TchError> {
@@ -450,6 +445,37 @@ impl Layer for LlamaAttention {
     }
 
     fn forward(&self, xs: &Tensor, train: bool) -> Result<Tensor, TchError> {
+        let [q, k, v] = self.rotated_qkv(xs, None, |p| p.forward(xs, train))?;
+        let t = q.size()[2];
+        let y = self.attend(&q, k, v, None, t > 1)?;
+        self.o_proj.forward(&y, train)
+    }
+
+    fn forward_cached(&self, xs: &Tensor, cache: &mut KvCache) -> Result<Tensor, TchError> {
+        let positions = cache.positions()?.shallow_clone();
+        let [q, k, v] = self.rotated_qkv(xs, Some(&positions), |p| p.forward_cached(xs, cache))?;
+        let (k, v) = cache.append(&k, &v)?;
+        let mask = cache.mask().map(Tensor::shallow_clone);
+        let causal = mask.is_none() && q.size()[2] > 1;
+        let y = self.attend(&q, k, v, mask, causal)?;
+        self.o_proj.forward_cached(&y, cache)
+    }
+}
+
+/// `x · cos + rotate_half(x) · sin`: rotary positions applied to queries or keys.
+fn rotate(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor, TchError> {
+    x.f_mul(cos)?.f_add(&rotate_half(x)?.f_mul(sin)?)
+}
+
+impl LlamaAttention {
+    /// The queries, keys and values of `xs` `(B, T, C)` in heads `(B, heads, T, D)`, queries
+    /// and keys rotated to `positions` `(B, T)` (`None`: `0..T`); `project` runs a projection.
+    fn rotated_qkv(
+        &self,
+        xs: &Tensor,
+        positions: Option<&Tensor>,
+        mut project: impl FnMut(&dyn Layer) -> Result<Tensor, TchError>,
+    ) -> Result<[Tensor; 3], TchError> {
         let (b, t) = match xs.size().as_slice() {
             &[b, t, c] if c == self.hidden => (b, t),
             s => {
@@ -461,37 +487,51 @@ impl Layer for LlamaAttention {
         };
         let d = self.head_dim;
         let heads = |x: Tensor, n: i64| x.f_reshape([b, t, n, d])?.f_transpose(1, 2);
-        let q = heads(self.q_proj.forward(xs, train)?, self.heads)?;
-        let k = heads(self.k_proj.forward(xs, train)?, self.kv_heads)?;
-        let v = heads(self.v_proj.forward(xs, train)?, self.kv_heads)?;
-        let (cos, sin) = rotary(&self.inv_freq, t, &q)?;
-        let rotate = |x: &Tensor| x.f_mul(&cos)?.f_add(&rotate_half(x)?.f_mul(&sin)?);
-        let (q, k) = (rotate(&q)?, rotate(&k)?);
-        // Hugging Face's `repeat_kv`: each key/value head serves `heads / kv_heads` query heads.
-        let repeat = |x: Tensor| -> Result<Tensor, TchError> {
-            let n = self.heads / self.kv_heads;
-            if n == 1 {
-                return Ok(x);
-            }
-            x.f_unsqueeze(2)?
-                .f_expand([b, self.kv_heads, n, t, d], false)?
-                .f_reshape([b, self.heads, t, d])
+        let q = heads(project(self.q_proj.as_ref())?, self.heads)?;
+        let k = heads(project(self.k_proj.as_ref())?, self.kv_heads)?;
+        let v = heads(project(self.v_proj.as_ref())?, self.kv_heads)?;
+        let (cos, sin) = match positions {
+            None => rotary(&self.inv_freq, t, &q)?,
+            Some(p) => rotary_at(&self.inv_freq, p, &q)?,
         };
+        Ok([rotate(&q, &cos, &sin)?, rotate(&k, &cos, &sin)?, v])
+    }
+
+    /// Scaled dot-product attention of the queries `q` over the keys `k` and values `v` (their
+    /// heads repeated to serve the query heads), `mask` or `causal` as libtorch's SDPA takes
+    /// them; the heads merged `(B, T, H·D)`.
+    fn attend(
+        &self,
+        q: &Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Option<Tensor>,
+        causal: bool,
+    ) -> Result<Tensor, TchError> {
         let y = Tensor::f_scaled_dot_product_attention(
-            &q,
-            &repeat(k)?,
-            &repeat(v)?,
-            None::<Tensor>,
+            q,
+            &self.repeat_kv(k)?,
+            &self.repeat_kv(v)?,
+            mask,
             0.0,
-            t > 1,
+            causal,
             None,
             false,
         )?;
-        let y = y
-            .f_transpose(1, 2)?
-            .f_contiguous()?
-            .f_reshape([b, t, self.heads * d])?;
-        self.o_proj.forward(&y, train)
+        merge_heads(&y)
+    }
+
+    /// Hugging Face's `repeat_kv`: each key/value head of `x` `(B, K, T, D)` serves
+    /// `heads / kv_heads` query heads.
+    fn repeat_kv(&self, x: Tensor) -> Result<Tensor, TchError> {
+        let n = self.heads / self.kv_heads;
+        if n == 1 {
+            return Ok(x);
+        }
+        let (b, t) = (x.size()[0], x.size()[2]);
+        x.f_unsqueeze(2)?
+            .f_expand([b, self.kv_heads, n, t, self.head_dim], false)?
+            .f_reshape([b, self.heads, t, self.head_dim])
     }
 }
 
@@ -549,6 +589,10 @@ impl Layer for LlamaMlp {
             "down_proj" => Some(&mut self.down_proj),
             _ => None,
         }
+    }
+
+    fn is_position_wise(&self) -> bool {
+        self.children().iter().all(|(_, c)| c.is_position_wise())
     }
 
     fn forward(&self, xs: &Tensor, train: bool) -> Result<Tensor, TchError> {
@@ -630,6 +674,13 @@ impl Layer for LlamaBlock {
             .forward(&self.post_attention_layernorm.forward(&xs, train)?, train)?;
         xs.f_add(&m)
     }
+
+    fn forward_cached(&self, xs: &Tensor, cache: &mut KvCache) -> Result<Tensor, TchError> {
+        let normed = self.input_layernorm.forward_cached(xs, cache)?;
+        let xs = xs.f_add(&self.self_attn.forward_cached(&normed, cache)?)?;
+        let normed = self.post_attention_layernorm.forward_cached(&xs, cache)?;
+        xs.f_add(&self.mlp.forward_cached(&normed, cache)?)
+    }
 }
 
 /// The decoder without its head (`LlamaModel`, path `model`), kind `llama_model`: token ids
@@ -687,6 +738,21 @@ impl Layer for LlamaModel {
         let x = self.embed_tokens.forward(ids, train)?;
         let x = self.layers.forward(&x, train)?;
         self.norm.forward(&x, train)
+    }
+
+    fn forward_cached(&self, ids: &Tensor, cache: &mut KvCache) -> Result<Tensor, TchError> {
+        let t = ids.size().last().copied().unwrap_or(0);
+        if cache.past() + t > self.max_positions {
+            return Err(TchError::Shape(format!(
+                "llama: {} tokens per sequence, more than the model's context of {} \
+                 (`max_position_embeddings`)",
+                cache.past() + t,
+                self.max_positions
+            )));
+        }
+        let x = self.embed_tokens.forward_cached(ids, cache)?;
+        let x = self.layers.forward_cached(&x, cache)?;
+        self.norm.forward_cached(&x, cache)
     }
 }
 
@@ -839,5 +905,13 @@ impl Layer for LlamaForCausalLm {
     fn forward(&self, ids: &Tensor, train: bool) -> Result<Tensor, TchError> {
         let hidden = self.model.forward(ids, train)?;
         self.lm_head.forward(&hidden, train)
+    }
+
+    /// The logits of the last new token only `(B, 1, V)`: generation needs no other.
+    fn forward_cached(&self, ids: &Tensor, cache: &mut KvCache) -> Result<Tensor, TchError> {
+        let hidden = self.model.forward_cached(ids, cache)?;
+        let t = hidden.size().get(1).copied().unwrap_or(1);
+        self.lm_head
+            .forward_cached(&hidden.f_narrow(1, t - 1, 1)?, cache)
     }
 }

@@ -15,6 +15,7 @@ mod flatten;
 mod gated;
 mod gpt2;
 pub mod init;
+mod kv_cache;
 mod linear;
 mod llama;
 pub mod mask;
@@ -40,6 +41,7 @@ pub use embedding::Embedding;
 pub use flatten::Flatten;
 pub use gated::{Gate, Gated};
 pub use gpt2::{Gpt2Attention, Gpt2Block, Gpt2LmHeadModel, Gpt2Mlp, Gpt2Model, LmHead};
+pub use kv_cache::KvCache;
 pub use linear::Linear;
 pub use llama::{
     LlamaAttention, LlamaBlock, LlamaConfig, LlamaForCausalLm, LlamaMlp, LlamaModel, RmsNorm,
@@ -111,6 +113,25 @@ pub trait Layer: Send + fmt::Debug {
     /// put in), not the host's.
     fn is_plugin_code(&self) -> bool {
         false
+    }
+
+    /// Whether the layer computes each position of a sequence from that position's input
+    /// alone (linear layers, norms, embeddings, activations, an MLP whose children all are), so
+    /// that generation may run it on the new tokens only. Default: no.
+    fn is_position_wise(&self) -> bool {
+        false
+    }
+
+    /// Runs the layer in evaluation mode on the new tokens of sequences being generated, with
+    /// what the earlier tokens left in `cache` (see [`KvCache`]). Default: the forward for a
+    /// position-wise layer; any other layer records in `cache` that it cannot (generation then
+    /// recomputes whole sequences). Decoders, their blocks and attention modules implement it.
+    fn forward_cached(&self, xs: &Tensor, cache: &mut KvCache) -> Result<Tensor, TchError> {
+        if self.is_position_wise() {
+            self.forward(xs, false)
+        } else {
+            Err(cache.unsupported(self.kind()))
+        }
     }
 }
 

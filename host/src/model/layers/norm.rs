@@ -66,6 +66,10 @@ impl Layer for LayerNorm {
         vec![("weight", &self.weight), ("bias", &self.bias)]
     }
 
+    fn is_position_wise(&self) -> bool {
+        true
+    }
+
     fn forward(&self, xs: &Tensor, _train: bool) -> Result<Tensor, TchError> {
         Tensor::f_layer_norm(
             xs,

@@ -2,7 +2,7 @@
 
 use tch::{TchError, Tensor};
 
-use super::{Attr, Layer};
+use super::{Attr, KvCache, Layer};
 
 /// Named children applied in order; with none, the input passes through.
 #[derive(Debug, Default)]
@@ -68,6 +68,14 @@ impl Layer for Sequential {
         let mut out = first.forward(xs, train)?;
         for (_, layer) in iter {
             out = layer.forward(&out, train)?;
+        }
+        Ok(out)
+    }
+
+    fn forward_cached(&self, xs: &Tensor, cache: &mut KvCache) -> Result<Tensor, TchError> {
+        let mut out = xs.shallow_clone();
+        for (_, layer) in &self.layers {
+            out = layer.forward_cached(&out, cache)?;
         }
         Ok(out)
     }

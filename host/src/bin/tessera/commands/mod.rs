@@ -4,6 +4,7 @@ pub mod data;
 pub mod eval;
 pub mod explore;
 pub mod export;
+pub mod generate;
 pub mod launch;
 pub mod new_plugin;
 pub mod plugins;
