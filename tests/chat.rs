@@ -232,3 +232,62 @@ fn bad_conversations_are_errors_naming_the_file_and_line() {
         );
     }
 }
+
+/// examples/sft/run.sh in a copy (its data, runs and exports stay out of the checkout), cut to
+/// two batches: dialogues made from the Shakespeare corpus, a SmolLM-sized llama fine-tuned
+/// with LoRA, the adapters exported for PEFT, the merged model for transformers, a sample
+/// generated from it.
+#[test]
+fn the_sft_example_runs_at_two_batches() {
+    use tessera_tests::{repo_root, run_with_timeout, target_dir, tessera_bin};
+    let dir = TempDir::new("sft-example");
+    let copy = dir.path().join("examples").join("sft");
+    std::fs::create_dir_all(&copy).expect("mkdir");
+    let source = repo_root().join("examples").join("sft");
+    for name in ["run.sh", "sft.toml", "make_dialogues.py", "README.md"] {
+        std::fs::copy(source.join(name), copy.join(name)).expect("copy");
+    }
+    // The plugins of this build, wherever the copy is.
+    let toml = std::fs::read_to_string(copy.join("sft.toml")).expect("sft.toml");
+    let dirs = format!("dirs = [{:?}]", target_dir().display().to_string());
+    assert!(toml.contains("dirs = [\"../../target/release\"]"));
+    std::fs::write(
+        copy.join("sft.toml"),
+        toml.replace("dirs = [\"../../target/release\"]", &dirs),
+    )
+    .expect("write");
+    let mut cmd = std::process::Command::new("bash");
+    cmd.arg(copy.join("run.sh"))
+        .env("STEPS", "2")
+        .env("TESSERA", tessera_bin())
+        .env_remove("LD_LIBRARY_PATH")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let out = run_with_timeout(
+        cmd,
+        "examples/sft/run.sh",
+        std::time::Duration::from_secs(900),
+    );
+    assert!(out.status.success(), "run.sh failed:\n{}", out.dump());
+    let record: Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join("runs/sft-smollm-lora/run.json"))
+            .expect("run.json"),
+    )
+    .expect("run.json parses");
+    assert_eq!(record["batches"], 2, "{record:#}");
+    let log = format!("{}{}", out.stdout, out.stderr);
+    assert!(
+        log.contains("lora: rank-8 adapters on 120 linear layers"),
+        "{log}"
+    );
+    assert!(log.contains("generated 8 tokens for 1 prompt(s)"), "{log}");
+    for file in [
+        "out/adapter/adapter_config.json",
+        "out/adapter/adapter_model.safetensors",
+        "out/merged/config.json",
+        "out/merged/model.safetensors",
+        "out/merged/tokenizer.json",
+    ] {
+        assert!(copy.join(file).is_file(), "{file} missing:\n{log}");
+    }
+}

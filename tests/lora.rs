@@ -153,6 +153,34 @@ fn adapters_train_with_the_base_frozen_and_export_for_peft_and_merged() {
         }
     }
 
+    // Generation through the adapters: the KV cache runs through the wrapped projections
+    // (position-wise), giving the tokens a full recomputation gives.
+    let generate = |extra: &[&str]| {
+        let ckpt_s = ckpt.display().to_string();
+        let mut args = vec![
+            "generate",
+            ckpt_s.as_str(),
+            "--prompt-ids",
+            "3 1 4 1 5",
+            "--max-new-tokens",
+            "6",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let out = tessera(&args, dir.path(), &[]);
+        out.assert_success();
+        // The cached run says so (a module that cannot run incrementally would make it
+        // recompute whole sequences, and say that).
+        assert_eq!(
+            extra.is_empty(),
+            out.stderr.contains("tokens/s, kv cache)"),
+            "{}",
+            out.stderr
+        );
+        out.stdout
+    };
+    assert_eq!(generate(&[]), generate(&["--no-kv-cache"]));
+
     // Merged: the base model with W + (alpha / r) B A; every other tensor is the base's, bit
     // for bit (frozen).
     let merged_dir = dir.path().join("merged");

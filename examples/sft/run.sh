@@ -20,6 +20,7 @@ if [ -n "${STEPS:-}" ]; then
     --set data.batch_size=2 --set data.eval_batch_size=2 --set data.text.seq_len=64
     --set train.eval_subset_batches=1)
   limit=200
+  NEW_TOKENS=${NEW_TOKENS:-8}
 fi
 mkdir -p data out
 
@@ -36,3 +37,9 @@ echo "== the adapters for PEFT, and the merged model for transformers"
 "$TESSERA" export "$ckpt" --format hf --to out/merged
 # The BPE trained on the dialogues (no tokenizer was given) goes beside the merged model.
 cp data/tok-cache/text-*/tokenizer-bpe-4096.json out/merged/tokenizer.json
+
+echo "== samples from the merged model (the prompt rendered as the ChatML template renders it)"
+system="You are a character in a Shakespeare play. Answer the line you are given in verse or prose, in character."
+prompt=$'<|im_start|>system\n'"$system"$'<|im_end|>\n<|im_start|>user\nKing: Welcome, good friends, to our court.<|im_end|>\n<|im_start|>assistant\n'
+"$TESSERA" generate out/merged --prompt "$prompt" --max-new-tokens "${NEW_TOKENS:-60}" \
+  --temperature 0.8 --top-k 50 --seed 1 --stop "<|im_end|>"

@@ -777,6 +777,7 @@ pub fn load_token_sets(cfg: &Config) -> Result<TokenSets> {
             },
             train: Arc::new(loaded.train),
             eval: Arc::new(loaded.eval),
+            tokenizer: Some(loaded.tokenizer_path),
         });
     }
     if d.dataset == data::Dataset::LabelledText {
