@@ -198,6 +198,42 @@ fn microbatches_of_unequal_answer_lengths_train_as_the_whole_batch() {
     assert!(diff <= 1e-4, "{diff:e} at `{name}`");
 }
 
+/// The same over ranks: 2 ranks of 4 padded conversations (unequal answer lengths on each)
+/// weigh by their shares of the global batch's scored tokens, and train what one process of 8
+/// trains (not the mean of the ranks' means).
+#[test]
+fn two_ranks_train_as_one_process_over_the_global_batch_tokens() {
+    use tessera_tests::dist::{assert_all_succeeded, max_difference, train_ranks};
+    let dir = TempDir::new("chat-ranks");
+    dir.write("train.jsonl", &conversations(60));
+    dir.write("trainer.toml", &chat_run("ranks", "").render());
+    assert_all_succeeded(&train_ranks(
+        &dir,
+        2,
+        &["data.batch_size=4", "train.threads=1", "checkpoint.interval=4ba"],
+    ));
+    train(
+        &dir,
+        &[
+            "run_name=one",
+            "data.batch_size=8",
+            "train.threads=1",
+            "checkpoint.interval=4ba",
+        ],
+        &[],
+    )
+    .assert_success();
+    let (ranks, one) = (losses(&dir, "ranks"), losses(&dir, "one"));
+    assert_eq!(ranks.len(), 4);
+    for (a, b) in ranks.iter().zip(&one) {
+        assert!((a - b).abs() <= 1e-5 * a.abs(), "{ranks:?} vs {one:?}");
+    }
+    let ckpt = |run: &str| run_dir(&dir, run).join("checkpoints").join("ep0-ba4.ckpt");
+    let (diff, name) = max_difference(&ckpt("ranks"), &ckpt("one"), &["model/"]);
+    println!("2 ranks vs one process: {diff:e} at `{name}`");
+    assert!(diff <= 1e-4, "{diff:e} at `{name}`");
+}
+
 #[test]
 fn bad_conversations_are_errors_naming_the_file_and_line() {
     let dir = TempDir::new("chat-errors");

@@ -338,6 +338,16 @@ impl Trainer {
         Ok(v[0] / self.world() as f64)
     }
 
+    /// `value` (a device tensor) summed over the ranks: a device collective, no host read.
+    pub(super) fn sum_tensor_over_ranks(&self, value: Tensor) -> Result<Tensor> {
+        let Some(dp) = &self.dp else {
+            return Ok(value);
+        };
+        let value = value.f_contiguous()?;
+        dp.group.all_reduce(&value, Op::Sum)?;
+        Ok(value)
+    }
+
     /// Sums per-rank evaluation totals over the ranks.
     pub(super) fn sum_over_ranks(&self, values: &mut [f64]) -> Result<()> {
         let Some(dp) = &self.dp else {

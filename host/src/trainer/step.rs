@@ -138,10 +138,23 @@ impl Trainer {
         // scored tokens, so that the step's loss and gradient are those of the whole batch (a
         // mean over its tokens, not the mean of the microbatches' means: the Hugging Face
         // Trainer's gradient-accumulation bug). Counted on the device: no read.
+        //
+        // Data-parallel, the same over the ranks: DDP averages the ranks' gradients, so each
+        // rank's passes weigh by `world ×` their share of the global batch's scored tokens (one
+        // all-reduce of the count, on the device), and the step is the mean over every rank's
+        // tokens, not the mean of the ranks' means.
         let ignore_index = self.state.loss_fn.ignore_index;
+        let world = self.world();
         let token_total = match full.target() {
-            Some(t) if count > 1 => super::microbatch::scored_tokens(t, ignore_index)?,
+            Some(t) if count > 1 || world > 1 => super::microbatch::scored_tokens(t, ignore_index)?,
             _ => None,
+        };
+        let token_total = match token_total {
+            Some(local) if world > 1 => Some(
+                self.sum_tensor_over_ranks(local)?
+                    .f_div_scalar(world as f64)?,
+            ),
+            other => other,
         };
         let mut batch_loss: Option<Tensor> = None;
         for (index, part) in parts.into_iter().enumerate() {
