@@ -210,7 +210,11 @@ fn two_ranks_train_as_one_process_over_the_global_batch_tokens() {
     assert_all_succeeded(&train_ranks(
         &dir,
         2,
-        &["data.batch_size=4", "train.threads=1", "checkpoint.interval=4ba"],
+        &[
+            "data.batch_size=4",
+            "train.threads=1",
+            "checkpoint.interval=4ba",
+        ],
     ));
     train(
         &dir,
