@@ -325,3 +325,37 @@ fn bad_settings_are_errors_naming_them() {
         assert!(out.stderr.contains(want), "{settings}: {}", out.stderr);
     }
 }
+
+/// Frozen base weights under sharding: every `[distributed] sharding` mode trains a LoRA run as
+/// DDP does on 2 ranks (the same losses, to the bit, and the same adapters).
+#[test]
+fn every_sharding_mode_trains_lora_as_ddp() {
+    use tessera_tests::dist::{assert_all_succeeded, max_difference, train_ranks};
+    let dir = TempDir::new("lora-sharding");
+    let mut toml = TrainerToml::tiny_gpt("ddp").algorithm("lora", "r = 2");
+    toml.model = "name = \"llama\"\nnum_hidden_layers = 2\nhidden_size = 32\n\
+                  intermediate_size = 64\nnum_attention_heads = 4\nnum_key_value_heads = 2\n\
+                  max_position_embeddings = 64"
+        .to_owned();
+    dir.write("trainer.toml", &with_checkpoints(&toml, ""));
+    let losses = |run: &str| {
+        tessera_tests::train_losses(&tessera_tests::read_jsonl(
+            &run_dir(&dir, run).join("metrics.jsonl"),
+        ))
+    };
+    for mode in ["ddp", "optimizer", "gradients", "full"] {
+        let run = format!("run_name={mode}");
+        let sharding = format!("distributed.sharding=\"{mode}\"");
+        let mut args = vec![run.as_str(), "train.threads=1"];
+        if mode != "ddp" {
+            args.push(&sharding);
+        }
+        assert_all_succeeded(&train_ranks(&dir, 2, &args));
+        if mode != "ddp" {
+            assert_eq!(losses(mode), losses("ddp"), "{mode}");
+            let ckpt = |run: &str| run_dir(&dir, run).join("checkpoints").join("ep0-ba2.ckpt");
+            let (diff, name) = max_difference(&ckpt(mode), &ckpt("ddp"), &["model/"]);
+            assert_eq!(diff, 0.0, "{mode}: {diff:e} at `{name}`");
+        }
+    }
+}
