@@ -25,23 +25,7 @@ pub fn export_checkpoint(checkpoint: &Path, to: &Path) -> Result<ExportSummary> 
     if ckpt.meta.methods.is_empty() {
         return Ok(export::export_plain(checkpoint, &ckpt, to)?);
     }
-    let rebuilding = || {
-        format!(
-            "{}: rebuilding the trained model with its methods (as `tessera eval` does: the \
-             plugins and the data must be available)",
-            checkpoint.display()
-        )
-    };
-    // On the CPU whatever device the run used: the file is the same.
-    let config =
-        standalone_config(checkpoint, &["train.device=cpu".to_owned()]).with_context(rebuilding)?;
-    let trainer = Trainer::standalone(config, Vec::new()).with_context(rebuilding)?;
-    let model_json = ckpt
-        .meta
-        .config
-        .get("model")
-        .cloned()
-        .unwrap_or(Value::Null);
+    let (trainer, model_json) = rebuild_on_cpu(checkpoint, &ckpt)?;
     Ok(export::export_model(
         trainer.model(),
         &model_json,
@@ -69,6 +53,17 @@ pub fn export_peft(checkpoint: &Path, dir: &Path) -> Result<crate::peft::PeftAda
             checkpoint.display()
         );
     }
+    let (trainer, model_json) = rebuild_on_cpu(checkpoint, &ckpt)?;
+    let named = |e: String| TrainError::Run(format!("{}: {e}", checkpoint.display()));
+    let adapter = crate::peft::peft_adapter(trainer.model(), &model_json).map_err(named)?;
+    crate::peft::write_adapter(&adapter, dir).map_err(named)?;
+    Ok(adapter)
+}
+
+/// The checkpoint's run rebuilt as `tessera eval` rebuilds it (its plugins loaded, their
+/// surgery replayed, the weights loaded), on the CPU whatever device the run used (the exported
+/// files are the same), and the run's `[model]` section.
+fn rebuild_on_cpu(checkpoint: &Path, ckpt: &Checkpoint) -> Result<(Trainer, Value)> {
     let rebuilding = || {
         format!(
             "{}: rebuilding the trained model with its methods (as `tessera eval` does: the \
@@ -85,8 +80,5 @@ pub fn export_peft(checkpoint: &Path, dir: &Path) -> Result<crate::peft::PeftAda
         .get("model")
         .cloned()
         .unwrap_or(Value::Null);
-    let named = |e: String| TrainError::Run(format!("{}: {e}", checkpoint.display()));
-    let adapter = crate::peft::peft_adapter(trainer.model(), &model_json).map_err(named)?;
-    crate::peft::write_adapter(&adapter, dir).map_err(named)?;
-    Ok(adapter)
+    Ok((trainer, model_json))
 }

@@ -27,7 +27,9 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
-use super::own::{held_out, json_kind, line_error, list_file, text_files, Document, Documents};
+use super::own::{
+    held_out, json_kind, jsonl_lines, line_error, list_file, text_files, Document, Documents,
+};
 use super::tokenizer::TextTokenizer;
 use crate::data::DataError;
 
@@ -103,22 +105,7 @@ pub fn read_conversations(path: &Path) -> Result<(Vec<Conversation>, Documents),
         }
         let bytes = fs::read(&file).map_err(|e| DataError::io(&file, e))?;
         list_file(&mut listing, &name, &bytes);
-        for (n, line) in bytes.split(|&b| b == b'\n').enumerate() {
-            let number = n + 1;
-            let line = std::str::from_utf8(line).map_err(|e| {
-                line_error(
-                    &file,
-                    number,
-                    format!(
-                        "is not UTF-8 (invalid byte at column {})",
-                        e.valid_up_to() + 1
-                    ),
-                )
-            })?;
-            let line = line.strip_suffix('\r').unwrap_or(line);
-            if line.trim().is_empty() {
-                continue;
-            }
+        jsonl_lines(&file, &bytes, |number, line| {
             let messages = parse_line(line).map_err(|why| line_error(&file, number, why))?;
             let at = format!("{name}:{number}");
             docs.push(Document {
@@ -126,7 +113,8 @@ pub fn read_conversations(path: &Path) -> Result<(Vec<Conversation>, Documents),
                 text: line.to_owned(),
             });
             conversations.push(Conversation { name: at, messages });
-        }
+            Ok(())
+        })?;
     }
     if conversations.is_empty() {
         return Err(DataError::format(path, "holds no conversations"));

@@ -394,19 +394,8 @@ pub(super) fn jsonl_objects(
         serde_json::Map<String, serde_json::Value>,
     ) -> Result<(), DataError>,
 ) -> Result<(), DataError> {
-    for (n, line) in bytes.split(|&b| b == b'\n').enumerate() {
-        let number = n + 1;
+    jsonl_lines(path, bytes, |number, line| {
         let bad = |why: String| line_error(path, number, why);
-        let line = std::str::from_utf8(line).map_err(|e| {
-            bad(format!(
-                "is not UTF-8 (invalid byte at column {})",
-                e.valid_up_to() + 1
-            ))
-        })?;
-        let line = line.strip_suffix('\r').unwrap_or(line);
-        if line.trim().is_empty() {
-            continue;
-        }
         let value: serde_json::Value =
             serde_json::from_str(line).map_err(|e| bad(format!("is not valid JSON: {e}")))?;
         let serde_json::Value::Object(mut object) = value else {
@@ -425,7 +414,33 @@ pub(super) fn jsonl_objects(
             }
             None => return Err(bad(missing_field(text_field, "text_field", &object))),
         };
-        each(number, text, object)?;
+        each(number, text, object)
+    })
+}
+
+/// Calls `each(line number, line)` for each non-blank line of a `.jsonl` file's bytes (UTF-8,
+/// a trailing `\r` dropped); a line that is not UTF-8 is an error naming the file and the line.
+pub(super) fn jsonl_lines(
+    path: &Path,
+    bytes: &[u8],
+    mut each: impl FnMut(usize, &str) -> Result<(), DataError>,
+) -> Result<(), DataError> {
+    for (n, line) in bytes.split(|&b| b == b'\n').enumerate() {
+        let number = n + 1;
+        let line = std::str::from_utf8(line).map_err(|e| {
+            line_error(
+                path,
+                number,
+                format!(
+                    "is not UTF-8 (invalid byte at column {})",
+                    e.valid_up_to() + 1
+                ),
+            )
+        })?;
+        let line = line.strip_suffix('\r').unwrap_or(line);
+        if !line.trim().is_empty() {
+            each(number, line)?;
+        }
     }
     Ok(())
 }
