@@ -101,7 +101,7 @@ fn tiny_bert(head: BertHead, classes: usize) -> ModelConfig {
 
 /// The model's evaluation logits for `ids` with `mask`.
 fn logits(model: &Model, ids: &Tensor, mask: Option<&Tensor>) -> Tensor {
-    tch::no_grad(|| model.forward_masked(ids, mask, false)).unwrap_or_else(|e| panic!("{e}"))
+    tch::no_grad(|| model.forward_masked(ids, mask, None, false)).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Writes the model's export and checks it in transformers: nothing missing or unexpected, the
@@ -172,7 +172,7 @@ fn transformers_berts_load_with_their_logits_and_export_back() {
     assert!(unmasked.get(0).allclose(&ours.get(0), 1e-6, 1e-6, false));
     assert!(max_abs_diff(&unmasked.get(1), &ours.get(1)) > 1e-4);
     // A mask of another shape is an error, not a broadcast.
-    let e = tch::no_grad(|| model.forward_masked(ids, Some(&mask.narrow(1, 0, 5)), false))
+    let e = tch::no_grad(|| model.forward_masked(ids, Some(&mask.narrow(1, 0, 5)), None, false))
         .unwrap_err()
         .to_string();
     assert!(e.contains("attention_mask"), "{e}");
@@ -692,6 +692,191 @@ fn a_bert_masked_lm_trains_on_masked_batches() {
     ] {
         assert!(names.contains(n), "{n}: {names:?}");
     }
+    // As a Hugging Face folder, AutoModelForMaskedLM loads it with the same logits.
+    let ids = Tensor::from_slice(&[3i64, 1, 4, 1, 5, 9, 2, 6, 5, 3]).view([2, 5]);
+    let hf = export_hf_and_check(&dir, &ckpt, &[("input", ids)], 68);
+    assert!(hf.contains("BertForMaskedLM"), "{hf}");
+}
+
+/// `tessera export --format hf` of `ckpt` into `DIR/hf`, then the folder checked by
+/// scripts/check_hf_export.py: the Auto class of its architecture loads it with nothing
+/// missing or unexpected, and its logits on `case` (`input`, and `attention_mask` /
+/// `token_type_ids` when given) are those of Tessera's model built from the run's config with
+/// the folder as `init_weights` (a classifier of `classes` classes, or a masked LM of that
+/// vocabulary). Returns the script's report.
+fn export_hf_and_check(
+    dir: &TempDir,
+    ckpt: &Path,
+    case: &[(&str, Tensor)],
+    classes: i64,
+) -> String {
+    let out = dir.join("hf");
+    tessera(
+        &[
+            "export",
+            &ckpt.display().to_string(),
+            "--format",
+            "hf",
+            "--to",
+            &out.display().to_string(),
+        ],
+        dir.path(),
+        &[],
+    )
+    .assert_success();
+    let config = config::load(&dir.join("trainer.toml"), &[]).expect("the config reads");
+    let mut mc = config.model.clone();
+    let hf_config = read_json(&out.join("config.json"));
+    if let Some(b) = mc.bert.as_mut() {
+        b.vocab_size = hf_config["vocab_size"].as_u64().map(|v| v as usize);
+    }
+    let model = Model::build(&mc, NO_IMAGES, classes, Device::Cpu).expect("builds");
+    load_init_weights(&model, ModelName::Bert, &out, &[], true).expect("the folder loads back");
+    let get = |k: &str| case.iter().find(|(n, _)| *n == k).map(|(_, t)| t);
+    let ids = get("input").expect("input ids");
+    let logits = tch::no_grad(|| {
+        model.forward_masked(ids, get("attention_mask"), get("token_type_ids"), false)
+    })
+    .expect("forward");
+    let mut tensors: Vec<(&str, &Tensor)> = case.iter().map(|(n, t)| (*n, t)).collect();
+    tensors.push(("output", &logits));
+    let case_file = dir.join("hf-case.safetensors");
+    Tensor::write_safetensors(&tensors, &case_file).expect("case");
+    if !transformers_imports() {
+        return String::new();
+    }
+    let check = python(&[
+        "scripts/check_hf_export.py",
+        &out.display().to_string(),
+        &case_file.display().to_string(),
+    ])
+    .unwrap_or_else(|e| panic!("{e}"));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&check.stdout),
+        String::from_utf8_lossy(&check.stderr)
+    );
+    assert!(check.status.success(), "{text}");
+    println!("hf export: {}", text.trim());
+    text
+}
+
+/// Sentence pairs (`data.text.pair_field`): with a WordPiece tokenizer saved by transformers,
+/// every evaluation sample is what `tokenizer(text, text_pair, truncation=True, max_length,
+/// padding="max_length")` gives (ids, token type ids, attention mask; pairs longer than the
+/// sample cut longest first). A classifier trains on them (learning a relation between the two
+/// texts) and its `--format hf` folder loads into AutoModelForSequenceClassification with the
+/// run's tokenizer and the same logits for the pairs, which the token types change.
+#[test]
+fn sentence_pairs_are_encoded_as_transformers_pairs_them_and_export_to_hugging_face() {
+    const SEQ: usize = 16;
+    if !transformers_imports() {
+        return;
+    }
+    let dir = TempDir::new("bert-pairs");
+    let data = dir.join("pairs");
+    let made = python(&[
+        "tests/support/bert_reference.py",
+        "pairs",
+        &data.display().to_string(),
+        &SEQ.to_string(),
+    ])
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    // The samples, against the tokenizer's.
+    let cfg = tessera::data::LabelledTextConfig {
+        text: tessera::data::OwnTextConfig {
+            path: data.join("train.jsonl"),
+            eval_path: Some(data.join("eval.jsonl")),
+            eval_fraction: 0.05,
+            text_field: "text".into(),
+            vocab_size: 300,
+            tokenizer: Some(data.join("tokenizer.json")),
+            cache_dir: dir.join("cache"),
+        },
+        label_field: "label".into(),
+        pair_field: Some("text_pair".into()),
+        seq_len: SEQ,
+        eval_seq_len: SEQ,
+    };
+    let loaded = tessera::data::load_labelled_text(&cfg).unwrap_or_else(|e| panic!("{e}"));
+    let reference = read_state_dict(&data.join("eval.safetensors")).unwrap();
+    let (mut ids, mut mask, mut types) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..loaded.eval.len() {
+        loaded.eval.write(i, &mut ids, &mut mask, &mut types);
+    }
+    let rows = loaded.eval.len() as i64;
+    assert_eq!(rows, 24);
+    assert!(loaded.eval.truncated() > 0, "some pairs are cut");
+    let ours = |v: &[i64]| Tensor::from_slice(v).view([rows, SEQ as i64]);
+    for (name, values) in [
+        ("input_ids", &ids),
+        ("token_type_ids", &types),
+        ("attention_mask", &mask),
+    ] {
+        let want = tensor(&reference, name);
+        assert!(
+            ours(values).equal(want),
+            "{name}: ours {:?}, transformers' {:?}",
+            ours(values),
+            want
+        );
+    }
+    // Trained through the binary.
+    let mut toml = bert_toml("pairs", 24);
+    toml.model.push_str(
+        "
+vocab_size = 45",
+    );
+    toml.data = format!(
+        "dataset = \"labelled-text\"\ndata_dir = {}\nbatch_size = 16\neval_batch_size = 24\n\
+         workers = 0\n\n[data.text]\neval_path = {}\ntokenizer = {}\npair_field = \"text_pair\"\n\
+         seq_len = {SEQ}\n",
+        toml_string(&data.join("train.jsonl").display().to_string()),
+        toml_string(&data.join("eval.jsonl").display().to_string()),
+        toml_string(&data.join("tokenizer.json").display().to_string()),
+    );
+    toml.optimizer = "name = \"adamw\"\nlr = 3e-3".to_owned();
+    toml.write_to(&dir);
+    train(&dir, &["train.eval_interval=24ba"], &[]).assert_success();
+    let record = read_json(&run_dir(&dir, "pairs").join("run.json"));
+    assert_eq!(record["config"]["data"]["text"]["pair_field"], "text_pair");
+    let losses: Vec<f64> = read_jsonl(&run_dir(&dir, "pairs").join("metrics.jsonl"))
+        .iter()
+        .filter_map(|l| l["data"]["loss"].as_f64())
+        .collect();
+    assert!(losses.iter().all(|l| l.is_finite()), "{losses:?}");
+    let ckpt = run_dir(&dir, "pairs")
+        .join("checkpoints")
+        .join("latest.ckpt");
+    let case = [
+        ("input", ours(&ids)),
+        ("attention_mask", ours(&mask)),
+        ("token_type_ids", ours(&types)),
+    ];
+    let hf = export_hf_and_check(&dir, &ckpt, &case, 2);
+    assert!(hf.contains("BertForSequenceClassification"), "{hf}");
+    // The run's tokenizer travels with the folder.
+    assert_eq!(
+        std::fs::read(dir.join("hf").join("tokenizer.json")).unwrap(),
+        std::fs::read(data.join("tokenizer.json")).unwrap()
+    );
+    // The token types count: without them the logits differ.
+    let mut mc = config::load(&dir.join("trainer.toml"), &[]).unwrap().model;
+    mc.bert.as_mut().unwrap().vocab_size = Some(45);
+    let model = Model::build(&mc, NO_IMAGES, 2, Device::Cpu).unwrap();
+    load_init_weights(&model, ModelName::Bert, &dir.join("hf"), &[], true).unwrap();
+    let (x, m, t) = (ours(&ids), ours(&mask), ours(&types));
+    let with = tch::no_grad(|| model.forward_masked(&x, Some(&m), Some(&t), false)).unwrap();
+    let without = tch::no_grad(|| model.forward_masked(&x, Some(&m), None, false)).unwrap();
+    assert!(
+        max_abs_diff(&with, &without) > 1e-4,
+        "the token types change nothing"
+    );
 }
 
 /// Token-weighted gradient accumulation: a masked LM scores only its masked tokens, a different

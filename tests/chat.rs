@@ -330,4 +330,16 @@ fn the_sft_example_runs_at_two_batches() {
     ] {
         assert!(copy.join(file).is_file(), "{file} missing:\n{log}");
     }
+    // The merged folder's tokenizer is the BPE the run trained (export copies it).
+    let trained: Vec<_> = std::fs::read_dir(copy.join("data").join("tok-cache"))
+        .expect("the token cache")
+        .flatten()
+        .map(|e| e.path().join("tokenizer-bpe-4096.json"))
+        .filter(|p| p.is_file())
+        .collect();
+    assert_eq!(trained.len(), 1, "{trained:?}");
+    assert_eq!(
+        std::fs::read(&trained[0]).unwrap(),
+        std::fs::read(copy.join("out/merged/tokenizer.json")).unwrap()
+    );
 }

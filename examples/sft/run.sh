@@ -34,9 +34,9 @@ ckpt=../../runs/sft-smollm-lora/checkpoints/latest.ckpt
 
 echo "== the adapters for PEFT, and the merged model for transformers"
 "$TESSERA" export "$ckpt" --format peft --to out/adapter
+# The folder gets the BPE the run trained on the dialogues (no tokenizer was given) as its
+# tokenizer.json.
 "$TESSERA" export "$ckpt" --format hf --to out/merged
-# The BPE trained on the dialogues (no tokenizer was given) goes beside the merged model.
-cp data/tok-cache/text-*/tokenizer-bpe-4096.json out/merged/tokenizer.json
 
 echo "== samples from the merged model (the prompt rendered as the ChatML template renders it)"
 system="You are a character in a Shakespeare play. Answer the line you are given in verse or prose, in character."

@@ -1,7 +1,8 @@
 //! `tessera export --format hf`: the `config.json` Hugging Face's `from_pretrained` reads beside
 //! the exported `model.safetensors`, written from the run's `[model]` section, so that
 //! `AutoModelForCausalLM.from_pretrained(DIR)` builds the same network (gpt2, llama, Qwen2-style
-//! llama) and loads every tensor.
+//! llama) and loads every tensor; a bert loads with `AutoModelForMaskedLM` or
+//! `AutoModelForSequenceClassification`, after its head.
 
 use serde_json::{json, Value};
 
@@ -101,8 +102,41 @@ pub fn hf_config(model_json: &Value) -> Result<Value, String> {
             }
             Ok(config)
         }
+        "bert" => {
+            let dropout = num("dropout").unwrap_or(0.0);
+            let classifier = model_json.get("head").and_then(Value::as_str) == Some("classification");
+            let mut config = json!({
+                "architectures": [if classifier { "BertForSequenceClassification" } else { "BertForMaskedLM" }],
+                "model_type": "bert",
+                "vocab_size": if classifier { int("vocab_size").ok_or("a bert classifier's config has no `vocab_size`")? } else { vocab },
+                "hidden_size": int("n_embd"),
+                "num_hidden_layers": int("n_layer"),
+                "num_attention_heads": int("n_head"),
+                "intermediate_size": int("n_inner"),
+                "hidden_act": "gelu",
+                "hidden_dropout_prob": dropout,
+                "attention_probs_dropout_prob": dropout,
+                "max_position_embeddings": int("n_positions"),
+                "type_vocab_size": int("type_vocab_size"),
+                "layer_norm_eps": num("layer_norm_epsilon"),
+                "initializer_range": 0.02,
+                "position_embedding_type": "absolute",
+                "tie_word_embeddings": true,
+                "torch_dtype": "float32",
+            });
+            if classifier {
+                let classes = int("num_classes").ok_or("a bert classifier's config has no `num_classes`")?;
+                config["num_labels"] = json!(classes);
+                config["problem_type"] = json!("single_label_classification");
+                let labels: serde_json::Map<String, Value> =
+                    (0..classes).map(|i| (i.to_string(), json!(format!("LABEL_{i}")))).collect();
+                config["id2label"] = Value::Object(labels);
+                config["label2id"] = (0..classes).map(|i| (format!("LABEL_{i}"), json!(i))).collect::<serde_json::Map<_, _>>().into();
+            }
+            Ok(config)
+        }
         other => Err(format!(
-            "`--format hf` writes gpt2 and llama models; model {other:?} is exported as a plain \
+            "`--format hf` writes gpt2, llama and bert models; model {other:?} is exported as a plain \
              safetensors file (without --format)"
         )),
     }

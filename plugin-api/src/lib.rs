@@ -181,6 +181,11 @@ pub mod keys {
     /// padding; a batch entry of text datasets that pad (labelled text, BERT). Transformer
     /// attention ignores the padded keys. Absent: every position is a token.
     pub const ATTENTION_MASK: &str = "attention_mask";
+    /// The batch's token type ids `(N, T)`, int64: 0 on a sentence pair's first text (with
+    /// `[CLS]` and its `[SEP]`) and on padding, 1 on the second; a batch entry of labelled text
+    /// read as sentence pairs (`data.text.pair_field`). BERT's embeddings add the token-type
+    /// embedding of these ids. Absent: every token is of type 0.
+    pub const TOKEN_TYPE_IDS: &str = "token_type_ids";
 }
 
 /// The libtorch version this crate (and so the plugin or host using it) was compiled against.

@@ -18,6 +18,16 @@ MODEL_DIR/config.json (KIND `mlm` or `cls`) with `load_state_dict(strict=False)`
 `ids` and `attention_mask`, and prints JSON: the missing and unexpected keys and the largest
 difference to IO's `logits`.
 
+    python3 tests/support/bert_reference.py pairs OUT_DIR SEQ_LEN
+
+writes into OUT_DIR a WordPiece BERT tokenizer (`BertTokenizerFast` over a vocabulary of 40
+words, saved by `save_pretrained`: `tokenizer.json`), `train.jsonl` (48 lines) and `eval.jsonl`
+(24 lines) of sentence pairs (`text`, `text_pair`, `label`: 1 when the pair starts with the
+text's first word; lengths 1 to 14 words, so some pairs are cut) and `eval.safetensors`: what
+the tokenizer makes of the evaluation pairs, `tokenizer(text, text_pair, truncation=True,
+max_length=SEQ_LEN, padding="max_length")`'s `input_ids`, `token_type_ids` and
+`attention_mask` (24, SEQ_LEN).
+
 Nothing is downloaded: the models are built from their configs with the installed wheels.
 """
 
@@ -90,14 +100,64 @@ def check(kind, model_dir, weights, io_file):
     )
 
 
+def pairs(out, seq_len):
+    import random
+
+    from transformers import BertTokenizerFast
+
+    words = [f"w{i}" for i in range(40)]
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + words
+    with open(os.path.join(out, "vocab.txt"), "w") as f:
+        f.write("\n".join(vocab) + "\n")
+    tokenizer = BertTokenizerFast(os.path.join(out, "vocab.txt"))
+    tokenizer.save_pretrained(out)
+    rng = random.Random(7)
+
+    def sentence():
+        return [rng.choice(words) for _ in range(rng.randint(1, 14))]
+
+    def lines(n):
+        rows = []
+        for i in range(n):
+            a, b = sentence(), sentence()
+            if i % 2 == 0:
+                b[0] = a[0]
+            label = int(b[0] == a[0])
+            rows.append({"text": " ".join(a), "text_pair": " ".join(b), "label": label})
+        return rows
+
+    for name, n in (("train", 48), ("eval", 24)):
+        with open(os.path.join(out, f"{name}.jsonl"), "w") as f:
+            for row in lines(n):
+                f.write(json.dumps(row) + "\n")
+    with open(os.path.join(out, "eval.jsonl")) as f:
+        rows = [json.loads(line) for line in f]
+    enc = tokenizer(
+        [r["text"] for r in rows],
+        [r["text_pair"] for r in rows],
+        truncation=True,
+        max_length=seq_len,
+        padding="max_length",
+        return_tensors="pt",
+    )
+    save_file(
+        {k: enc[k].contiguous() for k in ("input_ids", "token_type_ids", "attention_mask")},
+        os.path.join(out, "eval.safetensors"),
+    )
+    print(json.dumps({"files": sorted(os.listdir(out))}))
+
+
 def main():
-    if sys.argv[1] == "make":
+    if sys.argv[1] == "pairs":
+        os.makedirs(sys.argv[2], exist_ok=True)
+        pairs(sys.argv[2], int(sys.argv[3]))
+    elif sys.argv[1] == "make":
         os.makedirs(sys.argv[2], exist_ok=True)
         make(sys.argv[2], int(sys.argv[3]))
     elif sys.argv[1] == "check":
         check(*sys.argv[2:6])
     else:
-        sys.exit(f"unknown mode {sys.argv[1]!r}: make or check")
+        sys.exit(f"unknown mode {sys.argv[1]!r}: make, check or pairs")
 
 
 if __name__ == "__main__":

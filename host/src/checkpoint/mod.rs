@@ -36,7 +36,8 @@ pub use folder::{
 };
 pub(crate) use format::{blob_of, read_plain_tensors, Blob};
 pub use parts::{
-    rng_from_meta, rng_meta, Meta, MethodMeta, Parts, RankPart, RngMeta, SavedClock, TrainerMeta,
+    rng_from_meta, rng_meta, Meta, MethodMeta, Parts, RankPart, RngMeta, SavedClock, TokenizerFile,
+    TrainerMeta,
 };
 pub(crate) use parts::{MODEL as MODEL_PREFIX, OPTIMIZER as OPTIMIZER_PREFIX};
 pub use retention::prune;

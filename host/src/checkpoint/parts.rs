@@ -72,6 +72,20 @@ pub struct TrainerMeta {
     /// an epoch holds only for the same number.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data_nodes: Option<usize>,
+    /// The tokenizer file a text run encoded its data with (a BPE it trained into its cache,
+    /// or the user's): `tessera export --format hf` copies it beside the model when it is still
+    /// there unchanged. Absent for images, synthetic text and checkpoints before Tessera 0.3.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokenizer: Option<TokenizerFile>,
+}
+
+/// A tokenizer file and its sha256 when the run read it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenizerFile {
+    /// Where it was (absolute, or as the run named it).
+    pub path: std::path::PathBuf,
+    /// The sha256 of its bytes, hex.
+    pub sha256: String,
 }
 
 /// One method's entry.

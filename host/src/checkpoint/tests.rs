@@ -79,6 +79,7 @@ fn sample() -> Checkpoint {
             grad_scaler: None,
             microbatch_size: None,
             data_nodes: None,
+            tokenizer: None,
             trained_samples: 3,
             target_reached: None,
         },

@@ -131,6 +131,7 @@ section!(TextConfig {
     text_field: string(),
     cache_dir: path(),
     label_field: string(),
+    pair_field: string(),
     chat_template: string(),
     loss_on: choice("loss_on setting", &LossOn::CHOICES),
     packing: bool(),
@@ -323,14 +324,16 @@ pub(super) fn read(top: &Tbl<'_>) -> Result<DataConfig, ConfigError> {
                     )?;
                 }
                 if dataset != Dataset::LabelledText {
-                    t.reject(
-                        "label_field",
-                        &format!(
-                            "[data.text] label_field only applies to dataset = \
-                             \"labelled-text\", not {:?}",
-                            dataset.as_str()
-                        ),
-                    )?;
+                    for key in ["label_field", "pair_field"] {
+                        t.reject(
+                            key,
+                            &format!(
+                                "[data.text] {key} only applies to dataset = \
+                                 \"labelled-text\", not {:?}",
+                                dataset.as_str()
+                            ),
+                        )?;
+                    }
                 }
                 if dataset != Dataset::Chat {
                     for key in ["chat_template", "loss_on", "packing"] {

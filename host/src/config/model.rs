@@ -300,6 +300,18 @@ pub(super) fn read(top: &Tbl<'_>, data: &DataConfig) -> Result<ModelConfig, Conf
     if model.name == ModelName::Bert {
         model.bert = Some(bert(&m, classes, data)?);
     }
+    let paired = data.text.as_ref().and_then(|t| t.pair_field.as_deref());
+    if let (Some(field), false) = (paired, model.name == ModelName::Bert) {
+        return Err(m.err(
+            "name",
+            ErrorKind::InvalidValue,
+            format!(
+                "data.text.pair_field = {field:?} reads sentence pairs, which only bert tells \
+                 apart (its token type ids); model {:?} would see one text",
+                model.name.as_str()
+            ),
+        ));
+    }
     if model.name == ModelName::Llama {
         model.llama = Some(llama(&m, classes)?);
     }
@@ -639,6 +651,18 @@ fn bert(m: &Tbl<'_>, classes: usize, data: &DataConfig) -> Result<BertConfig, Co
     }
     if let Some(head) = m.choice("head", "BERT head", &BertHead::CHOICES)? {
         c.head = head;
+    }
+    let paired = data.text.as_ref().and_then(|t| t.pair_field.as_deref());
+    if let (Some(field), true) = (paired, c.type_vocab_size < 2) {
+        return Err(m.err(
+            "type_vocab_size",
+            ErrorKind::InvalidValue,
+            format!(
+                "sentence pairs (data.text.pair_field = {field:?}) have token types 0 and 1, \
+                 but the model has {} token type (type_vocab_size = 2 or more)",
+                c.type_vocab_size
+            ),
+        ));
     }
     if !c.n_embd.is_multiple_of(c.n_head) {
         let key = if m.entry("n_embd").is_some() {

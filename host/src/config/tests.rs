@@ -2974,6 +2974,38 @@ fn labelled_text_keys_are_read_checked_and_round_trip() {
         "data.text.label_field",
         &["only applies to dataset = \"labelled-text\"", "\"text\""],
     );
+    // Sentence pairs: a bert with two token types reads them; other models and datasets refuse.
+    let pairs = labelled
+        .replace(
+            "text_field = \"body\"",
+            "text_field = \"body\"\npair_field = \"text_pair\"",
+        )
+        .replace("\"gpt2\"", "\"bert\"");
+    let c = ok(&pairs);
+    assert_eq!(
+        c.data.text.as_ref().unwrap().pair_field.as_deref(),
+        Some("text_pair")
+    );
+    let recorded = serde_json::to_value(&c).unwrap_or_else(|e| panic!("{e}"));
+    let again = recorded::from_recorded(&recorded, "again", &[]).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(again.data, c.data);
+    refused(
+        &pairs.replace("\"bert\"", "\"gpt2\""),
+        "model.name",
+        &["pair_field = \"text_pair\"", "only bert", "\"gpt2\""],
+    );
+    refused(
+        &pairs.replace("name = \"bert\"", "name = \"bert\"\ntype_vocab_size = 1"),
+        "model.type_vocab_size",
+        &["token types 0 and 1", "1 token type"],
+    );
+    refused(
+        &pairs
+            .replace("\"labelled-text\"", "\"text\"")
+            .replace("label_field = \"source\"\n", ""),
+        "data.text.pair_field",
+        &["only applies to dataset = \"labelled-text\""],
+    );
     // Classification metrics, not a language model's.
     let f1 = labelled.replace("[train]", "[train]\nmetrics = [\"accuracy\", \"f1\"]");
     assert!(ok(&f1).train.metrics.is_some());

@@ -66,6 +66,8 @@ pub enum HostInput {
         targets: TokenTargets,
         /// B×T: 1 on a token, 0 on padding; only for padded sequences (labelled text).
         attention_mask: Option<Vec<i64>>,
+        /// B×T: 0 on a pair's first text, 1 on its second; only for sentence pairs.
+        token_type_ids: Option<Vec<i64>>,
     },
 }
 
@@ -88,6 +90,9 @@ pub struct TokenRows {
     /// T attention-mask values per sample (1 = token, 0 = padding) from a padded source;
     /// empty otherwise.
     pub attention_mask: Vec<i64>,
+    /// T token type ids per sample (0 = first text, 1 = second) from a source of sentence
+    /// pairs; empty otherwise.
+    pub token_type_ids: Vec<i64>,
 }
 
 /// The pixels of an image batch, sample after sample.
@@ -217,6 +222,11 @@ pub trait TokenSource: Send + Sync + std::fmt::Debug {
         false
     }
 
+    /// Whether samples are sentence pairs, and so come with token type ids (default false).
+    fn paired(&self) -> bool {
+        false
+    }
+
     /// The class of sequence `index` when each has one ([`TokenTargets::PerSequence`]);
     /// evaluation subsets are then stratified by class. `None` by default.
     fn label(&self, _index: usize) -> Option<i64> {
@@ -224,7 +234,8 @@ pub trait TokenSource: Send + Sync + std::fmt::Debug {
     }
 
     /// Appends sequence `index` as served in `epoch` to `rows`: its T input ids, its targets
-    /// (T ids, or one class index) and, from a padded source, its T attention-mask values. A
+    /// (T ids, or one class index), from a padded source its T attention-mask values and from a
+    /// paired one its T token type ids. A
     /// source whose samples are random (masked-LM) draws them from `(seed, epoch, index)` only.
     fn read(&self, index: usize, epoch: u64, rows: &mut TokenRows) -> Result<(), DataError>;
 }
@@ -876,10 +887,12 @@ fn make_token_batch(
         TokenTargets::PerSequence => 1,
     };
     let mask_len = if tokens.padded() { b * t } else { 0 };
+    let types_len = if tokens.paired() { b * t } else { 0 };
     let mut rows = TokenRows {
         input: Vec::with_capacity(b * t),
         target: Vec::with_capacity(b * per_target),
         attention_mask: Vec::with_capacity(mask_len),
+        token_type_ids: Vec::with_capacity(types_len),
     };
     for &index in &order[start..end] {
         tokens.read(index as usize, epoch, &mut rows)?;
@@ -887,13 +900,15 @@ fn make_token_batch(
     if rows.input.len() != b * t
         || rows.target.len() != b * per_target
         || rows.attention_mask.len() != mask_len
+        || rows.token_type_ids.len() != types_len
     {
         return Err(DataError::Invalid(format!(
             "loader: batch {batch} of {b} sequences of {t} tokens came out as {} input, {} \
-             target and {} attention-mask values",
+             target, {} attention-mask and {} token-type values",
             rows.input.len(),
             rows.target.len(),
-            rows.attention_mask.len()
+            rows.attention_mask.len(),
+            rows.token_type_ids.len()
         )));
     }
     Ok(HostBatch {
@@ -902,6 +917,7 @@ fn make_token_batch(
             shape: [b, t],
             targets,
             attention_mask: tokens.padded().then_some(rows.attention_mask),
+            token_type_ids: tokens.paired().then_some(rows.token_type_ids),
         },
         target: rows.target,
         index: batch,

@@ -605,10 +605,12 @@ fn labelled_batches_carry_class_targets_and_attention_masks() {
             shape,
             targets,
             attention_mask,
+            token_type_ids,
         } = &b.input
         else {
             panic!("not tokens")
         };
+        assert_eq!(token_type_ids, &None, "single texts have no token types");
         assert_eq!((*shape, *targets), ([4, 6], TokenTargets::PerSequence));
         let mask = attention_mask.as_ref().unwrap();
         assert_eq!(b.target.len(), 4);

@@ -256,6 +256,11 @@ pub struct TextConfig {
     /// `labelled-text` only: the key of a `.jsonl` line's label (default `"label"`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub label_field: Option<String>,
+    /// `labelled-text` only: the key of a `.jsonl` line's second text, to read sentence pairs
+    /// (Hugging Face's `text_pair`: `[CLS] text [SEP] pair [SEP]`, token type ids 1 on the
+    /// pair); unset: single texts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pair_field: Option<String>,
     /// `chat` only: the chat template, `"tokenizer"` (the `tokenizer_config.json` beside the
     /// tokenizer), `"chatml"`, `"plain"` or a Jinja file (default: the tokenizer's, else
     /// `chatml`).
@@ -284,6 +289,7 @@ impl Default for TextConfig {
             text_field: None,
             cache_dir: None,
             label_field: None,
+            pair_field: None,
             chat_template: None,
             loss_on: None,
             packing: None,

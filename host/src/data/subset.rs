@@ -191,6 +191,10 @@ impl TokenSource for TokenSubset {
         self.inner.padded()
     }
 
+    fn paired(&self) -> bool {
+        self.inner.paired()
+    }
+
     fn label(&self, index: usize) -> Option<i64> {
         self.inner.label(*self.indices.get(index)? as usize)
     }

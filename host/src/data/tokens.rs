@@ -87,6 +87,10 @@ impl TokenSource for LabelledSequences {
         true
     }
 
+    fn paired(&self) -> bool {
+        LabelledSequences::paired(self)
+    }
+
     fn label(&self, index: usize) -> Option<i64> {
         self.labels().get(index).copied()
     }
@@ -95,7 +99,12 @@ impl TokenSource for LabelledSequences {
         if index >= LabelledSequences::len(self) {
             return Err(outside(index, LabelledSequences::len(self)));
         }
-        let class = self.write(index, &mut rows.input, &mut rows.attention_mask);
+        let class = self.write(
+            index,
+            &mut rows.input,
+            &mut rows.attention_mask,
+            &mut rows.token_type_ids,
+        );
         rows.target.push(class);
         Ok(())
     }

@@ -451,13 +451,14 @@ impl RunState {
     }
 
     /// Runs the model on `input` under the run's precision, in training mode or not, with the
-    /// batch's `attention_mask` when it has one. The one forward of the host: the training
+    /// batch's `attention_mask` and `token_type_ids` when it has them. The one forward of the host: the training
     /// step, evaluation and methods' extra forwards use it. Gradients follow the caller's grad
     /// mode.
     pub fn forward(&self, input: &Tensor, train: bool) -> Result<Tensor, TchError> {
         let _autocast = AutocastGuard::new(self.precision, self.device());
         let mask = self.batch.get(keys::ATTENTION_MASK);
-        self.model.forward_masked(input, mask, train)
+        let types = self.batch.get(keys::TOKEN_TYPE_IDS);
+        self.model.forward_masked(input, mask, types, train)
     }
 
     /// Runs the model on the batch's `input` (as [`RunState::forward`] does) and keeps the result

@@ -222,14 +222,18 @@ impl Model {
     }
 
     /// Runs the model with the batch's `attention_mask` (`(B, T)`, 0 at padding), which the
-    /// attention layers that support padding read ([`layers::mask`]).
+    /// attention layers that support padding read, and its `token_type_ids` (sentence pairs),
+    /// which BERT's embeddings read ([`layers::mask`]).
     pub fn forward_masked(
         &self,
         xs: &Tensor,
         attention_mask: Option<&Tensor>,
+        token_type_ids: Option<&Tensor>,
         train: bool,
     ) -> Result<Tensor, TchError> {
-        layers::mask::with_attention_mask(attention_mask, || self.root.forward(xs, train))
+        layers::mask::with_token_type_ids(token_type_ids, || {
+            layers::mask::with_attention_mask(attention_mask, || self.root.forward(xs, train))
+        })
     }
 
     /// Surgery: replaces the layer at `path` by `layer`. The old layer's tensors (its whole

@@ -291,6 +291,15 @@ impl Trainer {
             }
             Purpose::Standalone => Reporter::discard(),
         };
+        // Recorded in checkpoints, for `tessera export --format hf` to copy.
+        let tokenizer = match tokenizer {
+            Some(path) => {
+                let sha256 = crate::files::sha256_file(&path)
+                    .with_context(|| format!("reading the tokenizer {}", path.display()))?;
+                Some(crate::checkpoint::TokenizerFile { path, sha256 })
+            }
+            None => None,
+        };
         let mut trainer = Trainer {
             engine,
             state,
@@ -787,6 +796,7 @@ pub fn load_token_sets(cfg: &Config) -> Result<TokenSets> {
         let lcfg = data::LabelledTextConfig {
             text: own_text(path),
             label_field: text.label_field().to_owned(),
+            pair_field: text.pair_field.clone(),
             seq_len: text.seq_len,
             eval_seq_len: text.eval_seq_len(),
         };

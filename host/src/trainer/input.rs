@@ -197,11 +197,12 @@ impl Uploader {
     /// become a `[B, C, H, W]` float input (scaled and normalized there) and `[B]` class
     /// indices, token sequences a `[B, T]` int64 input (its ids checked first) and `[B, T]`
     /// target ids (or `[B]` class indices: labelled text), with a `[B, T]` int64
-    /// `attention_mask` entry when they are padded. On CUDA the host buffers are pinned and
+    /// `attention_mask` entry when they are padded and a `[B, T]` int64 `token_type_ids` entry
+    /// when they are sentence pairs. On CUDA the host buffers are pinned and
     /// the copies do not block the host.
     pub fn batch(&self, batch: &HostBatch) -> Result<Batch, TchError> {
         let device = self.device;
-        let mut attention_mask = None;
+        let (mut attention_mask, mut token_type_ids) = (None, None);
         let (input, target) = match &batch.input {
             HostInput::Pixels {
                 data,
@@ -226,6 +227,7 @@ impl Uploader {
                 shape,
                 targets,
                 attention_mask: mask,
+                token_type_ids: types,
             } => {
                 if let Some(rows) = self.token_rows {
                     check_token_ids(ids, rows, "the batch's input ids")?;
@@ -238,6 +240,9 @@ impl Uploader {
                 if let Some(mask) = mask {
                     attention_mask = Some(to_device_tensor(mask, &shape, device)?);
                 }
+                if let Some(types) = types {
+                    token_type_ids = Some(to_device_tensor(types, &shape, device)?);
+                }
                 (
                     to_device_tensor(ids, &shape, device)?,
                     to_device_tensor(&batch.target, target_shape, device)?,
@@ -247,6 +252,9 @@ impl Uploader {
         let mut out = Batch::new(input, target);
         if let Some(mask) = attention_mask {
             out.set(keys::ATTENTION_MASK, mask);
+        }
+        if let Some(types) = token_type_ids {
+            out.set(keys::TOKEN_TYPE_IDS, types);
         }
         Ok(out)
     }

@@ -91,6 +91,7 @@ fn token_batches_cross_as_int64() {
             shape: [2, 3],
             targets: TokenTargets::PerToken,
             attention_mask: None,
+            token_type_ids: None,
         },
         target: vec![2, 3, 4, 5, 6, 7],
         index: 4,
@@ -105,6 +106,7 @@ fn token_batches_cross_as_int64() {
     );
     assert_eq!(host.input_size_in_bytes(), 6 * 8);
     assert!(batch.get(keys::ATTENTION_MASK).is_none());
+    assert!(batch.get(keys::TOKEN_TYPE_IDS).is_none());
 }
 
 #[test]
@@ -115,6 +117,7 @@ fn labelled_token_batches_carry_class_targets_and_the_attention_mask() {
             shape: [2, 4],
             targets: TokenTargets::PerSequence,
             attention_mask: Some(vec![1, 1, 1, 0, 1, 1, 0, 0]),
+            token_type_ids: Some(vec![0, 0, 1, 0, 0, 0, 0, 0]),
         },
         target: vec![1, 0],
         index: 0,
@@ -130,9 +133,20 @@ fn labelled_token_batches_carry_class_targets_and_the_attention_mask() {
         Vec::<i64>::try_from(mask.flatten(0, -1)).unwrap(),
         [1, 1, 1, 0, 1, 1, 0, 0]
     );
+    let types = batch.get(keys::TOKEN_TYPE_IDS).unwrap();
+    assert_eq!((types.kind(), types.size()), (Kind::Int64, vec![2, 4]));
+    assert_eq!(
+        Vec::<i64>::try_from(types.flatten(0, -1)).unwrap(),
+        [0, 0, 1, 0, 0, 0, 0, 0]
+    );
     assert_eq!(
         batch.keys(),
-        [keys::INPUT, keys::TARGET, keys::ATTENTION_MASK]
+        [
+            keys::INPUT,
+            keys::TARGET,
+            keys::ATTENTION_MASK,
+            keys::TOKEN_TYPE_IDS
+        ]
     );
 }
 
@@ -204,6 +218,7 @@ fn token_ids_outside_the_models_vocabulary_are_refused_on_the_host() {
             shape: [2, 2],
             targets: TokenTargets::PerToken,
             attention_mask: None,
+            token_type_ids: None,
         },
         target: vec![0, 1, 2, 3],
         index: 0,

@@ -87,8 +87,9 @@ pub struct Trainer {
     eval_subset: Option<(Loader, crate::data::SubsetChoice)>,
     /// A text dataset's vocabulary, classes and special tokens (for the run record).
     text_facts: Option<crate::data::TextFacts>,
-    /// The tokenizer file of a text run (`None` for `synthetic-text` and images).
-    tokenizer: Option<PathBuf>,
+    /// The tokenizer file of a text run and its sha256 (`None` for `synthetic-text` and
+    /// images).
+    tokenizer: Option<crate::checkpoint::TokenizerFile>,
     reporter: Reporter,
     plugins: Vec<PluginRecord>,
     evals: Vec<EvalRecord>,
@@ -191,7 +192,7 @@ impl Trainer {
     /// The tokenizer file the run's text was encoded with (`None` for `synthetic-text` and
     /// images).
     pub fn tokenizer_path(&self) -> Option<&Path> {
-        self.tokenizer.as_deref()
+        self.tokenizer.as_ref().map(|t| t.path.as_path())
     }
 
     /// The model.

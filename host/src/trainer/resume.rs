@@ -243,6 +243,7 @@ impl Trainer {
                 microbatch_size: Some(self.microbatch),
                 data_nodes: self.train_loader.node_split(),
                 target_reached: self.target_reached.clone(),
+                tokenizer: self.tokenizer.clone(),
             },
             running_loss: (self.running_batches > 0).then(|| Tensor::from(self.running_loss)),
             torch_rng: Some(checkpoint::torch_rng::cpu_state()?),

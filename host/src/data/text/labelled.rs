@@ -9,6 +9,11 @@
 //! `[CLS] tokens [SEP]` padded with `[PAD]` to the sequence length (the tokens truncated to fit),
 //! its attention mask 1 on the real tokens (with `[CLS]` and `[SEP]`) and 0 on the padding, and
 //! its target the class index; the special ids follow [`super::special`].
+//!
+//! Sentence pairs (`pair_field`, e.g. `"text_pair"`): a sample is `[CLS] A [SEP] B [SEP]` with
+//! token type ids 0 on `[CLS] A [SEP]` and 1 on `B [SEP]` (0 on the padding), as Hugging Face's
+//! tokenizer pairs `text` and `text_pair`; a pair longer than the sample is cut "longest
+//! first", as its fast tokenizers cut it ([`pair_lengths`]).
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -34,6 +39,9 @@ pub struct LabelledTextConfig {
     pub text: OwnTextConfig,
     /// The key of a line's label.
     pub label_field: String,
+    /// The key of a line's second text (sentence pairs: Hugging Face's `text_pair`), or `None`
+    /// for single texts.
+    pub pair_field: Option<String>,
     /// Tokens per training sample, `[CLS]` and `[SEP]` included (at least 3).
     pub seq_len: usize,
     /// Tokens per evaluation sample (at least 3).
@@ -56,6 +64,8 @@ pub struct LabelledDocuments {
     pub documents: Documents,
     /// The label of each document.
     pub labels: Vec<RawLabel>,
+    /// Each document's second text (sentence pairs); empty without a pair field.
+    pub pairs: Vec<String>,
 }
 
 /// The classes of a labelled dataset.
@@ -101,17 +111,19 @@ pub fn parse_label(
 }
 
 /// Reads a `.jsonl` file or a folder of them (sorted by relative path, as `dataset = "text"`
-/// does): each non-blank line a JSON object with the text in `text_field` and the label in
-/// `label_field`. Errors name the file and the line: not JSON, a missing or mistyped field, a
-/// label neither a non-negative integer nor a string, or labels of both kinds.
+/// does): each non-blank line a JSON object with the text in `text_field`, the label in
+/// `label_field` and, with a `pair_field`, a second text there. Errors name the file and the
+/// line: not JSON, a missing or mistyped field, a label neither a non-negative integer nor a
+/// string, or labels of both kinds.
 pub fn read_labelled(
     path: &Path,
     text_field: &str,
     label_field: &str,
+    pair_field: Option<&str>,
 ) -> Result<LabelledDocuments, DataError> {
     let meta = fs::metadata(path).map_err(|e| DataError::io(path, e))?;
     let mut listing = String::from("tessera text source v1\n");
-    let (mut docs, mut labels) = (Vec::new(), Vec::new());
+    let (mut docs, mut labels, mut pairs) = (Vec::new(), Vec::new(), Vec::new());
     // The first label's kind and where it was, to name both lines of a mix.
     let mut first: Option<(bool, String)> = None;
     for (name, file) in text_files(path, meta.is_dir())? {
@@ -127,6 +139,23 @@ pub fn read_labelled(
         let bytes = fs::read(&file).map_err(|e| DataError::io(&file, e))?;
         list_file(&mut listing, &name, &bytes);
         jsonl_objects(&file, &bytes, text_field, |number, text, mut object| {
+            if let Some(field) = pair_field {
+                let pair = match object.get(field) {
+                    Some(Value::String(pair)) => pair.clone(),
+                    Some(other) => {
+                        let why = format!(
+                            "field \"{field}\" (data.text.pair_field) is {}, not a string",
+                            json_kind(other)
+                        );
+                        return Err(line_error(&file, number, why));
+                    }
+                    None => {
+                        let why = missing_field(field, "pair_field", &object);
+                        return Err(line_error(&file, number, why));
+                    }
+                };
+                pairs.push(pair);
+            }
             let value = object.remove(label_field);
             let label = parse_label(value, label_field, &object)
                 .map_err(|why| line_error(&file, number, why))?;
@@ -156,6 +185,7 @@ pub fn read_labelled(
             path.display().to_string(),
         )?,
         labels,
+        pairs,
     })
 }
 
@@ -244,10 +274,68 @@ pub fn write_sample(
     mask.extend(std::iter::repeat_n(0, seq_len - real));
 }
 
+/// How many tokens of a pair's texts (`a` and `b` tokens long) a sample keeps when `room`
+/// tokens are left beside `[CLS]` and the two `[SEP]`s: Hugging Face's fast tokenizers'
+/// `"longest_first"` truncation. Nothing is cut when both fit; when the shorter fits in half
+/// the room, the longer is cut to the rest; otherwise both are cut to half (the longer text
+/// getting the odd token, the second when they are equally long).
+pub fn pair_lengths(a: usize, b: usize, room: usize) -> (usize, usize) {
+    if a + b <= room {
+        return (a, b);
+    }
+    let short = a.min(b);
+    // The shorter's length and the longer's, as `tokenizers`' truncate_encodings computes them.
+    let mut n1 = short;
+    let mut n2 = if short > room {
+        short
+    } else {
+        short.max(room - short)
+    };
+    if n1 + n2 > room {
+        n1 = room / 2;
+        n2 = n1 + room % 2;
+    }
+    if a > b {
+        (n2, n1)
+    } else {
+        (n1, n2)
+    }
+}
+
+/// Writes one sentence-pair sample: `[CLS] a [SEP] b [SEP]` then `[PAD]` up to `seq_len` into
+/// `input`, its attention mask into `mask` and its token type ids (0 on `[CLS] a [SEP]` and the
+/// padding, 1 on `b [SEP]`) into `types`; the texts are cut by [`pair_lengths`] to fit.
+/// `seq_len` must be at least 3.
+pub fn write_pair_sample(
+    (a, b): (&[u32], &[u32]),
+    seq_len: usize,
+    specials: &SpecialTokens,
+    input: &mut Vec<i64>,
+    mask: &mut Vec<i64>,
+    types: &mut Vec<i64>,
+) {
+    let (na, nb) = pair_lengths(a.len(), b.len(), seq_len - 3);
+    let real = na + nb + 3;
+    let ids = |t: &[u32]| t.iter().map(|&t| i64::from(t)).collect::<Vec<_>>();
+    input.push(i64::from(specials.cls));
+    input.extend(ids(&a[..na]));
+    input.push(i64::from(specials.sep));
+    input.extend(ids(&b[..nb]));
+    input.push(i64::from(specials.sep));
+    input.extend(std::iter::repeat_n(i64::from(specials.pad), seq_len - real));
+    mask.extend(std::iter::repeat_n(1, real));
+    mask.extend(std::iter::repeat_n(0, seq_len - real));
+    types.extend(std::iter::repeat_n(0, na + 2));
+    types.extend(std::iter::repeat_n(1, nb + 1));
+    types.extend(std::iter::repeat_n(0, seq_len - real));
+}
+
 /// The encoded samples of one split: what the loader serves.
 #[derive(Debug, Clone)]
 pub struct LabelledSequences {
     tokens: Vec<Vec<u32>>,
+    /// Each sample's second text (sentence pairs).
+    pairs: Option<Vec<Vec<u32>>>,
     labels: Vec<i64>,
     seq_len: usize,
     specials: SpecialTokens,
@@ -276,10 +364,38 @@ impl LabelledSequences {
         }
         Ok(LabelledSequences {
             tokens,
+            pairs: None,
             labels,
             seq_len,
             specials,
         })
+    }
+
+    /// The same samples as sentence pairs: `pairs[i]` is sample i's second text
+    /// ([`write_pair_sample`]). Fails when the counts differ or `seq_len` is under 5 (`[CLS]`, a
+    /// token, `[SEP]`, a token, `[SEP]`).
+    pub fn with_pairs(mut self, pairs: Vec<Vec<u32>>) -> Result<LabelledSequences, DataError> {
+        if self.seq_len < 5 {
+            return Err(DataError::Invalid(format!(
+                "data.text.seq_len = {} is too short for sentence pairs: a sample is [CLS], at \
+                 least one token, [SEP], at least one token and [SEP]",
+                self.seq_len
+            )));
+        }
+        if pairs.len() != self.tokens.len() {
+            return Err(DataError::Invalid(format!(
+                "{} texts but {} second texts",
+                self.tokens.len(),
+                pairs.len()
+            )));
+        }
+        self.pairs = Some(pairs);
+        Ok(self)
+    }
+
+    /// Whether the samples are sentence pairs (with token type ids).
+    pub fn paired(&self) -> bool {
+        self.pairs.is_some()
     }
 
     /// The number of samples.
@@ -302,24 +418,40 @@ impl LabelledSequences {
         &self.labels
     }
 
-    /// Texts longer than a sample holds (truncated).
+    /// Texts (or pairs) longer than a sample holds (truncated).
     pub fn truncated(&self) -> usize {
-        self.tokens
-            .iter()
-            .filter(|t| t.len() > self.seq_len - 2)
-            .count()
+        match &self.pairs {
+            Some(pairs) => self
+                .tokens
+                .iter()
+                .zip(pairs)
+                .filter(|(a, b)| a.len() + b.len() > self.seq_len - 3)
+                .count(),
+            None => self
+                .tokens
+                .iter()
+                .filter(|t| t.len() > self.seq_len - 2)
+                .count(),
+        }
     }
 
-    /// Appends sample `index` ([`write_sample`]) to `input` and `mask`; returns its class.
-    /// Panics when `index >= len()`.
-    pub fn write(&self, index: usize, input: &mut Vec<i64>, mask: &mut Vec<i64>) -> i64 {
-        write_sample(
-            &self.tokens[index],
-            self.seq_len,
-            &self.specials,
-            input,
-            mask,
-        );
+    /// Appends sample `index` ([`write_sample`], or [`write_pair_sample`] for pairs) to `input`,
+    /// `mask` and (pairs only) `types`; returns its class. Panics when `index >= len()`.
+    pub fn write(
+        &self,
+        index: usize,
+        input: &mut Vec<i64>,
+        mask: &mut Vec<i64>,
+        types: &mut Vec<i64>,
+    ) -> i64 {
+        let (tokens, specials) = (&self.tokens[index], &self.specials);
+        match &self.pairs {
+            Some(pairs) => {
+                let pair = (tokens.as_slice(), pairs[index].as_slice());
+                write_pair_sample(pair, self.seq_len, specials, input, mask, types)
+            }
+            None => write_sample(tokens, self.seq_len, specials, input, mask),
+        }
         self.labels[index]
     }
 }
@@ -347,32 +479,38 @@ pub struct LabelledText {
 /// a BPE on the training texts, and encodes every text.
 pub fn load_labelled_text(cfg: &LabelledTextConfig) -> Result<LabelledText, DataError> {
     let t = &cfg.text;
-    let train = read_labelled(&t.path, &t.text_field, &cfg.label_field)?;
+    let pair_field = cfg.pair_field.as_deref();
+    let train = read_labelled(&t.path, &t.text_field, &cfg.label_field, pair_field)?;
     let given = match &t.eval_path {
-        Some(path) => Some(read_labelled(path, &t.text_field, &cfg.label_field)?),
+        Some(path) => Some(read_labelled(
+            path,
+            &t.text_field,
+            &cfg.label_field,
+            pair_field,
+        )?),
         None => None,
     };
     let (classes, labels) = match &given {
         Some(eval) => resolve_labels(&[&train, eval])?,
         None => resolve_labels(&[&train])?,
     };
-    // (text, class) of each split.
-    type Split<'a> = Vec<(&'a str, i64)>;
+    // (text, second text, class) of each sample of a split.
+    type Split<'a> = Vec<(&'a str, Option<&'a str>, i64)>;
     let (train_split, eval_split, eval): (Split<'_>, Split<'_>, EvalSplit<'_>) = match &given {
         Some(eval_docs) => (
-            zip_texts(&train.documents.docs, &labels[0]),
-            zip_texts(&eval_docs.documents.docs, &labels[1]),
+            zip_texts(&train, &labels[0]),
+            zip_texts(eval_docs, &labels[1]),
             EvalSplit::Given(&eval_docs.documents),
         ),
         None => {
             let held = held_out(&train.documents.docs, t.eval_fraction)?;
-            let all = zip_texts(&train.documents.docs, &labels[0]);
+            let all = zip_texts(&train, &labels[0]);
             let (mut kept, mut out) = (Vec::new(), Vec::new());
-            for (i, pair) in all.into_iter().enumerate() {
+            for (i, sample) in all.into_iter().enumerate() {
                 if held.binary_search(&i).is_ok() {
-                    out.push(pair);
+                    out.push(sample);
                 } else {
-                    kept.push(pair);
+                    kept.push(sample);
                 }
             }
             (kept, out, EvalSplit::Fraction(t.eval_fraction))
@@ -381,17 +519,35 @@ pub fn load_labelled_text(cfg: &LabelledTextConfig) -> Result<LabelledText, Data
     let tokenizer = match &t.tokenizer {
         Some(path) => TextTokenizer::load(path)?,
         None => {
-            let (_, dir) = cache_folder(&train.documents, eval, t)?;
-            let pieces: Vec<(&str, bool)> = train_split.iter().map(|&(s, _)| (s, true)).collect();
+            // A BPE trained on the pairs' second texts too: its cache folder is keyed by both
+            // fields.
+            let keyed = match pair_field {
+                Some(pair) => &OwnTextConfig {
+                    text_field: format!("{} + {pair}", t.text_field),
+                    ..t.clone()
+                },
+                None => t,
+            };
+            let (_, dir) = cache_folder(&train.documents, eval, keyed)?;
+            let pieces: Vec<(&str, bool)> = train_split
+                .iter()
+                .flat_map(|&(a, b, _)| std::iter::once(a).chain(b))
+                .map(|s| (s, true))
+                .collect();
             cached_bpe(&dir, &pieces, t.vocab_size)?
         }
     };
     let specials = SpecialTokens::of(&tokenizer);
     let encode = |split: &Split<'_>, seq_len: usize| -> Result<LabelledSequences, DataError> {
-        let texts: Vec<&str> = split.iter().map(|&(s, _)| s).collect();
+        let texts: Vec<&str> = split.iter().map(|&(a, _, _)| a).collect();
         let tokens = tokenizer.encode_each(&texts)?;
-        let labels = split.iter().map(|&(_, c)| c).collect();
-        LabelledSequences::new(tokens, labels, seq_len, specials)
+        let labels = split.iter().map(|&(_, _, c)| c).collect();
+        let set = LabelledSequences::new(tokens, labels, seq_len, specials)?;
+        if pair_field.is_none() {
+            return Ok(set);
+        }
+        let pairs: Vec<&str> = split.iter().map(|&(_, b, _)| b.unwrap_or("")).collect();
+        set.with_pairs(tokenizer.encode_each(&pairs)?)
     };
     let train_set = encode(&train_split, cfg.seq_len)?;
     let eval_set = encode(&eval_split, cfg.eval_seq_len)?;
@@ -413,10 +569,16 @@ pub fn load_labelled_text(cfg: &LabelledTextConfig) -> Result<LabelledText, Data
     })
 }
 
-fn zip_texts<'a>(docs: &'a [Document], labels: &[i64]) -> Vec<(&'a str, i64)> {
+/// (text, second text, class) of each document of `source`.
+fn zip_texts<'a>(
+    source: &'a LabelledDocuments,
+    labels: &[i64],
+) -> Vec<(&'a str, Option<&'a str>, i64)> {
+    let docs = &source.documents.docs;
     docs.iter()
-        .map(|d| d.text.as_str())
+        .enumerate()
         .zip(labels.iter().copied())
+        .map(|((i, d), c)| (d.text.as_str(), source.pairs.get(i).map(String::as_str), c))
         .collect()
 }
 

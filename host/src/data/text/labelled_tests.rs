@@ -18,7 +18,7 @@ fn write(dir: &TempDir, name: &str, body: &str) -> PathBuf {
 
 fn error_of(dir: &TempDir, body: &str) -> String {
     let path = write(dir, "bad.jsonl", body);
-    read_labelled(&path, "text", "label")
+    read_labelled(&path, "text", "label", None)
         .unwrap_err()
         .to_string()
 }
@@ -61,7 +61,7 @@ fn a_bad_line_is_an_error_naming_the_file_and_the_line() {
         ("not json", "line 2: is not valid JSON"),
         (
             "{\"text\": \"b\"}",
-            "line 2: has no field \"label\" (data.text.label_field); its fields: none",
+            "line 2: has no field \"label\" (data.text.label_field); its fields: text",
         ),
         (
             "{\"label\": 1}",
@@ -98,7 +98,7 @@ fn a_bad_line_is_an_error_naming_the_file_and_the_line() {
     let folder = dir.0.join("folder");
     write(&dir, "folder/a.jsonl", good);
     write(&dir, "folder/b.txt", "no label");
-    let err = read_labelled(&folder, "text", "label")
+    let err = read_labelled(&folder, "text", "label", None)
         .unwrap_err()
         .to_string();
     assert!(
@@ -117,7 +117,7 @@ fn fields_are_configurable_and_the_hash_is_dataset_texts() {
         "reviews.jsonl",
         "{\"body\": \"good\", \"stars\": \"pos\", \"id\": 1}\n{\"body\": \"bad\", \"stars\": \"neg\"}\n",
     );
-    let read = read_labelled(&path, "body", "stars").unwrap();
+    let read = read_labelled(&path, "body", "stars", None).unwrap();
     let names: Vec<&str> = read
         .documents
         .docs
@@ -148,8 +148,8 @@ fn string_labels_become_sorted_class_indices_over_both_splits() {
         "{\"text\": \"c\", \"label\": \"other\"}\n",
     );
     let (train, eval) = (
-        read_labelled(&train, "text", "label").unwrap(),
-        read_labelled(&eval, "text", "label").unwrap(),
+        read_labelled(&train, "text", "label", None).unwrap(),
+        read_labelled(&eval, "text", "label", None).unwrap(),
     );
     let (classes, labels) = resolve_labels(&[&train, &eval]).unwrap();
     assert_eq!(classes.count, 3);
@@ -164,7 +164,7 @@ fn string_labels_become_sorted_class_indices_over_both_splits() {
         "ints.jsonl",
         "{\"text\": \"a\", \"label\": 4}\n{\"text\": \"b\", \"label\": 1}\n",
     );
-    let ints = read_labelled(&ints, "text", "label").unwrap();
+    let ints = read_labelled(&ints, "text", "label", None).unwrap();
     let (classes, labels) = resolve_labels(&[&ints]).unwrap();
     assert_eq!((classes.count, classes.names), (5, None));
     assert_eq!(labels, [vec![4, 1]]);
@@ -199,11 +199,111 @@ fn a_sample_is_cls_tokens_sep_then_padding_with_its_attention_mask() {
 
     let set = LabelledSequences::new(vec![vec![5, 6, 7, 8], vec![9]], vec![1, 0], 4, s).unwrap();
     assert_eq!((set.len(), set.seq_len(), set.truncated()), (2, 4, 1));
-    let (mut input, mut mask) = (Vec::new(), Vec::new());
-    assert_eq!(set.write(1, &mut input, &mut mask), 0);
+    let (mut input, mut mask, mut types) = (Vec::new(), Vec::new(), Vec::new());
+    assert_eq!(set.write(1, &mut input, &mut mask, &mut types), 0);
     assert_eq!(input, [301, 9, 302, 300]);
+    assert!(types.is_empty(), "single texts have no token types");
+    assert!(!set.paired());
     assert!(LabelledSequences::new(vec![vec![1]], vec![0], 2, s).is_err());
     assert!(LabelledSequences::new(vec![vec![1]], vec![], 4, s).is_err());
+}
+
+#[test]
+fn a_pair_is_cls_a_sep_b_sep_with_token_types_one_on_the_second() {
+    let s = bpe_specials(); // pad 300, cls 301, sep 302
+    let (mut input, mut mask, mut types) = (Vec::new(), Vec::new(), Vec::new());
+    write_pair_sample((&[5, 6], &[7]), 8, &s, &mut input, &mut mask, &mut types);
+    assert_eq!(input, [301, 5, 6, 302, 7, 302, 300, 300]);
+    assert_eq!(mask, [1, 1, 1, 1, 1, 1, 0, 0]);
+    assert_eq!(types, [0, 0, 0, 0, 1, 1, 0, 0]);
+
+    let set = LabelledSequences::new(vec![vec![5, 6, 7, 8], vec![9]], vec![1, 0], 6, s)
+        .unwrap()
+        .with_pairs(vec![vec![10, 11], vec![12]])
+        .unwrap();
+    assert!(set.paired());
+    assert_eq!(set.truncated(), 1, "4 + 2 tokens do not fit in 6 - 3");
+    let (mut input, mut mask, mut types) = (Vec::new(), Vec::new(), Vec::new());
+    assert_eq!(set.write(0, &mut input, &mut mask, &mut types), 1);
+    // Room for 3: the shorter (2) is more than half of it, so both are cut to half, 2 + 1 (the
+    // longer, first, text gets the odd token).
+    assert_eq!(input, [301, 5, 6, 302, 10, 302]);
+    assert_eq!(types, [0, 0, 0, 0, 1, 1]);
+    assert_eq!(mask, [1; 6]);
+    // A pair needs 5 tokens and one second text per sample.
+    let short = LabelledSequences::new(vec![vec![1]], vec![0], 4, s).unwrap();
+    assert!(short.with_pairs(vec![vec![2]]).is_err());
+    let set = LabelledSequences::new(vec![vec![1]], vec![0], 5, s).unwrap();
+    assert!(set.with_pairs(vec![]).is_err());
+}
+
+#[test]
+fn pairs_are_cut_longest_first_as_the_fast_tokenizers_cut_them() {
+    // Fits: nothing cut.
+    assert_eq!(pair_lengths(3, 4, 7), (3, 4));
+    // The shorter fits in half the room: the longer is cut to the rest, either order.
+    assert_eq!(pair_lengths(2, 10, 7), (2, 5));
+    assert_eq!(pair_lengths(10, 2, 7), (5, 2));
+    // Both longer than half: half each, the odd token to the longer (the second on a tie).
+    assert_eq!(pair_lengths(5, 5, 7), (3, 4));
+    assert_eq!(pair_lengths(9, 6, 7), (4, 3));
+    assert_eq!(pair_lengths(6, 9, 7), (3, 4));
+    assert_eq!(pair_lengths(8, 8, 6), (3, 3));
+    // No room: nothing kept.
+    assert_eq!(pair_lengths(2, 3, 0), (0, 0));
+    // Every cut fills the room exactly.
+    for a in 0..12 {
+        for b in 0..12 {
+            for room in 0..15 {
+                let (x, y) = pair_lengths(a, b, room);
+                assert!(x <= a && y <= b);
+                assert_eq!(x + y, (a + b).min(room), "{a} {b} {room}");
+            }
+        }
+    }
+}
+
+#[test]
+fn pair_fields_are_read_beside_the_text_and_named_when_missing() {
+    let dir = TempDir::new("labelled-pairs");
+    let path = write(
+        &dir,
+        "pairs.jsonl",
+        "{\"text\": \"a b\", \"text_pair\": \"c\", \"label\": 1}\n\
+         {\"text\": \"d\", \"text_pair\": \"e f\", \"label\": 0}\n",
+    );
+    let read = read_labelled(&path, "text", "label", Some("text_pair")).unwrap();
+    assert_eq!(read.pairs, ["c", "e f"]);
+    assert!(read_labelled(&path, "text", "label", None)
+        .unwrap()
+        .pairs
+        .is_empty());
+    let bad = write(
+        &dir,
+        "bad.jsonl",
+        "{\"text\": \"a\", \"text_pair\": \"c\", \"label\": 1}\n{\"text\": \"d\", \"label\": 0}\n",
+    );
+    let err = read_labelled(&bad, "text", "label", Some("text_pair"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("bad.jsonl: line 2")
+            && err.contains("no field \"text_pair\"")
+            && err.contains("its fields: label, text"),
+        "{err}"
+    );
+    let typed = write(
+        &dir,
+        "typed.jsonl",
+        "{\"text\": \"a\", \"text_pair\": 3, \"label\": 1}\n",
+    );
+    let err = read_labelled(&typed, "text", "label", Some("text_pair"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("typed.jsonl: line 1") && err.contains("a number"),
+        "{err}"
+    );
 }
 
 /// Lines of two "sources" whose words differ, labelled by source name.
@@ -236,6 +336,7 @@ fn labelled_config(path: &Path, cache: &Path) -> LabelledTextConfig {
             cache_dir: cache.to_path_buf(),
         },
         label_field: "label".into(),
+        pair_field: None,
         seq_len: 64,
         eval_seq_len: 64,
     }
@@ -274,7 +375,9 @@ fn a_trained_bpe_reserves_the_special_tokens_and_is_cached_as_for_text() {
     // Samples decode back to their text between [CLS] and [SEP].
     let (mut input, mut mask) = (Vec::new(), Vec::new());
     let first = (0..40).find(|i| !held.contains(i)).unwrap();
-    let class = loaded.train.write(0, &mut input, &mut mask);
+    let class = loaded
+        .train
+        .write(0, &mut input, &mut mask, &mut Vec::new());
     assert_eq!(class, (first % 2) as i64);
     assert_eq!(input[0], i64::from(s.cls));
     let real = mask.iter().filter(|&&m| m == 1).count();
@@ -343,11 +446,16 @@ fn a_tokenizer_with_the_special_tokens_keeps_their_ids() {
     assert_eq!(s.eos, Some(3));
     assert_eq!((loaded.classes.count, loaded.classes.names), (2, None));
     let (mut input, mut mask) = (Vec::new(), Vec::new());
-    assert_eq!(loaded.train.write(0, &mut input, &mut mask), 1);
+    assert_eq!(
+        loaded
+            .train
+            .write(0, &mut input, &mut mask, &mut Vec::new()),
+        1
+    );
     assert_eq!(input, [2, 5, 6, 3, 0, 0]);
     assert_eq!(mask, [1, 1, 1, 1, 0, 0]);
     let (mut input, mut mask) = (Vec::new(), Vec::new());
-    loaded.eval.write(0, &mut input, &mut mask);
+    loaded.eval.write(0, &mut input, &mut mask, &mut Vec::new());
     assert_eq!(input, [2, 7, 9, 3], "truncated to eval_seq_len");
     // Nothing was trained: no cache folder.
     assert!(!dir.0.join("cache").exists());

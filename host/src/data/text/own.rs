@@ -381,7 +381,7 @@ pub fn parse_jsonl(
     Ok(docs)
 }
 
-/// Calls `each(line number, text, the object's other fields)` for each non-blank line of a
+/// Calls `each(line number, text, the object)` for each non-blank line of a
 /// `.jsonl` file's bytes, a JSON object whose `text_field` is a string. Errors name the file and
 /// the line (`each` makes its own with [`line_error`]).
 pub(super) fn jsonl_objects(
@@ -398,18 +398,19 @@ pub(super) fn jsonl_objects(
         let bad = |why: String| line_error(path, number, why);
         let value: serde_json::Value =
             serde_json::from_str(line).map_err(|e| bad(format!("is not valid JSON: {e}")))?;
-        let serde_json::Value::Object(mut object) = value else {
+        let serde_json::Value::Object(object) = value else {
             return Err(bad(format!(
                 "is not a JSON object (each line must be an object with a \"{text_field}\" \
                  field)"
             )));
         };
-        let text = match object.remove(text_field) {
-            Some(serde_json::Value::String(text)) => text,
+        // The text stays in the object, so that an error about another field lists it too.
+        let text = match object.get(text_field) {
+            Some(serde_json::Value::String(text)) => text.clone(),
             Some(other) => {
                 return Err(bad(format!(
                     "field \"{text_field}\" is {}, not a string",
-                    json_kind(&other)
+                    json_kind(other)
                 )))
             }
             None => return Err(bad(missing_field(text_field, "text_field", &object))),

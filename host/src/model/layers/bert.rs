@@ -38,11 +38,12 @@
 //! What each module receives and returns (B sequences of T tokens):
 //! - the root and `bert`: int64 token ids `(B, T)`; the masked-LM root returns logits
 //!   `(B, T, V)`, the classifier `(B, classes)`, `bert` the last hidden states `(B, T, C)`.
-//!   Token type ids are all 0 (one segment). The batch's `attention_mask` (`(B, T)`, 0 at
+//!   Token type ids are the batch's `token_type_ids` (sentence pairs: 0 on the first text, 1
+//!   on the second, through [`super::mask::token_type_ids`]), else all 0 (one segment). The batch's `attention_mask` (`(B, T)`, 0 at
 //!   padding), when it has one, reaches the attention through
 //!   [`super::mask::attention_mask`]: padded keys get no weight, as Hugging Face's additive
 //!   mask gives them.
-//! - `bert.embeddings`: ids → `dropout(LayerNorm(word(ids) + token_type(0) + position(arange T)))`.
+//! - `bert.embeddings`: ids → `dropout(LayerNorm(word(ids) + token_type(types) + position(arange T)))`.
 //!   While `position_embeddings` is an `embedding`, T may be at most its rows (P). The position
 //!   ids `(1, T)` go to `position_embeddings`; a plugin that removes learned positions (ALiBi)
 //!   replaces it, e.g. by a module returning zeros.
@@ -73,7 +74,7 @@ use serde::Serialize;
 use tch::{nn::Init, Kind, TchError, Tensor};
 
 use super::gpt2::{btc, check_sizes, embedding_rows};
-use super::mask::attention_mask;
+use super::mask::{attention_mask, token_type_ids};
 use super::{Attr, Dropout, Embedding, ExportTree, Exported, Layer, LayerNorm, Linear, Sequential};
 use crate::model::{tree::join, ParamStore};
 
@@ -219,7 +220,18 @@ impl Layer for BertEmbeddings {
             }
         }
         let positions = Tensor::f_arange(t, (Kind::Int64, ids.device()))?.f_unsqueeze(0)?;
-        let token_types = ids.f_zeros_like()?;
+        // The batch's token type ids (sentence pairs), else all 0 (one segment).
+        let token_types = match token_type_ids() {
+            Some(types) if types.size() == ids.size() => types,
+            Some(types) => {
+                return Err(TchError::Shape(format!(
+                    "bert: the batch's token_type_ids have shape {:?}, but the input ids {:?}",
+                    types.size(),
+                    ids.size()
+                )))
+            }
+            None => ids.f_zeros_like()?,
+        };
         let x = self
             .word_embeddings
             .forward(ids, train)?

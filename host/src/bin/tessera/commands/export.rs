@@ -10,8 +10,9 @@ use tessera::trainer;
 enum Format {
     /// One safetensors file (PyTorch's names).
     Safetensors,
-    /// A Hugging Face folder: `model.safetensors`, `config.json` and, for text a tokenizer
-    /// file trained with, `tokenizer.json` (gpt2 and llama).
+    /// A Hugging Face folder: `model.safetensors`, `config.json` and, for text, the tokenizer the
+    /// run encoded it with (its own trained BPE or your file) as `tokenizer.json` (gpt2, llama,
+    /// bert).
     Hf,
     /// A PEFT adapter folder: `adapter_model.safetensors` and `adapter_config.json`, the
     /// low-rank adapters the `lora` plugin trained (`PeftModel.from_pretrained` loads them onto
@@ -107,20 +108,21 @@ fn export_hf(checkpoint: &std::path::Path, dir: &std::path::Path) -> anyhow::Res
     let config_path = dir.join("config.json");
     tessera::files::write_atomic(&config_path, text.as_bytes())
         .with_context(|| format!("writing {}", config_path.display()))?;
-    let tokenizer = ckpt
-        .meta
-        .config
-        .pointer("/data/text/tokenizer")
-        .and_then(|v| v.as_str())
-        .map(PathBuf::from)
-        .filter(|p| p.is_file());
-    if let Some(t) = &tokenizer {
-        let bytes = std::fs::read(t).with_context(|| format!("reading {}", t.display()))?;
-        tessera::files::write_atomic(&dir.join("tokenizer.json"), &bytes)
-            .with_context(|| format!("writing {}", dir.join("tokenizer.json").display()))?;
+    let tokenizer = copy_tokenizer(&ckpt, dir)?;
+    if !s.kept.is_empty() {
+        let kinds: std::collections::BTreeSet<&str> =
+            s.kept.iter().map(|(_, k)| k.as_str()).collect();
+        eprintln!(
+            "warning: {} plugin module(s) ({}) stay in the exported network: transformers' {} \
+             does not have them, so from_pretrained will report their tensors as unexpected and \
+             compute the plain model",
+            s.kept.len(),
+            kinds.into_iter().collect::<Vec<_>>().join(", "),
+            config["architectures"][0].as_str().unwrap_or("model")
+        );
     }
     println!(
-        "exported {} tensors ({} parameters) to {} as a Hugging Face folder ({}config.json, model.safetensors{}): AutoModelForCausalLM.from_pretrained loads it",
+        "exported {} tensors ({} parameters) to {} as a Hugging Face folder ({}config.json, model.safetensors{}): {}.from_pretrained loads it",
         s.tensors,
         s.parameters,
         dir.display(),
@@ -128,7 +130,57 @@ fn export_hf(checkpoint: &std::path::Path, dir: &std::path::Path) -> anyhow::Res
             .as_str()
             .map(|a| format!("{a}: "))
             .unwrap_or_default(),
-        if tokenizer.is_some() { ", tokenizer.json" } else { "" }
+        if tokenizer { ", tokenizer.json" } else { "" },
+        match config["architectures"][0].as_str() {
+            Some("BertForMaskedLM") => "AutoModelForMaskedLM",
+            Some("BertForSequenceClassification") => "AutoModelForSequenceClassification",
+            _ => "AutoModelForCausalLM",
+        }
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// Copies the tokenizer the run encoded its text with (its own trained BPE or the user's file,
+/// as the checkpoint recorded it) to `DIR/tokenizer.json` when it is still there unchanged;
+/// warns, copying nothing, when it is gone or changed. Returns whether it was copied.
+fn copy_tokenizer(
+    ckpt: &tessera::checkpoint::Checkpoint,
+    dir: &std::path::Path,
+) -> anyhow::Result<bool> {
+    use anyhow::Context;
+    let recorded = ckpt.meta.trainer.tokenizer.clone().or_else(|| {
+        // Checkpoints before the tokenizer was recorded: the configured file, unverified.
+        let path = ckpt.meta.config.pointer("/data/text/tokenizer")?.as_str()?;
+        Some(tessera::checkpoint::TokenizerFile {
+            path: PathBuf::from(path),
+            sha256: String::new(),
+        })
+    });
+    let Some(t) = recorded else {
+        return Ok(false);
+    };
+    let bytes = match std::fs::read(&t.path) {
+        Ok(bytes) => bytes,
+        Err(e) => {
+            eprintln!(
+                "warning: the run's tokenizer {} cannot be read ({e}); the folder has no \
+                 tokenizer.json (copy it there yourself)",
+                t.path.display()
+            );
+            return Ok(false);
+        }
+    };
+    if !t.sha256.is_empty() && tessera::files::sha256_hex(&bytes) != t.sha256 {
+        eprintln!(
+            "warning: the run's tokenizer {} changed since the run read it (sha256 {} then); \
+             the folder has no tokenizer.json",
+            t.path.display(),
+            t.sha256
+        );
+        return Ok(false);
+    }
+    let to = dir.join("tokenizer.json");
+    tessera::files::write_atomic(&to, &bytes)
+        .with_context(|| format!("writing {}", to.display()))?;
+    Ok(true)
 }
