@@ -57,7 +57,7 @@ fn dtype_of(kind: Kind) -> Result<Dtype, CheckpointError> {
     })
 }
 
-fn kind_of(dtype: Dtype) -> Option<Kind> {
+pub(crate) fn kind_of(dtype: Dtype) -> Option<Kind> {
     Some(match dtype {
         Dtype::BOOL => Kind::Bool,
         Dtype::U8 => Kind::Uint8,

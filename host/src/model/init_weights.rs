@@ -27,7 +27,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use tch::{Kind, TchError, Tensor};
+use tch::{TchError, Tensor};
 
 use super::{Model, ModelName};
 
@@ -198,29 +198,25 @@ pub fn load_init_weights(
         .filter_map(|p| glob::Pattern::new(p).ok())
         .collect();
     let files = super::weight_files::weight_files(path)?;
-    let sharded = files.len() > 1;
-    // A sharded folder: stand-ins of the tensors (shape and dtype, no data) from the headers,
-    // and which shard holds each; the data is read shard by shard once everything fits.
+    // Stand-ins of the tensors (shape and dtype, no data) from the files' headers, and which
+    // file holds each: names and shapes are checked before any data is read, then the files
+    // (one, or a folder's shards) are read one at a time, each copied straight into the model
+    // ([`copy_shards`]).
     let mut shard_of: BTreeMap<String, usize> = BTreeMap::new();
-    let (file, sha256) = if sharded {
-        let mut stand_ins = Vec::new();
-        for (i, f) in files.iter().enumerate() {
-            for (name, shape, kind) in super::weight_files::header(f)? {
-                let t = super::weight_files::stand_in(&shape, kind).map_err(|source| {
-                    InitWeightsError::Copy {
-                        path: f.clone(),
-                        source,
-                    }
-                })?;
-                shard_of.insert(name.clone(), i);
-                stand_ins.push((name, t));
-            }
+    let mut file = Vec::new();
+    for (i, f) in files.iter().enumerate() {
+        for (name, shape, kind) in super::weight_files::header(f)? {
+            let t = super::weight_files::stand_in(&shape, kind).map_err(|source| {
+                InitWeightsError::Copy {
+                    path: f.clone(),
+                    source,
+                }
+            })?;
+            shard_of.insert(name.clone(), i);
+            file.push((name, t));
         }
-        stand_ins.sort_by(|a, b| a.0.cmp(&b.0));
-        (stand_ins, String::new())
-    } else {
-        read_weights_file(&files[0])?
-    };
+    }
+    file.sort_by(|a, b| a.0.cmp(&b.0));
     let mismatch = |problems: Vec<String>| InitWeightsError::Mismatch {
         path: path.to_owned(),
         model: name.as_str().to_owned(),
@@ -240,11 +236,9 @@ pub fn load_init_weights(
     let mut by_store: BTreeMap<String, (String, &Tensor)> = BTreeMap::new();
     let mut report = InitReport {
         file: path.to_owned(),
-        sha256,
         ..InitReport::default()
     };
-    let mut tied_differ = Vec::new();
-    // Sharded: a tied weight's second name, compared once the data is read.
+    // A tied weight's second name, compared once the data is read.
     let mut tied_later: Vec<(String, String)> = Vec::new();
     for (file_name, t) in &file {
         if matches_any(&patterns, file_name) {
@@ -256,17 +250,7 @@ pub fn load_init_weights(
             continue;
         }
         match by_store.get(store_name) {
-            Some(_) if sharded => tied_later.push((store_name.clone(), file_name.clone())),
-            Some((first, other)) => {
-                let same = other.size() == t.size()
-                    && other
-                        .f_to_kind(Kind::Double)
-                        .and_then(|o| Ok(o.equal(&t.f_to_kind(Kind::Double)?)))
-                        .unwrap_or(false);
-                if !same {
-                    tied_differ.push(format!("`{first}` and `{file_name}`"));
-                }
-            }
+            Some(_) => tied_later.push((store_name.clone(), file_name.clone())),
             None => {
                 by_store.insert(store_name.clone(), (file_name.clone(), t));
             }
@@ -321,12 +305,6 @@ pub fn load_init_weights(
         copies.push((&entry.tensor, file_name.as_str()));
     }
     let mut problems = Vec::new();
-    if !tied_differ.is_empty() {
-        problems.push(format!(
-            "tied weights differ in the file (one tensor in this model): {}",
-            tied_differ.join(", ")
-        ));
-    }
     if strict {
         if !report.missing.is_empty() {
             problems.push(format!(
@@ -360,23 +338,7 @@ pub fn load_init_weights(
         }
         return Err(mismatch(problems));
     }
-    if sharded {
-        report.sha256 = copy_shards(path, &files, &shard_of, &copies, &tied_later, model, name)?;
-    } else {
-        let values: BTreeMap<&str, &Tensor> = file.iter().map(|(n, t)| (n.as_str(), t)).collect();
-        tch::no_grad(|| -> Result<(), TchError> {
-            for (to, name) in &copies {
-                if let Some(from) = values.get(name) {
-                    to.shallow_clone().f_copy_(from)?;
-                }
-            }
-            Ok(())
-        })
-        .map_err(|source| InitWeightsError::Copy {
-            path: path.to_owned(),
-            source,
-        })?;
-    }
+    report.sha256 = copy_shards(path, &files, &shard_of, &copies, &tied_later, model, name)?;
     report.loaded = copies.len();
     if !head_shapes.is_empty() {
         tracing::warn!(
@@ -389,10 +351,12 @@ pub fn load_init_weights(
     Ok(report)
 }
 
-/// Reads the shards of a folder one at a time and copies each one's planned tensors (`copies`:
-/// model tensor, file name) into the model, dropping the shard before the next; then checks a
-/// tied weight's second name (`tied`: store name, file name) against what the first put in.
-/// Returns the sha256 of the shards' names and sha256s.
+/// Reads the files (one, or a folder's shards) one at a time and copies each one's planned
+/// tensors (`copies`: model tensor, file name) into the model straight from the file's bytes,
+/// dropping them before the next file, so that loading holds at most the largest file beside the
+/// model; then checks a tied weight's second name (`tied`: store name, file name) against what
+/// the first put in. Returns the file's sha256, or for shards the sha256 of their names and
+/// sha256s.
 fn copy_shards(
     path: &Path,
     files: &[PathBuf],
@@ -402,58 +366,118 @@ fn copy_shards(
     model: &Model,
     name: ModelName,
 ) -> Result<String, InitWeightsError> {
-    let copy_error = |source| InitWeightsError::Copy {
-        path: path.to_owned(),
-        source,
-    };
     let mut digests = String::new();
-    let mut seconds: Vec<(String, String, Tensor)> = Vec::new();
+    let mut single = String::new();
+    let mut differ = Vec::new();
     for (i, shard) in files.iter().enumerate() {
-        let (tensors, sha256) = read_weights_file(shard)?;
-        let name = shard.file_name().map(|n| n.to_string_lossy().into_owned());
-        digests.push_str(&format!("{} {sha256}\n", name.unwrap_or_default()));
-        let values: BTreeMap<&str, &Tensor> =
-            tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
-        tch::no_grad(|| -> Result<(), TchError> {
-            for (to, name) in copies {
-                if shard_of.get(*name) == Some(&i) {
-                    if let Some(from) = values.get(name) {
-                        to.shallow_clone().f_copy_(from)?;
-                    }
+        // What building the model drew and freed (its random init's temporaries) goes back to
+        // the system before a file's bytes come in, and each file's after it.
+        release_freed_memory();
+        let bytes = std::fs::read(shard).map_err(|source| InitWeightsError::Io {
+            path: shard.clone(),
+            source,
+        })?;
+        let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| {
+            InitWeightsError::Format {
+                path: shard.clone(),
+                message: format!("not a safetensors file ({e})"),
+            }
+        })?;
+        let view = |name: &str| -> Result<Option<Tensor>, InitWeightsError> {
+            match st.tensor(name) {
+                Ok(v) => borrowed(&v)
+                    .map(Some)
+                    .map_err(|source| InitWeightsError::Copy {
+                        path: shard.clone(),
+                        source,
+                    }),
+                Err(_) => Ok(None),
+            }
+        };
+        for (to, name) in copies {
+            if shard_of.get(*name) == Some(&i) {
+                if let Some(from) = view(name)? {
+                    tch::no_grad(|| to.shallow_clone().f_copy_(&from)).map_err(|source| {
+                        InitWeightsError::Copy {
+                            path: shard.clone(),
+                            source,
+                        }
+                    })?;
                 }
             }
-            Ok(())
-        })
-        .map_err(copy_error)?;
+        }
         for (store, file_name) in tied {
-            if let Some(t) = values.get(file_name.as_str()) {
-                seconds.push((store.clone(), file_name.clone(), t.shallow_clone()));
+            if shard_of.get(file_name.as_str()) != Some(&i) {
+                continue;
+            }
+            let Some(t) = view(file_name)? else { continue };
+            let same = model.params.get(store).is_some_and(|e| {
+                e.tensor.size() == t.size()
+                    && t.f_to_kind(e.tensor.kind())
+                        .map(|c| c.equal(&e.tensor))
+                        .unwrap_or(false)
+            });
+            if !same {
+                differ.push(format!("`{store}` and `{file_name}`"));
             }
         }
-    }
-    let mut differ = Vec::new();
-    for (store, file_name, t) in seconds {
-        let same = model.params.get(&store).is_some_and(|e| {
-            e.tensor.size() == t.size()
-                && t.f_to_kind(e.tensor.kind())
-                    .map(|c| c.equal(&e.tensor))
-                    .unwrap_or(false)
-        });
-        if !same {
-            differ.push(format!("`{store}` and `{file_name}`"));
-        }
+        let sha256 = crate::files::sha256_hex(&bytes);
+        let file_name = shard.file_name().map(|n| n.to_string_lossy().into_owned());
+        digests.push_str(&format!("{} {sha256}\n", file_name.unwrap_or_default()));
+        single = sha256;
     }
     if !differ.is_empty() {
         return Err(InitWeightsError::Mismatch {
             path: path.to_owned(),
             model: name.as_str().to_owned(),
             problems: vec![format!(
-                "tied weights differ in the shards (one tensor in this model): {}",
+                "tied weights differ in the {} (one tensor in this model): {}",
+                if files.len() > 1 { "shards" } else { "file" },
                 differ.join(", ")
             )],
         });
     }
-    Ok(crate::files::sha256_hex(digests.as_bytes()))
+    Ok(if files.len() == 1 {
+        single
+    } else {
+        crate::files::sha256_hex(digests.as_bytes())
+    })
+}
+
+/// Returns the heap memory the process freed to the system (glibc keeps freed blocks for reuse:
+/// after building a large model that can be a hundred megabytes). A no-op elsewhere.
+fn release_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free heap pages to the kernel; it takes no pointers.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+/// A tensor over a safetensors view's bytes, without copying them: valid only while the bytes
+/// live, so it is copied from at once and dropped.
+fn borrowed(v: &safetensors::tensor::TensorView<'_>) -> Result<Tensor, TchError> {
+    let kind = crate::checkpoint::kind_of_dtype(v.dtype()).ok_or_else(|| {
+        TchError::Kind(format!("dtype {:?}, which Tessera cannot hold", v.dtype()))
+    })?;
+    let shape: Vec<i64> = v.shape().iter().map(|&d| d as i64).collect();
+    let data = v.data();
+    let expected = shape.iter().product::<i64>() as usize * kind.elt_size_in_bytes();
+    if data.len() != expected {
+        return Err(TchError::Shape(format!(
+            "{} bytes for shape {shape:?} of {kind:?}",
+            data.len()
+        )));
+    }
+    if data.is_empty() {
+        return Tensor::f_zeros(&shape, (kind, tch::Device::Cpu));
+    }
+    // SAFETY: `data` holds exactly the tensor's bytes (checked above) and outlives the returned
+    // tensor, which the caller copies from and drops while the file's bytes are borrowed (the
+    // `SafeTensors` view borrows them). libtorch does not keep the pointer past the copy: the
+    // tensor does not own the memory and is never resized. Unaligned element pointers are fine
+    // for the CPU copy kernels (x86-64 and aarch64 allow unaligned loads).
+    unsafe { Tensor::f_from_blob(data.as_ptr(), &shape, &[], kind, tch::Device::Cpu) }
 }
 
 /// Checks `init_ignore` patterns, naming the first bad one.

@@ -249,3 +249,48 @@ fn half_precision_files_convert_and_pickles_are_refused_with_the_script() {
     );
     let _ = std::fs::remove_dir_all(&d);
 }
+
+#[test]
+fn a_pickle_is_named_as_such_whatever_its_name_and_a_safetensors_header_is_not() {
+    let d = dir("pickle");
+    for (start, what) in [
+        (
+            &b"PK\x03\x04\x14\x00\x00\x00\x08\x00"[..],
+            "torch.save's zip archive",
+        ),
+        (
+            &b"\x80\x02\x8a\nl\xfc\x9cF\xf9 j\xa8"[..],
+            "a Python pickle",
+        ),
+    ] {
+        let path = d.join("weights.safetensors");
+        std::fs::write(&path, [start, &[0u8; 64][..]].concat()).unwrap();
+        let e = crate::model::weight_files::header(&path)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(what)
+                && e.contains("scripts/to_safetensors.py")
+                && !e.contains("HeaderTooLarge"),
+            "{e}"
+        );
+    }
+    // A real safetensors file whose header length (0x280) starts like a pickle's opcodes.
+    let path = d.join("real.safetensors");
+    let mut header =
+        serde_json::json!({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})
+            .to_string();
+    header.push_str(&" ".repeat(0x280 - header.len()));
+    let mut bytes = (0x280u64).to_le_bytes().to_vec();
+    bytes.extend(header.as_bytes());
+    bytes.extend(1f32.to_le_bytes());
+    std::fs::write(&path, &bytes).unwrap();
+    let names = crate::model::weight_files::header(&path).unwrap();
+    assert_eq!(names.len(), 1);
+    // Too short to be anything.
+    std::fs::write(&path, b"abc").unwrap();
+    let e = crate::model::weight_files::header(&path)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("shorter than the 8 bytes"), "{e}");
+}

@@ -68,7 +68,21 @@ impl ParamStore {
         dims: &[i64],
         init: Init,
     ) -> Result<Tensor, TchError> {
-        let tensor = tch::nn::f_init(init, dims, self.device, Kind::Float)?.set_requires_grad(true);
+        let tensor = match init {
+            // As tch's `f_init` (`randn * stdev + mean`, the same draws and the same rounding),
+            // but in place: no temporaries of the tensor's size, which for a large embedding
+            // would double the memory of building the model.
+            Init::Randn { mean, stdev } => {
+                let mut t = Tensor::f_randn(dims, (Kind::Float, self.device))?;
+                if mean != 0.0 || (stdev - 1.0).abs() > f64::EPSILON {
+                    let _ = t.f_mul_scalar_(stdev)?;
+                    let _ = t.f_add_scalar_(mean)?;
+                }
+                t
+            }
+            init => tch::nn::f_init(init, dims, self.device, Kind::Float)?,
+        }
+        .set_requires_grad(true);
         self.push(name, &tensor, Role::Parameter);
         Ok(tensor)
     }
@@ -223,5 +237,24 @@ impl ParamStore {
             Ok(())
         })?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_normal_init_in_place_draws_tchs_values_to_the_bit() {
+        for (mean, stdev) in [(0.0, 0.02), (0.5, 3.0), (0.0, 1.0)] {
+            let init = Init::Randn { mean, stdev };
+            tch::manual_seed(7);
+            let want = tch::nn::f_init(init, &[33, 17], Device::Cpu, Kind::Float).unwrap();
+            tch::manual_seed(7);
+            let mut store = ParamStore::new(Device::Cpu);
+            let got = store.parameter("w".into(), &[33, 17], init).unwrap();
+            assert!(got.equal(&want), "mean {mean}, stdev {stdev}");
+            assert!(got.requires_grad());
+        }
     }
 }

@@ -8,7 +8,7 @@
 //! loading holds at most the largest shard beside the model.
 
 use std::collections::BTreeMap;
-use std::io::Read;
+use std::io::{Read, Seek};
 use std::path::{Path, PathBuf};
 
 use tch::{Kind, Tensor};
@@ -101,7 +101,26 @@ pub fn header(path: &Path) -> Result<Vec<(String, Vec<i64>, Kind)>, InitWeightsE
     };
     let mut file = std::fs::File::open(path).map_err(io)?;
     let mut len = [0u8; 8];
-    file.read_exact(&mut len).map_err(io)?;
+    file.read_exact(&mut len).map_err(|e| match e.kind() {
+        std::io::ErrorKind::UnexpectedEof => format(
+            "not a safetensors file (shorter than the 8 bytes of its header's length)".to_owned(),
+        ),
+        _ => io(e),
+    })?;
+    // A safetensors header is JSON: its first byte `{` tells a real header length that happens
+    // to look like a pickle's opcodes from a pickle.
+    let mut brace = [0u8; 1];
+    let json_follows = file.read_exact(&mut brace).is_ok() && brace[0] == b'{';
+    if let (Some(what), false) = (pickled(&len), json_follows) {
+        return Err(format(format!(
+            "this is {what}, not a safetensors file, and a pickle cannot be read safely; convert \
+             it once with `python scripts/to_safetensors.py {} model.safetensors` (the \
+             state_dict's tensors, same names) and give that file (a Tessera checkpoint goes to \
+             `checkpoint.load` with `weights_only = true`)",
+            path.display()
+        )));
+    }
+    file.seek(std::io::SeekFrom::Start(8)).map_err(io)?;
     let len = u64::from_le_bytes(len);
     let size = file.metadata().map_err(io)?.len();
     if len > size.saturating_sub(8) || len > 100 << 20 {
@@ -149,6 +168,17 @@ pub fn header(path: &Path) -> Result<Vec<(String, Vec<i64>, Kind)>, InitWeightsE
         out.push((name, shape, kind));
     }
     Ok(out)
+}
+
+/// What a file starting with `start` is when it is a PyTorch pickle rather than safetensors:
+/// `torch.save`'s zip archive (`PK\x03\x04`, PyTorch 1.6 on) or a bare pickle (protocol 2 to
+/// 5's `\x80` opcode, older `torch.save` and pickled state dicts).
+fn pickled(start: &[u8; 8]) -> Option<&'static str> {
+    match start {
+        [b'P', b'K', 3, 4, ..] => Some("a PyTorch file (torch.save's zip archive of pickles)"),
+        [0x80, 2..=5, ..] => Some("a Python pickle (an older torch.save file)"),
+        _ => None,
+    }
 }
 
 /// A stand-in of a tensor's shape and dtype holding one element (a zero expanded to the
