@@ -33,7 +33,7 @@ mod conditioning;
 
 use conditioning::{
     assert_abs, assert_rel, conv_matrix, flip, latent_signs, max_abs, module_product,
-    nmse_tolerance, patches, variance, Conditioning,
+    nmse_tolerance, patches, variance, within_abs, Conditioning,
 };
 
 const CASE: &str = "factorize";
@@ -567,6 +567,59 @@ fn factorize_matrix_matches_composer() {
         check_nmse(tag, &sol, want, atol, variance(y));
         report(tag, &c, &errors);
     }
+}
+
+/// The tolerances are tight enough to see a wrong solver: for every golden low-rank matrix case
+/// that runs 2 or more alternating steps, a solver stopping after 1 (or after one step fewer than
+/// Composer's) gives a product `Wa·Wb` outside the tolerance of Composer's. Without this, a
+/// tolerance derived too generously would pass anything.
+#[test]
+fn a_solver_short_of_its_iterations_fails_the_tolerances() {
+    let g = Golden::load(CASE);
+    let (x, y, w, b) = (
+        g.tensor("matrix/X"),
+        g.tensor("matrix/Y"),
+        g.tensor("matrix/W"),
+        g.tensor("matrix/bias"),
+    );
+    let results = g.json["results"]["factorize_matrix"].as_object().unwrap();
+    let mut checked = 0;
+    for tag in results.keys() {
+        let (rank, n_iters) = rank_of(tag);
+        // Full rank solves one least-squares operator: no alternating steps.
+        let key = format!("{tag}/WaWb");
+        if n_iters < 2 || !g.tensors.contains_key(&key) {
+            continue;
+        }
+        let want = g.tensor(&key);
+        for short in (1..n_iters).collect::<std::collections::BTreeSet<_>>() {
+            let sol = factorize_matrix(x, y, w, None, Some(b), rank, short).unwrap();
+            let c = Conditioning::of(x, &(y - b), w, sol.rank);
+            let wb = sol.wb.as_ref().expect("a low-rank pair");
+            let product = sol.wa.matmul(wb);
+            let what = format!("{tag} solved with n_iters = {short}");
+            let scale = max_abs(want);
+            let verdict = within_abs(&what, &product, want, c.product() * scale, scale);
+            let rel =
+                conditioning::max_abs(&(conditioning::f64t(&product) - conditioning::f64t(want)))
+                    / scale;
+            eprintln!(
+                "{what}: product {rel:.2e} of the scale against a tolerance of {:.2e}: it would \
+                 pass only with C ≥ {:.0}",
+                c.product(),
+                conditioning::C * rel / c.product()
+            );
+            assert!(
+                verdict.is_err(),
+                "{what}: its product passes the tolerance of Composer's {n_iters} steps ({:.2e} of \
+                 the scale, tolerance {:.2e}): the tolerances cannot tell a wrong solver",
+                verdict.unwrap_or_default(),
+                c.product()
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 2, "the golden file has matrix cases of 2+ steps");
 }
 
 #[test]

@@ -31,14 +31,20 @@
 //! | `Wa·Wb` (the whole operator for `rank = −1`) | `C·u·(κ(X)·(1 + κ(X)·tan θ) + s₁/(s_k − s_{k+1}))` |
 //! | `Wa`, `Wb` after aligning each latent column's sign | the above `+ C·u·s₁/min_{j≤k}(s_j − s_{j+1})` |
 //!
-//! (no SVD term when the solver returns one least-squares operator, `rank = −1`). `C = 64`
-//! holds the constants the first-order bounds leave out (QR, SVD and the products accumulate
-//! over up to ~150 terms) and a factor 2 because both sides round: `tests/other_inputs.rs` keeps
-//! one float32 run within `C/2` of the same algorithm in float64 on other inputs, and
-//! `tests/composer_reference.py` runs the golden test on 40 other seeds and shapes. The nmse
-//! follows from `ŷ`'s bound (see [`nmse_tolerance`]). A tolerance of [`VACUOUS`] or more means
-//! the data do not determine the quantity (two singular values (nearly) tie, or `X` is (nearly)
-//! rank deficient): it is then not compared, and a note says so.
+//! (no SVD term when the solver returns one least-squares operator, `rank = −1`). `C` holds the
+//! constants the first-order bounds leave out (QR, SVD and the products accumulate over up to
+//! ~150 terms) and a factor 2 because both sides round. It is measured, not chosen: the golden
+//! test on 40 held-out cases of `tests/composer_reference.py` (seeds 1–40, other shapes and
+//! data) needs at most `C = 8.5` (the largest `64·err/tol` over 1,490 comparisons: `ŷ` of
+//! seed 40's `conv/rank=0.1`; medians 0.04 (bias) to 0.96 (`ŷ`)), so `C = 36` keeps a margin of
+//! 4.2×; seeds 41–60, not used to choose it, need at most 6.4. `tests/other_inputs.rs` keeps one
+//! float32 run within half of each bound of the same algorithm in float64. The tolerances are tight
+//! enough to see a wrong solver: a solver one or two alternating steps short of Composer's
+//! fails them (`a_solver_short_of_its_iterations_fails_the_tolerances`). The nmse follows from
+//! `ŷ`'s bound (see [`nmse_tolerance`]). A tolerance of [`VACUOUS`] or more means the data do
+//! not determine the quantity (two singular values (nearly) tie, or `X` is (nearly) rank
+//! deficient): such a case fails rather than being skipped; none of the golden or held-out
+//! cases is one.
 
 #![allow(dead_code)] // each test file uses a part
 
@@ -47,9 +53,9 @@ use tessera_plugin_api::tch::{Kind, Tensor};
 /// Unit roundoff of float32 (`2⁻²⁴`).
 pub const U: f64 = f32::EPSILON as f64 / 2.0;
 /// Constant of the tolerances (see the module's comment).
-pub const C: f64 = 64.0;
+pub const C: f64 = 36.0;
 /// A relative tolerance from which on a comparison says nothing: the quantity is not
-/// determined by the data to float32 precision, and is skipped.
+/// determined by the data to float32 precision, and the case fails ([`within_abs`]).
 pub const VACUOUS: f64 = 0.05;
 
 /// `t` in float64.
@@ -160,32 +166,49 @@ pub fn variance(t: &Tensor) -> f64 {
 
 /// Asserts `max|got − want| ≤ tol·max|want|` (the error of a computation with rounding is
 /// relative to the tensor's scale, not to each element) and returns the error relative to
-/// `max|want|`. A `tol` of [`VACUOUS`] or more is not checked: the note says why.
+/// `max|want|`. A `tol` of [`VACUOUS`] or more fails too: the case does not determine the
+/// quantity, so comparing it would say nothing (see [`within_abs`]).
 pub fn assert_rel(what: &str, got: &Tensor, want: &Tensor, tol: f64) -> f64 {
     assert_abs(what, got, want, tol * max_abs(want), max_abs(want))
 }
 
-/// Asserts `max|got − want| ≤ atol` and returns the error over `scale`; `atol ≥ VACUOUS·scale`
-/// is not checked (see [`assert_rel`]).
+/// Asserts `max|got − want| ≤ atol` and returns the error over `scale` ([`within_abs`]).
 pub fn assert_abs(what: &str, got: &Tensor, want: &Tensor, atol: f64, scale: f64) -> f64 {
+    match within_abs(what, got, want, atol, scale) {
+        Ok(rel) => rel,
+        Err(why) => panic!("{why}"),
+    }
+}
+
+/// The error of `got` against `want` over `scale` when `max|got − want| ≤ atol`, else why not.
+/// A tolerance of [`VACUOUS`] of the scale or more is an error whatever the difference: nothing
+/// is skipped; a case whose data do not determine a quantity (a near-tie of singular values,
+/// rank-deficient inputs) is a case to replace.
+pub fn within_abs(
+    what: &str,
+    got: &Tensor,
+    want: &Tensor,
+    atol: f64,
+    scale: f64,
+) -> Result<f64, String> {
     assert_eq!(got.size(), want.size(), "{what}: shape");
     let err = max_abs(&(f64t(got) - f64t(want)));
     let rel = err / scale.max(f64::MIN_POSITIVE);
     if atol >= VACUOUS * scale {
-        eprintln!(
-            "note: {what} not compared: tolerance {:.1e} of its scale, the data do not \
-             determine it (near-tie of singular values or rank-deficient inputs)",
+        return Err(format!(
+            "{what}: the tolerance is {:.1e} of the scale: the data do not determine it (near-tie \
+             of singular values or rank-deficient inputs); use a case that does",
             atol / scale
-        );
-        return rel;
+        ));
     }
-    assert!(
-        err <= atol,
-        "{what}: max |got − want| = {err:.3e} ({rel:.2e} of max |want| = {scale:.3e}) exceeds \
-         {atol:.3e} ({:.2e})",
-        atol / scale
-    );
-    rel
+    if err > atol {
+        return Err(format!(
+            "{what}: max |got − want| = {err:.3e} ({rel:.2e} of max |want| = {scale:.3e}) \
+             exceeds {atol:.3e} ({:.2e})",
+            atol / scale
+        ));
+    }
+    Ok(rel)
 }
 
 /// `got` with each latent slice (index `j` along `dim`) multiplied by `signs[j]`.
