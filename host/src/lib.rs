@@ -33,6 +33,7 @@ pub mod report;
 pub mod scaffold;
 pub mod sweep;
 pub mod sync;
+pub mod tensor_file;
 pub mod time;
 pub mod tracking;
 pub mod trainer;
