@@ -33,7 +33,8 @@ use tch::{Device, TchError, Tensor};
 
 use crate::checkpoint::{blob_of, Blob, Checkpoint, CheckpointError, MethodMeta};
 use crate::files::same_file;
-use crate::model::{Attr, InputShape, LayerInfo, Model, Role};
+pub use crate::model::aliases;
+use crate::model::{Attr, InputShape, LayerInfo, Model, ModelConfig, Role};
 
 /// Metadata key of the model's configuration (JSON).
 pub const MODEL_KEY: &str = "tessera.model";
@@ -55,9 +56,6 @@ pub enum ExportError {
     /// The checkpoint cannot be read or verified.
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
-    /// The checkpoint's recorded config cannot be read back.
-    #[error(transparent)]
-    Config(#[from] crate::config::ConfigError),
     /// The reference model cannot be built.
     #[error("building a {model} to check the checkpoint against: {source}")]
     Build {
@@ -128,6 +126,7 @@ pub fn check_target(checkpoint: &Path, to: &Path) -> Result<(), ExportError> {
 
 /// Writes the model of `ckpt` (read from `checkpoint`), a run without methods, to `to` as a
 /// plain safetensors file (atomically: temporary file in the same folder, fsync, rename).
+/// `model_config` and `input` are the run's, as its recorded config gives them.
 ///
 /// Fails, writing nothing, when the checkpoint's model tensors are not exactly those of the zoo
 /// model its config names (a missing, extra or misshapen tensor). A run with methods is
@@ -135,16 +134,13 @@ pub fn check_target(checkpoint: &Path, to: &Path) -> Result<(), ExportError> {
 pub fn export_plain(
     checkpoint: &Path,
     ckpt: &Checkpoint,
+    (model_config, input): (&ModelConfig, InputShape),
     to: &Path,
 ) -> Result<ExportSummary, ExportError> {
     let not_plain = |message: String| ExportError::NotPlain {
         path: checkpoint.to_owned(),
         message,
     };
-    let source = format!("{} (its recorded config)", checkpoint.display());
-    let config = crate::config::from_recorded(&ckpt.meta.config, &source, &[])?;
-    let model_config = &config.model;
-    let input = config.data.input_shape();
     let model_json = ckpt.meta.config.get("model").unwrap_or(&Value::Null);
     let name = model_config.name;
     // A fresh model of the same configuration: the names, shapes, kinds and roles to expect.
@@ -352,37 +348,6 @@ fn canonical_header(bytes: Vec<u8>) -> Result<Vec<u8>, String> {
 
 /// BatchNorm's statistics: buffers, whatever module holds them.
 const STATISTICS: [&str; 3] = ["running_mean", "running_var", "num_batches_tracked"];
-
-/// The second names of tied weights: where `model`'s export tree lists a tensor of the store
-/// twice, once under its store name and once under another (GPT-2's `lm_head.weight`, which is
-/// `transformer.wte.weight`), as (other name, store name), in tree order. A tensor a plugin's
-/// export only renames (its store name not exported) is no alias.
-pub fn aliases(model: &Model) -> Result<Vec<(String, String)>, TchError> {
-    let tree = model.root.export_tree()?;
-    let exported: BTreeSet<&str> = tree.tensors.iter().map(|(n, _)| n.as_str()).collect();
-    let stored: Vec<&crate::model::Entry> = model
-        .params
-        .entries()
-        .iter()
-        .filter(|e| exported.contains(e.name.as_str()))
-        .collect();
-    Ok(tree
-        .tensors
-        .iter()
-        .filter(|(name, _)| model.params.get(name).is_none())
-        .filter_map(|(name, t)| {
-            stored
-                .iter()
-                .find(|e| {
-                    e.tensor.numel() > 0
-                        && e.tensor.data_ptr() == t.data_ptr()
-                        && e.tensor.size() == t.size()
-                        && e.tensor.kind() == t.kind()
-                })
-                .map(|e| (name.clone(), e.name.clone()))
-        })
-        .collect())
-}
 
 /// Writes the live `model` to `to` as `tessera export` does (atomically): the tensors of its
 /// export tree ([`crate::model::Layer::export`]: plugin modules kept or folded, tied weights

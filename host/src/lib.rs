@@ -33,17 +33,24 @@ pub mod report;
 pub mod scaffold;
 pub mod sweep;
 pub mod sync;
+pub mod tensor_file;
 pub mod time;
 pub mod tracking;
 pub mod trainer;
 
 /// An error and its causes on one line, `what: cause: cause`, as the command line prints them.
+/// A cause whose text the line already holds is left out: many errors print their source in
+/// their own message and also return it as their source ("shard.mds: No such file or directory
+/// (os error 2)" would otherwise end with the OS error twice).
 pub fn with_causes(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
     let mut source = e.source();
     while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
+        let part = cause.to_string();
+        if !text.contains(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
         source = cause.source();
     }
     text
@@ -72,3 +79,36 @@ pub(crate) mod test_support {
         out
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::with_causes;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("{path}: {source}")]
+    struct Named {
+        path: String,
+        source: std::io::Error,
+    }
+
+    #[test]
+    fn a_cause_already_in_the_line_is_not_repeated() {
+        let io = || std::io::Error::from(std::io::ErrorKind::NotFound);
+        let e = anyhow::Error::new(Named {
+            path: "shard.0.mds".into(),
+            source: io(),
+        })
+        .context("reading the training shards");
+        assert_eq!(
+            with_causes(e.as_ref()),
+            format!("reading the training shards: shard.0.mds: {}", io())
+        );
+        // Causes that add something are kept.
+        let e = anyhow::anyhow!("inner").context("outer");
+        assert_eq!(with_causes(e.as_ref()), "outer: inner");
+    }
+}
+
+#[cfg(test)]
+#[path = "architecture_tests.rs"]
+mod architecture_tests;

@@ -1,95 +1,22 @@
 //! The file format: safetensors with a JSON metadata entry and a checksum, written atomically.
 
-use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::Path;
 
-use safetensors::tensor::{Dtype, SafeTensors, View};
+use safetensors::tensor::{Dtype, SafeTensors};
 use sha2::{Digest, Sha256};
-use tch::{Device, Kind, Tensor};
+use tch::Tensor;
 
 use super::{Checkpoint, CheckpointError, Meta, FORMAT_VERSION};
 use crate::files::{hex, write_atomic};
+pub(crate) use crate::tensor_file::{tensor_of, Blob};
 
 const META_KEY: &str = "tessera.checkpoint";
 pub(super) const CHECKSUM_KEY: &str = "tessera.sha256";
 
-/// A tensor as little-endian bytes on the CPU, ready for safetensors (also used by
-/// `tessera export`).
-pub(crate) struct Blob {
-    pub(super) dtype: Dtype,
-    pub(super) shape: Vec<usize>,
-    pub(super) bytes: Vec<u8>,
-}
-
-impl View for &Blob {
-    fn dtype(&self) -> Dtype {
-        self.dtype
-    }
-    fn shape(&self) -> &[usize] {
-        &self.shape
-    }
-    fn data(&self) -> Cow<'_, [u8]> {
-        Cow::Borrowed(&self.bytes)
-    }
-    fn data_len(&self) -> usize {
-        self.bytes.len()
-    }
-}
-
-fn dtype_of(kind: Kind) -> Result<Dtype, CheckpointError> {
-    Ok(match kind {
-        Kind::Bool => Dtype::BOOL,
-        Kind::Uint8 => Dtype::U8,
-        Kind::Int8 => Dtype::I8,
-        Kind::Int16 => Dtype::I16,
-        Kind::Int => Dtype::I32,
-        Kind::Int64 => Dtype::I64,
-        Kind::BFloat16 => Dtype::BF16,
-        Kind::Half => Dtype::F16,
-        Kind::Float => Dtype::F32,
-        Kind::Double => Dtype::F64,
-        other => {
-            return Err(CheckpointError::Tensor(format!(
-                "tensors of kind {other:?} cannot be saved"
-            )))
-        }
-    })
-}
-
-pub(crate) fn kind_of(dtype: Dtype) -> Option<Kind> {
-    Some(match dtype {
-        Dtype::BOOL => Kind::Bool,
-        Dtype::U8 => Kind::Uint8,
-        Dtype::I8 => Kind::Int8,
-        Dtype::I16 => Kind::Int16,
-        Dtype::I32 => Kind::Int,
-        Dtype::I64 => Kind::Int64,
-        Dtype::BF16 => Kind::BFloat16,
-        Dtype::F16 => Kind::Half,
-        Dtype::F32 => Kind::Float,
-        Dtype::F64 => Kind::Double,
-        _ => return None,
-    })
-}
-
 /// Copies `t` (any device, any layout) into a [`Blob`]; fails for kinds safetensors lacks.
 pub(crate) fn blob_of(name: &str, t: &Tensor) -> Result<Blob, CheckpointError> {
-    let err = |e: tch::TchError| CheckpointError::Tensor(format!("saving `{name}`: {e}"));
-    let dtype = dtype_of(t.kind())?;
-    let cpu = t
-        .f_detach()
-        .and_then(|t| t.f_to_device(Device::Cpu))
-        .and_then(|t| t.f_contiguous())
-        .map_err(err)?;
-    let numel = cpu.numel();
-    let mut bytes = vec![0u8; numel * cpu.kind().elt_size_in_bytes()];
-    cpu.f_copy_data_u8(&mut bytes, numel).map_err(err)?;
-    Ok(Blob {
-        dtype,
-        shape: cpu.size().iter().map(|&d| d as usize).collect(),
-        bytes,
-    })
+    crate::tensor_file::blob_of(name, t).map_err(CheckpointError::Tensor)
 }
 
 pub(super) fn hash_tensor(h: &mut Sha256, name: &str, dtype: Dtype, shape: &[usize], bytes: &[u8]) {
@@ -102,34 +29,6 @@ pub(super) fn hash_tensor(h: &mut Sha256, name: &str, dtype: Dtype, shape: &[usi
     }
     h.update((bytes.len() as u64).to_le_bytes());
     h.update(bytes);
-}
-
-/// The tensor of safetensors view `v` named `name` (copied out of the file's bytes); `Err`
-/// names it when its dtype has no libtorch kind or libtorch refuses it.
-pub(super) fn tensor_of(
-    name: &str,
-    v: &safetensors::tensor::TensorView<'_>,
-) -> Result<Tensor, String> {
-    let kind = kind_of(v.dtype()).ok_or_else(|| {
-        format!(
-            "`{name}` has dtype {:?}, which Tessera cannot hold",
-            v.dtype()
-        )
-    })?;
-    let shape: Vec<i64> = v.shape().iter().map(|&d| d as i64).collect();
-    Tensor::f_from_data_size(v.data(), &shape, kind).map_err(|e| format!("`{name}`: {e}"))
-}
-
-/// Every tensor of a plain safetensors file (no Tessera metadata needed: an export, a
-/// `save_pretrained` or `safetensors.torch.save_file` file), sorted by name.
-pub(crate) fn read_plain_tensors(bytes: &[u8]) -> Result<Vec<(String, Tensor)>, String> {
-    let st = SafeTensors::deserialize(bytes).map_err(|e| e.to_string())?;
-    let mut views = st.tensors();
-    views.sort_by(|a, b| a.0.cmp(&b.0));
-    views
-        .into_iter()
-        .map(|(name, v)| tensor_of(&name, &v).map(|t| (name, t)))
-        .collect()
 }
 
 impl Checkpoint {

@@ -34,7 +34,7 @@ pub mod torch_rng;
 pub use folder::{
     file_name, latest_good, list, parse_file_name, remove_stale_temporaries, update_latest,
 };
-pub(crate) use format::{blob_of, kind_of as kind_of_dtype, read_plain_tensors, Blob};
+pub(crate) use format::{blob_of, Blob};
 pub use parts::{
     rng_from_meta, rng_meta, Meta, MethodMeta, Parts, RankPart, RngMeta, SavedClock, TokenizerFile,
     TrainerMeta,

@@ -43,8 +43,9 @@ mod tests_cuda;
 #[cfg(test)]
 mod tests_optim;
 
+pub use crate::plugin::PluginsConfig;
 pub use algorithms::AlgorithmConfig;
-pub use checkpoint::{CheckpointConfig, PluginsConfig};
+pub use checkpoint::CheckpointConfig;
 pub use data::DataConfig;
 pub use distributed::DistributedConfig;
 pub use error::{ConfigError, ErrorKind, Location};

@@ -26,6 +26,7 @@ use rand_chacha::ChaCha8Rng;
 
 use super::decode::decode_image;
 use super::source::SampleData;
+pub use super::source::{TokenRows, TokenSource, TokenTargets};
 use super::subset::{self, SubsetChoice};
 use super::transforms::{Normalize, Sample, Transform};
 use super::{DataError, SampleSource};
@@ -69,30 +70,6 @@ pub enum HostInput {
         /// B×T: 0 on a pair's first text, 1 on its second; only for sentence pairs.
         token_type_ids: Option<Vec<i64>>,
     },
-}
-
-/// What a token batch's targets are.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TokenTargets {
-    /// One id per token, `[B, T]`: next-token or masked-LM targets (a language model).
-    PerToken,
-    /// One class index per sequence, `[B]` (text classification).
-    PerSequence,
-}
-
-/// Where a [`TokenSource`] appends the samples of a batch.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct TokenRows {
-    /// T input ids per sample.
-    pub input: Vec<i64>,
-    /// T target ids ([`TokenTargets::PerToken`]) or one class index per sample.
-    pub target: Vec<i64>,
-    /// T attention-mask values per sample (1 = token, 0 = padding) from a padded source;
-    /// empty otherwise.
-    pub attention_mask: Vec<i64>,
-    /// T token type ids per sample (0 = first text, 1 = second) from a source of sentence
-    /// pairs; empty otherwise.
-    pub token_type_ids: Vec<i64>,
 }
 
 /// The pixels of an image batch, sample after sample.
@@ -196,48 +173,6 @@ impl HostBatch {
             HostInput::Tokens { ids, .. } => ids.len() as u64,
         }
     }
-}
-
-/// Fixed-length token sequences with their targets, readable from any thread: what a [`Loader`]
-/// serves token batches from (a language model's, or a text classifier's).
-pub trait TokenSource: Send + Sync + std::fmt::Debug {
-    /// Number of sequences.
-    fn len(&self) -> usize;
-
-    /// Whether there are no sequences.
-    fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Tokens per sequence (T).
-    fn seq_len(&self) -> usize;
-
-    /// What the targets are (default: one id per token).
-    fn targets(&self) -> TokenTargets {
-        TokenTargets::PerToken
-    }
-
-    /// Whether sequences are padded, and so come with an attention mask (default false).
-    fn padded(&self) -> bool {
-        false
-    }
-
-    /// Whether samples are sentence pairs, and so come with token type ids (default false).
-    fn paired(&self) -> bool {
-        false
-    }
-
-    /// The class of sequence `index` when each has one ([`TokenTargets::PerSequence`]);
-    /// evaluation subsets are then stratified by class. `None` by default.
-    fn label(&self, _index: usize) -> Option<i64> {
-        None
-    }
-
-    /// Appends sequence `index` as served in `epoch` to `rows`: its T input ids, its targets
-    /// (T ids, or one class index), from a padded source its T attention-mask values and from a
-    /// paired one its T token type ids. A
-    /// source whose samples are random (masked-LM) draws them from `(seed, epoch, index)` only.
-    fn read(&self, index: usize, epoch: u64, rows: &mut TokenRows) -> Result<(), DataError>;
 }
 
 /// How a [`Loader`] batches, orders and parallelises.

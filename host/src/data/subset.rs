@@ -18,8 +18,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
-use super::loader::{TokenRows, TokenSource, TokenTargets};
-use super::source::{RawSample, SampleSource};
+use super::source::{RawSample, SampleSource, TokenRows, TokenSource, TokenTargets};
 use super::DataError;
 
 /// How a subset was chosen: what the run record says about the evaluated samples.

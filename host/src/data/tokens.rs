@@ -6,7 +6,7 @@
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use super::loader::{TokenRows, TokenSource, TokenTargets};
+use super::source::{TokenRows, TokenSource, TokenTargets};
 use super::text::{ChatSequences, LabelledSequences, MaskedSequences, PackedSequences};
 use super::DataError;
 

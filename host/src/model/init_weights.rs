@@ -135,7 +135,7 @@ fn read_weights_file(path: &Path) -> Result<(Vec<(String, Tensor)>, String), Ini
             path.display()
         )));
     }
-    let tensors = crate::checkpoint::read_plain_tensors(&bytes)
+    let tensors = crate::tensor_file::read_plain_tensors(&bytes)
         .map_err(|e| format(format!("not a safetensors file ({e})")))?;
     Ok((tensors, crate::files::sha256_hex(&bytes)))
 }
@@ -222,7 +222,7 @@ pub fn load_init_weights(
         model: name.as_str().to_owned(),
         problems,
     };
-    let aliases: BTreeMap<String, String> = crate::export::aliases(model)
+    let aliases: BTreeMap<String, String> = super::aliases(model)
         .map_err(|source| InitWeightsError::Copy {
             path: path.to_owned(),
             source,
@@ -457,7 +457,7 @@ fn release_freed_memory() {
 /// A tensor over a safetensors view's bytes, without copying them: valid only while the bytes
 /// live, so it is copied from at once and dropped.
 fn borrowed(v: &safetensors::tensor::TensorView<'_>) -> Result<Tensor, TchError> {
-    let kind = crate::checkpoint::kind_of_dtype(v.dtype()).ok_or_else(|| {
+    let kind = crate::tensor_file::kind_of(v.dtype()).ok_or_else(|| {
         TchError::Kind(format!("dtype {:?}, which Tessera cannot hold", v.dtype()))
     })?;
     let shape: Vec<i64> = v.shape().iter().map(|&d| d as i64).collect();

@@ -6,6 +6,7 @@
 //! activation checkpointing recomputes ([`ActivationCheckpointing`]).
 
 mod activation_checkpointing;
+mod aliases;
 mod hf_json;
 mod init_weights;
 pub mod layers;
@@ -19,6 +20,7 @@ mod weight_files;
 mod zoo;
 
 pub use activation_checkpointing::ActivationCheckpointing;
+pub use aliases::aliases;
 pub(crate) use init_weights::listed;
 pub use init_weights::{
     check_patterns as check_init_patterns, load_init_weights, read_state_dict, InitReport,

@@ -1,5 +1,5 @@
 //! The optimizer under `[distributed] sharding` (ZeRO): each rank steps its own piece of every
-//! parameter (`crate::dist::shard` lays them out), keeping the optimizer state of that piece
+//! parameter (the `dist` module's sharding lays them out), keeping the optimizer state of that piece
 //! only. Pieces are 1-D and share the parameter's memory; the update rules are element-wise,
 //! so a piece is stepped as its part of the whole parameter would be. Groups, membership and
 //! checkpoints still speak of whole parameters: a restored state is cut into this rank's piece,

@@ -11,6 +11,7 @@
 //! the working directory implicitly.
 
 mod elf;
+mod folders;
 mod host_api;
 pub mod install;
 mod sample;
@@ -27,6 +28,8 @@ use abi_stable::std_types::{ROption, RResult, RStr, RVec};
 use abi_stable::StableAbi;
 use tessera_plugin_api::abi::{MethodBox, ModuleBox, NamedTensor, PluginModule_Ref, TensorHandle};
 use tessera_plugin_api::{Event, Hook, API_VERSION, LIBTORCH_VERSION};
+
+pub use folders::PluginsConfig;
 
 use crate::data::SampleFn;
 use crate::engine::{Algorithm, MethodError, MethodSnapshot, Stage};
@@ -357,7 +360,7 @@ pub fn installation_dirs() -> Vec<SearchDir> {
 
 /// The folders named by a configuration's `[plugins]` (`dirs`, then `plugins/` beside the
 /// trainer.toml).
-pub fn configured_dirs(plugins: &crate::config::PluginsConfig) -> Vec<SearchDir> {
+pub fn configured_dirs(plugins: &PluginsConfig) -> Vec<SearchDir> {
     let mut dirs: Vec<SearchDir> = plugins
         .dirs
         .iter()

@@ -23,7 +23,10 @@ pub fn export_checkpoint(checkpoint: &Path, to: &Path) -> Result<ExportSummary> 
     export::check_target(checkpoint, to)?;
     let ckpt = Checkpoint::read(checkpoint)?;
     if ckpt.meta.methods.is_empty() {
-        return Ok(export::export_plain(checkpoint, &ckpt, to)?);
+        let source = format!("{} (its recorded config)", checkpoint.display());
+        let config = crate::config::from_recorded(&ckpt.meta.config, &source, &[])?;
+        let run = (&config.model, config.data.input_shape());
+        return Ok(export::export_plain(checkpoint, &ckpt, run, to)?);
     }
     let (trainer, model_json) = rebuild_on_cpu(checkpoint, &ckpt)?;
     Ok(export::export_model(

@@ -174,60 +174,8 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {}", describe(e.chain()));
+            eprintln!("error: {}", tessera::with_causes(e.as_ref()));
             ExitCode::FAILURE
         }
-    }
-}
-
-/// An error and its causes joined by ": ", as anyhow's `{:#}` joins them, but a cause whose
-/// text the message already holds is not repeated (many errors print their source in their own
-/// message and also return it as their source: "file: No such file or directory (os error 2):
-/// No such file or directory (os error 2)").
-fn describe<'a>(chain: impl Iterator<Item = &'a (dyn std::error::Error + 'static)>) -> String {
-    let mut text = String::new();
-    for cause in chain {
-        let part = cause.to_string();
-        if text.contains(&part) {
-            continue;
-        }
-        if !text.is_empty() {
-            text.push_str(": ");
-        }
-        text.push_str(&part);
-    }
-    text
-}
-
-#[cfg(test)]
-mod tests {
-    use super::describe;
-
-    #[derive(Debug, thiserror::Error)]
-    #[error("{path}: {source}")]
-    struct Named {
-        path: String,
-        source: std::io::Error,
-    }
-
-    #[test]
-    fn a_cause_already_in_the_message_is_not_repeated() {
-        let io = std::io::Error::from(std::io::ErrorKind::NotFound);
-        let e = anyhow::Error::new(Named {
-            path: "shard.0.mds".into(),
-            source: io,
-        })
-        .context("reading the training shards");
-        let text = describe(e.chain());
-        assert_eq!(
-            text,
-            format!(
-                "reading the training shards: shard.0.mds: {}",
-                std::io::Error::from(std::io::ErrorKind::NotFound)
-            )
-        );
-        // Causes that add something are kept.
-        let e = anyhow::anyhow!("inner").context("outer");
-        assert_eq!(describe(e.chain()), "outer: inner");
     }
 }

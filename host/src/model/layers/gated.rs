@@ -11,7 +11,7 @@ use tch::{TchError, Tensor};
 
 use super::{Attr, Layer};
 
-/// What makes a unit's parameters present around its passes (`crate::dist::shard`).
+/// What makes a unit's parameters present around its passes (the `dist` module's sharding).
 pub trait Gate: Send + Sync + fmt::Debug {
     /// Before the forward pass: the parameters are there when this returns.
     fn open(&self) -> Result<(), TchError>;
