@@ -85,25 +85,8 @@ fn uses() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
         rust_files(&src().join(format!("{module}.rs")), &mut files);
         assert!(!files.is_empty(), "module {module} has no files");
         let mut used = BTreeSet::new();
-        for file in files {
-            let name = file
-                .file_name()
-                .and_then(|n| n.to_str())
-                .unwrap_or_default();
-            if name == "tests.rs" || name.ends_with("_tests.rs") {
-                continue;
-            }
-            let text = std::fs::read_to_string(&file).expect("a source file");
-            let text = match text.find("#[cfg(test)]\nmod ") {
-                Some(at) => &text[..at],
-                None => &text[..],
-            };
-            for (i, _) in text.match_indices("crate::") {
-                let rest = &text[i + "crate::".len()..];
-                let name: String = rest
-                    .chars()
-                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                    .collect();
+        for text in files.iter().filter_map(|f| non_test_code(f)) {
+            for name in names_after(&text, "crate::") {
                 if let Some(other) = FLOORS.iter().find(|m| **m == name) {
                     if *other != module {
                         used.insert(*other);
@@ -114,6 +97,53 @@ fn uses() -> BTreeMap<&'static str, BTreeSet<&'static str>> {
         graph.insert(module, used);
     }
     graph
+}
+
+/// The code of `file` that is not a test: `None` for `tests.rs` and `*_tests.rs`, else the text
+/// before its `#[cfg(test)] mod` (a test may use a floor above to round-trip what its module
+/// makes).
+fn non_test_code(file: &Path) -> Option<String> {
+    let stem = file
+        .file_stem()
+        .and_then(|n| n.to_str())
+        .unwrap_or_default();
+    if stem == "tests" || stem.ends_with("_tests") {
+        return None;
+    }
+    let mut text = std::fs::read_to_string(file).expect("a source file");
+    if let Some(at) = text.find("#[cfg(test)]\nmod ") {
+        text.truncate(at);
+    }
+    Some(text)
+}
+
+/// The names that follow `prefix` in `text` (`crate::` → the modules named, `super::` → the
+/// siblings).
+fn names_after<'a>(text: &'a str, prefix: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+    text.match_indices(prefix).map(move |(i, _)| {
+        let rest = &text[i + prefix.len()..];
+        let end = rest
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(rest.len());
+        &rest[..end]
+    })
+}
+
+/// Asserts that `found` is exactly the `known` exceptions: none new, none gone (`list` names
+/// the constant to update).
+fn assert_ratchet<T: Ord + std::fmt::Debug>(
+    found: &BTreeSet<T>,
+    known: &BTreeSet<T>,
+    what: &str,
+    list: &str,
+) {
+    let new: Vec<_> = found.difference(known).collect();
+    assert!(new.is_empty(), "{what}: {new:?}");
+    let gone: Vec<_> = known.difference(found).collect();
+    assert!(
+        gone.is_empty(),
+        "these are gone: take them off {list}: {gone:?}"
+    );
 }
 
 fn floor(module: &str) -> usize {
@@ -176,15 +206,11 @@ fn every_module_exists_and_no_import_runs_up_a_floor_unless_known() {
         }
     }
     let known: BTreeSet<(&str, &str)> = KNOWN_UPWARD.iter().copied().collect();
-    let new: Vec<_> = upward.difference(&known).collect();
-    assert!(
-        new.is_empty(),
-        "imports that run up a floor (a module may use only those before it in FLOORS): {new:?}"
-    );
-    let gone: Vec<_> = known.difference(&upward).collect();
-    assert!(
-        gone.is_empty(),
-        "these known upward imports are gone: take them off KNOWN_UPWARD: {gone:?}"
+    assert_ratchet(
+        &upward,
+        &known,
+        "imports that run up a floor (a module may use only those before it in FLOORS)",
+        "KNOWN_UPWARD",
     );
 }
 
@@ -212,22 +238,13 @@ fn file_circles() -> BTreeSet<(String, Vec<String>)> {
         let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
         for file in entries.iter().filter(|p| p.is_file()) {
             let name = stem(file);
-            if name == "mod" || name == "tests" || name.ends_with("_tests") {
+            let Some(text) = non_test_code(file).filter(|_| name != "mod") else {
                 continue;
-            }
-            let text = std::fs::read_to_string(file).unwrap_or_default();
-            let text = match text.find("#[cfg(test)]\nmod ") {
-                Some(at) => &text[..at],
-                None => &text[..],
             };
             let used = graph.entry(name.clone()).or_default();
-            for (i, _) in text.match_indices("super::") {
-                let other: String = text[i + "super::".len()..]
-                    .chars()
-                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                    .collect();
-                if other != name && siblings.contains(&other) {
-                    used.insert(other);
+            for other in names_after(&text, "super::") {
+                if other != name && siblings.contains(other) {
+                    used.insert(other.to_owned());
                 }
             }
         }
@@ -277,15 +294,11 @@ fn the_files_of_a_folder_import_each_other_in_no_new_circle() {
             )
         })
         .collect();
-    let new: Vec<_> = found.difference(&known).collect();
-    assert!(
-        new.is_empty(),
-        "files importing each other in a circle: {new:?}"
-    );
-    let gone: Vec<_> = known.difference(&found).collect();
-    assert!(
-        gone.is_empty(),
-        "these circles are gone: take them off KNOWN_FILE_CIRCLES: {gone:?}"
+    assert_ratchet(
+        &found,
+        &known,
+        "files importing each other in a circle",
+        "KNOWN_FILE_CIRCLES",
     );
 }
 

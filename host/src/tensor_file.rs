@@ -84,14 +84,38 @@ pub fn blob_of(name: &str, t: &Tensor) -> Result<Blob, String> {
 /// The tensor of safetensors view `v` named `name` (copied out of the file's bytes); `Err`
 /// names it when its dtype has no libtorch kind or libtorch refuses it.
 pub fn tensor_of(name: &str, v: &safetensors::tensor::TensorView<'_>) -> Result<Tensor, String> {
-    let kind = kind_of(v.dtype()).ok_or_else(|| {
-        format!(
-            "`{name}` has dtype {:?}, which Tessera cannot hold",
-            v.dtype()
-        )
-    })?;
-    let shape: Vec<i64> = v.shape().iter().map(|&d| d as i64).collect();
+    let (kind, shape) = kind_and_shape(v).map_err(|e| format!("`{name}` has {e}"))?;
     Tensor::f_from_data_size(v.data(), &shape, kind).map_err(|e| format!("`{name}`: {e}"))
+}
+
+/// The libtorch kind and shape of a safetensors view, or why it has none.
+fn kind_and_shape(v: &safetensors::tensor::TensorView<'_>) -> Result<(Kind, Vec<i64>), String> {
+    let kind = kind_of(v.dtype())
+        .ok_or_else(|| format!("dtype {:?}, which Tessera cannot hold", v.dtype()))?;
+    Ok((kind, v.shape().iter().map(|&d| d as i64).collect()))
+}
+
+/// A tensor over a safetensors view's bytes, without copying them: valid only while the bytes
+/// live, so it is copied from at once and dropped.
+pub fn borrowed(v: &safetensors::tensor::TensorView<'_>) -> Result<Tensor, tch::TchError> {
+    let (kind, shape) = kind_and_shape(v).map_err(tch::TchError::Kind)?;
+    let data = v.data();
+    let expected = shape.iter().product::<i64>() as usize * kind.elt_size_in_bytes();
+    if data.len() != expected {
+        return Err(tch::TchError::Shape(format!(
+            "{} bytes for shape {shape:?} of {kind:?}",
+            data.len()
+        )));
+    }
+    if data.is_empty() {
+        return Tensor::f_zeros(&shape, (kind, Device::Cpu));
+    }
+    // SAFETY: `data` holds exactly the tensor's bytes (checked above) and outlives the returned
+    // tensor, which the caller copies from and drops while the file's bytes are borrowed (the
+    // `SafeTensors` view borrows them). libtorch does not keep the pointer past the copy: the
+    // tensor does not own the memory and is never resized. Unaligned element pointers are fine
+    // for the CPU copy kernels (x86-64 and aarch64 allow unaligned loads).
+    unsafe { Tensor::f_from_blob(data.as_ptr(), &shape, &[], kind, Device::Cpu) }
 }
 
 /// Every tensor of a plain safetensors file (no Tessera metadata needed: an export, a

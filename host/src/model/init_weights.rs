@@ -385,7 +385,7 @@ fn copy_shards(
         })?;
         let view = |name: &str| -> Result<Option<Tensor>, InitWeightsError> {
             match st.tensor(name) {
-                Ok(v) => borrowed(&v)
+                Ok(v) => crate::tensor_file::borrowed(&v)
                     .map(Some)
                     .map_err(|source| InitWeightsError::Copy {
                         path: shard.clone(),
@@ -452,32 +452,6 @@ fn release_freed_memory() {
     unsafe {
         libc::malloc_trim(0);
     }
-}
-
-/// A tensor over a safetensors view's bytes, without copying them: valid only while the bytes
-/// live, so it is copied from at once and dropped.
-fn borrowed(v: &safetensors::tensor::TensorView<'_>) -> Result<Tensor, TchError> {
-    let kind = crate::tensor_file::kind_of(v.dtype()).ok_or_else(|| {
-        TchError::Kind(format!("dtype {:?}, which Tessera cannot hold", v.dtype()))
-    })?;
-    let shape: Vec<i64> = v.shape().iter().map(|&d| d as i64).collect();
-    let data = v.data();
-    let expected = shape.iter().product::<i64>() as usize * kind.elt_size_in_bytes();
-    if data.len() != expected {
-        return Err(TchError::Shape(format!(
-            "{} bytes for shape {shape:?} of {kind:?}",
-            data.len()
-        )));
-    }
-    if data.is_empty() {
-        return Tensor::f_zeros(&shape, (kind, tch::Device::Cpu));
-    }
-    // SAFETY: `data` holds exactly the tensor's bytes (checked above) and outlives the returned
-    // tensor, which the caller copies from and drops while the file's bytes are borrowed (the
-    // `SafeTensors` view borrows them). libtorch does not keep the pointer past the copy: the
-    // tensor does not own the memory and is never resized. Unaligned element pointers are fine
-    // for the CPU copy kernels (x86-64 and aarch64 allow unaligned loads).
-    unsafe { Tensor::f_from_blob(data.as_ptr(), &shape, &[], kind, tch::Device::Cpu) }
 }
 
 /// Checks `init_ignore` patterns, naming the first bad one.

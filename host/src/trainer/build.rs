@@ -1,6 +1,6 @@
 //! Building a run from its config: device, data, model, methods, optimizer, schedule.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -290,15 +290,6 @@ impl Trainer {
                 reporter
             }
             Purpose::Standalone => Reporter::discard(),
-        };
-        // Recorded in checkpoints, for `tessera export --format hf` to copy.
-        let tokenizer = match tokenizer {
-            Some(path) => {
-                let sha256 = crate::files::sha256_file(&path)
-                    .with_context(|| format!("reading the tokenizer {}", path.display()))?;
-                Some(crate::checkpoint::TokenizerFile { path, sha256 })
-            }
-            None => None,
         };
         let mut trainer = Trainer {
             engine,
@@ -638,7 +629,12 @@ fn build_loaders(config: &Config, methods: &[MethodTransform]) -> Result<(Loader
 fn build_token_loaders(
     config: &Config,
     methods: &[MethodTransform],
-) -> Result<(Loader, Loader, Option<data::TextFacts>, Option<PathBuf>)> {
+) -> Result<(
+    Loader,
+    Loader,
+    Option<data::TextFacts>,
+    Option<crate::checkpoint::TokenizerFile>,
+)> {
     if let Some(m) = methods.first() {
         fail!(
             "method `{}` transforms every training sample (an image transform), but dataset \
@@ -697,8 +693,9 @@ pub struct TokenSets {
     pub eval: Arc<dyn data::TokenSource>,
     /// The vocabulary, the classes of labelled text, the special tokens.
     pub facts: data::TextFacts,
-    /// The tokenizer file the text was encoded with (`None` for `synthetic-text`).
-    pub tokenizer: Option<PathBuf>,
+    /// The tokenizer file the text was encoded with and its sha256, as the loader read them
+    /// (`None` for `synthetic-text`); checkpoints record it for `tessera export --format hf`.
+    pub tokenizer: Option<crate::checkpoint::TokenizerFile>,
 }
 
 /// The training and evaluation token sequences of a text dataset and its facts:
@@ -723,8 +720,9 @@ pub fn load_token_sets(cfg: &Config) -> Result<TokenSets> {
             .clone()
             .unwrap_or_else(|| data::default_cache_root().join("text")),
     };
-    let announce = |path: &Path, sha256: &str| {
+    let announce = |path: PathBuf, sha256: String| {
         tracing::info!("tokenizer {} (sha256 {sha256})", path.display());
+        Some(crate::checkpoint::TokenizerFile { path, sha256 })
     };
     if d.dataset == data::Dataset::Chat {
         let Some(path) = d.data_dir.clone() else {
@@ -746,7 +744,7 @@ pub fn load_token_sets(cfg: &Config) -> Result<TokenSets> {
         let loaded = data::load_chat(&ccfg).with_context(|| {
             format!("loading the conversations at {}", ccfg.text.path.display())
         })?;
-        announce(&loaded.tokenizer_path, &loaded.tokenizer_sha256);
+        let tokenizer = announce(loaded.tokenizer_path, loaded.tokenizer_sha256);
         let truncated = loaded.train.truncated();
         if truncated > 0 {
             tracing::warn!(
@@ -786,7 +784,7 @@ pub fn load_token_sets(cfg: &Config) -> Result<TokenSets> {
             },
             train: Arc::new(loaded.train),
             eval: Arc::new(loaded.eval),
-            tokenizer: Some(loaded.tokenizer_path),
+            tokenizer,
         });
     }
     if d.dataset == data::Dataset::LabelledText {
@@ -803,7 +801,7 @@ pub fn load_token_sets(cfg: &Config) -> Result<TokenSets> {
         let loaded = data::load_labelled_text(&lcfg).with_context(|| {
             format!("loading the labelled text at {}", lcfg.text.path.display())
         })?;
-        announce(&loaded.tokenizer_path, &loaded.tokenizer_sha256);
+        let tokenizer = announce(loaded.tokenizer_path, loaded.tokenizer_sha256);
         tracing::info!(
             "{}: {} training and {} evaluation texts, {} classes{}, vocabulary {}, sequences of {}",
             d.dataset,
@@ -825,7 +823,7 @@ pub fn load_token_sets(cfg: &Config) -> Result<TokenSets> {
                 classes: Some(loaded.classes),
                 special_tokens: Some(loaded.specials),
             },
-            tokenizer: Some(loaded.tokenizer_path),
+            tokenizer,
             train: Arc::new(loaded.train),
             eval: Arc::new(loaded.eval),
         });
@@ -850,9 +848,8 @@ pub fn load_token_sets(cfg: &Config) -> Result<TokenSets> {
             let cfg = own_text(path);
             let loaded = data::load_own_text(&cfg)
                 .with_context(|| format!("loading the text at {}", cfg.path.display()))?;
-            announce(&loaded.tokenizer_path, &loaded.tokenizer_sha256);
             let specials = data::SpecialTokens::of(&loaded.tokenizer()?);
-            let tokenizer = Some(loaded.tokenizer_path);
+            let tokenizer = announce(loaded.tokenizer_path, loaded.tokenizer_sha256);
             (
                 loaded.train,
                 loaded.val,
@@ -873,9 +870,8 @@ pub fn load_token_sets(cfg: &Config) -> Result<TokenSets> {
                 d.fetch,
             )
             .with_context(|| format!("loading the text corpus `{corpus}`"))?;
-            announce(&loaded.tokenizer_path, &loaded.tokenizer_sha256);
             let specials = data::SpecialTokens::of(&loaded.tokenizer()?);
-            let tokenizer = Some(loaded.tokenizer_path);
+            let tokenizer = announce(loaded.tokenizer_path, loaded.tokenizer_sha256);
             (
                 loaded.train,
                 loaded.val,

@@ -513,15 +513,20 @@ fn compare_pair(
     errors.push(("factors", e0.max(e1), c.factors()));
 }
 
-#[test]
-fn factorize_matrix_matches_composer() {
-    let g = Golden::load(CASE);
-    let (x, y, w, b) = (
+/// The golden matrix problem: inputs `X`, targets `Y`, the layer's weight `W` and bias.
+fn matrix_problem(g: &Golden) -> (&Tensor, &Tensor, &Tensor, &Tensor) {
+    (
         g.tensor("matrix/X"),
         g.tensor("matrix/Y"),
         g.tensor("matrix/W"),
         g.tensor("matrix/bias"),
-    );
+    )
+}
+
+#[test]
+fn factorize_matrix_matches_composer() {
+    let g = Golden::load(CASE);
+    let (x, y, w, b) = matrix_problem(&g);
     let results = g.json["results"]["factorize_matrix"].as_object().unwrap();
     assert!(results.len() >= 3);
     for (tag, want) in results {
@@ -576,12 +581,7 @@ fn factorize_matrix_matches_composer() {
 #[test]
 fn a_solver_short_of_its_iterations_fails_the_tolerances() {
     let g = Golden::load(CASE);
-    let (x, y, w, b) = (
-        g.tensor("matrix/X"),
-        g.tensor("matrix/Y"),
-        g.tensor("matrix/W"),
-        g.tensor("matrix/bias"),
-    );
+    let (x, y, w, b) = matrix_problem(&g);
     let results = g.json["results"]["factorize_matrix"].as_object().unwrap();
     let mut checked = 0;
     for tag in results.keys() {
