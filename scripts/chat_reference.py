@@ -1,5 +1,5 @@
 """Chat templates rendered by Hugging Face transformers, for the parity test of Tessera's
-`dataset = "chat"` (tests/chat.rs): a small byte-level BPE with chat special tokens (trained
+`dataset = "chat"` (tests/models/chat.rs): a small byte-level BPE with chat special tokens (trained
 here by the `tokenizers` package, nothing downloaded) saved with two chat templates in the forms
 models ship them (SmolLM2's ChatML with a default system prompt; Llama 3's headers with a BOS
 and `| trim`), and how `apply_chat_template` renders and tokenizes a few conversations.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Prints the path of a headless-capable Chromium, installing Debian's `chromium` package when
-# none is found and we are root (apt-get, no recommended packages). tests/explore.rs opens the
+# none is found and we are root (apt-get, no recommended packages). tests/trainer/explore.rs opens the
 # explorer's report.html in it; scripts/test.sh exports the path as TESSERA_CHROMIUM.
 # Set TESSERA_CHROMIUM to use another browser binary.
 set -euo pipefail

@@ -3,7 +3,7 @@
 # alembic, pandas, numpy, pyarrow, scikit-learn, ...), installing it when missing:
 # mlflow==$TESSERA_MLFLOW_VERSION (default 3.17.2) with pip into a cache folder outside the
 # repository ($TESSERA_CACHE, default ~/.cache/tessera), once. Put it on PYTHONPATH to run
-# `python3 -m mlflow server`; tests/mlflow.rs starts one on the loopback address with it.
+# `python3 -m mlflow server`; tests/trainer/mlflow.rs starts one on the loopback address with it.
 #
 # The install is large (about 1 GB, a few minutes on a fresh machine) because the `mlflow`
 # package pulls the whole tracking server; it happens once per version and is reused after.

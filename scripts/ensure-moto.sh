@@ -4,7 +4,7 @@
 # ($TESSERA_CACHE, default ~/.cache/tessera), once. --no-deps with every module pinned: moto's
 # own requirements, its `s3` extra (PyYAML, py-partiql-parser) and the server's web framework
 # (flask, flask-cors) — not the whole `server` extra, whose CloudFormation, docker and X-Ray
-# packages the S3 server never imports (about 115 MB instead of 400). tests/s3.rs starts the
+# packages the S3 server never imports (about 115 MB instead of 400). tests/data/s3.rs starts the
 # server on the loopback address and uploads MDS shards to it with boto3.
 set -euo pipefail
 VERSION=${TESSERA_MOTO_VERSION:-5.2.5}

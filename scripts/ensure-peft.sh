@@ -3,7 +3,7 @@
 # (which accelerate imports), installing them when missing: peft==$TESSERA_PEFT_VERSION (default
 # 0.21.2) and accelerate==$TESSERA_ACCELERATE_VERSION (default 1.16.0) with pip into a cache
 # folder outside the repository ($TESSERA_CACHE, default ~/.cache/tessera), once. Put it on
-# PYTHONPATH after transformers' folder (scripts/ensure-transformers.sh): tests/lora.rs loads
+# PYTHONPATH after transformers' folder (scripts/ensure-transformers.sh): tests/models/lora.rs loads
 # Tessera's exported LoRA adapter onto the base model with peft's PeftModel.
 #
 # peft and accelerate are installed without their requirements (torch, transformers, numpy,

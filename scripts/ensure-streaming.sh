@@ -5,7 +5,7 @@
 # modules their writers and readers import: torch, torchvision, numpy, Pillow and transformers
 # (which `streaming` imports at start) come from the torch wheel's folder and the folders
 # ensure-torchvision.sh and ensure-transformers.sh print, not a second copy. Put it on PYTHONPATH
-# after those. tests/streaming.rs writes MDS and WebDataset shards with them and reads Tessera's
+# after those. tests/data/streaming.rs writes MDS and WebDataset shards with them and reads Tessera's
 # `tessera data pack` output back.
 set -euo pipefail
 VERSION=${TESSERA_STREAMING_VERSION:-0.13.0}

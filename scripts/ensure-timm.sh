@@ -5,7 +5,7 @@
 # after the torch, torchvision and transformers folders: timm's own requirements
 # (huggingface-hub, safetensors, pyyaml) come from transformers' folder, torch and torchvision
 # from theirs, so it is installed without dependencies (pip would otherwise pull a second torch).
-# tests/vit.rs builds timm's `vit_*_patch16_*` models with it (random weights, no downloads).
+# tests/models/vit.rs builds timm's `vit_*_patch16_*` models with it (random weights, no downloads).
 set -euo pipefail
 VERSION=${TESSERA_TIMM_VERSION:-1.0.31}
 CACHE=${TESSERA_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tessera}

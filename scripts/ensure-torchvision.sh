@@ -3,7 +3,7 @@
 # torch wheel, installing it when missing: the PyPI wheel torchvision==0.(minor+15).patch that
 # pairs with torch 2.minor.patch (0.28.0 for 2.13.0), with pip into a cache folder outside the
 # repository ($TESSERA_CACHE, default ~/.cache/tessera), once. Put it on PYTHONPATH after the
-# torch wheel's folder. tests/export.rs loads Tessera's exported ResNet-18/50 weights into
+# torch wheel's folder. tests/models/export.rs loads Tessera's exported ResNet-18/50 weights into
 # torchvision's own models with it.
 set -euo pipefail
 TORCH_VERSION=${TESSERA_TORCH_VERSION:-2.13.0}

@@ -4,7 +4,7 @@
 # installed torch wheel, installing it when missing: transformers==$TESSERA_TRANSFORMERS_VERSION
 # (default 5.24.0, which needs Python >= 3.11 and supports torch 2.13) with pip into a cache
 # folder outside the repository ($TESSERA_CACHE, default ~/.cache/tessera), once. Put it on
-# PYTHONPATH after the torch wheel's folder. tests/gpt2.rs loads Tessera's exported GPT-2
+# PYTHONPATH after the torch wheel's folder. tests/models/gpt2.rs loads Tessera's exported GPT-2
 # weights into transformers' own GPT2LMHeadModel with it.
 #
 # torch is not among transformers' requirements, so pip's dependency resolution installs no

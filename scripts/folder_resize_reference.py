@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""torchvision's reading of images, the reference for Tessera's image folders (tests/folder.rs).
+"""torchvision's reading of images, the reference for Tessera's image folders (tests/data/folder.rs).
 
     python3 scripts/folder_resize_reference.py DIR
 

@@ -1,5 +1,5 @@
 """Tiny random causal language models and their greedy generations by Hugging Face
-transformers, for the parity test of `tessera generate` (tests/generate.rs).
+transformers, for the parity test of `tessera generate` (tests/models/generate.rs).
 
     python3 scripts/generate_reference.py VARIANT OUT
 

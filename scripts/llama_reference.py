@@ -1,5 +1,5 @@
 """Tiny random Llama-family models made by Hugging Face transformers, for the parity test of
-Tessera's `[model] name = "llama"` (tests/llama.rs): writes OUT/config.json (the model's
+Tessera's `[model] name = "llama"` (tests/models/llama.rs): writes OUT/config.json (the model's
 `save_pretrained` config) and OUT/case.safetensors holding every tensor of the model's
 `state_dict` as `param/<name>`, the input ids `input` and transformers' logits `logits`
 (float32, eval mode); and the model's `save_pretrained` folders OUT/single (model.safetensors)

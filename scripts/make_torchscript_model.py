@@ -5,7 +5,7 @@
 
 The model (Conv2d + BatchNorm2d + ReLU, twice, then global average pooling and a Linear) takes
 `(N, channels, H, W)` images of any size and gives `(N, classes)` logits. It is the worked
-example of docs/torchscript.md and the model tests/torchscript.rs trains; `--channels` and
+example of docs/torchscript.md and the model tests/models/torchscript.rs trains; `--channels` and
 `--classes` make the misfits that test refuses.
 """
 

@@ -1,4 +1,4 @@
-"""Reference Muon steps for tests/muon.rs.
+"""Reference Muon steps for tests/methods/muon.rs.
 
     python3 scripts/muon_reference.py OUT.safetensors CASES_JSON
 

@@ -57,7 +57,7 @@ export LIBTORCH
 # libjpeg-turbo for the JPEG region decoder (build.rs falls back to the `image` crate without it).
 ./scripts/ensure-libjpeg.sh || true
 
-phase pytorch "PyTorch, torchvision, transformers and timm for the comparisons (tests/export.rs, finetune.rs, vit.rs) and the TorchScript models (tests/torchscript.rs)"
+phase pytorch "PyTorch, torchvision, transformers and timm for the comparisons (tests/models/export.rs, finetune.rs, vit.rs) and the TorchScript models (tests/models/torchscript.rs)"
 # The torch wheel that provides libtorch is also the Python package: its folder goes on
 # PYTHONPATH. With your own LIBTORCH (not the wheel), the wheel is installed into the cache too.
 PYTHON=${PYTHON:-python3}
@@ -99,7 +99,7 @@ export TESSERA_TORCH_PYTHONPATH
 export TESSERA_REQUIRE_PYTORCH=1
 export TESSERA_REQUIRE_TRANSFORMERS=1
 
-phase mlflow "MLflow for the tracking tests (tests/mlflow.rs)"
+phase mlflow "MLflow for the tracking tests (tests/trainer/mlflow.rs)"
 # A tracking server from PyPI, in its own cache folder (about 830 MB, under a minute to install
 # on a warm network; reused after). The test starts it on the loopback address.
 TESSERA_MLFLOW_PYTHONPATH="$(./scripts/ensure-mlflow.sh)"
@@ -107,13 +107,13 @@ export TESSERA_MLFLOW_PYTHONPATH
 # The MLflow server tests must run: missing MLflow is a test failure, not a skip.
 export TESSERA_REQUIRE_MLFLOW=1
 
-phase chromium "Chromium for the explorer's report (tests/explore.rs)"
+phase chromium "Chromium for the explorer's report (tests/trainer/explore.rs)"
 TESSERA_CHROMIUM="$(./scripts/ensure-chromium.sh)"
 export TESSERA_CHROMIUM
 # The browser test must run: a missing browser is a test failure, not a skip.
 export TESSERA_REQUIRE_CHROMIUM=1
 
-phase streaming "MosaicML Streaming and WebDataset for the shard tests (tests/streaming.rs)"
+phase streaming "MosaicML Streaming and WebDataset for the shard tests (tests/data/streaming.rs)"
 # The MDS and WebDataset writers and readers, beside torch, torchvision and transformers (which
 # `streaming` imports): the tests write shards with them and read Tessera's back.
 TESSERA_STREAMING_PYTHONPATH="$TESSERA_TORCH_PYTHONPATH:$(./scripts/ensure-streaming.sh)"
@@ -125,7 +125,7 @@ export TESSERA_STREAMING_PYTHONPATH
 # The shard tests must run: missing packages are a test failure, not a skip.
 export TESSERA_REQUIRE_STREAMING=1
 
-phase moto "moto, a local S3 server, for the remote dataset tests (tests/s3.rs)"
+phase moto "moto, a local S3 server, for the remote dataset tests (tests/data/s3.rs)"
 # The test starts `python -m moto.server` on the loopback address and uploads shards with boto3.
 TESSERA_MOTO_PYTHONPATH="$(./scripts/ensure-moto.sh)"
 if ! PYTHONPATH="$TESSERA_MOTO_PYTHONPATH" "$PYTHON" -W ignore -c "import moto.server, boto3"; then

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """airbench's test-time augmentation, the reference for the test_time_augmentation plugin
-(tests/test_time_augmentation.rs).
+(tests/methods/test_time_augmentation.rs).
 
     python3 scripts/tta_reference.py DIR CONFIDENCE
 

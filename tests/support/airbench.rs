@@ -1,5 +1,5 @@
-//! Runs of the zoo's airbench net for the tests of airbench's methods (tests/patch_whitening.rs,
-//! tests/dirac_init.rs, tests/batchnorm_tricks.rs, as a `#[path]` module): the configs, the
+//! Runs of the zoo's airbench net for the tests of airbench's methods (tests/methods/patch_whitening.rs,
+//! tests/methods/dirac_init.rs, tests/methods/batchnorm_tricks.rs, as a `#[path]` module): the configs, the
 //! kill -9 and resume check, and reading checkpoint tensors.
 
 #![allow(dead_code)]

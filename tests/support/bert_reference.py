@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Tiny Hugging Face BERTs and the logits transformers computes, for tests/bert.rs:
+"""Tiny Hugging Face BERTs and the logits transformers computes, for tests/models/bert.rs:
 
     python3 tests/support/bert_reference.py make OUT_DIR VOCAB
 

@@ -1,7 +1,7 @@
 //! Reading Composer's `alibi_surgery` golden GPT-2 (a tiny Hugging Face `GPT2LMHeadModel`'s
 //! weights, token ids, attention mask and logits) for the host's GPT-2: its sizes, and the
-//! comparison of logits at the positions its attention mask keeps. Shared by tests/gpt2.rs and
-//! tests/alibi.rs (`#[path]` module).
+//! comparison of logits at the positions its attention mask keeps. Shared by tests/models/gpt2.rs and
+//! tests/methods/alibi.rs (`#[path]` module).
 
 use std::collections::BTreeSet;
 

@@ -1,4 +1,4 @@
-"""torchvision's side of tests/image_transforms.rs.
+"""torchvision's side of tests/data/image_transforms.rs.
 
 Reads CASES (JSON written by the test): for each decode, the image file, the plan, what
 Tessera drew (crop box, colour-jitter order and factors) and Tessera's C×H×W u8 output; applies

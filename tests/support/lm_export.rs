@@ -1,5 +1,5 @@
 //! Exporting a trained GPT-2 run with plugin modules kept, and checking the file against the
-//! PyTorch twins: shared by tests/alibi.rs and tests/gated_linear_units.rs (`#[path]` module).
+//! PyTorch twins: shared by tests/methods/alibi.rs and tests/methods/gated_linear_units.rs (`#[path]` module).
 
 use std::path::{Path, PathBuf};
 

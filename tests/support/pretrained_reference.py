@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Pretrained-weight files as users get them, and the logits PyTorch computes with them, for
-tests/finetune.rs (`[model] init_weights`):
+tests/models/finetune.rs (`[model] init_weights`):
 
     python3 tests/support/pretrained_reference.py OUT_DIR VOCAB
 

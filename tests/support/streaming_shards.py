@@ -1,5 +1,5 @@
 """Shards written and read by the real MosaicML Streaming and webdataset packages, for
-tests/streaming.rs.
+tests/data/streaming.rs.
 
     streaming_shards.py write-mds OUT      MDS with every column encoding Tessera reads, plain
                                            (OUT/plain) and zstd-compressed (OUT/zstd), and

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""timm's VisionTransformer beside Tessera's ViT, for tests/vit.rs.
+"""timm's VisionTransformer beside Tessera's ViT, for tests/models/vit.rs.
 
     python3 tests/support/vit_reference.py make SPEC_JSON OUT_DIR
     python3 tests/support/vit_reference.py check SPEC_JSON EXPORT.safetensors IO.safetensors

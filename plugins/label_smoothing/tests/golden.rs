@@ -17,7 +17,7 @@ const ATOL: f64 = 1e-7;
 
 /// The loss of `logits` against the smoothed probability targets: PyTorch's cross-entropy with
 /// probability targets (mean of `−Σ_c t·log_softmax(x, 1)`). The host's training loss
-/// (`host/src/model/loss.rs`, tested against these golden losses in `tests/loss.rs`) divides the
+/// (`host/src/model/loss.rs`, tested against these golden losses in `tests/trainer/loss.rs`) divides the
 /// sum by `Σ t` as Composer's `soft_cross_entropy` does, which is this mean here: smoothed rows sum
 /// to one (checked below).
 fn soft_cross_entropy(logits: &Tensor, target: &Tensor) -> Tensor {

@@ -1,5 +1,5 @@
 //! logit_softcap's cap and its surgery over the stand-in GPT-2 (the wrapper's forward through
-//! the host is in the workspace's tests/logit_softcap.rs).
+//! the host is in the workspace's tests/methods/logit_softcap.rs).
 
 use gpt_surgery::kinds::{SOFTCAP_LM_HEAD, TIED_LM_HEAD};
 use gpt_surgery::{Sizes, StandIn};

@@ -1,7 +1,7 @@
 //! qk_norm's surgery over the stand-in GPT-2, alone and with rotary's attention surgery in
 //! either order (rotary's own crate cannot be linked here: every plugin crate exports the same
 //! root symbol, so its attention step is written out with `rebuild_attention`, as it does it;
-//! the real plugins compose in the workspace's tests/qk_norm.rs).
+//! the real plugins compose in the workspace's tests/methods/qk_norm.rs).
 
 /// rotary's attention surgery (`fraction` 0.5, base 10000).
 fn rotary(model: &mut StandIn) {

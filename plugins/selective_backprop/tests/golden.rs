@@ -364,7 +364,7 @@ fn method_leaves_inactive_batches_alone() {
 fn method_scores_active_batches_with_the_hosts_model() {
     // Active from t = 0: it asks the host for a no-grad forward, which the test host (having
     // no model) refuses — so the error proves the call. The real run is tested through the
-    // binary (tests/selective_backprop.rs).
+    // binary (tests/methods/selective_backprop.rs).
     let (x, y) = batch();
     let json = r#"{"start": 0.0, "end": 1.0, "interrupt": 0}"#;
     let mut method = boxed_method::<SelectiveBackprop>(&settings(json)).unwrap();

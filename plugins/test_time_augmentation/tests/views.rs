@@ -1,7 +1,7 @@
 //! The method through the ABI on the test host, whose `forward_eval` runs a small fixed
 //! convolutional net: what replaces `output` at each level, which samples the selective mode
 //! augments, what the extra forwards see, and the settings and inputs it refuses.
-//! (`tests/test_time_augmentation.rs` checks the averages against airbench's Python.)
+//! (`tests/methods/test_time_augmentation.rs` checks the averages against airbench's Python.)
 
 use std::cell::RefCell;
 use std::rc::Rc;

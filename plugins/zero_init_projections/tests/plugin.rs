@@ -86,7 +86,7 @@ fn a_tied_head_is_refused_and_settings_are_checked() {
 /// A stand-in for another plugin's MLP: its kind and tensors (the names are what the method
 /// looks for; gated linear units' and relu_squared's own crates cannot be linked here, every
 /// plugin crate exporting the same root symbol: the real plugins are combined in the
-/// workspace's tests/zero_init_projections.rs).
+/// workspace's tests/methods/zero_init_projections.rs).
 struct Other(&'static str);
 
 impl tessera_plugin_api::Module for Other {

@@ -1,5 +1,5 @@
 //! Unit tests of sharded datasets through the loader: written with Tessera's own writers (the
-//! packages' shards are read in tests/streaming.rs).
+//! packages' shards are read in tests/data/streaming.rs).
 use std::sync::Arc;
 
 use super::*;

@@ -7,7 +7,7 @@
 //! export loads strictly into Hugging Face's model (and the plain-PyTorch twin of
 //! `scripts/pytorch_models.py`) with the same logits.
 //!
-//! The PyTorch comparisons need `import torch` (see tests/export.rs); the one against
+//! The PyTorch comparisons need `import torch` (see tests/models/export.rs); the one against
 //! Hugging Face's own class needs `import transformers` too (`scripts/ensure-transformers.sh`
 //! installs it; put the folder it prints on `TESSERA_TORCH_PYTHONPATH`). It is skipped with a
 //! notice when transformers does not import, unless `TESSERA_REQUIRE_TRANSFORMERS=1`.
@@ -21,7 +21,7 @@ use tessera_plugin_api::tch::{self, Device, Kind, TchError, Tensor};
 use tessera_plugin_api::testing::golden::Golden;
 use tessera_tests::{python_can_import, python_with_env, transformers_imports, TempDir};
 
-#[path = "support/gpt2_golden.rs"]
+#[path = "../support/gpt2_golden.rs"]
 mod gpt2_golden;
 use gpt2_golden::{compare_unpadded, golden_sizes, PARAM};
 

@@ -75,11 +75,30 @@ fn six_plugins_learn_together() {
     assert_learned(&record, 0.3);
 }
 
+/// A 3-batch ResNet-50 run with every plugin of the repository, exported: its folder, checkpoint
+/// and exported file. Both tests below check it; they share one run ([`shared`]).
+struct EveryPluginRun {
+    dir: TempDir,
+    ckpt: std::path::PathBuf,
+    exported: std::path::PathBuf,
+}
+
+fn every_plugin_run() -> std::sync::Arc<EveryPluginRun> {
+    shared("all-plugins", || {
+        let (dir, ckpt, exported) = train_and_export_every_plugin("all-plugins");
+        EveryPluginRun {
+            dir,
+            ckpt,
+            exported,
+        }
+    })
+}
+
 /// Trains a 3-batch ResNet-50 run with every plugin of the repository and exports it; returns
 /// the folder, the checkpoint and the exported file.
 fn train_and_export_every_plugin(label: &str) -> (TempDir, std::path::PathBuf, std::path::PathBuf) {
     // patch_whitening needs a whitening-ready first conv (the zoo's airbench), not ResNet-50's
-    // 7x7 stem; tests/patch_whitening.rs covers it.
+    // 7x7 stem; tests/methods/patch_whitening.rs covers it.
     let plugins: Vec<String> = repository_plugins()
         .into_iter()
         .filter(|p| p != "patch_whitening")
@@ -150,7 +169,8 @@ fn train_and_export_every_plugin(label: &str) -> (TempDir, std::path::PathBuf, s
 /// stopping: the run trains and exports.
 #[test]
 fn every_plugin_of_the_repository_trains_together_and_exports() {
-    train_and_export_every_plugin("all-plugins");
+    let run = every_plugin_run();
+    assert!(run.ckpt.is_file() && run.exported.is_file());
 }
 
 /// The export of that run loaded into torchvision's ResNet-50 with the kept modules' twins
@@ -158,9 +178,10 @@ fn every_plugin_of_the_repository_trains_together_and_exports() {
 /// stochastic depth's blocks and inside SqueezeExcite's wrapper, in a channels-last model.
 #[test]
 fn every_plugin_export_matches_pytorch() {
-    let (dir, ckpt, exported) = train_and_export_every_plugin("all-plugins-pt");
+    let run = every_plugin_run();
+    let (dir, ckpt, exported) = (&run.dir, &run.ckpt, &run.exported);
     // Where the standardized convs are: the combinations this export must get right.
-    let cfg = tessera::trainer::standalone_config(&ckpt, &[]).expect("the recorded config loads");
+    let cfg = tessera::trainer::standalone_config(ckpt, &[]).expect("the recorded config loads");
     let trainer = tessera::trainer::Trainer::standalone(cfg, Vec::new()).expect("the run rebuilds");
     let layers = trainer.model().root.walk();
     let kind_of = |path: &str| {
@@ -193,9 +214,9 @@ fn every_plugin_export_matches_pytorch() {
     );
     drop(trainer);
     assert_export_matches_rebuilt_run(
-        &dir,
-        &ckpt,
-        &exported,
+        dir,
+        ckpt,
+        exported,
         [1, 28, 28],
         "torchvision",
         "resnet50 with every plugin",

@@ -6,7 +6,7 @@
 //! Tessera's resized pixels) at most 1/255 apart too; and it feeds the uniform numbers Tessera's `RandomResizedCrop`
 //! consumed to torchvision's own `get_params`, which must give the same boxes.
 //!
-//! Needs `import torchvision` with the torch wheel's `PYTHONPATH` (see tests/export.rs):
+//! Needs `import torchvision` with the torch wheel's `PYTHONPATH` (see tests/models/export.rs):
 //! skipped with a notice when it fails, failed under `TESSERA_REQUIRE_PYTORCH=1`.
 
 use std::path::Path;

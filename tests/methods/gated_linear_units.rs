@@ -24,8 +24,7 @@ use tessera_tests::*;
 
 use gated_linear_units::{gpt2_glu_mlp, Activation, GluWeights, GLU_MLP, METRIC_REPLACED};
 
-#[path = "support/lm_export.rs"]
-mod lm_export;
+use crate::lm_export;
 use lm_export::{check_with_plain_twin, tokens, train_and_export};
 
 const N_EMBD: i64 = 32;

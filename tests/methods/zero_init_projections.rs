@@ -14,8 +14,7 @@ use tessera::model::Model;
 use tessera_plugin_api::tch::Kind;
 use tessera_tests::*;
 
-#[path = "support/gpt_models.rs"]
-mod gpt_models;
+use crate::gpt_models;
 use gpt_models::*;
 
 const UNTIED: &str =

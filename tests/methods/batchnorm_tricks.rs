@@ -5,8 +5,7 @@
 //! - a run killed with SIGKILL and resumed writes the straight run's checkpoints bit for bit;
 //! - two data-parallel ranks train what one process with twice the batch trains.
 
-#[path = "support/airbench.rs"]
-mod airbench;
+use crate::airbench;
 
 use airbench::{airbench, model_tensor, read, resumable};
 use tessera_plugin_api::tch::{Device, Kind, Tensor};
@@ -129,7 +128,7 @@ fn two_ranks_train_what_one_process_with_twice_the_batch_trains() {
         assert!(s.equal(&Tensor::ones_like(&s)), "{scale}");
     }
     // Rounding only (the ranks sum their gradients in another order): the CNN of
-    // tests/distributed.rs agrees to 4e-6 with batch norm; a lost multiplier or a local batch
+    // tests/distributed/distributed.rs agrees to 4e-6 with batch norm; a lost multiplier or a local batch
     // norm differs by orders of magnitude more.
     let (diff, name) = max_difference(&ckpt("ranks"), &ckpt("one"), &["model/"]);
     assert!(

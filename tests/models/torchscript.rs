@@ -9,7 +9,7 @@
 //! exported and loaded strictly into the TorchScript module in PyTorch, give Tessera's outputs.
 //! Files that do not fit are refused at start-up, naming the file.
 //!
-//! Scripting needs `import torch` (`PYTHONPATH` as for `tests/export.rs`); without it these
+//! Scripting needs `import torch` (`PYTHONPATH` as for `tests/models/export.rs`); without it these
 //! tests are skipped with a notice, unless `TESSERA_REQUIRE_PYTORCH=1` (CI) makes that a failure.
 
 use std::path::{Path, PathBuf};

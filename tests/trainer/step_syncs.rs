@@ -3,7 +3,7 @@
 //!
 //! - A default run makes no device→host read inside its steps: the loss and the non-finite guard
 //!   stay on the device and are read at log lines and checkpoints (run.json's `host_reads`,
-//!   counted by the observer of libtorch's calls, see host/src/sync.rs; tests/host_reads.rs runs
+//!   counted by the observer of libtorch's calls, see host/src/sync.rs; tests/methods/host_reads.rs runs
 //!   every model and plugin). Logging every batch reads once per batch,
 //!   outside the steps.
 //! - `microbatch_size = "auto"` halves the microbatch when a pass runs out of memory: the fixture

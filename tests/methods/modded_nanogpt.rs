@@ -1,6 +1,6 @@
 //! The five GPT-2 architecture plugins of modded-nanogpt together: rotary, qk_norm,
-//! relu_squared, logit_softcap and zero_init_projections (each alone: tests/rotary.rs, ...;
-//! on two ranks: tests/distributed.rs).
+//! relu_squared, logit_softcap and zero_init_projections (each alone: tests/methods/rotary.rs, ...;
+//! on two ranks: tests/distributed/distributed.rs).
 //!
 //! - In-process: the model with all five equals the float64 PyTorch reference
 //!   (`tests/support/gpt_reference.py`).
@@ -15,11 +15,9 @@ use tessera_tests::export::assert_export_matches_rebuilt_run_on;
 use tessera_tests::resume::assert_killed_and_resumed_is_exact;
 use tessera_tests::*;
 
-#[path = "support/gpt_models.rs"]
-mod gpt_models;
+use crate::gpt_models;
+use crate::lm_export;
 use gpt_models::*;
-#[path = "support/lm_export.rs"]
-mod lm_export;
 use lm_export::{check_with_plain_twin, tokens, train_and_export};
 
 /// The five, in an order that is not the one they run in at `init`.

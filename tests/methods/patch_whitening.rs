@@ -7,8 +7,7 @@
 //! - a run killed with SIGKILL and resumed writes the straight run's checkpoints bit for bit;
 //! - two data-parallel ranks train with rank 0's filters.
 
-#[path = "support/airbench.rs"]
-mod airbench;
+use crate::airbench;
 
 use airbench::{airbench, model_tensor, read, resumable, short_epochs};
 use tessera_plugin_api::tch::{Kind, Tensor};

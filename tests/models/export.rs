@@ -24,7 +24,7 @@ use tessera_tests::*;
 /// checkpoints every 2 batches.
 fn trainer_toml(run_name: &str, model: &str, channels: u32, height: u32, width: u32) -> String {
     format!(
-        r#"# written by tests/export.rs
+        r#"# written by tests/models/export.rs
 run_name = "{run_name}"
 seed = 11
 output_dir = "runs"

@@ -16,11 +16,9 @@ use tessera_plugin_api::tch;
 use tessera_tests::export::assert_export_matches_rebuilt_run_on;
 use tessera_tests::*;
 
-#[path = "support/gpt_models.rs"]
-mod gpt_models;
+use crate::gpt_models;
+use crate::lm_export;
 use gpt_models::*;
-#[path = "support/lm_export.rs"]
-mod lm_export;
 use lm_export::{check_with_plain_twin, tokens, train_and_export};
 
 const TOL: f64 = 1e-5;

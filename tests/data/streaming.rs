@@ -10,6 +10,7 @@
 //! `TESSERA_REQUIRE_STREAMING=1` (CI) makes that a failure.
 
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -43,20 +44,23 @@ fn streaming_pythonpath() -> String {
 fn script(args: &[&str]) -> Option<String> {
     let path = streaming_pythonpath();
     let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".to_owned());
-    let probe = {
+    // Asked once per test process: importing streaming costs seconds, and the answer cannot
+    // change while the tests run.
+    static PROBE: OnceLock<Result<(), String>> = OnceLock::new();
+    let probe = PROBE.get_or_init(|| {
         let mut cmd = std::process::Command::new(&python);
         cmd.args(["-W", "ignore", "-c", "import streaming, webdataset"])
             .env("PYTHONPATH", &path);
-        try_run_with_timeout(cmd, "import streaming", Duration::from_secs(120))
-    };
-    if !probe.as_ref().is_ok_and(|o| o.status.success()) {
+        match try_run_with_timeout(cmd, "import streaming", Duration::from_secs(120)) {
+            Ok(o) if o.status.success() => Ok(()),
+            Ok(o) => Err(o.stderr.lines().last().unwrap_or("").to_owned()),
+            Err(e) => Err(e.to_string()),
+        }
+    });
+    if let Err(why) = probe {
         let notice = format!(
             "NOTICE: skipping: `import streaming, webdataset` fails with PYTHONPATH={path} \
-             (scripts/ensure-streaming.sh installs them): {}",
-            probe.map_or_else(
-                |e| e.to_string(),
-                |o| o.stderr.lines().last().unwrap_or("").to_owned()
-            )
+             (scripts/ensure-streaming.sh installs them): {why}"
         );
         if std::env::var_os("TESSERA_REQUIRE_STREAMING").is_some_and(|v| v == "1") {
             panic!("{notice} and TESSERA_REQUIRE_STREAMING=1");

@@ -24,11 +24,9 @@ use tessera_tests::export::assert_export_matches_rebuilt_run_on;
 use tessera_tests::resume::assert_killed_and_resumed_is_exact;
 use tessera_tests::*;
 
-#[path = "support/gpt2_golden.rs"]
-mod gpt2_golden;
+use crate::gpt2_golden;
+use crate::lm_export;
 use gpt2_golden::{compare_unpadded, golden_sizes, PARAM};
-#[path = "support/lm_export.rs"]
-mod lm_export;
 use lm_export::{check_with_plain_twin, tokens, train_and_export};
 
 /// The golden GPT-2 with the real plugin's surgery (`max_sequence_length` from the golden

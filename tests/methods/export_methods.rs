@@ -19,7 +19,7 @@ use tessera_tests::*;
 fn trainer_toml(run_name: &str, model: &str, size: u32, algorithms: &[(&str, &str)]) -> String {
     let dirs = toml_string(&target_dir().display().to_string());
     let mut text = format!(
-        r#"# written by tests/export_methods.rs
+        r#"# written by tests/methods/export_methods.rs
 run_name = "{run_name}"
 seed = 5
 output_dir = "runs"

@@ -7,8 +7,7 @@
 //! - a run killed with SIGKILL and resumed writes the straight run's checkpoints bit for bit;
 //! - two data-parallel ranks start from the same identity filters.
 
-#[path = "support/airbench.rs"]
-mod airbench;
+use crate::airbench;
 
 use airbench::{airbench, model_tensor, read, resumable};
 use tessera_plugin_api::tch::{Device, Kind, Tensor};

@@ -1,7 +1,7 @@
 //! The alternating_flip plugin through the real binary on 3 batches of Fashion-MNIST: the
 //! loader runs its transform through `apply_at` (a 1.6 host), which changes what the model
 //! trains on, deterministically; a run killed and resumed continues bit for bit. (Which image is
-//! mirrored in which epoch is pinned by the crate's tests; `tests/distributed.rs` checks that 2
+//! mirrored in which epoch is pinned by the crate's tests; `tests/distributed/distributed.rs` checks that 2
 //! ranks train what one process trains.)
 
 use tessera_tests::dist::max_difference;

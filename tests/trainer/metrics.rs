@@ -5,7 +5,7 @@
 //! top-k; the explorer ranking by F1; binary cross-entropy training with label smoothing, MixUp
 //! and CutMix; config errors naming the key and line.
 //!
-//! The PyTorch comparisons need `import torch` (see tests/export.rs); run by hand without it
+//! The PyTorch comparisons need `import torch` (see tests/models/export.rs); run by hand without it
 //! they are skipped with a notice, and fail under `TESSERA_REQUIRE_PYTORCH=1` (CI).
 
 use serde_json::Value;

@@ -110,7 +110,7 @@ fn cnn_max_pools_become_blur_max_pools_and_it_learns() {
     check_trained(&record, &lines, 20);
     // Measured: 0.700 after 20 batches; 0.102 with a learning rate of 1e-9 (a step that does
     // nothing). The ResNet-20 runs above are too short to learn measurably (BatchNorm's running
-    // statistics lag); tests/blurpool_model.rs checks their forward against the functional form.
+    // statistics lag); tests/methods/blurpool_model.rs checks their forward against the functional form.
     assert_learned(&record, 0.5);
 
     let toml = TrainerToml::new("cnn-keep").algorithm("blurpool", "replace_maxpools = false");

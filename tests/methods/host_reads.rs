@@ -102,8 +102,9 @@ fn at_every_precision(label: &str, toml: TrainerToml, overrides: &[&str]) {
     }
 }
 
-/// Fashion-MNIST in batches of 16, one evaluation batch of 32.
-const SMALL_BATCHES: [&str; 2] = ["data.batch_size=16", "data.eval_batch_size=32"];
+/// Fashion-MNIST in batches of 4, one evaluation batch of 4: what the step reads does not
+/// depend on the batch size, and ResNet-50 at three precisions stays cheap on the CPU.
+const SMALL_BATCHES: [&str; 2] = ["data.batch_size=4", "data.eval_batch_size=4"];
 
 fn vision(run: &str, model: &str) -> TrainerToml {
     require_fashion_mnist();
@@ -207,7 +208,7 @@ fn every_vision_plugin_reads_nothing_but_what_it_lists() {
     for p in &plugins {
         toml = toml.algorithm(p, plugin_settings(p));
     }
-    // Batches of 32, as tests/all_plugins.rs trains them (ghost batch norm's ghost batches of 16
+    // Batches of 32, as tests/methods/all_plugins.rs trains them (ghost batch norm's ghost batches of 16
     // need at least that).
     let reads = host_reads(
         "vision-plugins",

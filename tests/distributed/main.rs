@@ -1,0 +1,8 @@
+//! Ranks: the launcher, data-parallel training and sharding.
+//!
+//! One test binary of six (tests/Cargo.toml): cargo links it once, and its tests share one pool
+//! of test threads. Each file below is one feature or method; docs/testing.md lists them.
+
+mod distributed;
+mod launch;
+mod sharding;
