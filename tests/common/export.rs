@@ -102,3 +102,52 @@ pub fn assert_token_export_matches_rebuilt_run(
     }
     eprintln!("{label}: {}", text.trim());
 }
+
+/// `tessera export CKPT --format hf --to OUT` in `dir`, which must succeed.
+pub fn export_hf(dir: &TempDir, ckpt: &Path, out: &Path) {
+    crate::tessera(
+        &[
+            "export",
+            &ckpt.display().to_string(),
+            "--format",
+            "hf",
+            "--to",
+            &out.display().to_string(),
+        ],
+        dir.path(),
+        &[],
+    )
+    .assert_success();
+}
+
+/// Writes `case` (the inputs, `input` and for BERT `attention_mask` and `token_type_ids`, and
+/// Tessera's logits for them as `output`) into `dir` and requires scripts/check_hf_export.py to
+/// load the Hugging Face folder `folder` with the Auto class of its architecture, nothing missing
+/// or unexpected, and give those logits. Returns the script's report, or `None` when
+/// transformers does not import (see [`transformers_imports`]). `label` names the case.
+pub fn check_hf_export(
+    dir: &TempDir,
+    folder: &Path,
+    case: &[(&str, &Tensor)],
+    label: &str,
+) -> Option<String> {
+    let file = dir.join(&format!("{label}-case.safetensors"));
+    Tensor::write_safetensors(case, &file).expect("write the case");
+    if !transformers_imports() {
+        return None;
+    }
+    let out = python(&[
+        "scripts/check_hf_export.py",
+        &folder.display().to_string(),
+        &file.display().to_string(),
+    ])
+    .unwrap_or_else(|e| panic!("{e}"));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{label}: {text}");
+    println!("{label} hf export: {}", text.trim());
+    Some(text)
+}

@@ -27,6 +27,7 @@ use tessera::model::{
 use tessera::trainer::Trainer;
 use tessera_plugin_api::tch::{self, Device, Kind, Tensor};
 use tessera_plugin_api::testing::golden::Golden;
+use tessera_tests::export::{check_hf_export, export_hf};
 use tessera_tests::resume::assert_killed_and_resumed_is_exact;
 use tessera_tests::*;
 
@@ -711,19 +712,7 @@ fn export_hf_and_check(
     classes: i64,
 ) -> String {
     let out = dir.join("hf");
-    tessera(
-        &[
-            "export",
-            &ckpt.display().to_string(),
-            "--format",
-            "hf",
-            "--to",
-            &out.display().to_string(),
-        ],
-        dir.path(),
-        &[],
-    )
-    .assert_success();
+    export_hf(dir, ckpt, &out);
     let config = config::load(&dir.join("trainer.toml"), &[]).expect("the config reads");
     let mut mc = config.model.clone();
     let hf_config = read_json(&out.join("config.json"));
@@ -740,25 +729,7 @@ fn export_hf_and_check(
     .expect("forward");
     let mut tensors: Vec<(&str, &Tensor)> = case.iter().map(|(n, t)| (*n, t)).collect();
     tensors.push(("output", &logits));
-    let case_file = dir.join("hf-case.safetensors");
-    Tensor::write_safetensors(&tensors, &case_file).expect("case");
-    if !transformers_imports() {
-        return String::new();
-    }
-    let check = python(&[
-        "scripts/check_hf_export.py",
-        &out.display().to_string(),
-        &case_file.display().to_string(),
-    ])
-    .unwrap_or_else(|e| panic!("{e}"));
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&check.stdout),
-        String::from_utf8_lossy(&check.stderr)
-    );
-    assert!(check.status.success(), "{text}");
-    println!("hf export: {}", text.trim());
-    text
+    check_hf_export(dir, &out, &tensors, "bert").unwrap_or_default()
 }
 
 /// Sentence pairs (`data.text.pair_field`): with a WordPiece tokenizer saved by transformers,

@@ -446,7 +446,8 @@ fn llama_blocks_are_units_for_full_sharding_and_activation_checkpointing() {
 #[test]
 fn the_hf_export_loads_into_transformers_with_the_same_logits() {
     use tessera::model::{load_init_weights, Gpt2Config};
-    use tessera_tests::{run_dir, tessera, train, TrainerToml};
+    use tessera_tests::export::{check_hf_export, export_hf};
+    use tessera_tests::{run_dir, train, TrainerToml};
     let dir = TempDir::new("llama-hf-export");
     let sizes = "num_hidden_layers = 2\nhidden_size = 32\nintermediate_size = 64\n\
                  num_attention_heads = 4\nnum_key_value_heads = 2\nmax_position_embeddings = 64";
@@ -477,19 +478,7 @@ fn the_hf_export_loads_into_transformers_with_the_same_logits() {
         train(&dir, &[], &[]).assert_success();
         let ckpt = run_dir(&dir, run).join("checkpoints").join("latest.ckpt");
         let out = dir.path().join(format!("{run}-hf"));
-        let exported = tessera(
-            &[
-                "export",
-                &ckpt.display().to_string(),
-                "--format",
-                "hf",
-                "--to",
-                &out.display().to_string(),
-            ],
-            dir.path(),
-            &[],
-        );
-        exported.assert_success();
+        export_hf(&dir, &ckpt, &out);
         assert!(out.join("config.json").is_file() && out.join("model.safetensors").is_file());
         // Tessera's logits: the exported weights in a model built from the run's config.
         let config =
@@ -510,22 +499,9 @@ fn the_hf_export_loads_into_transformers_with_the_same_logits() {
         let ids = Tensor::from_slice(&[3i64, 1, 4, 1, 5, 9, 2, 6, 5, 3]).view([2, 5]);
         let logits =
             tessera_plugin_api::tch::no_grad(|| model.forward(&ids, false)).expect("forward");
-        let case = dir.path().join(format!("{run}-case.safetensors"));
-        Tensor::write_safetensors(&[("input", &ids), ("output", &logits)], &case).expect("case");
-        if !transformers_imports() {
+        if check_hf_export(&dir, &out, &[("input", &ids), ("output", &logits)], run).is_none() {
             return;
         }
-        let out_s = out.display().to_string();
-        let case_s = case.display().to_string();
-        let check = python_with_env(&["scripts/check_hf_export.py", &out_s, &case_s], &[])
-            .unwrap_or_else(|e| panic!("{e}"));
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&check.stdout),
-            String::from_utf8_lossy(&check.stderr)
-        );
-        assert!(check.status.success(), "{run}: {text}");
-        println!("{run} hf export: {}", text.trim());
     }
 }
 

@@ -98,8 +98,9 @@ fn inherits(item: &Item) -> bool {
 
 /// The plugin's manifest made standalone: inherited package keys take the workspace's values,
 /// inherited dependencies the workspace's (relative paths made absolute, keys given next to
-/// `workspace = true` kept), the workspace's profiles are copied, and an empty `[workspace]`
-/// table makes the crate its own workspace.
+/// `workspace = true` kept), the workspace's profiles are copied (without their overrides for
+/// the workspace's own packages, `[profile.*.package.*]`, which name no package of the copy),
+/// and an empty `[workspace]` table makes the crate its own workspace.
 fn standalone_manifest(plugin: &str, workspace: &str, root: &Path) -> String {
     let ws: DocumentMut = workspace.parse().expect("the workspace Cargo.toml parses");
     let mut doc: DocumentMut = plugin.parse().expect("the plugin's Cargo.toml parses");
@@ -151,7 +152,15 @@ fn standalone_manifest(plugin: &str, workspace: &str, root: &Path) -> String {
     }
     doc["workspace"] = toml_edit::table();
     if let Some(profile) = ws.get("profile") {
-        doc["profile"] = profile.clone();
+        let mut profile = profile.clone();
+        if let Some(profiles) = profile.as_table_like_mut() {
+            for (_, settings) in profiles.iter_mut() {
+                if let Some(settings) = settings.as_table_like_mut() {
+                    settings.remove("package");
+                }
+            }
+        }
+        doc["profile"] = profile;
     }
     doc.to_string()
 }
