@@ -1,8 +1,8 @@
 //! Data: image folders, MDS and WebDataset shards, S3, image and sample transforms, damaged data
 //! files.
 //!
-//! One test binary of six (tests/Cargo.toml): cargo links it once, and its tests share one pool
-//! of test threads. Each file below is one feature or method; docs/testing.md lists them.
+//! One of the few test binaries (tests/Cargo.toml): cargo links it once, and its tests share one
+//! pool of test threads. Each file below is one feature or method; docs/testing.md lists them.
 
 mod data_errors;
 mod folder;

@@ -2,8 +2,8 @@
 //! runs, kill -9 resume, ranks, export, goldens through the binary), all plugins together, exports
 //! of method-changed networks, and the step's host reads.
 //!
-//! One test binary of six (tests/Cargo.toml): cargo links it once, and its tests share one pool
-//! of test threads. Each file below is one feature or method; docs/testing.md lists them.
+//! One of the few test binaries (tests/Cargo.toml): cargo links it once, and its tests share one
+//! pool of test threads. Each file below is one feature or method; docs/testing.md lists them.
 
 // Helpers several method files share (tests/support/), compiled once for this binary.
 #[path = "../support/airbench.rs"]

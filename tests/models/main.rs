@@ -2,8 +2,8 @@
 //! LoRA, chat data, fine-tuning, export to and import from PyTorch, timm and Hugging Face, mixed
 //! precision.
 //!
-//! One test binary of six (tests/Cargo.toml): cargo links it once, and its tests share one pool
-//! of test threads. Each file below is one feature or method; docs/testing.md lists them.
+//! One of the few test binaries (tests/Cargo.toml): cargo links it once, and its tests share one
+//! pool of test threads. Each file below is one feature or method; docs/testing.md lists them.
 
 mod activation_checkpointing;
 mod amp_fp16;

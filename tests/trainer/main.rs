@@ -2,8 +2,8 @@
 //! metrics, losses, the stand-alone binary, time-to-target, sweeps, recipe search, tracking
 //! (MLflow), the explorer, step syncs.
 //!
-//! One test binary of six (tests/Cargo.toml): cargo links it once, and its tests share one pool
-//! of test threads. Each file below is one feature or method; docs/testing.md lists them.
+//! One of the few test binaries (tests/Cargo.toml): cargo links it once, and its tests share one
+//! pool of test threads. Each file below is one feature or method; docs/testing.md lists them.
 
 mod checkpoint;
 mod cli;
