@@ -1,6 +1,7 @@
 //! Checking a file written by `tessera export` against PyTorch (`scripts/check_export.py`).
 
 use std::path::Path;
+use std::process::ExitStatus;
 
 use tch::{Device, Kind, Tensor};
 use tessera::trainer::{standalone_config, Trainer};
@@ -10,8 +11,15 @@ use crate::{python, python_can_import, transformers_imports, TempDir};
 /// Runs scripts/check_export.py on `exported` and the case file `case` (a batch `input` and
 /// Tessera's eval-mode `output` for it); returns (exit code, stdout + stderr).
 pub fn check_export(exported: &Path, case: &Path) -> (Option<i32>, String) {
+    let (status, text) = run_check("scripts/check_export.py", exported, case);
+    (status.code(), text)
+}
+
+/// `python SCRIPT FOLDER_OR_FILE CASE` (a check script of `scripts/`): its exit status and its
+/// stdout followed by its stderr.
+fn run_check(script: &str, exported: &Path, case: &Path) -> (ExitStatus, String) {
     let out = python(&[
-        "scripts/check_export.py",
+        script,
         &exported.display().to_string(),
         &case.display().to_string(),
     ])
@@ -21,7 +29,7 @@ pub fn check_export(exported: &Path, case: &Path) -> (Option<i32>, String) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    (out.status.code(), text)
+    (out.status, text)
 }
 
 /// Tessera's evaluation output for `input`: the run of the checkpoint `ckpt` rebuilt with its
@@ -136,18 +144,8 @@ pub fn check_hf_export(
     if !transformers_imports() {
         return None;
     }
-    let out = python(&[
-        "scripts/check_hf_export.py",
-        &folder.display().to_string(),
-        &file.display().to_string(),
-    ])
-    .unwrap_or_else(|e| panic!("{e}"));
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "{label}: {text}");
+    let (status, text) = run_check("scripts/check_hf_export.py", folder, &file);
+    assert!(status.success(), "{label}: {text}");
     println!("{label} hf export: {}", text.trim());
     Some(text)
 }

@@ -939,33 +939,43 @@ pub fn shared<T: Send + Sync + 'static>(key: &str, make: impl FnOnce() -> T) -> 
     value
 }
 
-/// Whether `python -c "import <module>"` works with [`torch_pythonpath`]: `Ok`, or why not.
-/// Asked once per test process and module (importing torch costs about 2 s of CPU, and a test
-/// binary asks dozens of times); the answer cannot change while the tests run.
-fn python_import(module: &str) -> Result<(), String> {
-    static ANSWERS: Mutex<BTreeMap<String, Result<(), String>>> = Mutex::new(BTreeMap::new());
+/// Whether `python -c "import <modules>"` works with `pythonpath` (`"streaming, webdataset"`
+/// imports both): `Ok`, or why not. Asked once per test process for each folder and modules:
+/// importing torch costs about 2 s of CPU, streaming or transformers 3–4 s, and a test binary asks
+/// dozens of times; the answer cannot change while the tests run.
+pub fn python_imports(pythonpath: &str, modules: &str) -> Result<(), String> {
+    static ANSWERS: Mutex<BTreeMap<(String, String), Result<(), String>>> =
+        Mutex::new(BTreeMap::new());
     let mut answers = ANSWERS
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
     answers
-        .entry(module.to_owned())
-        .or_insert_with(|| match python(&["-c", &format!("import {module}")]) {
-            Ok(out) if out.status.success() => Ok(()),
-            Ok(out) => {
-                let stderr = String::from_utf8_lossy(&out.stderr);
-                let last = stderr.lines().last().unwrap_or("").trim().to_owned();
-                Err(format!("{}: {last}", out.status))
+        .entry((pythonpath.to_owned(), modules.to_owned()))
+        .or_insert_with(|| {
+            let import = format!("import {modules}");
+            match python_with_env(&["-c", &import], &[("PYTHONPATH", pythonpath)]) {
+                Ok(out) if out.status.success() => Ok(()),
+                Ok(out) => {
+                    let stderr = String::from_utf8_lossy(&out.stderr);
+                    let last = stderr.lines().last().unwrap_or("").trim().to_owned();
+                    Err(format!("{}: {last}", out.status))
+                }
+                Err(e) => Err(e),
             }
-            Err(e) => Err(e),
         })
         .clone()
+}
+
+/// [`python_imports`] with [`torch_pythonpath`].
+fn torch_imports(modules: &str) -> Result<(), String> {
+    python_imports(&torch_pythonpath().display().to_string(), modules)
 }
 
 /// Whether `import <module>` works (`torch`, `torchvision`); prints a notice that the
 /// comparison `what` is skipped when it does not, or fails with TESSERA_REQUIRE_PYTORCH=1 (as
 /// `scripts/test.sh`, what CI runs, sets).
 pub fn python_can_import(module: &str, what: &str) -> bool {
-    let Err(why) = python_import(module) else {
+    let Err(why) = torch_imports(module) else {
         return true;
     };
     let notice = format!(
@@ -984,7 +994,7 @@ pub fn python_can_import(module: &str, what: &str) -> bool {
 /// `TESSERA_REQUIRE_TRANSFORMERS=1`.
 pub fn transformers_imports() -> bool {
     let required = std::env::var_os("TESSERA_REQUIRE_TRANSFORMERS").is_some_and(|v| v == "1");
-    let Err(why) = python_import("transformers") else {
+    let Err(why) = torch_imports("transformers") else {
         return true;
     };
     let notice = format!(

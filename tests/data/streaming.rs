@@ -10,7 +10,6 @@
 //! `TESSERA_REQUIRE_STREAMING=1` (CI) makes that a failure.
 
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -44,20 +43,7 @@ fn streaming_pythonpath() -> String {
 fn script(args: &[&str]) -> Option<String> {
     let path = streaming_pythonpath();
     let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".to_owned());
-    // Asked once per test process: importing streaming costs seconds, and the answer cannot
-    // change while the tests run.
-    static PROBE: OnceLock<Result<(), String>> = OnceLock::new();
-    let probe = PROBE.get_or_init(|| {
-        let mut cmd = std::process::Command::new(&python);
-        cmd.args(["-W", "ignore", "-c", "import streaming, webdataset"])
-            .env("PYTHONPATH", &path);
-        match try_run_with_timeout(cmd, "import streaming", Duration::from_secs(120)) {
-            Ok(o) if o.status.success() => Ok(()),
-            Ok(o) => Err(o.stderr.lines().last().unwrap_or("").to_owned()),
-            Err(e) => Err(e.to_string()),
-        }
-    });
-    if let Err(why) = probe {
+    if let Err(why) = python_imports(&path, "streaming, webdataset") {
         let notice = format!(
             "NOTICE: skipping: `import streaming, webdataset` fails with PYTHONPATH={path} \
              (scripts/ensure-streaming.sh installs them): {why}"

@@ -85,18 +85,12 @@ struct EveryPluginRun {
 
 fn every_plugin_run() -> std::sync::Arc<EveryPluginRun> {
     shared("all-plugins", || {
-        let (dir, ckpt, exported) = train_and_export_every_plugin("all-plugins");
-        EveryPluginRun {
-            dir,
-            ckpt,
-            exported,
-        }
+        train_and_export_every_plugin("all-plugins")
     })
 }
 
-/// Trains a 3-batch ResNet-50 run with every plugin of the repository and exports it; returns
-/// the folder, the checkpoint and the exported file.
-fn train_and_export_every_plugin(label: &str) -> (TempDir, std::path::PathBuf, std::path::PathBuf) {
+/// Trains a 3-batch ResNet-50 run with every plugin of the repository and exports it.
+fn train_and_export_every_plugin(label: &str) -> EveryPluginRun {
     // patch_whitening needs a whitening-ready first conv (the zoo's airbench), not ResNet-50's
     // 7x7 stem; tests/methods/patch_whitening.rs covers it.
     let plugins: Vec<String> = repository_plugins()
@@ -158,7 +152,11 @@ fn train_and_export_every_plugin(label: &str) -> (TempDir, std::path::PathBuf, s
         &[],
     )
     .assert_success();
-    (dir, ckpt, exported)
+    EveryPluginRun {
+        dir,
+        ckpt,
+        exported,
+    }
 }
 
 /// Every plugin of the repository in one run: surgery of several kinds on the same ResNet-50

@@ -21,9 +21,9 @@ use serde_json::{json, Value};
 use tessera::tracking::mlflow::fetch_runs;
 use tessera_tests::resume::wait_for;
 use tessera_tests::{
-    plugin_path, read_json, read_jsonl, run_dir, run_with_timeout, sha256_hex, tessera,
-    tessera_command, train, try_run_with_timeout, TempDir, TrainerToml, COMMAND_TIMEOUT,
-    PYTHON_TIMEOUT, TOOL_TIMEOUT,
+    plugin_path, python_imports, read_json, read_jsonl, run_dir, run_with_timeout, sha256_hex,
+    tessera, tessera_command, train, try_run_with_timeout, TempDir, TrainerToml, COMMAND_TIMEOUT,
+    TOOL_TIMEOUT,
 };
 
 /// How long the MLflow server may take to answer `/health` (it imports a lot; generous for a
@@ -231,22 +231,10 @@ fn mlflow_pythonpath() -> Option<String> {
         Err(_) => {
             "TESSERA_MLFLOW_PYTHONPATH is not set (scripts/ensure-mlflow.sh prints it)".to_owned()
         }
-        Ok(path) => {
-            let mut python = Command::new(std::env::var("PYTHON").unwrap_or("python3".into()));
-            python
-                .args(["-c", "import mlflow.server"])
-                .env("PYTHONPATH", &path)
-                .env("PYTHONWARNINGS", "ignore");
-            let label = "python3 -c 'import mlflow.server'";
-            match try_run_with_timeout(python, label, PYTHON_TIMEOUT) {
-                Ok(out) if out.status.success() => return Some(path),
-                Ok(out) => format!(
-                    "`import mlflow.server` fails with PYTHONPATH={path}: {}",
-                    out.stderr.lines().last().unwrap_or("")
-                ),
-                Err(e) => format!("cannot run python3: {e}"),
-            }
-        }
+        Ok(path) => match python_imports(&path, "mlflow.server") {
+            Ok(()) => return Some(path),
+            Err(why) => format!("`import mlflow.server` fails with PYTHONPATH={path}: {why}"),
+        },
     };
     let notice = format!("NOTICE: skipping the MLflow server test: {why}");
     assert!(!required, "{notice} and TESSERA_REQUIRE_MLFLOW=1");
