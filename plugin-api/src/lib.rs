@@ -61,7 +61,7 @@
 //! crate-type = ["cdylib", "rlib"]
 //!
 //! [dependencies]
-//! tessera-plugin-api = "1.10"
+//! tessera-plugin-api = "1.11"
 //! tch = "=0.26.0"
 //! ```
 //!
@@ -120,10 +120,15 @@
 //!   tensors under `[distributed] sharding` ([`Context::parameter_slice`],
 //!   [`Context::gather_slices`], [`ParameterSlice`], [`SliceLayout`]), for a method that keeps a copy of the
 //!   weights (EMA, SWA, Lookahead) to keep only its slice; whole tensors in an older host.
+//! - **1.11** (no change to the ABI): the plugin [`kit`] — one surgery trait for the host's
+//!   context and a test stand-in ([`kit::SurgeryModel`], [`kit::StandIn`]), module-tree walks,
+//!   [`kit::ConvSpec`], [`kit::default_init`], and checkpoint state helpers
+//!   ([`kit::StateReader`], [`kit::json_state`]); [`random::splitmix64`] outside `testing`.
 #![warn(missing_docs)]
 
 pub mod abi;
 pub mod device;
+pub mod kit;
 pub mod random;
 mod sample;
 mod settings;

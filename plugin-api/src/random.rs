@@ -11,6 +11,16 @@ fn open_at_zero(u: f64) -> f64 {
     1.0 - u
 }
 
+/// One SplitMix64 step: a small seeded generator for tests and stand-ins (plugin-api 1.11; in
+/// `testing` since 1.2), independent of libtorch's global generator.
+pub fn splitmix64(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
 /// A standard normal draw (Box–Muller, the cosine branch): two uniforms per draw.
 pub fn standard_normal(uniform: &mut dyn FnMut() -> f64) -> f64 {
     let radius = (-2.0 * open_at_zero(uniform()).ln()).sqrt();

@@ -3,7 +3,7 @@
 //!
 //! ```toml
 //! [dev-dependencies]
-//! tessera-plugin-api = { version = "1.10", features = ["testing"] }
+//! tessera-plugin-api = { version = "1.11", features = ["testing"] }
 //! ```
 //!
 //! ```no_run
@@ -77,13 +77,7 @@ pub enum RandomSource {
 }
 
 /// One SplitMix64 step: the generator behind [`RandomSource::Seeded`].
-pub fn splitmix64(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
+pub use crate::random::splitmix64;
 
 /// The model `TestHost::forward_eval` runs (plugin-api 1.6).
 pub type EvalModel = Box<dyn Fn(&Tensor) -> Tensor>;

@@ -36,6 +36,7 @@ const FIXTURES: &[(&str, &[(&str, &str)])] = &[
     ("1.7.0", &[("mixup", "alpha = 0.2")]),
     ("1.8.0", &[("cutmix", "alpha = 1.0")]),
     ("1.9.0", &[("muon", "lr = 0.02")]),
+    ("1.10.0", &[("lookahead", "k = 2\nalpha = 0.5")]),
 ];
 
 /// The plugin built against the current interface that runs beside the old ones.
