@@ -3,6 +3,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
+use tessera_plugin_api::kit::StateReader;
 use tessera_plugin_api::{
     export_plugin, Context, Error, ErrorKind, Event, Hook, Method, Plugin, Sample, SamplePlace,
     SampleRandom, SampleTransform, Settings, State,
@@ -126,20 +127,9 @@ impl Method for AlternatingFlip {
     }
 
     fn load_state(&mut self, state: State) -> Result<(), Error> {
-        let bytes: [u8; 8] = state.bytes.as_slice().try_into().map_err(|_| {
-            format!(
-                "alternating_flip: the checkpoint's state holds {} bytes, not an 8-byte key",
-                state.bytes.len()
-            )
-        })?;
-        if state.format_version != STATE_FORMAT {
-            return Err(format!(
-                "alternating_flip: unknown state format {} (this version writes {STATE_FORMAT})",
-                state.format_version
-            )
-            .into());
-        }
-        self.key.store(u64::from_le_bytes(bytes));
+        let reader = StateReader::open("alternating_flip", state, STATE_FORMAT)?;
+        self.key.store(reader.u64()?);
+        reader.finish()?;
         Ok(())
     }
 }

@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 use serde::{Deserialize, Serialize};
+use tessera_plugin_api::kit::{json_state, StateReader};
 use tessera_plugin_api::{
     export_plugin, Context, Error, EvalResults, Event, Hook, Method, Plugin, Settings, State, Time,
     TimeUnit,
@@ -154,25 +155,13 @@ impl Method for EarlyStopping {
     }
 
     fn state(&self) -> Result<State, Error> {
-        let bytes = serde_json::to_vec(&self.best)
-            .map_err(|e| format!("early_stopping: saving state: {e}"))?;
-        Ok(State {
-            format_version: STATE_FORMAT,
-            bytes,
-            tensors: Vec::new(),
-        })
+        json_state("early_stopping", STATE_FORMAT, &self.best, Vec::new())
     }
 
     fn load_state(&mut self, state: State) -> Result<(), Error> {
-        if state.format_version != STATE_FORMAT {
-            return Err(format!(
-                "early_stopping: unknown checkpoint state format {} (expected {STATE_FORMAT})",
-                state.format_version
-            )
-            .into());
-        }
-        self.best = serde_json::from_slice(&state.bytes)
-            .map_err(|e| format!("early_stopping: reading checkpoint state: {e}"))?;
+        let reader = StateReader::open("early_stopping", state, STATE_FORMAT)?;
+        self.best = reader.json()?;
+        reader.finish()?;
         Ok(())
     }
 }

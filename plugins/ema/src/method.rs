@@ -8,6 +8,7 @@
 //! whole tensor.
 
 use serde::{Deserialize, Serialize};
+use tessera_plugin_api::kit::{json_state, StateReader};
 use tessera_plugin_api::tch::{self, Device, Kind, Tensor};
 use tessera_plugin_api::{gather_for_save, Context, Error, Event, Method, SliceLayout, State};
 
@@ -399,7 +400,6 @@ impl Method for Ema {
             swapped_in: self.swapped_in,
             updates: self.updates,
         };
-        let bytes = serde_json::to_vec(&flags).map_err(|e| e.to_string())?;
         if self.sliced() {
             // Sharded: the whole tensors were gathered at the `*_checkpoint` event.
             let tensors = self.gathered.as_ref().ok_or_else(|| {
@@ -408,14 +408,11 @@ impl Method for Ema {
                      checkpoint (they are at a `*_checkpoint` event that announces one)",
                 )
             })?;
-            return Ok(State {
-                format_version: STATE_FORMAT_VERSION,
-                bytes,
-                tensors: tensors
-                    .iter()
-                    .map(|(n, t)| (n.clone(), t.shallow_clone()))
-                    .collect(),
-            });
+            let tensors = tensors
+                .iter()
+                .map(|(n, t)| (n.clone(), t.shallow_clone()))
+                .collect();
+            return json_state("EMA", STATE_FORMAT_VERSION, &flags, tensors);
         }
         let mut tensors = Vec::new();
         for (name, t) in &self.ema {
@@ -426,34 +423,15 @@ impl Method for Ema {
                 tensors.push((format!("training/{name}"), detached_copy(t)?));
             }
         }
-        Ok(State {
-            format_version: STATE_FORMAT_VERSION,
-            bytes,
-            tensors,
-        })
+        json_state("EMA", STATE_FORMAT_VERSION, &flags, tensors)
     }
 
     fn load_state(&mut self, state: State) -> Result<(), Error> {
-        if state.format_version != STATE_FORMAT_VERSION {
-            return Err(format!(
-                "EMA state format {} is unknown (this plugin reads format {STATE_FORMAT_VERSION})",
-                state.format_version
-            )
-            .into());
-        }
-        let flags: Flags = serde_json::from_slice(&state.bytes)
-            .map_err(|e| format!("EMA state: bad counters: {e}"))?;
-        let mut ema: Vec<(String, Tensor)> = Vec::new();
-        let mut training: Vec<(String, Tensor)> = Vec::new();
-        for (name, t) in state.tensors {
-            if let Some(n) = name.strip_prefix("ema/") {
-                ema.push((n.to_owned(), t));
-            } else if let Some(n) = name.strip_prefix("training/") {
-                training.push((n.to_owned(), t));
-            } else {
-                return Err(format!("EMA state: unexpected tensor `{name}`").into());
-            }
-        }
+        let mut reader = StateReader::open("EMA", state, STATE_FORMAT_VERSION)?;
+        let flags: Flags = reader.json()?;
+        let ema = reader.take("ema");
+        let training = reader.take("training");
+        reader.finish()?;
         if flags.swapped_in {
             let names =
                 |v: &[(String, Tensor)]| v.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();

@@ -6,6 +6,7 @@ mod layer;
 use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
+use tessera_plugin_api::kit::{json_state, StateReader};
 use tessera_plugin_api::{
     export_plugin, Context, Error, Event, Hook, Method, ModuleInfo, Plugin, Settings, State,
 };
@@ -123,22 +124,12 @@ impl Method for GyroDropout {
                 tensors.push((format!("{i}/preselected"), layer::to_cpu(masks)?));
             }
         }
-        Ok(State {
-            format_version: STATE_FORMAT,
-            bytes: serde_json::to_vec(&saved).map_err(|e| e.to_string())?,
-            tensors,
-        })
+        json_state("gyro_dropout", STATE_FORMAT, &saved, tensors)
     }
 
     fn load_state(&mut self, state: State) -> Result<(), Error> {
-        if state.format_version != STATE_FORMAT {
-            return Err(Error::from(format!(
-                "gyro_dropout: unknown checkpoint state format {} (expected {STATE_FORMAT})",
-                state.format_version
-            )));
-        }
-        let saved: Vec<SavedLayer> = serde_json::from_slice(&state.bytes)
-            .map_err(|e| format!("gyro_dropout: unreadable checkpoint state: {e}"))?;
+        let mut reader = StateReader::open("gyro_dropout", state, STATE_FORMAT)?;
+        let saved: Vec<SavedLayer> = reader.json()?;
         if saved.len() != self.layers.len() {
             return Err(Error::from(format!(
                 "gyro_dropout: the checkpoint has {} gyro dropouts, the model {}",
@@ -146,7 +137,7 @@ impl Method for GyroDropout {
                 self.layers.len()
             )));
         }
-        let mut masks: Vec<(String, _)> = state.tensors;
+        let mut masks: Vec<(String, _)> = reader.take_all();
         for (i, (s, layer)) in saved.into_iter().zip(&self.layers).enumerate() {
             let mut layer = layer.lock().map_err(|_| "gyro_dropout: state poisoned")?;
             layer.seed = s.seed;

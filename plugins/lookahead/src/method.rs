@@ -14,6 +14,7 @@
 use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
+use tessera_plugin_api::kit::{json_state, StateReader};
 use tessera_plugin_api::tch::Tensor;
 use tessera_plugin_api::{Context, Error, Event, Method, SlicedCopies, State};
 
@@ -392,34 +393,17 @@ impl Method for Lookahead {
             syncs: self.syncs,
             done: self.done,
         };
-        let bytes = serde_json::to_vec(&counters).map_err(|e| e.to_string())?;
         let tensors = self
             .sliced
             .saved("slow", &self.slow, "lookahead's slow weights are")?;
-        Ok(State {
-            format_version: STATE_FORMAT_VERSION,
-            bytes,
-            tensors,
-        })
+        json_state("lookahead", STATE_FORMAT_VERSION, &counters, tensors)
     }
 
     fn load_state(&mut self, state: State) -> Result<(), Error> {
-        if state.format_version != STATE_FORMAT_VERSION {
-            return Err(format!(
-                "lookahead state format {} is unknown (this plugin reads format {STATE_FORMAT_VERSION})",
-                state.format_version
-            )
-            .into());
-        }
-        let counters: Counters = serde_json::from_slice(&state.bytes)
-            .map_err(|e| format!("lookahead state: bad counters: {e}"))?;
-        let mut slow = Vec::new();
-        for (name, t) in state.tensors {
-            match name.strip_prefix("slow/") {
-                Some(n) => slow.push((n.to_owned(), t)),
-                None => return Err(format!("lookahead state: unexpected tensor `{name}`").into()),
-            }
-        }
+        let mut reader = StateReader::open("lookahead", state, STATE_FORMAT_VERSION)?;
+        let counters: Counters = reader.json()?;
+        let slow = reader.take("slow");
+        reader.finish()?;
         if !slow.is_empty() && (!counters.started || counters.done) {
             return Err(format!(
                 "lookahead state: {} slow weights saved for a method that {}",

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 
+use tessera_plugin_api::kit::StateReader;
 use tessera_plugin_api::tch::{Device, Kind, Tensor};
 use tessera_plugin_api::{keys, Context, Error, Event, Method, State};
 
@@ -241,14 +242,11 @@ impl Method for Muon {
     }
 
     fn load_state(&mut self, state: State) -> Result<(), Error> {
-        if state.format_version != STATE_FORMAT_VERSION {
-            return Err(format!(
-                "unknown Muon state format {} (this plugin reads {STATE_FORMAT_VERSION})",
-                state.format_version
-            )
-            .into());
-        }
-        let loaded: HashMap<String, Tensor> = state.tensors.into_iter().collect();
+        let loaded: HashMap<String, Tensor> =
+            StateReader::open("Muon", state, STATE_FORMAT_VERSION)?
+                .take_all()
+                .into_iter()
+                .collect();
         if self.groups.is_empty() {
             self.loaded = loaded;
             Ok(())

@@ -2,6 +2,7 @@
 #![warn(missing_docs)]
 
 use tessera_plugin_api::device::upload;
+use tessera_plugin_api::kit::StateReader;
 use tessera_plugin_api::tch::{self, Kind, TchError, Tensor};
 use tessera_plugin_api::{
     export_plugin, Context, Error, Event, Hook, Method, Plugin, Settings, State,
@@ -182,20 +183,9 @@ impl Method for Sam {
     }
 
     fn load_state(&mut self, state: State) -> Result<(), Error> {
-        if state.format_version != STATE_FORMAT {
-            return Err(format!(
-                "sam: unknown checkpoint state format {} (expected {STATE_FORMAT})",
-                state.format_version
-            )
-            .into());
-        }
-        let bytes: [u8; 8] = state.bytes.as_slice().try_into().map_err(|_| {
-            format!(
-                "sam: checkpoint state has {} bytes, expected 8",
-                state.bytes.len()
-            )
-        })?;
-        self.global_step = u64::from_le_bytes(bytes);
+        let reader = StateReader::open("sam", state, STATE_FORMAT)?;
+        self.global_step = reader.u64()?;
+        reader.finish()?;
         self.perturbation = None;
         Ok(())
     }

@@ -3,6 +3,7 @@
 use std::sync::{Arc, Mutex};
 
 use tessera_plugin_api::device::upload;
+use tessera_plugin_api::kit::StateReader;
 use tessera_plugin_api::tch::{Device, Kind, Tensor};
 use tessera_plugin_api::{
     export_plugin, keys, Context, Error, Event, Hook, Inner, Method, ModuleInfo, Plugin, Settings,
@@ -312,24 +313,18 @@ impl Method for StochasticDepth {
     }
 
     fn load_state(&mut self, state: State) -> Result<(), Error> {
-        if state.format_version != STATE_FORMAT {
-            return Err(format!(
-                "stochastic_depth: unknown checkpoint state format {} (expected {STATE_FORMAT})",
-                state.format_version
-            )
-            .into());
-        }
+        let reader = StateReader::open("stochastic_depth", state, STATE_FORMAT)?;
+        let bytes = reader.bytes();
         let mut shared = self.shared.lock().map_err(|_| "state poisoned")?;
-        if state.bytes.len() != shared.rates.len() * 4 {
+        if bytes.len() != shared.rates.len() * 4 {
             return Err(format!(
                 "stochastic_depth: the checkpoint has {} drop rates, the model {} stochastic blocks",
-                state.bytes.len() / 4,
+                bytes.len() / 4,
                 shared.rates.len()
             )
             .into());
         }
-        shared.rates = state
-            .bytes
+        shared.rates = bytes
             .chunks_exact(4)
             .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
             .collect();

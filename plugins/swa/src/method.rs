@@ -12,6 +12,7 @@
 //! ([`Context::gather_slices`]). Without sharding a slice is the whole tensor.
 
 use serde::{Deserialize, Serialize};
+use tessera_plugin_api::kit::{json_state, StateReader};
 use tessera_plugin_api::tch::Tensor;
 use tessera_plugin_api::{Context, Error, Event, Method, SlicedCopies, State, TimeInfo};
 
@@ -359,34 +360,17 @@ impl Method for Swa {
             swalr: self.swalr,
             held_lr: self.held_lr,
         };
-        let bytes = serde_json::to_vec(&counters).map_err(|e| e.to_string())?;
         let tensors = self
             .sliced
             .saved("average", &self.average, "SWA's average is")?;
-        Ok(State {
-            format_version: STATE_FORMAT_VERSION,
-            bytes,
-            tensors,
-        })
+        json_state("SWA", STATE_FORMAT_VERSION, &counters, tensors)
     }
 
     fn load_state(&mut self, state: State) -> Result<(), Error> {
-        if state.format_version != STATE_FORMAT_VERSION {
-            return Err(format!(
-                "SWA state format {} is unknown (this plugin reads format {STATE_FORMAT_VERSION})",
-                state.format_version
-            )
-            .into());
-        }
-        let counters: Counters = serde_json::from_slice(&state.bytes)
-            .map_err(|e| format!("SWA state: bad counters: {e}"))?;
-        let mut average = Vec::new();
-        for (name, t) in state.tensors {
-            match name.strip_prefix("average/") {
-                Some(n) => average.push((n.to_owned(), t)),
-                None => return Err(format!("SWA state: unexpected tensor `{name}`").into()),
-            }
-        }
+        let mut reader = StateReader::open("SWA", state, STATE_FORMAT_VERSION)?;
+        let counters: Counters = reader.json()?;
+        let average = reader.take("average");
+        reader.finish()?;
         if counters.started == average.is_empty() {
             return Err(format!(
                 "SWA state: {} averaged tensors for a run where averaging {} started",
