@@ -9,7 +9,8 @@
 //! - [`ConvSpec`]: a 2-d convolution's hyperparameters, read from its module and run.
 //! - [`default_init`]: PyTorch's default initialisation, drawn from the host's stream.
 //! - [`StateReader`] and [`json_state`]: a method's checkpoint state written and read back
-//!   with errors that name the method.
+//!   with errors that name the method; [`detached_copy`] and [`copy_into`] for the weights a
+//!   method keeps (EMA, SWA, Lookahead).
 //!
 //! # A complete surgery plugin
 //!
@@ -81,9 +82,11 @@ mod standin;
 mod state;
 mod surgery;
 pub mod walk;
+mod weights;
 
 pub use conv::ConvSpec;
 pub use init::default_init;
 pub use standin::StandIn;
 pub use state::{json_state, StateReader};
 pub use surgery::{OwnTensors, SurgeryModel};
+pub use weights::{copy_into, detached_copy};

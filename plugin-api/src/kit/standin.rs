@@ -174,7 +174,9 @@ impl StandIn {
 
     /// Whether the parameter `name` is trainable (a buffer never is).
     pub fn trainable(&self, name: &str) -> bool {
-        self.tensors.contains_key(name) && !self.buffers.contains(name) && !self.frozen.contains(name)
+        self.tensors.contains_key(name)
+            && !self.buffers.contains(name)
+            && !self.frozen.contains(name)
     }
 
     /// The module a surgery put in at `path`.
@@ -266,7 +268,8 @@ impl SurgeryModel for StandIn {
         for name in &old {
             self.remove_tensor(name);
         }
-        let below = |m: &ModuleInfo| m.path.as_str() != path && walk::is_within(m.path.as_str(), path);
+        let below =
+            |m: &ModuleInfo| m.path.as_str() != path && walk::is_within(m.path.as_str(), path);
         let params = self.register(path, tensors);
         self.infos[at] = ModuleInfo {
             path: path.into(),
@@ -383,7 +386,10 @@ mod tests {
                 "block.bn",
                 "batch_norm2d",
                 &[("eps", 1e-5)],
-                vec![("weight", p(2)), ("running_mean", Tensor::zeros([2], FLOAT_CPU))],
+                vec![
+                    ("weight", p(2)),
+                    ("running_mean", Tensor::zeros([2], FLOAT_CPU)),
+                ],
             )
             .module("block.fc", "linear", &[], vec![("weight", p(3))])
             .module("head", "linear", &[], vec![("weight", p(4))])
@@ -397,7 +403,8 @@ mod tests {
     fn replacing_removes_the_subtree_and_its_tensors() {
         let mut m = model();
         let w = Tensor::ones([5], FLOAT_CPU).set_requires_grad(true);
-        m.replace_module("block", Twice, vec![("scale", w)]).unwrap();
+        m.replace_module("block", Twice, vec![("scale", w)])
+            .unwrap();
         assert_eq!(paths(&m), ["", "block", "head"]);
         assert_eq!(m.kind("block"), Some("twice"));
         assert_eq!(m.info("block").unwrap().attr("factor"), Some(2.0));
@@ -411,14 +418,27 @@ mod tests {
     fn wrapping_under_a_name_moves_the_module_and_renames_its_tensors() {
         let mut m = model();
         m.set_trainable("block.bn.weight", false).unwrap();
-        m.wrap_module("block.bn", Gate, Some("inner"), vec![]).unwrap();
-        assert_eq!(paths(&m), ["", "block", "block.bn", "block.bn.inner", "block.fc", "head"]);
+        m.wrap_module("block.bn", Gate, Some("inner"), vec![])
+            .unwrap();
+        assert_eq!(
+            paths(&m),
+            [
+                "",
+                "block",
+                "block.bn",
+                "block.bn.inner",
+                "block.fc",
+                "head"
+            ]
+        );
         assert_eq!(m.kind("block.bn"), Some("gate"));
         assert_eq!(m.kind("block.bn.inner"), Some("batch_norm2d"));
         assert!(m.tensor("block.bn.inner.weight").is_some());
         assert!(!m.trainable("block.bn.inner.weight"));
         let params = m.parameters().unwrap();
-        let mean = params.iter().find(|p| p.name.as_str() == "block.bn.inner.running_mean");
+        let mean = params
+            .iter()
+            .find(|p| p.name.as_str() == "block.bn.inner.running_mean");
         assert!(mean.unwrap().buffer);
         m.wrap_module("head", Gate, None, vec![]).unwrap();
         assert_eq!(m.kind("head"), Some("gate"));

@@ -150,12 +150,24 @@ mod tests {
             "{err}"
         );
         let r = StateReader::open("sam", state(1, b"1234", &[]), 1).unwrap();
-        assert!(r.u64().unwrap_err().message().contains("sam state holds 4 bytes"));
+        assert!(r
+            .u64()
+            .unwrap_err()
+            .message()
+            .contains("sam state holds 4 bytes"));
         assert!(r.json::<u64>().is_ok());
         let r = StateReader::open("swa", state(1, b"{", &["weights"]), 1).unwrap();
-        assert!(r.json::<u64>().unwrap_err().message().contains("bad counters"));
+        assert!(r
+            .json::<u64>()
+            .unwrap_err()
+            .message()
+            .contains("bad counters"));
         let err = r.finish().unwrap_err();
-        assert!(err.message().contains("swa state: unexpected tensor `weights`"), "{err}");
+        assert!(
+            err.message()
+                .contains("swa state: unexpected tensor `weights`"),
+            "{err}"
+        );
         let r = StateReader::open("sam", state(1, &7u64.to_le_bytes(), &[]), 1).unwrap();
         assert_eq!(r.u64().unwrap(), 7);
     }

@@ -13,7 +13,8 @@ use tessera_plugin_api::tch::{self, Device, Kind, Tensor};
 use tessera_plugin_api::{gather_for_save, Context, Error, Event, Method, SliceLayout, State};
 
 use crate::config::EmaConfig;
-use crate::update::{copy_into, detached_copy, ema_update};
+use crate::update::ema_update;
+use tessera_plugin_api::kit::{copy_into, detached_copy};
 
 /// The current layout of [`Method::state`].
 pub const STATE_FORMAT_VERSION: u32 = 1;

@@ -42,18 +42,3 @@ pub fn compute_ema(
     }
     Ok(())
 }
-
-/// A detached copy of `t` (same shape, kind and device) that shares nothing with it.
-pub(crate) fn detached_copy(t: &Tensor) -> Result<Tensor, Error> {
-    let _no_grad = tch::no_grad_guard();
-    let mut out = t.f_detach()?.f_zeros_like()?;
-    out.f_copy_(t)?;
-    Ok(out)
-}
-
-/// `dst ← src` in place, without recording a gradient.
-pub(crate) fn copy_into(dst: &Tensor, src: &Tensor) -> Result<(), Error> {
-    let _no_grad = tch::no_grad_guard();
-    dst.shallow_clone().f_copy_(src)?;
-    Ok(())
-}

@@ -9,7 +9,8 @@ use tessera_plugin_api::{export_plugin, Error, Event, Hook, Plugin, Settings};
 
 pub use config::{airbench_decay, LookaheadConfig, Variant};
 pub use method::{Lookahead, ModelTensor, Outcome, STATE_FORMAT_VERSION, SYNC_PRIORITY};
-pub use update::{copy_into, detached_copy, sync_tensor};
+pub use tessera_plugin_api::kit::{copy_into, detached_copy};
+pub use update::sync_tensor;
 
 impl Plugin for Lookahead {
     const NAME: &'static str = "lookahead";

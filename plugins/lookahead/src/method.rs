@@ -19,7 +19,8 @@ use tessera_plugin_api::tch::Tensor;
 use tessera_plugin_api::{Context, Error, Event, Method, SlicedCopies, State};
 
 use crate::config::{LookaheadConfig, Variant};
-use crate::update::{copy_into, detached_copy, sync_tensor};
+use crate::update::sync_tensor;
+use tessera_plugin_api::kit::{copy_into, detached_copy};
 
 /// The current layout of [`Method::state`].
 pub const STATE_FORMAT_VERSION: u32 = 1;

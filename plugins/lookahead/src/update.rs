@@ -12,19 +12,3 @@ pub fn sync_tensor(slow: &Tensor, fast: &Tensor, weight: f64) -> Result<(), Erro
     fast.shallow_clone().f_copy_(slow)?;
     Ok(())
 }
-
-/// `θ ← φ` in place, without recording a gradient (the final copy).
-pub fn copy_into(dst: &Tensor, src: &Tensor) -> Result<(), Error> {
-    let _no_grad = tch::no_grad_guard();
-    dst.shallow_clone().f_copy_(src)?;
-    Ok(())
-}
-
-/// A detached copy of `t` (same shape, kind, device and memory layout) that shares nothing
-/// with it.
-pub fn detached_copy(t: &Tensor) -> Result<Tensor, Error> {
-    let _no_grad = tch::no_grad_guard();
-    let mut out = t.f_detach()?.f_empty_like()?;
-    out.f_copy_(t)?;
-    Ok(out)
-}

@@ -1,6 +1,7 @@
 //! The running average itself, as PyTorch's `AveragedModel.update_parameters` with its default
 //! `swa_avg` and `use_buffers=False`: pure functions on named tensors.
 
+use tessera_plugin_api::kit::copy_into;
 use tessera_plugin_api::tch::{self, Tensor};
 use tessera_plugin_api::Error;
 
@@ -79,20 +80,5 @@ pub fn check_matches(average: &[(String, Tensor)], model: &[ModelTensor]) -> Res
         )
         .into());
     }
-    Ok(())
-}
-
-/// A detached copy of `t` (same shape, kind and device) that shares nothing with it.
-pub(crate) fn detached_copy(t: &Tensor) -> Result<Tensor, Error> {
-    let _no_grad = tch::no_grad_guard();
-    let mut out = t.f_detach()?.f_zeros_like()?;
-    out.f_copy_(t)?;
-    Ok(out)
-}
-
-/// `dst ← src` in place, without recording a gradient.
-pub(crate) fn copy_into(dst: &Tensor, src: &Tensor) -> Result<(), Error> {
-    let _no_grad = tch::no_grad_guard();
-    dst.shallow_clone().f_copy_(src)?;
     Ok(())
 }

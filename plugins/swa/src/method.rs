@@ -16,9 +16,10 @@ use tessera_plugin_api::kit::{json_state, StateReader};
 use tessera_plugin_api::tch::Tensor;
 use tessera_plugin_api::{Context, Error, Event, Method, SlicedCopies, State, TimeInfo};
 
-use crate::average::{check_matches, copy_into, detached_copy, update_average, ModelTensor};
+use crate::average::{check_matches, update_average, ModelTensor};
 use crate::config::{SwaConfig, SwaLrMode};
 use crate::swalr::Swalr;
+use tessera_plugin_api::kit::{copy_into, detached_copy};
 
 /// The current layout of [`Method::state`].
 pub const STATE_FORMAT_VERSION: u32 = 1;
