@@ -158,7 +158,8 @@ pub fn root_module<P: Plugin>() -> PluginModule_Ref {
 /// as the host receives it (panics caught, unknown settings rejected). For a plugin's own tests
 /// (see the `testing` feature) and for Rust programs that call methods in-process.
 pub fn boxed_method<P: Plugin>(settings: &Settings) -> Result<MethodBox, Error> {
-    let method = P::create(settings)?;
+    let settings = settings.with_defaults(P::DEFAULT_SETTINGS)?;
+    let method = P::create(&settings)?;
     settings.reject_unused()?;
     Ok(MethodObject_TO::from_value(
         Adapter {

@@ -12,9 +12,16 @@ use crate::Error;
 ///
 /// Every accessor marks its key as used; after [`crate::Plugin::create`] returns, a key that
 /// was never read is reported as unknown, so typos never pass silently.
+///
+/// Since plugin-api 1.11 the settings also know the plugin's documented defaults
+/// ([`crate::Plugin::DEFAULT_SETTINGS`], given by [`crate::boxed_method`]), so a default is
+/// written once: [`Settings::f64`], [`Settings::u64`], [`Settings::bool`], [`Settings::str`]
+/// and [`Settings::get`] answer the user's value or that default. The `*_or` accessors ignore
+/// the documented defaults (a method that must know whether the user gave a key uses them).
 #[derive(Debug, Default)]
 pub struct Settings {
     values: Map<String, Value>,
+    defaults: Map<String, Value>,
     used: RefCell<BTreeSet<String>>,
 }
 
@@ -26,6 +33,7 @@ impl Settings {
         match value {
             Value::Object(values) => Ok(Settings {
                 values,
+                defaults: Map::new(),
                 used: RefCell::default(),
             }),
             Value::Null => Ok(Settings::default()),
@@ -33,6 +41,54 @@ impl Settings {
                 "settings must be a table, got {other}"
             ))),
         }
+    }
+
+    /// These settings with `defaults` (a plugin's `DEFAULT_SETTINGS`: TOML, commented lines
+    /// are documentation) as the documented defaults; a value that is not TOML is an error.
+    pub fn with_defaults(&self, defaults: &str) -> Result<Settings, Error> {
+        Ok(Settings {
+            values: self.values.clone(),
+            defaults: parse_defaults(defaults)?,
+            used: RefCell::new(self.used.borrow().clone()),
+        })
+    }
+
+    /// The user's value of `key`, else its documented default; an error naming the key when it
+    /// has neither.
+    fn take_or_default(&self, key: &str) -> Result<&Value, Error> {
+        match self.take(key).or_else(|| self.defaults.get(key)) {
+            Some(v) => Ok(v),
+            None => Err(Error::config(format!(
+                "setting `{key}` is required (the plugin documents no default for it)"
+            ))),
+        }
+    }
+
+    /// The setting `key` deserialized as `T`, or its documented default.
+    pub fn get<T: DeserializeOwned>(&self, key: &str) -> Result<T, Error> {
+        let v = self.take_or_default(key)?;
+        serde_json::from_value(v.clone())
+            .map_err(|e| Error::config(format!("setting `{key}`: {e} (got {v})")))
+    }
+
+    /// A number setting, or its documented default. Integers are accepted.
+    pub fn f64(&self, key: &str) -> Result<f64, Error> {
+        number(key, self.take_or_default(key)?)
+    }
+
+    /// A non-negative integer setting, or its documented default.
+    pub fn u64(&self, key: &str) -> Result<u64, Error> {
+        whole(key, self.take_or_default(key)?)
+    }
+
+    /// A boolean setting, or its documented default.
+    pub fn bool(&self, key: &str) -> Result<bool, Error> {
+        boolean(key, self.take_or_default(key)?)
+    }
+
+    /// A string setting, or its documented default.
+    pub fn str(&self, key: &str) -> Result<String, Error> {
+        string(key, self.take_or_default(key)?)
     }
 
     fn take(&self, key: &str) -> Option<&Value> {
@@ -51,45 +107,23 @@ impl Settings {
 
     /// A number setting, or `default` when absent. Integers are accepted.
     pub fn f64_or(&self, key: &str, default: f64) -> Result<f64, Error> {
-        match self.take(key) {
-            None => Ok(default),
-            Some(v) => v
-                .as_f64()
-                .ok_or_else(|| Error::config(format!("setting `{key}` must be a number, got {v}"))),
-        }
+        self.take(key).map_or(Ok(default), |v| number(key, v))
     }
 
     /// A non-negative integer setting, or `default` when absent.
     pub fn u64_or(&self, key: &str, default: u64) -> Result<u64, Error> {
-        match self.take(key) {
-            None => Ok(default),
-            Some(v) => v.as_u64().ok_or_else(|| {
-                Error::config(format!(
-                    "setting `{key}` must be a non-negative integer, got {v}"
-                ))
-            }),
-        }
+        self.take(key).map_or(Ok(default), |v| whole(key, v))
     }
 
     /// A boolean setting, or `default` when absent.
     pub fn bool_or(&self, key: &str, default: bool) -> Result<bool, Error> {
-        match self.take(key) {
-            None => Ok(default),
-            Some(v) => v.as_bool().ok_or_else(|| {
-                Error::config(format!("setting `{key}` must be true or false, got {v}"))
-            }),
-        }
+        self.take(key).map_or(Ok(default), |v| boolean(key, v))
     }
 
     /// A string setting, or `default` when absent.
     pub fn str_or(&self, key: &str, default: &str) -> Result<String, Error> {
-        match self.take(key) {
-            None => Ok(default.to_owned()),
-            Some(v) => v
-                .as_str()
-                .map(str::to_owned)
-                .ok_or_else(|| Error::config(format!("setting `{key}` must be a string, got {v}"))),
-        }
+        self.take(key)
+            .map_or(Ok(default.to_owned()), |v| string(key, v))
     }
 
     /// All settings deserialized as `T` (use `#[serde(deny_unknown_fields)]` on `T`).
@@ -125,6 +159,39 @@ impl Settings {
     }
 }
 
+fn number(key: &str, v: &Value) -> Result<f64, Error> {
+    v.as_f64()
+        .ok_or_else(|| Error::config(format!("setting `{key}` must be a number, got {v}")))
+}
+
+fn whole(key: &str, v: &Value) -> Result<u64, Error> {
+    v.as_u64().ok_or_else(|| {
+        Error::config(format!(
+            "setting `{key}` must be a non-negative integer, got {v}"
+        ))
+    })
+}
+
+fn boolean(key: &str, v: &Value) -> Result<bool, Error> {
+    v.as_bool()
+        .ok_or_else(|| Error::config(format!("setting `{key}` must be true or false, got {v}")))
+}
+
+fn string(key: &str, v: &Value) -> Result<String, Error> {
+    v.as_str()
+        .map(str::to_owned)
+        .ok_or_else(|| Error::config(format!("setting `{key}` must be a string, got {v}")))
+}
+
+/// A plugin's `DEFAULT_SETTINGS` (TOML) as JSON values.
+pub(crate) fn parse_defaults(toml_text: &str) -> Result<Map<String, Value>, Error> {
+    match toml::from_str::<Value>(toml_text) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(other) => Err(format!("the plugin's DEFAULT_SETTINGS are not a table: {other}").into()),
+        Err(e) => Err(format!("the plugin's DEFAULT_SETTINGS are not TOML: {e}").into()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -147,5 +214,35 @@ mod tests {
             err.message().contains("`smoothing` must be a number"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn documented_defaults_are_written_once() {
+        let defaults =
+            "alpha = 0.2\nwidth = 3\nname = \"all\"\nflag = true\n# beta = 1.0 (optional)";
+        let user = Settings::from_json(r#"{"width": 5}"#).unwrap();
+        let s = user.with_defaults(defaults).unwrap();
+        assert_eq!(s.f64("alpha").unwrap(), 0.2);
+        assert_eq!(s.u64("width").unwrap(), 5);
+        assert_eq!(s.f64("width").unwrap(), 5.0);
+        assert_eq!(s.str("name").unwrap(), "all");
+        assert!(s.bool("flag").unwrap());
+        assert_eq!(
+            s.get::<Vec<u8>>("width").unwrap_err().kind(),
+            crate::ErrorKind::CONFIG
+        );
+        let err = s.f64("beta").unwrap_err();
+        assert!(err.message().contains("`beta` is required"), "{err}");
+        // The `*_or` accessors see only what the user gave.
+        assert_eq!(s.f64_or("alpha", 0.5).unwrap(), 0.5);
+        s.reject_unused().unwrap();
+        let typo = Settings::from_json(r#"{"alpah": 1}"#).unwrap();
+        let err = typo
+            .with_defaults(defaults)
+            .unwrap()
+            .reject_unused()
+            .unwrap_err();
+        assert!(err.message().contains("`alpah`"), "{err}");
+        assert!(user.with_defaults("alpha = ").is_err());
     }
 }

@@ -49,21 +49,18 @@ pub fn settings(json: &str) -> Settings {
     Settings::from_json(json).unwrap_or_else(|e| panic!("settings {json}: {e}"))
 }
 
-/// A plugin's `DEFAULT_SETTINGS` TOML text (flat `key = value` lines, `#` comments) as settings
-/// JSON, so a test can create a method exactly as documented; panics on any other line.
+/// Settings from JSON text with plugin `P`'s documented defaults, as the host gives them to
+/// [`crate::Plugin::create`] (through [`crate::boxed_method`]); panics when either is malformed.
+pub fn settings_for<P: crate::Plugin>(json: &str) -> Settings {
+    settings(json)
+        .with_defaults(P::DEFAULT_SETTINGS)
+        .unwrap_or_else(|e| panic!("{}: {e}", P::NAME))
+}
+
+/// A plugin's `DEFAULT_SETTINGS` TOML text as settings JSON, so a test can create a method
+/// exactly as documented; panics (this is test code) when the text is not TOML.
 pub fn default_settings_json(toml: &str) -> String {
-    let mut map = serde_json::Map::new();
-    for line in toml.lines().map(str::trim) {
-        if line.is_empty() || line.starts_with('#') {
-            continue;
-        }
-        let (k, v) = line
-            .split_once('=')
-            .unwrap_or_else(|| panic!("DEFAULT_SETTINGS line `{line}` is not `key = value`"));
-        let value: serde_json::Value = serde_json::from_str(v.trim())
-            .unwrap_or_else(|e| panic!("DEFAULT_SETTINGS value `{v}`: {e}"));
-        map.insert(k.trim().to_owned(), value);
-    }
+    let map = crate::settings::parse_defaults(toml).unwrap_or_else(|e| panic!("{e}"));
     serde_json::Value::Object(map).to_string()
 }
 

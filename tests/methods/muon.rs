@@ -6,7 +6,7 @@
 use muon::{MatrixGroup, MuonConfig};
 use serde_json::{json, Value};
 use tessera_plugin_api::tch::{Device, Kind, Tensor};
-use tessera_plugin_api::testing::settings;
+use tessera_plugin_api::testing::settings_for;
 use tessera_tests::dist::{assert_all_succeeded, max_difference, train_ranks};
 use tessera_tests::*;
 
@@ -48,7 +48,7 @@ fn config_of(case: &Value) -> MuonConfig {
     if !case["adjust_lr"].is_null() {
         s["adjust_lr"] = case["adjust_lr"].clone();
     }
-    MuonConfig::from_settings(&settings(&s.to_string())).unwrap()
+    MuonConfig::from_settings(&settings_for::<muon::Muon>(&s.to_string())).unwrap()
 }
 
 fn get<'a>(tensors: &'a [(String, Tensor)], name: &str) -> &'a Tensor {

@@ -147,26 +147,26 @@ impl Plugin for AugMix {
     }
 
     fn create(settings: &Settings) -> Result<Self, Error> {
-        let severity = settings.f64_or("severity", 3.0)?;
+        let severity = settings.f64("severity")?;
         if !(0.0..=10.0).contains(&severity) {
             return Err(Error::config(format!(
                 "`severity` must be in [0, 10] (Composer's AugMix range), got {severity}"
             )));
         }
         let depth: i64 = settings.get_or("depth", -1)?;
-        let width = settings.u64_or("width", 3)?;
+        let width = settings.u64("width")?;
         if width < 1 {
             return Err(Error::config(
                 "`width` must be at least 1 (the number of augmentation chains)",
             ));
         }
-        let alpha = settings.f64_or("alpha", 1.0)?;
+        let alpha = settings.f64("alpha")?;
         if !(alpha > 0.0 && alpha.is_finite()) {
             return Err(Error::config(format!(
                 "`alpha` must be a positive number (the Dirichlet and Beta parameter), got {alpha}"
             )));
         }
-        let name = settings.str_or("augmentation_set", "all")?;
+        let name = settings.str("augmentation_set")?;
         let set = augmentation_set(&name).ok_or_else(|| {
             Error::config(format!(
                 "`augmentation_set` must be \"all\", \"safe\" or \"original\", got \"{name}\""

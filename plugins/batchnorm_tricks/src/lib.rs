@@ -182,9 +182,9 @@ impl Plugin for BatchnormTricks {
             ));
         }
         Ok(BatchnormTricks {
-            freeze_scale: settings.bool_or("freeze_scale", true)?,
+            freeze_scale: settings.bool("freeze_scale")?,
             bias_lr_multiplier,
-            group: settings.str_or("group", "norm")?,
+            group: settings.str("group")?,
             bias_weight_decay,
             biases: Vec::new(),
         })

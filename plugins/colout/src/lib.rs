@@ -229,7 +229,7 @@ impl Plugin for ColOut {
     fn create(settings: &Settings) -> Result<Self, Error> {
         let p_row = probability(settings, "p_row")?;
         let p_col = probability(settings, "p_col")?;
-        let batch = settings.bool_or("batch", true)?;
+        let batch = settings.bool("batch")?;
         let resize_target = match settings.get_or("resize_target", serde_json::json!("auto"))? {
             serde_json::Value::Bool(true) => ResizeTarget::Always,
             serde_json::Value::Bool(false) => ResizeTarget::Never,

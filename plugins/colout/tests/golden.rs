@@ -12,7 +12,9 @@ use colout::{colout_batch, keep_rows_cols, kept_count, ColOut, ResizeTarget};
 use serde_json::Value;
 use tessera_plugin_api::tch::{Kind, Tensor};
 use tessera_plugin_api::testing::golden::{parse_params, Golden};
-use tessera_plugin_api::testing::{default_settings_json, settings, RandomSource, TestHost};
+use tessera_plugin_api::testing::{
+    default_settings_json, settings, settings_for, RandomSource, TestHost,
+};
 use tessera_plugin_api::{boxed_method, keys, ErrorKind, Event, Hook, Plugin};
 
 const CASE: &str = "colout";
@@ -434,7 +436,7 @@ fn settings_are_validated() {
         ),
         (r#"{"resize_target": 1}"#, "`resize_target` must be"),
     ] {
-        let err = ColOut::create(&settings(bad))
+        let err = ColOut::create(&settings_for::<ColOut>(bad))
             .err()
             .unwrap_or_else(|| panic!("{bad} was accepted"));
         assert_eq!(err.kind(), ErrorKind::CONFIG, "{bad}: {err}");

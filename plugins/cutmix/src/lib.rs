@@ -285,9 +285,9 @@ impl Plugin for CutMix {
     }
 
     fn create(settings: &Settings) -> Result<Self, Error> {
-        let alpha = settings.f64_or("alpha", 1.0)?;
-        let interpolate_loss = settings.bool_or("interpolate_loss", false)?;
-        let uniform_sampling = settings.bool_or("uniform_sampling", false)?;
+        let alpha = settings.f64("alpha")?;
+        let interpolate_loss = settings.bool("interpolate_loss")?;
+        let uniform_sampling = settings.bool("uniform_sampling")?;
         if !(alpha >= 0.0 && alpha.is_finite()) {
             return Err(Error::config(format!(
                 "`alpha` must be a finite number >= 0, got {alpha}"

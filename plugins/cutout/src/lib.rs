@@ -129,9 +129,9 @@ impl Plugin for CutOut {
     }
 
     fn create(settings: &Settings) -> Result<Self, Error> {
-        let num_holes = settings.u64_or("num_holes", 1)?;
-        let length = settings.f64_or("length", 0.5)?;
-        let uniform_sampling = settings.bool_or("uniform_sampling", false)?;
+        let num_holes = settings.u64("num_holes")?;
+        let length = settings.f64("length")?;
+        let uniform_sampling = settings.bool("uniform_sampling")?;
         if !(length > 0.0 && length < 1.0) {
             return Err(Error::config(format!(
                 "`length` must be in (0, 1), got {length}"

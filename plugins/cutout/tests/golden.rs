@@ -10,7 +10,7 @@ use cutout::{centre_range, cutout_batch, cutout_mask, hole_length, zero_hole, Cu
 use serde_json::Value;
 use tessera_plugin_api::tch::{Device, Kind, Tensor};
 use tessera_plugin_api::testing::golden::Golden;
-use tessera_plugin_api::testing::{default_settings_json, settings};
+use tessera_plugin_api::testing::{default_settings_json, settings, settings_for};
 use tessera_plugin_api::testing::{splitmix64, RandomSource, TestHost};
 use tessera_plugin_api::{boxed_method, keys, ErrorKind, Event, Hook, Plugin};
 
@@ -466,14 +466,14 @@ fn settings_are_validated() {
             "`uniform_sampling` must be true or false",
         ),
     ] {
-        let err = CutOut::create(&settings(bad))
+        let err = CutOut::create(&settings_for::<CutOut>(bad))
             .err()
             .unwrap_or_else(|| panic!("{bad} was accepted"));
         assert_eq!(err.kind(), ErrorKind::CONFIG, "{bad}: {err}");
         assert!(err.message().contains(needle), "{bad}: {err}");
     }
     // `create` reads only the keys it knows; the host-side wrapper then rejects the rest.
-    let typo = settings(r#"{"num_hole": 2}"#);
+    let typo = settings_for::<CutOut>(r#"{"num_hole": 2}"#);
     CutOut::create(&typo).expect("create ignores unknown keys");
     let err = typo.reject_unused().unwrap_err();
     assert!(err.message().contains("`num_hole`"), "{err}");

@@ -122,7 +122,7 @@ impl Plugin for DiracInit {
     }
 
     fn create(settings: &Settings) -> Result<Self, Error> {
-        let kernel_size = settings.u64_or("kernel_size", 3)?;
+        let kernel_size = settings.u64("kernel_size")?;
         if kernel_size == 0 {
             return Err(Error::config("setting `kernel_size` must be at least 1"));
         }

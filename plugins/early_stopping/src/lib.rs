@@ -199,8 +199,8 @@ impl Plugin for EarlyStopping {
     }
 
     fn create(settings: &Settings) -> Result<Self, Error> {
-        let monitor = settings.str_or("monitor", "accuracy")?;
-        let label = settings.str_or("dataloader_label", "eval")?;
+        let monitor = settings.str("monitor")?;
+        let label = settings.str("dataloader_label")?;
         if label != "eval" {
             return Err(Error::config(format!(
                 "`dataloader_label` = {label:?}: Tessera exposes the evaluation's metrics only (\"eval\"); training metrics cannot be monitored yet"
@@ -214,7 +214,7 @@ impl Plugin for EarlyStopping {
                 ))
             })?,
         };
-        let min_delta = settings.f64_or("min_delta", 0.0)?;
+        let min_delta = settings.f64("min_delta")?;
         if !min_delta.is_finite() {
             return Err(Error::config(format!(
                 "`min_delta` must be a finite number, got {min_delta}"

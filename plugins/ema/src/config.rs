@@ -85,7 +85,7 @@ impl EmaConfig {
             }
         };
         let update_interval = optional_string(settings, "update_interval")?;
-        let ema_start = start(&settings.str_or("ema_start", "0.0dur")?)?;
+        let ema_start = start(&settings.str("ema_start")?)?;
 
         let half_life = match (half_life, smoothing) {
             (Some(_), Some(_)) => {

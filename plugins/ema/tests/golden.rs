@@ -12,7 +12,7 @@ use ema::{compute_ema, smoothing_from_half_life, Ema, EmaConfig, Time};
 use tessera_plugin_api::abi::MethodState;
 use tessera_plugin_api::tch::{Kind, Tensor};
 use tessera_plugin_api::testing::golden::Golden;
-use tessera_plugin_api::testing::settings;
+use tessera_plugin_api::testing::{settings, settings_for};
 use tessera_plugin_api::testing::{RandomSource, TestHost};
 use tessera_plugin_api::{boxed_method, Event, State};
 
@@ -162,8 +162,8 @@ fn smoothing_and_interval_from_settings_match_composer() {
         .expect("results.smoothing_from_half_life");
     assert!(table.len() >= 3, "{table:?}");
     for (kwargs, want) in table {
-        let config =
-            EmaConfig::from_settings(&settings(kwargs)).unwrap_or_else(|e| panic!("{kwargs}: {e}"));
+        let config = EmaConfig::from_settings(&settings_for::<Ema>(kwargs))
+            .unwrap_or_else(|e| panic!("{kwargs}: {e}"));
         let s = want["smoothing"].as_f64().expect("smoothing");
         assert!(
             (config.smoothing - s).abs() <= 1e-15,

@@ -4,13 +4,13 @@
 use ema::{Ema, EmaConfig, Time};
 use tessera_plugin_api::abi::{MethodBox, MethodState};
 use tessera_plugin_api::tch::{self, Device, Kind, Tensor};
-use tessera_plugin_api::testing::{default_settings_json, settings};
+use tessera_plugin_api::testing::{default_settings_json, settings, settings_for};
 use tessera_plugin_api::testing::{RandomSource, TestHost};
 use tessera_plugin_api::TimeUnit;
 use tessera_plugin_api::{boxed_method, ErrorKind, Event, Hook, Plugin, State, TimeInfo};
 
 fn config(json: &str) -> EmaConfig {
-    EmaConfig::from_settings(&settings(json)).unwrap_or_else(|e| panic!("{json}: {e}"))
+    EmaConfig::from_settings(&settings_for::<Ema>(json)).unwrap_or_else(|e| panic!("{json}: {e}"))
 }
 
 fn method(json: &str) -> MethodBox {
@@ -122,7 +122,7 @@ fn time_settings_take_the_hosts_grammar() {
         ),
     ] {
         let json = serde_json::json!({ "ema_start": text }).to_string();
-        let err = EmaConfig::from_settings(&settings(&json)).unwrap_err();
+        let err = EmaConfig::from_settings(&settings_for::<Ema>(&json)).unwrap_err();
         assert_eq!(err.kind(), ErrorKind::CONFIG, "{text}");
         assert!(err.message().contains("setting `ema_start`"), "{err}");
         assert!(err.message().contains(needle), "{text}: {err}");
@@ -202,7 +202,7 @@ fn bad_settings_are_config_errors_naming_the_setting() {
         ),
         (r#"{"ema_start": "2dur"}"#, "a duration must be in [0, 1]"),
     ] {
-        let err = Ema::create(&settings(bad))
+        let err = Ema::create(&settings_for::<Ema>(bad))
             .err()
             .unwrap_or_else(|| panic!("{bad} was accepted"));
         assert_eq!(err.kind(), ErrorKind::CONFIG, "{bad}: {err}");

@@ -169,7 +169,7 @@ impl Plugin for GyroDropout {
     }
 
     fn create(settings: &Settings) -> Result<Self, Error> {
-        let p = settings.f64_or("p", 0.5)?;
+        let p = settings.f64("p")?;
         if !(0.0..1.0).contains(&p) {
             return Err(Error::config(format!("`p` must be in [0, 1), got {p}")));
         }

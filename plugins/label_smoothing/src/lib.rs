@@ -71,7 +71,7 @@ impl Plugin for LabelSmoothing {
     }
 
     fn create(settings: &Settings) -> Result<Self, Error> {
-        let smoothing = settings.f64_or("smoothing", 0.1)?;
+        let smoothing = settings.f64("smoothing")?;
         if !(0.0..=1.0).contains(&smoothing) {
             return Err(Error::config(format!(
                 "`smoothing` must be in [0, 1], got {smoothing}"

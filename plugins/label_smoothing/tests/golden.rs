@@ -7,7 +7,7 @@
 use label_smoothing::{smooth_labels, LabelSmoothing};
 use tessera_plugin_api::tch::{Kind, Reduction, Tensor};
 use tessera_plugin_api::testing::golden::{assert_close, Golden};
-use tessera_plugin_api::testing::{default_settings_json, settings};
+use tessera_plugin_api::testing::{default_settings_json, settings, settings_for};
 use tessera_plugin_api::testing::{RandomSource, TestHost};
 use tessera_plugin_api::{boxed_method, keys, ErrorKind, Event, Hook, Plugin};
 
@@ -286,7 +286,8 @@ fn settings_are_validated() {
         r#"{"smoothing": 1}"#,
         r#"{"smoothing": 0.5}"#,
     ] {
-        LabelSmoothing::create(&settings(ok)).unwrap_or_else(|e| panic!("{ok}: {e}"));
+        LabelSmoothing::create(&settings_for::<LabelSmoothing>(ok))
+            .unwrap_or_else(|e| panic!("{ok}: {e}"));
         boxed_method::<LabelSmoothing>(&settings(ok)).unwrap_or_else(|e| panic!("{ok}: {e}"));
     }
     for (bad, needle) in [
@@ -294,14 +295,14 @@ fn settings_are_validated() {
         (r#"{"smoothing": 1.5}"#, "`smoothing` must be in [0, 1]"),
         (r#"{"smoothing": "high"}"#, "`smoothing` must be a number"),
     ] {
-        let err = LabelSmoothing::create(&settings(bad))
+        let err = LabelSmoothing::create(&settings_for::<LabelSmoothing>(bad))
             .err()
             .unwrap_or_else(|| panic!("{bad} was accepted"));
         assert_eq!(err.kind(), ErrorKind::CONFIG, "{bad}: {err}");
         assert!(err.message().contains(needle), "{bad}: {err}");
     }
     // `create` reads only the keys it knows; the host-side wrapper then rejects the rest.
-    let typo = settings(r#"{"smoothing": 0.2, "smoothin": 0.3}"#);
+    let typo = settings_for::<LabelSmoothing>(r#"{"smoothing": 0.2, "smoothin": 0.3}"#);
     LabelSmoothing::create(&typo).expect("create ignores unknown keys");
     let err = typo.reject_unused().unwrap_err();
     assert_eq!(err.kind(), ErrorKind::CONFIG);

@@ -92,7 +92,7 @@ impl LookaheadConfig {
     /// variant or (through the host) an unknown key is an error naming the setting.
     pub fn from_settings(settings: &Settings) -> Result<LookaheadConfig, Error> {
         let d = LookaheadConfig::default();
-        let variant = match settings.str_or("variant", "lookahead")?.as_str() {
+        let variant = match settings.str("variant")?.as_str() {
             "lookahead" => Variant::Lookahead,
             "ema" | "airbench" => Variant::Ema,
             other => {

@@ -5,11 +5,14 @@
 use lookahead::{airbench_decay, Lookahead, LookaheadConfig, Variant, SYNC_PRIORITY};
 use tessera_plugin_api::abi::{MethodBox, MethodState};
 use tessera_plugin_api::tch::{self, Kind, Tensor};
-use tessera_plugin_api::testing::{default_settings_json, settings, RandomSource, TestHost};
+use tessera_plugin_api::testing::{
+    default_settings_json, settings, settings_for, RandomSource, TestHost,
+};
 use tessera_plugin_api::{boxed_method, ErrorKind, Event, Hook, Plugin, State};
 
 fn config(json: &str) -> LookaheadConfig {
-    LookaheadConfig::from_settings(&settings(json)).unwrap_or_else(|e| panic!("{json}: {e}"))
+    LookaheadConfig::from_settings(&settings_for::<Lookahead>(json))
+        .unwrap_or_else(|e| panic!("{json}: {e}"))
 }
 
 fn method(json: &str) -> MethodBox {

@@ -347,17 +347,17 @@ impl Plugin for Lora {
     }
 
     fn create(settings: &Settings) -> Result<Self, Error> {
-        let r = settings.u64_or("r", 8)?;
+        let r = settings.u64("r")?;
         if r == 0 {
             return Err(Error::config("`r` (the adapters' rank) must be at least 1"));
         }
-        let lora_alpha = settings.f64_or("lora_alpha", 8.0)?;
+        let lora_alpha = settings.f64("lora_alpha")?;
         if !(lora_alpha.is_finite() && lora_alpha > 0.0) {
             return Err(Error::config(format!(
                 "`lora_alpha` must be a positive number, got {lora_alpha}"
             )));
         }
-        let dropout = settings.f64_or("lora_dropout", 0.0)?;
+        let dropout = settings.f64("lora_dropout")?;
         if !(0.0..1.0).contains(&dropout) {
             return Err(Error::config(format!(
                 "`lora_dropout` must be in [0, 1), got {dropout}"

@@ -141,8 +141,8 @@ impl Plugin for MixUp {
     }
 
     fn create(settings: &Settings) -> Result<Self, Error> {
-        let alpha = settings.f64_or("alpha", 0.2)?;
-        let interpolate_loss = settings.bool_or("interpolate_loss", false)?;
+        let alpha = settings.f64("alpha")?;
+        let interpolate_loss = settings.bool("interpolate_loss")?;
         if !(alpha >= 0.0 && alpha.is_finite()) {
             return Err(Error::config(format!(
                 "`alpha` must be a finite number >= 0, got {alpha}"

@@ -73,7 +73,7 @@ impl MuonConfig {
     /// weight decay 0.1; `keller`: lr 0.02, weight decay 0; both momentum 0.95, Nesterov,
     /// 5 Newton–Schulz steps, eps 1e-7). Every error names its key.
     pub fn from_settings(settings: &Settings) -> Result<MuonConfig, Error> {
-        let variant = match settings.str_or("variant", "torch")?.as_str() {
+        let variant = match settings.str("variant")?.as_str() {
             "torch" => Variant::Torch,
             "keller" => Variant::Keller,
             other => {
@@ -88,16 +88,16 @@ impl MuonConfig {
         };
         let lr = settings.f64_or("lr", lr_default)?;
         let weight_decay = settings.f64_or("weight_decay", wd_default)?;
-        let momentum = settings.f64_or("momentum", 0.95)?;
-        let nesterov = settings.bool_or("nesterov", true)?;
-        let ns_steps = settings.u64_or("ns_steps", 5)?;
+        let momentum = settings.f64("momentum")?;
+        let nesterov = settings.bool("nesterov")?;
+        let ns_steps = settings.u64("ns_steps")?;
         let ns_coefficients: Vec<f64> =
             settings.get_or("ns_coefficients", NS_COEFFICIENTS.to_vec())?;
-        let eps = settings.f64_or("eps", 1e-7)?;
+        let eps = settings.f64("eps")?;
         let adjust = settings.get_or::<Option<String>>("adjust_lr", None)?;
         let include: Vec<String> = settings.get_or("include", Vec::new())?;
         let exclude: Vec<String> = settings.get_or("exclude", Vec::new())?;
-        let share_across_ranks = settings.bool_or("share_across_ranks", true)?;
+        let share_across_ranks = settings.bool("share_across_ranks")?;
 
         let finite_at_least_zero = |key: &str, v: f64| {
             if v.is_finite() && v >= 0.0 {

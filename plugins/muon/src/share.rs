@@ -183,7 +183,9 @@ mod tests {
     #[test]
     fn the_gathered_results_are_each_ranks_own() {
         // Two ranks simulated in one process: each computes its share, the gather stacks both.
-        let config = MuonConfig::from_settings(&tessera_plugin_api::Settings::default()).unwrap();
+        let defaults = tessera_plugin_api::Settings::default()
+            .with_defaults(<crate::Muon as tessera_plugin_api::Plugin>::DEFAULT_SETTINGS);
+        let config = MuonConfig::from_settings(&defaults.unwrap()).unwrap();
         tessera_plugin_api::tch::manual_seed(3);
         let updates = vec![
             Tensor::randn([3, 6, 10], (Kind::Float, Device::Cpu)),

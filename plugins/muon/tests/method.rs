@@ -3,7 +3,7 @@
 use muon::{select_parameters, Muon, MuonConfig, STATE_FORMAT_VERSION};
 use tessera_plugin_api::abi::{MethodState, ModuleInfo, ParamInfo};
 use tessera_plugin_api::tch::{Kind, Tensor};
-use tessera_plugin_api::testing::{settings, RandomSource, TestHost};
+use tessera_plugin_api::testing::{settings, settings_for, RandomSource, TestHost};
 use tessera_plugin_api::{boxed_method, keys, Event, State};
 
 fn param(name: &str, shape: &[i64]) -> ParamInfo {
@@ -50,7 +50,7 @@ fn gpt() -> (Vec<ParamInfo>, Vec<ModuleInfo>) {
 }
 
 fn config(json: &str) -> MuonConfig {
-    MuonConfig::from_settings(&settings(json)).unwrap()
+    MuonConfig::from_settings(&settings_for::<Muon>(json)).unwrap()
 }
 
 #[test]
@@ -96,7 +96,7 @@ fn settings_are_checked_naming_the_key() {
         (r#"{"include": ["[" ]}"#, "include"),
         (r#"{"lr": -1}"#, "lr"),
     ] {
-        let err = MuonConfig::from_settings(&settings(json)).unwrap_err();
+        let err = MuonConfig::from_settings(&settings_for::<Muon>(json)).unwrap_err();
         assert!(err.message().contains(key), "{json}: {err}");
     }
     let keller = config(r#"{"variant": "keller"}"#);

@@ -180,11 +180,11 @@ impl Plugin for PatchWhitening {
     }
 
     fn create(settings: &Settings) -> Result<Self, Error> {
-        let samples = settings.u64_or("samples", 5000)?;
+        let samples = settings.u64("samples")?;
         if samples == 0 {
             return Err(Error::config("setting `samples` must be at least 1"));
         }
-        let eps = settings.f64_or("eps", 5e-4)?;
+        let eps = settings.f64("eps")?;
         if !(eps.is_finite() && eps >= 0.0) {
             return Err(Error::config(format!(
                 "setting `eps` must be a finite number >= 0, got {eps}"
@@ -193,7 +193,7 @@ impl Plugin for PatchWhitening {
         Ok(PatchWhitening {
             samples: samples as usize,
             eps,
-            bias_epochs: settings.u64_or("bias_epochs", 3)?,
+            bias_epochs: settings.u64("bias_epochs")?,
             bias: None,
         })
     }

@@ -251,7 +251,7 @@ impl Plugin for ProgressiveResizing {
     }
 
     fn create(settings: &Settings) -> Result<Self, Error> {
-        let mode = match settings.str_or("mode", "resize")?.as_str() {
+        let mode = match settings.str("mode")?.as_str() {
             "resize" => Mode::Resize,
             "crop" => Mode::Crop,
             other => {
@@ -260,11 +260,11 @@ impl Plugin for ProgressiveResizing {
                 )))
             }
         };
-        let initial_scale = settings.f64_or("initial_scale", 0.5)?;
-        let finetune_fraction = settings.f64_or("finetune_fraction", 0.2)?;
-        let delay_fraction = settings.f64_or("delay_fraction", 0.5)?;
-        let size_increment = settings.u64_or("size_increment", 4)?;
-        let resize_targets = settings.bool_or("resize_targets", false)?;
+        let initial_scale = settings.f64("initial_scale")?;
+        let finetune_fraction = settings.f64("finetune_fraction")?;
+        let delay_fraction = settings.f64("delay_fraction")?;
+        let size_increment = settings.u64("size_increment")?;
+        let resize_targets = settings.bool("resize_targets")?;
         if !(initial_scale > 0.0 && initial_scale <= 1.0) {
             return Err(Error::config(format!(
                 "`initial_scale` must be in (0, 1], got {initial_scale}"

@@ -13,7 +13,9 @@ use progressive_resizing::{
 use serde_json::Value;
 use tessera_plugin_api::tch::{Device, Kind, Tensor};
 use tessera_plugin_api::testing::golden::{parse_params, Golden};
-use tessera_plugin_api::testing::{default_settings_json, settings, RandomSource, TestHost};
+use tessera_plugin_api::testing::{
+    default_settings_json, settings, settings_for, RandomSource, TestHost,
+};
 use tessera_plugin_api::{boxed_method, keys, ErrorKind, Event, Hook, Plugin};
 
 const CASE: &str = "progressive_resizing";
@@ -400,7 +402,7 @@ fn settings_are_validated() {
             "`resize_targets` must be true or false",
         ),
     ] {
-        let err = ProgressiveResizing::create(&settings(bad))
+        let err = ProgressiveResizing::create(&settings_for::<ProgressiveResizing>(bad))
             .err()
             .unwrap_or_else(|| panic!("{bad} was accepted"));
         assert_eq!(err.kind(), ErrorKind::CONFIG, "{bad}: {err}");

@@ -88,14 +88,14 @@ impl Plugin for RandAugment {
     }
 
     fn create(settings: &Settings) -> Result<Self, Error> {
-        let severity = settings.f64_or("severity", 9.0)?;
+        let severity = settings.f64("severity")?;
         if !(0.0..=10.0).contains(&severity) {
             return Err(Error::config(format!(
                 "`severity` must be in [0, 10] (Composer's RandAugment range), got {severity}"
             )));
         }
-        let depth = settings.u64_or("depth", 2)?;
-        let name = settings.str_or("augmentation_set", "all")?;
+        let depth = settings.u64("depth")?;
+        let name = settings.str("augmentation_set")?;
         let set = augmentation_set(&name).ok_or_else(|| {
             Error::config(format!(
                 "`augmentation_set` must be \"all\", \"safe\" or \"original\", got \"{name}\""

@@ -165,7 +165,7 @@ impl Plugin for RotaryMethod {
                 "`base` must be a positive number, got {base}"
             )));
         }
-        let fraction = settings.f64_or("fraction", 1.0)?;
+        let fraction = settings.f64("fraction")?;
         if !(fraction > 0.0 && fraction <= 1.0) {
             return Err(Error::config(format!(
                 "`fraction` must be in (0, 1], got {fraction}"

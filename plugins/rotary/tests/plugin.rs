@@ -5,11 +5,11 @@ use gpt_surgery::{AttentionSpec, Rotary, Sizes, StandIn};
 use rotary::{apply_rotary_embeddings, RotaryMethod, RotarySettings};
 use tessera_plugin_api::abi_stable::std_types::RString;
 use tessera_plugin_api::tch::Kind;
-use tessera_plugin_api::testing::{default_settings_json, settings};
+use tessera_plugin_api::testing::{default_settings_json, settings, settings_for};
 use tessera_plugin_api::{boxed_method, Plugin};
 
 fn create(json: &str) -> Result<RotarySettings, String> {
-    RotaryMethod::create(&settings(json))
+    RotaryMethod::create(&settings_for::<RotaryMethod>(json))
         .map(|m| m.settings())
         .map_err(|e| e.to_string())
 }

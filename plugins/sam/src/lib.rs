@@ -207,10 +207,10 @@ impl Plugin for Sam {
     }
 
     fn create(settings: &Settings) -> Result<Self, Error> {
-        let rho = settings.f64_or("rho", 0.05)?;
-        let epsilon = settings.f64_or("epsilon", 1e-12)?;
-        let interval = settings.u64_or("interval", 1)?;
-        let log_grad_norm = settings.bool_or("log_grad_norm", false)?;
+        let rho = settings.f64("rho")?;
+        let epsilon = settings.f64("epsilon")?;
+        let interval = settings.u64("interval")?;
+        let log_grad_norm = settings.bool("log_grad_norm")?;
         if !(rho.is_finite() && rho >= 0.0) {
             return Err(Error::config(format!(
                 "`rho` must be a finite number >= 0, got {rho}"

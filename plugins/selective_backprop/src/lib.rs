@@ -292,11 +292,11 @@ impl Plugin for SelectiveBackprop {
     }
 
     fn create(settings: &Settings) -> Result<Self, Error> {
-        let start = settings.f64_or("start", 0.5)?;
-        let end = settings.f64_or("end", 0.9)?;
-        let keep = settings.f64_or("keep", 0.5)?;
-        let scale_factor = settings.f64_or("scale_factor", 1.0)?;
-        let interrupt = settings.u64_or("interrupt", 2)?;
+        let start = settings.f64("start")?;
+        let end = settings.f64("end")?;
+        let keep = settings.f64("keep")?;
+        let scale_factor = settings.f64("scale_factor")?;
+        let interrupt = settings.u64("interrupt")?;
         if !start.is_finite() {
             return Err(Error::config(format!(
                 "`start` must be finite, got {start}"

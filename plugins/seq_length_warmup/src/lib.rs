@@ -336,8 +336,8 @@ impl Plugin for SeqLengthWarmup {
         schedule.validate()?;
         Ok(SeqLengthWarmup {
             schedule,
-            truncate: settings.bool_or("truncate", true)?,
-            preserve_end_of_sequence: settings.bool_or("preserve_end_of_sequence", false)?,
+            truncate: settings.bool("truncate")?,
+            preserve_end_of_sequence: settings.bool("preserve_end_of_sequence")?,
             activated: false,
         })
     }

@@ -5,11 +5,13 @@ use seq_length_warmup::{
     seq_len_at, set_batch_sequence_length, Schedule, SeqBatch, SeqLengthWarmup,
 };
 use tessera_plugin_api::tch::{Device, Kind, Tensor};
-use tessera_plugin_api::testing::{default_settings_json, settings, RandomSource, TestHost};
+use tessera_plugin_api::testing::{
+    default_settings_json, settings, settings_for, RandomSource, TestHost,
+};
 use tessera_plugin_api::{boxed_method, keys, Event, Plugin};
 
 fn create(json: &str) -> Result<SeqLengthWarmup, String> {
-    SeqLengthWarmup::create(&settings(json)).map_err(|e| e.to_string())
+    SeqLengthWarmup::create(&settings_for::<SeqLengthWarmup>(json)).map_err(|e| e.to_string())
 }
 
 #[test]

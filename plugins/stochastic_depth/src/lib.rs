@@ -407,7 +407,7 @@ impl Plugin for StochasticDepth {
                 "`target_layer_name` = {target:?}: only \"{TARGET_LAYER}\" (torchvision's Bottleneck: the zoo's resnet50) is supported, as in Composer"
             )));
         }
-        let method = match settings.str_or("stochastic_method", "block")?.as_str() {
+        let method = match settings.str("stochastic_method")?.as_str() {
             "block" => StochasticMethod::Block,
             "sample" => StochasticMethod::Sample,
             other => {
@@ -416,13 +416,13 @@ impl Plugin for StochasticDepth {
                 )))
             }
         };
-        let drop_rate = settings.f64_or("drop_rate", 0.2)?;
+        let drop_rate = settings.f64("drop_rate")?;
         if !(0.0..=1.0).contains(&drop_rate) {
             return Err(Error::config(format!(
                 "`drop_rate` must be between 0 and 1, got {drop_rate}"
             )));
         }
-        let distribution = match settings.str_or("drop_distribution", "linear")?.as_str() {
+        let distribution = match settings.str("drop_distribution")?.as_str() {
             "linear" => Distribution::Linear,
             "uniform" => Distribution::Uniform,
             other => {
@@ -438,7 +438,7 @@ impl Plugin for StochasticDepth {
             ));
         }
         // One process trains here: every "GPU" draws the same blocks either way.
-        let _ = settings.bool_or("use_same_gpu_seed", true)?;
+        let _ = settings.bool("use_same_gpu_seed")?;
         Ok(StochasticDepth {
             method,
             drop_rate,

@@ -179,7 +179,7 @@ impl SwaConfig {
                 )))
             }
         }
-        let schedule_swa_lr = settings.bool_or("schedule_swa_lr", false)?;
+        let schedule_swa_lr = settings.bool("schedule_swa_lr")?;
         let strategy_text = string(settings, "anneal_strategy", "linear")?;
         let anneal_strategy = AnnealStrategy::parse(&strategy_text).ok_or_else(|| {
             Error::config(format!(

@@ -25,7 +25,7 @@ use serde_json::{json, Value};
 use swa::{swalr_lr, update_average, ModelTensor, Swa, SwaConfig};
 use tessera_plugin_api::tch::{self, Kind, Tensor};
 use tessera_plugin_api::testing::golden::{assert_close, Golden};
-use tessera_plugin_api::testing::settings;
+use tessera_plugin_api::testing::settings_for;
 use tessera_plugin_api::{Event, TimeInfo};
 
 const CASE: &str = "swa";
@@ -110,7 +110,7 @@ fn run_settings(run: &Run) -> SwaConfig {
         s["swa_lr_mode"] = json!("hold");
         s["swa_lr"] = run.results["swa_lr_used"].clone();
     }
-    SwaConfig::from_settings(&settings(&s.to_string()))
+    SwaConfig::from_settings(&settings_for::<Swa>(&s.to_string()))
         .unwrap_or_else(|e| panic!("run {}: {e}", run.name))
 }
 

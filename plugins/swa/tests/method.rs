@@ -4,12 +4,12 @@
 use swa::{AnnealStrategy, Swa, SwaConfig, SwaLrMode, Time};
 use tessera_plugin_api::abi::{MethodBox, MethodState};
 use tessera_plugin_api::tch::{self, Tensor};
-use tessera_plugin_api::testing::{default_settings_json, settings};
+use tessera_plugin_api::testing::{default_settings_json, settings, settings_for};
 use tessera_plugin_api::testing::{RandomSource, TestHost};
 use tessera_plugin_api::{boxed_method, ErrorKind, Event, Plugin, State, TimeInfo, TimeUnit};
 
 fn config(json: &str) -> SwaConfig {
-    SwaConfig::from_settings(&settings(json)).unwrap_or_else(|e| panic!("{json}: {e}"))
+    SwaConfig::from_settings(&settings_for::<Swa>(json)).unwrap_or_else(|e| panic!("{json}: {e}"))
 }
 
 fn method(json: &str) -> MethodBox {

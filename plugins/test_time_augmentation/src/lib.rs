@@ -126,7 +126,7 @@ impl Plugin for TestTimeAugmentation {
     }
 
     fn create(settings: &Settings) -> Result<Self, Error> {
-        let number = settings.u64_or("level", 2)?;
+        let number = settings.u64("level")?;
         let level = Level::from_number(number).ok_or_else(|| {
             Error::config(format!(
                 "`level` must be 0 (none), 1 (mirror) or 2 (mirror and 1-pixel translations), \

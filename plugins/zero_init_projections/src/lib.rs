@@ -157,9 +157,9 @@ impl Plugin for ZeroInitProjections {
     fn create(settings: &Settings) -> Result<Self, Error> {
         Ok(ZeroInitProjections {
             settings: ZeroInitSettings {
-                attention: settings.bool_or("attention", true)?,
-                mlp: settings.bool_or("mlp", true)?,
-                lm_head: settings.bool_or("lm_head", false)?,
+                attention: settings.bool("attention")?,
+                mlp: settings.bool("mlp")?,
+                lm_head: settings.bool("lm_head")?,
             },
         })
     }
