@@ -20,8 +20,8 @@ pub use modules::{
     ALIBI_BERT_ATTENTION, ZERO_POSITIONS,
 };
 pub use surgery::{
-    apply_alibi, Model, Outcome, BERT_POSITIONS_PATH, BERT_SELF_ATTENTION, EMBEDDING,
-    GPT2_ATTENTION, WPE_PATH,
+    apply_alibi, Outcome, BERT_POSITIONS_PATH, BERT_SELF_ATTENTION, EMBEDDING, GPT2_ATTENTION,
+    WPE_PATH,
 };
 
 /// The ALiBi method: surgery at `init`, shorter training sequences at `after_dataloader`.

@@ -3,6 +3,7 @@
 //! ([`AlibiBertAttention`] in place of every `bert_self_attention`, [`ZeroPositions`] in place
 //! of `bert.embeddings.position_embeddings`).
 
+use tessera_plugin_api::kit::OwnTensors;
 use tessera_plugin_api::tch::Tensor;
 use tessera_plugin_api::{Error, Module};
 
@@ -65,19 +66,6 @@ impl AlibiAttention {
         self.alibi.size()[2]
     }
 
-    /// The tensors registered under the module's path: the four original tensors (shallow
-    /// clones: trained and saved as before, under the same names) and the `alibi` buffer.
-    pub fn tensors(&self) -> Vec<(&'static str, Tensor)> {
-        let w = self.weights.shallow_clone();
-        vec![
-            ("c_attn.weight", w.c_attn_weight),
-            ("c_attn.bias", w.c_attn_bias),
-            ("c_proj.weight", w.c_proj_weight),
-            ("c_proj.bias", w.c_proj_bias),
-            ("alibi", self.alibi.shallow_clone()),
-        ]
-    }
-
     fn options<'a>(&self, padding_mask: Option<&'a Tensor>, train: bool) -> AttentionOptions<'a> {
         AttentionOptions {
             padding_mask,
@@ -120,6 +108,21 @@ impl AlibiAttention {
             &self.alibi,
             self.options(padding_mask, train),
         )
+    }
+}
+
+/// The tensors registered under the module's path: the four original tensors (shallow clones:
+/// trained and saved as before, under the same names) and the `alibi` buffer.
+impl OwnTensors for AlibiAttention {
+    fn tensors(&self) -> Vec<(&'static str, Tensor)> {
+        let w = self.weights.shallow_clone();
+        vec![
+            ("c_attn.weight", w.c_attn_weight),
+            ("c_attn.bias", w.c_attn_bias),
+            ("c_proj.weight", w.c_proj_weight),
+            ("c_proj.bias", w.c_proj_bias),
+            ("alibi", self.alibi.shallow_clone()),
+        ]
     }
 }
 
@@ -194,14 +197,6 @@ impl AlibiBertAttention {
         self.alibi.size()[2]
     }
 
-    /// The tensors registered under the module's path: the six original tensors (shallow
-    /// clones, under the same names) and the `alibi` buffer.
-    pub fn tensors(&self) -> Vec<(&'static str, Tensor)> {
-        let mut out = self.weights.named();
-        out.push(("alibi", self.alibi.shallow_clone()));
-        out
-    }
-
     /// The context with an optional padding mask `(B, T)` ([`bert_alibi_attention`]).
     pub fn forward_with(
         &self,
@@ -218,6 +213,16 @@ impl AlibiBertAttention {
             self.dropout,
             train,
         )
+    }
+}
+
+/// The tensors registered under the module's path: the six original tensors (shallow clones,
+/// under the same names) and the `alibi` buffer.
+impl OwnTensors for AlibiBertAttention {
+    fn tensors(&self) -> Vec<(&'static str, Tensor)> {
+        let mut out = self.weights.named();
+        out.push(("alibi", self.alibi.shallow_clone()));
+        out
     }
 }
 
@@ -267,9 +272,9 @@ pub enum AlibiModule {
     Positions(ZeroPositions),
 }
 
-impl AlibiModule {
-    /// The tensors to register under the module's path.
-    pub fn tensors(&self) -> Vec<(&'static str, Tensor)> {
+/// The tensors to register under the module's path.
+impl OwnTensors for AlibiModule {
+    fn tensors(&self) -> Vec<(&'static str, Tensor)> {
         match self {
             AlibiModule::Attention(m) => m.tensors(),
             AlibiModule::BertAttention(m) => m.tensors(),

@@ -1,7 +1,7 @@
-//! ALiBi's surgery over any [`Model`] ([`apply_alibi`]).
+//! ALiBi's surgery over any [`SurgeryModel`] ([`apply_alibi`]).
 
-use tessera_plugin_api::tch::Tensor;
-use tessera_plugin_api::{Context, Error, ErrorKind, ModuleInfo};
+use tessera_plugin_api::kit::{walk, SurgeryModel};
+use tessera_plugin_api::{Error, ErrorKind, ModuleInfo};
 
 use crate::functional::{
     alibi_head_slopes, bidirectional_alibi_bias, causal_alibi_bias, BertAttentionWeights,
@@ -20,31 +20,6 @@ pub const BERT_SELF_ATTENTION: &str = "bert_self_attention";
 /// Path of BERT's position embedding.
 pub const BERT_POSITIONS_PATH: &str = "bert.embeddings.position_embeddings";
 
-/// The model as the surgery sees it: the host's [`Context`], or a stand-in in tests.
-pub trait Model {
-    /// The module tree, depth first.
-    fn modules(&self) -> Result<Vec<ModuleInfo>, Error>;
-    /// The parameter or buffer `name` (full dotted name).
-    fn parameter(&self, name: &str) -> Result<Option<Tensor>, Error>;
-    /// Replaces the module at `path` by `module`, registering `module.tensors()` under `path`.
-    fn replace(&mut self, path: &str, module: AlibiModule) -> Result<(), Error>;
-}
-
-impl Model for Context<'_> {
-    fn modules(&self) -> Result<Vec<ModuleInfo>, Error> {
-        Context::modules(self)
-    }
-
-    fn parameter(&self, name: &str) -> Result<Option<Tensor>, Error> {
-        Context::parameter(self, name)
-    }
-
-    fn replace(&mut self, path: &str, module: AlibiModule) -> Result<(), Error> {
-        let tensors = module.tensors();
-        self.replace_module(path, module, tensors)
-    }
-}
-
 /// What one application did.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Outcome {
@@ -53,16 +28,6 @@ pub struct Outcome {
     /// Whether the position embedding (`transformer.wpe`, `bert.embeddings.position_embeddings`)
     /// was zeroed and frozen.
     pub positions: bool,
-}
-
-fn tensor(model: &impl Model, module: &ModuleInfo, name: &str) -> Result<Tensor, Error> {
-    let full = format!("{}.{name}", module.path);
-    model.parameter(&full)?.ok_or_else(|| {
-        Error::new(
-            ErrorKind::HOST,
-            format!("{} `{}` has no tensor `{full}`", module.kind, module.path),
-        )
-    })
 }
 
 fn prob_attr(module: &ModuleInfo, key: &str) -> Result<f64, Error> {
@@ -86,7 +51,10 @@ fn prob_attr(module: &ModuleInfo, key: &str) -> Result<f64, Error> {
 /// `transformer.wpe` or `bert.embeddings.position_embeddings` becomes [`ZeroPositions`] (a
 /// zero, frozen `(max_sequence_length, n_embd)` table). Modules already changed are not
 /// candidates, so a second application changes nothing.
-pub fn apply_alibi(model: &mut impl Model, max_sequence_length: i64) -> Result<Outcome, Error> {
+pub fn apply_alibi(
+    model: &mut impl SurgeryModel,
+    max_sequence_length: i64,
+) -> Result<Outcome, Error> {
     if max_sequence_length < 1 {
         return Err(Error::config(format!(
             "`max_sequence_length` must be at least 1, got {max_sequence_length}"
@@ -94,13 +62,13 @@ pub fn apply_alibi(model: &mut impl Model, max_sequence_length: i64) -> Result<O
     }
     let modules = model.modules()?;
     let mut outcome = Outcome::default();
-    for m in modules.iter().filter(|m| m.kind.as_str() == GPT2_ATTENTION) {
+    for m in walk::of_kind(&modules, GPT2_ATTENTION) {
         let n_head = m.int_attr("n_head", None)?;
         let weights = Gpt2AttentionWeights {
-            c_attn_weight: tensor(model, m, "c_attn.weight")?,
-            c_attn_bias: tensor(model, m, "c_attn.bias")?,
-            c_proj_weight: tensor(model, m, "c_proj.weight")?,
-            c_proj_bias: tensor(model, m, "c_proj.bias")?,
+            c_attn_weight: model.tensor_of(m, "c_attn.weight")?,
+            c_attn_bias: model.tensor_of(m, "c_attn.bias")?,
+            c_proj_weight: model.tensor_of(m, "c_proj.weight")?,
+            c_proj_bias: model.tensor_of(m, "c_proj.bias")?,
         };
         let heads = usize::try_from(n_head)
             .map_err(|_| format!("{} `{}`: n_head = {n_head}", m.kind, m.path))?;
@@ -121,18 +89,15 @@ pub fn apply_alibi(model: &mut impl Model, max_sequence_length: i64) -> Result<O
         model.replace(&m.path, AlibiModule::Attention(module))?;
         outcome.attention.push(m.path.to_string());
     }
-    for m in modules
-        .iter()
-        .filter(|m| m.kind.as_str() == BERT_SELF_ATTENTION)
-    {
+    for m in walk::of_kind(&modules, BERT_SELF_ATTENTION) {
         let n_head = m.int_attr("n_head", None)?;
         let weights = BertAttentionWeights {
-            query_weight: tensor(model, m, "query.weight")?,
-            query_bias: tensor(model, m, "query.bias")?,
-            key_weight: tensor(model, m, "key.weight")?,
-            key_bias: tensor(model, m, "key.bias")?,
-            value_weight: tensor(model, m, "value.weight")?,
-            value_bias: tensor(model, m, "value.bias")?,
+            query_weight: model.tensor_of(m, "query.weight")?,
+            query_bias: model.tensor_of(m, "query.bias")?,
+            key_weight: model.tensor_of(m, "key.weight")?,
+            key_bias: model.tensor_of(m, "key.bias")?,
+            value_weight: model.tensor_of(m, "value.weight")?,
+            value_bias: model.tensor_of(m, "value.bias")?,
         };
         let heads = usize::try_from(n_head)
             .map_err(|_| format!("{} `{}`: n_head = {n_head}", m.kind, m.path))?;
@@ -152,10 +117,10 @@ pub fn apply_alibi(model: &mut impl Model, max_sequence_length: i64) -> Result<O
         model.replace(&m.path, AlibiModule::BertAttention(module))?;
         outcome.attention.push(m.path.to_string());
     }
-    if let Some(m) = modules.iter().find(|m| {
-        [WPE_PATH, BERT_POSITIONS_PATH].contains(&m.path.as_str()) && m.kind.as_str() == EMBEDDING
-    }) {
-        let weight = tensor(model, m, "weight")?;
+    if let Some(m) = walk::of_kind(&modules, EMBEDDING)
+        .find(|m| [WPE_PATH, BERT_POSITIONS_PATH].contains(&m.path.as_str()))
+    {
+        let weight = model.tensor_of(m, "weight")?;
         let n_embd = *weight.size().get(1).ok_or_else(|| {
             format!(
                 "`{}.weight` is not a (positions, n_embd) table",

@@ -15,13 +15,12 @@ use std::collections::BTreeMap;
 use alibi::{
     alibi_attention, alibi_attention_with, alibi_head_slopes, apply_alibi,
     bidirectional_alibi_bias, causal_alibi_bias, AlibiModule, AttentionOptions,
-    Gpt2AttentionWeights, Model, ALIBI_ATTENTION, EMBEDDING, GPT2_ATTENTION, WPE_PATH,
-    ZERO_POSITIONS,
+    Gpt2AttentionWeights, ALIBI_ATTENTION, EMBEDDING, GPT2_ATTENTION, WPE_PATH, ZERO_POSITIONS,
 };
-use tessera_plugin_api::abi::{Attribute, ModuleInfo};
+use tessera_plugin_api::kit::{StandIn, SurgeryModel};
 use tessera_plugin_api::tch::{Device, Kind, Tensor};
 use tessera_plugin_api::testing::golden::{assert_close, Golden};
-use tessera_plugin_api::{Error, Module};
+use tessera_plugin_api::Module;
 
 /// Float results: about 1e-6 relative (golden README), reductions ordered differently.
 const RTOL: f64 = 1e-5;
@@ -89,77 +88,54 @@ fn zero_heads_is_an_error() {
 // ---------------------------------------------------------------------------------------------
 // alibi_surgery
 
-fn info(path: &str, kind: &str, attrs: &[(&str, f64)], params: Vec<String>) -> ModuleInfo {
-    ModuleInfo {
-        path: path.into(),
-        kind: kind.into(),
-        attrs: attrs
-            .iter()
-            .map(|(k, v)| Attribute {
-                key: (*k).into(),
-                value: *v,
-            })
-            .collect(),
-        params: params.into_iter().map(Into::into).collect(),
-    }
+/// The golden GPT-2's tensors (`gpt2/param/*`), by name, trainable.
+fn golden_params(g: &Golden) -> BTreeMap<String, Tensor> {
+    g.names_with_role("param")
+        .into_iter()
+        .filter_map(|name| {
+            let rest = name.strip_prefix("gpt2/param/")?.to_owned();
+            Some((rest, g.tensor(&name).copy().set_requires_grad(true)))
+        })
+        .collect()
 }
 
 /// The golden GPT-2 as the host's module contract shows it: `transformer.wpe` (`embedding`) and
-/// `transformer.h.{i}.attn` (`gpt2_attention`), with the tensors of `gpt2/param/*`.
-struct FakeGpt2 {
-    nodes: Vec<ModuleInfo>,
-    params: BTreeMap<String, Tensor>,
-    replaced: BTreeMap<String, AlibiModule>,
-}
-
-impl FakeGpt2 {
-    fn new(g: &Golden, n_head: i64) -> FakeGpt2 {
-        let mut params = BTreeMap::new();
-        for name in g.names_with_role("param") {
-            if let Some(rest) = name.strip_prefix("gpt2/param/") {
-                params.insert(
-                    rest.to_owned(),
-                    g.tensor(&name).copy().set_requires_grad(true),
-                );
-            }
-        }
-        let wpe = params[&format!("{WPE_PATH}.weight")].size();
-        let mut nodes = vec![info(
-            WPE_PATH,
-            EMBEDDING,
-            &[],
-            vec![format!("{WPE_PATH}.weight")],
-        )];
-        for i in 0..n_layers(&params) {
-            let path = format!("transformer.h.{i}.attn");
-            let names = [
-                "c_attn.weight",
-                "c_attn.bias",
-                "c_proj.weight",
-                "c_proj.bias",
-            ]
-            .iter()
-            .map(|n| format!("{path}.{n}"))
-            .collect();
-            nodes.push(info(
-                &path,
-                GPT2_ATTENTION,
-                &[
-                    ("n_head", n_head as f64),
-                    ("n_embd", wpe[1] as f64),
-                    ("n_positions", wpe[0] as f64),
-                    ("attn_pdrop", 0.0),
-                    ("resid_pdrop", 0.0),
-                ],
-                names,
-            ));
-        }
-        FakeGpt2 {
-            nodes,
-            params,
-            replaced: BTreeMap::new(),
-        }
+/// `transformer.h.{i}.attn` (`gpt2_attention`), holding those modules' tensors of `params`
+/// (shared, not copied).
+fn standin(params: &BTreeMap<String, Tensor>, n_head: i64) -> StandIn {
+    let wpe_name = format!("{WPE_PATH}.weight");
+    let wpe = params[&wpe_name].size();
+    let mut model = StandIn::new(0).module(
+        WPE_PATH,
+        EMBEDDING,
+        &[],
+        vec![("weight", params[&wpe_name].shallow_clone())],
+    );
+    for i in 0..n_layers(params) {
+        let path = format!("transformer.h.{i}.attn");
+        let tensors = [
+            "c_attn.weight",
+            "c_attn.bias",
+            "c_proj.weight",
+            "c_proj.bias",
+        ]
+        .into_iter()
+        .map(|n| (n, params[&format!("{path}.{n}")].shallow_clone()))
+        .collect();
+        model.add_module(
+            &path,
+            GPT2_ATTENTION,
+            &[
+                ("n_head", n_head as f64),
+                ("n_embd", wpe[1] as f64),
+                ("n_positions", wpe[0] as f64),
+                ("attn_pdrop", 0.0),
+                ("resid_pdrop", 0.0),
+            ],
+            tensors,
+        );
     }
+    model
 }
 
 fn n_layers(params: &BTreeMap<String, Tensor>) -> usize {
@@ -168,46 +144,18 @@ fn n_layers(params: &BTreeMap<String, Tensor>) -> usize {
         .count()
 }
 
-impl Model for FakeGpt2 {
-    fn modules(&self) -> Result<Vec<ModuleInfo>, Error> {
-        Ok(self.nodes.clone())
-    }
+/// The stand-in's tensor `name`.
+fn tensor<'a>(model: &'a StandIn, name: &str) -> &'a Tensor {
+    model
+        .tensor(name)
+        .unwrap_or_else(|| panic!("the stand-in has no tensor `{name}`"))
+}
 
-    fn parameter(&self, name: &str) -> Result<Option<Tensor>, Error> {
-        Ok(self.params.get(name).map(Tensor::shallow_clone))
-    }
-
-    fn replace(&mut self, path: &str, module: AlibiModule) -> Result<(), Error> {
-        let node = self
-            .nodes
-            .iter_mut()
-            .find(|n| n.path.as_str() == path)
-            .ok_or("no such module")?;
-        let old: Vec<String> = node.params.iter().map(|p| p.to_string()).collect();
-        for p in &old {
-            self.params.remove(p);
-        }
-        node.kind = module.kind().into();
-        node.attrs = module
-            .attrs()
-            .into_iter()
-            .map(|(key, value)| Attribute {
-                key: key.into(),
-                value,
-            })
-            .collect();
-        node.params = module
-            .tensors()
-            .into_iter()
-            .map(|(n, t)| {
-                let full = format!("{path}.{n}");
-                self.params.insert(full.clone(), t);
-                full.into()
-            })
-            .collect();
-        self.replaced.insert(path.to_owned(), module);
-        Ok(())
-    }
+/// The module the surgery put in at `path`.
+fn replaced<'a>(model: &'a StandIn, path: &str) -> &'a AlibiModule {
+    model
+        .replaced_as::<AlibiModule>(path)
+        .unwrap_or_else(|| panic!("nothing replaced `{path}`"))
 }
 
 fn layer_norm(x: &Tensor, p: &BTreeMap<String, Tensor>, name: &str) -> Tensor {
@@ -227,7 +175,7 @@ enum Variant<'a> {
     /// `wpe` zeroed).
     Original { zero_positions: bool },
     /// The modules the surgery put in.
-    Alibi(&'a FakeGpt2),
+    Alibi(&'a StandIn),
 }
 
 /// GPT2LMHeadModel's forward (eval) on `ids` `(B, T)` with an optional padding mask; returns the
@@ -252,7 +200,7 @@ fn gpt2(
         } => p["transformer.wpe.weight"]
             .index_select(0, &positions)
             .zeros_like(),
-        Variant::Alibi(fake) => match &fake.replaced[WPE_PATH] {
+        Variant::Alibi(fake) => match replaced(fake, WPE_PATH) {
             AlibiModule::Positions(m) => m.forward(&positions, false).expect("positions"),
             other => panic!("wpe became {}", other.kind()),
         },
@@ -283,7 +231,7 @@ fn gpt2(
                 )
                 .expect("attention")
             }
-            Variant::Alibi(fake) => match &fake.replaced[&path] {
+            Variant::Alibi(fake) => match replaced(fake, &path) {
                 AlibiModule::Attention(m) => {
                     // The module's fused SDPA path (what the model runs) and Composer's
                     // explicit matmul/softmax (which also gives the probabilities).
@@ -362,12 +310,8 @@ fn surgery_on_the_golden_gpt2_reproduces_composer() {
     let mask = g.tensor("gpt2/attention_mask");
     let ids_long = g.tensor("gpt2/input_ids_long");
 
-    let mut fake = FakeGpt2::new(&g, n_head);
-    let original: BTreeMap<String, Tensor> = fake
-        .params
-        .iter()
-        .map(|(k, v)| (k.clone(), v.shallow_clone()))
-        .collect();
+    let original = golden_params(&g);
+    let mut fake = standin(&original, n_head);
 
     // The test GPT-2 itself, before any surgery.
     let (before, _) = gpt2(
@@ -399,7 +343,7 @@ fn surgery_on_the_golden_gpt2_reproduces_composer() {
         check(name, &zero_pos, g.tensor(name), RTOL, ATOL);
     }
 
-    let layers = n_layers(&fake.params);
+    let layers = n_layers(&original);
     let outcome = apply_alibi(&mut fake, max_len).expect("surgery");
     assert_eq!(outcome.attention.len(), layers);
     assert!(outcome.positions);
@@ -416,16 +360,16 @@ fn surgery_on_the_golden_gpt2_reproduces_composer() {
         ] {
             let full = format!("{path}.{n}");
             assert_eq!(
-                fake.params[&full].data_ptr(),
+                tensor(&fake, &full).data_ptr(),
                 original[&full].data_ptr(),
                 "{full}"
             );
             assert!(
-                fake.params[&full].requires_grad(),
+                tensor(&fake, &full).requires_grad(),
                 "{full} must stay trainable"
             );
         }
-        let alibi = &fake.params[&format!("{path}.alibi")];
+        let alibi = tensor(&fake, &format!("{path}.alibi"));
         assert!(!alibi.requires_grad());
         check(
             &format!("{path}.alibi"),
@@ -434,14 +378,9 @@ fn surgery_on_the_golden_gpt2_reproduces_composer() {
             0.0,
             0.0,
         );
-        let node = fake
-            .nodes
-            .iter()
-            .find(|n| n.path.as_str() == path)
-            .expect("node");
-        assert_eq!(node.kind.as_str(), ALIBI_ATTENTION);
+        assert_eq!(fake.kind(&path), Some(ALIBI_ATTENTION), "{path}");
     }
-    let wpe = &fake.params[&format!("{WPE_PATH}.weight")];
+    let wpe = tensor(&fake, &format!("{WPE_PATH}.weight"));
     let want_wpe = g.tensor("gpt2/after/wpe");
     check("gpt2/after/wpe", wpe, want_wpe, 0.0, 0.0);
     let frozen = !g.json["results"]["gpt2_wpe"]["requires_grad"]
@@ -502,7 +441,7 @@ fn surgery_on_the_golden_gpt2_reproduces_composer() {
         &slopes,
     )
     .expect("alibi_attention");
-    let module = match &fake.replaced["transformer.h.0.attn"] {
+    let module = match replaced(&fake, "transformer.h.0.attn") {
         AlibiModule::Attention(m) => m.forward(&h0, false).expect("module"),
         other => panic!("attention became {}", other.kind()),
     };
@@ -515,15 +454,25 @@ fn surgery_on_the_golden_gpt2_reproduces_composer() {
     );
 
     // Idempotence: a second application finds nothing to change.
-    let nodes = fake.nodes.clone();
+    let nodes = fake.modules().expect("modules");
     let again = apply_alibi(&mut fake, max_len).expect("second surgery");
     assert!(again.attention.is_empty() && !again.positions);
-    assert_eq!(fake.nodes, nodes);
-    let kinds: Vec<&str> = fake.nodes.iter().map(|n| n.kind.as_str()).collect();
+    let after = fake.modules().expect("modules");
+    assert_eq!(after, nodes);
+    let kinds: Vec<&str> = after.iter().map(|n| n.kind.as_str()).collect();
     assert!(kinds.contains(&ZERO_POSITIONS));
 
     // Export: the attention blocks are kept; wpe folds into a plain zero embedding.
-    for (path, m) in &fake.replaced {
+    let all_replaced: Vec<(&str, &AlibiModule)> = after
+        .iter()
+        .filter_map(|n| Some((n.path.as_str(), fake.replaced_as::<AlibiModule>(&n.path)?)))
+        .collect();
+    assert_eq!(
+        all_replaced.len(),
+        layers + 1,
+        "every attention block and wpe"
+    );
+    for (path, m) in all_replaced {
         let answer = m.export().expect("export");
         match m {
             AlibiModule::Attention(_) | AlibiModule::BertAttention(_) => {
@@ -543,18 +492,18 @@ fn surgery_on_the_golden_gpt2_reproduces_composer() {
 fn sequences_beyond_max_sequence_length_are_errors() {
     let g = Golden::load("alibi_surgery");
     let n_head = g.tensor("gpt2/after/h.0.attn.alibi").size()[0];
-    let mut fake = FakeGpt2::new(&g, n_head);
+    let mut fake = standin(&golden_params(&g), n_head);
     let ids_long = g.tensor("gpt2/input_ids_long");
     let short = ids_long.size()[1] - 1;
     apply_alibi(&mut fake, short).expect("surgery");
-    let c = fake.params[&format!("{WPE_PATH}.weight")].size()[1];
+    let c = tensor(&fake, &format!("{WPE_PATH}.weight")).size()[1];
     let x = Tensor::zeros([1, short + 1, c], (Kind::Float, Device::Cpu));
-    let e = fake.replaced["transformer.h.0.attn"]
+    let e = replaced(&fake, "transformer.h.0.attn")
         .forward(&x, false)
         .expect_err("too long");
     assert!(e.message().contains("max_sequence_length"), "{e}");
     let positions = Tensor::arange(short + 1, (Kind::Int64, Device::Cpu));
-    let e = fake.replaced[WPE_PATH]
+    let e = replaced(&fake, WPE_PATH)
         .forward(&positions, false)
         .expect_err("too long");
     assert!(e.message().contains("max_sequence_length"), "{e}");
