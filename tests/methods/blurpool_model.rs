@@ -78,6 +78,7 @@ impl Layer for FunctionalBlurConv {
             self.spec,
             self.blur_first,
         )
+        .map_err(|e| TchError::Torch(e.to_string()))
     }
 }
 

@@ -1,6 +1,7 @@
 //! The layers: the blur filter and its functional forms, and the modules surgery puts into the
 //! model ([`BlurConv2d`], [`BlurMaxPool2d`]).
 
+use tessera_plugin_api::kit::{ConvSpec, OwnTensors};
 use tessera_plugin_api::tch::{Device, Kind, TchError, Tensor};
 use tessera_plugin_api::{Error, Module};
 
@@ -102,27 +103,10 @@ pub fn blur_channels(in_channels: i64, out_channels: i64, blur_first: bool) -> i
 // Modules
 // ------------------------------------------------------------------------------------------
 
-/// The attributes of the strided conv a [`BlurConv2d`] replaces.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ConvSpec {
-    /// Input channels.
-    pub in_channels: i64,
-    /// Output channels.
-    pub out_channels: i64,
-    /// Square kernel side.
-    pub kernel_size: i64,
-    /// The original stride.
-    pub stride: i64,
-    /// Zero padding.
-    pub padding: i64,
-    /// Groups.
-    pub groups: i64,
-}
-
 /// Composer's `BlurConv2d`: a conv with a blur before (`blur_first`) or after it.
 #[derive(Debug)]
 pub struct BlurConv2d {
-    /// The conv's attributes (with the original stride).
+    /// The attributes of the strided conv it replaces (with the original stride).
     pub spec: ConvSpec,
     /// Blur before the conv (`true`) or after it.
     pub blur_first: bool,
@@ -163,20 +147,8 @@ impl BlurConv2d {
         })
     }
 
-    /// The tensors to register with the model, named relative to the module's path:
-    /// `conv.weight`, `conv.bias` (when present) and `blur_filter`. They share storage with the
-    /// module's own.
-    pub fn tensors(&self) -> Vec<(&'static str, Tensor)> {
-        let mut out = vec![("conv.weight", self.weight.shallow_clone())];
-        if let Some(b) = &self.bias {
-            out.push(("conv.bias", b.shallow_clone()));
-        }
-        out.push(("blur_filter", self.blur_filter.shallow_clone()));
-        out
-    }
-
     /// Runs the module (see [`blur_conv2d`]).
-    pub fn run(&self, input: &Tensor) -> Result<Tensor, TchError> {
+    pub fn run(&self, input: &Tensor) -> Result<Tensor, Error> {
         blur_conv2d(
             input,
             &self.weight,
@@ -197,22 +169,33 @@ pub fn blur_conv2d(
     blur_filter: &Tensor,
     spec: ConvSpec,
     blur_first: bool,
-) -> Result<Tensor, TchError> {
+) -> Result<Tensor, Error> {
     let (conv_stride, blur_stride) = split_stride(spec.stride, blur_first);
-    let conv = |x: &Tensor| {
-        x.f_conv2d(
-            weight,
-            bias,
-            [conv_stride, conv_stride],
-            [spec.padding, spec.padding],
-            [1, 1],
-            spec.groups,
-        )
+    let conv = ConvSpec {
+        stride: conv_stride,
+        ..spec
     };
     if blur_first {
-        conv(&blur_2d(input, blur_stride, blur_filter)?)
+        conv.conv2d(&blur_2d(input, blur_stride, blur_filter)?, weight, bias)
     } else {
-        blur_2d(&conv(input)?, blur_stride, blur_filter)
+        Ok(blur_2d(
+            &conv.conv2d(input, weight, bias)?,
+            blur_stride,
+            blur_filter,
+        )?)
+    }
+}
+
+/// The tensors to register with the model, named relative to the module's path: `conv.weight`,
+/// `conv.bias` (when present) and `blur_filter`. They share storage with the module's own.
+impl OwnTensors for BlurConv2d {
+    fn tensors(&self) -> Vec<(&'static str, Tensor)> {
+        let mut out = vec![("conv.weight", self.weight.shallow_clone())];
+        if let Some(b) = &self.bias {
+            out.push(("conv.bias", b.shallow_clone()));
+        }
+        out.push(("blur_filter", self.blur_filter.shallow_clone()));
+        out
     }
 }
 
@@ -222,26 +205,21 @@ impl Module for BlurConv2d {
     }
 
     fn attrs(&self) -> Vec<(String, f64)> {
-        let s = self.spec;
-        let (conv_stride, blur_stride) = split_stride(s.stride, self.blur_first);
-        [
-            ("in_channels", s.in_channels as f64),
-            ("out_channels", s.out_channels as f64),
-            ("kernel_size", s.kernel_size as f64),
-            ("stride", s.stride as f64),
-            ("padding", s.padding as f64),
-            ("groups", s.groups as f64),
-            ("blur_first", f64::from(u8::from(self.blur_first))),
-            ("conv_stride", conv_stride as f64),
-            ("blur_stride", blur_stride as f64),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_owned(), v))
-        .collect()
+        let (conv_stride, blur_stride) = split_stride(self.spec.stride, self.blur_first);
+        let mut attrs = self.spec.attrs();
+        attrs.extend(
+            [
+                ("blur_first", f64::from(u8::from(self.blur_first))),
+                ("conv_stride", conv_stride as f64),
+                ("blur_stride", blur_stride as f64),
+            ]
+            .map(|(k, v)| (k.to_owned(), v)),
+        );
+        attrs
     }
 
     fn forward(&self, input: &Tensor, _train: bool) -> Result<Tensor, Error> {
-        Ok(self.run(input)?)
+        self.run(input)
     }
 }
 
@@ -275,11 +253,6 @@ impl BlurMaxPool2d {
         })
     }
 
-    /// The tensors to register with the model: the filter buffer `filt2d` (Composer's name).
-    pub fn tensors(&self) -> Vec<(&'static str, Tensor)> {
-        vec![("filt2d", self.filter.shallow_clone())]
-    }
-
     /// Runs the module.
     pub fn run(&self, input: &Tensor) -> Result<Tensor, TchError> {
         blur_max_pool2d(
@@ -289,6 +262,13 @@ impl BlurMaxPool2d {
             self.padding,
             &self.filter,
         )
+    }
+}
+
+/// The tensors to register with the model: the filter buffer `filt2d` (Composer's name).
+impl OwnTensors for BlurMaxPool2d {
+    fn tensors(&self) -> Vec<(&'static str, Tensor)> {
+        vec![("filt2d", self.filter.shallow_clone())]
     }
 }
 
@@ -319,9 +299,9 @@ pub enum BlurLayer {
     MaxPool(BlurMaxPool2d),
 }
 
-impl BlurLayer {
-    /// The tensors to register, named relative to the module's path.
-    pub fn tensors(&self) -> Vec<(&'static str, Tensor)> {
+/// The tensors to register, named relative to the module's path.
+impl OwnTensors for BlurLayer {
+    fn tensors(&self) -> Vec<(&'static str, Tensor)> {
         match self {
             BlurLayer::Conv(m) => m.tensors(),
             BlurLayer::MaxPool(m) => m.tensors(),

@@ -8,12 +8,13 @@ use tessera_plugin_api::{export_plugin, Context, Error, Event, Hook, Method, Plu
 
 pub use layers::{
     blur_2d, blur_channels, blur_conv2d, blur_max_pool2d, default_filter, split_stride, BlurConv2d,
-    BlurLayer, BlurMaxPool2d, ConvSpec,
+    BlurLayer, BlurMaxPool2d,
 };
 pub use surgery::{
-    apply_blurpool, conv_is_replaced, decide, is_blur_kind, plan, Model, Options, Outcome,
-    Replacement,
+    apply_blurpool, conv_is_replaced, decide, is_blur_kind, plan, Options, Outcome, Replacement,
 };
+/// The hyperparameters of the conv a [`BlurConv2d`] replaces (plugin-api's kit).
+pub use tessera_plugin_api::kit::ConvSpec;
 
 /// Module kind of a conv2d wrapped with a blur filter.
 pub const BLUR_CONV2D: &str = "blur_conv2d";

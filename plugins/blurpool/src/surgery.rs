@@ -1,10 +1,11 @@
 //! The surgery: which modules are replaced ([`decide`], [`plan`]) and the replacement itself
-//! over any [`Model`] ([`apply_blurpool`]).
+//! over any [`SurgeryModel`] ([`apply_blurpool`]).
 
-use tessera_plugin_api::tch::{Device, Kind, Tensor};
-use tessera_plugin_api::{Context, Error, ErrorKind, ModuleInfo};
+use tessera_plugin_api::kit::{walk, ConvSpec, SurgeryModel};
+use tessera_plugin_api::tch::{Device, Kind};
+use tessera_plugin_api::{Error, ModuleInfo};
 
-use crate::layers::{BlurConv2d, BlurLayer, BlurMaxPool2d, ConvSpec};
+use crate::layers::{BlurConv2d, BlurLayer, BlurMaxPool2d};
 use crate::{BLUR_CONV2D, BLUR_MAX_POOL2D};
 
 /// The method's settings, with Composer's defaults.
@@ -61,14 +62,7 @@ pub fn is_blur_kind(kind: &str) -> bool {
 pub fn decide(info: &ModuleInfo, options: &Options) -> Result<Option<Replacement>, Error> {
     match info.kind.as_str() {
         "conv2d" if options.replace_convs => {
-            let spec = ConvSpec {
-                in_channels: info.int_attr("in_channels", None)?,
-                out_channels: info.int_attr("out_channels", None)?,
-                kernel_size: info.int_attr("kernel_size", None)?,
-                stride: info.int_attr("stride", None)?,
-                padding: info.int_attr("padding", Some(0))?,
-                groups: info.int_attr("groups", Some(1))?,
-            };
+            let spec = ConvSpec::of(info)?;
             Ok(
                 conv_is_replaced(spec.stride, spec.in_channels, options.min_channels)
                     .then_some(Replacement::Conv(spec)),
@@ -92,15 +86,10 @@ pub fn plan(
     modules: &[ModuleInfo],
     options: &Options,
 ) -> Result<Vec<(String, Replacement)>, Error> {
-    let blurred: Vec<&str> = modules
-        .iter()
-        .filter(|m| is_blur_kind(m.kind.as_str()))
-        .map(|m| m.path.as_str())
-        .collect();
     let inside_blur = |path: &str| {
-        blurred
+        [BLUR_CONV2D, BLUR_MAX_POOL2D]
             .iter()
-            .any(|b| path == *b || path.strip_prefix(b).is_some_and(|r| r.starts_with('.')))
+            .any(|kind| walk::inside_kind(modules, path, kind))
     };
     let mut out = Vec::new();
     for m in modules {
@@ -112,31 +101,6 @@ pub fn plan(
         }
     }
     Ok(out)
-}
-
-/// The model as the surgery sees it: the host's [`Context`], or a stand-in in tests.
-pub trait Model {
-    /// The module tree, depth first.
-    fn modules(&self) -> Result<Vec<ModuleInfo>, Error>;
-    /// The parameter or buffer `name` (full dotted name).
-    fn parameter(&self, name: &str) -> Result<Option<Tensor>, Error>;
-    /// Replaces the module at `path` by `layer`, registering `layer.tensors()` under `path`.
-    fn replace(&mut self, path: &str, layer: BlurLayer) -> Result<(), Error>;
-}
-
-impl Model for Context<'_> {
-    fn modules(&self) -> Result<Vec<ModuleInfo>, Error> {
-        Context::modules(self)
-    }
-
-    fn parameter(&self, name: &str) -> Result<Option<Tensor>, Error> {
-        Context::parameter(self, name)
-    }
-
-    fn replace(&mut self, path: &str, layer: BlurLayer) -> Result<(), Error> {
-        let tensors = layer.tensors();
-        self.replace_module(path, layer, tensors)
-    }
 }
 
 /// What one application of the surgery did.
@@ -159,35 +123,18 @@ impl Outcome {
     }
 }
 
-fn full_name(path: &str, name: &str) -> String {
-    format!("{path}.{name}")
-}
-
 /// Composer's `apply_blurpool` on `model`: plans with [`plan`], builds each replacement from
 /// the module's current tensors and swaps it in, then counts the `blur_*` modules.
-pub fn apply_blurpool(model: &mut impl Model, options: &Options) -> Result<Outcome, Error> {
+pub fn apply_blurpool(model: &mut impl SurgeryModel, options: &Options) -> Result<Outcome, Error> {
     let modules = model.modules()?;
     let mut outcome = Outcome::default();
     for (path, replacement) in plan(&modules, options)? {
         let layer = match replacement {
             Replacement::Conv(spec) => {
-                let weight_name = full_name(&path, "weight");
-                let weight = model.parameter(&weight_name)?.ok_or_else(|| {
-                    Error::new(
-                        ErrorKind::HOST,
-                        format!("conv2d `{path}` has no tensor `{weight_name}`"),
-                    )
-                })?;
-                let bias_name = full_name(&path, "bias");
-                let has_bias = modules
-                    .iter()
-                    .find(|m| m.path.as_str() == path)
-                    .is_some_and(|m| m.params.iter().any(|p| p.as_str() == bias_name));
-                let bias = if has_bias {
-                    model.parameter(&bias_name)?
-                } else {
-                    None
-                };
+                let info = walk::find(&modules, &path).ok_or("planned a module not in the tree")?;
+                let weight = model.tensor_of(info, "weight")?;
+                // A conv lists its own tensors: `<path>.bias` exists when it has a bias.
+                let bias = model.parameter(&format!("{path}.bias"))?;
                 outcome.replaced_convs += 1;
                 BlurLayer::Conv(BlurConv2d::from_conv(
                     spec,
@@ -227,7 +174,10 @@ pub fn apply_blurpool(model: &mut impl Model, options: &Options) -> Result<Outco
 
 /// The dtype and device of the model's first floating-point tensor (float32 on the CPU for a
 /// model without any).
-fn model_kind_device(model: &impl Model, modules: &[ModuleInfo]) -> Result<(Kind, Device), Error> {
+fn model_kind_device(
+    model: &impl SurgeryModel,
+    modules: &[ModuleInfo],
+) -> Result<(Kind, Device), Error> {
     for m in modules {
         for name in m.params.iter() {
             if let Some(t) = model.parameter(name.as_str())? {

@@ -10,17 +10,17 @@
 use std::collections::BTreeMap;
 
 use blurpool::{
-    apply_blurpool, blur_2d, blur_max_pool2d, default_filter, plan, BlurLayer, BlurPool, Model,
-    Options, Replacement, BLUR_CONV2D, BLUR_MAX_POOL2D, METRIC_BLURCONV_LAYERS,
-    METRIC_BLURPOOL_LAYERS,
+    apply_blurpool, blur_2d, blur_max_pool2d, default_filter, plan, BlurLayer, BlurPool, Options,
+    Replacement, BLUR_CONV2D, BLUR_MAX_POOL2D, METRIC_BLURCONV_LAYERS, METRIC_BLURPOOL_LAYERS,
 };
 use serde_json::Value;
-use tessera_plugin_api::abi::{Attribute, ModuleInfo};
+use tessera_plugin_api::abi::ModuleInfo;
+use tessera_plugin_api::kit::{StandIn, SurgeryModel};
 use tessera_plugin_api::tch::{Device, Kind, Tensor};
 use tessera_plugin_api::testing::golden::{assert_close, Golden};
 use tessera_plugin_api::testing::{default_settings_json, settings};
 use tessera_plugin_api::testing::{RandomSource, TestHost};
-use tessera_plugin_api::{boxed_method, Error, ErrorKind, Event, Hook, Module, Plugin};
+use tessera_plugin_api::{boxed_method, ErrorKind, Event, Hook, Plugin};
 
 const CASE: &str = "blurpool";
 const RTOL: f64 = 1e-5;
@@ -121,60 +121,32 @@ fn blur_2d_passes_empty_inputs_and_rejects_even_filters() {
 // The net of `hyperparameters.net`, as a stand-in model
 // ------------------------------------------------------------------------------------------
 
-/// One layer of the stand-in net.
+/// One layer of the stand-in net, as the test runs it while the surgery leaves it in place.
 enum Layer {
-    Conv {
-        weight: Tensor,
-        bias: Option<Tensor>,
-        stride: i64,
-        padding: i64,
-    },
+    Conv { stride: i64, padding: i64 },
     Relu,
-    MaxPool {
-        kernel: i64,
-        stride: i64,
-    },
-    Blur(BlurLayer),
+    MaxPool { kernel: i64, stride: i64 },
 }
 
-struct Node {
-    info: ModuleInfo,
-    layer: Layer,
+/// A sequential net: its module tree and named tensors, like the host's, in a stand-in model
+/// (which keeps the modules the surgery puts in), and its layers in order.
+struct Net {
+    model: StandIn,
+    layers: Vec<(String, Layer)>,
 }
 
-/// A sequential model with a module tree and named tensors, like the host's.
-struct FakeModel {
-    nodes: Vec<Node>,
-    params: BTreeMap<String, Tensor>,
-}
-
-fn attrs(pairs: &[(&str, i64)]) -> Vec<Attribute> {
-    pairs
-        .iter()
-        .map(|(k, v)| Attribute {
-            key: (*k).into(),
-            value: *v as f64,
-        })
-        .collect()
-}
-
-fn info(path: &str, kind: &str, attrs: Vec<Attribute>, params: &[String]) -> ModuleInfo {
-    ModuleInfo {
-        path: path.into(),
-        kind: kind.into(),
-        attrs: attrs.into(),
-        params: params.iter().map(|p| p.as_str().into()).collect(),
-    }
+fn attrs<'a>(pairs: &[(&'a str, i64)]) -> Vec<(&'a str, f64)> {
+    pairs.iter().map(|(k, v)| (*k, *v as f64)).collect()
 }
 
 /// Parses `c1 Conv(3->16,k3,s2,p1); relu; ...; mp MaxPool2d(2); ...` and takes each conv's
 /// weights from `net/param/<name>.weight|bias`. Unnamed layers get `_<index>` paths.
-fn build_net(g: &Golden) -> FakeModel {
+fn build_net(g: &Golden) -> Net {
     let text = g.json["hyperparameters"]["net"]
         .as_str()
         .expect("hyperparameters.net");
-    let mut nodes = Vec::new();
-    let mut params = BTreeMap::new();
+    let mut model = StandIn::new(0).module("", "sequential", &[], vec![]);
+    let mut layers = Vec::new();
     for (i, item) in text.split(';').map(str::trim).enumerate() {
         let (name, spec) = match item.split_once(' ') {
             Some((n, s)) => (n.to_owned(), s.trim()),
@@ -185,10 +157,10 @@ fn build_net(g: &Golden) -> FakeModel {
             None => (spec, ""),
         };
         match op.to_ascii_lowercase().as_str() {
-            "relu" => nodes.push(Node {
-                info: info(&name, "relu", vec![], &[]),
-                layer: Layer::Relu,
-            }),
+            "relu" => {
+                model.add_module(&name, "relu", &[], vec![]);
+                layers.push((name, Layer::Relu));
+            }
             "conv" => {
                 let mut parts = args.split(',');
                 let (cin, cout) = parts
@@ -205,145 +177,105 @@ fn build_net(g: &Golden) -> FakeModel {
                     p.get("s").copied().unwrap_or(1),
                     p.get("p").copied().unwrap_or(0),
                 );
-                let w = format!("{name}.weight");
-                let b = format!("{name}.bias");
                 let weight = g
-                    .tensor(&format!("net/param/{w}"))
+                    .tensor(&format!("net/param/{name}.weight"))
                     .copy()
                     .set_requires_grad(true);
                 assert_eq!(weight.size(), [cout, cin, k, k], "{item}");
                 let bias = g
                     .tensors
-                    .get(&format!("net/param/{b}"))
+                    .get(&format!("net/param/{name}.bias"))
                     .map(|t| t.copy().set_requires_grad(true));
-                let mut names = vec![w.clone()];
-                params.insert(w, weight.shallow_clone());
-                if let Some(t) = &bias {
-                    names.push(b.clone());
-                    params.insert(b, t.shallow_clone());
-                }
-                nodes.push(Node {
-                    info: info(
-                        &name,
-                        "conv2d",
-                        attrs(&[
-                            ("in_channels", cin),
-                            ("out_channels", cout),
-                            ("kernel_size", k),
-                            ("stride", s),
-                            ("padding", pad),
-                            ("groups", 1),
-                        ]),
-                        &names,
-                    ),
-                    layer: Layer::Conv {
-                        weight,
-                        bias,
+                let tensors = std::iter::once(("weight", weight))
+                    .chain(bias.map(|t| ("bias", t)))
+                    .collect();
+                model.add_module(
+                    &name,
+                    "conv2d",
+                    &attrs(&[
+                        ("in_channels", cin),
+                        ("out_channels", cout),
+                        ("kernel_size", k),
+                        ("stride", s),
+                        ("padding", pad),
+                        ("groups", 1),
+                    ]),
+                    tensors,
+                );
+                layers.push((
+                    name,
+                    Layer::Conv {
                         stride: s,
                         padding: pad,
                     },
-                });
+                ));
             }
             "maxpool2d" => {
                 let mut nums = args.split(',').map(|a| a.trim().parse::<i64>().unwrap());
                 let kernel = nums.next().unwrap_or_else(|| panic!("`{item}`: no kernel"));
                 let stride = nums.next().unwrap_or(kernel); // nn.MaxPool2d's default
-                nodes.push(Node {
-                    info: info(
-                        &name,
-                        "max_pool2d",
-                        attrs(&[("kernel_size", kernel), ("stride", stride)]),
-                        &[],
-                    ),
-                    layer: Layer::MaxPool { kernel, stride },
-                });
+                model.add_module(
+                    &name,
+                    "max_pool2d",
+                    &attrs(&[("kernel_size", kernel), ("stride", stride)]),
+                    vec![],
+                );
+                layers.push((name, Layer::MaxPool { kernel, stride }));
             }
             other => panic!("unknown layer `{other}` in `{text}`"),
         }
     }
-    FakeModel { nodes, params }
+    Net { model, layers }
 }
 
-impl FakeModel {
-    /// Runs the net; returns the output and every node's output by path.
+impl Net {
+    /// Runs the net (a module the surgery put in runs in its layer's place); returns the output
+    /// and every layer's output by path.
     fn forward(&self, x: &Tensor) -> (Tensor, BTreeMap<String, Tensor>) {
         let mut acts = BTreeMap::new();
         let mut x = x.shallow_clone();
-        for n in &self.nodes {
-            x = match &n.layer {
-                Layer::Conv {
-                    weight,
-                    bias,
-                    stride,
-                    padding,
-                } => x.conv2d(
-                    weight,
-                    bias.as_ref(),
+        for (path, layer) in &self.layers {
+            x = match (self.model.replaced(path), layer) {
+                (Some(m), _) => m.forward(&x, false).unwrap(),
+                (None, Layer::Conv { stride, padding }) => x.conv2d(
+                    self.tensor(&format!("{path}.weight")),
+                    self.model.tensor(&format!("{path}.bias")),
                     [*stride; 2],
                     [*padding; 2],
                     [1, 1],
                     1,
                 ),
-                Layer::Relu => x.relu(),
-                Layer::MaxPool { kernel, stride } => {
+                (None, Layer::Relu) => x.relu(),
+                (None, Layer::MaxPool { kernel, stride }) => {
                     x.max_pool2d([*kernel; 2], [*stride; 2], [0, 0], [1, 1], false)
                 }
-                Layer::Blur(m) => m.forward(&x, false).unwrap(),
             };
-            acts.insert(n.info.path.to_string(), x.shallow_clone());
+            acts.insert(path.clone(), x.shallow_clone());
         }
         (x, acts)
     }
 
-    fn node(&self, path: &str) -> &Node {
-        self.nodes
-            .iter()
-            .find(|n| n.info.path.as_str() == path)
+    /// The module tree below the root.
+    fn nodes(&self) -> Vec<ModuleInfo> {
+        let mut modules = self.model.modules().unwrap();
+        modules.retain(|m| !m.path.is_empty());
+        modules
+    }
+
+    fn node(&self, path: &str) -> &ModuleInfo {
+        self.model
+            .info(path)
             .unwrap_or_else(|| panic!("no module `{path}`"))
     }
-}
 
-impl Model for FakeModel {
-    fn modules(&self) -> Result<Vec<ModuleInfo>, Error> {
-        let root = info("", "sequential", vec![], &[]);
-        Ok(std::iter::once(root)
-            .chain(self.nodes.iter().map(|n| n.info.clone()))
-            .collect())
+    fn tensor(&self, name: &str) -> &Tensor {
+        self.model
+            .tensor(name)
+            .unwrap_or_else(|| panic!("no tensor `{name}`"))
     }
 
-    fn parameter(&self, name: &str) -> Result<Option<Tensor>, Error> {
-        Ok(self.params.get(name).map(Tensor::shallow_clone))
-    }
-
-    fn replace(&mut self, path: &str, layer: BlurLayer) -> Result<(), Error> {
-        let node = self
-            .nodes
-            .iter_mut()
-            .find(|n| n.info.path.as_str() == path)
-            .ok_or_else(|| Error::new(ErrorKind::HOST, format!("no module `{path}`")))?;
-        for old in node.info.params.iter() {
-            self.params.remove(old.as_str());
-        }
-        let mut names = Vec::new();
-        for (name, t) in layer.tensors() {
-            let full = format!("{path}.{name}");
-            assert!(
-                self.params.insert(full.clone(), t).is_none(),
-                "`{full}` registered twice"
-            );
-            names.push(full);
-        }
-        let attrs: Vec<Attribute> = layer
-            .attrs()
-            .into_iter()
-            .map(|(key, value)| Attribute {
-                key: key.into(),
-                value,
-            })
-            .collect();
-        node.info = info(path, layer.kind(), attrs, &names);
-        node.layer = Layer::Blur(layer);
-        Ok(())
+    fn params(&self) -> &BTreeMap<String, Tensor> {
+        self.model.tensors()
     }
 }
 
@@ -411,21 +343,21 @@ fn surgery_reproduces_composer() {
         };
         let opts = options(&g, blur_first);
         let mut net = build_net(&g);
-        let before: Vec<ModuleInfo> = net.modules().unwrap();
+        let before: Vec<ModuleInfo> = net.model.modules().unwrap();
 
         // The decisions, from the same function the plugin uses.
         let planned = plan(&before, &opts).unwrap();
-        let outcome = apply_blurpool(&mut net, &opts).unwrap();
+        let outcome = apply_blurpool(&mut net.model, &opts).unwrap();
         assert_eq!(outcome.replaced(), planned.len(), "{tag}");
         let want_types = want_types.as_object().expect("types");
         let mut relus = 0;
-        for n in &net.nodes {
-            let kind = n.info.kind.as_str();
+        for n in &net.nodes() {
+            let kind = n.kind.as_str();
             if kind == "relu" {
                 relus += 1;
                 continue;
             }
-            let path = n.info.path.as_str();
+            let path = n.path.as_str();
             assert_eq!(
                 want_types[path].as_str(),
                 Some(composer_type(kind)),
@@ -469,12 +401,11 @@ fn surgery_reproduces_composer() {
             .unwrap_or_else(|| panic!("results.{tag}_strides"));
         for (path, s) in strides {
             let node = net.node(path);
-            let Layer::Blur(BlurLayer::Conv(m)) = &node.layer else {
+            let Some(BlurLayer::Conv(m)) = net.model.replaced_as::<BlurLayer>(path) else {
                 panic!("{tag}: {path} is not a blur conv");
             };
             let attr = |k: &str| {
-                node.info
-                    .attrs
+                node.attrs
                     .iter()
                     .find(|a| a.key.as_str() == k)
                     .map(|a| a.value as i64)
@@ -492,45 +423,56 @@ fn surgery_reproduces_composer() {
             );
             assert_eq!(m.blur_first, blur_first);
 
-            let filter = &net.params[&format!("{path}.blur_filter")];
+            let filter = net.tensor(&format!("{path}.blur_filter"));
             assert!(!filter.requires_grad(), "{path}.blur_filter is a buffer");
             let want = g.tensor(&format!("{tag}/{path}.blur_filter"));
             assert_close(&format!("{tag}/{path}.blur_filter"), filter, want, 0.0, 0.0);
 
             for p in ["weight", "bias"] {
                 let orig = g.tensor(&format!("net/param/{path}.{p}"));
-                let t = &net.params[&format!("{path}.conv.{p}")];
+                let t = net.tensor(&format!("{path}.conv.{p}"));
                 assert!(t.requires_grad(), "{path}.conv.{p} is trainable");
                 assert!(t.is_leaf(), "{path}.conv.{p} is a leaf");
                 assert_close(&format!("{path}.conv.{p}"), t, orig, 0.0, 0.0);
                 assert!(
-                    !net.params.contains_key(&format!("{path}.{p}")),
+                    !net.params().contains_key(&format!("{path}.{p}")),
                     "{path}.{p} left"
                 );
             }
         }
         // Every replaced max-pool registered its filter buffer.
-        for n in &net.nodes {
-            if n.info.kind.as_str() == BLUR_MAX_POOL2D {
-                let f = &net.params[&format!("{}.filt2d", n.info.path)];
+        for n in &net.nodes() {
+            if n.kind.as_str() == BLUR_MAX_POOL2D {
+                let f = net.tensor(&format!("{}.filt2d", n.path));
                 assert_close("filt2d", f, g.tensor("filter"), 0.0, 0.0);
                 assert!(!f.requires_grad());
             }
         }
 
         // Idempotence: a second application finds nothing and changes nothing.
-        let names_before: Vec<String> = net.params.keys().cloned().collect();
-        let ptrs_before: Vec<usize> = net.params.values().map(|t| t.data_ptr() as usize).collect();
-        let tree_before = net.modules().unwrap();
+        let names_before: Vec<String> = net.params().keys().cloned().collect();
+        let ptrs_before: Vec<usize> = net
+            .params()
+            .values()
+            .map(|t| t.data_ptr() as usize)
+            .collect();
+        let tree_before = net.model.modules().unwrap();
         assert!(plan(&tree_before, &opts).unwrap().is_empty(), "{tag}");
-        let again = apply_blurpool(&mut net, &opts).unwrap();
+        let again = apply_blurpool(&mut net.model, &opts).unwrap();
         assert_eq!(again.replaced(), 0, "{tag}");
         assert_eq!(again.num_blurconv_layers, outcome.num_blurconv_layers);
         assert_eq!(again.num_blurpool_layers, outcome.num_blurpool_layers);
-        assert_eq!(net.modules().unwrap(), tree_before, "{tag}: tree changed");
-        assert_eq!(net.params.keys().cloned().collect::<Vec<_>>(), names_before);
         assert_eq!(
-            net.params
+            net.model.modules().unwrap(),
+            tree_before,
+            "{tag}: tree changed"
+        );
+        assert_eq!(
+            net.params().keys().cloned().collect::<Vec<_>>(),
+            names_before
+        );
+        assert_eq!(
+            net.params()
                 .values()
                 .map(|t| t.data_ptr() as usize)
                 .collect::<Vec<_>>(),
@@ -544,7 +486,7 @@ fn surgery_reproduces_composer() {
 #[test]
 fn min_channels_and_switches_drive_the_decisions() {
     let g = Golden::load(CASE);
-    let tree = build_net(&g).modules().unwrap();
+    let tree = build_net(&g).model.modules().unwrap();
     let convs = |o: &Options| {
         plan(&tree, o)
             .unwrap()
@@ -605,11 +547,11 @@ fn min_channels_and_switches_drive_the_decisions() {
 fn blur_conv_trains_its_copied_weights() {
     let g = Golden::load(CASE);
     let mut net = build_net(&g);
-    apply_blurpool(&mut net, &options(&g, true)).unwrap();
+    apply_blurpool(&mut net.model, &options(&g, true)).unwrap();
     let (out, _) = net.forward(g.tensor("net/input"));
     out.sum(Kind::Float).backward();
     let mut trained = 0;
-    for (name, t) in &net.params {
+    for (name, t) in net.params() {
         if name.contains(".conv.") {
             let grad = t.grad();
             assert!(grad.defined(), "{name} has no gradient");
