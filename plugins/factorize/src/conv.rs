@@ -1,29 +1,12 @@
-//! Composer's `FactorizedConv2d` ([`FactorizedConv2d`]) and the conv hyperparameters it keeps
-//! ([`ConvSpec`]).
+//! Composer's `FactorizedConv2d` ([`FactorizedConv2d`]).
 
+use tessera_plugin_api::kit::{default_init, ConvSpec, OwnTensors};
 use tessera_plugin_api::tch::{Device, Kind, Tensor};
 use tessera_plugin_api::{Error, Module};
 
-use crate::modules::{check_rank, check_shape, copy_bias, default_init, replace_tensor};
+use crate::modules::{check_rank, check_shape, copy_bias, replace_tensor};
 use crate::solve::{factorize_conv2d, ConvGeometry, LowRankSolution, DEFAULT_N_ITERS};
 use crate::FACTORIZED_CONV2D;
-
-/// A 2-d convolution's hyperparameters, as the module tree gives them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ConvSpec {
-    /// Input channels.
-    pub in_channels: i64,
-    /// Output channels.
-    pub out_channels: i64,
-    /// Kernel side (square kernels).
-    pub kernel_size: i64,
-    /// Stride.
-    pub stride: i64,
-    /// Zero padding on each side.
-    pub padding: i64,
-    /// Groups (factorization needs 1).
-    pub groups: i64,
-}
 
 /// Composer's `FactorizedConv2d`: a `k × k` conv from `in` to `latent` channels without bias
 /// (`module0`, with the original stride and padding), then a 1×1 conv from `latent` to `out`
@@ -112,15 +95,6 @@ impl FactorizedConv2d {
         self.latent
     }
 
-    /// The tensors to register under the module's path, with Composer's names.
-    pub fn tensors(&self) -> Vec<(&'static str, Tensor)> {
-        vec![
-            ("module0.weight", self.weight0.shallow_clone()),
-            ("module1.weight", self.weight1.shallow_clone()),
-            ("module1.bias", self.bias1.shallow_clone()),
-        ]
-    }
-
     fn geometry(&self) -> ConvGeometry {
         ConvGeometry {
             stride: self.spec.stride,
@@ -130,15 +104,11 @@ impl FactorizedConv2d {
 
     /// The forward: `conv1x1(conv(x, weight0, stride, padding), weight1, bias1)`.
     pub fn run(&self, x: &Tensor) -> Result<Tensor, Error> {
-        let s = self.spec;
-        let latent = x.f_conv2d(
-            &self.weight0,
-            None::<&Tensor>,
-            [s.stride, s.stride],
-            [s.padding, s.padding],
-            [1, 1],
-            1,
-        )?;
+        let first = ConvSpec {
+            groups: 1,
+            ..self.spec
+        };
+        let latent = first.conv2d(x, &self.weight0, None)?;
         Ok(latent.f_conv2d(&self.weight1, Some(&self.bias1), [1, 1], [0, 0], [1, 1], 1)?)
     }
 
@@ -190,25 +160,26 @@ impl FactorizedConv2d {
     }
 }
 
+/// The tensors to register under the module's path, with Composer's names.
+impl OwnTensors for FactorizedConv2d {
+    fn tensors(&self) -> Vec<(&'static str, Tensor)> {
+        vec![
+            ("module0.weight", self.weight0.shallow_clone()),
+            ("module1.weight", self.weight1.shallow_clone()),
+            ("module1.bias", self.bias1.shallow_clone()),
+        ]
+    }
+}
+
 impl Module for FactorizedConv2d {
     fn kind(&self) -> &str {
         FACTORIZED_CONV2D
     }
 
     fn attrs(&self) -> Vec<(String, f64)> {
-        let s = self.spec;
-        [
-            ("in_channels", s.in_channels),
-            ("out_channels", s.out_channels),
-            ("kernel_size", s.kernel_size),
-            ("stride", s.stride),
-            ("padding", s.padding),
-            ("groups", s.groups),
-            ("latent_channels", self.latent),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_owned(), v as f64))
-        .collect()
+        let mut attrs = self.spec.attrs();
+        attrs.push(("latent_channels".to_owned(), self.latent as f64));
+        attrs
     }
 
     fn forward(&self, input: &Tensor, _train: bool) -> Result<Tensor, Error> {

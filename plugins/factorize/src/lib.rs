@@ -9,16 +9,17 @@ mod surgery;
 
 use tessera_plugin_api::{export_plugin, Context, Error, Event, Hook, Method, Plugin, Settings};
 
-pub use conv::{ConvSpec, FactorizedConv2d};
+pub use conv::FactorizedConv2d;
 pub use linear::FactorizedLinear;
-pub use modules::{default_init, latent_size, max_rank, Factorized};
+pub use modules::{latent_size, max_rank, Factorized};
 pub use solve::{
     factorize_conv2d, factorize_matrix, ConvGeometry, LowRankSolution, DEFAULT_N_ITERS,
 };
 pub use surgery::{
-    apply_factorization, conv_spec, linear_features, plan, Decision, FactorizeSettings, Model,
-    Outcome,
+    apply_factorization, linear_features, plan, Decision, FactorizeSettings, Outcome,
 };
+/// A 2-d convolution's hyperparameters (plugin-api's kit): what [`FactorizedConv2d`] keeps.
+pub use tessera_plugin_api::kit::ConvSpec;
 
 /// Module kind of the host's 2-d convolution.
 pub const CONV2D: &str = "conv2d";

@@ -1,9 +1,10 @@
 //! Composer's `FactorizedLinear` ([`FactorizedLinear`]).
 
+use tessera_plugin_api::kit::{default_init, OwnTensors};
 use tessera_plugin_api::tch::{self, Device, Kind, Tensor};
 use tessera_plugin_api::{Error, Module};
 
-use crate::modules::{check_rank, check_shape, copy_bias, default_init, replace_tensor};
+use crate::modules::{check_rank, check_shape, copy_bias, replace_tensor};
 use crate::solve::{factorize_matrix, LowRankSolution, DEFAULT_N_ITERS};
 use crate::FACTORIZED_LINEAR;
 
@@ -96,18 +97,6 @@ impl FactorizedLinear {
         self.latent
     }
 
-    /// The tensors to register under the module's path, with Composer's names.
-    pub fn tensors(&self) -> Vec<(&'static str, Tensor)> {
-        let mut out = vec![
-            ("module0.weight", self.weight0.shallow_clone()),
-            ("module1.weight", self.weight1.shallow_clone()),
-        ];
-        if let Some(b) = &self.bias1 {
-            out.push(("module1.bias", b.shallow_clone()));
-        }
-        out
-    }
-
     /// The forward: `linear(linear(x, weight0), weight1, bias1)`.
     pub fn run(&self, x: &Tensor) -> Result<Tensor, Error> {
         Ok(x.f_linear(&self.weight0, None::<&Tensor>)?
@@ -163,6 +152,20 @@ impl FactorizedLinear {
         }
         let solution = self.solution_for_rank(input, rank)?;
         self.apply_solution(&solution)
+    }
+}
+
+/// The tensors to register under the module's path, with Composer's names.
+impl OwnTensors for FactorizedLinear {
+    fn tensors(&self) -> Vec<(&'static str, Tensor)> {
+        let mut out = vec![
+            ("module0.weight", self.weight0.shallow_clone()),
+            ("module1.weight", self.weight1.shallow_clone()),
+        ];
+        if let Some(b) = &self.bias1 {
+            out.push(("module1.bias", b.shallow_clone()));
+        }
+        out
     }
 }
 

@@ -1,8 +1,9 @@
 //! What the factorized modules share: the rules that size them ([`latent_size`],
-//! [`max_rank`]), PyTorch's default initialisation ([`default_init`]), the helpers of their
-//! `set_rank`, and [`Factorized`], either module as surgery hands it to the model.
+//! [`max_rank`]), the helpers of their `set_rank`, and [`Factorized`], either module as surgery
+//! hands it to the model.
 
-use tessera_plugin_api::tch::{self, Device, Kind, Tensor};
+use tessera_plugin_api::kit::OwnTensors;
+use tessera_plugin_api::tch::{self, Tensor};
 use tessera_plugin_api::{Error, Module};
 
 use crate::conv::FactorizedConv2d;
@@ -29,27 +30,6 @@ pub fn max_rank(in_size: i64, out_size: i64, kernel_size: i64) -> i64 {
         return 0;
     }
     (num + den - 1) / den - 1
-}
-
-/// A new tensor of `shape` with PyTorch's default initialisation (`reset_parameters`:
-/// kaiming-uniform with `a = √5` for weights, the same bound for biases), `U(−1/√fan_in,
-/// 1/√fan_in)`, drawn element by element from `uniform` (values in `[0, 1)`), trainable.
-pub fn default_init(
-    shape: &[i64],
-    fan_in: i64,
-    uniform: &mut dyn FnMut() -> f64,
-    options: (Kind, Device),
-) -> Result<Tensor, Error> {
-    let bound = 1.0 / (fan_in.max(1) as f64).sqrt();
-    let count: i64 = shape.iter().product();
-    let values: Vec<f32> = (0..count)
-        .map(|_| ((2.0 * uniform() - 1.0) * bound) as f32)
-        .collect();
-    Ok(Tensor::f_from_slice(&values)?
-        .f_view(shape)?
-        .f_to_kind(options.0)?
-        .f_to_device(options.1)?
-        .set_requires_grad(true))
 }
 
 pub(crate) fn check_shape(what: &str, t: &Tensor, want: &[i64]) -> Result<(), Error> {
@@ -95,16 +75,18 @@ pub enum Factorized {
     Linear(FactorizedLinear),
 }
 
-impl Factorized {
-    /// The tensors to register under the module's path (`module0.weight`, `module1.weight`,
-    /// `module1.bias`).
-    pub fn tensors(&self) -> Vec<(&'static str, Tensor)> {
+/// The tensors to register under the module's path (`module0.weight`, `module1.weight`,
+/// `module1.bias`).
+impl OwnTensors for Factorized {
+    fn tensors(&self) -> Vec<(&'static str, Tensor)> {
         match self {
             Factorized::Conv2d(m) => m.tensors(),
             Factorized::Linear(m) => m.tensors(),
         }
     }
+}
 
+impl Factorized {
     /// The latent size (channels or features).
     pub fn latent(&self) -> i64 {
         match self {

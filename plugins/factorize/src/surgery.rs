@@ -1,10 +1,10 @@
-//! Which layers are factorized ([`plan`]) and the surgery over any [`Model`]
+//! Which layers are factorized ([`plan`]) and the surgery over any [`SurgeryModel`]
 //! ([`apply_factorization`]).
 
-use tessera_plugin_api::tch::Tensor;
-use tessera_plugin_api::{Context, Error, ErrorKind, ModuleInfo};
+use tessera_plugin_api::kit::{walk, ConvSpec, SurgeryModel};
+use tessera_plugin_api::{Error, ErrorKind, ModuleInfo};
 
-use crate::conv::{ConvSpec, FactorizedConv2d};
+use crate::conv::FactorizedConv2d;
 use crate::linear::FactorizedLinear;
 use crate::modules::{latent_size, max_rank, Factorized};
 use crate::{CONV2D, FACTORIZED_CONV2D, FACTORIZED_LINEAR, LINEAR};
@@ -77,18 +77,6 @@ impl Decision {
     }
 }
 
-/// The hyperparameters of the conv `info`.
-pub fn conv_spec(info: &ModuleInfo) -> Result<ConvSpec, Error> {
-    Ok(ConvSpec {
-        in_channels: info.int_attr("in_channels", None)?,
-        out_channels: info.int_attr("out_channels", None)?,
-        kernel_size: info.int_attr("kernel_size", None)?,
-        stride: info.int_attr("stride", Some(1))?,
-        padding: info.int_attr("padding", Some(0))?,
-        groups: info.int_attr("groups", Some(1))?,
-    })
-}
-
 /// `(in_features, out_features)` of the linear layer `info`.
 pub fn linear_features(info: &ModuleInfo) -> Result<(i64, i64), Error> {
     Ok((
@@ -103,8 +91,8 @@ pub fn linear_features(info: &ModuleInfo) -> Result<(i64, i64), Error> {
 pub fn plan(modules: &[ModuleInfo], settings: &FactorizeSettings) -> Result<Vec<Decision>, Error> {
     let mut out = Vec::new();
     if settings.factorize_convs {
-        for m in modules.iter().filter(|m| m.kind.as_str() == CONV2D) {
-            let s = conv_spec(m)?;
+        for m in walk::of_kind(modules, CONV2D) {
+            let s = ConvSpec::of(m)?;
             let latent = latent_size(settings.latent_channels, s.in_channels, s.out_channels);
             let max_rank = max_rank(s.in_channels, s.out_channels, s.kernel_size);
             out.push(Decision {
@@ -118,7 +106,7 @@ pub fn plan(modules: &[ModuleInfo], settings: &FactorizeSettings) -> Result<Vec<
         }
     }
     if settings.factorize_linears {
-        for m in modules.iter().filter(|m| m.kind.as_str() == LINEAR) {
+        for m in walk::of_kind(modules, LINEAR) {
             let (fin, fout) = linear_features(m)?;
             let latent = latent_size(settings.latent_features, fin, fout);
             let max_rank = max_rank(fin, fout, 1);
@@ -133,37 +121,6 @@ pub fn plan(modules: &[ModuleInfo], settings: &FactorizeSettings) -> Result<Vec<
         }
     }
     Ok(out)
-}
-
-/// The model as the surgery sees it: the host's [`Context`], or a stand-in in tests.
-pub trait Model {
-    /// The module tree, depth first.
-    fn modules(&self) -> Result<Vec<ModuleInfo>, Error>;
-    /// The parameter or buffer `name` (full dotted name).
-    fn parameter(&self, name: &str) -> Result<Option<Tensor>, Error>;
-    /// A uniform draw in `[0, 1)` from the run's seeded stream.
-    fn uniform(&mut self) -> f64;
-    /// Replaces the module at `path` by `module`, registering `module.tensors()` under `path`.
-    fn replace(&mut self, path: &str, module: Factorized) -> Result<(), Error>;
-}
-
-impl Model for Context<'_> {
-    fn modules(&self) -> Result<Vec<ModuleInfo>, Error> {
-        Context::modules(self)
-    }
-
-    fn parameter(&self, name: &str) -> Result<Option<Tensor>, Error> {
-        Context::parameter(self, name)
-    }
-
-    fn uniform(&mut self) -> f64 {
-        self.rng_f64()
-    }
-
-    fn replace(&mut self, path: &str, module: Factorized) -> Result<(), Error> {
-        let tensors = module.tensors();
-        self.replace_module(path, module, tensors)
-    }
 }
 
 /// What one application did.
@@ -187,30 +144,22 @@ pub struct Outcome {
 /// the trained weights: that is what `set_rank` and the solvers are for), drawn from the
 /// model's seeded stream in plan order, with the original weight's dtype and device.
 pub fn apply_factorization(
-    model: &mut impl Model,
+    model: &mut impl SurgeryModel,
     settings: &FactorizeSettings,
 ) -> Result<Outcome, Error> {
     let modules = model.modules()?;
     let decisions = plan(&modules, settings)?;
     let (mut convs_replaced, mut linears_replaced) = (0, 0);
     for d in decisions.iter().filter(|d| d.factorize()) {
-        let info = modules
-            .iter()
-            .find(|m| m.path.as_str() == d.path)
+        let info = walk::find(&modules, &d.path)
             .ok_or_else(|| Error::new(ErrorKind::HOST, format!("no module `{}`", d.path)))?;
-        let weight_name = format!("{}.weight", d.path);
-        let weight = model.parameter(&weight_name)?.ok_or_else(|| {
-            Error::new(
-                ErrorKind::HOST,
-                format!("{} `{}` has no tensor `{weight_name}`", d.kind, d.path),
-            )
-        })?;
+        let weight = model.tensor_of(info, "weight")?;
         let options = (weight.kind(), weight.device());
         let mut uniform = || model.uniform();
         let module = if d.kind == CONV2D {
             convs_replaced += 1;
             Factorized::Conv2d(FactorizedConv2d::new(
-                conv_spec(info)?,
+                ConvSpec::of(info)?,
                 d.latent,
                 &mut uniform,
                 options,
@@ -231,7 +180,7 @@ pub fn apply_factorization(
         };
         model.replace(&d.path, module)?;
     }
-    let count = |kind: &str| modules.iter().filter(|m| m.kind.as_str() == kind).count();
+    let count = |kind: &str| walk::of_kind(&modules, kind).count();
     Ok(Outcome {
         factorized_convs: count(FACTORIZED_CONV2D) + convs_replaced,
         factorized_linears: count(FACTORIZED_LINEAR) + linears_replaced,

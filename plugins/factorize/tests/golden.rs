@@ -20,14 +20,15 @@ use std::collections::BTreeMap;
 use factorize::{
     apply_factorization, factorize_conv2d, factorize_matrix, max_rank, plan, ConvGeometry,
     ConvSpec, Factorize, FactorizeSettings, Factorized, FactorizedConv2d, FactorizedLinear,
-    LowRankSolution, Model, CONV2D, DEFAULT_N_ITERS, FACTORIZED_CONV2D, FACTORIZED_LINEAR, LINEAR,
+    LowRankSolution, CONV2D, DEFAULT_N_ITERS, FACTORIZED_CONV2D, FACTORIZED_LINEAR, LINEAR,
 };
 use serde_json::Value;
-use tessera_plugin_api::abi::{Attribute, ModuleInfo};
+use tessera_plugin_api::abi::ModuleInfo;
+use tessera_plugin_api::kit::{OwnTensors, StandIn, SurgeryModel};
 use tessera_plugin_api::tch::{self, Kind, Tensor};
 use tessera_plugin_api::testing::golden::{assert_close, parse_params, Golden};
-use tessera_plugin_api::testing::{default_settings_json, settings, splitmix64};
-use tessera_plugin_api::{boxed_method, Error, ErrorKind, Module, Plugin};
+use tessera_plugin_api::testing::{default_settings_json, settings};
+use tessera_plugin_api::{boxed_method, ErrorKind, Module, Plugin};
 
 mod conditioning;
 
@@ -40,58 +41,31 @@ const CASE: &str = "factorize";
 /// Forward passes through recorded weights (not solver outputs), relative to the scale.
 const FORWARD_TOL: f64 = 1e-5;
 
-fn info(path: &str, kind: &str, attrs: Vec<(String, f64)>, params: Vec<String>) -> ModuleInfo {
-    ModuleInfo {
-        path: path.into(),
-        kind: kind.into(),
-        attrs: attrs
-            .into_iter()
-            .map(|(key, value)| Attribute {
-                key: key.into(),
-                value,
-            })
-            .collect(),
-        params: params.into_iter().map(Into::into).collect(),
-    }
-}
+/// The seed of the stand-in's stream of fresh weights.
+const SEED: u64 = 7;
 
-enum Layer {
-    Plain,
-    Factorized(Factorized),
-}
-
-struct Node {
-    info: ModuleInfo,
-    layer: Layer,
-}
-
-/// The golden net as a module tree with its tensors, as the host would show it.
-struct FakeModel {
-    nodes: Vec<Node>,
-    params: BTreeMap<String, Tensor>,
-    rng: u64,
-}
-
-/// Layers of the golden net in order: a conv where `net/param/<layer>.weight` is 4-d, a linear
-/// layer where it is 2-d (`hyperparameters.net`: ReLU after every layer but the last conv,
-/// which is averaged over H and W, and the last linear layer).
-fn build_net(g: &Golden) -> FakeModel {
+/// The golden net as a module tree with its tensors, as the host would show it, in a stand-in
+/// model drawing from SplitMix64 seeded with `seed`. Layers in order: a conv where
+/// `net/param/<layer>.weight` is 4-d, a linear layer where it is 2-d (`hyperparameters.net`:
+/// ReLU after every layer but the last conv, which is averaged over H and W, and the last
+/// linear layer).
+fn build_net(g: &Golden, seed: u64) -> StandIn {
     let mut params = BTreeMap::new();
     for name in g.names_with_role("param") {
         if let Some(rest) = name.strip_prefix("net/param/") {
             params.insert(rest.to_owned(), g.tensor(&name).copy());
         }
     }
-    let mut nodes = Vec::new();
+    let mut net = StandIn::new(seed).module("", "factor_net", &[], vec![]);
     let mut layers: Vec<&String> = params.keys().filter(|k| k.ends_with(".weight")).collect();
     // Convs before linear layers, each in name order (conv_a, conv_b, ...): the net's order.
     layers.sort_by_key(|k| (params[*k].dim() != 4, (*k).clone()));
     for weight_name in layers {
-        let path = weight_name.trim_end_matches(".weight").to_owned();
+        let path = weight_name.trim_end_matches(".weight");
         let s = params[weight_name].size();
-        let names: Vec<String> = [weight_name.clone(), format!("{path}.bias")]
+        let tensors = ["weight", "bias"]
             .into_iter()
-            .filter(|n| params.contains_key(n))
+            .filter_map(|leaf| Some((leaf, params.get(&format!("{path}.{leaf}"))?.shallow_clone())))
             .collect();
         let (kind, attrs): (&str, Vec<(&str, i64)>) = if s.len() == 4 {
             let attrs = vec![
@@ -106,107 +80,54 @@ fn build_net(g: &Golden) -> FakeModel {
         } else {
             (LINEAR, vec![("in_features", s[1]), ("out_features", s[0])])
         };
-        let attrs = attrs
-            .into_iter()
-            .map(|(k, v)| (k.to_owned(), v as f64))
-            .collect();
-        nodes.push(Node {
-            info: info(&path, kind, attrs, names),
-            layer: Layer::Plain,
-        });
+        let attrs: Vec<(&str, f64)> = attrs.into_iter().map(|(k, v)| (k, v as f64)).collect();
+        net.add_module(path, kind, &attrs, tensors);
     }
-    FakeModel {
-        nodes,
-        params,
-        rng: 7,
-    }
+    net
 }
 
-impl FakeModel {
-    fn forward(&self, x: &Tensor) -> Tensor {
-        let last_conv = self
-            .nodes
-            .iter()
-            .rposition(|n| matches!(n.info.kind.as_str(), CONV2D | FACTORIZED_CONV2D))
-            .unwrap();
-        let mut y = x.shallow_clone();
-        for (i, n) in self.nodes.iter().enumerate() {
-            let p = n.info.path.as_str();
-            y = match &n.layer {
-                Layer::Factorized(m) => m.forward(&y, false).unwrap(),
-                Layer::Plain if n.info.kind.as_str() == CONV2D => {
-                    let s = factorize::conv_spec(&n.info).unwrap();
-                    y.conv2d(
-                        &self.params[&format!("{p}.weight")],
-                        self.params.get(&format!("{p}.bias")),
-                        [s.stride, s.stride],
-                        [s.padding, s.padding],
-                        [1, 1],
-                        s.groups,
-                    )
-                }
-                Layer::Plain => y.linear(
-                    &self.params[&format!("{p}.weight")],
-                    self.params.get(&format!("{p}.bias")),
-                ),
-            };
-            y = if i == last_conv {
-                y.mean_dim(&[2i64, 3][..], false, Kind::Float)
-            } else if i + 1 < self.nodes.len() {
-                y.relu()
-            } else {
-                y
-            };
-        }
-        y
-    }
-
-    fn kinds(&self) -> Vec<(String, String)> {
-        self.nodes
-            .iter()
-            .map(|n| (n.info.path.to_string(), n.info.kind.to_string()))
-            .collect()
-    }
+/// The layers of the net in order: the module tree below the root.
+fn layers(net: &StandIn) -> Vec<ModuleInfo> {
+    let mut modules = net.modules().unwrap();
+    modules.retain(|m| !m.path.is_empty());
+    modules
 }
 
-impl Model for FakeModel {
-    fn modules(&self) -> Result<Vec<ModuleInfo>, Error> {
-        let root = info("", "factor_net", vec![], vec![]);
-        Ok(std::iter::once(root)
-            .chain(self.nodes.iter().map(|n| n.info.clone()))
-            .collect())
+/// Runs the net: a layer the surgery replaced runs the module it put in.
+fn forward(net: &StandIn, x: &Tensor) -> Tensor {
+    let layers = layers(net);
+    let last_conv = layers
+        .iter()
+        .rposition(|n| matches!(n.kind.as_str(), CONV2D | FACTORIZED_CONV2D))
+        .unwrap();
+    let mut y = x.shallow_clone();
+    for (i, n) in layers.iter().enumerate() {
+        let p = n.path.as_str();
+        let tensor = |leaf: &str| net.tensor(&format!("{p}.{leaf}"));
+        y = match net.replaced(p) {
+            Some(m) => m.forward(&y, false).unwrap(),
+            None if n.kind.as_str() == CONV2D => ConvSpec::of(n)
+                .unwrap()
+                .conv2d(&y, tensor("weight").unwrap(), tensor("bias"))
+                .unwrap(),
+            None => y.linear(tensor("weight").unwrap(), tensor("bias")),
+        };
+        y = if i == last_conv {
+            y.mean_dim(&[2i64, 3][..], false, Kind::Float)
+        } else if i + 1 < layers.len() {
+            y.relu()
+        } else {
+            y
+        };
     }
+    y
+}
 
-    fn parameter(&self, name: &str) -> Result<Option<Tensor>, Error> {
-        Ok(self.params.get(name).map(Tensor::shallow_clone))
-    }
-
-    fn uniform(&mut self) -> f64 {
-        (splitmix64(&mut self.rng) >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    fn replace(&mut self, path: &str, module: Factorized) -> Result<(), Error> {
-        let node = self
-            .nodes
-            .iter_mut()
-            .find(|n| n.info.path.as_str() == path)
-            .ok_or_else(|| Error::new(ErrorKind::HOST, format!("no module `{path}`")))?;
-        for old in node.info.params.iter() {
-            self.params.remove(old.as_str());
-        }
-        let mut names = Vec::new();
-        for (name, t) in module.tensors() {
-            let full = format!("{path}.{name}");
-            assert!(
-                self.params.insert(full.clone(), t).is_none(),
-                "{full} twice"
-            );
-            names.push(full);
-        }
-        node.info = info(path, module.kind(), module.attrs(), names);
-        node.layer = Layer::Factorized(module);
-        Ok(())
-    }
+fn kinds(net: &StandIn) -> Vec<(String, String)> {
+    layers(net)
+        .iter()
+        .map(|n| (n.path.to_string(), n.kind.to_string()))
+        .collect()
 }
 
 fn settings_of(kwargs: &Value) -> FactorizeSettings {
@@ -235,7 +156,7 @@ fn surgery_cases(g: &Golden) -> Vec<(String, Value)> {
 fn surgery_decides_like_composer_for_every_settings_case() {
     let g = Golden::load(CASE);
     for (case, result) in surgery_cases(&g) {
-        let mut net = build_net(&g);
+        let mut net = build_net(&g, SEED);
         let s = settings_of(&result["kwargs"]);
         let outcome = apply_factorization(&mut net, &s).unwrap();
         let modules = result["modules"].as_object().unwrap();
@@ -261,12 +182,7 @@ fn surgery_decides_like_composer_for_every_settings_case() {
             );
             let factorized = want["type"].as_str().unwrap().starts_with("Factorized");
             assert_eq!(d.factorize(), factorized, "{what}: replaced");
-            let node = net
-                .nodes
-                .iter()
-                .find(|n| n.info.path.as_str() == d.path)
-                .unwrap();
-            let kind = node.info.kind.as_str();
+            let kind = net.kind(&d.path).unwrap();
             if !factorized {
                 assert_eq!(kind, d.kind, "{what}");
                 continue;
@@ -285,13 +201,15 @@ fn surgery_decides_like_composer_for_every_settings_case() {
                 ("module1.bias", "module1_bias"),
             ] {
                 let shape: Vec<i64> = serde_json::from_value(want[key].clone()).unwrap();
-                let t = &net.params[&format!("{}.{leaf}", d.path)];
+                let t = &net.tensors()[&format!("{}.{leaf}", d.path)];
                 assert_eq!(t.size(), shape, "{what}: {leaf}");
                 assert!(t.requires_grad(), "{what}: {leaf} is trainable");
             }
             assert!(want["module0_bias"].is_null());
-            assert!(!net.params.contains_key(&format!("{}.module0.bias", d.path)));
-            assert!(!net.params.contains_key(&format!("{}.weight", d.path)));
+            assert!(!net
+                .tensors()
+                .contains_key(&format!("{}.module0.bias", d.path)));
+            assert!(!net.tensors().contains_key(&format!("{}.weight", d.path)));
         }
         let replaced = outcome.convs_replaced + outcome.linears_replaced;
         assert_eq!(outcome.factorized_convs, outcome.convs_replaced);
@@ -304,7 +222,7 @@ fn surgery_decides_like_composer_for_every_settings_case() {
             .filter_map(|k| k.strip_prefix(&prefix).map(str::to_owned))
             .collect();
         let ours: Vec<String> = net
-            .params
+            .tensors()
             .keys()
             .filter(|k| k.contains(".module"))
             .cloned()
@@ -313,9 +231,9 @@ fn surgery_decides_like_composer_for_every_settings_case() {
         assert_eq!(golden_names.len(), 3 * replaced, "{case}");
 
         // Fresh weights: PyTorch's default bound, 1/sqrt(fan_in).
-        for (name, t) in net.params.iter().filter(|(k, _)| k.contains(".module")) {
+        for (name, t) in net.tensors().iter().filter(|(k, _)| k.contains(".module")) {
             let fan_in = if name.contains("module1.") {
-                let w = &net.params[&name.replace("module1.bias", "module1.weight")];
+                let w = &net.tensors()[&name.replace("module1.bias", "module1.weight")];
                 w.size()[1]
             } else {
                 t.size()[1..].iter().product()
@@ -331,12 +249,12 @@ fn surgery_decides_like_composer_for_every_settings_case() {
         // Composer's recorded weights in our modules give Composer's output.
         tch::no_grad(|| {
             for leaf in &golden_names {
-                net.params[leaf]
+                net.tensors()[leaf]
                     .shallow_clone()
                     .copy_(g.tensor(&format!("{prefix}{leaf}")));
             }
         });
-        let out = tch::no_grad(|| net.forward(g.tensor("net/input")));
+        let out = tch::no_grad(|| forward(&net, g.tensor("net/input")));
         let key = format!("{case}/out");
         assert_close(&key, &out, g.tensor(&key), 1e-5, 1e-6);
         if replaced == 0 {
@@ -345,7 +263,7 @@ fn surgery_decides_like_composer_for_every_settings_case() {
         }
 
         // Idempotent: a second application replaces nothing.
-        let kinds = net.kinds();
+        let kinds_before = kinds(&net);
         let again = apply_factorization(&mut net, &s).unwrap();
         assert_eq!(
             (again.convs_replaced, again.linears_replaced),
@@ -354,8 +272,8 @@ fn surgery_decides_like_composer_for_every_settings_case() {
         );
         assert_eq!(again.factorized_convs, outcome.factorized_convs);
         assert_eq!(again.factorized_linears, outcome.factorized_linears);
-        assert_eq!(net.kinds(), kinds);
-        let out2 = tch::no_grad(|| net.forward(g.tensor("net/input")));
+        assert_eq!(kinds(&net), kinds_before);
+        let out2 = tch::no_grad(|| forward(&net, g.tensor("net/input")));
         assert_close(&key, &out2, &out, 0.0, 0.0);
     }
 }
@@ -376,7 +294,7 @@ fn the_functional_defaults_are_composers_and_convs_or_linears_can_be_left_alone(
         FactorizeSettings::functional_defaults()
     );
 
-    let net = build_net(&g);
+    let net = build_net(&g, SEED);
     let modules = net.modules().unwrap();
     let (_, first) = surgery_cases(&g).into_iter().next().unwrap();
     let s = settings_of(&first["kwargs"]);
@@ -408,10 +326,9 @@ fn fresh_weights_come_from_the_seeded_stream() {
     let (_, first) = surgery_cases(&g).into_iter().next().unwrap();
     let s = settings_of(&first["kwargs"]);
     let run = |seed: u64| {
-        let mut net = build_net(&g);
-        net.rng = seed;
+        let mut net = build_net(&g, seed);
         apply_factorization(&mut net, &s).unwrap();
-        net.forward(g.tensor("net/input"))
+        forward(&net, g.tensor("net/input"))
     };
     assert_close("same seed", &run(3), &run(3), 0.0, 0.0);
     let diff = (run(3) - run(4)).abs().max().double_value(&[]);

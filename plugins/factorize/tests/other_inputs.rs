@@ -29,6 +29,7 @@ use factorize::{
     factorize_conv2d, factorize_matrix, ConvGeometry, ConvSpec, Factorized, FactorizedConv2d,
     FactorizedLinear, LowRankSolution,
 };
+use tessera_plugin_api::kit::OwnTensors;
 use tessera_plugin_api::tch::{Kind, Tensor};
 use tessera_plugin_api::testing::golden::{parse_params, Golden};
 use tessera_plugin_api::testing::splitmix64;
