@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![warn(missing_docs)]
 
+use tessera_plugin_api::kit::{default_init, walk, OwnTensors, SurgeryModel};
 use tessera_plugin_api::tch::{Device, Kind, Tensor};
 use tessera_plugin_api::{
     export_plugin, Context, Error, ErrorKind, Event, Hook, Method, Module, ModuleInfo, Plugin,
@@ -248,14 +249,16 @@ impl GluMlp {
         })
     }
 
-    /// Its tensors (see [`GluWeights::named`]).
-    pub fn tensors(&self) -> Vec<(&'static str, Tensor)> {
-        self.weights.named()
-    }
-
     /// Its activation.
     pub fn activation(&self) -> Activation {
         self.act
+    }
+}
+
+/// Its tensors (see [`GluWeights::named`]).
+impl OwnTensors for GluMlp {
+    fn tensors(&self) -> Vec<(&'static str, Tensor)> {
+        self.weights.named()
     }
 }
 
@@ -324,17 +327,19 @@ impl BertGluOutput {
         })
     }
 
-    /// Its tensors (see [`GluWeights::named`]), then `layernorm.weight`, `layernorm.bias`.
-    pub fn tensors(&self) -> Vec<(&'static str, Tensor)> {
+    /// Its activation.
+    pub fn activation(&self) -> Activation {
+        self.act
+    }
+}
+
+/// Its tensors (see [`GluWeights::named`]), then `layernorm.weight`, `layernorm.bias`.
+impl OwnTensors for BertGluOutput {
+    fn tensors(&self) -> Vec<(&'static str, Tensor)> {
         let mut out = self.weights.named();
         out.push(("layernorm.weight", self.layernorm_weight.shallow_clone()));
         out.push(("layernorm.bias", self.layernorm_bias.shallow_clone()));
         out
-    }
-
-    /// Its activation.
-    pub fn activation(&self) -> Activation {
-        self.act
     }
 }
 
@@ -412,9 +417,9 @@ pub enum GluModule {
     Identity(Identity),
 }
 
-impl GluModule {
-    /// Its tensors, named relative to it.
-    pub fn tensors(&self) -> Vec<(&'static str, Tensor)> {
+/// Its tensors, named relative to it.
+impl OwnTensors for GluModule {
+    fn tensors(&self) -> Vec<(&'static str, Tensor)> {
         match self {
             GluModule::Gpt2(m) => m.tensors(),
             GluModule::Bert(m) => m.tensors(),
@@ -449,30 +454,10 @@ impl Module for GluModule {
     }
 }
 
-/// A new tensor of `shape` with PyTorch's default `Linear` initialisation (kaiming-uniform with
-/// `a = √5` for the weight, the same bound for the bias): `U(−1/√fan_in, 1/√fan_in)`, drawn
-/// element by element from `uniform` (values in `[0, 1)`), trainable.
-pub fn default_init(
-    shape: &[i64],
-    fan_in: i64,
-    uniform: &mut dyn FnMut() -> f64,
-    options: (Kind, Device),
-) -> Result<Tensor, Error> {
-    let bound = 1.0 / (fan_in.max(1) as f64).sqrt();
-    let count: i64 = shape.iter().product();
-    let values: Vec<f32> = (0..count)
-        .map(|_| ((2.0 * uniform() - 1.0) * bound) as f32)
-        .collect();
-    Ok(Tensor::f_from_slice(&values)?
-        .f_view(shape)?
-        .f_to_kind(options.0)?
-        .f_to_device(options.1)?
-        .set_requires_grad(true))
-}
-
 /// Fresh gated feed-forward weights for width `d` and inner width `d_ff`, drawn as Composer's
 /// `BERTGatedFFOutput.__init__` creates its layers (`gated_layer` weight then bias,
-/// `non_gated_layer`, `wo` weight then bias), each with [`default_init`].
+/// `non_gated_layer`, `wo` weight then bias), each with plugin-api's [`default_init`] (PyTorch's
+/// default `Linear` initialisation, `U(−1/√fan_in, 1/√fan_in)`).
 pub fn fresh_weights(
     d: i64,
     d_ff: i64,
@@ -512,83 +497,51 @@ pub struct GluSettings {
     pub non_gated_layer_bias: bool,
 }
 
-/// The model as the surgery sees it: the host's [`Context`], or a stand-in in tests.
-pub trait Model {
-    /// The module tree, depth first.
-    fn modules(&self) -> Result<Vec<ModuleInfo>, Error>;
-    /// The parameter or buffer `name` (full dotted name).
-    fn parameter(&self, name: &str) -> Result<Option<Tensor>, Error>;
-    /// A uniform draw in `[0, 1)` from the run's seeded stream.
-    fn uniform(&mut self) -> f64;
-    /// Replaces the module at `path` by `module`, registering `module.tensors()` under `path`.
-    fn replace(&mut self, path: &str, module: GluModule) -> Result<(), Error>;
-}
-
-impl Model for Context<'_> {
-    fn modules(&self) -> Result<Vec<ModuleInfo>, Error> {
-        Context::modules(self)
-    }
-
-    fn parameter(&self, name: &str) -> Result<Option<Tensor>, Error> {
-        Context::parameter(self, name)
-    }
-
-    fn uniform(&mut self) -> f64 {
-        self.rng_f64()
-    }
-
-    fn replace(&mut self, path: &str, module: GluModule) -> Result<(), Error> {
-        let tensors = module.tensors();
-        self.replace_module(path, module, tensors)
-    }
-}
-
-fn node<'a>(modules: &'a [ModuleInfo], path: &str) -> Option<&'a ModuleInfo> {
-    modules.iter().find(|m| m.path.as_str() == path)
-}
-
 /// Composer's `apply_gated_linear_units` on the host's BERT: in every `bert_layer`, the
 /// `bert_intermediate` becomes the [`Identity`] and the `bert_output` a [`BertGluOutput`]
 /// (`d` = its `dense`'s output width, `d_ff` its input width, its dropout and LayerNorm
 /// epsilon, a fresh LayerNorm), weights drawn as [`fresh_weights`]; the activation is the
 /// settings' or BERT's exact GELU.
 fn apply_to_bert(
-    model: &mut impl Model,
+    model: &mut impl SurgeryModel,
     modules: &[ModuleInfo],
     m: &ModuleInfo,
     settings: &GluSettings,
 ) -> Result<(), Error> {
-    let host = |msg: String| Error::new(ErrorKind::HOST, msg);
-    let dense = format!("{}.dense.weight", m.path);
-    let w = model
-        .parameter(&dense)?
-        .ok_or_else(|| host(format!("{} `{}` has no tensor `{dense}`", m.kind, m.path)))?;
+    let w = model.tensor_of(m, "dense.weight")?;
     let s = w.size();
     let [d, d_ff] = s[..] else {
-        return Err(format!("`{dense}` has shape {s:?}, expected (d, d_ff)").into());
+        return Err(format!(
+            "`{}.dense.weight` has shape {s:?}, expected (d, d_ff)",
+            m.path
+        )
+        .into());
     };
-    let eps = node(modules, &format!("{}.LayerNorm", m.path))
+    let eps = walk::find(modules, &format!("{}.LayerNorm", m.path))
         .and_then(|n| n.attr("eps"))
         .unwrap_or(1e-12);
-    let dropout = node(modules, &format!("{}.dropout", m.path))
+    let dropout = walk::find(modules, &format!("{}.dropout", m.path))
         .and_then(|n| n.attr("p"))
         .unwrap_or(0.0);
     if !(0.0..1.0).contains(&dropout) {
         return Err(format!("{} `{}`: dropout = {dropout}", m.kind, m.path).into());
     }
-    let layer = m.path.as_str().rsplit_once('.').map_or("", |(p, _)| p);
+    let layer = walk::parent(m.path.as_str()).unwrap_or("");
     let intermediate = if layer.is_empty() {
         "intermediate".to_owned()
     } else {
         format!("{layer}.intermediate")
     };
-    match node(modules, &intermediate) {
+    match walk::find(modules, &intermediate) {
         Some(n) if n.kind.as_str() == BERT_INTERMEDIATE => {}
         _ => {
-            return Err(host(format!(
-                "{} `{}` has no `{BERT_INTERMEDIATE}` beside it at `{intermediate}`",
-                m.kind, m.path
-            )))
+            return Err(Error::new(
+                ErrorKind::HOST,
+                format!(
+                    "{} `{}` has no `{BERT_INTERMEDIATE}` beside it at `{intermediate}`",
+                    m.kind, m.path
+                ),
+            ))
         }
     }
     let options = (w.kind(), w.device());
@@ -617,28 +570,26 @@ fn apply_to_bert(
 /// (golden quirk 22). Returns the replaced paths (the `bert_output`s and `gpt2_mlp`s); the
 /// new modules are not candidates, so a second application changes nothing.
 pub fn apply_gated_linear_units(
-    model: &mut impl Model,
+    model: &mut impl SurgeryModel,
     settings: &GluSettings,
 ) -> Result<Vec<String>, Error> {
     let modules = model.modules()?;
     let mut replaced = Vec::new();
-    for m in modules.iter().filter(|m| m.kind.as_str() == BERT_OUTPUT) {
+    for m in walk::of_kind(&modules, BERT_OUTPUT) {
         apply_to_bert(model, &modules, m, settings)?;
         replaced.push(m.path.to_string());
     }
-    for m in modules.iter().filter(|m| m.kind.as_str() == GPT2_MLP) {
-        let name = format!("{}.c_fc.weight", m.path);
-        let c_fc = model.parameter(&name)?.ok_or_else(|| {
-            Error::new(
-                ErrorKind::HOST,
-                format!("{} `{}` has no tensor `{name}`", m.kind, m.path),
-            )
-        })?;
+    for m in walk::of_kind(&modules, GPT2_MLP) {
+        let c_fc = model.tensor_of(m, "c_fc.weight")?;
         let s = c_fc.size();
         let (d, d_ff) = match s[..] {
             [d, d_ff] => (d, d_ff),
             _ => {
-                return Err(format!("`{name}` has shape {s:?}, expected (n_embd, n_inner)").into())
+                return Err(format!(
+                    "`{}.c_fc.weight` has shape {s:?}, expected (n_embd, n_inner)",
+                    m.path
+                )
+                .into())
             }
         };
         let d = m.int_attr("n_embd", Some(d))?;

@@ -12,14 +12,14 @@ use std::collections::BTreeMap;
 
 use gated_linear_units::{
     apply_gated_linear_units, bert_glu_block, gpt2_glu_mlp, Activation, GatedLinearUnits,
-    GluModule, GluSettings, GluWeights, Model, GLU_MLP, GPT2_MLP,
+    GluModule, GluSettings, GluWeights, GLU_MLP, GPT2_MLP,
 };
 use serde_json::Value;
-use tessera_plugin_api::abi::{Attribute, ModuleInfo};
+use tessera_plugin_api::kit::{StandIn, SurgeryModel};
 use tessera_plugin_api::tch::{Device, Kind, Tensor};
 use tessera_plugin_api::testing::golden::{assert_close, Golden};
-use tessera_plugin_api::testing::{default_settings_json, settings, splitmix64};
-use tessera_plugin_api::{boxed_method, Error, Module, Plugin};
+use tessera_plugin_api::testing::{default_settings_json, settings};
+use tessera_plugin_api::{boxed_method, Module, Plugin};
 
 const CASE: &str = "gated_linear_units";
 const RTOL: f64 = 1e-5;
@@ -108,94 +108,34 @@ fn layer0_glu_blocks_match_composer() {
 // ---------------------------------------------------------------------------------------------
 // The surgery over a stand-in GPT-2.
 
-struct FakeGpt2 {
-    nodes: Vec<ModuleInfo>,
-    params: BTreeMap<String, Tensor>,
-    replaced: BTreeMap<String, GluModule>,
-    rng: u64,
-}
-
-fn fake_gpt2(layers: usize, d: i64, d_ff: i64) -> FakeGpt2 {
-    let mut nodes = Vec::new();
-    let mut params = BTreeMap::new();
+/// `layers` GPT-2 MLPs (`transformer.h.{i}.mlp`, `gpt2_mlp`) of width `d` and inner width
+/// `d_ff` with random trainable tensors, in a stand-in model drawing from SplitMix64 seeded
+/// with 7.
+fn fake_gpt2(layers: usize, d: i64, d_ff: i64) -> StandIn {
+    let mut model = StandIn::new(7);
     let opts = (Kind::Float, Device::Cpu);
     for i in 0..layers {
-        let path = format!("transformer.h.{i}.mlp");
         let tensors = [
             ("c_fc.weight", vec![d, d_ff]),
             ("c_fc.bias", vec![d_ff]),
             ("c_proj.weight", vec![d_ff, d]),
             ("c_proj.bias", vec![d]),
-        ];
-        let mut names = Vec::new();
-        for (n, shape) in tensors {
-            let full = format!("{path}.{n}");
-            params.insert(
-                full.clone(),
-                Tensor::randn(shape, opts).set_requires_grad(true),
-            );
-            names.push(full.into());
-        }
-        nodes.push(ModuleInfo {
-            path: path.into(),
-            kind: GPT2_MLP.into(),
-            attrs: [
+        ]
+        .into_iter()
+        .map(|(n, shape)| (n, Tensor::randn(shape, opts).set_requires_grad(true)))
+        .collect();
+        model.add_module(
+            &format!("transformer.h.{i}.mlp"),
+            GPT2_MLP,
+            &[
                 ("n_embd", d as f64),
                 ("n_inner", d_ff as f64),
                 ("resid_pdrop", 0.1),
-            ]
-            .iter()
-            .map(|(k, v)| Attribute {
-                key: (*k).into(),
-                value: *v,
-            })
-            .collect(),
-            params: names.into(),
-        });
+            ],
+            tensors,
+        );
     }
-    FakeGpt2 {
-        nodes,
-        params,
-        replaced: BTreeMap::new(),
-        rng: 7,
-    }
-}
-
-impl Model for FakeGpt2 {
-    fn modules(&self) -> Result<Vec<ModuleInfo>, Error> {
-        Ok(self.nodes.clone())
-    }
-
-    fn parameter(&self, name: &str) -> Result<Option<Tensor>, Error> {
-        Ok(self.params.get(name).map(Tensor::shallow_clone))
-    }
-
-    fn uniform(&mut self) -> f64 {
-        (splitmix64(&mut self.rng) >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    fn replace(&mut self, path: &str, module: GluModule) -> Result<(), Error> {
-        let node = self
-            .nodes
-            .iter_mut()
-            .find(|n| n.path.as_str() == path)
-            .ok_or("no such module")?;
-        for p in node.params.iter() {
-            self.params.remove(p.as_str());
-        }
-        node.kind = module.kind().into();
-        node.params = module
-            .tensors()
-            .into_iter()
-            .map(|(n, t)| {
-                let full = format!("{path}.{n}");
-                self.params.insert(full.clone(), t);
-                full.into()
-            })
-            .collect();
-        self.replaced.insert(path.to_owned(), module);
-        Ok(())
-    }
+    model
 }
 
 #[test]
@@ -210,7 +150,7 @@ fn surgery_replaces_every_gpt2_mlp_with_fresh_gated_weights() {
         };
         let replaced = apply_gated_linear_units(&mut fake, &s).expect("surgery");
         assert_eq!(replaced, ["transformer.h.0.mlp", "transformer.h.1.mlp"]);
-        let mut names: Vec<&str> = fake.params.keys().map(String::as_str).collect();
+        let mut names: Vec<&str> = fake.tensors().keys().map(String::as_str).collect();
         names.retain(|n| n.starts_with("transformer.h.0.mlp."));
         let mut want = vec![
             "gated_layer.weight",
@@ -231,7 +171,7 @@ fn surgery_replaces_every_gpt2_mlp_with_fresh_gated_weights() {
         want.sort();
         assert_eq!(names, want);
         let count: i64 = fake
-            .params
+            .tensors()
             .iter()
             .filter(|(n, _)| n.starts_with("transformer.h.0.mlp."))
             .map(|(_, t)| {
@@ -243,11 +183,11 @@ fn surgery_replaces_every_gpt2_mlp_with_fresh_gated_weights() {
         assert_eq!(count, 3 * d * d_ff + d + biases);
         // Fresh weights within PyTorch's default bound, different per layer.
         let bound = 1.0 / (d as f64).sqrt();
-        let g0 = &fake.params["transformer.h.0.mlp.gated_layer.weight"];
-        let g1 = &fake.params["transformer.h.1.mlp.gated_layer.weight"];
+        let g0 = &fake.tensors()["transformer.h.0.mlp.gated_layer.weight"];
+        let g1 = &fake.tensors()["transformer.h.1.mlp.gated_layer.weight"];
         assert!(g0.abs().max().double_value(&[]) <= bound);
         assert!(!g0.equal(g1));
-        let GluModule::Gpt2(m) = &fake.replaced["transformer.h.0.mlp"] else {
+        let Some(GluModule::Gpt2(m)) = fake.replaced_as::<GluModule>("transformer.h.0.mlp") else {
             panic!("a gpt2_mlp becomes a gated MLP");
         };
         assert_eq!(
@@ -264,8 +204,7 @@ fn surgery_replaces_every_gpt2_mlp_with_fresh_gated_weights() {
         // Evaluation output = the functional form over the registered tensors.
         let x = Tensor::randn([2, 5, d], (Kind::Float, Device::Cpu));
         let p = |n: &str| {
-            fake.params
-                .get(&format!("transformer.h.0.mlp.{n}"))
+            fake.tensor(&format!("transformer.h.0.mlp.{n}"))
                 .map(Tensor::shallow_clone)
         };
         let w = GluWeights {
@@ -282,12 +221,13 @@ fn surgery_replaces_every_gpt2_mlp_with_fresh_gated_weights() {
         assert!(!m.forward(&x, true).expect("train").equal(&want));
 
         // Idempotence.
-        let nodes = fake.nodes.clone();
+        let nodes = fake.modules().expect("modules");
         assert!(apply_gated_linear_units(&mut fake, &s)
             .expect("again")
             .is_empty());
-        assert_eq!(fake.nodes, nodes);
-        assert!(fake.nodes.iter().all(|n| n.kind.as_str() == GLU_MLP));
+        let after = fake.modules().expect("modules");
+        assert_eq!(after, nodes);
+        assert!(after.iter().all(|n| n.kind.as_str() == GLU_MLP));
     }
 }
 
@@ -296,7 +236,7 @@ fn the_same_seed_draws_the_same_weights() {
     let draw = || {
         let mut fake = fake_gpt2(1, 8, 32);
         apply_gated_linear_units(&mut fake, &GluSettings::default()).expect("surgery");
-        fake.params["transformer.h.0.mlp.wo.weight"].copy()
+        fake.tensors()["transformer.h.0.mlp.wo.weight"].copy()
     };
     assert!(draw().equal(&draw()));
 }
