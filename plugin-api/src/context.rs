@@ -5,10 +5,10 @@ use std::marker::PhantomData;
 use abi_stable::std_types::{RResult, RStr, RString, RVec};
 
 use crate::abi::{
-    ErrorKind, EvalResults, HostHandle, ModuleInfo, NamedTensor, ParamGroup, ParamInfo, RankInfo,
-    StepInfo, TensorHandle, TimeInfo,
+    ErrorKind, EvalResults, HostHandle, ModuleInfo, ParamGroup, ParamInfo, RankInfo, StepInfo,
+    TensorHandle, TimeInfo,
 };
-use crate::{host_result, module_box, random, sample, wrap, Error, Module, Wrapper};
+use crate::{host_result, module_box, named_tensors, random, sample, wrap, Error, Module, Wrapper};
 
 /// The host, as a method sees it during one event.
 pub struct Context<'a> {
@@ -121,14 +121,7 @@ impl Context<'_> {
     /// batch tensor must share the first dimension afterwards).
     pub fn set_batch(&mut self, entries: Vec<(&str, tch::Tensor)>) -> Result<(), Error> {
         let f = self.host_fn(self.host.api.set_batch(), "set_batch")?;
-        let entries: RVec<NamedTensor> = entries
-            .into_iter()
-            .map(|(name, t)| NamedTensor {
-                name: name.into(),
-                tensor: TensorHandle::from_tensor(t),
-            })
-            .collect();
-        host_result(f(self.host.ctx, entries))
+        host_result(f(self.host.ctx, named_tensors(entries)))
     }
 
     /// Runs the model on `input` under the run's precision, with or without gradient. The model
@@ -170,13 +163,7 @@ impl Context<'_> {
         tensors: Vec<(&str, tch::Tensor)>,
     ) -> Result<(), Error> {
         let f = self.host_fn(self.host.api.replace_module(), "replace_module")?;
-        let tensors: RVec<NamedTensor> = tensors
-            .into_iter()
-            .map(|(name, t)| NamedTensor {
-                name: name.into(),
-                tensor: TensorHandle::from_tensor(t),
-            })
-            .collect();
+        let tensors = named_tensors(tensors);
         host_result(f(
             self.host.ctx,
             RStr::from_str(path),
@@ -265,13 +252,7 @@ impl Context<'_> {
         tensors: Vec<(&str, tch::Tensor)>,
     ) -> Result<(), Error> {
         let f = self.host_fn_since(self.host.api.wrap_module(), "wrap_module", "1.3")?;
-        let tensors: RVec<NamedTensor> = tensors
-            .into_iter()
-            .map(|(name, t)| NamedTensor {
-                name: name.into(),
-                tensor: TensorHandle::from_tensor(t),
-            })
-            .collect();
+        let tensors = named_tensors(tensors);
         host_result(f(
             self.host.ctx,
             RStr::from_str(path),

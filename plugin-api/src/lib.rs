@@ -154,7 +154,7 @@ pub use plugin::{boxed_method, Plugin};
 pub use plugin::{install_quiet_panic_hook, root_module};
 
 pub(crate) use error::host_result;
-pub(crate) use module::{export_answer, module_box};
+pub(crate) use module::{export_answer, module_box, named_tensors};
 pub(crate) use plugin::guard;
 pub use sample::{Sample, SampleRandom, SampleTransform};
 pub use settings::Settings;

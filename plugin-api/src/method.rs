@@ -2,8 +2,8 @@
 
 use abi_stable::std_types::RVec;
 
-use crate::abi::{Event, MethodState, NamedTensor, TensorHandle};
-use crate::{Context, Error, SampleTransform};
+use crate::abi::{Event, MethodState};
+use crate::{named_tensors, Context, Error, SampleTransform};
 
 /// A speed-up method: reacts to the events it hooks.
 pub trait Method: Send + 'static {
@@ -45,14 +45,7 @@ impl From<State> for MethodState {
         MethodState {
             format_version: s.format_version,
             blob: RVec::from(s.bytes),
-            tensors: s
-                .tensors
-                .into_iter()
-                .map(|(name, t)| NamedTensor {
-                    name: name.into(),
-                    tensor: TensorHandle::from_tensor(t),
-                })
-                .collect(),
+            tensors: named_tensors(s.tensors),
         }
     }
 }

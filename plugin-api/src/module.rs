@@ -81,7 +81,7 @@ pub trait Module: Send + 'static {
 }
 
 /// Tensors across the ABI, named.
-pub(crate) fn named_tensors(tensors: Vec<(String, tch::Tensor)>) -> RVec<NamedTensor> {
+pub(crate) fn named_tensors<N: Into<RString>>(tensors: Vec<(N, tch::Tensor)>) -> RVec<NamedTensor> {
     tensors
         .into_iter()
         .map(|(name, t)| NamedTensor {
