@@ -125,7 +125,7 @@ impl Plugin for Alibi {
                 "`max_sequence_length` must be a positive integer, got {max}"
             ))
         })?;
-        let scale = settings.f64_or("train_sequence_length_scaling", 0.25)?;
+        let scale = settings.f64("train_sequence_length_scaling")?;
         if !(scale.is_finite() && scale > 0.0) {
             return Err(Error::config(format!(
                 "`train_sequence_length_scaling` must be a positive number, got {scale}"

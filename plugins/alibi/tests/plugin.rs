@@ -4,11 +4,13 @@
 
 use alibi::{alibi_batch_shape, Alibi};
 use tessera_plugin_api::tch::{Device, Kind, Tensor};
-use tessera_plugin_api::testing::{default_settings_json, settings, RandomSource, TestHost};
+use tessera_plugin_api::testing::{
+    default_settings_json, settings, settings_for, RandomSource, TestHost,
+};
 use tessera_plugin_api::{boxed_method, keys, Event, Plugin};
 
 fn create(json: &str) -> Result<Alibi, String> {
-    Alibi::create(&settings(json)).map_err(|e| e.to_string())
+    Alibi::create(&settings_for::<Alibi>(json)).map_err(|e| e.to_string())
 }
 
 #[test]

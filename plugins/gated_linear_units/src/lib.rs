@@ -686,8 +686,8 @@ impl Plugin for GatedLinearUnits {
         Ok(GatedLinearUnits {
             settings: GluSettings {
                 act_fn,
-                gated_layer_bias: settings.bool_or("gated_layer_bias", false)?,
-                non_gated_layer_bias: settings.bool_or("non_gated_layer_bias", false)?,
+                gated_layer_bias: settings.bool("gated_layer_bias")?,
+                non_gated_layer_bias: settings.bool("non_gated_layer_bias")?,
             },
         })
     }

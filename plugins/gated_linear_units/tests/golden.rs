@@ -18,7 +18,7 @@ use serde_json::Value;
 use tessera_plugin_api::kit::{StandIn, SurgeryModel};
 use tessera_plugin_api::tch::{Device, Kind, Tensor};
 use tessera_plugin_api::testing::golden::{assert_close, Golden};
-use tessera_plugin_api::testing::{default_settings_json, settings};
+use tessera_plugin_api::testing::{default_settings_json, settings, settings_for};
 use tessera_plugin_api::{boxed_method, Module, Plugin};
 
 const CASE: &str = "gated_linear_units";
@@ -248,8 +248,10 @@ fn settings_defaults_and_errors() {
     )))
     .expect("defaults");
     assert_eq!(m.settings(), GluSettings::default());
-    let m = GatedLinearUnits::create(&settings(r#"{"act_fn": "relu", "gated_layer_bias": true}"#))
-        .expect("relu");
+    let m = GatedLinearUnits::create(&settings_for::<GatedLinearUnits>(
+        r#"{"act_fn": "relu", "gated_layer_bias": true}"#,
+    ))
+    .expect("relu");
     assert_eq!(m.settings().act_fn, Some(Activation::Relu));
     assert!(m.settings().gated_layer_bias);
     for (json, key) in [
@@ -258,7 +260,7 @@ fn settings_defaults_and_errors() {
         (r#"{"gated_layer_bias": "no"}"#, "gated_layer_bias"),
         (r#"{"non_gated_layer_bias": 0}"#, "non_gated_layer_bias"),
     ] {
-        let e = GatedLinearUnits::create(&settings(json))
+        let e = GatedLinearUnits::create(&settings_for::<GatedLinearUnits>(json))
             .expect_err(json)
             .to_string();
         assert!(e.contains(key), "{json}: {e}");
