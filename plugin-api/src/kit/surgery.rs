@@ -46,17 +46,32 @@ pub trait SurgeryModel {
     /// The tensor `name` of `module` (`weight`: `<path>.weight`); an error naming the module
     /// when it has none.
     fn tensor_of(&self, module: &ModuleInfo, name: &str) -> Result<Tensor, Error> {
-        let full = if module.path.is_empty() {
-            name.to_owned()
-        } else {
-            format!("{}.{name}", module.path)
-        };
+        let full = full_name(module, name);
         self.parameter(&full)?.ok_or_else(|| {
             Error::new(
                 ErrorKind::HOST,
                 format!("{} `{}` has no tensor `{full}`", module.kind, module.path),
             )
         })
+    }
+
+    /// The tensor `name` of `module` when the module itself holds one (a conv's `bias` may be
+    /// absent), else `None`.
+    fn optional_tensor_of(&self, module: &ModuleInfo, name: &str) -> Result<Option<Tensor>, Error> {
+        let full = full_name(module, name);
+        if module.params.iter().any(|p| p.as_str() == full) {
+            self.parameter(&full)
+        } else {
+            Ok(None)
+        }
+    }
+}
+
+fn full_name(module: &ModuleInfo, name: &str) -> String {
+    if module.path.is_empty() {
+        name.to_owned()
+    } else {
+        format!("{}.{name}", module.path)
     }
 }
 

@@ -133,8 +133,7 @@ pub fn apply_blurpool(model: &mut impl SurgeryModel, options: &Options) -> Resul
             Replacement::Conv(spec) => {
                 let info = walk::find(&modules, &path).ok_or("planned a module not in the tree")?;
                 let weight = model.tensor_of(info, "weight")?;
-                // A conv lists its own tensors: `<path>.bias` exists when it has a bias.
-                let bias = model.parameter(&format!("{path}.bias"))?;
+                let bias = model.optional_tensor_of(info, "bias")?;
                 outcome.replaced_convs += 1;
                 BlurLayer::Conv(BlurConv2d::from_conv(
                     spec,

@@ -6,7 +6,7 @@ mod layer;
 use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
-use tessera_plugin_api::kit::{json_state, StateReader};
+use tessera_plugin_api::kit::{json_state, walk, StateReader};
 use tessera_plugin_api::{
     export_plugin, Context, Error, Event, Hook, Method, ModuleInfo, Plugin, Settings, State,
 };
@@ -27,10 +27,8 @@ const STATE_FORMAT: u32 = 1;
 /// The dropouts the method replaces: every `dropout` of the tree (Composer: `nn.Dropout`, not
 /// its 1-d/2-d/3-d variants; a replaced one shows the kind [`KIND`]).
 pub fn targets(modules: &[ModuleInfo]) -> Vec<String> {
-    modules
-        .iter()
-        .filter(|m| m.kind.as_str() == DROPOUT)
-        .map(|m| m.path.as_str().to_owned())
+    walk::of_kind(modules, DROPOUT)
+        .map(|m| m.path.to_string())
         .collect()
 }
 

@@ -3,6 +3,7 @@
 //! in force, and the surgery at `init` that wraps a norm kind in place.
 #![warn(missing_docs)]
 
+use tessera_plugin_api::kit::{walk, SurgeryModel};
 use tessera_plugin_api::tch::{self, Device, Kind, TchError, Tensor};
 use tessera_plugin_api::{Context, Error, Inner, ModuleInfo, Wrapper};
 
@@ -176,39 +177,26 @@ impl Wrapper for LowPrecisionNorm {
 /// The norms of `kind` in the tree (a converted one shows [`NormKind::kind`], so applying twice
 /// changes nothing).
 pub fn targets(modules: &[ModuleInfo], kind: NormKind) -> Vec<String> {
-    modules
-        .iter()
-        .filter(|m| m.kind.as_str() == kind.host_kind())
-        .map(|m| m.path.as_str().to_owned())
+    walk::of_kind(modules, kind.host_kind())
+        .map(|m| m.path.to_string())
         .collect()
 }
 
 /// Composer's `apply_low_precision_layernorm` / `_groupnorm(model, precision)`, the precision
 /// checked by the caller: every norm of `kind` is wrapped in place, its tensors keeping their
 /// names. Returns the paths converted.
-pub fn apply(ctx: &mut Context<'_>, kind: NormKind) -> Result<Vec<String>, Error> {
-    let modules = ctx.modules()?;
+pub fn apply(model: &mut impl SurgeryModel, kind: NormKind) -> Result<Vec<String>, Error> {
+    let modules = model.modules()?;
     let paths = targets(&modules, kind);
     for path in &paths {
-        let info = modules
-            .iter()
-            .find(|m| m.path.as_str() == path)
-            .ok_or("the module tree changed during surgery")?;
-        let tensor = |name: &str| -> Result<Option<Tensor>, Error> {
-            let full = format!("{path}.{name}");
-            if info.params.iter().any(|p| p.as_str() == full) {
-                ctx.parameter(&full)
-            } else {
-                Ok(None)
-            }
-        };
+        let info = walk::find(&modules, path).ok_or("the module tree changed during surgery")?;
         let norm = NormTensors {
-            weight: tensor("weight")?,
-            bias: tensor("bias")?,
+            weight: model.optional_tensor_of(info, "weight")?,
+            bias: model.optional_tensor_of(info, "bias")?,
             size: info.int_attr(kind.size_attr(), None)?,
             eps: info.attr("eps").unwrap_or(1e-5),
         };
-        ctx.wrap_module(path, LowPrecisionNorm { kind, norm }, None, Vec::new())?;
+        model.wrap_module(path, LowPrecisionNorm { kind, norm }, None, Vec::new())?;
     }
     Ok(paths)
 }
@@ -224,11 +212,10 @@ pub const RMS_NORM: &str = "rms_norm";
 /// computes.
 pub fn refuse_rms_norms(modules: &[ModuleInfo]) -> Result<(), Error> {
     let layer = NormKind::Layer.host_kind();
-    let has = |k: &str| modules.iter().any(|m| m.kind.as_str() == k);
+    let has = |k: &str| walk::of_kind(modules, k).next().is_some();
     if has(RMS_NORM) && !has(layer) {
-        let first = modules
-            .iter()
-            .find(|m| m.kind.as_str() == RMS_NORM)
+        let first = walk::of_kind(modules, RMS_NORM)
+            .next()
             .map(|m| m.path.to_string())
             .unwrap_or_default();
         return Err(Error::config(format!(

@@ -3,7 +3,7 @@
 use std::sync::{Arc, Mutex};
 
 use tessera_plugin_api::device::upload;
-use tessera_plugin_api::kit::StateReader;
+use tessera_plugin_api::kit::{walk, StateReader};
 use tessera_plugin_api::tch::{Device, Kind, Tensor};
 use tessera_plugin_api::{
     export_plugin, keys, Context, Error, Event, Hook, Inner, Method, ModuleInfo, Plugin, Settings,
@@ -216,13 +216,10 @@ pub fn fold_drop_rate(
 /// The bottleneck blocks StochasticDepth wraps, in module order, with whether each has a
 /// projection: every `bottleneck_block` not already wrapped.
 pub fn targets(modules: &[ModuleInfo]) -> Vec<(String, bool)> {
-    modules
-        .iter()
-        .filter(|m| m.kind.as_str() == "bottleneck_block")
+    walk::of_kind(modules, "bottleneck_block")
         .map(|m| {
             let path = m.path.as_str();
-            let downsample = format!("{path}.downsample");
-            let has = modules.iter().any(|c| c.path.as_str() == downsample);
+            let has = walk::find(modules, &format!("{path}.downsample")).is_some();
             (path.to_owned(), has)
         })
         .collect()
