@@ -357,7 +357,7 @@ impl Plugin for ScaleInput {
     }
 
     fn create(settings: &Settings) -> Result<Self, Error> {
-        let factor = settings.f64_or("factor", 1.0)?;
+        let factor = settings.f64("factor")?;
         if !factor.is_finite() {
             return Err(Error::config(format!(
                 "`factor` must be a finite number, got {factor}"

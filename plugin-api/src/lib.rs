@@ -46,7 +46,7 @@
 //!     }
 //!
 //!     fn create(settings: &Settings) -> Result<Self, Error> {
-//!         Ok(ScaleInput { factor: settings.f64_or("factor", 1.0)? })
+//!         Ok(ScaleInput { factor: settings.f64("factor")? })
 //!     }
 //! }
 //! # use tessera_plugin_api::Settings;

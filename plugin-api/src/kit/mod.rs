@@ -67,7 +67,7 @@
 //!         vec![Hook::at(Event::INIT)]
 //!     }
 //!     fn create(settings: &Settings) -> Result<Self, Error> {
-//!         Ok(ScaleLinear(settings.f64_or("init", 1.0)?))
+//!         Ok(ScaleLinear(settings.f64("init")?))
 //!     }
 //! }
 //!
