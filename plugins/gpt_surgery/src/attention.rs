@@ -4,6 +4,7 @@
 use std::sync::Mutex;
 
 use tessera_plugin_api::device::upload;
+use tessera_plugin_api::kit::OwnTensors;
 use tessera_plugin_api::tch::{Device, Kind, Tensor};
 use tessera_plugin_api::{Error, ErrorKind, Module, ModuleInfo};
 
@@ -373,12 +374,6 @@ impl ExtAttention {
         &self.spec
     }
 
-    /// The tensors to register under the module's path: the four original ones (shallow
-    /// clones: trained and saved under the same names as before).
-    pub fn tensors(&self) -> Vec<(&'static str, Tensor)> {
-        self.weights.named()
-    }
-
     /// `(cos, sin)` for `t` positions, `(t, dims/2)`, in `kind` on `device` (cached).
     fn cos_sin(
         &self,
@@ -468,6 +463,14 @@ impl ExtAttention {
         let y = y.f_transpose(1, 2)?.f_contiguous()?.f_reshape([b, t, c])?;
         let y = conv1d(&y, &w.c_proj_weight, &w.c_proj_bias)?;
         dropout(y, self.spec.resid_pdrop, train)
+    }
+}
+
+/// The tensors to register under the module's path: the four original ones (shallow clones:
+/// trained and saved under the same names as before).
+impl OwnTensors for ExtAttention {
+    fn tensors(&self) -> Vec<(&'static str, Tensor)> {
+        self.weights.named()
     }
 }
 

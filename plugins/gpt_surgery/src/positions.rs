@@ -1,5 +1,6 @@
 //! The position embedding of a model whose positions are rotary: [`ZeroPositions`].
 
+use tessera_plugin_api::kit::OwnTensors;
 use tessera_plugin_api::tch::{Device, Kind, Tensor};
 use tessera_plugin_api::{Error, Module};
 
@@ -56,9 +57,11 @@ impl ZeroPositions {
     pub fn max_sequence_length(&self) -> i64 {
         self.weight.size()[0]
     }
+}
 
-    /// The tensor registered under the module's path: `weight` (a buffer).
-    pub fn tensors(&self) -> Vec<(&'static str, Tensor)> {
+/// The tensor registered under the module's path: `weight` (a buffer).
+impl OwnTensors for ZeroPositions {
+    fn tensors(&self) -> Vec<(&'static str, Tensor)> {
         vec![("weight", self.weight.shallow_clone())]
     }
 }

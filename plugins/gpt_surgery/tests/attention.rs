@@ -4,9 +4,10 @@
 
 use gpt_surgery::kinds::{EXT_ATTENTION, GPT2_ATTENTION};
 use gpt_surgery::{
-    apply_rotary, conv1d, qk_rms_norm, rebuild_attention, AttentionSpec, AttentionWeights,
-    ExtAttention, Model, Normal, Rotary, Sizes, StandIn,
+    apply_rotary, conv1d, gpt2, qk_rms_norm, rebuild_attention, AttentionSpec, AttentionWeights,
+    ExtAttention, Normal, Rotary, Sizes,
 };
+use tessera_plugin_api::kit::{StandIn, SurgeryModel};
 use tessera_plugin_api::tch::{self, Device, Kind, Tensor};
 use tessera_plugin_api::Module;
 
@@ -211,9 +212,8 @@ fn attributes_describe_the_module_completely() {
         true,
     );
     let m = ExtAttention::new(s.clone(), weights(32, 6)).unwrap();
-    let mut model = StandIn::gpt2(Sizes::default(), 0);
-    let tensors = m.tensors();
-    model.replace("transformer.h.0.attn", m, tensors).unwrap();
+    let mut model = gpt2(Sizes::default(), 0);
+    model.replace("transformer.h.0.attn", m).unwrap();
     let info = model.info("transformer.h.0.attn").unwrap();
     assert_eq!(info.kind.as_str(), EXT_ATTENTION);
     assert_eq!(AttentionSpec::from_module(info).unwrap(), Some(s));
@@ -248,10 +248,10 @@ fn the_surgery_composes_in_either_order_over_the_same_tensors() {
         n_embd: 32,
         ..Sizes::default()
     };
-    let mut a = StandIn::gpt2(sizes, 7);
-    let mut b = StandIn::gpt2(sizes, 7);
+    let mut a = gpt2(sizes, 7);
+    let mut b = gpt2(sizes, 7);
     let before = a
-        .get("transformer.h.1.attn.c_attn.weight")
+        .tensor("transformer.h.1.attn.c_attn.weight")
         .unwrap()
         .shallow_clone();
     assert_eq!(a.kind("transformer.h.1.attn"), Some(GPT2_ATTENTION));
@@ -259,7 +259,7 @@ fn the_surgery_composes_in_either_order_over_the_same_tensors() {
     assert_eq!(rebuild_attention(&mut a, add_norm).unwrap().len(), 2);
     rebuild_attention(&mut b, add_norm).unwrap();
     rebuild_attention(&mut b, add_rotary).unwrap();
-    let names = |m: &StandIn| m.tensors.keys().cloned().collect::<Vec<_>>();
+    let names = |m: &StandIn| m.tensors().keys().cloned().collect::<Vec<_>>();
     assert_eq!(names(&a), names(&b));
     for i in 0..2 {
         let path = format!("transformer.h.{i}.attn");
@@ -272,17 +272,17 @@ fn the_surgery_composes_in_either_order_over_the_same_tensors() {
         assert!(sa.qk_norm && sa.rotary.is_some_and(|r| r.dims == 4));
     }
     // The same storage as the model's tensor before the surgery.
-    let after = a.get("transformer.h.1.attn.c_attn.weight").unwrap();
+    let after = a.tensor("transformer.h.1.attn.c_attn.weight").unwrap();
     assert_eq!(after.data_ptr(), before.data_ptr());
     tch::manual_seed(8);
     let x = Tensor::randn([2, 6, 32], F32);
     let ya = a
-        .module("transformer.h.1.attn")
+        .replaced("transformer.h.1.attn")
         .unwrap()
         .forward(&x, false)
         .unwrap();
     let yb = b
-        .module("transformer.h.1.attn")
+        .replaced("transformer.h.1.attn")
         .unwrap()
         .forward(&x, false)
         .unwrap();
@@ -305,4 +305,33 @@ fn training_mode_applies_both_dropouts() {
     let train = m.forward(&x, true).unwrap();
     assert!(!train.equal(&eval));
     assert!(m.forward(&Tensor::randn([2, 8, 12], F32), false).is_err());
+}
+
+#[test]
+fn the_transitional_stand_in_is_the_kits_gpt2_with_its_tree_as_fields() {
+    let kit = gpt2(Sizes::default(), 3);
+    let mut model = gpt_surgery::StandIn::gpt2(Sizes::default(), 3);
+    assert_eq!(model.infos, kit.modules().unwrap());
+    assert_eq!(model.tensors.len(), kit.tensors().len());
+    for (name, t) in kit.tensors() {
+        assert!(model.get(name).unwrap().equal(t), "{name}");
+    }
+    // A kind changed before the first surgery is what the surgery sees; the fields follow it.
+    let attn = model
+        .infos
+        .iter_mut()
+        .find(|m| m.path.as_str() == "transformer.h.0.attn")
+        .unwrap();
+    attn.kind = "sequential".into();
+    assert_eq!(
+        rebuild_attention(&mut model, add_norm).unwrap(),
+        ["transformer.h.1.attn"]
+    );
+    assert_eq!(model.kind("transformer.h.0.attn"), Some("sequential"));
+    assert_eq!(model.kind("transformer.h.1.attn"), Some(EXT_ATTENTION));
+    assert!(model.module("transformer.h.1.attn").is_some());
+    assert!(model
+        .tensors
+        .contains_key("transformer.h.1.attn.c_attn.weight"));
+    assert!(rebuild_attention(&mut model, add_norm).unwrap().is_empty());
 }
