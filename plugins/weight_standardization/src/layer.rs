@@ -1,6 +1,7 @@
 //! The standardization ([`standardize_weight`]) and the module surgery puts in place of a conv
 //! ([`StandardizedConv2d`]).
 
+use tessera_plugin_api::kit::{ConvSpec, OwnTensors};
 use tessera_plugin_api::tch::{TchError, Tensor};
 use tessera_plugin_api::{Error, Module};
 
@@ -19,23 +20,6 @@ pub fn standardize_weight(weight: &Tensor) -> Result<Tensor, TchError> {
         .f_div(&var.f_add_scalar(EPSILON)?.f_sqrt()?)
 }
 
-/// A 2-d convolution's hyperparameters, as the module tree gives them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ConvSpec {
-    /// Input channels.
-    pub in_channels: i64,
-    /// Output channels.
-    pub out_channels: i64,
-    /// Kernel side (square kernels).
-    pub kernel_size: i64,
-    /// Stride.
-    pub stride: i64,
-    /// Zero padding on each side.
-    pub padding: i64,
-    /// Groups.
-    pub groups: i64,
-}
-
 /// A conv whose weight is standardized with [`standardize_weight`] at every forward, as a conv
 /// with Composer's `WeightStandardizer` parametrization. It holds the conv's own (trained)
 /// weight and bias, so the optimizer keeps updating the raw weight.
@@ -50,12 +34,7 @@ impl StandardizedConv2d {
     /// Wraps a conv's weight `(out, in / groups, k, k)` and optional bias `(out)` (shared, not
     /// copied: they stay the model's parameters).
     pub fn new(spec: ConvSpec, weight: &Tensor, bias: Option<&Tensor>) -> Result<Self, Error> {
-        let want = [
-            spec.out_channels,
-            spec.in_channels / spec.groups.max(1),
-            spec.kernel_size,
-            spec.kernel_size,
-        ];
+        let want = spec.weight_shape();
         if weight.size() != want {
             return Err(Error::new(
                 tessera_plugin_api::ErrorKind::HOST,
@@ -82,27 +61,22 @@ impl StandardizedConv2d {
         standardize_weight(&self.weight)
     }
 
-    /// The tensors to register under the module's path: `weight` (and `bias`), the conv's own
-    /// names, so checkpoints keep them.
-    pub fn tensors(&self) -> Vec<(&'static str, Tensor)> {
+    /// The forward: `conv2d(input, standardize(weight), bias)`.
+    pub fn run(&self, input: &Tensor) -> Result<Tensor, Error> {
+        self.spec
+            .conv2d(input, &self.standardized_weight()?, self.bias.as_ref())
+    }
+}
+
+/// The tensors to register under the module's path: `weight` (and `bias`), the conv's own
+/// names, so checkpoints keep them.
+impl OwnTensors for StandardizedConv2d {
+    fn tensors(&self) -> Vec<(&'static str, Tensor)> {
         let mut out = vec![("weight", self.weight.shallow_clone())];
         if let Some(b) = &self.bias {
             out.push(("bias", b.shallow_clone()));
         }
         out
-    }
-
-    /// The forward: `conv2d(input, standardize(weight), bias)`.
-    pub fn run(&self, input: &Tensor) -> Result<Tensor, TchError> {
-        let s = self.spec;
-        input.f_conv2d(
-            &self.standardized_weight()?,
-            self.bias.as_ref(),
-            [s.stride, s.stride],
-            [s.padding, s.padding],
-            [1, 1],
-            s.groups,
-        )
     }
 }
 
@@ -112,22 +86,11 @@ impl Module for StandardizedConv2d {
     }
 
     fn attrs(&self) -> Vec<(String, f64)> {
-        let s = self.spec;
-        [
-            ("in_channels", s.in_channels),
-            ("out_channels", s.out_channels),
-            ("kernel_size", s.kernel_size),
-            ("stride", s.stride),
-            ("padding", s.padding),
-            ("groups", s.groups),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_owned(), v as f64))
-        .collect()
+        self.spec.attrs()
     }
 
     fn forward(&self, input: &Tensor, _train: bool) -> Result<Tensor, Error> {
-        Ok(self.run(input)?)
+        self.run(input)
     }
 
     /// Folds back into a plain conv whose weight is the standardized one.

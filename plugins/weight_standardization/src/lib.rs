@@ -6,8 +6,8 @@ mod surgery;
 
 use tessera_plugin_api::{export_plugin, Context, Error, Event, Hook, Method, Plugin, Settings};
 
-pub use layer::{standardize_weight, ConvSpec, StandardizedConv2d, EPSILON};
-pub use surgery::{apply_weight_standardization, conv_spec, plan, Model, Outcome, Plan};
+pub use layer::{standardize_weight, StandardizedConv2d, EPSILON};
+pub use surgery::{apply_weight_standardization, plan, Outcome, Plan};
 
 /// Module kind of the host's 2-d convolution.
 pub const CONV2D: &str = "conv2d";

@@ -1,10 +1,10 @@
-//! Which convs are standardized ([`plan`]) and the surgery over any [`Model`]
+//! Which convs are standardized ([`plan`]) and the surgery over any [`SurgeryModel`]
 //! ([`apply_weight_standardization`]).
 
-use tessera_plugin_api::tch::Tensor;
-use tessera_plugin_api::{Context, Error, ErrorKind, ModuleInfo};
+use tessera_plugin_api::kit::{walk, ConvSpec, SurgeryModel};
+use tessera_plugin_api::{Error, ErrorKind, ModuleInfo};
 
-use crate::layer::{ConvSpec, StandardizedConv2d};
+use crate::layer::StandardizedConv2d;
 use crate::{CONV2D, WS_CONV2D};
 
 /// The surgery's decision for a module tree.
@@ -44,43 +44,6 @@ pub fn plan(modules: &[ModuleInfo], n_last_layers_ignore: usize) -> Plan {
     }
 }
 
-/// The hyperparameters of the conv `info`.
-pub fn conv_spec(info: &ModuleInfo) -> Result<ConvSpec, Error> {
-    Ok(ConvSpec {
-        in_channels: info.int_attr("in_channels", None)?,
-        out_channels: info.int_attr("out_channels", None)?,
-        kernel_size: info.int_attr("kernel_size", None)?,
-        stride: info.int_attr("stride", Some(1))?,
-        padding: info.int_attr("padding", Some(0))?,
-        groups: info.int_attr("groups", Some(1))?,
-    })
-}
-
-/// The model as the surgery sees it: the host's [`Context`], or a stand-in in tests.
-pub trait Model {
-    /// The module tree, depth first.
-    fn modules(&self) -> Result<Vec<ModuleInfo>, Error>;
-    /// The parameter or buffer `name` (full dotted name).
-    fn parameter(&self, name: &str) -> Result<Option<Tensor>, Error>;
-    /// Replaces the module at `path` by `conv`, registering `conv.tensors()` under `path`.
-    fn replace(&mut self, path: &str, conv: StandardizedConv2d) -> Result<(), Error>;
-}
-
-impl Model for Context<'_> {
-    fn modules(&self) -> Result<Vec<ModuleInfo>, Error> {
-        Context::modules(self)
-    }
-
-    fn parameter(&self, name: &str) -> Result<Option<Tensor>, Error> {
-        Context::parameter(self, name)
-    }
-
-    fn replace(&mut self, path: &str, conv: StandardizedConv2d) -> Result<(), Error> {
-        let tensors = conv.tensors();
-        self.replace_module(path, conv, tensors)
-    }
-}
-
 /// What one application did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Outcome {
@@ -96,32 +59,22 @@ pub struct Outcome {
 /// [`plan`] becomes a [`StandardizedConv2d`] holding the conv's own weight and bias tensors
 /// (same names, same storage, so they stay trained and checkpointed).
 pub fn apply_weight_standardization(
-    model: &mut impl Model,
+    model: &mut impl SurgeryModel,
     n_last_layers_ignore: usize,
 ) -> Result<Outcome, Error> {
     let modules = model.modules()?;
     let plan = plan(&modules, n_last_layers_ignore);
     for path in &plan.replace {
-        let info = modules
-            .iter()
-            .find(|m| m.path.as_str() == path)
+        let info = walk::find(&modules, path)
             .ok_or_else(|| Error::new(ErrorKind::HOST, format!("no module `{path}`")))?;
-        let tensor = |leaf: &str| -> Result<Option<Tensor>, Error> {
-            let name = format!("{path}.{leaf}");
-            if info.params.iter().any(|p| p.as_str() == name) {
-                model.parameter(&name)
-            } else {
-                Ok(None)
-            }
+        let weight = model.tensor_of(info, "weight")?;
+        let bias_name = format!("{path}.bias");
+        let bias = if info.params.iter().any(|p| p.as_str() == bias_name) {
+            model.parameter(&bias_name)?
+        } else {
+            None
         };
-        let weight = tensor("weight")?.ok_or_else(|| {
-            Error::new(
-                ErrorKind::HOST,
-                format!("conv2d `{path}` has no tensor `{path}.weight`"),
-            )
-        })?;
-        let bias = tensor("bias")?;
-        let conv = StandardizedConv2d::new(conv_spec(info)?, &weight, bias.as_ref())?;
+        let conv = StandardizedConv2d::new(ConvSpec::of(info)?, &weight, bias.as_ref())?;
         model.replace(path, conv)?;
     }
     Ok(Outcome {

@@ -8,13 +8,13 @@
 
 use std::collections::BTreeMap;
 
-use tessera_plugin_api::abi::{Attribute, ModuleInfo};
+use tessera_plugin_api::kit::{ConvSpec, StandIn, SurgeryModel};
 use tessera_plugin_api::tch::{self, Device, Kind, Tensor};
 use tessera_plugin_api::testing::golden::{assert_close, Golden};
 use tessera_plugin_api::testing::{default_settings_json, settings};
-use tessera_plugin_api::{boxed_method, Error, ErrorKind, Plugin};
+use tessera_plugin_api::{boxed_method, ErrorKind, Plugin};
 use weight_standardization::{
-    apply_weight_standardization, conv_spec, plan, standardize_weight, Model, StandardizedConv2d,
+    apply_weight_standardization, plan, standardize_weight, StandardizedConv2d,
     WeightStandardization, CONV2D, WS_CONV2D,
 };
 
@@ -22,41 +22,9 @@ const CASE: &str = "weight_standardization";
 const RTOL: f64 = 1e-5;
 const ATOL: f64 = 1e-6;
 
-enum Layer {
-    Conv,
-    Relu,
-    Standardized(StandardizedConv2d),
-}
-
-struct Node {
-    info: ModuleInfo,
-    layer: Layer,
-}
-
-/// The golden net as a module tree with its tensors, as the host would show it.
-struct FakeModel {
-    nodes: Vec<Node>,
-    params: BTreeMap<String, Tensor>,
-}
-
-fn info(path: &str, kind: &str, attrs: Vec<(String, f64)>, params: Vec<String>) -> ModuleInfo {
-    ModuleInfo {
-        path: path.into(),
-        kind: kind.into(),
-        attrs: attrs
-            .into_iter()
-            .map(|(key, value)| Attribute {
-                key: key.into(),
-                value,
-            })
-            .collect(),
-        params: params.into_iter().map(Into::into).collect(),
-    }
-}
-
-/// Module indices of the golden net: a conv where the file has `param/<i>.weight`, a ReLU
-/// between.
-fn build_net(g: &Golden) -> FakeModel {
+/// The golden net as a module tree with its tensors, as the host would show it. Module
+/// indices: a conv where the file has `param/<i>.weight`, a ReLU between.
+fn build_net(g: &Golden) -> StandIn {
     let mut params = BTreeMap::new();
     for name in g.names_with_role("param") {
         params.insert(name["param/".len()..].to_owned(), g.tensor(&name).copy());
@@ -66,121 +34,81 @@ fn build_net(g: &Golden) -> FakeModel {
         .filter_map(|k| k.split('.').next()?.parse::<usize>().ok())
         .max()
         .expect("golden parameters");
-    let mut nodes = Vec::new();
+    let mut net = StandIn::new(0).module("", "sequential", &[], vec![]);
     for i in 0..=last {
         let path = i.to_string();
-        let weight_name = format!("{path}.weight");
-        let node = match params.get(&weight_name) {
+        match params.get(&format!("{path}.weight")) {
             Some(w) => {
                 let s = w.size();
-                let names: Vec<String> = [weight_name.clone(), format!("{path}.bias")]
+                let attrs = ConvSpec {
+                    in_channels: s[1],
+                    out_channels: s[0],
+                    kernel_size: s[2],
+                    stride: 1,
+                    padding: s[2] / 2,
+                    groups: 1,
+                }
+                .attrs();
+                let attrs: Vec<(&str, f64)> = attrs.iter().map(|(k, v)| (k.as_str(), *v)).collect();
+                let tensors: Vec<(&str, Tensor)> = ["weight", "bias"]
                     .into_iter()
-                    .filter(|n| params.contains_key(n))
+                    .filter_map(|n| Some((n, params.get(&format!("{path}.{n}"))?.shallow_clone())))
                     .collect();
-                let attrs = [
-                    ("in_channels", s[1]),
-                    ("out_channels", s[0]),
-                    ("kernel_size", s[2]),
-                    ("stride", 1),
-                    ("padding", s[2] / 2),
-                    ("groups", 1),
-                ]
-                .into_iter()
-                .map(|(k, v)| (k.to_owned(), v as f64))
-                .collect();
-                Node {
-                    info: info(&path, CONV2D, attrs, names),
-                    layer: Layer::Conv,
-                }
+                net.add_module(&path, CONV2D, &attrs, tensors);
             }
-            None => Node {
-                info: info(&path, "relu", vec![], vec![]),
-                layer: Layer::Relu,
-            },
+            None => net.add_module(&path, "relu", &[], vec![]),
+        }
+    }
+    net
+}
+
+/// The golden net's forward: ReLUs, plain convs over the model's tensors, and the
+/// standardized convs the surgery put in.
+fn forward(net: &StandIn, x: &Tensor) -> Tensor {
+    let mut y = x.shallow_clone();
+    for m in net.modules().unwrap().iter().filter(|m| !m.path.is_empty()) {
+        let p = m.path.as_str();
+        y = match m.kind.as_str() {
+            "relu" => y.relu(),
+            CONV2D => ConvSpec::of(m)
+                .unwrap()
+                .conv2d(
+                    &y,
+                    net.tensor(&format!("{p}.weight")).unwrap(),
+                    net.tensor(&format!("{p}.bias")),
+                )
+                .unwrap(),
+            WS_CONV2D => net
+                .replaced_as::<StandardizedConv2d>(p)
+                .unwrap()
+                .run(&y)
+                .unwrap(),
+            kind => panic!("`{p}`: unexpected {kind}"),
         };
-        nodes.push(node);
     }
-    FakeModel { nodes, params }
+    y
 }
 
-impl FakeModel {
-    fn forward(&self, x: &Tensor) -> Tensor {
-        let mut y = x.shallow_clone();
-        for n in &self.nodes {
-            y = match &n.layer {
-                Layer::Relu => y.relu(),
-                Layer::Conv => {
-                    let s = conv_spec(&n.info).unwrap();
-                    let p = n.info.path.as_str();
-                    y.conv2d(
-                        &self.params[&format!("{p}.weight")],
-                        self.params.get(&format!("{p}.bias")),
-                        [s.stride, s.stride],
-                        [s.padding, s.padding],
-                        [1, 1],
-                        s.groups,
-                    )
-                }
-                Layer::Standardized(c) => c.run(&y).unwrap(),
-            };
-        }
-        y
-    }
-
-    fn kinds(&self) -> Vec<(String, String)> {
-        self.nodes
-            .iter()
-            .map(|n| (n.info.path.to_string(), n.info.kind.to_string()))
-            .collect()
-    }
-
-    fn standardized(&self) -> Vec<(usize, &StandardizedConv2d)> {
-        self.nodes
-            .iter()
-            .enumerate()
-            .filter_map(|(i, n)| match &n.layer {
-                Layer::Standardized(c) => Some((i, c)),
-                _ => None,
-            })
-            .collect()
-    }
+fn kinds(net: &StandIn) -> Vec<(String, String)> {
+    net.modules()
+        .unwrap()
+        .iter()
+        .filter(|m| !m.path.is_empty())
+        .map(|m| (m.path.to_string(), m.kind.to_string()))
+        .collect()
 }
 
-impl Model for FakeModel {
-    fn modules(&self) -> Result<Vec<ModuleInfo>, Error> {
-        let root = info("", "sequential", vec![], vec![]);
-        Ok(std::iter::once(root)
-            .chain(self.nodes.iter().map(|n| n.info.clone()))
-            .collect())
-    }
-
-    fn parameter(&self, name: &str) -> Result<Option<Tensor>, Error> {
-        Ok(self.params.get(name).map(Tensor::shallow_clone))
-    }
-
-    fn replace(&mut self, path: &str, conv: StandardizedConv2d) -> Result<(), Error> {
-        let node = self
-            .nodes
-            .iter_mut()
-            .find(|n| n.info.path.as_str() == path)
-            .ok_or_else(|| Error::new(ErrorKind::HOST, format!("no module `{path}`")))?;
-        for old in node.info.params.iter() {
-            self.params.remove(old.as_str());
-        }
-        let mut names = Vec::new();
-        for (name, t) in conv.tensors() {
-            let full = format!("{path}.{name}");
-            assert!(
-                self.params.insert(full.clone(), t).is_none(),
-                "{full} twice"
-            );
-            names.push(full);
-        }
-        use tessera_plugin_api::Module;
-        node.info = info(path, conv.kind(), conv.attrs(), names);
-        node.layer = Layer::Standardized(conv);
-        Ok(())
-    }
+/// The standardized convs by module index.
+fn standardized(net: &StandIn) -> Vec<(usize, &StandardizedConv2d)> {
+    net.modules()
+        .unwrap()
+        .iter()
+        .filter(|m| m.kind.as_str() == WS_CONV2D)
+        .map(|m| {
+            let p = m.path.as_str();
+            (p.parse().unwrap(), net.replaced_as(p).unwrap())
+        })
+        .collect()
 }
 
 /// `(n_last_layers_ignore, its results entry)` for every `ignore=N` in the file.
@@ -204,10 +132,10 @@ fn cases(g: &Golden) -> Vec<(usize, serde_json::Value)> {
 fn the_golden_net_is_rebuilt() {
     let g = Golden::load(CASE);
     let net = build_net(&g);
-    let convs = net.kinds().iter().filter(|(_, k)| k == CONV2D).count();
+    let convs = kinds(&net).iter().filter(|(_, k)| k == CONV2D).count();
     assert_eq!(convs, 3);
     // Without surgery the net computes something else than either golden output.
-    let plain = tch::no_grad(|| net.forward(g.tensor("input")));
+    let plain = tch::no_grad(|| forward(&net, g.tensor("input")));
     let diff = (&plain - g.tensor("ignore=0/out"))
         .abs()
         .max()
@@ -221,7 +149,7 @@ fn surgery_reproduces_composer_for_every_n_last_layers_ignore() {
     for (n, result) in cases(&g) {
         let mut net = build_net(&g);
         let originals: BTreeMap<String, Tensor> = net
-            .params
+            .tensors()
             .iter()
             .map(|(k, t)| (k.clone(), t.shallow_clone()))
             .collect();
@@ -233,11 +161,11 @@ fn surgery_reproduces_composer_for_every_n_last_layers_ignore() {
         );
         assert_eq!(outcome.standardized, outcome.replaced);
         assert_eq!(outcome.convs, 3);
-        let indices: Vec<usize> = net.standardized().iter().map(|(i, _)| *i).collect();
+        let indices: Vec<usize> = standardized(&net).iter().map(|(i, _)| *i).collect();
         let want: Vec<usize> =
             serde_json::from_value(result["parametrized_module_indices"].clone()).unwrap();
         assert_eq!(indices, want, "ignore={n}: the convs standardized");
-        for (i, conv) in net.standardized() {
+        for (i, conv) in standardized(&net) {
             let key = format!("ignore={n}/standardized_weight/{i}");
             assert_close(
                 &key,
@@ -253,13 +181,13 @@ fn surgery_reproduces_composer_for_every_n_last_layers_ignore() {
         assert_eq!(golden_count, indices.len());
         // The tensors keep their names and storage: the model's parameters are the same.
         assert_eq!(
-            net.params.keys().collect::<Vec<_>>(),
+            net.tensors().keys().collect::<Vec<_>>(),
             originals.keys().collect::<Vec<_>>()
         );
-        for (name, t) in &net.params {
+        for (name, t) in net.tensors() {
             assert_eq!(t.data_ptr(), originals[name].data_ptr(), "{name}");
         }
-        let out = tch::no_grad(|| net.forward(g.tensor("input")));
+        let out = tch::no_grad(|| forward(&net, g.tensor("input")));
         let key = format!("ignore={n}/out");
         // Standardized weights make outputs of up to ~100: an element near zero carries the
         // rounding of that scale, so the absolute tolerance is relative to the largest output.
@@ -268,12 +196,12 @@ fn surgery_reproduces_composer_for_every_n_last_layers_ignore() {
         assert_close(&key, &out, want, RTOL, ATOL * scale);
 
         // Idempotent: applying it again replaces nothing and computes the same.
-        let kinds = net.kinds();
+        let before = kinds(&net);
         let again = apply_weight_standardization(&mut net, n).unwrap();
         assert_eq!(again.replaced, 0, "ignore={n}");
         assert_eq!(again.standardized, outcome.standardized);
-        assert_eq!(net.kinds(), kinds);
-        let out2 = tch::no_grad(|| net.forward(g.tensor("input")));
+        assert_eq!(kinds(&net), before);
+        let out2 = tch::no_grad(|| forward(&net, g.tensor("input")));
         assert_close(&key, &out2, &out, 0.0, 0.0);
     }
 }
@@ -337,11 +265,11 @@ fn a_standardized_conv_trains_its_raw_weight() {
     let mut net = build_net(&g);
     apply_weight_standardization(&mut net, 0).unwrap();
     let params: Vec<(String, Tensor)> = net
-        .params
+        .tensors()
         .iter()
         .map(|(k, t)| (k.clone(), t.set_requires_grad(true)))
         .collect();
-    net.forward(g.tensor("input"))
+    forward(&net, g.tensor("input"))
         .square()
         .sum(Kind::Float)
         .backward();
@@ -366,7 +294,7 @@ fn a_standardized_conv_trains_its_raw_weight() {
             "{name}: radial component"
         );
     }
-    let (_, conv) = net.standardized()[0];
+    let (_, conv) = standardized(&net)[0];
     let before = conv.standardized_weight().unwrap().detach();
     tch::no_grad(|| {
         for (_, w) in &params {
