@@ -1,7 +1,8 @@
 //! Which layers are frozen when ([`freeze_schedule`], [`freeze_depth`], [`layers`]) and the
-//! freezing itself over any [`Model`] ([`freeze_layers`]), as Composer's `freeze_layers`.
+//! freezing itself over any [`SurgeryModel`] ([`freeze_layers`]), as Composer's `freeze_layers`.
 
-use tessera_plugin_api::{Context, Error, ModuleInfo, ParamInfo};
+use tessera_plugin_api::kit::{walk, SurgeryModel};
+use tessera_plugin_api::{Error, ModuleInfo, ParamInfo};
 
 /// Composer's `_freeze_schedule`: the fraction of layers to freeze at `current_duration` (the
 /// elapsed fraction of the run): 0 until `freeze_start`, then rising linearly to `freeze_level`
@@ -38,8 +39,8 @@ pub struct Layer {
     pub params: Vec<String>,
 }
 
-/// Composer's `_get_layers` over the module tree (depth first, as [`Context::modules`] lists
-/// it): the modules without children that hold at least one parameter, in tree order. A
+/// Composer's `_get_layers` over the module tree (depth first, as [`SurgeryModel::modules`]
+/// lists it): the modules without children that hold at least one parameter, in tree order. A
 /// parameter counts whether it is trainable or already frozen; buffers (BatchNorm's running
 /// statistics) do not. Tensors held by a module that has children are in no layer, so they are
 /// never frozen, as in Composer.
@@ -47,9 +48,10 @@ pub fn layers(modules: &[ModuleInfo], params: &[ParamInfo]) -> Vec<Layer> {
     let is_parameter = |name: &str| params.iter().any(|p| p.name.as_str() == name && !p.buffer);
     let mut out = Vec::new();
     for (i, m) in modules.iter().enumerate() {
-        let has_children = modules
-            .get(i + 1)
-            .is_some_and(|next| is_descendant(next.path.as_str(), m.path.as_str()));
+        // In a depth-first list a module has children exactly when the next entry lies below it.
+        let has_children = modules.get(i + 1).is_some_and(|next| {
+            next.path != m.path && walk::is_within(next.path.as_str(), m.path.as_str())
+        });
         if has_children {
             continue;
         }
@@ -70,40 +72,6 @@ pub fn layers(modules: &[ModuleInfo], params: &[ParamInfo]) -> Vec<Layer> {
     out
 }
 
-/// Whether `path` lies below `ancestor` in the tree (`""` is the root). In a depth-first list a
-/// module has children exactly when the next entry lies below it.
-fn is_descendant(path: &str, ancestor: &str) -> bool {
-    if ancestor.is_empty() {
-        return !path.is_empty();
-    }
-    path.strip_prefix(ancestor)
-        .is_some_and(|rest| rest.starts_with('.'))
-}
-
-/// The model as the freezing sees it: the host's [`Context`], or a stand-in in tests.
-pub trait Model {
-    /// The module tree, depth first.
-    fn modules(&self) -> Result<Vec<ModuleInfo>, Error>;
-    /// Every parameter and buffer, with whether it is trainable now.
-    fn parameters(&self) -> Result<Vec<ParamInfo>, Error>;
-    /// Freezes (`false`) a parameter: no gradient, out of the optimizer.
-    fn set_trainable(&mut self, name: &str, trainable: bool) -> Result<(), Error>;
-}
-
-impl Model for Context<'_> {
-    fn modules(&self) -> Result<Vec<ModuleInfo>, Error> {
-        Context::modules(self)
-    }
-
-    fn parameters(&self) -> Result<Vec<ParamInfo>, Error> {
-        Context::parameters(self)
-    }
-
-    fn set_trainable(&mut self, name: &str, trainable: bool) -> Result<(), Error> {
-        Context::set_trainable(self, name, trainable)
-    }
-}
-
 /// What [`freeze_layers`] did: Composer's `(freeze_depth, freeze_percentage)` and more.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Freezing {
@@ -121,7 +89,7 @@ pub struct Freezing {
 /// freezes every parameter of the first [`freeze_depth`] [`layers`] — no gradient, out of the
 /// optimizer — and leaves the rest as it is (nothing is ever unfrozen).
 pub fn freeze_layers(
-    model: &mut impl Model,
+    model: &mut impl SurgeryModel,
     current_duration: f64,
     freeze_start: f64,
     freeze_level: f64,

@@ -5,7 +5,7 @@ mod freeze;
 
 use tessera_plugin_api::{export_plugin, Context, Error, Event, Hook, Method, Plugin, Settings};
 
-pub use freeze::{freeze_depth, freeze_layers, freeze_schedule, layers, Freezing, Layer, Model};
+pub use freeze::{freeze_depth, freeze_layers, freeze_schedule, layers, Freezing, Layer};
 
 /// Metric: leading layers frozen (Composer's `layer_freezing/layers_frozen`).
 pub const METRIC_LAYERS_FROZEN: &str = "layer_freezing/layers_frozen";

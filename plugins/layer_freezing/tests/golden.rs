@@ -7,110 +7,59 @@
 //! `table` tensor.
 
 use serde_json::Value;
-use tessera_plugin_api::abi::{ModuleInfo, ParamInfo};
+use tessera_plugin_api::kit::{StandIn, SurgeryModel};
+use tessera_plugin_api::tch::{kind::FLOAT_CPU, Tensor};
 use tessera_plugin_api::testing::golden::Golden;
-use tessera_plugin_api::Error;
 
-use layer_freezing::{freeze_layers, layers, Model};
+use layer_freezing::{freeze_layers, layers};
 
 const CASE: &str = "layer_freezing";
 
-/// The module tree and tensors of the golden model, all parameters trainable.
-struct FakeModel {
-    modules: Vec<ModuleInfo>,
-    params: Vec<ParamInfo>,
-}
-
-fn module(path: &str, kind: &str, tensors: &[&str]) -> ModuleInfo {
-    ModuleInfo {
-        path: path.into(),
-        kind: kind.into(),
-        attrs: Default::default(),
-        params: tensors
-            .iter()
-            .map(|t| format!("{path}.{t}").into())
-            .collect(),
-    }
-}
-
-fn golden_model() -> FakeModel {
-    let wb: &[&str] = &["weight", "bias"];
-    let modules = vec![
-        module("", "sequential", &[]),
-        module("conv", "conv2d", wb),
-        module(
+/// The module tree and tensors of the golden model, all parameters trainable (BatchNorm's
+/// running statistics are buffers).
+fn golden_model() -> StandIn {
+    let param = || Tensor::zeros([1], FLOAT_CPU).set_requires_grad(true);
+    let buffer = || Tensor::zeros([1], FLOAT_CPU);
+    let wb = || vec![("weight", param()), ("bias", param())];
+    StandIn::new(0)
+        .module("", "sequential", &[], vec![])
+        .module("conv", "conv2d", &[], wb())
+        .module(
             "bn",
             "batch_norm2d",
-            &[
-                "weight",
-                "bias",
-                "running_mean",
-                "running_var",
-                "num_batches_tracked",
+            &[],
+            vec![
+                ("weight", param()),
+                ("bias", param()),
+                ("running_mean", buffer()),
+                ("running_var", buffer()),
+                ("num_batches_tracked", buffer()),
             ],
-        ),
-        module("relu", "relu", &[]),
-        module("block", "sequential", &[]),
-        module("block.0", "linear", wb),
-        module("block.1", "linear", wb),
-        module("fc1", "linear", wb),
-        module("head", "linear", wb),
-    ];
-    let params = modules
+        )
+        .module("relu", "relu", &[], vec![])
+        .module("block", "sequential", &[], vec![])
+        .module("block.0", "linear", &[], wb())
+        .module("block.1", "linear", &[], wb())
+        .module("fc1", "linear", &[], wb())
+        .module("head", "linear", &[], wb())
+}
+
+fn trainable(model: &StandIn) -> usize {
+    model
+        .parameters()
+        .unwrap()
         .iter()
-        .flat_map(|m| m.params.iter())
-        .map(|name| {
-            let buffer = name.contains("running_") || name.contains("num_batches");
-            ParamInfo {
-                name: name.clone(),
-                shape: Default::default(),
-                buffer,
-                trainable: !buffer,
-            }
-        })
-        .collect();
-    FakeModel { modules, params }
+        .filter(|p| p.trainable)
+        .count()
 }
 
-impl Model for FakeModel {
-    fn modules(&self) -> Result<Vec<ModuleInfo>, Error> {
-        Ok(self.modules.clone())
-    }
-
-    fn parameters(&self) -> Result<Vec<ParamInfo>, Error> {
-        Ok(self.params.clone())
-    }
-
-    fn set_trainable(&mut self, name: &str, trainable: bool) -> Result<(), Error> {
-        let p = self
-            .params
-            .iter_mut()
-            .find(|p| p.name.as_str() == name && !p.buffer)
-            .ok_or_else(|| Error::from(format!("no parameter `{name}`")))?;
-        p.trainable = trainable;
-        Ok(())
-    }
-}
-
-impl FakeModel {
-    fn trainable(&self) -> usize {
-        self.params.iter().filter(|p| p.trainable).count()
-    }
-
-    /// The layers all of whose parameters are frozen, in order.
-    fn frozen_layers(&self) -> Vec<String> {
-        layers(&self.modules, &self.params)
-            .into_iter()
-            .filter(|l| {
-                l.params.iter().all(|name| {
-                    self.params
-                        .iter()
-                        .any(|p| p.name.as_str() == name && !p.trainable)
-                })
-            })
-            .map(|l| l.path)
-            .collect()
-    }
+/// The layers all of whose parameters are frozen, in order.
+fn frozen_layers(model: &StandIn) -> Vec<String> {
+    layers(&model.modules().unwrap(), &model.parameters().unwrap())
+        .into_iter()
+        .filter(|l| l.params.iter().all(|name| !model.trainable(name)))
+        .map(|l| l.path)
+        .collect()
 }
 
 fn strings(v: &Value) -> Vec<String> {
@@ -131,13 +80,13 @@ fn number(run: &Value, key: &str) -> f64 {
 fn the_layers_are_composers_leaves_in_order() {
     let g = Golden::load(CASE);
     let model = golden_model();
-    let got: Vec<String> = layers(&model.modules, &model.params)
+    let got: Vec<String> = layers(&model.modules().unwrap(), &model.parameters().unwrap())
         .into_iter()
         .map(|l| l.path)
         .collect();
     assert_eq!(got, strings(&g.json["results"]["leaves_in_order"]));
     assert_eq!(
-        model.trainable() as u64,
+        trainable(&model) as u64,
         g.json["results"]["total_params"].as_u64().expect("total")
     );
 }
@@ -167,12 +116,12 @@ fn every_run_freezes_what_composer_froze() {
             done.percentage
         );
         assert_eq!(
-            model.frozen_layers(),
+            frozen_layers(&model),
             strings(&run["frozen_leaves"]),
             "{what}"
         );
         assert_eq!(
-            model.trainable() as f64,
+            trainable(&model) as f64,
             number(run, "params_left_in_optimizer"),
             "{what}"
         );
@@ -182,7 +131,7 @@ fn every_run_freezes_what_composer_froze() {
             t,
             done.depth as f64,
             done.percentage,
-            model.trainable() as f64,
+            trainable(&model) as f64,
         ];
         for (column, value) in got.iter().enumerate() {
             let want = table.double_value(&[row as i64, column as i64]);
@@ -192,7 +141,8 @@ fn every_run_freezes_what_composer_froze() {
         let again = freeze_layers(&mut model, t, start, level).expect("again");
         assert!(again.newly_frozen.is_empty(), "{what}");
         assert!(model
-            .params
+            .parameters()
+            .unwrap()
             .iter()
             .filter(|p| p.buffer)
             .all(|p| !p.trainable));
