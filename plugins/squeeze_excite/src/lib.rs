@@ -1,5 +1,6 @@
 #![doc = include_str!("../README.md")]
 
+use tessera_plugin_api::kit::{default_init, walk, SurgeryModel};
 use tessera_plugin_api::tch::{Kind, Tensor};
 use tessera_plugin_api::{
     export_plugin, Context, Error, Event, Hook, Inner, Method, ModuleInfo, Plugin, Settings,
@@ -44,18 +45,8 @@ pub struct Target {
 /// The convolutions that get a gate: every `conv2d` with `min(in, out) ≥ min_channels`, not
 /// already inside a squeeze-excite wrapper (so a second application changes nothing).
 pub fn targets(modules: &[ModuleInfo], latent: f64, min_channels: i64) -> Vec<Target> {
-    let wrapped: Vec<&str> = modules
-        .iter()
-        .filter(|m| m.kind.as_str() == KIND)
-        .map(|m| m.path.as_str())
-        .collect();
-    modules
-        .iter()
-        .filter(|m| m.kind.as_str() == "conv2d")
-        .filter(|m| {
-            let parent = m.path.as_str().rsplit_once('.').map(|(p, _)| p);
-            !parent.is_some_and(|p| wrapped.contains(&p))
-        })
+    walk::of_kind(modules, "conv2d")
+        .filter(|m| !walk::inside_kind(modules, m.path.as_str(), KIND))
         .filter_map(|m| {
             let (cin, cout) = (
                 m.attr("in_channels")? as i64,
@@ -97,57 +88,58 @@ pub struct SqueezeExcite {
     min_channels: i64,
 }
 
-/// PyTorch's default `Linear` initialisation without bias, `U(−1/√fan_in, 1/√fan_in)`, drawn
-/// from the host's stream.
-fn linear_weight(
-    ctx: &mut Context<'_>,
-    out: i64,
-    fan_in: i64,
-    like: &Tensor,
-) -> Result<Tensor, Error> {
-    let bound = 1.0 / (fan_in as f64).sqrt();
-    let values: Vec<f32> = (0..out * fan_in)
-        .map(|_| ((2.0 * ctx.rng_f64() - 1.0) * bound) as f32)
-        .collect();
-    Ok(Tensor::f_from_slice(&values)?
-        .f_view([out, fan_in])?
-        .f_to_kind(like.kind())?
-        .f_to_device(like.device())?
-        .set_requires_grad(true))
+/// The surgery: every convolution of [`targets`] is wrapped (moved below `<path>.conv`) in a
+/// gate whose two weights, `se.pool_and_mlp.2.weight` `(latent, C)` and
+/// `se.pool_and_mlp.4.weight` `(C, latent)`, get PyTorch's default `Linear` initialisation
+/// drawn from the model's stream, in that order, in the conv weight's dtype and device.
+/// Returns the convolutions wrapped; a second application wraps none.
+pub fn apply_squeeze_excite(
+    model: &mut impl SurgeryModel,
+    latent: f64,
+    min_channels: i64,
+) -> Result<Vec<Target>, Error> {
+    let modules = model.modules()?;
+    let chosen = targets(&modules, latent, min_channels);
+    for t in &chosen {
+        let info = walk::find(&modules, &t.path).ok_or("the module tree changed during surgery")?;
+        let like = model.tensor_of(info, "weight")?;
+        if t.latent < 1 {
+            return Err(format!(
+                "squeeze_excite: `latent_channels` = {latent} gives a gate of width 0 for `{}` ({} channels)",
+                t.path, t.out_channels
+            )
+            .into());
+        }
+        let options = (like.kind(), like.device());
+        let mut uniform = || model.uniform();
+        let w1 = default_init(
+            &[t.latent, t.out_channels],
+            t.out_channels,
+            &mut uniform,
+            options,
+        )?;
+        let w2 = default_init(&[t.out_channels, t.latent], t.latent, &mut uniform, options)?;
+        let wrapper = SeWrapper {
+            w1: w1.shallow_clone(),
+            w2: w2.shallow_clone(),
+            latent: t.latent,
+        };
+        model.wrap_module(
+            &t.path,
+            wrapper,
+            Some("conv"),
+            vec![
+                ("se.pool_and_mlp.2.weight", w1),
+                ("se.pool_and_mlp.4.weight", w2),
+            ],
+        )?;
+    }
+    Ok(chosen)
 }
 
 impl Method for SqueezeExcite {
     fn on_event(&mut self, _event: Event, ctx: &mut Context<'_>) -> Result<(), Error> {
-        let modules = ctx.modules()?;
-        let chosen = targets(&modules, self.latent, self.min_channels);
-        for t in &chosen {
-            let like = ctx
-                .parameter(&format!("{}.weight", t.path))?
-                .ok_or_else(|| format!("conv `{}` has no weight", t.path))?;
-            if t.latent < 1 {
-                return Err(format!(
-                    "squeeze_excite: `latent_channels` = {} gives a gate of width 0 for `{}` ({} channels)",
-                    self.latent, t.path, t.out_channels
-                )
-                .into());
-            }
-            let w1 = linear_weight(ctx, t.latent, t.out_channels, &like)?;
-            let w2 = linear_weight(ctx, t.out_channels, t.latent, &like)?;
-            let wrapper = SeWrapper {
-                w1: w1.shallow_clone(),
-                w2: w2.shallow_clone(),
-                latent: t.latent,
-            };
-            ctx.wrap_module(
-                &t.path,
-                wrapper,
-                Some("conv"),
-                vec![
-                    ("se.pool_and_mlp.2.weight", w1),
-                    ("se.pool_and_mlp.4.weight", w2),
-                ],
-            )?;
-        }
+        let chosen = apply_squeeze_excite(ctx, self.latent, self.min_channels)?;
         ctx.log_metric("squeeze_excite/replaced", chosen.len() as f64);
         Ok(())
     }

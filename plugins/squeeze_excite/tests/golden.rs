@@ -2,8 +2,11 @@
 //! recorded weights, a four-conv net after surgery, and which convolutions four settings
 //! change with which gate widths (the case's `results.surgery`, read generically).
 
-use squeeze_excite::{latent_size, squeeze_excite, targets, SqueezeExcite};
-use tessera_plugin_api::tch::Tensor;
+use squeeze_excite::{
+    apply_squeeze_excite, latent_size, squeeze_excite, targets, SqueezeExcite, KIND,
+};
+use tessera_plugin_api::kit::{default_init, StandIn, SurgeryModel};
+use tessera_plugin_api::tch::{kind::FLOAT_CPU, Tensor};
 use tessera_plugin_api::testing::golden::{assert_close, Golden};
 use tessera_plugin_api::testing::settings;
 use tessera_plugin_api::{boxed_method, Attribute, ErrorKind, ModuleInfo};
@@ -145,4 +148,66 @@ fn a_second_application_finds_nothing_and_settings_are_checked() {
         assert_eq!(err.kind(), ErrorKind::CONFIG, "{bad}: {err}");
         assert!(err.to_string().contains(needle), "{bad}: {err}");
     }
+}
+
+#[test]
+fn the_surgery_wraps_each_chosen_conv_once_with_gates_from_the_stream() {
+    let w = |shape: &[i64]| Tensor::ones(shape, FLOAT_CPU).set_requires_grad(true);
+    let conv = |cin: i64, cout: i64| {
+        let attrs = [("in_channels", cin as f64), ("out_channels", cout as f64)];
+        (
+            attrs,
+            vec![("weight", w(&[cout, cin, 3, 3])), ("bias", w(&[cout]))],
+        )
+    };
+    let (a1, t1) = conv(3, 16);
+    let (a2, t2) = conv(16, 16);
+    let mut model = StandIn::new(5)
+        .module("", "sequential", &[], vec![])
+        .module("stem", "conv2d", &a1, t1)
+        .module("block", "sequential", &[], vec![])
+        .module("block.conv", "conv2d", &a2, t2);
+    let weight = model.tensor("block.conv.weight").unwrap().shallow_clone();
+    let chosen = apply_squeeze_excite(&mut model, 0.25, 8).unwrap();
+    let paths: Vec<&str> = chosen.iter().map(|t| t.path.as_str()).collect();
+    assert_eq!(paths, ["block.conv"]);
+    assert_eq!(model.kind("stem"), Some("conv2d"));
+    assert_eq!(model.kind("block.conv"), Some(KIND));
+    assert_eq!(model.kind("block.conv.conv"), Some("conv2d"));
+    let info = model.info("block.conv").unwrap();
+    assert_eq!(info.attr("latent_channels"), Some(4.0));
+    let names: Vec<String> = model.tensors().keys().cloned().collect();
+    assert_eq!(
+        names,
+        [
+            "block.conv.conv.bias",
+            "block.conv.conv.weight",
+            "block.conv.se.pool_and_mlp.2.weight",
+            "block.conv.se.pool_and_mlp.4.weight",
+            "stem.bias",
+            "stem.weight",
+        ]
+    );
+    // The conv keeps its tensor; the gate's weights are trainable, drawn from the model's
+    // stream: (latent, C) first, then (C, latent).
+    let moved = model.tensor("block.conv.conv.weight").unwrap();
+    assert_eq!(moved.data_ptr(), weight.data_ptr());
+    let mut stream = StandIn::new(5);
+    let mut uniform = || stream.uniform();
+    let w1 = default_init(&[4, 16], 16, &mut uniform, FLOAT_CPU).unwrap();
+    let w2 = default_init(&[16, 4], 4, &mut uniform, FLOAT_CPU).unwrap();
+    for (name, want) in [("2", w1), ("4", w2)] {
+        let name = format!("block.conv.se.pool_and_mlp.{name}.weight");
+        assert!(model.tensor(&name).unwrap().equal(&want), "{name}");
+        assert!(model.trainable(&name), "{name}");
+    }
+    assert!(model.wrapper("block.conv").is_some());
+    // A second application changes nothing.
+    let before = model.modules().unwrap();
+    assert!(apply_squeeze_excite(&mut model, 0.25, 8)
+        .unwrap()
+        .is_empty());
+    assert_eq!(model.modules().unwrap(), before);
+    let after: Vec<String> = model.tensors().keys().cloned().collect();
+    assert_eq!(after, names);
 }
