@@ -1,5 +1,6 @@
 #![doc = include_str!("../README.md")]
 
+use tessera_plugin_api::kit::{walk, SurgeryModel};
 use tessera_plugin_api::tch::Tensor;
 use tessera_plugin_api::{
     export_plugin, Context, Error, Event, Hook, Inner, Method, ModuleInfo, Plugin, Settings,
@@ -120,20 +121,40 @@ impl Wrapper for GhostWrapper {
 /// The batch norms GhostBatchNorm wraps: every `batch_norm2d` not already inside a ghost
 /// wrapper (so applying it twice changes nothing).
 pub fn targets(modules: &[ModuleInfo]) -> Vec<String> {
-    let wrapped: Vec<&str> = modules
-        .iter()
-        .filter(|m| m.kind.as_str() == KIND)
-        .map(|m| m.path.as_str())
-        .collect();
-    modules
-        .iter()
-        .filter(|m| m.kind.as_str() == "batch_norm2d")
-        .filter(|m| {
-            let parent = m.path.as_str().rsplit_once('.').map(|(p, _)| p);
-            !parent.is_some_and(|p| wrapped.contains(&p))
-        })
+    walk::of_kind(modules, "batch_norm2d")
+        .filter(|m| !walk::inside_kind(modules, m.path.as_str(), KIND))
         .map(|m| m.path.as_str().to_owned())
         .collect()
+}
+
+/// The surgery: every batch norm of [`targets`] is wrapped (moved below `<path>.batchnorm`,
+/// its tensors renamed with it) in a ghost wrapper over the same tensors, with its momentum
+/// (default 0.1) and epsilon (default 1e-5). Returns the paths wrapped; a second application
+/// wraps none.
+pub fn apply_ghost_batchnorm(
+    model: &mut impl SurgeryModel,
+    ghost_batch_size: i64,
+) -> Result<Vec<String>, Error> {
+    let modules = model.modules()?;
+    let paths = targets(&modules);
+    for path in &paths {
+        let info = walk::find(&modules, path).ok_or("the module tree changed during surgery")?;
+        let bn = BatchNormTensors {
+            weight: model.tensor_of(info, "weight")?,
+            bias: model.tensor_of(info, "bias")?,
+            running_mean: model.tensor_of(info, "running_mean")?,
+            running_var: model.tensor_of(info, "running_var")?,
+            num_batches_tracked: model.tensor_of(info, "num_batches_tracked")?,
+            momentum: info.attr("momentum").unwrap_or(0.1),
+            eps: info.attr("eps").unwrap_or(1e-5),
+        };
+        let wrapper = GhostWrapper {
+            bn,
+            ghost_batch_size,
+        };
+        model.wrap_module(path, wrapper, Some("batchnorm"), Vec::new())?;
+    }
+    Ok(paths)
 }
 
 /// The GhostBatchNorm method.
@@ -143,32 +164,7 @@ pub struct GhostBatchNorm {
 
 impl Method for GhostBatchNorm {
     fn on_event(&mut self, _event: Event, ctx: &mut Context<'_>) -> Result<(), Error> {
-        let modules = ctx.modules()?;
-        let paths = targets(&modules);
-        for path in &paths {
-            let info = modules
-                .iter()
-                .find(|m| m.path.as_str() == path)
-                .ok_or("the module tree changed during surgery")?;
-            let tensor = |name: &str| -> Result<Tensor, Error> {
-                ctx.parameter(&format!("{path}.{name}"))?
-                    .ok_or_else(|| format!("batch norm `{path}` has no `{name}`").into())
-            };
-            let bn = BatchNormTensors {
-                weight: tensor("weight")?,
-                bias: tensor("bias")?,
-                running_mean: tensor("running_mean")?,
-                running_var: tensor("running_var")?,
-                num_batches_tracked: tensor("num_batches_tracked")?,
-                momentum: info.attr("momentum").unwrap_or(0.1),
-                eps: info.attr("eps").unwrap_or(1e-5),
-            };
-            let wrapper = GhostWrapper {
-                bn,
-                ghost_batch_size: self.ghost_batch_size,
-            };
-            ctx.wrap_module(path, wrapper, Some("batchnorm"), Vec::new())?;
-        }
+        let paths = apply_ghost_batchnorm(ctx, self.ghost_batch_size)?;
         ctx.info(&format!(
             "ghost_batchnorm: {} batch norms in ghost batches of {}",
             paths.len(),

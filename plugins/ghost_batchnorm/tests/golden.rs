@@ -2,7 +2,12 @@
 //! generically: every case `<name>` with `<name>/input` and `<name>/init/*` tensors, its ghost
 //! batch size in the name (`..._ghost=4`), its chunk sizes in `results`.
 
-use ghost_batchnorm::{chunk_sizes, ghost_batch_norm, targets, BatchNormTensors, GhostBatchNorm};
+use ghost_batchnorm::{
+    apply_ghost_batchnorm, chunk_sizes, ghost_batch_norm, targets, BatchNormTensors,
+    GhostBatchNorm, KIND,
+};
+use tessera_plugin_api::kit::{StandIn, SurgeryModel};
+use tessera_plugin_api::tch::kind::{FLOAT_CPU, INT64_CPU};
 use tessera_plugin_api::tch::{Kind, Tensor};
 use tessera_plugin_api::testing::golden::{assert_close, Golden};
 use tessera_plugin_api::testing::settings;
@@ -156,6 +161,73 @@ fn surgery_targets_every_batch_norm_once() {
         module("layer1.0.bn2.batchnorm", "batch_norm2d"),
     ];
     assert!(targets(&after).is_empty(), "{:?}", targets(&after));
+}
+
+#[test]
+fn the_surgery_wraps_each_batch_norm_once_over_its_own_tensors() {
+    let bn = || {
+        let p = || Tensor::ones([4], FLOAT_CPU).set_requires_grad(true);
+        let b = || Tensor::zeros([4], FLOAT_CPU);
+        vec![
+            ("weight", p()),
+            ("bias", p()),
+            ("running_mean", b()),
+            ("running_var", b()),
+            ("num_batches_tracked", Tensor::zeros([], INT64_CPU)),
+        ]
+    };
+    let mut model = StandIn::new(1)
+        .module("", "sequential", &[], vec![])
+        .module("conv1", "conv2d", &[], vec![])
+        .module("bn1", "batch_norm2d", &[], bn())
+        .module("layer1", "sequential", &[], vec![])
+        .module("layer1.bn2", "batch_norm2d", &[], bn());
+    let mean = model.tensor("bn1.running_mean").unwrap().shallow_clone();
+    let wrapped = apply_ghost_batchnorm(&mut model, 8).unwrap();
+    assert_eq!(wrapped, ["bn1", "layer1.bn2"]);
+    for path in ["bn1", "layer1.bn2"] {
+        assert_eq!(model.kind(path), Some(KIND));
+        assert_eq!(
+            model.info(path).unwrap().attr("ghost_batch_size"),
+            Some(8.0)
+        );
+        let inner = format!("{path}.batchnorm");
+        assert_eq!(model.kind(&inner), Some("batch_norm2d"));
+        assert!(model.wrapper(path).is_some());
+    }
+    assert_eq!(model.kind("conv1"), Some("conv2d"));
+    // The batch norms' tensors moved below their wrappers, buffers still buffers, the same
+    // storage.
+    let names: Vec<String> = model.tensors().keys().cloned().collect();
+    let leaves = [
+        "bias",
+        "num_batches_tracked",
+        "running_mean",
+        "running_var",
+        "weight",
+    ];
+    let want: Vec<String> = ["bn1", "layer1.bn2"]
+        .iter()
+        .flat_map(|p| leaves.iter().map(move |l| format!("{p}.batchnorm.{l}")))
+        .collect();
+    assert_eq!(names, want);
+    let buffers: Vec<String> = model
+        .parameters()
+        .unwrap()
+        .into_iter()
+        .filter(|p| p.buffer)
+        .map(|p| p.name.to_string())
+        .collect();
+    assert_eq!(buffers.len(), 6, "{buffers:?}");
+    assert!(model.trainable("bn1.batchnorm.weight"));
+    let moved = model.tensor("bn1.batchnorm.running_mean").unwrap();
+    assert_eq!(moved.data_ptr(), mean.data_ptr());
+    // A second application changes nothing.
+    let before = model.modules().unwrap();
+    assert!(apply_ghost_batchnorm(&mut model, 8).unwrap().is_empty());
+    assert_eq!(model.modules().unwrap(), before);
+    let after: Vec<String> = model.tensors().keys().cloned().collect();
+    assert_eq!(after, names);
 }
 
 #[test]
