@@ -157,6 +157,12 @@ impl StandIn {
         walk::find(&self.infos, path)
     }
 
+    /// The module at `path`, to edit: a test that stands in for another method's surgery
+    /// (a kind changed in place, an attribute added).
+    pub fn info_mut(&mut self, path: &str) -> Option<&mut ModuleInfo> {
+        self.infos.iter_mut().find(|m| m.path.as_str() == path)
+    }
+
     /// The kind of the module at `path`.
     pub fn kind(&self, path: &str) -> Option<&str> {
         self.info(path).map(|m| m.kind.as_str())
