@@ -187,7 +187,7 @@ impl Plugin for GhostBatchNorm {
     }
 
     fn create(settings: &Settings) -> Result<Self, Error> {
-        let ghost_batch_size = settings.u64_or("ghost_batch_size", 32)?;
+        let ghost_batch_size = settings.u64("ghost_batch_size")?;
         if ghost_batch_size == 0 {
             return Err(Error::config("`ghost_batch_size` must be at least 1"));
         }

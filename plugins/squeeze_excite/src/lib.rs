@@ -157,13 +157,13 @@ impl Plugin for SqueezeExcite {
     }
 
     fn create(settings: &Settings) -> Result<Self, Error> {
-        let latent = settings.f64_or("latent_channels", 64.0)?;
+        let latent = settings.f64("latent_channels")?;
         if !(latent > 0.0 && latent.is_finite()) {
             return Err(Error::config(format!(
                 "`latent_channels` must be positive (a width >= 1 or a fraction of the channels), got {latent}"
             )));
         }
-        let min_channels = settings.u64_or("min_channels", 128)? as i64;
+        let min_channels = settings.u64("min_channels")? as i64;
         Ok(SqueezeExcite {
             latent,
             min_channels,

@@ -65,7 +65,7 @@ impl Plugin for WeightStandardization {
     }
 
     fn create(settings: &Settings) -> Result<Self, Error> {
-        let n = settings.u64_or("n_last_layers_ignore", 0)?;
+        let n = settings.u64("n_last_layers_ignore")?;
         let n_last_layers_ignore = usize::try_from(n)
             .map_err(|_| Error::config(format!("`n_last_layers_ignore` is too large: {n}")))?;
         Ok(WeightStandardization {
