@@ -36,7 +36,11 @@ const FIXTURES: &[(&str, &[(&str, &str)])] = &[
     ("1.7.0", &[("mixup", "alpha = 0.2")]),
     ("1.8.0", &[("cutmix", "alpha = 1.0")]),
     ("1.9.0", &[("muon", "lr = 0.02")]),
-    ("1.10.0", &[("lookahead", "k = 2\nalpha = 0.5")]),
+    // A fixed length and no final copy: the resumed run is first cut short at 2 batches.
+    (
+        "1.10.0",
+        &[("lookahead", "k = 2\nalpha = 0.5\nfinal_copy = false\ntotal_steps = 4")],
+    ),
 ];
 
 /// The plugin built against the current interface that runs beside the old ones.
@@ -156,7 +160,8 @@ fn older_plugins_state_survives_a_checkpoint_and_a_resume() {
     assert_loaded_from_fixtures(&resumed);
     assert_eq!(resumed["batches"], 4, "{resumed:#}");
     assert_eq!(straight["evals"], resumed["evals"]);
-    // The training losses (selective backprop's and BlurPool's doing) and what EMA logged.
+    // The training losses (selective backprop's and BlurPool's doing) and what EMA and
+    // Lookahead logged.
     let lines = |run: &str| -> (Vec<Value>, Vec<Value>) {
         let lines = read_jsonl(&run_dir(&dir, run).join("metrics.jsonl"));
         let losses = lines_of_kind(&lines, "train")
@@ -165,7 +170,11 @@ fn older_plugins_state_survives_a_checkpoint_and_a_resume() {
             .collect();
         let ema = lines_of_kind(&lines, "method")
             .into_iter()
-            .filter(|l| l["name"].as_str().is_some_and(|n| n.starts_with("ema/")))
+            .filter(|l| {
+                l["name"]
+                    .as_str()
+                    .is_some_and(|n| n.starts_with("ema/") || n.starts_with("lookahead/"))
+            })
             .cloned()
             .collect();
         (losses, ema)
@@ -174,6 +183,8 @@ fn older_plugins_state_survives_a_checkpoint_and_a_resume() {
     assert_eq!(losses.len(), 4, "{losses:?}");
     let distances = ema.iter().filter(|l| l["name"] == "ema/distance").count();
     assert_eq!(distances, 2, "EMA swapped in at both evaluations: {ema:?}");
+    let syncs = ema.iter().filter(|l| l["name"] == "lookahead/syncs").count();
+    assert_eq!(syncs, 2, "Lookahead synchronised every 2 steps: {ema:?}");
     assert_eq!((losses, ema), lines("resumed"));
 }
 
