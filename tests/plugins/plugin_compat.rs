@@ -39,7 +39,10 @@ const FIXTURES: &[(&str, &[(&str, &str)])] = &[
     // A fixed length and no final copy: the resumed run is first cut short at 2 batches.
     (
         "1.10.0",
-        &[("lookahead", "k = 2\nalpha = 0.5\nfinal_copy = false\ntotal_steps = 4")],
+        &[(
+            "lookahead",
+            "k = 2\nalpha = 0.5\nfinal_copy = false\ntotal_steps = 4",
+        )],
     ),
 ];
 
@@ -183,7 +186,10 @@ fn older_plugins_state_survives_a_checkpoint_and_a_resume() {
     assert_eq!(losses.len(), 4, "{losses:?}");
     let distances = ema.iter().filter(|l| l["name"] == "ema/distance").count();
     assert_eq!(distances, 2, "EMA swapped in at both evaluations: {ema:?}");
-    let syncs = ema.iter().filter(|l| l["name"] == "lookahead/syncs").count();
+    let syncs = ema
+        .iter()
+        .filter(|l| l["name"] == "lookahead/syncs")
+        .count();
     assert_eq!(syncs, 2, "Lookahead synchronised every 2 steps: {ema:?}");
     assert_eq!((losses, ema), lines("resumed"));
 }
