@@ -14,15 +14,12 @@ use crate::attention::{AttentionSpec, AttentionWeights, ExtAttention};
 /// (`c_attn.weight`, `c_attn.bias`, `c_proj.weight`, `c_proj.bias`: the optimizer trains them
 /// and checkpoints keep their names). Whichever of the two plugins runs first, the other finds
 /// its `gpt2_attention_ext` and adds its own feature: both orders give the same module.
-/// Returns the paths of the replaced modules. Takes any [`SurgeryModel`] (and, until they
-/// move to the kit, the other plugins' [`Model`]).
-///
-/// [`Model`]: crate::Model
+/// Returns the paths of the replaced modules. Takes any [`SurgeryModel`] (the host's
+/// `Context`, or the kit's `StandIn` in tests).
 pub fn rebuild_attention(
-    model: &mut impl crate::Model,
+    model: &mut impl SurgeryModel,
     mut add: impl FnMut(&mut AttentionSpec) -> Result<bool, Error>,
 ) -> Result<Vec<String>, Error> {
-    let model = model.kit();
     let modules = model.modules()?;
     let mut done = Vec::new();
     for m in &modules {

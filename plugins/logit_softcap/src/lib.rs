@@ -4,7 +4,7 @@
 use gpt_surgery::kinds::{
     LINEAR, LLAMA_ROOT, LM_HEAD_PATH, SOFTCAP_LM_HEAD, SURGERY_PRIORITY, TIED_LM_HEAD,
 };
-use gpt_surgery::{module_at, Model};
+use tessera_plugin_api::kit::{walk, SurgeryModel};
 use tessera_plugin_api::tch::{Kind, Tensor};
 use tessera_plugin_api::{
     export_plugin, Context, Error, Event, Hook, Inner, Method, Plugin, Settings, Wrapper,
@@ -85,12 +85,12 @@ pub enum Outcome {
 
 /// The surgery: wraps the GPT-2's `lm_head` (`tied_lm_head` or `linear`) in a
 /// [`SoftcapHead`] with `cap`.
-pub fn apply_logit_softcap(model: &mut impl Model, cap: f64) -> Result<Outcome, Error> {
+pub fn apply_logit_softcap(model: &mut impl SurgeryModel, cap: f64) -> Result<Outcome, Error> {
     let modules = model.modules()?;
     // GPT-2's head, or a Llama-family decoder's (the same two kinds, tied or untied).
-    let is_gpt2 = module_at(&modules, "")
+    let is_gpt2 = walk::find(&modules, "")
         .is_some_and(|m| matches!(m.kind.as_str(), "gpt2_lm_head_model" | LLAMA_ROOT));
-    let Some(head) = module_at(&modules, LM_HEAD_PATH).filter(|_| is_gpt2) else {
+    let Some(head) = walk::find(&modules, LM_HEAD_PATH).filter(|_| is_gpt2) else {
         return Ok(Outcome::NoHead);
     };
     let tied = match head.kind.as_str() {
@@ -105,7 +105,7 @@ pub fn apply_logit_softcap(model: &mut impl Model, cap: f64) -> Result<Outcome, 
             .into())
         }
     };
-    model.wrap(LM_HEAD_PATH, SoftcapHead::new(cap, tied))?;
+    model.wrap_module(LM_HEAD_PATH, SoftcapHead::new(cap, tied), None, vec![])?;
     Ok(Outcome::Wrapped { tied })
 }
 

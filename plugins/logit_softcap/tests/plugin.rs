@@ -2,7 +2,7 @@
 //! the host is in the workspace's tests/methods/logit_softcap.rs).
 
 use gpt_surgery::kinds::{SOFTCAP_LM_HEAD, TIED_LM_HEAD};
-use gpt_surgery::{Sizes, StandIn};
+use gpt_surgery::{gpt2, Sizes};
 use logit_softcap::{apply_logit_softcap, softcap, LogitSoftcap, Outcome};
 use tessera_plugin_api::abi_stable::std_types::RString;
 use tessera_plugin_api::tch::{Device, Kind, Tensor};
@@ -64,7 +64,7 @@ fn the_head_is_wrapped_once_tied_or_untied() {
             tied,
             ..Sizes::default()
         };
-        let mut model = StandIn::gpt2(sizes, 1);
+        let mut model = gpt2(sizes, 1);
         assert_eq!(
             apply_logit_softcap(&mut model, 12.0).unwrap(),
             Outcome::Wrapped { tied }
@@ -75,7 +75,7 @@ fn the_head_is_wrapped_once_tied_or_untied() {
         assert_eq!(info.attr("tied"), Some(f64::from(u8::from(tied))));
         // The head keeps its attributes (the wrapper is transparent) and tensors.
         assert_eq!(info.attr("out_features"), Some(40.0));
-        assert_eq!(model.get("lm_head.weight").is_some(), !tied);
+        assert_eq!(model.tensor("lm_head.weight").is_some(), !tied);
         assert_eq!(
             apply_logit_softcap(&mut model, 12.0).unwrap(),
             Outcome::AlreadyCapped
@@ -85,18 +85,14 @@ fn the_head_is_wrapped_once_tied_or_untied() {
 
 #[test]
 fn a_model_without_a_gpt2_head_is_left_alone_and_a_strange_head_refused() {
-    let mut model = StandIn::gpt2(Sizes::default(), 2);
-    model.infos[0].kind = RString::from("sequential");
+    let mut model = gpt2(Sizes::default(), 2);
+    model.info_mut("").unwrap().kind = RString::from("sequential");
     assert_eq!(
         apply_logit_softcap(&mut model, 30.0).unwrap(),
         Outcome::NoHead
     );
-    let mut model = StandIn::gpt2(Sizes::default(), 2);
-    let head = model
-        .infos
-        .iter_mut()
-        .find(|m| m.path.as_str() == "lm_head")
-        .unwrap();
+    let mut model = gpt2(Sizes::default(), 2);
+    let head = model.info_mut("lm_head").unwrap();
     assert_eq!(head.kind.as_str(), TIED_LM_HEAD);
     head.kind = RString::from("factorized_linear");
     let e = apply_logit_softcap(&mut model, 30.0)

@@ -5,7 +5,8 @@ use gpt_surgery::kinds::{
     ALIBI_ATTENTION, EXT_ATTENTION, GPT2_ATTENTION, LLAMA_ATTENTION, QK_NORM_PROJECTION,
     SURGERY_PRIORITY,
 };
-use gpt_surgery::{module_at, paths_of_kind, rebuild_attention, Model};
+use gpt_surgery::rebuild_attention;
+use tessera_plugin_api::kit::{walk, SurgeryModel};
 use tessera_plugin_api::tch::Tensor;
 use tessera_plugin_api::{
     export_plugin, Context, Error, Event, Hook, Inner, Method, Plugin, Settings, Wrapper,
@@ -17,7 +18,7 @@ pub use gpt_surgery::{qk_rms_norm, ExtAttention};
 /// `gpt2_attention_ext` without QK-norm becomes a `gpt2_attention_ext` with it (the same
 /// tensors, its other features kept). Returns the replaced paths; modules that already
 /// normalise q and k are left alone, so a second application changes nothing.
-pub fn apply_qk_norm(model: &mut impl Model) -> Result<Vec<String>, Error> {
+pub fn apply_qk_norm(model: &mut impl SurgeryModel) -> Result<Vec<String>, Error> {
     if let Some(m) = model
         .modules()?
         .into_iter()
@@ -92,27 +93,26 @@ impl Wrapper for QkNormProjection {
 /// [`QkNormProjection`] (a projection LoRA adapted is wrapped with its adapter, so the norm
 /// applies to what the attention sees). Returns the attention paths changed; those already
 /// normalised are left alone.
-pub fn apply_llama_qk_norm(model: &mut impl Model) -> Result<Vec<String>, Error> {
+pub fn apply_llama_qk_norm(model: &mut impl SurgeryModel) -> Result<Vec<String>, Error> {
     let modules = model.modules()?;
     let mut done = Vec::new();
-    for attention in paths_of_kind(&modules, LLAMA_ATTENTION) {
-        let head_dim = module_at(&modules, &attention)
-            .ok_or("the module tree changed during surgery")?
-            .int_attr("head_dim", None)?;
+    for attention in walk::of_kind(&modules, LLAMA_ATTENTION) {
+        let head_dim = attention.int_attr("head_dim", None)?;
         let mut changed = false;
         for projection in ["q_proj", "k_proj"] {
-            let path = format!("{attention}.{projection}");
-            match module_at(&modules, &path) {
+            let path = format!("{}.{projection}", attention.path);
+            match walk::find(&modules, &path) {
                 Some(m) if m.kind.as_str() == QK_NORM_PROJECTION => {}
                 Some(_) => {
-                    model.wrap(&path, QkNormProjection::new(head_dim))?;
+                    let wrapper = QkNormProjection::new(head_dim);
+                    model.wrap_module(&path, wrapper, None, vec![])?;
                     changed = true;
                 }
                 None => return Err(format!("qk_norm: no module at `{path}`").into()),
             }
         }
         if changed {
-            done.push(attention);
+            done.push(attention.path.to_string());
         }
     }
     Ok(done)

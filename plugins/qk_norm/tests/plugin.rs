@@ -20,16 +20,17 @@ fn rotary(model: &mut StandIn) {
 }
 
 use gpt_surgery::kinds::{ALIBI_ATTENTION, EXT_ATTENTION};
-use gpt_surgery::{rebuild_attention, AttentionSpec, Rotary, Sizes, StandIn};
+use gpt_surgery::{gpt2, rebuild_attention, AttentionSpec, Rotary, Sizes};
 use qk_norm::{apply_qk_norm, QkNorm};
 use tessera_plugin_api::abi_stable::std_types::RString;
+use tessera_plugin_api::kit::StandIn;
 use tessera_plugin_api::tch::{self, Device, Kind, Tensor};
 use tessera_plugin_api::testing::settings;
 use tessera_plugin_api::{boxed_method, Plugin};
 
 #[test]
 fn every_attention_normalises_q_and_k_once() {
-    let mut model = StandIn::gpt2(Sizes::default(), 1);
+    let mut model = gpt2(Sizes::default(), 1);
     let done = apply_qk_norm(&mut model).unwrap();
     assert_eq!(done, ["transformer.h.0.attn", "transformer.h.1.attn"]);
     let info = model.info("transformer.h.1.attn").unwrap();
@@ -48,10 +49,10 @@ fn with_rotary_either_order_builds_the_same_module() {
         n_embd: 24,
         ..Sizes::default()
     };
-    let mut a = StandIn::gpt2(sizes, 3);
+    let mut a = gpt2(sizes, 3);
     rotary(&mut a);
     assert_eq!(apply_qk_norm(&mut a).unwrap().len(), 2);
-    let mut b = StandIn::gpt2(sizes, 3);
+    let mut b = gpt2(sizes, 3);
     apply_qk_norm(&mut b).unwrap();
     rotary(&mut b);
     for path in ["transformer.h.0.attn", "transformer.h.1.attn"] {
@@ -73,19 +74,15 @@ fn with_rotary_either_order_builds_the_same_module() {
     tch::manual_seed(5);
     let x = Tensor::randn([3, 10, 24], (Kind::Float, Device::Cpu));
     let path = "transformer.h.0.attn";
-    let ya = a.module(path).unwrap().forward(&x, false).unwrap();
-    let yb = b.module(path).unwrap().forward(&x, false).unwrap();
+    let ya = a.replaced(path).unwrap().forward(&x, false).unwrap();
+    let yb = b.replaced(path).unwrap().forward(&x, false).unwrap();
     assert!(ya.equal(&yb));
 }
 
 #[test]
 fn alibi_attention_and_settings_are_refused() {
-    let mut model = StandIn::gpt2(Sizes::default(), 2);
-    let attn = model
-        .infos
-        .iter_mut()
-        .find(|m| m.path.as_str() == "transformer.h.0.attn")
-        .unwrap();
+    let mut model = gpt2(Sizes::default(), 2);
+    let attn = model.info_mut("transformer.h.0.attn").unwrap();
     attn.kind = RString::from(ALIBI_ATTENTION);
     let e = apply_qk_norm(&mut model).unwrap_err().to_string();
     assert!(e.contains("qk_norm cannot change ALiBi's attention"), "{e}");

@@ -2,7 +2,8 @@
 #![warn(missing_docs)]
 
 use gpt_surgery::kinds::{GLU_MLP, GPT2_MLP, RELU_SQUARED_MLP, SURGERY_PRIORITY};
-use gpt_surgery::{conv1d, dropout, tensor, Model};
+use gpt_surgery::{conv1d, dropout};
+use tessera_plugin_api::kit::{walk, OwnTensors, SurgeryModel};
 use tessera_plugin_api::tch::Tensor;
 use tessera_plugin_api::{
     export_plugin, Context, Error, Event, Hook, Method, Module, ModuleInfo, Plugin, Settings,
@@ -93,9 +94,11 @@ impl ReluSquaredMlp {
             resid_pdrop,
         })
     }
+}
 
-    /// The tensors to register under the module's path (the original four, shallow clones).
-    pub fn tensors(&self) -> Vec<(&'static str, Tensor)> {
+/// The tensors to register under the module's path (the original four, shallow clones).
+impl OwnTensors for ReluSquaredMlp {
+    fn tensors(&self) -> Vec<(&'static str, Tensor)> {
         self.weights.named()
     }
 }
@@ -132,12 +135,12 @@ impl Module for ReluSquaredMlp {
     // its PyTorch twin.
 }
 
-fn replacement(model: &impl Model, m: &ModuleInfo) -> Result<ReluSquaredMlp, Error> {
+fn replacement(model: &impl SurgeryModel, m: &ModuleInfo) -> Result<ReluSquaredMlp, Error> {
     let weights = MlpWeights {
-        c_fc_weight: tensor(model, m, "c_fc.weight")?,
-        c_fc_bias: tensor(model, m, "c_fc.bias")?,
-        c_proj_weight: tensor(model, m, "c_proj.weight")?,
-        c_proj_bias: tensor(model, m, "c_proj.bias")?,
+        c_fc_weight: model.tensor_of(m, "c_fc.weight")?,
+        c_fc_bias: model.tensor_of(m, "c_fc.bias")?,
+        c_proj_weight: model.tensor_of(m, "c_proj.weight")?,
+        c_proj_bias: model.tensor_of(m, "c_proj.bias")?,
     };
     let resid_pdrop = m.attr("resid_pdrop").unwrap_or(0.0);
     if !(0.0..1.0).contains(&resid_pdrop) {
@@ -150,9 +153,9 @@ fn replacement(model: &impl Model, m: &ModuleInfo) -> Result<ReluSquaredMlp, Err
 /// The surgery: refuses a model with gated linear units' MLPs; every `gpt2_mlp` becomes a
 /// [`ReluSquaredMlp`] over the same tensors (trained weights kept, names kept). Returns the
 /// replaced paths; a second application changes nothing.
-pub fn apply_relu_squared(model: &mut impl Model) -> Result<Vec<String>, Error> {
+pub fn apply_relu_squared(model: &mut impl SurgeryModel) -> Result<Vec<String>, Error> {
     let modules = model.modules()?;
-    if let Some(m) = modules.iter().find(|m| m.kind.as_str() == GLU_MLP) {
+    if let Some(m) = walk::of_kind(&modules, GLU_MLP).next() {
         return Err(Error::config(format!(
             "relu_squared cannot be combined with gated_linear_units: the model's MLPs are \
              already gated ({GLU_MLP} at `{}`) and relu_squared replaces the {GPT2_MLP} blocks \
@@ -161,10 +164,9 @@ pub fn apply_relu_squared(model: &mut impl Model) -> Result<Vec<String>, Error> 
         )));
     }
     let mut replaced = Vec::new();
-    for m in modules.iter().filter(|m| m.kind.as_str() == GPT2_MLP) {
+    for m in walk::of_kind(&modules, GPT2_MLP) {
         let module = replacement(model, m)?;
-        let tensors = module.tensors();
-        model.replace(&m.path, module, tensors)?;
+        model.replace(&m.path, module)?;
         replaced.push(m.path.to_string());
     }
     Ok(replaced)

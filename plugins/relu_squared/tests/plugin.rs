@@ -1,7 +1,7 @@
 //! relu_squared's block and its surgery over the stand-in GPT-2.
 
 use gpt_surgery::kinds::{GLU_MLP, RELU_SQUARED_MLP};
-use gpt_surgery::{conv1d, Sizes, StandIn};
+use gpt_surgery::{conv1d, gpt2, Sizes};
 use relu_squared::{apply_relu_squared, relu_squared, ReluSquared};
 use tessera_plugin_api::abi_stable::std_types::RString;
 use tessera_plugin_api::boxed_method;
@@ -18,9 +18,9 @@ fn squared_relu_values() {
 
 #[test]
 fn every_mlp_is_replaced_over_its_tensors_and_computes_relu_squared() {
-    let mut model = StandIn::gpt2(Sizes::default(), 1);
+    let mut model = gpt2(Sizes::default(), 1);
     let before = model
-        .get("transformer.h.0.mlp.c_fc.weight")
+        .tensor("transformer.h.0.mlp.c_fc.weight")
         .unwrap()
         .data_ptr();
     let replaced = apply_relu_squared(&mut model).unwrap();
@@ -28,7 +28,7 @@ fn every_mlp_is_replaced_over_its_tensors_and_computes_relu_squared() {
     assert_eq!(model.kind("transformer.h.0.mlp"), Some(RELU_SQUARED_MLP));
     assert_eq!(
         model
-            .get("transformer.h.0.mlp.c_fc.weight")
+            .tensor("transformer.h.0.mlp.c_fc.weight")
             .unwrap()
             .data_ptr(),
         before
@@ -42,11 +42,11 @@ fn every_mlp_is_replaced_over_its_tensors_and_computes_relu_squared() {
     tch::manual_seed(2);
     let x = Tensor::randn([2, 5, 16], (Kind::Float, Device::Cpu));
     let got = model
-        .module("transformer.h.0.mlp")
+        .replaced("transformer.h.0.mlp")
         .unwrap()
         .forward(&x, false)
         .unwrap();
-    let t = |n: &str| model.get(&format!("transformer.h.0.mlp.{n}")).unwrap();
+    let t = |n: &str| model.tensor(&format!("transformer.h.0.mlp.{n}")).unwrap();
     let h = conv1d(&x, t("c_fc.weight"), t("c_fc.bias")).unwrap();
     let want = conv1d(&(h.relu() * h.relu()), t("c_proj.weight"), t("c_proj.bias")).unwrap();
     assert!((got - want).abs().max().double_value(&[]) < 1e-6);
@@ -54,7 +54,7 @@ fn every_mlp_is_replaced_over_its_tensors_and_computes_relu_squared() {
     assert!(apply_relu_squared(&mut model).unwrap().is_empty());
     let wrong = Tensor::randn([2, 5, 8], (Kind::Float, Device::Cpu));
     assert!(model
-        .module("transformer.h.0.mlp")
+        .replaced("transformer.h.0.mlp")
         .unwrap()
         .forward(&wrong, false)
         .is_err());
@@ -62,12 +62,8 @@ fn every_mlp_is_replaced_over_its_tensors_and_computes_relu_squared() {
 
 #[test]
 fn gated_mlps_and_settings_are_refused() {
-    let mut model = StandIn::gpt2(Sizes::default(), 2);
-    let mlp = model
-        .infos
-        .iter_mut()
-        .find(|m| m.path.as_str() == "transformer.h.1.mlp")
-        .unwrap();
+    let mut model = gpt2(Sizes::default(), 2);
+    let mlp = model.info_mut("transformer.h.1.mlp").unwrap();
     mlp.kind = RString::from(GLU_MLP);
     let e = apply_relu_squared(&mut model).unwrap_err().to_string();
     assert!(

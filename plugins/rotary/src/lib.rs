@@ -5,7 +5,8 @@ use gpt_surgery::kinds::{
     ALIBI_ATTENTION, ALIBI_ZERO_POSITIONS, EMBEDDING, EXT_ATTENTION, GPT2_ATTENTION,
     SURGERY_PRIORITY, WPE_PATH,
 };
-use gpt_surgery::{rebuild_attention, tensor, Model, Rotary, ZeroPositions};
+use gpt_surgery::{rebuild_attention, Rotary, ZeroPositions};
+use tessera_plugin_api::kit::{walk, SurgeryModel};
 use tessera_plugin_api::{export_plugin, Context, Error, Event, Hook, Method, Plugin, Settings};
 
 pub use gpt_surgery::{apply_rotary, ExtAttention};
@@ -52,7 +53,7 @@ pub struct Outcome {
 /// untrained table. Modules that already have rotary positions are left alone, so a second
 /// application changes nothing.
 pub fn apply_rotary_embeddings(
-    model: &mut impl Model,
+    model: &mut impl SurgeryModel,
     settings: &RotarySettings,
 ) -> Result<Outcome, Error> {
     let modules = model.modules()?;
@@ -79,18 +80,14 @@ pub fn apply_rotary_embeddings(
         Ok(true)
     })?;
     outcome.dims = rotated;
-    if let Some(m) = modules
-        .iter()
-        .find(|m| m.path.as_str() == WPE_PATH && m.kind.as_str() == EMBEDDING)
-    {
-        let weight = tensor(model, m, "weight")?;
+    if let Some(m) = walk::find(&modules, WPE_PATH).filter(|m| m.kind.as_str() == EMBEDDING) {
+        let weight = model.tensor_of(m, "weight")?;
         let &[rows, n_embd] = weight.size().as_slice() else {
             return Err(format!("`{WPE_PATH}.weight` is not a (positions, n_embd) table").into());
         };
         let rows = settings.max_sequence_length.unwrap_or(rows);
         let module = ZeroPositions::new(rows, n_embd, (weight.kind(), weight.device()))?;
-        let tensors = module.tensors();
-        model.replace(WPE_PATH, module, tensors)?;
+        model.replace(WPE_PATH, module)?;
         outcome.positions = Some(rows);
     }
     Ok(outcome)

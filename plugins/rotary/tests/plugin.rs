@@ -1,7 +1,8 @@
-//! rotary's settings and its surgery over the stand-in GPT-2 (`gpt_surgery::StandIn`).
+//! rotary's settings and its surgery over the stand-in GPT-2 (`gpt_surgery::gpt2`, a
+//! `kit::StandIn`).
 
 use gpt_surgery::kinds::{ALIBI_ZERO_POSITIONS, EXT_ATTENTION, ROTARY_ZERO_POSITIONS};
-use gpt_surgery::{AttentionSpec, Rotary, Sizes, StandIn};
+use gpt_surgery::{gpt2, AttentionSpec, Rotary, Sizes};
 use rotary::{apply_rotary_embeddings, RotaryMethod, RotarySettings};
 use tessera_plugin_api::abi_stable::std_types::RString;
 use tessera_plugin_api::tch::Kind;
@@ -53,7 +54,7 @@ fn every_attention_rotates_and_the_positions_become_a_zero_buffer() {
         n_positions: 20,
         ..Sizes::default()
     };
-    let mut model = StandIn::gpt2(sizes, 1);
+    let mut model = gpt2(sizes, 1);
     let settings = RotarySettings {
         base: 321.0,
         fraction: 0.5,
@@ -80,11 +81,11 @@ fn every_attention_rotates_and_the_positions_become_a_zero_buffer() {
         assert!(!spec.qk_norm);
     }
     assert_eq!(model.kind("transformer.wpe"), Some(ROTARY_ZERO_POSITIONS));
-    let wpe = model.get("transformer.wpe.weight").unwrap();
+    let wpe = model.tensor("transformer.wpe.weight").unwrap();
     assert_eq!(wpe.size(), [50, 48]);
     assert!(!wpe.requires_grad(), "the zero table is trained");
     assert_eq!(wpe.abs().sum(Kind::Double).double_value(&[]), 0.0);
-    let positions = model.module("transformer.wpe").unwrap();
+    let positions = model.replaced("transformer.wpe").unwrap();
     let ids = tessera_plugin_api::tch::Tensor::arange(
         50,
         (Kind::Int64, tessera_plugin_api::tch::Device::Cpu),
@@ -104,26 +105,22 @@ fn every_attention_rotates_and_the_positions_become_a_zero_buffer() {
     // A second application changes nothing; the default table has the model's rows.
     let again = apply_rotary_embeddings(&mut model, &settings).unwrap();
     assert!(again.attention.is_empty() && again.positions.is_none());
-    let mut plain = StandIn::gpt2(sizes, 1);
+    let mut plain = gpt2(sizes, 1);
     let out = apply_rotary_embeddings(&mut plain, &RotarySettings::default()).unwrap();
     assert_eq!((out.dims, out.positions), (Some((12, 12)), Some(20)));
 }
 
 #[test]
 fn alibi_in_the_model_is_refused_and_a_too_small_fraction_names_the_setting() {
-    let mut model = StandIn::gpt2(Sizes::default(), 2);
-    let wpe = model
-        .infos
-        .iter_mut()
-        .find(|m| m.path.as_str() == "transformer.wpe")
-        .unwrap();
+    let mut model = gpt2(Sizes::default(), 2);
+    let wpe = model.info_mut("transformer.wpe").unwrap();
     wpe.kind = RString::from(ALIBI_ZERO_POSITIONS);
     let e = apply_rotary_embeddings(&mut model, &RotarySettings::default())
         .unwrap_err()
         .to_string();
     assert!(e.contains("rotary cannot be combined with alibi"), "{e}");
     // 0.1 of a head width of 8 is no pair.
-    let mut model = StandIn::gpt2(Sizes::default(), 2);
+    let mut model = gpt2(Sizes::default(), 2);
     let settings = RotarySettings {
         fraction: 0.1,
         ..RotarySettings::default()

@@ -2,7 +2,7 @@
 #![warn(missing_docs)]
 
 use gpt_surgery::kinds::{GPT2_BLOCK, LLAMA_BLOCK, LM_HEAD_PATH, ZERO_INIT_PRIORITY};
-use gpt_surgery::{module_at, paths_of_kind, Model};
+use tessera_plugin_api::kit::{walk, SurgeryModel};
 use tessera_plugin_api::tch::{self, Tensor};
 use tessera_plugin_api::{
     export_plugin, Context, Error, ErrorKind, Event, Hook, Method, Plugin, Settings,
@@ -34,7 +34,11 @@ impl Default for ZeroInitSettings {
 
 /// The output projection's weight of the module at `path` (kind `kind`): `c_proj.weight`, or
 /// `wo.weight` (gated linear units' MLP); an error naming the module when it has neither.
-fn projection(model: &impl Model, path: &str, kind: &str) -> Result<(String, Tensor), Error> {
+fn projection(
+    model: &impl SurgeryModel,
+    path: &str,
+    kind: &str,
+) -> Result<(String, Tensor), Error> {
     for leaf in ["c_proj.weight", "wo.weight"] {
         let name = format!("{path}.{leaf}");
         if let Some(t) = model.parameter(&name)? {
@@ -56,24 +60,25 @@ fn projection(model: &impl Model, path: &str, kind: &str) -> Result<(String, Ten
 /// untied head's `lm_head.weight` too; a tied head (no tensor of its own: it multiplies by
 /// `transformer.wte.weight`) is an error, since zeroing it would zero the token embeddings.
 pub fn zero_init_projections(
-    model: &mut impl Model,
+    model: &mut impl SurgeryModel,
     settings: &ZeroInitSettings,
 ) -> Result<Vec<String>, Error> {
     let modules = model.modules()?;
     let mut targets = Vec::new();
-    for block in paths_of_kind(&modules, GPT2_BLOCK) {
+    for block in walk::of_kind(&modules, GPT2_BLOCK) {
         for (child, wanted) in [("attn", settings.attention), ("mlp", settings.mlp)] {
             if !wanted {
                 continue;
             }
-            let path = format!("{block}.{child}");
-            let kind = module_at(&modules, &path)
+            let path = format!("{}.{child}", block.path);
+            let kind = walk::find(&modules, &path)
                 .map(|m| m.kind.to_string())
                 .ok_or_else(|| format!("zero_init_projections: no module at `{path}`"))?;
             targets.push(projection(model, &path, &kind)?);
         }
     }
-    for block in paths_of_kind(&modules, LLAMA_BLOCK) {
+    for block in walk::of_kind(&modules, LLAMA_BLOCK) {
+        let block = block.path.as_str();
         for (leaf, wanted) in [
             ("self_attn.o_proj.weight", settings.attention),
             ("mlp.down_proj.weight", settings.mlp),
@@ -88,7 +93,7 @@ pub fn zero_init_projections(
             targets.push((name, weight));
         }
     }
-    if settings.lm_head && module_at(&modules, LM_HEAD_PATH).is_some() {
+    if settings.lm_head && walk::find(&modules, LM_HEAD_PATH).is_some() {
         let name = format!("{LM_HEAD_PATH}.weight");
         let weight = model.parameter(&name)?.ok_or_else(|| {
             Error::config(

@@ -1,6 +1,7 @@
 //! zero_init_projections over the stand-in GPT-2, with other plugins' MLPs.
 
-use gpt_surgery::{Model, Sizes, StandIn};
+use gpt_surgery::{gpt2, Sizes};
+use tessera_plugin_api::kit::{StandIn, SurgeryModel};
 use tessera_plugin_api::tch::{Kind, Tensor};
 use tessera_plugin_api::testing::{default_settings_json, settings};
 use tessera_plugin_api::{boxed_method, Plugin};
@@ -16,9 +17,9 @@ fn the_projections_are_zeroed_in_place_and_nothing_else() {
         tied: false,
         ..Sizes::default()
     };
-    let mut model = StandIn::gpt2(sizes, 1);
+    let mut model = gpt2(sizes, 1);
     let before: Vec<(String, f64)> = model
-        .tensors
+        .tensors()
         .iter()
         .map(|(n, t)| (n.clone(), sum(t)))
         .collect();
@@ -33,11 +34,11 @@ fn the_projections_are_zeroed_in_place_and_nothing_else() {
         ]
     );
     for (name, s) in before {
-        let now = sum(model.get(&name).unwrap());
+        let now = sum(model.tensor(&name).unwrap());
         if names.contains(&name) {
             assert_eq!(now, 0.0, "{name}");
             // Still a trainable parameter.
-            assert!(model.get(&name).unwrap().requires_grad());
+            assert!(model.tensor(&name).unwrap().requires_grad());
         } else {
             assert_eq!(now, s, "{name} changed");
         }
@@ -47,17 +48,17 @@ fn the_projections_are_zeroed_in_place_and_nothing_else() {
         mlp: false,
         lm_head: true,
     };
-    let mut model = StandIn::gpt2(sizes, 1);
+    let mut model = gpt2(sizes, 1);
     assert_eq!(
         zero_init_projections(&mut model, &only).unwrap(),
         ["lm_head.weight"]
     );
-    assert_eq!(sum(model.get("lm_head.weight").unwrap()), 0.0);
+    assert_eq!(sum(model.tensor("lm_head.weight").unwrap()), 0.0);
 }
 
 #[test]
 fn a_tied_head_is_refused_and_settings_are_checked() {
-    let mut model = StandIn::gpt2(Sizes::default(), 2);
+    let mut model = gpt2(Sizes::default(), 2);
     let s = ZeroInitSettings {
         lm_head: true,
         ..ZeroInitSettings::default()
@@ -70,7 +71,7 @@ fn a_tied_head_is_refused_and_settings_are_checked() {
         "{e}"
     );
     // Refused before anything was zeroed.
-    assert!(sum(model.get("transformer.h.0.attn.c_proj.weight").unwrap()) > 0.0);
+    assert!(sum(model.tensor("transformer.h.0.attn.c_proj.weight").unwrap()) > 0.0);
     let d = ZeroInitProjections::create(&settings(&default_settings_json(
         ZeroInitProjections::DEFAULT_SETTINGS,
     )))
@@ -108,12 +109,12 @@ fn put(model: &mut StandIn, path: &str, kind: &'static str, names: &[(&'static s
             )
         })
         .collect();
-    model.replace(path, Other(kind), tensors).unwrap();
+    model.replace_module(path, Other(kind), tensors).unwrap();
 }
 
 #[test]
 fn gated_and_squared_relu_mlps_have_their_projection_zeroed() {
-    let mut model = StandIn::gpt2(Sizes::default(), 3);
+    let mut model = gpt2(Sizes::default(), 3);
     for i in 0..2 {
         put(
             &mut model,
@@ -132,12 +133,13 @@ fn gated_and_squared_relu_mlps_have_their_projection_zeroed() {
         "{names:?}"
     );
     assert_eq!(
-        sum(model.get("transformer.h.1.mlp.wo.weight").unwrap()),
+        sum(model.tensor("transformer.h.1.mlp.wo.weight").unwrap()),
         0.0
     );
-    assert!(sum(model.get("transformer.h.1.mlp.gated_layer.weight").unwrap()) > 0.0);
+    let gated = model.tensor("transformer.h.1.mlp.gated_layer.weight");
+    assert!(sum(gated.unwrap()) > 0.0);
 
-    let mut model = StandIn::gpt2(Sizes::default(), 3);
+    let mut model = gpt2(Sizes::default(), 3);
     put(
         &mut model,
         "transformer.h.0.mlp",
@@ -147,11 +149,11 @@ fn gated_and_squared_relu_mlps_have_their_projection_zeroed() {
     let names = zero_init_projections(&mut model, &ZeroInitSettings::default()).unwrap();
     assert_eq!(names.len(), 4);
     assert_eq!(
-        sum(model.get("transformer.h.0.mlp.c_proj.weight").unwrap()),
+        sum(model.tensor("transformer.h.0.mlp.c_proj.weight").unwrap()),
         0.0
     );
     // A module without an output projection is an error naming it.
-    let mut model = StandIn::gpt2(Sizes::default(), 3);
+    let mut model = gpt2(Sizes::default(), 3);
     put(
         &mut model,
         "transformer.h.1.attn",
