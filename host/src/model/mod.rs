@@ -17,7 +17,7 @@ mod torchscript;
 mod tree;
 mod units;
 mod weight_files;
-mod zoo;
+pub mod zoo;
 
 pub use activation_checkpointing::ActivationCheckpointing;
 pub use aliases::aliases;
@@ -26,7 +26,7 @@ pub use init_weights::{
     check_patterns as check_init_patterns, load_init_weights, read_state_dict, InitReport,
     InitWeightsError,
 };
-pub use layers::{Attr, ExportTree, Exported, Layer, RopeScaling};
+pub use layers::{Attr, ExportTree, Exported, Layer};
 pub use loss::{
     binary_cross_entropy_with, cross_entropy, cross_entropy_ignoring, cross_entropy_with, Loss,
     LossKind, NonFiniteLoss, DEFAULT_IGNORE_INDEX,
@@ -39,6 +39,7 @@ pub use spec::{
 pub use torchscript::TorchscriptModel;
 pub use tree::{LayerInfo, SurgeryError};
 pub use units::{unit_paths, Unit};
+pub use zoo::RopeScaling;
 
 use tch::{Device, TchError, Tensor};
 
@@ -64,7 +65,7 @@ pub struct InputShape {
 
 impl Model {
     /// Builds the model named in `config` for `input` and `num_classes`, on `device` (gpt2:
-    /// `num_classes` is the vocabulary, `input` is unused; see [`layers::Gpt2LmHeadModel`]). A
+    /// `num_classes` is the vocabulary, `input` is unused; see [`zoo::Gpt2LmHeadModel`]). A
     /// TorchScript model is loaded from its file (errors name it) and checked to give
     /// `(N, num_classes)` on `input`.
     pub fn build(
@@ -128,7 +129,7 @@ impl Model {
             )?),
             ModelName::Gpt2 => {
                 let sizes = config.gpt2.clone().unwrap_or_default();
-                Box::new(layers::Gpt2LmHeadModel::new(
+                Box::new(zoo::Gpt2LmHeadModel::new(
                     store,
                     &sizes,
                     config.dropout,
@@ -137,7 +138,7 @@ impl Model {
             }
             ModelName::Llama => {
                 let sizes = config.llama.clone().unwrap_or_default();
-                Box::new(layers::LlamaForCausalLm::new(store, &sizes, num_classes)?)
+                Box::new(zoo::LlamaForCausalLm::new(store, &sizes, num_classes)?)
             }
             ModelName::Bert => {
                 let sizes = config.bert.clone().unwrap_or_default();
@@ -145,8 +146,8 @@ impl Model {
                 // vocabulary the config's (or the data's, given as `vocab_size`).
                 let (vocabulary, classes) =
                     match sizes.head {
-                        layers::BertHead::MaskedLm => (num_classes, num_classes),
-                        layers::BertHead::Classification => match sizes.vocab_size {
+                        zoo::BertHead::MaskedLm => (num_classes, num_classes),
+                        zoo::BertHead::Classification => match sizes.vocab_size {
                             Some(v) => (v as i64, num_classes),
                             None => return Err(TchError::Shape(
                                 "bert: a classifier needs its vocabulary: `[model] vocab_size`, \
@@ -155,7 +156,7 @@ impl Model {
                             )),
                         },
                     };
-                Box::new(layers::Bert::new(
+                Box::new(zoo::Bert::new(
                     store,
                     &sizes,
                     config.dropout,
@@ -168,7 +169,7 @@ impl Model {
                     .vit
                     .or(config.name.vit_sizes())
                     .unwrap_or(VitConfig::TINY);
-                Box::new(layers::VisionTransformer::new(
+                Box::new(zoo::VisionTransformer::new(
                     store,
                     sizes,
                     input,

@@ -1,18 +1,18 @@
-//! The model zoo: MLP, a small CNN, CIFAR-style ResNets, torchvision's ImageNet ResNets and
-//! airbench's network,
+//! The vision models built from the generic layers: MLP, a small CNN, CIFAR-style ResNets,
+//! torchvision's ImageNet ResNets and airbench's network,
 //! named as their PyTorch counterparts so weights map 1:1 to a PyTorch `state_dict`.
 
 use tch::nn::init::{FanInOut, NonLinearity, NormalOrUniform};
 use tch::nn::Init;
 use tch::TchError;
 
-use super::layers::init::TORCH_DEFAULT_WEIGHT;
-use super::layers::{
+use crate::model::layers::init::TORCH_DEFAULT_WEIGHT;
+use crate::model::layers::{
     Attr, BatchNorm2d, Bottleneck, Conv2d, Conv2dConfig, ConvGroup, Dropout, Flatten, Gelu,
     GlobalAvgPool, GlobalMaxPool, GroupNorm, GroupNorms, Layer, LayerNorm, Linear, MaxPool2d, Mul,
     Relu, ResidualBlock, Sequential, EXPANSION,
 };
-use super::{InputShape, Norm, ParamStore};
+use crate::model::{InputShape, Norm, ParamStore};
 
 /// Convolutions in ResNets use He (fan_out) normal init, as torchvision does.
 const RESNET_CONV: Init = Init::Kaiming {

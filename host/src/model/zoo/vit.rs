@@ -49,8 +49,10 @@
 use tch::nn::Init;
 use tch::{TchError, Tensor};
 
-use super::init::TORCH_DEFAULT_WEIGHT;
-use super::{Attr, Conv2d, Conv2dConfig, Dropout, Gelu, Layer, LayerNorm, Linear, Sequential};
+use crate::model::layers::init::TORCH_DEFAULT_WEIGHT;
+use crate::model::layers::{
+    Attr, Conv2d, Conv2dConfig, Dropout, Gelu, Layer, LayerNorm, Linear, Sequential,
+};
 use crate::model::{tree::join, InputShape, ParamStore};
 
 /// timm's `init_weights_vit_timm` standard deviation for linear weights and `pos_embed`.
