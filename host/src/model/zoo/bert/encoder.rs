@@ -1,4 +1,5 @@
-//! The encoder: its layers (`BertLayer` and its dense parts) and the body without a head (`BertModel`).
+//! The encoder: its layers (`BertLayer` and its dense parts) and the body without a head
+//! (`BertModel`).
 
 use tch::{TchError, Tensor};
 

@@ -1,4 +1,5 @@
-//! BERT's two residual outputs (`BertSelfOutput`, `BertOutput`): a dense layer, dropout, the residual and a layer norm, over one input that carries both.
+//! BERT's two residual outputs (`BertSelfOutput`, `BertOutput`): a dense layer, dropout, the
+//! residual and a layer norm, over one input that carries both.
 
 use tch::{TchError, Tensor};
 

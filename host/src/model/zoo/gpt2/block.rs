@@ -1,4 +1,5 @@
-//! One GPT-2 block (Hugging Face's `GPT2Block`): attention and MLP, each after a layer norm, with residuals.
+//! One GPT-2 block (Hugging Face's `GPT2Block`): attention and MLP, each after a layer norm, with
+//! residuals.
 
 use tch::{TchError, Tensor};
 

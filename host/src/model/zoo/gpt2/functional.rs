@@ -1,4 +1,5 @@
-//! What GPT-2's layers compute with: Hugging Face's `Conv1D`, dropout, and the init of their weights.
+//! What GPT-2's layers compute with: Hugging Face's `Conv1D`, dropout, and the init of their
+//! weights.
 
 use tch::{nn::Init, TchError, Tensor};
 

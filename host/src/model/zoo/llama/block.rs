@@ -1,4 +1,5 @@
-//! One decoder layer (`LlamaDecoderLayer`): attention and MLP, each after an RMSNorm, with residuals.
+//! One decoder layer (`LlamaDecoderLayer`): attention and MLP, each after an RMSNorm, with
+//! residuals.
 
 use tch::{TchError, Tensor};
 

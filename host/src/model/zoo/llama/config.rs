@@ -1,4 +1,5 @@
-//! A Llama-family model's sizes (`LlamaConfig`, `RopeScaling`) and their reading from a Hugging Face `config.json`.
+//! A Llama-family model's sizes (`LlamaConfig`, `RopeScaling`) and their reading from a Hugging
+//! Face `config.json`.
 
 use serde::{Deserialize, Serialize};
 

@@ -1,4 +1,5 @@
-//! Rotary position embeddings as Hugging Face's `LlamaRotaryEmbedding`: the inverse frequencies (with the Llama-3 `rope_scaling`), their cosines and sines, the rotation.
+//! Rotary position embeddings as Hugging Face's `LlamaRotaryEmbedding`: the inverse frequencies
+//! (with the Llama-3 `rope_scaling`), their cosines and sines, the rotation.
 
 use tch::{Kind, TchError, Tensor};
 
