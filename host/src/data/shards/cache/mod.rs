@@ -7,13 +7,18 @@
 //! per shard), so each is downloaded once per machine; over several nodes, each node's ranks
 //! read only their node's shards (`order::node_order`).
 
+mod prefetch;
+mod split;
+
+pub use prefetch::Prefetcher;
+pub use split::CachedShards;
+
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::thread::JoinHandle;
 
 use sha2::{Digest, Sha256};
 
@@ -465,185 +470,6 @@ impl<W: Write> Write for Hashing<W> {
     }
 }
 
-#[derive(Debug, Default)]
-struct Queue {
-    wanted: Vec<Want>,
-    stop: bool,
-}
-
-/// A background thread fetching the shards a reader needs next, in order.
-#[derive(Debug)]
-pub struct Prefetcher {
-    queue: Arc<(Mutex<Queue>, Condvar)>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Prefetcher {
-    /// Starts the thread that fills `cache`.
-    pub fn start(cache: Arc<ShardCache>) -> Prefetcher {
-        let queue: Arc<(Mutex<Queue>, Condvar)> = Arc::default();
-        let q = Arc::clone(&queue);
-        let thread = std::thread::Builder::new()
-            .name("shard-prefetch".into())
-            .spawn(move || loop {
-                let want = {
-                    let (lock, cond) = &*q;
-                    let mut st = lock.lock().unwrap_or_else(|p| p.into_inner());
-                    while st.wanted.is_empty() && !st.stop {
-                        st = cond.wait(st).unwrap_or_else(|p| p.into_inner());
-                    }
-                    if st.stop {
-                        return;
-                    }
-                    st.wanted.remove(0)
-                };
-                if let Err(e) = cache.open(&want) {
-                    // The reader meets the same error when it needs the shard.
-                    tracing::debug!("prefetching a shard: {e}");
-                }
-            })
-            .ok();
-        if thread.is_none() {
-            tracing::warn!(
-                "could not start the shard prefetch thread; shards are fetched when read"
-            );
-        }
-        Prefetcher { queue, thread }
-    }
-
-    /// Replaces the shards to fetch with `wanted`, fetched in order.
-    pub fn set(&self, wanted: Vec<Want>) {
-        let (lock, cond) = &*self.queue;
-        lock.lock().unwrap_or_else(|p| p.into_inner()).wanted = wanted;
-        cond.notify_all();
-    }
-}
-
-impl Drop for Prefetcher {
-    fn drop(&mut self) {
-        let (lock, cond) = &*self.queue;
-        lock.lock().unwrap_or_else(|p| p.into_inner()).stop = true;
-        cond.notify_all();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-/// The shards of one split read through a [`ShardCache`]: on each shard read, the shards of
-/// the previous, current and next blocks of the epoch's shard order are pinned and the next
-/// `prefetch` shards after the current block are fetched ahead.
-#[derive(Debug)]
-pub struct CachedShards {
-    cache: Arc<ShardCache>,
-    client: u64,
-    wants: Vec<Want>,
-    block: usize,
-    prefetch: usize,
-    plan: Mutex<Plan>,
-    prefetcher: Prefetcher,
-}
-
-#[derive(Debug)]
-struct Plan {
-    /// The shard order of the epoch being read, then of the next one (on one node of several,
-    /// the node's own shards only).
-    order: Vec<usize>,
-    /// Each shard's place in the first half of `order`, `None` for one it does not list.
-    position: Vec<Option<usize>>,
-    /// The block last announced to the prefetcher.
-    announced: Option<usize>,
-}
-
-impl Plan {
-    fn new(shards: usize, this: Vec<usize>, next: Vec<usize>) -> Plan {
-        let mut position = vec![None; shards];
-        for (p, &s) in this.iter().enumerate() {
-            if let Some(at) = position.get_mut(s) {
-                *at = Some(p);
-            }
-        }
-        let mut order = this;
-        order.extend(next);
-        Plan {
-            order,
-            position,
-            announced: None,
-        }
-    }
-}
-
-impl CachedShards {
-    /// The shards `wants` (in stored order) of a split read through `cache`, in blocks of
-    /// `block` shards, `prefetch` shards fetched ahead. Until [`CachedShards::set_epoch`] the
-    /// order is the stored one (evaluation).
-    pub fn new(
-        cache: Arc<ShardCache>,
-        wants: Vec<Want>,
-        block: usize,
-        prefetch: usize,
-    ) -> CachedShards {
-        let n = wants.len();
-        let prefetcher = Prefetcher::start(Arc::clone(&cache));
-        CachedShards {
-            client: cache.client(),
-            cache,
-            wants,
-            block: block.max(1),
-            prefetch,
-            plan: Mutex::new(Plan::new(n, (0..n).collect(), (0..n).collect())),
-            prefetcher,
-        }
-    }
-
-    /// The shard order of the epoch being read and of the next one: every shard, or on one
-    /// node of several the node's own (a shard not listed is fetched when read, not ahead).
-    pub fn set_epoch(&self, this: Vec<usize>, next: Vec<usize>) {
-        *self.plan.lock().unwrap_or_else(|p| p.into_inner()) =
-            Plan::new(self.wants.len(), this, next);
-    }
-
-    /// The cache the shards go through.
-    pub fn cache(&self) -> &Arc<ShardCache> {
-        &self.cache
-    }
-
-    /// The address of shard `shard`, for messages.
-    pub fn url(&self, shard: usize) -> PathBuf {
-        PathBuf::from(self.cache.remote().url(&self.wants[shard].key))
-    }
-
-    /// Shard `shard` opened, fetched first when not cached.
-    pub fn open(&self, shard: usize) -> Result<File, DataError> {
-        {
-            let mut plan = self.plan.lock().unwrap_or_else(|p| p.into_inner());
-            let p = plan.position.get(shard).copied().flatten();
-            if let Some((p, b)) = p
-                .map(|p| (p, p / self.block))
-                .filter(|&(_, b)| plan.announced != Some(b))
-            {
-                plan.announced = Some(b);
-                let from = b.saturating_sub(1) * self.block;
-                let current = b * self.block;
-                let end = (current + 2 * self.block).min(plan.order.len());
-                let ahead = ((current + self.block).min(plan.order.len()) + self.prefetch)
-                    .min(plan.order.len());
-                let keep = plan.order[from..end.max(ahead)]
-                    .iter()
-                    .map(|&s| self.wants[s].key.clone());
-                self.cache.pin(self.client, keep);
-                self.prefetcher.set(
-                    plan.order[p..ahead]
-                        .iter()
-                        .map(|&s| self.wants[s].clone())
-                        .collect(),
-                );
-            }
-        }
-        self.cache.open(&self.wants[shard])
-    }
-}
-
 /// `10GB`, `500MB`, `64KiB`, `1000` (bytes): decimal units (KB, MB, GB, TB), binary ones with
 /// `i` (KiB, MiB, GiB, TiB).
 pub fn parse_size(text: &str) -> Result<u64, String> {
@@ -675,5 +501,4 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
 }
 
 #[cfg(test)]
-#[path = "cache_tests.rs"]
 mod tests;
