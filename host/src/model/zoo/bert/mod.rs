@@ -126,30 +126,7 @@ impl Bert {
             normal(),
         )?;
         let word_weight = word.weight().shallow_clone();
-        let embeddings = BertEmbeddings {
-            word_embeddings: Box::new(word),
-            position_embeddings: Box::new(Embedding::new(
-                store,
-                "bert.embeddings.position_embeddings",
-                config.n_positions as i64,
-                c,
-                normal(),
-            )?),
-            token_type_embeddings: Box::new(Embedding::new(
-                store,
-                "bert.embeddings.token_type_embeddings",
-                config.type_vocab_size as i64,
-                c,
-                normal(),
-            )?),
-            layer_norm: Box::new(LayerNorm::with_eps(
-                store,
-                "bert.embeddings.LayerNorm",
-                c,
-                eps,
-            )?),
-            dropout: Box::new(Dropout::new(dropout)),
-        };
+        let embeddings = embeddings(store, config, word, dropout)?;
         let mut layers = Sequential::new();
         for i in 0..config.n_layer {
             let path = format!("bert.encoder.layer.{i}");
@@ -237,6 +214,41 @@ impl Bert {
             .map(|(_, l)| l.as_ref())
             .ok_or_else(|| TchError::Shape(format!("bert: no module `{name}`")))
     }
+}
+
+/// The embeddings (`bert.embeddings`) around the word embedding `word`: positions, token
+/// types, the layer norm and dropout.
+fn embeddings(
+    store: &mut ParamStore,
+    config: &BertConfig,
+    word: Embedding,
+    dropout: f64,
+) -> Result<BertEmbeddings, TchError> {
+    let (c, eps) = (config.n_embd as i64, config.layer_norm_epsilon);
+    Ok(BertEmbeddings {
+        word_embeddings: Box::new(word),
+        position_embeddings: Box::new(Embedding::new(
+            store,
+            "bert.embeddings.position_embeddings",
+            config.n_positions as i64,
+            c,
+            normal(),
+        )?),
+        token_type_embeddings: Box::new(Embedding::new(
+            store,
+            "bert.embeddings.token_type_embeddings",
+            config.type_vocab_size as i64,
+            c,
+            normal(),
+        )?),
+        layer_norm: Box::new(LayerNorm::with_eps(
+            store,
+            "bert.embeddings.LayerNorm",
+            c,
+            eps,
+        )?),
+        dropout: Box::new(Dropout::new(dropout)),
+    })
 }
 
 /// Checks `config` against itself and the data's `vocabulary`; returns the vocabulary size.
