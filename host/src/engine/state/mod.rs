@@ -2,8 +2,14 @@
 //! before the optimizer exists; surgery happens here) and the complete [`RunState`] of every
 //! later event, reached through one [`Stage`].
 
+mod batch;
+mod setup;
+
+pub use batch::Batch;
+pub use setup::{Sampler, SetupState};
+
 use rand::RngCore;
-use rand_chacha::{rand_core::SeedableRng, ChaCha8Rng};
+use rand_chacha::ChaCha8Rng;
 use tch::{Device, TchError, Tensor};
 use tessera_plugin_api::{keys, TimeInfo};
 
@@ -13,95 +19,6 @@ use crate::precision::AutocastGuard;
 use crate::precision::{GradScaler, Precision};
 use crate::report::EvalRecord;
 use crate::time::{RunLength, Time, TimeUnit, Timestamp};
-
-/// A batch: named tensors (`input`, `target`, ...) on the training device.
-#[derive(Debug, Default)]
-pub struct Batch {
-    entries: Vec<(String, Tensor)>,
-}
-
-impl Batch {
-    /// A batch of an input and a target.
-    pub fn new(input: Tensor, target: Tensor) -> Batch {
-        Batch {
-            entries: vec![(keys::INPUT.into(), input), (keys::TARGET.into(), target)],
-        }
-    }
-
-    /// The tensor named `key`.
-    pub fn get(&self, key: &str) -> Option<&Tensor> {
-        self.entries.iter().find(|(k, _)| k == key).map(|(_, t)| t)
-    }
-
-    /// The input tensor.
-    pub fn input(&self) -> Option<&Tensor> {
-        self.get(keys::INPUT)
-    }
-
-    /// The target tensor.
-    pub fn target(&self) -> Option<&Tensor> {
-        self.get(keys::TARGET)
-    }
-
-    /// The names of the batch's tensors.
-    pub fn keys(&self) -> Vec<String> {
-        self.entries.iter().map(|(k, _)| k.clone()).collect()
-    }
-
-    /// Replaces the tensor named `key`.
-    pub fn set(&mut self, key: &str, value: Tensor) {
-        match self.entries.iter_mut().find(|(k, _)| k == key) {
-            Some((_, t)) => *t = value,
-            None => self.entries.push((key.to_owned(), value)),
-        }
-    }
-
-    /// Number of samples (first dimension of the input).
-    pub fn len(&self) -> i64 {
-        self.input()
-            .map(|t| t.size().first().copied().unwrap_or(0))
-            .unwrap_or(0)
-    }
-
-    /// Whether the batch has no samples.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Tokens in the input: every element of a `[B, T]` integer input (token ids); 0 for
-    /// anything else (images).
-    pub fn tokens(&self) -> u64 {
-        match self.input() {
-            Some(t) if t.dim() == 2 && !t.is_floating_point() => t.numel() as u64,
-            _ => 0,
-        }
-    }
-
-    /// Splits into microbatches of at most `size` samples (views, no copies).
-    pub fn split(&self, size: i64) -> Result<Vec<Batch>, tch::TchError> {
-        let mut parts: Vec<Batch> = Vec::new();
-        for (key, tensor) in &self.entries {
-            for (i, chunk) in tensor.f_split(size, 0)?.into_iter().enumerate() {
-                if parts.len() <= i {
-                    parts.push(Batch::default());
-                }
-                parts[i].entries.push((key.clone(), chunk));
-            }
-        }
-        Ok(parts)
-    }
-
-    /// Shallow copies of every entry (same storage).
-    pub fn shallow_clone(&self) -> Batch {
-        Batch {
-            entries: self
-                .entries
-                .iter()
-                .map(|(k, t)| (k.clone(), t.shallow_clone()))
-                .collect(),
-        }
-    }
-}
 
 /// A request a method made of the host that cannot be granted; the message says why.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -142,98 +59,6 @@ impl Clock {
             elapsed_fraction: self.run.elapsed_fraction(t),
             training: self.training,
         }
-    }
-}
-
-/// The state at `init`: the model before the optimizer exists (so surgery may change its
-/// parameters freely), the clock, and what methods may log or draw.
-pub struct SetupState {
-    /// The model.
-    pub model: Model,
-    /// The run's precision.
-    pub precision: Precision,
-    /// The clock (at zero).
-    pub clock: Clock,
-    /// Metrics methods logged since the trainer last collected them.
-    pub metrics: Vec<(String, f64)>,
-    /// The learning rate the optimizer will start from.
-    pub initial_lr: f64,
-    /// Methods' scaling of the first step's rate, handed to the optimizer when it is built.
-    pub lr_scale: f64,
-    /// Whether a method listed the model's modules (to look for layers to change by surgery).
-    pub modules_listed: bool,
-    /// Parameters methods claimed to update themselves (plugin-api 1.6), with the index of the
-    /// method (in configuration order) that claimed each.
-    pub claims: Vec<(usize, String)>,
-    /// The index of the method the engine is calling.
-    pub current_method: usize,
-    /// Reads training samples for `training_sample` (plugin-api 1.6); none in unit tests.
-    pub sampler: Option<Sampler>,
-    rng: ChaCha8Rng,
-}
-
-/// Reads up to `n` training samples as the model sees them (named batch tensors on the
-/// training device), without moving the run's loader.
-pub type Sampler = Box<dyn FnMut(usize) -> Result<Vec<(String, Tensor)>, CallError>>;
-
-impl SetupState {
-    /// The set-up state of a run of `model`; `seed` fixes the methods' random stream.
-    pub fn new(
-        model: Model,
-        precision: Precision,
-        run: RunLength,
-        initial_lr: f64,
-        seed: u64,
-    ) -> Self {
-        SetupState {
-            model,
-            precision,
-            clock: Clock {
-                timestamp: Timestamp::default(),
-                run,
-                training: true,
-            },
-            metrics: Vec::new(),
-            initial_lr,
-            lr_scale: 1.0,
-            modules_listed: false,
-            claims: Vec::new(),
-            current_method: 0,
-            sampler: None,
-            // A stream of its own, so methods drawing numbers never shift the data order.
-            rng: ChaCha8Rng::seed_from_u64(seed ^ 0x7e55_e4a0_0000_0001),
-        }
-    }
-}
-
-#[cfg(test)]
-impl SetupState {
-    /// A CPU set-up state over a tiny MLP (one epoch of 4 batches), for unit tests.
-    pub fn for_tests() -> SetupState {
-        let config = crate::model::ModelConfig {
-            name: crate::model::ModelName::Mlp,
-            torchscript: None,
-            hidden: vec![4],
-            widths: Vec::new(),
-            width: None,
-            num_classes: 2,
-            dropout: 0.0,
-            norm: None,
-            gpt2: None,
-            bert: None,
-            llama: None,
-            vit: None,
-            init: None,
-        };
-        let shape = crate::model::InputShape {
-            channels: 1,
-            height: 2,
-            width: 2,
-        };
-        let model = Model::build(&config, shape, 2, Device::Cpu).expect("tiny model");
-        let one_epoch = crate::time::Time::new(1, crate::time::TimeUnit::Epoch);
-        let run = RunLength::new(one_epoch, 4, 2).expect("a run length");
-        SetupState::new(model, Precision::Fp32, run, 0.1, 0)
     }
 }
 
