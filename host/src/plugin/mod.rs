@@ -97,38 +97,7 @@ impl LoadedPlugin {
     /// Loads and checks the plugin file at `path`. `pinned_sha256`, when given, is checked
     /// before the file is opened as a library (so none of its code runs on a mismatch).
     pub fn load(path: &Path, pinned_sha256: Option<&str>) -> Result<LoadedPlugin, LoadError> {
-        // An absolute path makes dlopen load exactly this file, never search for it.
-        let path = std::fs::canonicalize(path).map_err(|e| LoadError::NotALibrary {
-            path: path.to_owned(),
-            reason: e.to_string(),
-        })?;
-        let bytes = std::fs::read(&path).map_err(|e| LoadError::NotALibrary {
-            path: path.clone(),
-            reason: e.to_string(),
-        })?;
-        let sha256 = crate::files::sha256_hex(&bytes);
-        if let Some(expected) = pinned_sha256 {
-            if !expected.eq_ignore_ascii_case(&sha256) {
-                return Err(LoadError::Sha256Mismatch {
-                    path,
-                    expected: expected.to_owned(),
-                    actual: sha256,
-                });
-            }
-        }
-        // Read as plain bytes first: only a complete shared library for this machine that
-        // exports the root module is mapped, so nothing truncated is touched and no code of a
-        // file that is not a plugin runs.
-        elf::check_plugin_library(&bytes, abi_stable::library::ROOT_MODULE_LOADER_NAME).map_err(
-            |e| match e {
-                elf::ElfError::NoRootModule(_) => LoadError::NotAPlugin { path: path.clone() },
-                other => LoadError::NotALibrary {
-                    path: path.clone(),
-                    reason: other.to_string(),
-                },
-            },
-        )?;
-        drop(bytes);
+        let (path, sha256) = checked_file(path, pinned_sha256)?;
         let header = lib_header_from_path(&path).map_err(|e| match e {
             LibraryError::GetSymbolError { .. } => LoadError::NotAPlugin { path: path.clone() },
             LibraryError::OpenError { err, .. } => LoadError::NotALibrary {
@@ -259,4 +228,43 @@ impl LoadedPlugin {
             }),
         }
     }
+}
+
+/// The plugin file at `path` made absolute (so that dlopen loads exactly this file, never
+/// searches for it) and its sha256, checked against `pinned_sha256` and read as an ELF shared
+/// library exporting the root module, before anything maps it.
+fn checked_file(path: &Path, pinned_sha256: Option<&str>) -> Result<(PathBuf, String), LoadError> {
+    // An absolute path makes dlopen load exactly this file, never search for it.
+    let path = std::fs::canonicalize(path).map_err(|e| LoadError::NotALibrary {
+        path: path.to_owned(),
+        reason: e.to_string(),
+    })?;
+    let bytes = std::fs::read(&path).map_err(|e| LoadError::NotALibrary {
+        path: path.clone(),
+        reason: e.to_string(),
+    })?;
+    let sha256 = crate::files::sha256_hex(&bytes);
+    if let Some(expected) = pinned_sha256 {
+        if !expected.eq_ignore_ascii_case(&sha256) {
+            return Err(LoadError::Sha256Mismatch {
+                path,
+                expected: expected.to_owned(),
+                actual: sha256,
+            });
+        }
+    }
+    // Read as plain bytes first: only a complete shared library for this machine that
+    // exports the root module is mapped, so nothing truncated is touched and no code of a
+    // file that is not a plugin runs.
+    elf::check_plugin_library(&bytes, abi_stable::library::ROOT_MODULE_LOADER_NAME).map_err(
+        |e| match e {
+            elf::ElfError::NoRootModule(_) => LoadError::NotAPlugin { path: path.clone() },
+            other => LoadError::NotALibrary {
+                path: path.clone(),
+                reason: other.to_string(),
+            },
+        },
+    )?;
+    drop(bytes);
+    Ok((path, sha256))
 }

@@ -42,6 +42,26 @@ impl Trainer {
     }
 
     fn fit_loop(&mut self) -> Result<FitSummary> {
+        self.start_fit()?;
+        let mut interrupted_by = None;
+        // A checkpoint written at `epoch_checkpoint` comes before its iteration's end: a run
+        // resumed from it ends that iteration first.
+        self.end_iteration_when_due()?;
+        while !self.state.clock.run.reached(
+            &self.state.clock.timestamp,
+            &self.state.clock.run.max_duration,
+        ) {
+            if let Some(signal) = self.train_epoch()? {
+                interrupted_by = Some(signal);
+                break;
+            }
+        }
+        self.end_fit(interrupted_by)
+    }
+
+    /// What comes before the first epoch: the observer of host reads armed, the loss scaler on
+    /// the device, `fit_start`, the learning rate of a new run set.
+    fn start_fit(&mut self) -> Result<()> {
         if self.purpose == Purpose::Standalone {
             fail!("this trainer was built to evaluate or predict (Trainer::standalone); build one with Trainer::new to train");
         }
@@ -65,89 +85,90 @@ impl Trainer {
             self.set_scheduled_lr();
         }
         self.stop_if_target_already_reached();
+        Ok(())
+    }
+
+    /// The rest of the current epoch (its events, steps, logs, evaluations and checkpoints);
+    /// the signal that stopped the run in it, if one did.
+    fn train_epoch(&mut self) -> Result<Option<i32>> {
         let log_every = self.config.train.log_interval;
         let eval_every = self.config.train.eval_interval;
         let max_epochs = match self.state.clock.run.max_duration.unit() {
             TimeUnit::Epoch => self.state.clock.run.max_duration.count(),
             _ => None,
         };
-        let mut interrupted_by = None;
-        // A checkpoint written at `epoch_checkpoint` comes before its iteration's end: a run
-        // resumed from it ends that iteration first.
-        self.end_iteration_when_due()?;
-        'fit: while !self.state.clock.run.reached(
-            &self.state.clock.timestamp,
-            &self.state.clock.run.max_duration,
-        ) {
-            if self.state.clock.timestamp.epoch_in_iteration == 0
-                && self.state.clock.timestamp.batch_in_epoch == 0
-            {
-                self.fire(Event::ITERATION_START)?;
-            }
-            if self.state.clock.timestamp.batch_in_epoch == 0 {
-                self.fire(Event::EPOCH_START)?;
-            }
-            let epoch = self.state.clock.timestamp.epoch;
-            let start = self.state.clock.timestamp.batch_in_epoch;
-            self.reporter.start_epoch(
-                epoch,
-                max_epochs,
-                self.state.clock.run.batches_per_epoch,
-                start,
-            );
-            // The next batch is copied while the current step runs (see `input`).
-            let mut batches = TrainInput::new(
-                self.data.train_loader.epoch(epoch, start),
-                self.state.device(),
-                self.uploader.token_rows(),
-            )?;
-            let mut finished_early = false;
-            loop {
-                // Training time counts from the request for data to the end of the step.
-                let step_started = Instant::now();
-                self.fire(Event::BEFORE_DATALOADER)?;
-                let Some(batch) = batches.next_batch() else {
-                    break;
-                };
-                let previous = self.step(batch?, step_started)?;
-                if self.due(&log_every, &previous, Event::BATCH_END) {
-                    self.log_train_line()?;
-                }
-                if self.due(&eval_every, &previous, Event::BATCH_END) {
-                    self.evaluate()?;
-                }
-                self.checkpoint_event(Event::BATCH_CHECKPOINT, &previous)?;
-                if let Some(signal) = self.stop_requested() {
-                    interrupted_by = Some(signal);
-                    break 'fit;
-                }
-                if self.state.clock.run.reached(
-                    &self.state.clock.timestamp,
-                    &self.state.clock.run.max_duration,
-                ) {
-                    finished_early = true;
-                    break;
-                }
-            }
-            drop(batches);
-            if !finished_early
-                || self.state.clock.timestamp.batch_in_epoch
-                    == self.state.clock.run.batches_per_epoch
-            {
-                let previous = self.state.clock.timestamp.clone();
-                self.state.clock.timestamp = self.state.clock.timestamp.to_next_epoch();
-                self.fire(Event::EPOCH_END)?;
+        if self.state.clock.timestamp.epoch_in_iteration == 0
+            && self.state.clock.timestamp.batch_in_epoch == 0
+        {
+            self.fire(Event::ITERATION_START)?;
+        }
+        if self.state.clock.timestamp.batch_in_epoch == 0 {
+            self.fire(Event::EPOCH_START)?;
+        }
+        let epoch = self.state.clock.timestamp.epoch;
+        let start = self.state.clock.timestamp.batch_in_epoch;
+        self.reporter.start_epoch(
+            epoch,
+            max_epochs,
+            self.state.clock.run.batches_per_epoch,
+            start,
+        );
+        // The next batch is copied while the current step runs (see `input`).
+        let mut batches = TrainInput::new(
+            self.data.train_loader.epoch(epoch, start),
+            self.state.device(),
+            self.uploader.token_rows(),
+        )?;
+        let mut finished_early = false;
+        loop {
+            // Training time counts from the request for data to the end of the step.
+            let step_started = Instant::now();
+            self.fire(Event::BEFORE_DATALOADER)?;
+            let Some(batch) = batches.next_batch() else {
+                break;
+            };
+            let previous = self.step(batch?, step_started)?;
+            if self.due(&log_every, &previous, Event::BATCH_END) {
                 self.log_train_line()?;
-                if self.due(&eval_every, &previous, Event::EPOCH_END) {
-                    self.evaluate()?;
-                }
-                self.checkpoint_event(Event::EPOCH_CHECKPOINT, &previous)?;
-                self.end_iteration_when_due()?;
             }
-            if self.state.clock.run.batches_per_epoch == 0 {
-                fail!("the training set gives no batch (batch_size larger than the set with drop_last = true?)");
+            if self.due(&eval_every, &previous, Event::BATCH_END) {
+                self.evaluate()?;
+            }
+            self.checkpoint_event(Event::BATCH_CHECKPOINT, &previous)?;
+            if let Some(signal) = self.stop_requested() {
+                return Ok(Some(signal));
+            }
+            if self.state.clock.run.reached(
+                &self.state.clock.timestamp,
+                &self.state.clock.run.max_duration,
+            ) {
+                finished_early = true;
+                break;
             }
         }
+        drop(batches);
+        if !finished_early
+            || self.state.clock.timestamp.batch_in_epoch == self.state.clock.run.batches_per_epoch
+        {
+            let previous = self.state.clock.timestamp.clone();
+            self.state.clock.timestamp = self.state.clock.timestamp.to_next_epoch();
+            self.fire(Event::EPOCH_END)?;
+            self.log_train_line()?;
+            if self.due(&eval_every, &previous, Event::EPOCH_END) {
+                self.evaluate()?;
+            }
+            self.checkpoint_event(Event::EPOCH_CHECKPOINT, &previous)?;
+            self.end_iteration_when_due()?;
+        }
+        if self.state.clock.run.batches_per_epoch == 0 {
+            fail!("the training set gives no batch (batch_size larger than the set with drop_last = true?)");
+        }
+        Ok(None)
+    }
+
+    /// After the last epoch or a stop: the end of the run logged, checked and recorded
+    /// (run.json), its tracking ended.
+    fn end_fit(&mut self, interrupted_by: Option<i32>) -> Result<FitSummary> {
         if let Some(signal) = interrupted_by {
             let name = signal_name(signal);
             match &self.saved.last_checkpoint {

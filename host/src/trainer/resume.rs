@@ -228,23 +228,7 @@ impl Trainer {
                 .map(|s| s.to_string())
                 .collect(),
             rng: self.state.rng().clone(),
-            trainer: TrainerMeta {
-                train_seconds: self.wall.train_seconds,
-                evals: self.history.evals.clone(),
-                eval_times: self.history.eval_times.clone(),
-                wall_seconds: self.wall_seconds(),
-                last_eval_batch: self.history.last_eval_batch,
-                running_batches: self.tally.running_batches,
-                metrics_bytes,
-                disabled: Vec::new(),
-                skipped_steps: self.tally.skipped_steps,
-                trained_samples: self.tally.trained_samples,
-                grad_scaler: self.state.scaler.clone(),
-                microbatch_size: Some(self.microbatch),
-                data_nodes: self.data.train_loader.node_split(),
-                target_reached: self.history.target_reached.clone(),
-                tokenizer: self.data.tokenizer.clone(),
-            },
+            trainer: self.trainer_meta(metrics_bytes),
             running_loss: (self.tally.running_batches > 0)
                 .then(|| Tensor::from(self.tally.running_loss)),
             torch_rng: Some(checkpoint::torch_rng::cpu_state()?),
@@ -283,6 +267,28 @@ impl Trainer {
             started.elapsed().as_secs_f64() * 1e3
         );
         Ok(path)
+    }
+
+    /// The trainer's own part of a checkpoint: its clocks, evaluations, counts and what it
+    /// found (`metrics_bytes`: the metrics file's length at the checkpoint).
+    fn trainer_meta(&self, metrics_bytes: u64) -> TrainerMeta {
+        TrainerMeta {
+            train_seconds: self.wall.train_seconds,
+            evals: self.history.evals.clone(),
+            eval_times: self.history.eval_times.clone(),
+            wall_seconds: self.wall_seconds(),
+            last_eval_batch: self.history.last_eval_batch,
+            running_batches: self.tally.running_batches,
+            metrics_bytes,
+            disabled: Vec::new(),
+            skipped_steps: self.tally.skipped_steps,
+            trained_samples: self.tally.trained_samples,
+            grad_scaler: self.state.scaler.clone(),
+            microbatch_size: Some(self.microbatch),
+            data_nodes: self.data.train_loader.node_split(),
+            target_reached: self.history.target_reached.clone(),
+            tokenizer: self.data.tokenizer.clone(),
+        }
     }
 
     /// Fires a `*_checkpoint` event, telling methods whether a checkpoint follows, and writes
