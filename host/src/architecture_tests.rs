@@ -4,6 +4,10 @@
 //! gives; and that the files of a folder import each other (`super::<file>`) in no circle beyond
 //! [`KNOWN_FILE_CIRCLES`]. A new import that runs up a floor fails here; so does removing one of the known ones
 //! without taking it off the list (the list only shrinks).
+//!
+//! It also keeps every host file (sources, tests, benchmarks, build script) within
+//! [`MAX_FILE_LINES`] and every function within [`MAX_FUNCTION_LINES`]: one concept a file, a
+//! function a few named steps.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -317,4 +321,104 @@ fn the_architecture_docs_dependency_table_is_the_codes() {
         doc[begin..end] == want,
         "docs/ARCHITECTURE.md's dependency table is not the code's; it should read:\n{want}"
     );
+}
+
+/// The most lines a host source file may have (`docs/ARCHITECTURE.md`: one concept a file).
+const MAX_FILE_LINES: usize = 600;
+
+/// The most lines a host function may have, from its signature to its closing brace.
+const MAX_FUNCTION_LINES: usize = 120;
+
+/// Every `.rs` file of the host crate: its sources, tests, benchmarks and build script.
+fn host_files() -> Vec<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    for part in ["src", "tests", "benches", "build.rs"] {
+        rust_files(&root.join(part), &mut files);
+    }
+    files
+}
+
+/// The functions of rustfmt-formatted `text` longer than `max` lines, as (name, first line,
+/// lines): a `fn` item ends at the first later line that is its indentation and `}`;
+/// declarations without a body (`;`) are left out.
+fn long_functions(text: &str, max: usize) -> Vec<(String, usize, usize)> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let code = line.trim_start();
+        let indent = &line[..line.len() - code.len()];
+        let mut rest = code;
+        for prefix in [
+            "pub(crate) ",
+            "pub(super) ",
+            "pub ",
+            "const ",
+            "async ",
+            "unsafe ",
+        ] {
+            rest = rest.strip_prefix(prefix).unwrap_or(rest);
+        }
+        rest = rest.strip_prefix("extern \"C\" ").unwrap_or(rest);
+        let Some(after) = rest.strip_prefix("fn ") else {
+            continue;
+        };
+        let name: String = after
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        // The signature ends at the first line ending in `{` (a body) or `;` (none).
+        let Some(open) = (i..lines.len()).find(|&j| {
+            let l = lines[j].trim_end();
+            l.ends_with('{') || l.ends_with(';') || l.ends_with('}')
+        }) else {
+            continue;
+        };
+        let opened = lines[open].trim_end();
+        if opened.ends_with(';') || opened.ends_with('}') {
+            continue;
+        }
+        let close = format!("{indent}}}");
+        let end = (open + 1..lines.len())
+            .find(|&j| lines[j] == close)
+            .unwrap_or(lines.len() - 1);
+        let length = end - i + 1;
+        if length > max {
+            out.push((name, i + 1, length));
+        }
+    }
+    out
+}
+
+#[test]
+fn no_host_file_is_over_600_lines_and_no_function_over_120() {
+    let mut over = Vec::new();
+    for file in host_files() {
+        let text = std::fs::read_to_string(&file).expect("a source file");
+        let shown = file.display();
+        let lines = text.lines().count();
+        if lines > MAX_FILE_LINES {
+            over.push(format!("{shown}: {lines} lines (at most {MAX_FILE_LINES})"));
+        }
+        for (name, line, length) in long_functions(&text, MAX_FUNCTION_LINES) {
+            over.push(format!(
+                "{shown}:{line}: fn {name} is {length} lines (at most {MAX_FUNCTION_LINES})"
+            ));
+        }
+    }
+    assert!(
+        over.is_empty(),
+        "split these by concept (one concept a file, a function a named step):\n{}",
+        over.join("\n")
+    );
+}
+
+#[test]
+fn a_long_function_is_found_and_a_declaration_is_not() {
+    let body = "    x();\n".repeat(3);
+    let text = format!(
+        "fn short() {{}}\n\nimpl T {{\n    pub(crate) fn long(\n        a: u8,\n    ) -> u8 {{\n{body}    }}\n\n    fn declared(&self);\n}}\n"
+    );
+    assert_eq!(long_functions(&text, 5), vec![("long".to_owned(), 4, 7)]);
+    assert!(long_functions(&text, 7).is_empty());
 }

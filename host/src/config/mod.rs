@@ -37,11 +37,25 @@ mod train;
 mod tree;
 
 #[cfg(test)]
+mod data_tests;
+#[cfg(test)]
+mod file_tests;
+#[cfg(test)]
+mod model_tests;
+#[cfg(test)]
+mod syntax_tests;
+#[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod tests_cuda;
 #[cfg(test)]
 mod tests_optim;
+#[cfg(test)]
+mod text_tests;
+#[cfg(test)]
+mod train_tests;
+#[cfg(test)]
+mod values_tests;
 
 pub use crate::plugin::PluginsConfig;
 pub use algorithms::AlgorithmConfig;

@@ -28,6 +28,7 @@ mod download;
 pub mod fetch;
 pub mod folder;
 pub mod idx;
+mod image_augment;
 pub mod loader;
 mod registry;
 pub mod shards;

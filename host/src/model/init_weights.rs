@@ -198,25 +198,7 @@ pub fn load_init_weights(
         .filter_map(|p| glob::Pattern::new(p).ok())
         .collect();
     let files = super::weight_files::weight_files(path)?;
-    // Stand-ins of the tensors (shape and dtype, no data) from the files' headers, and which
-    // file holds each: names and shapes are checked before any data is read, then the files
-    // (one, or a folder's shards) are read one at a time, each copied straight into the model
-    // ([`copy_shards`]).
-    let mut shard_of: BTreeMap<String, usize> = BTreeMap::new();
-    let mut file = Vec::new();
-    for (i, f) in files.iter().enumerate() {
-        for (name, shape, kind) in super::weight_files::header(f)? {
-            let t = super::weight_files::stand_in(&shape, kind).map_err(|source| {
-                InitWeightsError::Copy {
-                    path: f.clone(),
-                    source,
-                }
-            })?;
-            shard_of.insert(name.clone(), i);
-            file.push((name, t));
-        }
-    }
-    file.sort_by(|a, b| a.0.cmp(&b.0));
+    let (shard_of, file) = stand_ins(&files)?;
     let mismatch = |problems: Vec<String>| InitWeightsError::Mismatch {
         path: path.to_owned(),
         model: name.as_str().to_owned(),
@@ -231,31 +213,11 @@ pub fn load_init_weights(
         .collect();
     let head: BTreeSet<String> = head_tensors(model, name).into_iter().collect();
 
-    // The file's tensors by the model's store name (a tied weight's second name folded onto
-    // its first).
-    let mut by_store: BTreeMap<String, (String, &Tensor)> = BTreeMap::new();
     let mut report = InitReport {
         file: path.to_owned(),
         ..InitReport::default()
     };
-    // A tied weight's second name, compared once the data is read.
-    let mut tied_later: Vec<(String, String)> = Vec::new();
-    for (file_name, t) in &file {
-        if matches_any(&patterns, file_name) {
-            continue;
-        }
-        let store_name = aliases.get(file_name).unwrap_or(file_name);
-        if model.params.get(store_name).is_none() {
-            report.unexpected.push(file_name.clone());
-            continue;
-        }
-        match by_store.get(store_name) {
-            Some(_) => tied_later.push((store_name.clone(), file_name.clone())),
-            None => {
-                by_store.insert(store_name.clone(), (file_name.clone(), t));
-            }
-        }
-    }
+    let (by_store, tied_later) = by_store_name(&file, &patterns, &aliases, model, &mut report);
 
     let mut copies: Vec<(&Tensor, &str)> = Vec::new();
     let mut head_shapes = Vec::new();
@@ -304,30 +266,11 @@ pub fn load_init_weights(
         }
         copies.push((&entry.tensor, file_name.as_str()));
     }
-    let mut problems = Vec::new();
-    if strict {
-        if !report.missing.is_empty() {
-            problems.push(format!(
-                "{} tensor(s) of the model are not in the file: {}",
-                report.missing.len(),
-                listed(&report.missing, true)
-            ));
-        }
-        if !report.unexpected.is_empty() {
-            problems.push(format!(
-                "{} tensor(s) of the file are not in the model: {}",
-                report.unexpected.len(),
-                listed(&report.unexpected, true)
-            ));
-        }
-        if !report.mismatched.is_empty() {
-            problems.push(format!(
-                "{} tensor(s) differ: {}",
-                report.mismatched.len(),
-                listed(&report.mismatched, false)
-            ));
-        }
-    }
+    let mut problems = if strict {
+        strict_problems(&report)
+    } else {
+        Vec::new()
+    };
     if !problems.is_empty() {
         if strict {
             problems.push(
@@ -349,6 +292,93 @@ pub fn load_init_weights(
         );
     }
     Ok(report)
+}
+
+/// The file's tensors as stand-ins (name, shape and dtype, no data), by name.
+type StandIns = Vec<(String, Tensor)>;
+
+/// The file's tensors by the model's store name: (file name, stand-in).
+type ByStore<'f> = BTreeMap<String, (String, &'f Tensor)>;
+
+/// Stand-ins of the tensors (shape and dtype, no data) from the files' headers, sorted by name,
+/// and which file holds each: names and shapes are checked before any data is read, then the
+/// files (one, or a folder's shards) are read one at a time, each copied straight into the model
+/// ([`copy_shards`]).
+fn stand_ins(files: &[PathBuf]) -> Result<(BTreeMap<String, usize>, StandIns), InitWeightsError> {
+    let mut shard_of: BTreeMap<String, usize> = BTreeMap::new();
+    let mut file = Vec::new();
+    for (i, f) in files.iter().enumerate() {
+        for (name, shape, kind) in super::weight_files::header(f)? {
+            let t = super::weight_files::stand_in(&shape, kind).map_err(|source| {
+                InitWeightsError::Copy {
+                    path: f.clone(),
+                    source,
+                }
+            })?;
+            shard_of.insert(name.clone(), i);
+            file.push((name, t));
+        }
+    }
+    file.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok((shard_of, file))
+}
+
+/// The file's tensors by the model's store name (a tied weight's second name folded onto its
+/// first), leaving out the `ignore`d ones and noting those the model lacks in `report`; and
+/// a tied weight's second names (store name, file name), compared once the data is read.
+fn by_store_name<'f>(
+    file: &'f [(String, Tensor)],
+    patterns: &[glob::Pattern],
+    aliases: &BTreeMap<String, String>,
+    model: &Model,
+    report: &mut InitReport,
+) -> (ByStore<'f>, Vec<(String, String)>) {
+    let mut by_store: BTreeMap<String, (String, &Tensor)> = BTreeMap::new();
+    let mut tied_later: Vec<(String, String)> = Vec::new();
+    for (file_name, t) in file {
+        if matches_any(patterns, file_name) {
+            continue;
+        }
+        let store_name = aliases.get(file_name).unwrap_or(file_name);
+        if model.params.get(store_name).is_none() {
+            report.unexpected.push(file_name.clone());
+            continue;
+        }
+        match by_store.get(store_name) {
+            Some(_) => tied_later.push((store_name.clone(), file_name.clone())),
+            None => {
+                by_store.insert(store_name.clone(), (file_name.clone(), t));
+            }
+        }
+    }
+    (by_store, tied_later)
+}
+
+/// What `init_strict` refuses: tensors missing from the file or the model, or that differ.
+fn strict_problems(report: &InitReport) -> Vec<String> {
+    let mut problems = Vec::new();
+    if !report.missing.is_empty() {
+        problems.push(format!(
+            "{} tensor(s) of the model are not in the file: {}",
+            report.missing.len(),
+            listed(&report.missing, true)
+        ));
+    }
+    if !report.unexpected.is_empty() {
+        problems.push(format!(
+            "{} tensor(s) of the file are not in the model: {}",
+            report.unexpected.len(),
+            listed(&report.unexpected, true)
+        ));
+    }
+    if !report.mismatched.is_empty() {
+        problems.push(format!(
+            "{} tensor(s) differ: {}",
+            report.mismatched.len(),
+            listed(&report.mismatched, false)
+        ));
+    }
+    problems
 }
 
 /// Reads the files (one, or a folder's shards) one at a time and copies each one's planned

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
-pub use super::layers::{BertConfig, BertHead, LlamaConfig, VitConfig};
+pub use super::zoo::{BertConfig, BertHead, LlamaConfig, VitConfig};
 
 /// A model architecture (`[model] name`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]

@@ -480,7 +480,7 @@ impl Trainer {
         saved: Option<usize>,
         at: &crate::time::Timestamp,
     ) -> Result<()> {
-        let ours = self.train_loader.node_split();
+        let ours = self.data.train_loader.node_split();
         if saved == ours || at.batch_in_epoch == 0 {
             return Ok(());
         }

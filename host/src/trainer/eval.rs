@@ -29,13 +29,13 @@ impl Trainer {
         self.fire_as(Event::EVAL_AFTER_ALL, false)?;
         let time = EvalTime {
             batch: record.batch,
-            train_seconds: self.train_seconds,
+            train_seconds: self.wall.train_seconds,
             wall_seconds: self.wall_seconds(),
         };
         self.reporter.eval(&record, &time);
-        self.evals.push(record.clone());
-        self.eval_times.push(time);
-        self.last_eval_batch = Some(self.state.clock.timestamp.batch);
+        self.history.evals.push(record.clone());
+        self.history.eval_times.push(time);
+        self.history.last_eval_batch = Some(self.state.clock.timestamp.batch);
         self.check_target(&record);
         tracing::debug!("evaluation took {:.2}s", started.elapsed().as_secs_f64());
         Ok(record)
@@ -52,14 +52,14 @@ impl Trainer {
         // Targets scored: all but those equal to `train.ignore_index`.
         let mut scored = Tensor::f_zeros([], (Kind::Int64, self.state.device()))?;
         let ignore_index = self.state.loss_fn.ignore_index;
-        let language = self.eval_loader.is_language();
+        let language = self.data.eval_loader.is_language();
         // Top-k and F1 counts, set up at the first batch (when the class count is known).
         let mut tally: Option<Tally> = None;
         let mut samples = 0u64;
         let mut tokens = 0u64;
-        let loader = match &self.eval_subset {
+        let loader = match &self.data.eval_subset {
             Some((subset, _)) => subset.clone(),
-            None => self.eval_loader.clone(),
+            None => self.data.eval_loader.clone(),
         };
         for batch in loader.epoch(0, 0) {
             let batch = batch?;

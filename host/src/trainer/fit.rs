@@ -42,16 +42,36 @@ impl Trainer {
     }
 
     fn fit_loop(&mut self) -> Result<FitSummary> {
+        self.start_fit()?;
+        let mut interrupted_by = None;
+        // A checkpoint written at `epoch_checkpoint` comes before its iteration's end: a run
+        // resumed from it ends that iteration first.
+        self.end_iteration_when_due()?;
+        while !self.state.clock.run.reached(
+            &self.state.clock.timestamp,
+            &self.state.clock.run.max_duration,
+        ) {
+            if let Some(signal) = self.train_epoch()? {
+                interrupted_by = Some(signal);
+                break;
+            }
+        }
+        self.end_fit(interrupted_by)
+    }
+
+    /// What comes before the first epoch: the observer of host reads armed, the loss scaler on
+    /// the device, `fit_start`, the learning rate of a new run set.
+    fn start_fit(&mut self) -> Result<()> {
         if self.purpose == Purpose::Standalone {
             fail!("this trainer was built to evaluate or predict (Trainer::standalone); build one with Trainer::new to train");
         }
         // The observer of host reads (run.json's `host_reads`); without it the trainer's own
         // count stands in.
         match crate::sync::observer::arm() {
-            Ok(()) => self.host_reads.observed = true,
+            Ok(()) => self.history.host_reads.observed = true,
             Err(e) => tracing::warn!("{e}; run.json's host_reads holds the trainer's own count"),
         }
-        self.reads_at_start = (crate::sync::observer::reads(), crate::sync::reads());
+        self.history.reads_at_start = (crate::sync::observer::reads(), crate::sync::reads());
         // amp_fp16: the loss scaler's state goes to the device now, not in the first step.
         let device = self.state.device();
         if let Some(scaler) = &mut self.state.scaler {
@@ -61,97 +81,98 @@ impl Trainer {
         // A resumed run keeps the learning rate the checkpoint holds: the schedule is stepped
         // before the clock advances, so the next step's rate is a function of the previous
         // batch, not of the restored clock.
-        if self.resumed_from.is_none() {
+        if self.history.resumed_from.is_none() {
             self.set_scheduled_lr();
         }
         self.stop_if_target_already_reached();
+        Ok(())
+    }
+
+    /// The rest of the current epoch (its events, steps, logs, evaluations and checkpoints);
+    /// the signal that stopped the run in it, if one did.
+    fn train_epoch(&mut self) -> Result<Option<i32>> {
         let log_every = self.config.train.log_interval;
         let eval_every = self.config.train.eval_interval;
         let max_epochs = match self.state.clock.run.max_duration.unit() {
             TimeUnit::Epoch => self.state.clock.run.max_duration.count(),
             _ => None,
         };
-        let mut interrupted_by = None;
-        // A checkpoint written at `epoch_checkpoint` comes before its iteration's end: a run
-        // resumed from it ends that iteration first.
-        self.end_iteration_when_due()?;
-        'fit: while !self.state.clock.run.reached(
-            &self.state.clock.timestamp,
-            &self.state.clock.run.max_duration,
-        ) {
-            if self.state.clock.timestamp.epoch_in_iteration == 0
-                && self.state.clock.timestamp.batch_in_epoch == 0
-            {
-                self.fire(Event::ITERATION_START)?;
-            }
-            if self.state.clock.timestamp.batch_in_epoch == 0 {
-                self.fire(Event::EPOCH_START)?;
-            }
-            let epoch = self.state.clock.timestamp.epoch;
-            let start = self.state.clock.timestamp.batch_in_epoch;
-            self.reporter.start_epoch(
-                epoch,
-                max_epochs,
-                self.state.clock.run.batches_per_epoch,
-                start,
-            );
-            // The next batch is copied while the current step runs (see `input`).
-            let mut batches = TrainInput::new(
-                self.train_loader.epoch(epoch, start),
-                self.state.device(),
-                self.uploader.token_rows(),
-            )?;
-            let mut finished_early = false;
-            loop {
-                // Training time counts from the request for data to the end of the step.
-                let step_started = Instant::now();
-                self.fire(Event::BEFORE_DATALOADER)?;
-                let Some(batch) = batches.next_batch() else {
-                    break;
-                };
-                let previous = self.step(batch?, step_started)?;
-                if self.due(&log_every, &previous, Event::BATCH_END) {
-                    self.log_train_line()?;
-                }
-                if self.due(&eval_every, &previous, Event::BATCH_END) {
-                    self.evaluate()?;
-                }
-                self.checkpoint_event(Event::BATCH_CHECKPOINT, &previous)?;
-                if let Some(signal) = self.stop_requested() {
-                    interrupted_by = Some(signal);
-                    break 'fit;
-                }
-                if self.state.clock.run.reached(
-                    &self.state.clock.timestamp,
-                    &self.state.clock.run.max_duration,
-                ) {
-                    finished_early = true;
-                    break;
-                }
-            }
-            drop(batches);
-            if !finished_early
-                || self.state.clock.timestamp.batch_in_epoch
-                    == self.state.clock.run.batches_per_epoch
-            {
-                let previous = self.state.clock.timestamp.clone();
-                self.state.clock.timestamp = self.state.clock.timestamp.to_next_epoch();
-                self.fire(Event::EPOCH_END)?;
+        if self.state.clock.timestamp.epoch_in_iteration == 0
+            && self.state.clock.timestamp.batch_in_epoch == 0
+        {
+            self.fire(Event::ITERATION_START)?;
+        }
+        if self.state.clock.timestamp.batch_in_epoch == 0 {
+            self.fire(Event::EPOCH_START)?;
+        }
+        let epoch = self.state.clock.timestamp.epoch;
+        let start = self.state.clock.timestamp.batch_in_epoch;
+        self.reporter.start_epoch(
+            epoch,
+            max_epochs,
+            self.state.clock.run.batches_per_epoch,
+            start,
+        );
+        // The next batch is copied while the current step runs (see `input`).
+        let mut batches = TrainInput::new(
+            self.data.train_loader.epoch(epoch, start),
+            self.state.device(),
+            self.uploader.token_rows(),
+        )?;
+        let mut finished_early = false;
+        loop {
+            // Training time counts from the request for data to the end of the step.
+            let step_started = Instant::now();
+            self.fire(Event::BEFORE_DATALOADER)?;
+            let Some(batch) = batches.next_batch() else {
+                break;
+            };
+            let previous = self.step(batch?, step_started)?;
+            if self.due(&log_every, &previous, Event::BATCH_END) {
                 self.log_train_line()?;
-                if self.due(&eval_every, &previous, Event::EPOCH_END) {
-                    self.evaluate()?;
-                }
-                self.checkpoint_event(Event::EPOCH_CHECKPOINT, &previous)?;
-                self.end_iteration_when_due()?;
             }
-            if self.state.clock.run.batches_per_epoch == 0 {
-                fail!("the training set gives no batch (batch_size larger than the set with drop_last = true?)");
+            if self.due(&eval_every, &previous, Event::BATCH_END) {
+                self.evaluate()?;
+            }
+            self.checkpoint_event(Event::BATCH_CHECKPOINT, &previous)?;
+            if let Some(signal) = self.stop_requested() {
+                return Ok(Some(signal));
+            }
+            if self.state.clock.run.reached(
+                &self.state.clock.timestamp,
+                &self.state.clock.run.max_duration,
+            ) {
+                finished_early = true;
+                break;
             }
         }
+        drop(batches);
+        if !finished_early
+            || self.state.clock.timestamp.batch_in_epoch == self.state.clock.run.batches_per_epoch
+        {
+            let previous = self.state.clock.timestamp.clone();
+            self.state.clock.timestamp = self.state.clock.timestamp.to_next_epoch();
+            self.fire(Event::EPOCH_END)?;
+            self.log_train_line()?;
+            if self.due(&eval_every, &previous, Event::EPOCH_END) {
+                self.evaluate()?;
+            }
+            self.checkpoint_event(Event::EPOCH_CHECKPOINT, &previous)?;
+            self.end_iteration_when_due()?;
+        }
+        if self.state.clock.run.batches_per_epoch == 0 {
+            fail!("the training set gives no batch (batch_size larger than the set with drop_last = true?)");
+        }
+        Ok(None)
+    }
+
+    /// After the last epoch or a stop: the end of the run logged, checked and recorded
+    /// (run.json), its tracking ended.
+    fn end_fit(&mut self, interrupted_by: Option<i32>) -> Result<FitSummary> {
         if let Some(signal) = interrupted_by {
             let name = signal_name(signal);
-            match &self.last_checkpoint {
-                Some(p) if self.last_checkpoint_batch == Some(self.state.clock.timestamp.batch) => {
+            match &self.saved.last_checkpoint {
+                Some(p) if self.saved.last_checkpoint_batch == Some(self.state.clock.timestamp.batch) => {
                     tracing::warn!(
                         "{name}: stopped after batch {} with a checkpoint at {}; continue with checkpoint.autoresume = true",
                         self.state.clock.timestamp.batch,
@@ -165,7 +186,7 @@ impl Trainer {
             }
         } else {
             self.fire(Event::FIT_END)?;
-            if self.last_eval_batch != Some(self.state.clock.timestamp.batch) {
+            if self.history.last_eval_batch != Some(self.state.clock.timestamp.batch) {
                 self.evaluate()?;
             }
             self.log_train_line()?;
@@ -246,15 +267,15 @@ impl Trainer {
 
     pub(super) fn log_train_line(&mut self) -> Result<()> {
         self.settle_steps()?;
-        if self.running_batches == 0 {
+        if self.tally.running_batches == 0 {
             return Ok(());
         }
-        let loss = std::mem::take(&mut self.running_loss) / self.running_batches as f64;
-        self.running_batches = 0;
+        let loss = std::mem::take(&mut self.tally.running_loss) / self.tally.running_batches as f64;
+        self.tally.running_batches = 0;
         let t = &self.state.clock.timestamp;
         let per_second = |n: u64| {
-            if self.train_seconds > 0.0 {
-                n as f64 / self.train_seconds
+            if self.wall.train_seconds > 0.0 {
+                n as f64 / self.wall.train_seconds
             } else {
                 0.0
             }
@@ -267,7 +288,7 @@ impl Trainer {
             "lr": self.state.optimizer.lr(),
             "samples_per_second": per_second(t.sample),
         });
-        if self.train_loader.is_tokens() {
+        if self.data.train_loader.is_tokens() {
             line["token"] = json!(t.token);
             line["tokens_per_second"] = json!(per_second(t.token));
         }
@@ -287,7 +308,7 @@ impl Trainer {
     /// Wall-clock seconds of the run: this process's, plus those recorded in the checkpoint
     /// it resumed from.
     pub(super) fn wall_seconds(&self) -> f64 {
-        self.wall_before + self.started.elapsed().as_secs_f64()
+        self.wall.wall_before + self.wall.started.elapsed().as_secs_f64()
     }
 
     pub(super) fn run_record(&self) -> RunRecord {
@@ -300,46 +321,50 @@ impl Trainer {
             libtorch_version: LIBTORCH_VERSION.to_owned(),
             device: format!("{:?}", self.state.device()),
             config: serde_json::to_value(&self.config).unwrap_or(serde_json::Value::Null),
-            plugins: self.plugins.clone(),
-            evals: self.evals.clone(),
-            eval_times: self.eval_times.clone(),
+            plugins: self.history.plugins.clone(),
+            evals: self.history.evals.clone(),
+            eval_times: self.history.eval_times.clone(),
             epochs: t.epoch,
             batches: t.batch,
             samples: t.sample,
-            tokens: self.train_loader.is_tokens().then_some(t.token),
-            tokens_per_second: self.train_loader.is_tokens().then(|| {
-                if self.train_seconds > 0.0 {
-                    t.token as f64 / self.train_seconds
+            tokens: self.data.train_loader.is_tokens().then_some(t.token),
+            tokens_per_second: self.data.train_loader.is_tokens().then(|| {
+                if self.wall.train_seconds > 0.0 {
+                    t.token as f64 / self.wall.train_seconds
                 } else {
                     0.0
                 }
             }),
             wall_seconds,
-            train_seconds: self.train_seconds,
-            samples_per_second: if self.train_seconds > 0.0 {
-                t.sample as f64 / self.train_seconds
+            train_seconds: self.wall.train_seconds,
+            samples_per_second: if self.wall.train_seconds > 0.0 {
+                t.sample as f64 / self.wall.train_seconds
             } else {
                 0.0
             },
             nodes: self.nodes(),
             estimated_cost_usd: self.estimated_cost_usd(wall_seconds),
-            final_accuracy: self.evals.last().map(|e| e.accuracy),
-            final_perplexity: self.evals.last().and_then(|e| e.perplexity),
-            target_reached: self.target_reached.clone(),
+            final_accuracy: self.history.evals.last().map(|e| e.accuracy),
+            final_perplexity: self.history.evals.last().and_then(|e| e.perplexity),
+            target_reached: self.history.target_reached.clone(),
             status: "completed".to_owned(),
-            resumed_from: self.resumed_from.clone(),
-            init_weights: self.init_weights.clone(),
-            weights_from: self.weights_from.clone(),
-            last_checkpoint: self.last_checkpoint.clone(),
-            skipped_steps: self.skipped_steps,
-            trained_samples: self.trained_samples,
+            resumed_from: self.history.resumed_from.clone(),
+            init_weights: self.history.init_weights.clone(),
+            weights_from: self.history.weights_from.clone(),
+            last_checkpoint: self.saved.last_checkpoint.clone(),
+            skipped_steps: self.tally.skipped_steps,
+            trained_samples: self.tally.trained_samples,
             data_parallel: self.data_parallel_record(),
             memory_peak_bytes: crate::memory::peak::bytes(self.state.device()),
-            memory_after_step_bytes: self.memory_after_step,
+            memory_after_step_bytes: self.history.memory_after_step,
             microbatch_size: Some(self.microbatch),
-            eval_subset: self.eval_subset.as_ref().map(|(_, choice)| choice.clone()),
-            text_data: self.text_facts.clone(),
-            host_reads: Some(self.host_reads.record(self.reads_at_start)),
+            eval_subset: self
+                .data
+                .eval_subset
+                .as_ref()
+                .map(|(_, choice)| choice.clone()),
+            text_data: self.data.text_facts.clone(),
+            host_reads: Some(self.history.host_reads.record(self.history.reads_at_start)),
         }
     }
 }

@@ -328,9 +328,9 @@ impl Trainer {
     /// Copies this batch into the captured step's inputs and replays it.
     fn replay_step(&mut self) -> Result<()> {
         // Host numbers agreed per step (a stop request, the samples trained), as eager steps.
-        let (stop, trained) = self.agree_step(self.step_samples)?;
+        let (stop, trained) = self.agree_step(self.tally.step_samples)?;
         self.agreed_stop = stop;
-        self.trained_samples += trained;
+        self.tally.trained_samples += trained;
         let Some(captured) = self.graphs.as_ref().and_then(|g| g.captured.as_ref()) else {
             return self.train_batch_eager();
         };

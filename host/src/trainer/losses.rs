@@ -113,8 +113,8 @@ impl Trainer {
             let before = (scaler.scale, scaler.skipped_steps);
             scaler.sync()?;
             let (scale, skipped) = (scaler.scale, scaler.skipped_steps);
-            let first = !self.scale_logged;
-            self.scale_logged = true;
+            let first = !self.tally.scale_logged;
+            self.tally.scale_logged = true;
             let mut metrics = Vec::new();
             if first || scale != before.0 {
                 metrics.push(("train/loss_scale".to_owned(), scale));
@@ -124,15 +124,15 @@ impl Trainer {
             }
             self.report_metrics(metrics);
         }
-        let Some([sum, finite, bad, batch, epoch, value]) = self.pending.take()? else {
+        let Some([sum, finite, bad, batch, epoch, value]) = self.tally.pending.take()? else {
             return Ok(());
         };
         let (finite, bad) = (finite.round() as u64, bad.round() as u64);
         // Data-parallel: every rank holds the mean over the ranks (the flags are agreed, so
         // the ranks count the same finite steps).
         let sum = self.mean_over_ranks(sum)?;
-        self.running_loss += sum;
-        self.running_batches += finite;
+        self.tally.running_loss += sum;
+        self.tally.running_batches += finite;
         if bad == 0 {
             return Ok(());
         }
@@ -140,7 +140,7 @@ impl Trainer {
         let now = self.state.clock.timestamp.batch;
         match self.config.train.nonfinite_loss {
             NonFiniteLoss::Stop => {
-                let kept = match &self.last_checkpoint {
+                let kept = match &self.saved.last_checkpoint {
                     Some(p) => format!("; the last checkpoint, {}, is intact", p.display()),
                     None => String::new(),
                 };
@@ -155,7 +155,7 @@ impl Trainer {
                 );
             }
             NonFiniteLoss::Skip => {
-                self.skipped_steps += bad;
+                self.tally.skipped_steps += bad;
                 tracing::warn!(
                     "the training loss is {} at batch {batch} (epoch {epoch}){}; skipped the update ({} skipped so far)",
                     nonfinite_name(value),
@@ -164,11 +164,11 @@ impl Trainer {
                     } else {
                         String::new()
                     },
-                    self.skipped_steps
+                    self.tally.skipped_steps
                 );
                 self.report_metrics(vec![(
                     "train/skipped_steps".to_owned(),
-                    self.skipped_steps as f64,
+                    self.tally.skipped_steps as f64,
                 )]);
                 Ok(())
             }

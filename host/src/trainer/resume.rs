@@ -81,15 +81,15 @@ impl Trainer {
         self.restore_rank_streams(parts.ranks)?;
         self.state.clock.timestamp = parts.clock.timestamp;
         let t = parts.trainer;
-        self.train_seconds = t.train_seconds;
-        self.evals = t.evals;
-        self.eval_times = t.eval_times;
-        self.wall_before = t.wall_seconds;
-        self.last_eval_batch = t.last_eval_batch;
-        self.running_batches = t.running_batches;
-        self.skipped_steps = t.skipped_steps;
-        self.trained_samples = t.trained_samples;
-        self.target_reached = self.restored_target(t.target_reached);
+        self.wall.train_seconds = t.train_seconds;
+        self.history.evals = t.evals;
+        self.history.eval_times = t.eval_times;
+        self.wall.wall_before = t.wall_seconds;
+        self.history.last_eval_batch = t.last_eval_batch;
+        self.tally.running_batches = t.running_batches;
+        self.tally.skipped_steps = t.skipped_steps;
+        self.tally.trained_samples = t.trained_samples;
+        self.history.target_reached = self.restored_target(t.target_reached);
         // The microbatch "auto" found goes on; a fixed size is the config's.
         if let (true, Some(size)) = (self.auto_microbatch(), t.microbatch_size) {
             self.microbatch = size;
@@ -98,7 +98,7 @@ impl Trainer {
             (Some(scaler), Some(saved)) => {
                 *scaler = saved;
                 // The run before the checkpoint logged the scale already.
-                self.scale_logged = true;
+                self.tally.scale_logged = true;
             }
             (Some(_), None) => tracing::warn!(
                 "the checkpoint holds no loss-scaler state (it was not written under amp_fp16); the scale starts at its initial value"
@@ -107,12 +107,12 @@ impl Trainer {
         }
         // The running loss is a host number (read once here; checkpoints before Tessera 0.2
         // held a float32 device sum, which converts exactly).
-        self.running_loss = match parts.running_loss {
+        self.tally.running_loss = match parts.running_loss {
             Some(l) => crate::sync::read_one(&l)?,
             None => 0.0,
         };
-        self.last_checkpoint_batch = Some(self.state.clock.timestamp.batch);
-        self.resumed_from = Some(path.to_owned());
+        self.saved.last_checkpoint_batch = Some(self.state.clock.timestamp.batch);
+        self.history.resumed_from = Some(path.to_owned());
         Ok(())
     }
 
@@ -156,7 +156,7 @@ impl Trainer {
                 format!(", with the state of {}", carried.join(", "))
             }
         );
-        self.weights_from = Some(path.to_owned());
+        self.history.weights_from = Some(path.to_owned());
         Ok(())
     }
 
@@ -193,8 +193,8 @@ impl Trainer {
             }
         };
         if !self.is_rank0() {
-            self.last_checkpoint_batch = Some(self.state.clock.timestamp.batch);
-            self.last_checkpoint = Some(path.clone());
+            self.saved.last_checkpoint_batch = Some(self.state.clock.timestamp.batch);
+            self.saved.last_checkpoint = Some(path.clone());
             return Ok(path);
         }
         let metrics_bytes = self
@@ -228,24 +228,9 @@ impl Trainer {
                 .map(|s| s.to_string())
                 .collect(),
             rng: self.state.rng().clone(),
-            trainer: TrainerMeta {
-                train_seconds: self.train_seconds,
-                evals: self.evals.clone(),
-                eval_times: self.eval_times.clone(),
-                wall_seconds: self.wall_seconds(),
-                last_eval_batch: self.last_eval_batch,
-                running_batches: self.running_batches,
-                metrics_bytes,
-                disabled: Vec::new(),
-                skipped_steps: self.skipped_steps,
-                trained_samples: self.trained_samples,
-                grad_scaler: self.state.scaler.clone(),
-                microbatch_size: Some(self.microbatch),
-                data_nodes: self.train_loader.node_split(),
-                target_reached: self.target_reached.clone(),
-                tokenizer: self.tokenizer.clone(),
-            },
-            running_loss: (self.running_batches > 0).then(|| Tensor::from(self.running_loss)),
+            trainer: self.trainer_meta(metrics_bytes),
+            running_loss: (self.tally.running_batches > 0)
+                .then(|| Tensor::from(self.tally.running_loss)),
             torch_rng: Some(checkpoint::torch_rng::cpu_state()?),
             torch_cuda_rng: checkpoint::torch_rng::cuda_states()?,
             world_size: self.world(),
@@ -273,8 +258,8 @@ impl Trainer {
         for old in checkpoint::prune(&folder, self.config.checkpoint.keep, &path) {
             tracing::debug!("deleted old checkpoint {}", old.display());
         }
-        self.last_checkpoint_batch = Some(self.state.clock.timestamp.batch);
-        self.last_checkpoint = Some(path.clone());
+        self.saved.last_checkpoint_batch = Some(self.state.clock.timestamp.batch);
+        self.saved.last_checkpoint = Some(path.clone());
         tracing::info!(
             "checkpoint {} ({:.2} MB in {:.0} ms)",
             path.display(),
@@ -282,6 +267,28 @@ impl Trainer {
             started.elapsed().as_secs_f64() * 1e3
         );
         Ok(path)
+    }
+
+    /// The trainer's own part of a checkpoint: its clocks, evaluations, counts and what it
+    /// found (`metrics_bytes`: the metrics file's length at the checkpoint).
+    fn trainer_meta(&self, metrics_bytes: u64) -> TrainerMeta {
+        TrainerMeta {
+            train_seconds: self.wall.train_seconds,
+            evals: self.history.evals.clone(),
+            eval_times: self.history.eval_times.clone(),
+            wall_seconds: self.wall_seconds(),
+            last_eval_batch: self.history.last_eval_batch,
+            running_batches: self.tally.running_batches,
+            metrics_bytes,
+            disabled: Vec::new(),
+            skipped_steps: self.tally.skipped_steps,
+            trained_samples: self.tally.trained_samples,
+            grad_scaler: self.state.scaler.clone(),
+            microbatch_size: Some(self.microbatch),
+            data_nodes: self.data.train_loader.node_split(),
+            target_reached: self.history.target_reached.clone(),
+            tokenizer: self.data.tokenizer.clone(),
+        }
     }
 
     /// Fires a `*_checkpoint` event, telling methods whether a checkpoint follows, and writes
@@ -302,7 +309,7 @@ impl Trainer {
         let due = ck.save
             && (self.due(&ck.interval, previous, interval_event)
                 || ((end || stop)
-                    && self.last_checkpoint_batch != Some(self.state.clock.timestamp.batch)));
+                    && self.saved.last_checkpoint_batch != Some(self.state.clock.timestamp.batch)));
         self.state.checkpoint_pending = due;
         let fired = self.fire(event);
         self.state.checkpoint_pending = false;

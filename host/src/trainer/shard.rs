@@ -48,35 +48,7 @@ impl Trainer {
             ),
             Sharding::Optimizer | Sharding::Gradients | Sharding::Full => {}
         }
-        // `full`: every rank gathers the units in the same order, so the blocks must run alike
-        // on every rank; a method's module in a block's place (stochastic depth's block, which
-        // each rank skips on its own draws) may not.
-        if mode == Sharding::Full {
-            let plugin = self.state.model.root.plugin_layers();
-            if let Some((path, kind)) = plugin.iter().find(|(p, _)| blocks.contains(p)) {
-                fail!(
-                    "[distributed] sharding = \"full\": block `{path}` is a method's module \
-                     (`{kind}`), which may run its layers on some ranks and not on others \
-                     (stochastic depth skips blocks on each rank's own draws), while every rank \
-                     must gather the units in the same order; use sharding = \"gradients\" with \
-                     this method"
-                );
-            }
-        }
-        // Methods at `after_train_batch` see whole gradients, gathered for them; after each
-        // microbatch's backward pass there are only this rank's slices of its gradients.
-        if mode.shards_gradients() {
-            if let Some(method) = self.engine.methods_at(Event::AFTER_BACKWARD).first() {
-                fail!(
-                    "method `{method}` runs at `{}`, after each microbatch's backward pass, where \
-                     it may read the gradients: with [distributed] sharding = \"{}\" each rank \
-                     holds only its slice of them there; use sharding = \"optimizer\" (whole \
-                     gradients, sharded optimizer state) with it",
-                    Event::AFTER_BACKWARD.name(),
-                    mode.name()
-                );
-            }
-        }
+        self.check_methods_fit(mode, blocks)?;
         // Every parameter the optimizer steps (frozen ones too: a method may unfreeze them);
         // those a method updates itself stay whole on every rank, all-reduced as under DDP.
         let params: Vec<(String, Tensor)> = self
@@ -114,32 +86,7 @@ impl Trainer {
         crate::dist::full::set_prefetch(mode == Sharding::Full && self.config.distributed.prefetch);
         self.state.optimizer.shard(Box::new(sharded.view()));
         if dp.rank() == 0 {
-            let (mine, all) = sharded.elements();
-            tracing::info!(
-                "sharding = \"{}\": each rank steps about 1/{} of the {} parameter elements \
-                 ({} on rank 0) and keeps their optimizer state{}",
-                mode.name(),
-                dp.world(),
-                all,
-                mine,
-                match mode {
-                    Sharding::Full => format!(
-                        ", reduced gradients and parameters ({} units gathered as they run{}, \
-                         in {}; gradients reduced in {})",
-                        gates.len(),
-                        if self.config.distributed.prefetch {
-                            ", the next one prefetched"
-                        } else {
-                            ""
-                        },
-                        gather.name(),
-                        reduce.name()
-                    ),
-                    Sharding::Gradients =>
-                        format!(" and reduced gradients (reduced in {})", reduce.name()),
-                    _ => String::new(),
-                }
-            );
+            self.announce_sharding(mode, &sharded, gates.len(), (reduce, gather));
         }
         let sharded = std::rc::Rc::new(sharded);
         crate::dist::slices::register(&sharded);
@@ -147,6 +94,78 @@ impl Trainer {
             dp.sharded = Some(sharded);
         }
         Ok(())
+    }
+
+    /// Refuses the methods `mode` cannot run with: a method's module in a block's place under
+    /// `full`, a method reading gradients after each backward pass when they are sharded.
+    fn check_methods_fit(&self, mode: Sharding, blocks: &[String]) -> Result<()> {
+        // `full`: every rank gathers the units in the same order, so the blocks must run alike
+        // on every rank; a method's module in a block's place (stochastic depth's block, which
+        // each rank skips on its own draws) may not.
+        if mode == Sharding::Full {
+            let plugin = self.state.model.root.plugin_layers();
+            if let Some((path, kind)) = plugin.iter().find(|(p, _)| blocks.contains(p)) {
+                fail!(
+                    "[distributed] sharding = \"full\": block `{path}` is a method's module \
+                     (`{kind}`), which may run its layers on some ranks and not on others \
+                     (stochastic depth skips blocks on each rank's own draws), while every rank \
+                     must gather the units in the same order; use sharding = \"gradients\" with \
+                     this method"
+                );
+            }
+        }
+        // Methods at `after_train_batch` see whole gradients, gathered for them; after each
+        // microbatch's backward pass there are only this rank's slices of its gradients.
+        if mode.shards_gradients() {
+            if let Some(method) = self.engine.methods_at(Event::AFTER_BACKWARD).first() {
+                fail!(
+                    "method `{method}` runs at `{}`, after each microbatch's backward pass, where \
+                     it may read the gradients: with [distributed] sharding = \"{}\" each rank \
+                     holds only its slice of them there; use sharding = \"optimizer\" (whole \
+                     gradients, sharded optimizer state) with it",
+                    Event::AFTER_BACKWARD.name(),
+                    mode.name()
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Logs (on rank 0) what each rank keeps and steps under `mode`.
+    fn announce_sharding(
+        &self,
+        mode: Sharding,
+        sharded: &ShardedParams,
+        units: usize,
+        (reduce, gather): (Wire, Wire),
+    ) {
+        let world = self.dp.as_ref().map_or(1, |d| d.world());
+        let (mine, all) = sharded.elements();
+        tracing::info!(
+            "sharding = \"{}\": each rank steps about 1/{} of the {} parameter elements \
+             ({} on rank 0) and keeps their optimizer state{}",
+            mode.name(),
+            world,
+            all,
+            mine,
+            match mode {
+                Sharding::Full => format!(
+                    ", reduced gradients and parameters ({} units gathered as they run{}, \
+                     in {}; gradients reduced in {})",
+                    units,
+                    if self.config.distributed.prefetch {
+                        ", the next one prefetched"
+                    } else {
+                        ""
+                    },
+                    gather.name(),
+                    reduce.name()
+                ),
+                Sharding::Gradients =>
+                    format!(" and reduced gradients (reduced in {})", reduce.name()),
+                _ => String::new(),
+            }
+        );
     }
 
     /// The dtypes of the gradients' reduce-scatter and of `full`'s gathers under `mode`

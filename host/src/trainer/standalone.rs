@@ -89,7 +89,12 @@ impl Trainer {
         if to.is_dir() {
             fail!("{} is a folder: give a file name to --to", to.display());
         }
-        if let Some(source) = self.resumed_from.as_deref().filter(|s| same_file(s, to)) {
+        if let Some(source) = self
+            .history
+            .resumed_from
+            .as_deref()
+            .filter(|s| same_file(s, to))
+        {
             fail!(
                 "refusing to write predictions onto the checkpoint {} (--to {}): give another file",
                 source.display(),
@@ -97,7 +102,7 @@ impl Trainer {
             );
         }
         let _no_grad = tch::no_grad_guard();
-        if self.eval_loader.is_language() {
+        if self.data.eval_loader.is_language() {
             fail!(
                 "`tessera predict` writes class predictions; this run trains a language model \
                  (use `tessera eval` for its loss and perplexity)"
@@ -106,7 +111,7 @@ impl Trainer {
         self.fire_as(Event::PREDICT_START, false)?;
         let mut lines = String::new();
         let (mut samples, mut correct) = (0u64, 0u64);
-        for batch in self.eval_loader.epoch(0, 0) {
+        for batch in self.data.eval_loader.epoch(0, 0) {
             self.state.batch = self.device_batch(batch?)?;
             self.fire_as(Event::PREDICT_BATCH_START, false)?;
             self.fire_as(Event::PREDICT_BEFORE_FORWARD, false)?;

@@ -58,9 +58,9 @@ impl Trainer {
         }
         // Data-parallel: a stop request and the samples trained on, agreed over the ranks
         // (host numbers), so that every rank steps and stops alike.
-        let (stop, trained) = self.agree_step(self.step_samples)?;
+        let (stop, trained) = self.agree_step(self.tally.step_samples)?;
         self.agreed_stop = stop;
-        self.trained_samples += trained;
+        self.tally.trained_samples += trained;
         // The non-finite guard, on the device: the flag (agreed over the ranks) goes to the
         // optimizer, which leaves the parameters and its state as they were when it is set;
         // `settle_steps` reads it later with the loss and applies `train.nonfinite_loss`.
@@ -110,7 +110,7 @@ impl Trainer {
     ) -> Result<()> {
         if let (Some(loss), Some(flag)) = (loss, flag) {
             let t = &self.state.clock.timestamp;
-            self.pending.push(t.batch + 1, t.epoch, loss, flag)?;
+            self.tally.pending.push(t.batch + 1, t.epoch, loss, flag)?;
         }
         Ok(())
     }
@@ -239,21 +239,21 @@ impl Trainer {
     pub fn step(&mut self, batch: Batch, started: Instant) -> Result<Timestamp> {
         let samples = batch.len() as u64;
         let tokens = batch.tokens();
-        let reads = self.host_reads.step_started();
+        let reads = self.history.host_reads.step_started();
         if let Some(dp) = &self.dp {
             dp.watch.at_step(self.state.clock.timestamp.batch);
         }
         self.state.batch = batch;
         self.fire(Event::AFTER_DATALOADER)?;
-        self.step_samples = self.state.batch.len() as u64;
+        self.tally.step_samples = self.state.batch.len() as u64;
         self.fire(Event::BATCH_START)?;
         self.train_batch()?;
-        self.memory_after_step = crate::memory::peak::now(self.state.device());
+        self.history.memory_after_step = crate::memory::peak::now(self.state.device());
         // As in Composer: the schedule is stepped before the clock advances.
         self.set_scheduled_lr();
         let previous = self.state.clock.timestamp.clone();
         let seconds = started.elapsed().as_secs_f64();
-        self.train_seconds += seconds;
+        self.wall.train_seconds += seconds;
         // Data-parallel: the clock counts the global batch (every rank's share is as large).
         let world = self.world() as u64;
         self.state.clock.timestamp =
@@ -268,9 +268,9 @@ impl Trainer {
             (t.sample, "img")
         };
         self.reporter
-            .batch_done(count as f64 / self.train_seconds.max(1e-9), unit);
+            .batch_done(count as f64 / self.wall.train_seconds.max(1e-9), unit);
         self.fire(Event::BATCH_END)?;
-        self.host_reads.step_done(reads);
+        self.history.host_reads.step_done(reads);
         Ok(previous)
     }
 }

@@ -15,7 +15,7 @@ impl Trainer {
         let Some(target) = self.config.train.target else {
             return;
         };
-        if self.target_reached.is_some() {
+        if self.history.target_reached.is_some() {
             return;
         }
         let Some(reached_value) = target.met_by(eval) else {
@@ -31,8 +31,8 @@ impl Trainer {
             epoch: eval.epoch,
             batch: eval.batch,
             samples: t.sample,
-            tokens: self.train_loader.is_tokens().then_some(t.token),
-            train_seconds: self.train_seconds,
+            tokens: self.data.train_loader.is_tokens().then_some(t.token),
+            train_seconds: self.wall.train_seconds,
             wall_seconds,
             estimated_cost_usd: self.estimated_cost_usd(wall_seconds),
         };
@@ -48,7 +48,7 @@ impl Trainer {
                 reached.train_seconds,
             );
         }
-        self.target_reached = Some(reached);
+        self.history.target_reached = Some(reached);
         let at_end = self.state.clock.run.reached(
             &self.state.clock.timestamp,
             &self.state.clock.run.max_duration,
@@ -61,7 +61,9 @@ impl Trainer {
     /// A run resumed from a checkpoint written after the target was met stops at once with
     /// `stop_at_target` (as the run that wrote it did), instead of training on.
     pub(super) fn stop_if_target_already_reached(&mut self) {
-        let (Some(target), Some(reached)) = (self.config.train.target, &self.target_reached) else {
+        let (Some(target), Some(reached)) =
+            (self.config.train.target, &self.history.target_reached)
+        else {
             return;
         };
         if self.config.train.stop_at_target {
@@ -95,10 +97,10 @@ impl Trainer {
         let Some(target) = self.config.train.target else {
             return;
         };
-        if self.target_reached.is_some() || !self.is_rank0() {
+        if self.history.target_reached.is_some() || !self.is_rank0() {
             return;
         }
-        match target.best_in(&self.evals) {
+        match target.best_in(&self.history.evals) {
             Some((best, batch)) => tracing::info!(
                 "target {target} not reached; best {} {best:.4} at batch {batch}",
                 target.metric.as_str()

@@ -104,6 +104,7 @@ impl Trainer {
         ));
         let model_json = serde_json::to_value(&self.config.model).unwrap_or_default();
         let methods: Vec<MethodMeta> = self
+            .history
             .plugins
             .iter()
             .map(|p| MethodMeta {

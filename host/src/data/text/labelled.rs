@@ -21,9 +21,9 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
+use super::jsonl::{json_kind, jsonl_objects, line_error, missing_field};
 use super::own::{
-    cache_folder, held_out, json_kind, jsonl_objects, line_error, list_file, missing_field,
-    text_files, Document, Documents, EvalSplit, OwnTextConfig,
+    cache_folder, held_out, list_file, text_files, Document, Documents, EvalSplit, OwnTextConfig,
 };
 use super::special::SpecialTokens;
 use super::tokenizer::{cached_bpe, TextTokenizer};

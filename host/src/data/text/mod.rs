@@ -33,6 +33,7 @@
 pub mod cache;
 pub mod chat;
 pub mod corpus;
+mod jsonl;
 pub mod labelled;
 pub mod mlm;
 pub mod own;

@@ -4,7 +4,6 @@
 
 mod activation;
 mod batch_norm;
-mod bert;
 mod bottleneck;
 mod checkpointed;
 mod conv2d;
@@ -13,17 +12,16 @@ mod dropout;
 mod embedding;
 mod flatten;
 mod gated;
-mod gpt2;
 pub mod init;
 mod kv_cache;
 mod linear;
-mod llama;
+mod lm_head;
 pub mod mask;
 mod norm;
 mod pooling;
 mod residual_block;
+mod rms_norm;
 mod sequential;
-mod vit;
 
 use std::fmt;
 
@@ -31,7 +29,6 @@ use tch::{TchError, Tensor};
 
 pub use activation::{Gelu, Mul, Relu};
 pub use batch_norm::{set_sync as set_batch_norm_sync, BatchNorm2d, RankSum};
-pub use bert::{sdpa_key_mask, split_residual, Bert, BertConfig, BertHead, BertLayer, BertModel};
 pub use bottleneck::{Bottleneck, EXPANSION};
 pub use checkpointed::Checkpointed;
 pub use conv2d::{Conv2d, Conv2dConfig};
@@ -40,18 +37,14 @@ pub use dropout::Dropout;
 pub use embedding::Embedding;
 pub use flatten::Flatten;
 pub use gated::{Gate, Gated};
-pub use gpt2::{Gpt2Attention, Gpt2Block, Gpt2LmHeadModel, Gpt2Mlp, Gpt2Model, LmHead};
 pub use kv_cache::KvCache;
 pub use linear::Linear;
-pub use llama::{
-    LlamaAttention, LlamaBlock, LlamaConfig, LlamaForCausalLm, LlamaMlp, LlamaModel, RmsNorm,
-    RopeScaling,
-};
+pub use lm_head::LmHead;
 pub use norm::{GroupNorm, LayerNorm};
 pub use pooling::{GlobalAvgPool, GlobalMaxPool, MaxPool2d};
 pub use residual_block::ResidualBlock;
+pub use rms_norm::RmsNorm;
 pub use sequential::Sequential;
-pub use vit::{PatchEmbed, VisionTransformer, VitAttention, VitBlock, VitConfig, VitMlp};
 
 /// An attribute value of a layer (`stride = 2`, `out_channels = 16`).
 #[derive(Debug, Clone, PartialEq)]
