@@ -1,5 +1,5 @@
 //! A stand-in for the host's GPT-2 in unit tests ([`gpt2`]): its module tree (paths, kinds,
-//! attributes, tensor names and shapes as `host/src/model/layers/gpt2.rs` documents them) and
+//! attributes, tensor names and shapes as `host/src/model/zoo/gpt2/` documents them) and
 //! tensors, as the kit's [`StandIn`], which records the modules surgery puts in.
 
 use tessera_plugin_api::kit::StandIn;
