@@ -67,14 +67,6 @@ impl<W: Wrapper> AnyWrapper for W {
     }
 }
 
-fn full_name(path: &str, name: &str) -> String {
-    if path.is_empty() {
-        name.to_owned()
-    } else {
-        format!("{path}.{name}")
-    }
-}
-
 fn attributes(attrs: impl IntoIterator<Item = (String, f64)>) -> RVec<Attribute> {
     attrs
         .into_iter()
@@ -133,7 +125,7 @@ impl StandIn {
     fn register(&mut self, path: &str, tensors: Vec<(&str, Tensor)>) -> RVec<RString> {
         let mut names = RVec::new();
         for (name, t) in tensors {
-            let full = full_name(path, name);
+            let full = walk::child(path, name);
             if !t.requires_grad() {
                 self.buffers.insert(full.clone());
             }
@@ -308,7 +300,7 @@ impl SurgeryModel for StandIn {
                 node.params.extend(own);
             }
             Some(inner) => {
-                let moved = full_name(path, inner);
+                let moved = walk::child(path, inner);
                 let rename = |name: &str| -> String {
                     let rest = &name[path.len()..];
                     if path.is_empty() {

@@ -2,6 +2,8 @@
 
 use tch::Tensor;
 
+use super::walk;
+
 use crate::{Context, Error, ErrorKind, Module, ModuleInfo, ParamInfo, Wrapper};
 
 /// A model as a surgery sees it: [`Context`] at `init`, or a [`crate::kit::StandIn`] in a unit
@@ -46,7 +48,7 @@ pub trait SurgeryModel {
     /// The tensor `name` of `module` (`weight`: `<path>.weight`); an error naming the module
     /// when it has none.
     fn tensor_of(&self, module: &ModuleInfo, name: &str) -> Result<Tensor, Error> {
-        let full = full_name(module, name);
+        let full = walk::child(&module.path, name);
         self.parameter(&full)?.ok_or_else(|| {
             Error::new(
                 ErrorKind::HOST,
@@ -58,20 +60,12 @@ pub trait SurgeryModel {
     /// The tensor `name` of `module` when the module itself holds one (a conv's `bias` may be
     /// absent), else `None`.
     fn optional_tensor_of(&self, module: &ModuleInfo, name: &str) -> Result<Option<Tensor>, Error> {
-        let full = full_name(module, name);
+        let full = walk::child(&module.path, name);
         if module.params.iter().any(|p| p.as_str() == full) {
             self.parameter(&full)
         } else {
             Ok(None)
         }
-    }
-}
-
-fn full_name(module: &ModuleInfo, name: &str) -> String {
-    if module.path.is_empty() {
-        name.to_owned()
-    } else {
-        format!("{}.{name}", module.path)
     }
 }
 

@@ -31,6 +31,16 @@ pub fn inside_kind(modules: &[ModuleInfo], path: &str, kind: &str) -> bool {
     of_kind(modules, kind).any(|m| is_within(path, m.path.as_str()))
 }
 
+/// The full name of `name` below `path` (`layer1.0` and `conv1`: `layer1.0.conv1`; below the
+/// root, `name` itself): a child module's path or a module's tensor.
+pub fn child(path: &str, name: &str) -> String {
+    if path.is_empty() {
+        name.to_owned()
+    } else {
+        format!("{path}.{name}")
+    }
+}
+
 /// The parent path of `path` (`""` for a child of the root), `None` for the root.
 pub fn parent(path: &str) -> Option<&str> {
     if path.is_empty() {
@@ -52,5 +62,7 @@ mod tests {
         assert_eq!(parent("layer1.0.conv1"), Some("layer1.0"));
         assert_eq!(parent("fc"), Some(""));
         assert_eq!(parent(""), None);
+        assert_eq!(child("layer1.0", "conv1"), "layer1.0.conv1");
+        assert_eq!(child("", "fc"), "fc");
     }
 }
