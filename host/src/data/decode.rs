@@ -38,7 +38,7 @@ use std::io::Cursor;
 use fast_image_resize::images::{CroppedImage, Image, ImageRef};
 use fast_image_resize::{FilterType, PixelType, ResizeAlg, ResizeOptions, Resizer};
 use image::{DynamicImage, ImageReader};
-use rand::Rng;
+use rand::{Rng, RngCore};
 use serde::Serialize;
 
 use super::image_augment::luma_of;
@@ -113,7 +113,7 @@ pub fn decode_image(
     bytes: &[u8],
     name: &str,
     plan: &DecodePlan,
-    rng: &mut impl Rng,
+    rng: &mut dyn RngCore,
 ) -> Result<Vec<u8>, DataError> {
     decode_image_drawn(bytes, name, plan, rng).map(|(pixels, _)| pixels)
 }
@@ -123,7 +123,7 @@ pub fn decode_image_drawn(
     bytes: &[u8],
     name: &str,
     plan: &DecodePlan,
-    rng: &mut impl Rng,
+    rng: &mut dyn RngCore,
 ) -> Result<(Vec<u8>, Drawn), DataError> {
     if plan.channels != 1 && plan.channels != 3 {
         return Err(DataError::Invalid(format!(
@@ -214,7 +214,7 @@ pub fn decode_image_drawn(
     };
     let mut interleaved = out.into_vec();
     let jitter = plan.color_jitter.as_ref().map(|j| {
-        let draw = j.draw(rng);
+        let draw = j.draw(&mut &mut *rng);
         jitter_interleaved(&mut interleaved, plan.channels, &draw);
         draw
     });
@@ -271,7 +271,7 @@ fn decoded_source(
     name: &str,
     plan: &DecodePlan,
     size: u32,
-    rng: &mut impl Rng,
+    rng: &mut dyn RngCore,
 ) -> Result<Source, DataError> {
     #[cfg(tessera_libjpeg)]
     if jpeg::is_jpeg(bytes) {
@@ -318,7 +318,7 @@ fn jpeg_source(
     name: &str,
     plan: &DecodePlan,
     size: u32,
-    rng: &mut impl Rng,
+    rng: &mut dyn RngCore,
 ) -> Result<Option<Source>, DataError> {
     let Some((width, height)) = jpeg::info(bytes).map_err(|e| bad(name, e))? else {
         return Ok(None);
