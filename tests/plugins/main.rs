@@ -4,6 +4,7 @@
 //! One of the few test binaries (tests/Cargo.toml): cargo links it once, and its tests share one
 //! pool of test threads. Each file below is one feature or method; docs/testing.md lists them.
 
+mod crates;
 mod install;
 mod new_plugin;
 mod plugin_api_16;
