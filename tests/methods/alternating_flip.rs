@@ -5,7 +5,6 @@
 //! ranks train what one process trains.)
 
 use tessera_tests::dist::max_difference;
-use tessera_tests::resume::assert_killed_and_resumed_is_exact;
 use tessera_tests::*;
 
 fn latest(dir: &TempDir, run: &str) -> std::path::PathBuf {
@@ -40,11 +39,3 @@ fn it_changes_the_training_and_is_deterministic() {
     assert!(diff > 1e-4, "the flip changed the weights by only {diff:e}");
 }
 
-#[test]
-fn killed_and_resumed_continues_exactly() {
-    assert_killed_and_resumed_is_exact("alternating-flip-resume", |run| {
-        let mut toml = TrainerToml::new(run).algorithm("alternating_flip", "");
-        toml.max_duration = "8ba".to_owned();
-        toml
-    });
-}

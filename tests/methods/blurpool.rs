@@ -138,21 +138,6 @@ fn a_model_without_candidates_warns_and_trains() {
 }
 
 #[test]
-fn bad_settings_are_refused_by_name() {
-    let dir = TempDir::new("blurpool-bad");
-    TrainerToml::new("bad")
-        .algorithm("blurpool", "min_channels = -3")
-        .write_to(&dir);
-    train(&dir, &[], &[]).assert_failure(&["blurpool", "min_channels"]);
-
-    let dir = TempDir::new("blurpool-typo");
-    TrainerToml::new("typo")
-        .algorithm("blurpool", "blur_frist = false")
-        .write_to(&dir);
-    train(&dir, &[], &[]).assert_failure(&["blurpool", "blur_frist"]);
-}
-
-#[test]
 fn listing_blurpool_twice_is_refused() {
     // The host refuses a second entry, so a double application cannot happen in one run; the
     // surgery's idempotence (an already-modified model is left alone) is tested in the plugin

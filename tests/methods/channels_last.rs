@@ -16,7 +16,6 @@ use tessera::config;
 use tessera::model::Model;
 use tessera::trainer::Trainer;
 use tessera_plugin_api::tch::{Device, Tensor};
-use tessera_tests::resume::assert_killed_and_resumed_is_exact;
 use tessera_tests::*;
 
 fn synthetic_toml(with_plugin: bool) -> String {
@@ -240,17 +239,3 @@ fn training_gives_the_losses_of_the_run_without_it() {
     }
 }
 
-#[test]
-fn an_unknown_setting_is_refused_naming_it() {
-    require_fashion_mnist();
-    let dir = TempDir::new("cl-bad");
-    TrainerToml::new("cl-bad")
-        .algorithm("channels_last", "memory_format = \"nhwc\"")
-        .write_to(&dir);
-    train(&dir, &[], &[]).assert_failure(&["channels_last", "memory_format"]);
-}
-
-#[test]
-fn killed_and_resumed_run_equals_the_straight_run_bit_for_bit() {
-    assert_killed_and_resumed_is_exact("cl-resume", |run| fashion(run, true));
-}

@@ -4,7 +4,6 @@
 //! one bit for bit.
 
 use serde_json::Value;
-use tessera_tests::resume::assert_killed_and_resumed_is_exact;
 use tessera_tests::*;
 
 fn resnet(label: &str) -> TrainerToml {
@@ -71,36 +70,6 @@ fn a_fixed_size_model_rejects_the_smaller_images() {
         "{}",
         out.dump()
     );
-}
-
-#[test]
-fn invalid_settings_stop_the_run_with_the_setting_named() {
-    let dir = TempDir::new("colout-bad");
-    for (settings, fragment) in [
-        ("p_row = 1.0", "`p_row` must be in [0, 1)"),
-        ("p_col = -0.5", "`p_col` must be in [0, 1)"),
-        (
-            "batch = false\nresize_target = true",
-            "`resize_target = true` needs `batch = true`",
-        ),
-        ("resize_target = \"yes\"", "`resize_target` must be"),
-        ("p_rows = 0.2", "`p_rows`"),
-    ] {
-        TrainerToml::new("bad")
-            .algorithm("colout", settings)
-            .write_to(&dir);
-        let out = train(&dir, &[], &[]);
-        out.assert_failure(&["plugin `colout`", "invalid settings", fragment]);
-    }
-}
-
-#[test]
-fn killed_and_resumed_run_equals_the_straight_run_bit_for_bit() {
-    assert_killed_and_resumed_is_exact("colout-resume", |run| {
-        let mut toml = resnet(run).algorithm("colout", "p_row = 0.2\np_col = 0.1");
-        toml.max_duration = "8ba".to_owned();
-        toml
-    });
 }
 
 #[test]

@@ -121,20 +121,6 @@ fn both_modes_cut_every_batch_and_agree() {
 }
 
 #[test]
-fn invalid_settings_stop_the_run_with_the_setting_named() {
-    let dir = TempDir::new("cutmix-bad");
-    for (settings, fragment) in [
-        ("alpha = -1.0", "`alpha` must be a finite number >= 0"),
-        ("uniform_sampling = 1", "uniform_sampling"),
-        ("lenght = 0.5", "lenght"),
-    ] {
-        config("bad", Some(settings)).write_to(&dir);
-        let out = train(&dir, &[], &[]);
-        out.assert_failure(&["plugin `cutmix`", "invalid settings", fragment]);
-    }
-}
-
-#[test]
 fn a_resumed_run_ends_exactly_as_the_straight_run() {
     let dir = TempDir::new("cutmix-resume");
     let write = |run: &str| {

@@ -71,8 +71,3 @@ fn integer_patience_counts_epochs() {
     assert_eq!(record["status"], "completed", "{record:#}");
 }
 
-#[test]
-fn a_bad_setting_is_refused_naming_it() {
-    let (_dir, out) = frozen_run("es-bad", "accuracy", "\"3sp\"");
-    out.assert_failure(&["early_stopping", "`patience`"]);
-}

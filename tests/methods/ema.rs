@@ -144,31 +144,6 @@ fn before_ema_start_evaluation_uses_the_training_weights() {
 }
 
 #[test]
-fn invalid_settings_stop_the_run_with_the_setting_named() {
-    let dir = TempDir::new("ema-bad");
-    for (settings, fragment) in [
-        (
-            "half_life = \"2xx\"",
-            "setting `half_life`: invalid time \"2xx\": it does not end in a known unit",
-        ),
-        (
-            "half_life = \"2ba\"\nsmoothing = 0.9",
-            "give either `half_life` or `smoothing`",
-        ),
-        (
-            "half_life = \"2ba\"\nupdate_interval = \"1ep\"",
-            "same unit",
-        ),
-    ] {
-        TrainerToml::new("bad")
-            .algorithm("ema", settings)
-            .write_to(&dir);
-        let out = train(&dir, &[], &[]);
-        out.assert_failure(&["plugin `ema`", "invalid settings", fragment]);
-    }
-}
-
-#[test]
 fn evaluation_with_the_ema_weights_shows_learning() {
     // The final evaluation runs on the EMA weights (half-life 2 batches).
     let toml = TrainerToml::new("learns").algorithm("ema", "half_life = \"2ba\"");

@@ -19,7 +19,6 @@ use tessera::model::{Attr, Layer, Model, Role};
 use tessera::trainer::Trainer;
 use tessera_plugin_api::tch::{self, Device, Kind, TchError, Tensor};
 use tessera_tests::export::assert_export_matches_rebuilt_run_on;
-use tessera_tests::resume::assert_killed_and_resumed_is_exact;
 use tessera_tests::*;
 
 use gated_linear_units::{gpt2_glu_mlp, Activation, GluWeights, GLU_MLP, METRIC_REPLACED};
@@ -257,36 +256,6 @@ fn the_run_logs_the_replaced_mlps_and_trains() {
     train(&dir, &[], &[]).assert_success();
     let plain_lines = read_jsonl(&run_dir(&dir, "plain").join("metrics.jsonl"));
     assert_ne!(train_losses(&plain_lines), train_losses(&lines));
-}
-
-#[test]
-fn bad_settings_are_refused_naming_them() {
-    for (settings, fragments) in [
-        ("act_fn = \"nope\"", &["act_fn", "nope", "gelu_new"][..]),
-        ("gated_layer_bias = 3", &["gated_layer_bias"][..]),
-        (
-            "non_gated_layer_bias = \"yes\"",
-            &["non_gated_layer_bias"][..],
-        ),
-        ("gated_bias = true", &["gated_bias"][..]),
-    ] {
-        let dir = TempDir::new("glu-settings");
-        glu("bad", settings).write_to(&dir);
-        train(&dir, &[], &[]).assert_failure(fragments);
-    }
-}
-
-/// With dropout (in the GLU MLP too: checkpoints hold libtorch's generator); the surgery's
-/// fresh weights come from the run's seeded stream and are replayed at `init` before the
-/// weights load.
-#[test]
-fn killed_and_resumed_run_equals_the_straight_run_bit_for_bit() {
-    assert_killed_and_resumed_is_exact("glu-resume", |run| {
-        let mut toml = glu(run, "gated_layer_bias = true");
-        toml.model.push_str("\ndropout = 0.1");
-        toml.max_duration = "8ba".to_owned();
-        toml
-    });
 }
 
 #[test]

@@ -6,7 +6,6 @@
 
 use serde_json::Value;
 use tessera::checkpoint::{self, Checkpoint};
-use tessera_tests::resume::assert_killed_and_resumed_is_exact;
 use tessera_tests::*;
 
 fn resnet(label: &str) -> TrainerToml {
@@ -80,11 +79,3 @@ fn a_batch_smaller_than_a_ghost_batch_is_an_error() {
     ]);
 }
 
-#[test]
-fn killed_and_resumed_run_equals_the_straight_run_bit_for_bit() {
-    assert_killed_and_resumed_is_exact("gbn-resume", |run| {
-        let mut toml = resnet(run).algorithm("ghost_batchnorm", "ghost_batch_size = 16");
-        toml.max_duration = "8ba".to_owned();
-        toml
-    });
-}

@@ -5,7 +5,7 @@
 //! clipped once, on the summed gradient; a bad setting is refused; kill -9 and resume is exact.
 
 use tessera::checkpoint::Checkpoint;
-use tessera_tests::resume::{assert_killed_and_resumed_is_exact, ckpt_dir};
+use tessera_tests::resume::ckpt_dir;
 use tessera_tests::*;
 
 const LR: f64 = 0.05;
@@ -173,14 +173,3 @@ fn a_missing_or_bad_setting_stops_the_run_naming_it() {
     train(&dir, &[], &[]).assert_failure(&["gradient_clipping", "clipping_threshold"]);
 }
 
-#[test]
-fn killed_and_resumed_is_exact() {
-    assert_killed_and_resumed_is_exact("gc-resume", |run| {
-        let mut toml = clipped(
-            run,
-            "clipping_type = \"adaptive\"\nclipping_threshold = 0.01",
-        );
-        toml.max_duration = "8ba".to_owned();
-        toml
-    });
-}

@@ -157,13 +157,6 @@ fn killed_before_the_freeze_and_resumed_is_exact() {
     assert_eq!(evals("straight"), evals("resumed"));
 }
 
-#[test]
-fn a_bad_setting_stops_the_run_naming_it() {
-    let dir = TempDir::new("lf-bad");
-    dir.write("trainer.toml", &config("bad", "freeze_level = 1.5", &[]));
-    train(&dir, &[], &[]).assert_failure(&["layer_freezing", "freeze_level"]);
-}
-
 /// EMA with layer freezing, as Composer: the average holds the parameters trainable when it
 /// starts. Freezing starts at once (`freeze_start = 0`: one more layer frozen at the end of each
 /// of the 5 epochs), the average at half the run — with `max_duration` in epochs the elapsed

@@ -11,7 +11,6 @@ use low_precision_norms::{
 use serde_json::Value;
 use tch::{Device, Kind, Tensor};
 use tessera::precision::{AutocastGuard, Precision};
-use tessera_tests::resume::assert_killed_and_resumed_is_exact;
 use tessera_tests::*;
 
 /// (plugin, `[model]` with two norms of its kind).
@@ -102,13 +101,3 @@ fn the_bf16_branch_stays_bf16_under_the_hosts_cpu_autocast() {
     }
 }
 
-#[test]
-fn killed_and_resumed_runs_equal_the_straight_runs_bit_for_bit() {
-    for (plugin, model) in CASES {
-        assert_killed_and_resumed_is_exact(&format!("{plugin}-resume"), |run| {
-            let mut toml = toml(run, model, "amp_bf16").algorithm(plugin, "");
-            toml.max_duration = "8ba".to_owned();
-            toml
-        });
-    }
-}

@@ -54,6 +54,7 @@ mod seq_length_warmup;
 mod squeeze_excite;
 mod stochastic_depth;
 mod swa;
+mod table;
 mod test_time_augmentation;
 mod weight_standardization;
 mod zero_init_projections;

@@ -102,20 +102,6 @@ fn both_modes_mix_every_batch_and_agree() {
 }
 
 #[test]
-fn invalid_settings_stop_the_run_with_the_setting_named() {
-    let dir = TempDir::new("mixup-bad");
-    for (settings, fragment) in [
-        ("alpha = -0.5", "`alpha` must be a finite number >= 0"),
-        ("interpolate_loss = \"yes\"", "interpolate_loss"),
-        ("alhpa = 0.2", "alhpa"),
-    ] {
-        config("bad", Some(settings)).write_to(&dir);
-        let out = train(&dir, &[], &[]);
-        out.assert_failure(&["plugin `mixup`", "invalid settings", fragment]);
-    }
-}
-
-#[test]
 fn a_resumed_run_ends_exactly_as_the_straight_run() {
     let dir = TempDir::new("mixup-resume");
     let write = |run: &str| {

@@ -12,7 +12,6 @@
 
 use serde_json::json;
 use tessera_tests::export::assert_export_matches_rebuilt_run_on;
-use tessera_tests::resume::assert_killed_and_resumed_is_exact;
 use tessera_tests::*;
 
 use crate::gpt_models;
@@ -49,16 +48,6 @@ fn the_five_together_equal_the_pytorch_reference() {
     if let Some(l) = check_model(model, &spec, 3, 32, 1e-5) {
         println!("the five together vs PyTorch: logits {l:e}");
     }
-}
-
-#[test]
-fn killed_and_resumed_run_equals_the_straight_run_bit_for_bit() {
-    assert_killed_and_resumed_is_exact("modded-resume", |run| {
-        let mut toml = gpt(run, &FIVE);
-        toml.model.push_str("\ndropout = 0.1");
-        toml.max_duration = "8ba".to_owned();
-        toml
-    });
 }
 
 #[test]

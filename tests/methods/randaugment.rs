@@ -3,7 +3,6 @@
 //! without it; `depth = 0` is the very same run as none; settings errors name the setting; a
 //! killed and resumed run equals the straight one bit for bit.
 
-use tessera_tests::resume::assert_killed_and_resumed_is_exact;
 use tessera_tests::*;
 
 /// The training loss of every batch of a 3-batch run with `randaugment` settings (none: no
@@ -51,31 +50,3 @@ fn randaugment_changes_training_and_depth_zero_does_not() {
     assert_eq!(none, plain);
 }
 
-#[test]
-fn invalid_settings_stop_the_run_with_the_setting_named() {
-    let dir = TempDir::new("randaugment-bad");
-    for (settings, fragment) in [
-        ("severity = 11", "`severity` must be in [0, 10]"),
-        ("depth = -1", "depth"),
-        (
-            "augmentation_set = \"most\"",
-            "`augmentation_set` must be \"all\", \"safe\" or \"original\"",
-        ),
-        ("sevrity = 3", "`sevrity`"),
-    ] {
-        TrainerToml::new("bad")
-            .algorithm("randaugment", settings)
-            .write_to(&dir);
-        let out = train(&dir, &[], &[]);
-        out.assert_failure(&["plugin `randaugment`", "invalid settings", fragment]);
-    }
-}
-
-#[test]
-fn killed_and_resumed_run_equals_the_straight_run_bit_for_bit() {
-    assert_killed_and_resumed_is_exact("randaugment-resume", |run| {
-        let mut toml = TrainerToml::new(run).algorithm("randaugment", "depth = 3");
-        toml.max_duration = "8ba".to_owned();
-        toml
-    });
-}

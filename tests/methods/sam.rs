@@ -132,9 +132,3 @@ fn rho_zero_trains_like_the_base_optimizer() {
     assert_eq!(by_batch(&lines, "sam/pass").len(), 3);
 }
 
-#[test]
-fn bad_settings_stop_the_run_naming_the_setting() {
-    let dir = TempDir::new("sam_bad");
-    sam_toml("bad", "interval = 0").write_to(&dir);
-    train(&dir, &[], &[]).assert_failure(&["sam", "interval"]);
-}

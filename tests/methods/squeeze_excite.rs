@@ -4,7 +4,6 @@
 //! Composer's names; a killed and resumed run equals the straight run bit for bit.
 
 use tessera::checkpoint::{self, Checkpoint};
-use tessera_tests::resume::assert_killed_and_resumed_is_exact;
 use tessera_tests::*;
 
 const SE: &str = "latent_channels = 0.5\nmin_channels = 8";
@@ -45,11 +44,3 @@ fn gates_are_added_trained_and_saved_under_composers_names() {
     );
 }
 
-#[test]
-fn killed_and_resumed_run_equals_the_straight_run_bit_for_bit() {
-    assert_killed_and_resumed_is_exact("se-resume", |run| {
-        let mut toml = resnet(run).algorithm("squeeze_excite", SE);
-        toml.max_duration = "8ba".to_owned();
-        toml
-    });
-}

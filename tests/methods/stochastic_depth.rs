@@ -4,7 +4,6 @@
 //! the warmup ramps the logged drop rate; a killed and resumed run equals the straight run.
 
 use serde_json::Value;
-use tessera_tests::resume::assert_killed_and_resumed_is_exact;
 use tessera_tests::*;
 
 fn resnet50(label: &str) -> TrainerToml {
@@ -65,12 +64,3 @@ fn the_warmup_ramps_the_drop_rate() {
     }
 }
 
-#[test]
-fn killed_and_resumed_run_equals_the_straight_run_bit_for_bit() {
-    assert_killed_and_resumed_is_exact("sd-resume", |run| {
-        let mut toml =
-            resnet50(run).algorithm("stochastic_depth", "drop_rate = 0.5\ndrop_warmup = 0.5");
-        toml.max_duration = "8ba".to_owned();
-        toml
-    });
-}

@@ -17,7 +17,6 @@ use tessera::model::Model;
 use tessera::trainer::Trainer;
 use tessera_plugin_api::tch::{self, Device, Kind, Tensor};
 use tessera_plugin_api::testing::golden::assert_close;
-use tessera_tests::resume::assert_killed_and_resumed_is_exact;
 use tessera_tests::*;
 use weight_standardization::{standardize_weight, CONV2D, METRIC_NUM_LAYERS, WS_CONV2D};
 
@@ -235,20 +234,3 @@ fn training_standardizes_the_convs_and_changes_the_run() {
     assert_ne!(some, all, "n_last_layers_ignore changed nothing");
 }
 
-#[test]
-fn a_bad_setting_is_refused_naming_it() {
-    require_fashion_mnist();
-    for (settings, key) in [
-        ("n_last_layers_ignore = -2", "n_last_layers_ignore"),
-        ("n_last_layer_ignore = 2", "n_last_layer_ignore"),
-    ] {
-        let dir = TempDir::new("ws-bad");
-        fashion("ws-bad", Some(settings)).write_to(&dir);
-        train(&dir, &[], &[]).assert_failure(&["weight_standardization", key]);
-    }
-}
-
-#[test]
-fn killed_and_resumed_run_equals_the_straight_run_bit_for_bit() {
-    assert_killed_and_resumed_is_exact("ws-resume", |run| fashion(run, Some("")));
-}
