@@ -38,4 +38,3 @@ fn it_changes_the_training_and_is_deterministic() {
     let (diff, _) = max_difference(&latest(&dir, "flip"), &latest(&dir, "plain"), &["model/"]);
     assert!(diff > 1e-4, "the flip changed the weights by only {diff:e}");
 }
-

@@ -3,7 +3,6 @@
 //! without it; settings errors name the setting; a killed and resumed run equals the straight
 //! one bit for bit.
 
-use serde_json::Value;
 use tessera_tests::*;
 
 fn resnet(label: &str) -> TrainerToml {
@@ -13,29 +12,9 @@ fn resnet(label: &str) -> TrainerToml {
     toml
 }
 
-/// The training loss of every batch of a 3-batch run with `colout` settings (none: no plugin).
+/// The training losses of a 3-batch run of ResNet-20 with `colout` settings (none: no plugin).
 fn losses_with(label: &str, colout: Option<&str>) -> Vec<f64> {
-    let dir = TempDir::new(label);
-    let mut toml = resnet(label);
-    if let Some(settings) = colout {
-        toml = toml.algorithm("colout", settings);
-    }
-    toml.write_to(&dir);
-    let out = train(&dir, &[], &[]);
-    out.assert_success();
-    if colout.is_some() {
-        assert!(
-            out.stderr.contains("loaded plugin colout"),
-            "{}",
-            out.dump()
-        );
-    }
-    let lines = read_jsonl(&run_dir(&dir, label).join("metrics.jsonl"));
-    let losses = train_losses(&lines);
-    assert_eq!(losses.len(), 3, "{lines:?}");
-    let record: Value = read_json(&run_dir(&dir, label).join("run.json"));
-    assert_eq!(record["status"], "completed", "{record:#}");
-    losses
+    crate::losses::losses_with(resnet(label), "colout", colout)
 }
 
 #[test]

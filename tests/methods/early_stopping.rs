@@ -70,4 +70,3 @@ fn integer_patience_counts_epochs() {
     assert_eq!(record["batches"], 20, "{record:#}");
     assert_eq!(record["status"], "completed", "{record:#}");
 }
-

@@ -130,4 +130,3 @@ fn nothing_to_factorize_warns() {
         out.dump()
     );
 }
-

@@ -78,4 +78,3 @@ fn a_batch_smaller_than_a_ghost_batch_is_an_error() {
         "Worker batch size 64 < ghost_batch_size 128",
     ]);
 }
-

@@ -172,4 +172,3 @@ fn a_missing_or_bad_setting_stops_the_run_naming_it() {
     clipped("bad", "clipping_type = \"norm\"\nclipping_threshold = -1").write_to(&dir);
     train(&dir, &[], &[]).assert_failure(&["gradient_clipping", "clipping_threshold"]);
 }
-

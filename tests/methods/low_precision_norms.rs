@@ -100,4 +100,3 @@ fn the_bf16_branch_stays_bf16_under_the_hosts_cpu_autocast() {
         assert!(a.equal(b));
     }
 }
-

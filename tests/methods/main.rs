@@ -12,8 +12,14 @@ mod airbench;
 mod gpt2_golden;
 #[path = "../support/gpt_models.rs"]
 mod gpt_models;
+#[path = "../support/host_model.rs"]
+mod host_model;
 #[path = "../support/lm_export.rs"]
 mod lm_export;
+#[path = "../support/losses.rs"]
+mod losses;
+#[path = "../support/mixing.rs"]
+mod mixing;
 
 mod alibi;
 mod all_plugins;

@@ -11,13 +11,12 @@
 //!   matches the PyTorch twins (Hugging Face's GPT2LMHeadModel and the plain one).
 
 use serde_json::json;
-use tessera_tests::export::assert_export_matches_rebuilt_run_on;
 use tessera_tests::*;
 
 use crate::gpt_models;
 use crate::lm_export;
 use gpt_models::*;
-use lm_export::{check_with_plain_twin, tokens, train_and_export};
+use lm_export::export_and_check_twins;
 
 /// The five, in an order that is not the one they run in at `init`.
 const FIVE: [(&str, &str); 5] = [
@@ -72,33 +71,17 @@ fn the_export_keeps_their_modules_and_the_twins_match_the_rebuilt_run() {
     let mut toml = gpt("exported", &five);
     toml.model.push_str("\ndropout = 0.1");
     toml.optimizer = "name = \"adamw\"\nlr = 0.03".to_owned();
-    let (ckpt, exported, _, modules) = train_and_export(&dir, &toml);
-    let mut kept: Vec<&str> = modules
-        .as_array()
-        .expect("a list")
-        .iter()
-        .map(|m| m["kind"].as_str().unwrap())
-        .collect();
-    kept.sort_unstable();
-    assert_eq!(
-        kept,
-        [
-            "gpt2_attention_ext",
-            "gpt2_attention_ext",
-            "logit_softcap_lm_head",
-            "relu_squared_gpt2_mlp",
-            "relu_squared_gpt2_mlp"
-        ]
-    );
-    assert_export_matches_rebuilt_run_on(
+    export_and_check_twins(
         &dir,
-        &ckpt,
-        &exported,
-        &tokens(40),
-        "torch",
+        &toml,
+        &[
+            ("transformer.h.0.attn", "gpt2_attention_ext"),
+            ("transformer.h.0.mlp", "relu_squared_gpt2_mlp"),
+            ("transformer.h.1.attn", "gpt2_attention_ext"),
+            ("transformer.h.1.mlp", "relu_squared_gpt2_mlp"),
+            ("lm_head", "logit_softcap_lm_head"),
+        ],
+        40,
         "gpt2 with the five modded-nanogpt methods",
     );
-    if let Some(text) = check_with_plain_twin(&exported, &dir.join("case.safetensors")) {
-        eprintln!("gpt2 with the five, plain twin: {}", text.trim());
-    }
 }

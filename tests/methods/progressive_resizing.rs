@@ -91,4 +91,3 @@ fn images_grow_on_composers_schedule() {
         assert_eq!(record["batches"], BATCHES, "{record:#}");
     }
 }
-

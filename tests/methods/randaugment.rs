@@ -5,30 +5,10 @@
 
 use tessera_tests::*;
 
-/// The training loss of every batch of a 3-batch run with `randaugment` settings (none: no
+/// The training losses of a 3-batch run of the small CNN with `randaugment` settings (none: no
 /// plugin).
 fn losses_with(label: &str, settings: Option<&str>) -> Vec<f64> {
-    let dir = TempDir::new(label);
-    let mut toml = TrainerToml::new(label);
-    if let Some(settings) = settings {
-        toml = toml.algorithm("randaugment", settings);
-    }
-    toml.write_to(&dir);
-    let out = train(&dir, &[], &[]);
-    out.assert_success();
-    if settings.is_some() {
-        assert!(
-            out.stderr.contains("loaded plugin randaugment"),
-            "{}",
-            out.dump()
-        );
-    }
-    let lines = read_jsonl(&run_dir(&dir, label).join("metrics.jsonl"));
-    let losses = train_losses(&lines);
-    assert_eq!(losses.len(), 3, "{lines:?}");
-    let record = read_json(&run_dir(&dir, label).join("run.json"));
-    assert_eq!(record["status"], "completed", "{record:#}");
-    losses
+    crate::losses::losses_with(TrainerToml::new(label), "randaugment", settings)
 }
 
 #[test]
@@ -49,4 +29,3 @@ fn randaugment_changes_training_and_depth_zero_does_not() {
     let none = losses_with("randaugment-none", Some("depth = 0"));
     assert_eq!(none, plain);
 }
-

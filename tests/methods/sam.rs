@@ -131,4 +131,3 @@ fn rho_zero_trains_like_the_base_optimizer() {
     }
     assert_eq!(by_batch(&lines, "sam/pass").len(), 3);
 }
-

@@ -43,4 +43,3 @@ fn gates_are_added_trained_and_saved_under_composers_names() {
         "4 channels: untouched"
     );
 }
-

@@ -63,4 +63,3 @@ fn the_warmup_ramps_the_drop_rate() {
         assert!((got - want).abs() < 1e-12, "{rates:?}");
     }
 }
-

@@ -176,4 +176,3 @@ fn composer_mode_sets_only_the_step_after_each_update() {
         assert!((lr - swa_lr).abs() <= 1e-12 * swa_lr, "{logged:?}");
     }
 }
-

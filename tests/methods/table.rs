@@ -68,7 +68,11 @@ impl Net {
             Net::Resnet20 => with("name = \"resnet20\"\nwidth = 4", Some("cpu"), None),
             Net::Resnet50 => with("name = \"resnet50\"\nwidth = 4", Some("cpu"), None),
             Net::Mlp => with("name = \"mlp\"\nhidden = [64, 32]", Some("cpu"), None),
-            Net::MlpDropout => with("name = \"mlp\"\nhidden = [64, 32]\ndropout = 0.5", None, None),
+            Net::MlpDropout => with(
+                "name = \"mlp\"\nhidden = [64, 32]\ndropout = 0.5",
+                None,
+                None,
+            ),
             Net::MlpLayerNormBf16 => with(
                 "name = \"mlp\"\nhidden = [64, 32]\nnorm = \"layer\"",
                 None,
@@ -168,7 +172,11 @@ fn create_error(plugin: &LoadedPlugin, row: &Row, settings: &str) -> String {
 /// Every refused setting of the row, in process: the error names the plugin, says "invalid
 /// settings" and holds the row's words.
 pub fn refused(row: &Row) {
-    assert!(!row.refused.is_empty(), "{}: no refused settings", row.method);
+    assert!(
+        !row.refused.is_empty(),
+        "{}: no refused settings",
+        row.method
+    );
     let plugin = LoadedPlugin::load(&plugin_path(row.method), None)
         .unwrap_or_else(|e| panic!("{}: {e}", row.method));
     let named = format!("plugin `{}`", row.method);
@@ -573,7 +581,9 @@ fn every_plugin_has_a_row_or_an_exemption() {
             "`{exempt}` is exempt but is no plugin of the repository"
         );
         assert!(!rowed(exempt), "`{exempt}` has a row and an exemption");
-        assert!(why.contains("tests/"), "`{exempt}`: name the file that covers it");
+        assert!(
+            why.contains("tests/"),
+            "`{exempt}`: name the file that covers it"
+        );
     }
 }
-
