@@ -11,6 +11,9 @@
 //!   `alibi_gpt2_attention` and loads strictly into the PyTorch twins with the same logits, and
 //!   a model trained at 32 tokens evaluates at 64 (beyond `n_positions`) with a perplexity
 //!   close to its 32-token one, where the plain GPT-2 is refused.
+//!
+//! Its kill -9 resume and the settings its plugin refuses are rows of the method table
+//! (tests/methods/table.rs).
 
 use std::collections::BTreeSet;
 

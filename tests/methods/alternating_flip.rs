@@ -3,6 +3,8 @@
 //! trains on, deterministically; a run killed and resumed continues bit for bit. (Which image is
 //! mirrored in which epoch is pinned by the crate's tests; `tests/distributed/distributed.rs` checks that 2
 //! ranks train what one process trains.)
+//!
+//! Its kill -9 resume is a row of the method table (tests/methods/table.rs).
 
 use tessera_tests::dist::max_difference;
 use tessera_tests::*;

@@ -5,6 +5,8 @@
 //! stride-2 convs (`layer2.0.conv1` and `layer2.0.shortcut.0` with 16 input channels,
 //! `layer3.0.conv1` and `layer3.0.shortcut.0` with 32) and no max-pool; the cnn has two
 //! max-pools and only stride-1 convs; the mlp has neither.
+//!
+//! The settings its plugin refuses are a row of the method table (tests/methods/table.rs).
 
 use serde_json::Value;
 use tessera_tests::*;

@@ -10,6 +10,9 @@
 //! training gives the losses of the run without it (the layout changes, the values do not), an
 //! unknown setting is refused naming it, and a run killed and resumed equals the straight run
 //! bit for bit.
+//!
+//! Its kill -9 resume and the settings its plugin refuses are rows of the method table
+//! (tests/methods/table.rs).
 
 use tessera::checkpoint::Checkpoint;
 use tessera::trainer::Trainer;

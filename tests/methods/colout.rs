@@ -2,6 +2,9 @@
 //! pooling, so it accepts the 23×23 images ColOut leaves of 28×28), compared with the same run
 //! without it; settings errors name the setting; a killed and resumed run equals the straight
 //! one bit for bit.
+//!
+//! Its kill -9 resume and the settings its plugin refuses are rows of the method table
+//! (tests/methods/table.rs).
 
 use tessera_tests::*;
 

@@ -3,6 +3,8 @@
 //! both modes (mixed targets, interpolated loss) train through the host's loss, a bad setting
 //! is refused with its key named, and a run stopped at a checkpoint and resumed ends exactly as
 //! the straight run.
+//!
+//! The settings its plugin refuses are a row of the method table (tests/methods/table.rs).
 
 use crate::mixing::{assert_stopped_and_resumed_ends_as_the_straight_run, Run};
 

@@ -3,6 +3,8 @@
 //! small to move a weight) stops at the evaluation where the patience runs out, ends normally
 //! (`fit_end`, final checkpoint, run.json status naming the reason), and a bad setting is
 //! refused naming the key.
+//!
+//! The settings its plugin refuses are a row of the method table (tests/methods/table.rs).
 
 use tessera_tests::*;
 

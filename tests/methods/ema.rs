@@ -6,6 +6,8 @@
 //! `ema/distance` (L2 distance between EMA and training weights) while swapped in. Each run is
 //! compared with the same run without EMA: the training losses must be identical (the swaps
 //! never disturb training) while the evaluations differ (they used the EMA weights).
+//!
+//! The settings its plugin refuses are a row of the method table (tests/methods/table.rs).
 
 use serde_json::Value;
 use tessera_tests::*;

@@ -5,6 +5,9 @@
 //! `module0`/`module1` tensors instead of the originals; a bad setting is refused naming it; a
 //! model with nothing to factorize gets a warning; a killed and resumed run equals the straight
 //! run bit for bit (the surgery replayed at `init`, then the weights loaded).
+//!
+//! Its kill -9 resume and the settings its plugin refuses are rows of the method table
+//! (tests/methods/table.rs).
 
 use factorize::{METRIC_NUM_CONV2D, METRIC_NUM_LINEAR};
 use tessera::checkpoint::{self, Checkpoint};

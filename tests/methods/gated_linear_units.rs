@@ -10,6 +10,9 @@
 //! - Through the binary: the replaced count is logged, training changes, bad settings are
 //!   refused naming them, a killed run resumes bit for bit, and the export keeps
 //!   `glu_gpt2_mlp` and loads strictly into the PyTorch twins with the same logits.
+//!
+//! Its kill -9 resume and the settings its plugin refuses are rows of the method table
+//! (tests/methods/table.rs).
 
 use std::collections::BTreeMap;
 

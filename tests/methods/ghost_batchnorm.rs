@@ -3,6 +3,8 @@
 //! training differs from the plain run while evaluation uses the plain batch norm; a batch
 //! smaller than a ghost batch stops the run with Composer's message; a killed and resumed run
 //! replays the surgery and equals the straight run bit for bit.
+//!
+//! Its kill -9 resume is a row of the method table (tests/methods/table.rs).
 
 use serde_json::Value;
 use tessera::checkpoint::{self, Checkpoint};

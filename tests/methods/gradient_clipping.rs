@@ -3,6 +3,8 @@
 //! checkpoints is bounded as each mode says — per element by `lr · threshold` with `value`, in
 //! global L2 norm equal to `lr · threshold` with `norm` — and with 2 microbatches the norm is
 //! clipped once, on the summed gradient; a bad setting is refused; kill -9 and resume is exact.
+//!
+//! Its kill -9 resume is a row of the method table (tests/methods/table.rs).
 
 use tessera::checkpoint::Checkpoint;
 use tessera_tests::resume::ckpt_dir;

@@ -2,6 +2,9 @@
 //! Fashion-MNIST, its two dropouts replaced; the logged schedule; training differs from plain
 //! dropout; too short a run for `sigma` is an error naming it; a killed and resumed run (mid
 //! selection period) equals the straight run bit for bit.
+//!
+//! Its kill -9 resume and the settings its plugin refuses are rows of the method table
+//! (tests/methods/table.rs).
 
 use gyro_dropout::{METRIC_ITER_NUM, METRIC_NUM_LAYERS};
 use serde_json::Value;

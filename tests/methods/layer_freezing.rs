@@ -6,6 +6,8 @@
 //! all but the last at the end of epoch 4: the frozen parameters leave the optimizer and stop
 //! changing; a run killed before the freeze and resumed, then resumed again after it, writes the
 //! straight run's checkpoints bit for bit.
+//!
+//! The settings its plugin refuses are a row of the method table (tests/methods/table.rs).
 
 use std::time::Duration;
 

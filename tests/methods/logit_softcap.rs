@@ -7,6 +7,8 @@
 //! - Through the binary: training learns, the checkpoint rebuilds with the wrapper, bad caps are
 //!   refused naming the setting, and the export keeps `logit_softcap_lm_head` (with `cap` and
 //!   `tied`) and matches the PyTorch twins, tied and untied.
+//!
+//! The settings its plugin refuses are a row of the method table (tests/methods/table.rs).
 
 use serde_json::json;
 use tessera_plugin_api::tch::{self, Device, Kind, Tensor};

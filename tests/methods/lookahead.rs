@@ -10,6 +10,9 @@
 //! (with `layer_freezing`), that a run killed mid inner loop and resumed equals the straight run
 //! bit for bit, and that 2 data-parallel ranks train what one process trains.
 //! `plugins/lookahead/tests/reference.rs` checks the arithmetic against PyTorch.
+//!
+//! Its kill -9 resume and the settings its plugin refuses are rows of the method table
+//! (tests/methods/table.rs).
 
 use std::path::PathBuf;
 

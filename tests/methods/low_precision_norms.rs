@@ -4,6 +4,8 @@
 //! changes nothing; a killed and resumed run equals the straight run. In-process: the bf16
 //! branch under the host's own CPU autocast stays in bf16, and the wrapper's autocast probe
 //! follows the host's autocast.
+//!
+//! Its kill -9 resume is a row of the method table (tests/methods/table.rs).
 
 use low_precision_norms::{
     active_autocast_dtype, low_precision_group_norm, low_precision_layer_norm,

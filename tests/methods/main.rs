@@ -1,6 +1,7 @@
 //! Every speed-up method through the real binary and real plugins: each method's own file (its
-//! runs, kill -9 resume, ranks, export, goldens through the binary), all plugins together, exports
-//! of method-changed networks, and the step's host reads.
+//! runs, ranks, export, goldens through the binary), the method table (`table.rs`: each method's
+//! kill -9 resume and refused settings, one row per method, network and settings), all plugins
+//! together, exports of method-changed networks, and the step's host reads.
 //!
 //! One of the few test binaries (tests/Cargo.toml): cargo links it once, and its tests share one
 //! pool of test threads. Each file below is one feature or method; docs/testing.md lists them.

@@ -9,6 +9,8 @@
 //!   under `amp_bf16` and `amp_fp16` autocast (q and k normalised and rotated in float32 and
 //!   cast back, the capped logits in float32); the export keeps the three kinds of module and
 //!   matches the PyTorch twins (Hugging Face's GPT2LMHeadModel and the plain one).
+//!
+//! Its kill -9 resume is a row of the method table (tests/methods/table.rs).
 
 use serde_json::json;
 use tessera_tests::*;

@@ -2,6 +2,9 @@
 //! KellerJordan/Muon's definition (`scripts/muon_reference.py`), and through the binary (the
 //! CNN and the tiny GPT with the host's AdamW/SGD for the rest, checkpoints, kill -9 and resume,
 //! two data-parallel ranks, skipped steps).
+//!
+//! Its kill -9 resume and the settings its plugin refuses are rows of the method table
+//! (tests/methods/table.rs).
 
 use muon::{MatrixGroup, MuonConfig};
 use serde_json::{json, Value};

@@ -4,6 +4,9 @@
 //! `get_elapsed_duration`) must drive the schedule to exactly the sizes the crate's `Schedule`
 //! gives (itself checked against Composer's table in the crate's golden test). Settings
 //! errors name the setting; a killed and resumed run equals the straight one bit for bit.
+//!
+//! Its kill -9 resume and the settings its plugin refuses are rows of the method table
+//! (tests/methods/table.rs).
 
 use progressive_resizing::Schedule;
 use tessera_tests::*;

@@ -10,6 +10,8 @@
 //! - Through the binary: training learns, the checkpoint rebuilds with the module, ALiBi's
 //!   attention is refused naming it, and the export keeps the module and matches the PyTorch
 //!   twins.
+//!
+//! The settings its plugin refuses are a row of the method table (tests/methods/table.rs).
 
 use serde_json::json;
 use tessera_plugin_api::tch;

@@ -2,6 +2,9 @@
 //! Pillow's mode "L") with the transform on the loader's threads, compared with the same run
 //! without it; `depth = 0` is the very same run as none; settings errors name the setting; a
 //! killed and resumed run equals the straight one bit for bit.
+//!
+//! Its kill -9 resume and the settings its plugin refuses are rows of the method table
+//! (tests/methods/table.rs).
 
 use tessera_tests::*;
 

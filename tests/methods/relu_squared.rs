@@ -7,6 +7,8 @@
 //! - Through the binary: training learns, the replaced count is logged, the checkpoint rebuilds
 //!   with the module, gated linear units are refused in either order (the MLPs would already be
 //!   gated), and the export keeps the module and matches the PyTorch twins.
+//!
+//! The settings its plugin refuses are a row of the method table (tests/methods/table.rs).
 
 use serde_json::json;
 use tessera::model::Role;

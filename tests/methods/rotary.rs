@@ -10,6 +10,8 @@
 //!   bad settings and ALiBi (either order) are refused naming them, a model trained at 32
 //!   positions evaluates at 64 with `max_sequence_length`, and the export keeps
 //!   `gpt2_attention_ext` and matches the PyTorch twins.
+//!
+//! The settings its plugin refuses are a row of the method table (tests/methods/table.rs).
 
 use serde_json::json;
 use tessera::model::Role;

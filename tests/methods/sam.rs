@@ -3,6 +3,8 @@
 //! SAM logs `sam/pass` (the pass index) at every `after_train_batch` and `sam/grad_norm` on the
 //! first pass of each SAM step, so `metrics.jsonl` shows how often the train-batch events fired:
 //! twice per SAM step, once per plain step.
+//!
+//! The settings its plugin refuses are a row of the method table (tests/methods/table.rs).
 
 use std::collections::BTreeMap;
 

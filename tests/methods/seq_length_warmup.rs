@@ -4,6 +4,9 @@
 //! and re-chunking multiplies them, a run in tokens is refused and one in samples accepted as
 //! the card says, bad settings are refused naming them, a killed run resumes bit for bit, and
 //! the method works together with ALiBi.
+//!
+//! Its kill -9 resume and the settings its plugin refuses are rows of the method table
+//! (tests/methods/table.rs).
 
 use serde_json::Value;
 use tessera_tests::*;

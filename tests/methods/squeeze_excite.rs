@@ -2,6 +2,8 @@
 //! Composer's names): ResNet-20 (width 4: 4, 8 and 16 channels) on Fashion-MNIST with
 //! `min_channels = 8`; the gates change training and their weights are checkpointed under
 //! Composer's names; a killed and resumed run equals the straight run bit for bit.
+//!
+//! Its kill -9 resume is a row of the method table (tests/methods/table.rs).
 
 use tessera::checkpoint::{self, Checkpoint};
 use tessera_tests::*;

@@ -2,6 +2,8 @@
 //! wrapper calling the block's own layers through the host): ResNet-50 (width 4) on
 //! Fashion-MNIST, its 16 bottleneck blocks wrapped; block and sample modes change training;
 //! the warmup ramps the logged drop rate; a killed and resumed run equals the straight run.
+//!
+//! Its kill -9 resume is a row of the method table (tests/methods/table.rs).
 
 use serde_json::Value;
 use tessera_tests::*;

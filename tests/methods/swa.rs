@@ -6,6 +6,9 @@
 //! the optimizer really used (the `lr` of the train lines is the next step's rate), that the
 //! model after the replacement is the mean of the checkpointed weights at the updates, and that
 //! a run killed inside the annealing window and resumed equals the straight run bit for bit.
+//!
+//! Its kill -9 resume and the settings its plugin refuses are rows of the method table
+//! (tests/methods/table.rs).
 
 use tessera::checkpoint::Checkpoint;
 use tessera_tests::*;

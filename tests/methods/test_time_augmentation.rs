@@ -4,6 +4,8 @@
 //! deterministically; `tessera eval` and `tessera predict` apply it too; a text run is refused
 //! before training; a run killed and resumed evaluates bit for bit as a straight one; 2 ranks
 //! evaluate what one process does.
+//!
+//! Its kill -9 resume is a row of the method table (tests/methods/table.rs).
 
 use serde_json::Value;
 use tessera_plugin_api::tch::{kind::FLOAT_CPU, Kind, Tensor};

@@ -9,6 +9,9 @@
 //! Through the binary (Fashion-MNIST, CPU): the method logs the standardized convs and changes
 //! training, a bad setting is refused naming it, and a run killed and resumed equals the straight
 //! run bit for bit (the surgery replayed at `init`).
+//!
+//! Its kill -9 resume and the settings its plugin refuses are rows of the method table
+//! (tests/methods/table.rs).
 
 use std::collections::HashMap;
 

@@ -8,6 +8,8 @@
 //!   relu_squared's and rotary's modules over the same names).
 //! - Through the binary: training learns from the zero start (the projections move), the
 //!   count is logged, the checkpoint rebuilds the plain tree, bad settings are refused.
+//!
+//! The settings its plugin refuses are a row of the method table (tests/methods/table.rs).
 
 use serde_json::json;
 use tessera::model::Model;
