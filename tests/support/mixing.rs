@@ -38,15 +38,7 @@ pub fn config(plugin: &str, run: &str, settings: Option<&str>) -> TrainerToml {
 pub fn run(plugin: &str, label: &str, settings: Option<&str>) -> Run {
     let dir = TempDir::new(label);
     config(plugin, label, settings).write_to(&dir);
-    let out = train(&dir, &[], &[]);
-    out.assert_success();
-    if settings.is_some() {
-        assert!(
-            out.stderr.contains(&format!("loaded plugin {plugin}")),
-            "{}",
-            out.dump()
-        );
-    }
+    crate::losses::train_checked(&dir, plugin, settings.is_some());
     let path = run_dir(&dir, label);
     Run {
         lines: read_jsonl(&path.join("metrics.jsonl")),
