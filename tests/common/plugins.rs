@@ -32,9 +32,9 @@ pub const MODDED_NANOGPT_PLUGINS: [&str; 5] = [
     "zero_init_projections",
 ];
 
-/// The plugin crates of the repository for vision models: every folder of `plugins/` whose
-/// Cargo.toml builds a `cdylib`, less [`LANGUAGE_PLUGINS`].
-pub fn repository_plugins() -> Vec<String> {
+/// Every plugin crate of the repository: every folder of `plugins/` whose Cargo.toml builds a
+/// `cdylib`, sorted.
+pub fn cdylib_plugins() -> Vec<String> {
     let dir = repo_root().join("plugins");
     let mut names: Vec<String> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
@@ -45,10 +45,18 @@ pub fn repository_plugins() -> Vec<String> {
                 .contains("cdylib")
                 .then(|| path.file_name()?.to_str().map(str::to_owned))?
         })
-        .filter(|name: &String| !LANGUAGE_PLUGINS.contains(&name.as_str()))
         .collect();
     names.sort_unstable();
     names
+}
+
+/// The plugin crates of the repository for vision models: [`cdylib_plugins`] less
+/// [`LANGUAGE_PLUGINS`].
+pub fn repository_plugins() -> Vec<String> {
+    cdylib_plugins()
+        .into_iter()
+        .filter(|name| !LANGUAGE_PLUGINS.contains(&name.as_str()))
+        .collect()
 }
 
 /// Settings that make each plugin act on a 3-batch ResNet-50 run (defaults otherwise).

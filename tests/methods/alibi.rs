@@ -11,6 +11,9 @@
 //!   `alibi_gpt2_attention` and loads strictly into the PyTorch twins with the same logits, and
 //!   a model trained at 32 tokens evaluates at 64 (beyond `n_positions`) with a perplexity
 //!   close to its 32-token one, where the plain GPT-2 is refused.
+//!
+//! Its kill -9 resume and the settings its plugin refuses are rows of the method table
+//! (tests/methods/table.rs).
 
 use std::collections::BTreeSet;
 
@@ -20,14 +23,12 @@ use tessera::model::{Attr, Role};
 use tessera::trainer::Trainer;
 use tessera_plugin_api::tch::{self, Device, Kind, Tensor};
 use tessera_plugin_api::testing::golden::Golden;
-use tessera_tests::export::assert_export_matches_rebuilt_run_on;
-use tessera_tests::resume::assert_killed_and_resumed_is_exact;
 use tessera_tests::*;
 
 use crate::gpt2_golden;
 use crate::lm_export;
 use gpt2_golden::{compare_unpadded, golden_sizes, PARAM};
-use lm_export::{check_with_plain_twin, tokens, train_and_export};
+use lm_export::{export_and_check_twins, Export};
 
 /// The golden GPT-2 with the real plugin's surgery (`max_sequence_length` from the golden
 /// `alibi` buffers) applied at `init` of an in-process trainer.
@@ -274,43 +275,13 @@ fn only_the_reshape_lets_training_sequences_exceed_max_sequence_length() {
 }
 
 #[test]
-fn bad_settings_and_batches_are_refused_naming_them() {
-    for (settings, fragments) in [
-        ("", &["max_sequence_length", "required"][..]),
-        (
-            "max_sequence_length = 0",
-            &["max_sequence_length", "positive integer"][..],
-        ),
-        (
-            "max_sequence_length = 64\ntrain_sequence_length_scaling = -0.5",
-            &["train_sequence_length_scaling", "-0.5"][..],
-        ),
-        (
-            "max_sequence_length = 64\nmax_seq_len = 3",
-            &["max_seq_len"][..],
-        ),
-    ] {
-        let dir = TempDir::new("alibi-settings");
-        alibi("bad", settings).write_to(&dir);
-        train(&dir, &[], &[]).assert_failure(fragments);
-    }
+fn a_batch_the_reshape_cannot_divide_is_refused_naming_it() {
     // 30 tokens do not divide by 4: Composer's reshape fails too.
     let dir = TempDir::new("alibi-indivisible");
     let mut toml = alibi("indivisible", "max_sequence_length = 64");
     toml.data = text_data(30, None);
     toml.write_to(&dir);
     train(&dir, &[], &[]).assert_failure(&["[8, 30]", "train_sequence_length_scaling"]);
-}
-
-/// With dropout (in the ALiBi attention too): checkpoints hold libtorch's generator.
-#[test]
-fn killed_and_resumed_run_equals_the_straight_run_bit_for_bit() {
-    assert_killed_and_resumed_is_exact("alibi-resume", |run| {
-        let mut toml = alibi(run, "max_sequence_length = 64");
-        toml.model.push_str("\ndropout = 0.1");
-        toml.max_duration = "8ba".to_owned();
-        toml
-    });
 }
 
 // ---- export --------------------------------------------------------------------------------
@@ -320,20 +291,16 @@ fn the_export_keeps_alibi_attention_and_the_twins_match_the_rebuilt_run() {
     let dir = TempDir::new("alibi-export");
     let mut toml = alibi("exported", "max_sequence_length = 96");
     toml.model.push_str("\ndropout = 0.1");
-    let (ckpt, exported, tensors, modules) = train_and_export(&dir, &toml);
-    let kept: Vec<(&str, &str)> = modules
-        .as_array()
-        .expect("a list")
-        .iter()
-        .map(|m| (m["path"].as_str().unwrap(), m["kind"].as_str().unwrap()))
-        .collect();
-    assert_eq!(
-        kept,
-        [
+    // 80 tokens: beyond n_positions (64), within max_sequence_length.
+    let Export { tensors, modules } = export_and_check_twins(
+        &dir,
+        &toml,
+        &[
             ("transformer.h.0.attn", "alibi_gpt2_attention"),
-            ("transformer.h.1.attn", "alibi_gpt2_attention")
+            ("transformer.h.1.attn", "alibi_gpt2_attention"),
         ],
-        "{modules:#}"
+        80,
+        "gpt2 with alibi",
     );
     let attrs = &modules[0]["attrs"];
     assert_eq!(attrs["max_sequence_length"].as_f64(), Some(96.0), "{attrs}");
@@ -351,20 +318,6 @@ fn the_export_keeps_alibi_attention_and_the_twins_match_the_rebuilt_run() {
     assert_eq!(wpe.abs().sum(Kind::Double).double_value(&[]), 0.0);
     assert_eq!(get("transformer.h.1.attn.alibi").size(), [2, 1, 96]);
     assert!(get("transformer.h.0.attn.c_attn.weight").size() == [32, 96]);
-
-    // 80 tokens: beyond n_positions (64), within max_sequence_length.
-    let input = tokens(80);
-    assert_export_matches_rebuilt_run_on(
-        &dir,
-        &ckpt,
-        &exported,
-        &input,
-        "torch",
-        "gpt2 with alibi",
-    );
-    if let Some(text) = check_with_plain_twin(&exported, &dir.join("case.safetensors")) {
-        eprintln!("gpt2 with alibi, plain twin: {}", text.trim());
-    }
 }
 
 // ---- extrapolation -------------------------------------------------------------------------

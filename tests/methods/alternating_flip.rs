@@ -3,9 +3,10 @@
 //! trains on, deterministically; a run killed and resumed continues bit for bit. (Which image is
 //! mirrored in which epoch is pinned by the crate's tests; `tests/distributed/distributed.rs` checks that 2
 //! ranks train what one process trains.)
+//!
+//! Its kill -9 resume is a row of the method table (tests/methods/table.rs).
 
 use tessera_tests::dist::max_difference;
-use tessera_tests::resume::assert_killed_and_resumed_is_exact;
 use tessera_tests::*;
 
 fn latest(dir: &TempDir, run: &str) -> std::path::PathBuf {
@@ -38,13 +39,4 @@ fn it_changes_the_training_and_is_deterministic() {
     // About half of epoch 0's images are mirrored: the weights move away from the plain run's.
     let (diff, _) = max_difference(&latest(&dir, "flip"), &latest(&dir, "plain"), &["model/"]);
     assert!(diff > 1e-4, "the flip changed the weights by only {diff:e}");
-}
-
-#[test]
-fn killed_and_resumed_continues_exactly() {
-    assert_killed_and_resumed_is_exact("alternating-flip-resume", |run| {
-        let mut toml = TrainerToml::new(run).algorithm("alternating_flip", "");
-        toml.max_duration = "8ba".to_owned();
-        toml
-    });
 }

@@ -2,34 +2,16 @@
 //! Pillow's mode "L") with the transform on the loader's threads, compared with the same run
 //! without it and with other settings; settings errors name the setting; a killed and resumed
 //! run equals the straight one bit for bit.
+//!
+//! Its kill -9 resume and the settings its plugin refuses are rows of the method table
+//! (tests/methods/table.rs).
 
-use tessera_tests::resume::assert_killed_and_resumed_is_exact;
 use tessera_tests::*;
 
-/// The training loss of every batch of a 3-batch run with `augmix` settings (none: no
+/// The training losses of a 3-batch run of the small CNN with `augmix` settings (none: no
 /// plugin).
 fn losses_with(label: &str, settings: Option<&str>) -> Vec<f64> {
-    let dir = TempDir::new(label);
-    let mut toml = TrainerToml::new(label);
-    if let Some(settings) = settings {
-        toml = toml.algorithm("augmix", settings);
-    }
-    toml.write_to(&dir);
-    let out = train(&dir, &[], &[]);
-    out.assert_success();
-    if settings.is_some() {
-        assert!(
-            out.stderr.contains("loaded plugin augmix"),
-            "{}",
-            out.dump()
-        );
-    }
-    let lines = read_jsonl(&run_dir(&dir, label).join("metrics.jsonl"));
-    let losses = train_losses(&lines);
-    assert_eq!(losses.len(), 3, "{lines:?}");
-    let record = read_json(&run_dir(&dir, label).join("run.json"));
-    assert_eq!(record["status"], "completed", "{record:#}");
-    losses
+    crate::losses::losses_with(TrainerToml::new(label), "augmix", settings)
 }
 
 #[test]
@@ -45,35 +27,4 @@ fn augmix_changes_training() {
         Some("severity = 7\ndepth = 2\nwidth = 2\nalpha = 0.5\naugmentation_set = \"safe\""),
     );
     assert_ne!(safe, augmented);
-}
-
-#[test]
-fn invalid_settings_stop_the_run_with_the_setting_named() {
-    let dir = TempDir::new("augmix-bad");
-    for (settings, fragment) in [
-        ("severity = 11", "`severity` must be in [0, 10]"),
-        ("width = 0", "`width` must be at least 1"),
-        ("alpha = -1.0", "`alpha` must be a positive number"),
-        ("depth = 1.5", "depth"),
-        (
-            "augmentation_set = \"most\"",
-            "`augmentation_set` must be \"all\", \"safe\" or \"original\"",
-        ),
-        ("sevrity = 3", "`sevrity`"),
-    ] {
-        TrainerToml::new("bad")
-            .algorithm("augmix", settings)
-            .write_to(&dir);
-        let out = train(&dir, &[], &[]);
-        out.assert_failure(&["plugin `augmix`", "invalid settings", fragment]);
-    }
-}
-
-#[test]
-fn killed_and_resumed_run_equals_the_straight_run_bit_for_bit() {
-    assert_killed_and_resumed_is_exact("augmix-resume", |run| {
-        let mut toml = TrainerToml::new(run).algorithm("augmix", "width = 2");
-        toml.max_duration = "8ba".to_owned();
-        toml
-    });
 }

@@ -5,6 +5,8 @@
 //! stride-2 convs (`layer2.0.conv1` and `layer2.0.shortcut.0` with 16 input channels,
 //! `layer3.0.conv1` and `layer3.0.shortcut.0` with 32) and no max-pool; the cnn has two
 //! max-pools and only stride-1 convs; the mlp has neither.
+//!
+//! The settings its plugin refuses are a row of the method table (tests/methods/table.rs).
 
 use serde_json::Value;
 use tessera_tests::*;
@@ -135,21 +137,6 @@ fn a_model_without_candidates_warns_and_trains() {
         .unwrap_or_else(|| panic!("no warning:\n{stderr}"));
     assert!(warning.contains("WARN"), "{warning}");
     check_trained(&record, &lines, 3);
-}
-
-#[test]
-fn bad_settings_are_refused_by_name() {
-    let dir = TempDir::new("blurpool-bad");
-    TrainerToml::new("bad")
-        .algorithm("blurpool", "min_channels = -3")
-        .write_to(&dir);
-    train(&dir, &[], &[]).assert_failure(&["blurpool", "min_channels"]);
-
-    let dir = TempDir::new("blurpool-typo");
-    TrainerToml::new("typo")
-        .algorithm("blurpool", "blur_frist = false")
-        .write_to(&dir);
-    train(&dir, &[], &[]).assert_failure(&["blurpool", "blur_frist"]);
 }
 
 #[test]

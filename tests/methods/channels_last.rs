@@ -10,59 +10,42 @@
 //! training gives the losses of the run without it (the layout changes, the values do not), an
 //! unknown setting is refused naming it, and a run killed and resumed equals the straight run
 //! bit for bit.
+//!
+//! Its kill -9 resume and the settings its plugin refuses are rows of the method table
+//! (tests/methods/table.rs).
 
 use tessera::checkpoint::Checkpoint;
-use tessera::config;
-use tessera::model::Model;
 use tessera::trainer::Trainer;
-use tessera_plugin_api::tch::{Device, Tensor};
-use tessera_tests::resume::assert_killed_and_resumed_is_exact;
+use tessera_plugin_api::tch::Tensor;
 use tessera_tests::*;
 
-fn synthetic_toml(with_plugin: bool) -> String {
-    let mut text = format!(
-        r#"run_name = "cl-model"
-seed = 5
-output_dir = "runs"
-[data]
-dataset = "synthetic"
-batch_size = 8
-eval_batch_size = 8
-workers = 0
-[data.synthetic]
-samples = 16
-eval_samples = 8
-channels = 3
-height = 16
-width = 16
-classes = 10
-[model]
-name = "resnet20"
-width = 8
-[optimizer]
-name = "sgd"
-lr = 0.1
-momentum = 0.9
-[train]
-max_duration = "2ba"
-progress = false
-[checkpoint]
-interval = "2ba"
-[plugins]
-dirs = [{dirs}]
-"#,
-        dirs = toml_string(&target_dir().display().to_string()),
-    );
-    if with_plugin {
-        text.push_str("[[algorithms]]\nplugin = \"channels_last\"\n");
-    }
-    text
+use crate::host_model::{fashion, run_and_build, synthetic_toml};
+
+const PLUGIN: &str = "[[algorithms]]\nplugin = \"channels_last\"\n";
+
+/// An in-process trainer of [`synthetic_toml`], with the plugin or without.
+fn trainer(dir: &TempDir, with_plugin: bool) -> Trainer {
+    crate::host_model::trainer(
+        dir,
+        &synthetic_toml("cl-model", if with_plugin { PLUGIN } else { "" }),
+    )
 }
 
-fn trainer(dir: &TempDir, with_plugin: bool) -> Trainer {
-    let cfg = config::from_str(&synthetic_toml(with_plugin), dir.path(), "trainer.toml")
-        .expect("the test's trainer.toml");
-    Trainer::new(cfg, Vec::new()).expect("the trainer")
+/// The training losses of a 4-batch run, its logged channels-last count, and the number of 4-d
+/// tensors of its model (built in-process from the same configuration).
+fn run_4_batches(label: &str, with_plugin: bool) -> (Vec<f64>, Vec<(u64, f64)>, usize) {
+    let plugin = with_plugin.then_some(("channels_last", ""));
+    let (losses, metric, model) = run_and_build(
+        &fashion(label, 4, plugin),
+        channels_last::METRIC_NUM_TENSORS,
+    );
+    let four_d = model
+        .params
+        .entries()
+        .iter()
+        .filter(|e| e.tensor.dim() == 4)
+        .count();
+    (losses, metric, four_d)
 }
 
 #[test]
@@ -146,12 +129,8 @@ fn tensors_made_by_surgery_at_init_are_converted_too() {
     // channels_last is listed first, but its low priority runs it after blurpool's surgery, so
     // the blur filters blurpool creates at `init` (4-d buffers) are channels-last as well.
     let dir = TempDir::new("cl-surgery");
-    let text = format!(
-        "{}[[algorithms]]\nplugin = \"blurpool\"\nmin_channels = 1\n",
-        synthetic_toml(true)
-    );
-    let cfg = config::from_str(&text, dir.path(), "trainer.toml").expect("the trainer.toml");
-    let trainer = Trainer::new(cfg, Vec::new()).expect("the trainer");
+    let text = format!("{PLUGIN}[[algorithms]]\nplugin = \"blurpool\"\nmin_channels = 1\n");
+    let trainer = crate::host_model::trainer(&dir, &synthetic_toml("cl-model", &text));
     let entries = trainer.model().params.entries();
     let filters: Vec<&str> = entries
         .iter()
@@ -167,48 +146,6 @@ fn tensors_made_by_surgery_at_init_are_converted_too() {
             e.tensor.stride()
         );
     }
-}
-
-fn fashion(label: &str, with_plugin: bool) -> TrainerToml {
-    let mut toml = TrainerToml::new(label);
-    toml.model = "name = \"resnet20\"\nwidth = 4".to_owned();
-    toml.device = Some("cpu".to_owned());
-    toml.max_duration = "8ba".to_owned();
-    if with_plugin {
-        toml = toml.algorithm("channels_last", "");
-    }
-    toml
-}
-
-/// The training losses of a 4-batch run, its logged channels-last count, and the number of 4-d
-/// tensors of its model (built in-process from the same configuration).
-fn run_4_batches(label: &str, with_plugin: bool) -> (Vec<f64>, Vec<(u64, f64)>, usize) {
-    let dir = TempDir::new(label);
-    let mut toml = fashion(label, with_plugin);
-    toml.max_duration = "4ba".to_owned();
-    let path = toml.write_to(&dir);
-    train(&dir, &[], &[]).assert_success();
-    let lines = read_jsonl(&run_dir(&dir, label).join("metrics.jsonl"));
-    let cfg = config::from_str(&toml.render(), dir.path(), &path.display().to_string())
-        .expect("the test's trainer.toml");
-    let model = Model::build(
-        &cfg.model,
-        cfg.data.input_shape(),
-        cfg.model.num_classes as i64,
-        Device::Cpu,
-    )
-    .expect("the model");
-    let four_d = model
-        .params
-        .entries()
-        .iter()
-        .filter(|e| e.tensor.dim() == 4)
-        .count();
-    (
-        train_losses(&lines),
-        method_metric(&lines, channels_last::METRIC_NUM_TENSORS),
-        four_d,
-    )
 }
 
 #[test]
@@ -238,19 +175,4 @@ fn training_gives_the_losses_of_the_run_without_it() {
             "batch {i}: {a} without, {b} with channels_last: {plain:?} {cl:?}"
         );
     }
-}
-
-#[test]
-fn an_unknown_setting_is_refused_naming_it() {
-    require_fashion_mnist();
-    let dir = TempDir::new("cl-bad");
-    TrainerToml::new("cl-bad")
-        .algorithm("channels_last", "memory_format = \"nhwc\"")
-        .write_to(&dir);
-    train(&dir, &[], &[]).assert_failure(&["channels_last", "memory_format"]);
-}
-
-#[test]
-fn killed_and_resumed_run_equals_the_straight_run_bit_for_bit() {
-    assert_killed_and_resumed_is_exact("cl-resume", |run| fashion(run, true));
 }

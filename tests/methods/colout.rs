@@ -2,9 +2,10 @@
 //! pooling, so it accepts the 23×23 images ColOut leaves of 28×28), compared with the same run
 //! without it; settings errors name the setting; a killed and resumed run equals the straight
 //! one bit for bit.
+//!
+//! Its kill -9 resume and the settings its plugin refuses are rows of the method table
+//! (tests/methods/table.rs).
 
-use serde_json::Value;
-use tessera_tests::resume::assert_killed_and_resumed_is_exact;
 use tessera_tests::*;
 
 fn resnet(label: &str) -> TrainerToml {
@@ -14,29 +15,9 @@ fn resnet(label: &str) -> TrainerToml {
     toml
 }
 
-/// The training loss of every batch of a 3-batch run with `colout` settings (none: no plugin).
+/// The training losses of a 3-batch run of ResNet-20 with `colout` settings (none: no plugin).
 fn losses_with(label: &str, colout: Option<&str>) -> Vec<f64> {
-    let dir = TempDir::new(label);
-    let mut toml = resnet(label);
-    if let Some(settings) = colout {
-        toml = toml.algorithm("colout", settings);
-    }
-    toml.write_to(&dir);
-    let out = train(&dir, &[], &[]);
-    out.assert_success();
-    if colout.is_some() {
-        assert!(
-            out.stderr.contains("loaded plugin colout"),
-            "{}",
-            out.dump()
-        );
-    }
-    let lines = read_jsonl(&run_dir(&dir, label).join("metrics.jsonl"));
-    let losses = train_losses(&lines);
-    assert_eq!(losses.len(), 3, "{lines:?}");
-    let record: Value = read_json(&run_dir(&dir, label).join("run.json"));
-    assert_eq!(record["status"], "completed", "{record:#}");
-    losses
+    crate::losses::losses_with(resnet(label), "colout", colout)
 }
 
 #[test]
@@ -71,36 +52,6 @@ fn a_fixed_size_model_rejects_the_smaller_images() {
         "{}",
         out.dump()
     );
-}
-
-#[test]
-fn invalid_settings_stop_the_run_with_the_setting_named() {
-    let dir = TempDir::new("colout-bad");
-    for (settings, fragment) in [
-        ("p_row = 1.0", "`p_row` must be in [0, 1)"),
-        ("p_col = -0.5", "`p_col` must be in [0, 1)"),
-        (
-            "batch = false\nresize_target = true",
-            "`resize_target = true` needs `batch = true`",
-        ),
-        ("resize_target = \"yes\"", "`resize_target` must be"),
-        ("p_rows = 0.2", "`p_rows`"),
-    ] {
-        TrainerToml::new("bad")
-            .algorithm("colout", settings)
-            .write_to(&dir);
-        let out = train(&dir, &[], &[]);
-        out.assert_failure(&["plugin `colout`", "invalid settings", fragment]);
-    }
-}
-
-#[test]
-fn killed_and_resumed_run_equals_the_straight_run_bit_for_bit() {
-    assert_killed_and_resumed_is_exact("colout-resume", |run| {
-        let mut toml = resnet(run).algorithm("colout", "p_row = 0.2\np_col = 0.1");
-        toml.max_duration = "8ba".to_owned();
-        toml
-    });
 }
 
 #[test]

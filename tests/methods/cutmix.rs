@@ -3,70 +3,18 @@
 //! both modes (mixed targets, interpolated loss) train through the host's loss, a bad setting
 //! is refused with its key named, and a run stopped at a checkpoint and resumed ends exactly as
 //! the straight run.
+//!
+//! The settings its plugin refuses are a row of the method table (tests/methods/table.rs).
 
-use serde_json::Value;
-use tessera::checkpoint::Checkpoint;
-use tessera_tests::resume::metrics;
-use tessera_tests::*;
+use crate::mixing::{assert_stopped_and_resumed_ends_as_the_straight_run, Run};
+
+/// A run with `cutmix` and `settings` (none: no plugin).
+fn run(label: &str, settings: Option<&str>) -> Run {
+    crate::mixing::run("cutmix", label, settings)
+}
 
 /// Fashion-MNIST images are 28×28.
 const SIDE: i64 = 28;
-
-struct Run {
-    lines: Vec<Value>,
-    record: Value,
-}
-
-impl Run {
-    fn train_losses(&self) -> Vec<f64> {
-        lines_of_kind(&self.lines, "train")
-            .iter()
-            .map(|l| l["data"]["loss"].as_f64().expect("loss"))
-            .collect()
-    }
-
-    /// `(batch, λ)` of every `cutmix/lambda` line.
-    fn lambdas(&self) -> Vec<(u64, f64)> {
-        lines_of_kind(&self.lines, "method")
-            .iter()
-            .filter(|l| l["name"] == "cutmix/lambda")
-            .map(|l| {
-                (
-                    l["batch"].as_u64().expect("batch"),
-                    l["value"].as_f64().expect("value"),
-                )
-            })
-            .collect()
-    }
-}
-
-fn config(run: &str, settings: Option<&str>) -> TrainerToml {
-    let mut toml = TrainerToml::new(run);
-    toml.device = Some("cpu".to_owned());
-    if let Some(s) = settings {
-        toml = toml.algorithm("cutmix", s);
-    }
-    toml
-}
-
-fn run(label: &str, settings: Option<&str>) -> Run {
-    let dir = TempDir::new(label);
-    config(label, settings).write_to(&dir);
-    let out = train(&dir, &[], &[]);
-    out.assert_success();
-    if settings.is_some() {
-        assert!(
-            out.stderr.contains("loaded plugin cutmix"),
-            "{}",
-            out.dump()
-        );
-    }
-    let path = run_dir(&dir, label);
-    Run {
-        lines: read_jsonl(&path.join("metrics.jsonl")),
-        record: read_json(&path.join("run.json")),
-    }
-}
 
 #[test]
 fn both_modes_cut_every_batch_and_agree() {
@@ -83,7 +31,7 @@ fn both_modes_cut_every_batch_and_agree() {
     );
 
     // One λ per batch: the kept share of a 28×28 image, a whole number of pixels out of 784.
-    let l = targets.lambdas();
+    let l = targets.metric("cutmix/lambda");
     assert_eq!(
         l.iter().map(|(b, _)| *b).collect::<Vec<_>>(),
         vec![0, 1, 2],
@@ -96,7 +44,11 @@ fn both_modes_cut_every_batch_and_agree() {
             "λ {v} is not a pixel count"
         );
     }
-    assert_eq!(losses.lambdas(), l, "the same seed draws the same boxes");
+    assert_eq!(
+        losses.metric("cutmix/lambda"),
+        l,
+        "the same seed draws the same boxes"
+    );
 
     let (p, t, i) = (
         plain.train_losses(),
@@ -121,53 +73,6 @@ fn both_modes_cut_every_batch_and_agree() {
 }
 
 #[test]
-fn invalid_settings_stop_the_run_with_the_setting_named() {
-    let dir = TempDir::new("cutmix-bad");
-    for (settings, fragment) in [
-        ("alpha = -1.0", "`alpha` must be a finite number >= 0"),
-        ("uniform_sampling = 1", "uniform_sampling"),
-        ("lenght = 0.5", "lenght"),
-    ] {
-        config("bad", Some(settings)).write_to(&dir);
-        let out = train(&dir, &[], &[]);
-        out.assert_failure(&["plugin `cutmix`", "invalid settings", fragment]);
-    }
-}
-
-#[test]
 fn a_resumed_run_ends_exactly_as_the_straight_run() {
-    let dir = TempDir::new("cutmix-resume");
-    let write = |run: &str| {
-        let mut toml = config(run, Some("alpha = 0.5"));
-        toml.max_duration = "6ba".into();
-        dir.write(
-            "trainer.toml",
-            &format!("{}\n[checkpoint]\ninterval = \"2ba\"\n", toml.render()),
-        );
-    };
-    write("straight");
-    train(&dir, &[], &[]).assert_success();
-    write("resumed");
-    train(&dir, &["train.max_duration=4ba"], &[]).assert_success();
-    let out = train(&dir, &["checkpoint.autoresume=true"], &[]);
-    out.assert_success();
-    assert!(
-        out.stderr.contains("resumed from") && out.stderr.contains("ep0-ba4.ckpt"),
-        "{}",
-        out.dump()
-    );
-    assert_eq!(metrics(&dir, "straight"), metrics(&dir, "resumed"));
-    let evals = |run: &str| read_json(&run_dir(&dir, run).join("run.json"))["evals"].clone();
-    assert_eq!(evals("straight"), evals("resumed"));
-    let last = |run: &str| {
-        let path = run_dir(&dir, run).join("checkpoints/ep0-ba6.ckpt");
-        Checkpoint::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-    };
-    let (a, b) = (last("straight"), last("resumed"));
-    assert_eq!(a.tensors.len(), b.tensors.len());
-    for ((name, ta), (nb, tb)) in a.tensors.iter().zip(&b.tensors) {
-        assert_eq!(name, nb);
-        assert!(ta.equal(tb), "tensor `{name}` differs after the resume");
-    }
-    assert_eq!(a.meta.rng, b.meta.rng);
+    assert_stopped_and_resumed_ends_as_the_straight_run("cutmix", "alpha = 0.5");
 }

@@ -6,6 +6,8 @@
 //! `ema/distance` (L2 distance between EMA and training weights) while swapped in. Each run is
 //! compared with the same run without EMA: the training losses must be identical (the swaps
 //! never disturb training) while the evaluations differ (they used the EMA weights).
+//!
+//! The settings its plugin refuses are a row of the method table (tests/methods/table.rs).
 
 use serde_json::Value;
 use tessera_tests::*;
@@ -141,31 +143,6 @@ fn before_ema_start_evaluation_uses_the_training_weights() {
         vec![(2, 0.0), (2, 0.0), (4, 0.0), (4, 0.0)]
     );
     assert!(late.metric("ema/updates").is_empty());
-}
-
-#[test]
-fn invalid_settings_stop_the_run_with_the_setting_named() {
-    let dir = TempDir::new("ema-bad");
-    for (settings, fragment) in [
-        (
-            "half_life = \"2xx\"",
-            "setting `half_life`: invalid time \"2xx\": it does not end in a known unit",
-        ),
-        (
-            "half_life = \"2ba\"\nsmoothing = 0.9",
-            "give either `half_life` or `smoothing`",
-        ),
-        (
-            "half_life = \"2ba\"\nupdate_interval = \"1ep\"",
-            "same unit",
-        ),
-    ] {
-        TrainerToml::new("bad")
-            .algorithm("ema", settings)
-            .write_to(&dir);
-        let out = train(&dir, &[], &[]);
-        out.assert_failure(&["plugin `ema`", "invalid settings", fragment]);
-    }
 }
 
 #[test]

@@ -5,10 +5,12 @@
 //! `module0`/`module1` tensors instead of the originals; a bad setting is refused naming it; a
 //! model with nothing to factorize gets a warning; a killed and resumed run equals the straight
 //! run bit for bit (the surgery replayed at `init`, then the weights loaded).
+//!
+//! Its kill -9 resume and the settings its plugin refuses are rows of the method table
+//! (tests/methods/table.rs).
 
 use factorize::{METRIC_NUM_CONV2D, METRIC_NUM_LINEAR};
 use tessera::checkpoint::{self, Checkpoint};
-use tessera_tests::resume::assert_killed_and_resumed_is_exact;
 use tessera_tests::*;
 
 const CONVS: &str = "min_channels = 8\nlatent_channels = 0.25";
@@ -116,7 +118,7 @@ fn mlp_hidden_layers_are_factorized() {
 }
 
 #[test]
-fn nothing_to_factorize_warns_and_a_bad_setting_is_refused_naming_it() {
+fn nothing_to_factorize_warns() {
     let dir = TempDir::new("fz-none");
     // The small CNN's layers are far below the defaults (256 channels and features).
     TrainerToml::new("none")
@@ -130,25 +132,4 @@ fn nothing_to_factorize_warns_and_a_bad_setting_is_refused_naming_it() {
         "{}",
         out.dump()
     );
-
-    for (settings, key) in [
-        ("latent_channels = 0", "latent_channels"),
-        ("min_features = -4", "min_features"),
-        ("factorize_conv = false", "factorize_conv"),
-    ] {
-        let dir = TempDir::new("fz-bad");
-        resnet("fz-bad")
-            .algorithm("factorize", settings)
-            .write_to(&dir);
-        train(&dir, &[], &[]).assert_failure(&["factorize", key]);
-    }
-}
-
-#[test]
-fn killed_and_resumed_run_equals_the_straight_run_bit_for_bit() {
-    assert_killed_and_resumed_is_exact("fz-resume", |run| {
-        let mut toml = resnet(run).algorithm("factorize", CONVS);
-        toml.max_duration = "8ba".to_owned();
-        toml
-    });
 }

@@ -10,6 +10,9 @@
 //! - Through the binary: the replaced count is logged, training changes, bad settings are
 //!   refused naming them, a killed run resumes bit for bit, and the export keeps
 //!   `glu_gpt2_mlp` and loads strictly into the PyTorch twins with the same logits.
+//!
+//! Its kill -9 resume and the settings its plugin refuses are rows of the method table
+//! (tests/methods/table.rs).
 
 use std::collections::BTreeMap;
 
@@ -18,14 +21,12 @@ use tessera::config;
 use tessera::model::{Attr, Layer, Model, Role};
 use tessera::trainer::Trainer;
 use tessera_plugin_api::tch::{self, Device, Kind, TchError, Tensor};
-use tessera_tests::export::assert_export_matches_rebuilt_run_on;
-use tessera_tests::resume::assert_killed_and_resumed_is_exact;
 use tessera_tests::*;
 
 use gated_linear_units::{gpt2_glu_mlp, Activation, GluWeights, GLU_MLP, METRIC_REPLACED};
 
 use crate::lm_export;
-use lm_export::{check_with_plain_twin, tokens, train_and_export};
+use lm_export::{export_and_check_twins, Export};
 
 const N_EMBD: i64 = 32;
 const N_INNER: i64 = 4 * N_EMBD;
@@ -260,58 +261,21 @@ fn the_run_logs_the_replaced_mlps_and_trains() {
 }
 
 #[test]
-fn bad_settings_are_refused_naming_them() {
-    for (settings, fragments) in [
-        ("act_fn = \"nope\"", &["act_fn", "nope", "gelu_new"][..]),
-        ("gated_layer_bias = 3", &["gated_layer_bias"][..]),
-        (
-            "non_gated_layer_bias = \"yes\"",
-            &["non_gated_layer_bias"][..],
-        ),
-        ("gated_bias = true", &["gated_bias"][..]),
-    ] {
-        let dir = TempDir::new("glu-settings");
-        glu("bad", settings).write_to(&dir);
-        train(&dir, &[], &[]).assert_failure(fragments);
-    }
-}
-
-/// With dropout (in the GLU MLP too: checkpoints hold libtorch's generator); the surgery's
-/// fresh weights come from the run's seeded stream and are replayed at `init` before the
-/// weights load.
-#[test]
-fn killed_and_resumed_run_equals_the_straight_run_bit_for_bit() {
-    assert_killed_and_resumed_is_exact("glu-resume", |run| {
-        let mut toml = glu(run, "gated_layer_bias = true");
-        toml.model.push_str("\ndropout = 0.1");
-        toml.max_duration = "8ba".to_owned();
-        toml
-    });
-}
-
-#[test]
 fn the_export_keeps_the_gated_mlps_and_the_twins_match_the_rebuilt_run() {
     let dir = TempDir::new("glu-export");
-    let (ckpt, exported, tensors, modules) = train_and_export(
+    let toml = with_dropout(glu(
+        "exported",
+        "act_fn = \"silu\"\nnon_gated_layer_bias = true",
+    ));
+    let Export { tensors, modules } = export_and_check_twins(
         &dir,
-        &with_dropout(glu(
-            "exported",
-            "act_fn = \"silu\"\nnon_gated_layer_bias = true",
-        )),
-    );
-    let kept: Vec<(&str, &str)> = modules
-        .as_array()
-        .expect("a list")
-        .iter()
-        .map(|m| (m["path"].as_str().unwrap(), m["kind"].as_str().unwrap()))
-        .collect();
-    assert_eq!(
-        kept,
-        [
+        &toml,
+        &[
             ("transformer.h.0.mlp", GLU_MLP),
-            ("transformer.h.1.mlp", GLU_MLP)
+            ("transformer.h.1.mlp", GLU_MLP),
         ],
-        "{modules:#}"
+        24,
+        "gpt2 with gated linear units",
     );
     let attrs = &modules[1]["attrs"];
     assert_eq!(
@@ -332,16 +296,4 @@ fn the_export_keeps_the_gated_mlps_and_the_twins_match_the_rebuilt_run() {
     }
     assert!(!names.iter().any(|n| n.contains(".mlp.c_fc.")), "{names:?}");
     assert!(!names.contains(&"transformer.h.0.mlp.gated_layer.bias"));
-
-    assert_export_matches_rebuilt_run_on(
-        &dir,
-        &ckpt,
-        &exported,
-        &tokens(24),
-        "torch",
-        "gpt2 with gated linear units",
-    );
-    if let Some(text) = check_with_plain_twin(&exported, &dir.join("case.safetensors")) {
-        eprintln!("gpt2 with gated linear units, plain twin: {}", text.trim());
-    }
 }

@@ -3,10 +3,11 @@
 //! training differs from the plain run while evaluation uses the plain batch norm; a batch
 //! smaller than a ghost batch stops the run with Composer's message; a killed and resumed run
 //! replays the surgery and equals the straight run bit for bit.
+//!
+//! Its kill -9 resume is a row of the method table (tests/methods/table.rs).
 
 use serde_json::Value;
 use tessera::checkpoint::{self, Checkpoint};
-use tessera_tests::resume::assert_killed_and_resumed_is_exact;
 use tessera_tests::*;
 
 fn resnet(label: &str) -> TrainerToml {
@@ -78,13 +79,4 @@ fn a_batch_smaller_than_a_ghost_batch_is_an_error() {
         "ghost_batch_norm2d",
         "Worker batch size 64 < ghost_batch_size 128",
     ]);
-}
-
-#[test]
-fn killed_and_resumed_run_equals_the_straight_run_bit_for_bit() {
-    assert_killed_and_resumed_is_exact("gbn-resume", |run| {
-        let mut toml = resnet(run).algorithm("ghost_batchnorm", "ghost_batch_size = 16");
-        toml.max_duration = "8ba".to_owned();
-        toml
-    });
 }

@@ -3,9 +3,11 @@
 //! checkpoints is bounded as each mode says — per element by `lr · threshold` with `value`, in
 //! global L2 norm equal to `lr · threshold` with `norm` — and with 2 microbatches the norm is
 //! clipped once, on the summed gradient; a bad setting is refused; kill -9 and resume is exact.
+//!
+//! Its kill -9 resume is a row of the method table (tests/methods/table.rs).
 
 use tessera::checkpoint::Checkpoint;
-use tessera_tests::resume::{assert_killed_and_resumed_is_exact, ckpt_dir};
+use tessera_tests::resume::ckpt_dir;
 use tessera_tests::*;
 
 const LR: f64 = 0.05;
@@ -171,16 +173,4 @@ fn a_missing_or_bad_setting_stops_the_run_naming_it() {
     train(&dir, &[], &[]).assert_failure(&["gradient_clipping", "clipping_type"]);
     clipped("bad", "clipping_type = \"norm\"\nclipping_threshold = -1").write_to(&dir);
     train(&dir, &[], &[]).assert_failure(&["gradient_clipping", "clipping_threshold"]);
-}
-
-#[test]
-fn killed_and_resumed_is_exact() {
-    assert_killed_and_resumed_is_exact("gc-resume", |run| {
-        let mut toml = clipped(
-            run,
-            "clipping_type = \"adaptive\"\nclipping_threshold = 0.01",
-        );
-        toml.max_duration = "8ba".to_owned();
-        toml
-    });
 }

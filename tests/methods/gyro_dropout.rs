@@ -2,10 +2,12 @@
 //! Fashion-MNIST, its two dropouts replaced; the logged schedule; training differs from plain
 //! dropout; too short a run for `sigma` is an error naming it; a killed and resumed run (mid
 //! selection period) equals the straight run bit for bit.
+//!
+//! Its kill -9 resume and the settings its plugin refuses are rows of the method table
+//! (tests/methods/table.rs).
 
 use gyro_dropout::{METRIC_ITER_NUM, METRIC_NUM_LAYERS};
 use serde_json::Value;
-use tessera_tests::resume::assert_killed_and_resumed_is_exact;
 use tessera_tests::*;
 
 fn mlp(label: &str) -> TrainerToml {
@@ -51,23 +53,6 @@ fn a_run_shorter_than_sigma_is_refused_naming_it() {
     // Composer's defaults (sigma 256) need at least 256 training batches.
     let (_, out) = run("gyro-short", Some(""));
     out.assert_failure(&["gyro_dropout", "3 training batches", "`sigma` = 256"]);
-}
-
-#[test]
-fn a_bad_setting_is_named() {
-    let (_, out) = run("gyro-bad", Some("p = 1.5"));
-    out.assert_failure(&["gyro_dropout", "`p` must be in [0, 1)"]);
-}
-
-#[test]
-fn killed_and_resumed_run_equals_the_straight_run_bit_for_bit() {
-    // 8 batches, sigma 4, tau 2: masks re-selected every 4 forwards, so the resume at batch 2
-    // or 4 lands inside or at the edge of a period.
-    assert_killed_and_resumed_is_exact("gyro-resume", |run| {
-        let mut toml = mlp(run).algorithm("gyro_dropout", "sigma = 4\ntau = 2");
-        toml.max_duration = "8ba".to_owned();
-        toml
-    });
 }
 
 #[test]

@@ -10,12 +10,14 @@
 //! (with `layer_freezing`), that a run killed mid inner loop and resumed equals the straight run
 //! bit for bit, and that 2 data-parallel ranks train what one process trains.
 //! `plugins/lookahead/tests/reference.rs` checks the arithmetic against PyTorch.
+//!
+//! Its kill -9 resume and the settings its plugin refuses are rows of the method table
+//! (tests/methods/table.rs).
 
 use std::path::PathBuf;
 
 use tessera::checkpoint::Checkpoint;
 use tessera_tests::dist::{assert_all_succeeded, max_difference, train_ranks};
-use tessera_tests::resume::assert_killed_and_resumed_is_exact;
 use tessera_tests::*;
 
 const MLP: &str = "name = \"mlp\"\nhidden = [64, 32]";
@@ -247,39 +249,6 @@ fn frozen_layers_stay_frozen_under_lookahead() {
     assert_eq!(method_metric(&lines, "lookahead/syncs").len(), 8);
     // The run ended before T = 100: the slow weights went in at fit_end.
     assert_eq!(method_metric(&lines, "lookahead/final_copy").len(), 1);
-}
-
-#[test]
-fn invalid_settings_stop_the_run_with_the_setting_named() {
-    let dir = TempDir::new("lookahead-bad");
-    for (settings, fragment) in [
-        ("k = 0", "setting `k`"),
-        ("alpha = 2.0", "setting `alpha` must be in (0, 1]"),
-        (
-            "variant = \"ema\"\nalpha = 0.5",
-            "setting `alpha` applies only to variant = \"lookahead\"",
-        ),
-        ("variant = \"slow\"", "setting `variant`"),
-    ] {
-        eight_batches("bad", settings).write_to(&dir);
-        train(&dir, &[], &[]).assert_failure(&["plugin `lookahead`", "invalid settings", fragment]);
-    }
-}
-
-#[test]
-fn killed_mid_inner_loop_and_resumed_equals_the_straight_run() {
-    // The kill comes after the batch-4 checkpoint: one sync done (3), the next (6) and the
-    // final copy (8) after the resume, from the saved slow weights and step count.
-    assert_killed_and_resumed_is_exact("lookahead-resume", |run| {
-        eight_batches(run, "k = 3\nalpha = 0.5")
-    });
-}
-
-#[test]
-fn the_ema_variant_killed_and_resumed_equals_the_straight_run() {
-    assert_killed_and_resumed_is_exact("lookahead-resume-ema", |run| {
-        eight_batches(run, "variant = \"ema\"\nk = 3")
-    });
 }
 
 #[test]

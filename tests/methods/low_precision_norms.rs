@@ -4,6 +4,8 @@
 //! changes nothing; a killed and resumed run equals the straight run. In-process: the bf16
 //! branch under the host's own CPU autocast stays in bf16, and the wrapper's autocast probe
 //! follows the host's autocast.
+//!
+//! Its kill -9 resume is a row of the method table (tests/methods/table.rs).
 
 use low_precision_norms::{
     active_autocast_dtype, low_precision_group_norm, low_precision_layer_norm,
@@ -11,7 +13,6 @@ use low_precision_norms::{
 use serde_json::Value;
 use tch::{Device, Kind, Tensor};
 use tessera::precision::{AutocastGuard, Precision};
-use tessera_tests::resume::assert_killed_and_resumed_is_exact;
 use tessera_tests::*;
 
 /// (plugin, `[model]` with two norms of its kind).
@@ -99,16 +100,5 @@ fn the_bf16_branch_stays_bf16_under_the_hosts_cpu_autocast() {
     for (a, b) in [(&inside.0, &outside.0), (&inside.1, &outside.1)] {
         assert_eq!(a.kind(), Kind::BFloat16);
         assert!(a.equal(b));
-    }
-}
-
-#[test]
-fn killed_and_resumed_runs_equal_the_straight_runs_bit_for_bit() {
-    for (plugin, model) in CASES {
-        assert_killed_and_resumed_is_exact(&format!("{plugin}-resume"), |run| {
-            let mut toml = toml(run, model, "amp_bf16").algorithm(plugin, "");
-            toml.max_duration = "8ba".to_owned();
-            toml
-        });
     }
 }

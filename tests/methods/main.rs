@@ -1,6 +1,7 @@
 //! Every speed-up method through the real binary and real plugins: each method's own file (its
-//! runs, kill -9 resume, ranks, export, goldens through the binary), all plugins together, exports
-//! of method-changed networks, and the step's host reads.
+//! runs, ranks, export, goldens through the binary), the method table (`table.rs`: each method's
+//! kill -9 resume and refused settings, one row per method, network and settings), all plugins
+//! together, exports of method-changed networks, and the step's host reads.
 //!
 //! One of the few test binaries (tests/Cargo.toml): cargo links it once, and its tests share one
 //! pool of test threads. Each file below is one feature or method; docs/testing.md lists them.
@@ -12,8 +13,14 @@ mod airbench;
 mod gpt2_golden;
 #[path = "../support/gpt_models.rs"]
 mod gpt_models;
+#[path = "../support/host_model.rs"]
+mod host_model;
 #[path = "../support/lm_export.rs"]
 mod lm_export;
+#[path = "../support/losses.rs"]
+mod losses;
+#[path = "../support/mixing.rs"]
+mod mixing;
 
 mod alibi;
 mod all_plugins;
@@ -54,6 +61,7 @@ mod seq_length_warmup;
 mod squeeze_excite;
 mod stochastic_depth;
 mod swa;
+mod table;
 mod test_time_augmentation;
 mod weight_standardization;
 mod zero_init_projections;

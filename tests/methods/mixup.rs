@@ -3,63 +3,14 @@
 //! (mixed targets, interpolated loss) train through the host's loss, a bad setting is refused
 //! with its key named, and a run stopped at a checkpoint and resumed ends exactly as the
 //! straight run.
+//!
+//! The settings its plugin refuses are a row of the method table (tests/methods/table.rs).
 
-use serde_json::Value;
-use tessera::checkpoint::Checkpoint;
-use tessera_tests::resume::metrics;
-use tessera_tests::*;
+use crate::mixing::{assert_stopped_and_resumed_ends_as_the_straight_run, Run};
 
-/// A finished run's metrics lines and run.json.
-struct Run {
-    lines: Vec<Value>,
-    record: Value,
-}
-
-impl Run {
-    fn train_losses(&self) -> Vec<f64> {
-        lines_of_kind(&self.lines, "train")
-            .iter()
-            .map(|l| l["data"]["loss"].as_f64().expect("loss"))
-            .collect()
-    }
-
-    /// `(batch, m)` of every `mixup/mixing` line.
-    fn mixing(&self) -> Vec<(u64, f64)> {
-        lines_of_kind(&self.lines, "method")
-            .iter()
-            .filter(|l| l["name"] == "mixup/mixing")
-            .map(|l| {
-                (
-                    l["batch"].as_u64().expect("batch"),
-                    l["value"].as_f64().expect("value"),
-                )
-            })
-            .collect()
-    }
-}
-
-fn config(run: &str, settings: Option<&str>) -> TrainerToml {
-    let mut toml = TrainerToml::new(run);
-    toml.device = Some("cpu".to_owned());
-    if let Some(s) = settings {
-        toml = toml.algorithm("mixup", s);
-    }
-    toml
-}
-
+/// A run with `mixup` and `settings` (none: no plugin).
 fn run(label: &str, settings: Option<&str>) -> Run {
-    let dir = TempDir::new(label);
-    config(label, settings).write_to(&dir);
-    let out = train(&dir, &[], &[]);
-    out.assert_success();
-    if settings.is_some() {
-        assert!(out.stderr.contains("loaded plugin mixup"), "{}", out.dump());
-    }
-    let path = run_dir(&dir, label);
-    Run {
-        lines: read_jsonl(&path.join("metrics.jsonl")),
-        record: read_json(&path.join("run.json")),
-    }
+    crate::mixing::run("mixup", label, settings)
 }
 
 #[test]
@@ -71,7 +22,7 @@ fn both_modes_mix_every_batch_and_agree() {
     assert_eq!(targets.record["plugins"][0]["settings"]["alpha"], 1.0);
 
     // One coefficient per batch (one microbatch each), in (0, 0.5] for alpha = 1.
-    let m = targets.mixing();
+    let m = targets.metric("mixup/mixing");
     assert_eq!(
         m.iter().map(|(b, _)| *b).collect::<Vec<_>>(),
         vec![0, 1, 2],
@@ -79,7 +30,7 @@ fn both_modes_mix_every_batch_and_agree() {
     );
     assert!(m.iter().all(|(_, v)| *v > 0.0 && *v <= 0.5), "{m:?}");
     // The same seed draws the same coefficients in both modes.
-    assert_eq!(losses.mixing(), m);
+    assert_eq!(losses.metric("mixup/mixing"), m);
 
     // Mixing changes what the model trains on: every loss differs from the plain run's.
     let (p, t, l) = (
@@ -102,56 +53,6 @@ fn both_modes_mix_every_batch_and_agree() {
 }
 
 #[test]
-fn invalid_settings_stop_the_run_with_the_setting_named() {
-    let dir = TempDir::new("mixup-bad");
-    for (settings, fragment) in [
-        ("alpha = -0.5", "`alpha` must be a finite number >= 0"),
-        ("interpolate_loss = \"yes\"", "interpolate_loss"),
-        ("alhpa = 0.2", "alhpa"),
-    ] {
-        config("bad", Some(settings)).write_to(&dir);
-        let out = train(&dir, &[], &[]);
-        out.assert_failure(&["plugin `mixup`", "invalid settings", fragment]);
-    }
-}
-
-#[test]
 fn a_resumed_run_ends_exactly_as_the_straight_run() {
-    let dir = TempDir::new("mixup-resume");
-    let write = |run: &str| {
-        let mut toml = config(run, Some("alpha = 0.4"));
-        toml.max_duration = "6ba".into();
-        dir.write(
-            "trainer.toml",
-            &format!("{}\n[checkpoint]\ninterval = \"2ba\"\n", toml.render()),
-        );
-    };
-    write("straight");
-    train(&dir, &[], &[]).assert_success();
-    write("resumed");
-    train(&dir, &["train.max_duration=4ba"], &[]).assert_success();
-    let out = train(&dir, &["checkpoint.autoresume=true"], &[]);
-    out.assert_success();
-    assert!(
-        out.stderr.contains("resumed from") && out.stderr.contains("ep0-ba4.ckpt"),
-        "{}",
-        out.dump()
-    );
-    // Same coefficients, losses and evaluation, as if the run had never stopped.
-    assert_eq!(metrics(&dir, "straight"), metrics(&dir, "resumed"));
-    let straight_run = read_json(&run_dir(&dir, "straight").join("run.json"));
-    let resumed_run = read_json(&run_dir(&dir, "resumed").join("run.json"));
-    assert_eq!(straight_run["evals"], resumed_run["evals"]);
-    // The final weights and optimizer state, bit for bit.
-    let last = |run: &str| {
-        let path = run_dir(&dir, run).join("checkpoints/ep0-ba6.ckpt");
-        Checkpoint::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-    };
-    let (a, b) = (last("straight"), last("resumed"));
-    assert_eq!(a.tensors.len(), b.tensors.len());
-    for ((name, ta), (nb, tb)) in a.tensors.iter().zip(&b.tensors) {
-        assert_eq!(name, nb);
-        assert!(ta.equal(tb), "tensor `{name}` differs after the resume");
-    }
-    assert_eq!(a.meta.rng, b.meta.rng);
+    assert_stopped_and_resumed_ends_as_the_straight_run("mixup", "alpha = 0.4");
 }

@@ -9,16 +9,16 @@
 //!   under `amp_bf16` and `amp_fp16` autocast (q and k normalised and rotated in float32 and
 //!   cast back, the capped logits in float32); the export keeps the three kinds of module and
 //!   matches the PyTorch twins (Hugging Face's GPT2LMHeadModel and the plain one).
+//!
+//! Its kill -9 resume is a row of the method table (tests/methods/table.rs).
 
 use serde_json::json;
-use tessera_tests::export::assert_export_matches_rebuilt_run_on;
-use tessera_tests::resume::assert_killed_and_resumed_is_exact;
 use tessera_tests::*;
 
 use crate::gpt_models;
 use crate::lm_export;
 use gpt_models::*;
-use lm_export::{check_with_plain_twin, tokens, train_and_export};
+use lm_export::export_and_check_twins;
 
 /// The five, in an order that is not the one they run in at `init`.
 const FIVE: [(&str, &str); 5] = [
@@ -52,16 +52,6 @@ fn the_five_together_equal_the_pytorch_reference() {
 }
 
 #[test]
-fn killed_and_resumed_run_equals_the_straight_run_bit_for_bit() {
-    assert_killed_and_resumed_is_exact("modded-resume", |run| {
-        let mut toml = gpt(run, &FIVE);
-        toml.model.push_str("\ndropout = 0.1");
-        toml.max_duration = "8ba".to_owned();
-        toml
-    });
-}
-
-#[test]
 fn the_five_train_under_autocast() {
     for precision in ["amp_bf16", "amp_fp16"] {
         let dir = TempDir::new("modded-amp");
@@ -83,33 +73,17 @@ fn the_export_keeps_their_modules_and_the_twins_match_the_rebuilt_run() {
     let mut toml = gpt("exported", &five);
     toml.model.push_str("\ndropout = 0.1");
     toml.optimizer = "name = \"adamw\"\nlr = 0.03".to_owned();
-    let (ckpt, exported, _, modules) = train_and_export(&dir, &toml);
-    let mut kept: Vec<&str> = modules
-        .as_array()
-        .expect("a list")
-        .iter()
-        .map(|m| m["kind"].as_str().unwrap())
-        .collect();
-    kept.sort_unstable();
-    assert_eq!(
-        kept,
-        [
-            "gpt2_attention_ext",
-            "gpt2_attention_ext",
-            "logit_softcap_lm_head",
-            "relu_squared_gpt2_mlp",
-            "relu_squared_gpt2_mlp"
-        ]
-    );
-    assert_export_matches_rebuilt_run_on(
+    export_and_check_twins(
         &dir,
-        &ckpt,
-        &exported,
-        &tokens(40),
-        "torch",
+        &toml,
+        &[
+            ("transformer.h.0.attn", "gpt2_attention_ext"),
+            ("transformer.h.0.mlp", "relu_squared_gpt2_mlp"),
+            ("transformer.h.1.attn", "gpt2_attention_ext"),
+            ("transformer.h.1.mlp", "relu_squared_gpt2_mlp"),
+            ("lm_head", "logit_softcap_lm_head"),
+        ],
+        40,
         "gpt2 with the five modded-nanogpt methods",
     );
-    if let Some(text) = check_with_plain_twin(&exported, &dir.join("case.safetensors")) {
-        eprintln!("gpt2 with the five, plain twin: {}", text.trim());
-    }
 }

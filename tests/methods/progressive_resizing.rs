@@ -4,9 +4,11 @@
 //! `get_elapsed_duration`) must drive the schedule to exactly the sizes the crate's `Schedule`
 //! gives (itself checked against Composer's table in the crate's golden test). Settings
 //! errors name the setting; a killed and resumed run equals the straight one bit for bit.
+//!
+//! Its kill -9 resume and the settings its plugin refuses are rows of the method table
+//! (tests/methods/table.rs).
 
 use progressive_resizing::Schedule;
-use tessera_tests::resume::assert_killed_and_resumed_is_exact;
 use tessera_tests::*;
 
 const BATCHES: u64 = 8;
@@ -91,40 +93,4 @@ fn images_grow_on_composers_schedule() {
         let record = read_json(&run_dir(&dir, label).join("run.json"));
         assert_eq!(record["batches"], BATCHES, "{record:#}");
     }
-}
-
-#[test]
-fn invalid_settings_stop_the_run_with_the_setting_named() {
-    let dir = TempDir::new("pr-bad");
-    for (settings, fragment) in [
-        (
-            "mode = \"bilinear\"",
-            "`mode` must be \"resize\" or \"crop\"",
-        ),
-        ("initial_scale = 0.0", "`initial_scale` must be in (0, 1]"),
-        (
-            "delay_fraction = 0.9\nfinetune_fraction = 0.1",
-            "must be below 1",
-        ),
-        ("size_increment = 0", "`size_increment` must be a positive"),
-        ("resize_target = true", "`resize_target`"),
-    ] {
-        TrainerToml::new("bad")
-            .algorithm("progressive_resizing", settings)
-            .write_to(&dir);
-        let out = train(&dir, &[], &[]);
-        out.assert_failure(&[
-            "plugin `progressive_resizing`",
-            "invalid settings",
-            fragment,
-        ]);
-    }
-}
-
-#[test]
-fn killed_and_resumed_run_equals_the_straight_run_bit_for_bit() {
-    // Crop mode draws from the host's RNG and the schedule reads the restored clock.
-    assert_killed_and_resumed_is_exact("pr-resume", |run| {
-        resnet(run, "mode = \"crop\"\ndelay_fraction = 0.25")
-    });
 }

@@ -4,9 +4,11 @@
 //! and re-chunking multiplies them, a run in tokens is refused and one in samples accepted as
 //! the card says, bad settings are refused naming them, a killed run resumes bit for bit, and
 //! the method works together with ALiBi.
+//!
+//! Its kill -9 resume and the settings its plugin refuses are rows of the method table
+//! (tests/methods/table.rs).
 
 use serde_json::Value;
-use tessera_tests::resume::assert_killed_and_resumed_is_exact;
 use tessera_tests::*;
 
 use seq_length_warmup::{seq_len_at, Schedule, METRIC_BATCH_SIZE, METRIC_SEQ_LEN};
@@ -111,38 +113,12 @@ fn a_run_in_tokens_is_refused_and_one_in_samples_accepted() {
 }
 
 #[test]
-fn bad_settings_are_refused_naming_them() {
-    for (settings, fragments) in [
-        ("duration = 1.5", &["duration", "1.5"][..]),
-        (
-            "min_seq_length = 16\nmax_seq_length = 8",
-            &["max_seq_length", "min_seq_length"][..],
-        ),
-        ("step_size = 0", &["step_size"][..]),
-        ("truncate = 1", &["truncate"][..]),
-        ("max_len = 32", &["max_len"][..]),
-    ] {
-        let dir = TempDir::new("slw-settings");
-        warmup("bad", settings, 20).write_to(&dir);
-        train(&dir, &[], &[]).assert_failure(fragments);
-    }
+fn a_warmup_too_short_for_its_steps_is_refused_naming_the_settings() {
     // A warmup of 2 batches for 3 length steps: Composer divides by zero; here the error says
     // which settings to change.
     let dir = TempDir::new("slw-short");
     warmup("short", &SETTINGS.replace("0.5", "0.1"), 20).write_to(&dir);
     train(&dir, &[], &[]).assert_failure(&["duration", "step_size", "2 batches"]);
-}
-
-/// The warmup over the whole run (lengths 8, 8, 16, 16, 24, 24, 32, 32), killed after batch 4:
-/// the resumed run continues the schedule and skips the memory pass. With dropout:
-/// checkpoints hold libtorch's generator.
-#[test]
-fn killed_and_resumed_run_equals_the_straight_run_bit_for_bit() {
-    assert_killed_and_resumed_is_exact("slw-resume", |run| {
-        let mut toml = warmup(run, &SETTINGS.replace("0.5", "1.0"), 8);
-        toml.model.push_str("\ndropout = 0.1");
-        toml
-    });
 }
 
 /// `after_dataloader` is an `after_*` event: methods of equal priority run in reverse

@@ -2,9 +2,10 @@
 //! Composer's names): ResNet-20 (width 4: 4, 8 and 16 channels) on Fashion-MNIST with
 //! `min_channels = 8`; the gates change training and their weights are checkpointed under
 //! Composer's names; a killed and resumed run equals the straight run bit for bit.
+//!
+//! Its kill -9 resume is a row of the method table (tests/methods/table.rs).
 
 use tessera::checkpoint::{self, Checkpoint};
-use tessera_tests::resume::assert_killed_and_resumed_is_exact;
 use tessera_tests::*;
 
 const SE: &str = "latent_channels = 0.5\nmin_channels = 8";
@@ -43,13 +44,4 @@ fn gates_are_added_trained_and_saved_under_composers_names() {
         ckpt.tensor("model/layer1.0.conv1.weight").is_some(),
         "4 channels: untouched"
     );
-}
-
-#[test]
-fn killed_and_resumed_run_equals_the_straight_run_bit_for_bit() {
-    assert_killed_and_resumed_is_exact("se-resume", |run| {
-        let mut toml = resnet(run).algorithm("squeeze_excite", SE);
-        toml.max_duration = "8ba".to_owned();
-        toml
-    });
 }

@@ -2,9 +2,10 @@
 //! wrapper calling the block's own layers through the host): ResNet-50 (width 4) on
 //! Fashion-MNIST, its 16 bottleneck blocks wrapped; block and sample modes change training;
 //! the warmup ramps the logged drop rate; a killed and resumed run equals the straight run.
+//!
+//! Its kill -9 resume is a row of the method table (tests/methods/table.rs).
 
 use serde_json::Value;
-use tessera_tests::resume::assert_killed_and_resumed_is_exact;
 use tessera_tests::*;
 
 fn resnet50(label: &str) -> TrainerToml {
@@ -63,14 +64,4 @@ fn the_warmup_ramps_the_drop_rate() {
     for (got, want) in rates.iter().zip([0.0, 0.2, 0.4]) {
         assert!((got - want).abs() < 1e-12, "{rates:?}");
     }
-}
-
-#[test]
-fn killed_and_resumed_run_equals_the_straight_run_bit_for_bit() {
-    assert_killed_and_resumed_is_exact("sd-resume", |run| {
-        let mut toml =
-            resnet50(run).algorithm("stochastic_depth", "drop_rate = 0.5\ndrop_warmup = 0.5");
-        toml.max_duration = "8ba".to_owned();
-        toml
-    });
 }

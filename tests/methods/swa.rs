@@ -6,9 +6,11 @@
 //! the optimizer really used (the `lr` of the train lines is the next step's rate), that the
 //! model after the replacement is the mean of the checkpointed weights at the updates, and that
 //! a run killed inside the annealing window and resumed equals the straight run bit for bit.
+//!
+//! Its kill -9 resume and the settings its plugin refuses are rows of the method table
+//! (tests/methods/table.rs).
 
 use tessera::checkpoint::Checkpoint;
-use tessera_tests::resume::assert_killed_and_resumed_is_exact;
 use tessera_tests::*;
 
 /// The plain SGD rate of [`TrainerToml::new`].
@@ -176,50 +178,4 @@ fn composer_mode_sets_only_the_step_after_each_update() {
     for (_, lr) in &logged {
         assert!((lr - swa_lr).abs() <= 1e-12 * swa_lr, "{logged:?}");
     }
-}
-
-#[test]
-fn invalid_settings_stop_the_run_with_the_setting_named() {
-    let dir = TempDir::new("swa-bad");
-    for (settings, fragment) in [
-        ("swa_start = \"10ba\"", "setting `swa_start`"),
-        ("anneal_steps = 0", "setting `anneal_steps`"),
-        (
-            "swa_lr_mode = \"hold\"\nschedule_swa_lr = true",
-            "setting `swa_lr` is required",
-        ),
-    ] {
-        eight_batches("bad", settings).write_to(&dir);
-        train(&dir, &[], &[]).assert_failure(&["plugin `swa`", "invalid settings", fragment]);
-    }
-}
-
-#[test]
-fn killed_inside_the_annealing_window_and_resumed_equals_the_straight_run() {
-    // The kill comes after the batch-4 checkpoint: SWALR has stepped 3 of its 6 annealing
-    // steps (updates at 2, 3, 4), and the next ones back-solve from the held rate in the
-    // method's state (a resumed run that lost it anneals from the optimizer's rate instead).
-    assert_killed_and_resumed_is_exact("swa-resume-hold", |run| {
-        eight_batches(
-            run,
-            "swa_start = \"0.25dur\"\nswa_end = \"0.75dur\"\nupdate_interval = \"1ba\"\n\
-             schedule_swa_lr = true\nanneal_steps = 6\nswa_lr = 0.01\nswa_lr_mode = \"hold\"",
-        )
-    });
-}
-
-#[test]
-fn composer_mode_killed_and_resumed_equals_the_straight_run() {
-    // The batch-4 checkpoint holds the one-step rate SWALR set at that update (the optimizer's
-    // pending scale) under a decaying schedule; annealing runs over updates 2 and 4.
-    assert_killed_and_resumed_is_exact("swa-resume-composer", |run| {
-        let mut toml = eight_batches(
-            run,
-            "swa_start = \"0.25dur\"\nswa_end = \"0.75dur\"\nupdate_interval = \"2ba\"\n\
-             schedule_swa_lr = true\nanneal_steps = 3",
-        );
-        toml.optimizer
-            .push_str("\n\n[scheduler]\nname = \"linear\"\nalpha_i = 1.0\nalpha_f = 0.2\n");
-        toml
-    });
 }

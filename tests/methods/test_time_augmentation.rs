@@ -4,13 +4,14 @@
 //! deterministically; `tessera eval` and `tessera predict` apply it too; a text run is refused
 //! before training; a run killed and resumed evaluates bit for bit as a straight one; 2 ranks
 //! evaluate what one process does.
+//!
+//! Its kill -9 resume is a row of the method table (tests/methods/table.rs).
 
 use serde_json::Value;
 use tessera_plugin_api::tch::{kind::FLOAT_CPU, Kind, Tensor};
 use tessera_plugin_api::testing::{settings, RandomSource, TestHost};
 use tessera_plugin_api::{boxed_method, keys, Event};
 use tessera_tests::dist::{assert_all_succeeded, max_difference, train_ranks};
-use tessera_tests::resume::assert_killed_and_resumed_is_exact;
 use tessera_tests::*;
 use test_time_augmentation::TestTimeAugmentation;
 
@@ -218,17 +219,6 @@ fn a_language_model_run_is_refused_before_training() {
     let out = train(&dir, &[], &[]);
     out.assert_failure(&["test_time_augmentation", "image batches", "[1, 32]"]);
     assert!(!out.stderr.contains("epoch 1"), "{}", out.dump());
-}
-
-#[test]
-fn killed_and_resumed_evaluates_as_a_straight_run() {
-    // Level 2 in selective mode: the run record's evaluations and the logged fraction must match.
-    assert_killed_and_resumed_is_exact("tta-resume", |run| {
-        let mut toml = TrainerToml::new(run)
-            .algorithm("test_time_augmentation", "level = 2\nconfidence = 0.9");
-        toml.max_duration = "8ba".to_owned();
-        toml
-    });
 }
 
 /// 2 ranks of 64 evaluate half of the 10000 test images each, with the augmentation: the totals

@@ -9,66 +9,40 @@
 //! Through the binary (Fashion-MNIST, CPU): the method logs the standardized convs and changes
 //! training, a bad setting is refused naming it, and a run killed and resumed equals the straight
 //! run bit for bit (the surgery replayed at `init`).
+//!
+//! Its kill -9 resume and the settings its plugin refuses are rows of the method table
+//! (tests/methods/table.rs).
 
 use std::collections::HashMap;
 
-use tessera::config;
 use tessera::model::Model;
 use tessera::trainer::Trainer;
 use tessera_plugin_api::tch::{self, Device, Kind, Tensor};
 use tessera_plugin_api::testing::golden::assert_close;
-use tessera_tests::resume::assert_killed_and_resumed_is_exact;
 use tessera_tests::*;
 use weight_standardization::{standardize_weight, CONV2D, METRIC_NUM_LAYERS, WS_CONV2D};
 
+use crate::host_model::{fashion, run_and_build, synthetic_toml};
+
 const IGNORE: usize = 1;
 
-fn synthetic_toml(with_plugin: bool) -> String {
-    let mut text = format!(
-        r#"run_name = "ws-model"
-seed = 5
-output_dir = "runs"
-[data]
-dataset = "synthetic"
-batch_size = 8
-eval_batch_size = 8
-workers = 0
-[data.synthetic]
-samples = 16
-eval_samples = 8
-channels = 3
-height = 16
-width = 16
-classes = 10
-[model]
-name = "resnet20"
-width = 8
-[optimizer]
-name = "sgd"
-lr = 0.1
-momentum = 0.9
-[train]
-max_duration = "2ba"
-progress = false
-[checkpoint]
-interval = "2ba"
-[plugins]
-dirs = [{dirs}]
-"#,
-        dirs = toml_string(&target_dir().display().to_string()),
+/// An in-process trainer of [`synthetic_toml`], with the plugin (ignoring the last [`IGNORE`]
+/// convs) or without.
+fn trainer(dir: &TempDir, with_plugin: bool) -> Trainer {
+    let plugin = format!(
+        "[[algorithms]]\nplugin = \"weight_standardization\"\nn_last_layers_ignore = {IGNORE}\n"
     );
-    if with_plugin {
-        text.push_str(&format!(
-            "[[algorithms]]\nplugin = \"weight_standardization\"\nn_last_layers_ignore = {IGNORE}\n"
-        ));
-    }
-    text
+    crate::host_model::trainer(
+        dir,
+        &synthetic_toml("ws-model", if with_plugin { &plugin } else { "" }),
+    )
 }
 
-fn trainer(dir: &TempDir, with_plugin: bool) -> Trainer {
-    let cfg = config::from_str(&synthetic_toml(with_plugin), dir.path(), "trainer.toml")
-        .expect("the test's trainer.toml");
-    Trainer::new(cfg, Vec::new()).expect("the trainer")
+/// A 3-batch run's training losses, its logged metric and its model's number of convs.
+fn run_3_batches(label: &str, settings: Option<&str>) -> (Vec<f64>, Vec<(u64, f64)>, usize) {
+    let plugin = settings.map(|s| ("weight_standardization", s));
+    let (losses, metric, model) = run_and_build(&fashion(label, 3, plugin), METRIC_NUM_LAYERS);
+    (losses, metric, convs(&model).len())
 }
 
 /// `(path, kind)` of every conv of `model`, plain or standardized, in tree order.
@@ -186,41 +160,6 @@ fn the_surgery_keeps_the_weights_and_equals_the_folded_plain_model() {
     }
 }
 
-fn fashion(label: &str, settings: Option<&str>) -> TrainerToml {
-    let mut toml = TrainerToml::new(label);
-    toml.model = "name = \"resnet20\"\nwidth = 4".to_owned();
-    toml.device = Some("cpu".to_owned());
-    toml.max_duration = "8ba".to_owned();
-    if let Some(settings) = settings {
-        toml = toml.algorithm("weight_standardization", settings);
-    }
-    toml
-}
-
-/// A 3-batch run's training losses, its logged metric and its model's number of convs.
-fn run_3_batches(label: &str, settings: Option<&str>) -> (Vec<f64>, Vec<(u64, f64)>, usize) {
-    let dir = TempDir::new(label);
-    let mut toml = fashion(label, settings);
-    toml.max_duration = "3ba".to_owned();
-    let path = toml.write_to(&dir);
-    train(&dir, &[], &[]).assert_success();
-    let lines = read_jsonl(&run_dir(&dir, label).join("metrics.jsonl"));
-    let cfg = config::from_str(&toml.render(), dir.path(), &path.display().to_string())
-        .expect("the test's trainer.toml");
-    let model = Model::build(
-        &cfg.model,
-        cfg.data.input_shape(),
-        cfg.model.num_classes as i64,
-        Device::Cpu,
-    )
-    .expect("the model");
-    (
-        train_losses(&lines),
-        method_metric(&lines, METRIC_NUM_LAYERS),
-        convs(&model).len(),
-    )
-}
-
 #[test]
 fn training_standardizes_the_convs_and_changes_the_run() {
     require_fashion_mnist();
@@ -233,22 +172,4 @@ fn training_standardizes_the_convs_and_changes_the_run() {
     assert!(all.iter().chain(&some).all(|l| l.is_finite()));
     assert_ne!(all, plain, "standardizing changed nothing");
     assert_ne!(some, all, "n_last_layers_ignore changed nothing");
-}
-
-#[test]
-fn a_bad_setting_is_refused_naming_it() {
-    require_fashion_mnist();
-    for (settings, key) in [
-        ("n_last_layers_ignore = -2", "n_last_layers_ignore"),
-        ("n_last_layer_ignore = 2", "n_last_layer_ignore"),
-    ] {
-        let dir = TempDir::new("ws-bad");
-        fashion("ws-bad", Some(settings)).write_to(&dir);
-        train(&dir, &[], &[]).assert_failure(&["weight_standardization", key]);
-    }
-}
-
-#[test]
-fn killed_and_resumed_run_equals_the_straight_run_bit_for_bit() {
-    assert_killed_and_resumed_is_exact("ws-resume", |run| fashion(run, Some("")));
 }

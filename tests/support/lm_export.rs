@@ -1,16 +1,53 @@
 //! Exporting a trained GPT-2 run with plugin modules kept, and checking the file against the
-//! PyTorch twins: shared by tests/methods/alibi.rs and tests/methods/gated_linear_units.rs (`#[path]` module).
+//! PyTorch twins: shared by the language-model methods' files in tests/methods/ (alibi,
+//! gated_linear_units, logit_softcap, modded_nanogpt, qk_norm, relu_squared, rotary; `#[path]`
+//! module), each through [`export_and_check_twins`].
 
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 use tessera::config;
 use tessera_plugin_api::tch::{self, Device, Kind, Tensor};
+use tessera_tests::export::assert_export_matches_rebuilt_run_on;
 use tessera_tests::*;
+
+/// What an exported GPT-2 run holds, for the method's own assertions.
+pub struct Export {
+    /// The exported tensors.
+    pub tensors: Vec<(String, Tensor)>,
+    /// The export's `tessera.modules`: the plugin modules it kept.
+    pub modules: Value,
+}
+
+/// Trains the GPT-2 run `toml` in `dir`, exports its last checkpoint and checks the file: it
+/// keeps exactly the modules `kept` (`(path, kind)`, in order); on `t` tokens it computes what
+/// the rebuilt run computes (Hugging Face's class, through scripts/check_export.py) and so does
+/// the plain-PyTorch twin. `label` names the case in messages.
+pub fn export_and_check_twins(
+    dir: &TempDir,
+    toml: &TrainerToml,
+    kept: &[(&str, &str)],
+    t: i64,
+    label: &str,
+) -> Export {
+    let (ckpt, exported, tensors, modules) = train_and_export(dir, toml);
+    let got: Vec<(&str, &str)> = modules
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|m| (m["path"].as_str().unwrap(), m["kind"].as_str().unwrap()))
+        .collect();
+    assert_eq!(got, kept, "{modules:#}");
+    assert_export_matches_rebuilt_run_on(dir, &ckpt, &exported, &tokens(t), "torch", label);
+    if let Some(text) = check_with_plain_twin(&exported, &dir.join("case.safetensors")) {
+        eprintln!("{label}, plain twin: {}", text.trim());
+    }
+    Export { tensors, modules }
+}
 
 /// Trains `toml` and exports its last checkpoint; returns (checkpoint, export, tensors,
 /// `tessera.modules`).
-pub fn train_and_export(
+fn train_and_export(
     dir: &TempDir,
     toml: &TrainerToml,
 ) -> (PathBuf, PathBuf, Vec<(String, Tensor)>, Value) {
@@ -48,7 +85,7 @@ pub fn train_and_export(
 
 /// scripts/check_export.py with the plain-PyTorch GPT-2 twin forced (`TESSERA_GPT2_TWIN=1`)
 /// over Hugging Face's class; `None` when torch does not import (see `python_can_import`).
-pub fn check_with_plain_twin(exported: &Path, case: &Path) -> Option<String> {
+fn check_with_plain_twin(exported: &Path, case: &Path) -> Option<String> {
     if !python_can_import("torch", "the export against the plain twin") {
         return None;
     }
@@ -72,7 +109,7 @@ pub fn check_with_plain_twin(exported: &Path, case: &Path) -> Option<String> {
 }
 
 /// Token ids `(3, t)` below 64.
-pub fn tokens(t: i64) -> Tensor {
+fn tokens(t: i64) -> Tensor {
     tch::manual_seed(99);
     Tensor::randint(64, [3, t], (Kind::Int64, Device::Cpu))
 }

@@ -1,0 +1,589 @@
+//! The method table: one row per (method, network, settings), and the checks every row makes.
+//!
+//! A row names the plugin it is about (`method`), the network and run it trains on ([`Net`]),
+//! the method's settings for that run (and the plugins it is loaded with), and the settings the
+//! plugin refuses, each with the words its error must hold. [`rows!`] turns each row into a
+//! module `table::<row>` with the checks listed for it:
+//!
+//! - `resume`: `killed_and_resumed_run_equals_the_straight_run_bit_for_bit`, an 8-batch run
+//!   through the binary, killed (`kill -9`) after its batch-4 checkpoint and resumed, equal bit
+//!   for bit to the straight run (`tessera_tests::resume::assert_killed_and_resumed_is_exact`;
+//!   a child process is what this tests);
+//! - `refused`: `invalid_settings_are_refused_naming_the_setting`, every refused setting in
+//!   process: the row's `trainer.toml` read by the host's config parser, the plugin loaded with
+//!   the host library and its method created from the entry's settings, as `tessera train`
+//!   does, the error naming the plugin, "invalid settings" and the row's words; and
+//!   `an_invalid_setting_stops_the_binary_naming_it`, the row's first refused setting through
+//!   the real binary (exit code 1, the `error:` line, no panic).
+//!
+//! What the table does not hold stays in the method's own file: its runs, its goldens, its
+//! exports, refusals that only come at run time (they need the model or the run's length).
+//! [`every_plugin_has_a_row_or_an_exemption`] keeps the table complete. docs/testing.md ("The
+//! method table") says how to add a method.
+
+use tessera::plugin::LoadedPlugin;
+use tessera_tests::plugins::cdylib_plugins;
+use tessera_tests::resume::assert_killed_and_resumed_is_exact;
+use tessera_tests::*;
+
+/// The network and run a row trains: 3 batches of the [`TrainerToml`] it gives (8 for the
+/// resume check).
+#[derive(Clone, Copy, Debug)]
+pub enum Net {
+    /// [`TrainerToml::new`]: the small CNN (width 8) with SGD on Fashion-MNIST.
+    Cnn,
+    /// The small CNN on the CPU.
+    CnnCpu,
+    /// ResNet-20 of width 4 (4, 8 and 16 channels) on the CPU.
+    Resnet20,
+    /// ResNet-50 of width 4 on the CPU (16 bottleneck blocks).
+    Resnet50,
+    /// The mlp (64, 32) on the CPU.
+    Mlp,
+    /// The mlp (64, 32) with two dropouts of 0.5.
+    MlpDropout,
+    /// The mlp (64, 32) with two layer norms, under `amp_bf16`.
+    MlpLayerNormBf16,
+    /// The small CNN with two group norms, under `amp_bf16`.
+    CnnGroupNormBf16,
+    /// [`TrainerToml::tiny_gpt`]: a 2-layer GPT-2 of width 32 on synthetic text.
+    TinyGpt,
+    /// The tiny GPT with dropout 0.1.
+    TinyGptDropout,
+}
+
+impl Net {
+    /// The run `run` on this network, with no algorithms.
+    pub fn toml(self, run: &str) -> TrainerToml {
+        let with = |model: &str, device: Option<&str>, precision: Option<&str>| {
+            let mut toml = TrainerToml::new(run);
+            toml.model = model.to_owned();
+            toml.device = device.map(str::to_owned);
+            toml.precision = precision.map(str::to_owned);
+            toml
+        };
+        match self {
+            Net::Cnn => TrainerToml::new(run),
+            Net::CnnCpu => with("name = \"cnn\"\nwidth = 8", Some("cpu"), None),
+            Net::Resnet20 => with("name = \"resnet20\"\nwidth = 4", Some("cpu"), None),
+            Net::Resnet50 => with("name = \"resnet50\"\nwidth = 4", Some("cpu"), None),
+            Net::Mlp => with("name = \"mlp\"\nhidden = [64, 32]", Some("cpu"), None),
+            Net::MlpDropout => with(
+                "name = \"mlp\"\nhidden = [64, 32]\ndropout = 0.5",
+                None,
+                None,
+            ),
+            Net::MlpLayerNormBf16 => with(
+                "name = \"mlp\"\nhidden = [64, 32]\nnorm = \"layer\"",
+                None,
+                Some("amp_bf16"),
+            ),
+            Net::CnnGroupNormBf16 => with(
+                "name = \"cnn\"\nwidth = 8\nnorm = \"group\"",
+                None,
+                Some("amp_bf16"),
+            ),
+            Net::TinyGpt => TrainerToml::tiny_gpt(run),
+            Net::TinyGptDropout => {
+                let mut toml = TrainerToml::tiny_gpt(run);
+                toml.model.push_str("\ndropout = 0.1");
+                toml
+            }
+        }
+    }
+}
+
+/// One (method, network, settings) of the table.
+#[derive(Clone, Copy, Debug)]
+pub struct Row {
+    /// The plugin the row is about.
+    pub method: &'static str,
+    /// What it trains.
+    pub net: Net,
+    /// The method's settings in the resumed run.
+    pub settings: &'static str,
+    /// Plugins loaded before it, with their settings.
+    pub with: &'static [(&'static str, &'static str)],
+    /// A `[scheduler]` section's lines for the run (none when empty).
+    pub scheduler: &'static str,
+    /// Settings the plugin refuses when its method is created, each with the words its error
+    /// names (besides the plugin and "invalid settings"); the first also through the binary.
+    pub refused: &'static [(&'static str, &'static [&'static str])],
+}
+
+impl Row {
+    /// A row of `method` on `net` with `settings`; nothing else loaded, nothing refused.
+    pub const fn new(method: &'static str, net: Net, settings: &'static str) -> Row {
+        Row {
+            method,
+            net,
+            settings,
+            with: &[],
+            scheduler: "",
+            refused: &[],
+        }
+    }
+
+    /// The row's run `run` of `batches` batches with the method's `settings`.
+    pub fn toml(&self, run: &str, settings: &str, batches: u32) -> TrainerToml {
+        let mut toml = self.net.toml(run);
+        toml.max_duration = format!("{batches}ba");
+        if !self.scheduler.is_empty() {
+            toml.optimizer
+                .push_str(&format!("\n\n[scheduler]\n{}\n", self.scheduler));
+        }
+        for (plugin, s) in self.with {
+            toml = toml.algorithm(plugin, s);
+        }
+        toml.algorithm(self.method, settings)
+    }
+}
+
+/// Trains the row's run for 8 batches straight, then killed after its batch-4 checkpoint and
+/// resumed: the same checkpoints, bit for bit, and the same metrics.
+pub fn resume(name: &str, row: &Row) {
+    assert_killed_and_resumed_is_exact(&format!("{name}-resume"), |run| {
+        row.toml(run, row.settings, 8)
+    });
+}
+
+/// The error of creating the row's method from `settings`, as `tessera train` creates it:
+/// the row's `trainer.toml` read by the host's parser, the plugin file loaded with the host
+/// library, the method made from the entry's settings (`AlgorithmConfig::settings_json`).
+fn create_error(plugin: &LoadedPlugin, row: &Row, settings: &str) -> String {
+    let text = row.toml("bad", settings, 3).render();
+    let config = tessera::config::from_str(&text, &target_dir(), "trainer.toml")
+        .unwrap_or_else(|e| panic!("{settings:?}: the row's trainer.toml: {e}"));
+    let entry = config
+        .algorithms
+        .iter()
+        .find(|a| a.plugin == row.method)
+        .expect("the row's entry");
+    match plugin.create(&entry.settings_json()) {
+        Ok(_) => panic!(
+            "plugin `{}` accepted {settings:?}: a refusal that comes only at run time belongs \
+             in the method's own file",
+            row.method
+        ),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// Every refused setting of the row, in process: the error names the plugin, says "invalid
+/// settings" and holds the row's words.
+pub fn refused(row: &Row) {
+    assert!(
+        !row.refused.is_empty(),
+        "{}: no refused settings",
+        row.method
+    );
+    let plugin = LoadedPlugin::load(&plugin_path(row.method), None)
+        .unwrap_or_else(|e| panic!("{}: {e}", row.method));
+    let named = format!("plugin `{}`", row.method);
+    for (settings, words) in row.refused {
+        let error = create_error(&plugin, row, settings);
+        for word in [named.as_str(), "invalid settings"].iter().chain(*words) {
+            assert!(
+                error.contains(word),
+                "{settings:?}: the error lacks {word:?}: {error}"
+            );
+        }
+    }
+}
+
+/// The row's first refused setting through the real binary: exit code 1, an `error:` line
+/// naming the plugin, "invalid settings" and the words, no panic.
+pub fn refused_by_the_binary(name: &str, row: &Row) {
+    let (settings, words) = row.refused.first().expect("a refused setting");
+    let dir = TempDir::new(&format!("{name}-bad"));
+    row.toml("bad", settings, 3).write_to(&dir);
+    let named = format!("plugin `{}`", row.method);
+    let mut all = vec![named.as_str(), "invalid settings"];
+    all.extend_from_slice(words);
+    train(&dir, &[], &[]).assert_failure(&all);
+}
+
+/// A module per row (`table::<row>`) with a test for each check listed: `resume` (the kill -9
+/// resume through the binary) and `refused` (every refused setting in process, the first
+/// through the binary).
+macro_rules! rows {
+    ($($name:ident: $row:expr => [$($check:ident),+];)+) => {
+        /// Every row, by its module's name.
+        pub const ROWS: &[(&str, Row)] = &[$((stringify!($name), $row)),+];
+        $(
+            mod $name {
+                #[allow(unused_imports)]
+                use super::*;
+                $(rows!(@check $check, $name, $row);)+
+            }
+        )+
+    };
+    (@check resume, $name:ident, $row:expr) => {
+        #[test]
+        fn killed_and_resumed_run_equals_the_straight_run_bit_for_bit() {
+            super::resume(stringify!($name), &$row);
+        }
+    };
+    (@check refused, $name:ident, $row:expr) => {
+        #[test]
+        fn invalid_settings_are_refused_naming_the_setting() {
+            super::refused(&$row);
+        }
+
+        #[test]
+        fn an_invalid_setting_stops_the_binary_naming_it() {
+            super::refused_by_the_binary(stringify!($name), &$row);
+        }
+    };
+}
+
+const SEVERITY: (&str, &[&str]) = ("severity = 11", &["`severity` must be in [0, 10]"]);
+const AUGMENTATION_SET: (&str, &[&str]) = (
+    "augmentation_set = \"most\"",
+    &["`augmentation_set` must be \"all\", \"safe\" or \"original\""],
+);
+
+rows! {
+    alibi: Row {
+        refused: &[
+            ("", &["max_sequence_length", "required"]),
+            ("max_sequence_length = 0", &["max_sequence_length", "positive integer"]),
+            (
+                "max_sequence_length = 64\ntrain_sequence_length_scaling = -0.5",
+                &["train_sequence_length_scaling", "-0.5"],
+            ),
+            ("max_sequence_length = 64\nmax_seq_len = 3", &["max_seq_len"]),
+        ],
+        ..Row::new("alibi", Net::TinyGptDropout, "max_sequence_length = 64")
+    } => [resume, refused];
+    alternating_flip: Row::new("alternating_flip", Net::Cnn, "") => [resume];
+    augmix: Row {
+        refused: &[
+            SEVERITY,
+            ("width = 0", &["`width` must be at least 1"]),
+            ("alpha = -1.0", &["`alpha` must be a positive number"]),
+            ("depth = 1.5", &["depth"]),
+            AUGMENTATION_SET,
+            ("sevrity = 3", &["`sevrity`"]),
+        ],
+        ..Row::new("augmix", Net::Cnn, "width = 2")
+    } => [resume, refused];
+    blurpool: Row {
+        refused: &[
+            ("min_channels = -3", &["min_channels"]),
+            ("blur_frist = false", &["blur_frist"]),
+        ],
+        ..Row::new("blurpool", Net::Cnn, "")
+    } => [refused];
+    channels_last: Row {
+        refused: &[("memory_format = \"nhwc\"", &["memory_format"])],
+        ..Row::new("channels_last", Net::Resnet20, "")
+    } => [resume, refused];
+    colout: Row {
+        refused: &[
+            ("p_row = 1.0", &["`p_row` must be in [0, 1)"]),
+            ("p_col = -0.5", &["`p_col` must be in [0, 1)"]),
+            (
+                "batch = false\nresize_target = true",
+                &["`resize_target = true` needs `batch = true`"],
+            ),
+            ("resize_target = \"yes\"", &["`resize_target` must be"]),
+            ("p_rows = 0.2", &["`p_rows`"]),
+        ],
+        ..Row::new("colout", Net::Resnet20, "p_row = 0.2\np_col = 0.1")
+    } => [resume, refused];
+    cutmix: Row {
+        refused: &[
+            ("alpha = -1.0", &["`alpha` must be a finite number >= 0"]),
+            ("uniform_sampling = 1", &["uniform_sampling"]),
+            ("lenght = 0.5", &["lenght"]),
+        ],
+        ..Row::new("cutmix", Net::CnnCpu, "alpha = 0.5")
+    } => [refused];
+    early_stopping: Row {
+        refused: &[("monitor = \"accuracy\"\npatience = \"3sp\"", &["`patience`"])],
+        ..Row::new("early_stopping", Net::Cnn, "")
+    } => [refused];
+    ema: Row {
+        refused: &[
+            (
+                "half_life = \"2xx\"",
+                &["setting `half_life`: invalid time \"2xx\": it does not end in a known unit"],
+            ),
+            (
+                "half_life = \"2ba\"\nsmoothing = 0.9",
+                &["give either `half_life` or `smoothing`"],
+            ),
+            ("half_life = \"2ba\"\nupdate_interval = \"1ep\"", &["same unit"]),
+        ],
+        ..Row::new("ema", Net::Cnn, "half_life = \"2ba\"")
+    } => [refused];
+    factorize: Row {
+        refused: &[
+            ("latent_channels = 0", &["latent_channels"]),
+            ("min_features = -4", &["min_features"]),
+            ("factorize_conv = false", &["factorize_conv"]),
+        ],
+        ..Row::new("factorize", Net::Resnet20, "min_channels = 8\nlatent_channels = 0.25")
+    } => [resume, refused];
+    gated_linear_units: Row {
+        refused: &[
+            ("act_fn = \"nope\"", &["act_fn", "nope", "gelu_new"]),
+            ("gated_layer_bias = 3", &["gated_layer_bias"]),
+            ("non_gated_layer_bias = \"yes\"", &["non_gated_layer_bias"]),
+            ("gated_bias = true", &["gated_bias"]),
+        ],
+        ..Row::new("gated_linear_units", Net::TinyGptDropout, "gated_layer_bias = true")
+    } => [resume, refused];
+    ghost_batchnorm: Row::new("ghost_batchnorm", Net::Resnet20, "ghost_batch_size = 16")
+        => [resume];
+    gradient_clipping: Row::new(
+        "gradient_clipping",
+        Net::Cnn,
+        "clipping_type = \"adaptive\"\nclipping_threshold = 0.01",
+    ) => [resume];
+    gyro_dropout: Row {
+        refused: &[("p = 1.5", &["`p` must be in [0, 1)"])],
+        ..Row::new("gyro_dropout", Net::MlpDropout, "sigma = 4\ntau = 2")
+    } => [resume, refused];
+    layer_freezing: Row {
+        refused: &[("freeze_level = 1.5", &["freeze_level"])],
+        ..Row::new("layer_freezing", Net::Cnn, "")
+    } => [refused];
+    logit_softcap: Row {
+        refused: &[
+            ("cap = 0.0", &["cap", "positive"]),
+            ("cap = -15", &["cap", "-15"]),
+            ("cap = \"thirty\"", &["cap"]),
+            ("softcap = 30", &["softcap"]),
+        ],
+        ..Row::new("logit_softcap", Net::TinyGpt, "")
+    } => [refused];
+    lookahead: Row {
+        refused: &[
+            ("k = 0", &["setting `k`"]),
+            ("alpha = 2.0", &["setting `alpha` must be in (0, 1]"]),
+            (
+                "variant = \"ema\"\nalpha = 0.5",
+                &["setting `alpha` applies only to variant = \"lookahead\""],
+            ),
+            ("variant = \"slow\"", &["setting `variant`"]),
+        ],
+        ..Row::new("lookahead", Net::Mlp, "k = 3\nalpha = 0.5")
+    } => [resume, refused];
+    lookahead_ema: Row::new("lookahead", Net::Mlp, "variant = \"ema\"\nk = 3") => [resume];
+    low_precision_layernorm: Row::new("low_precision_layernorm", Net::MlpLayerNormBf16, "")
+        => [resume];
+    low_precision_groupnorm: Row::new("low_precision_groupnorm", Net::CnnGroupNormBf16, "")
+        => [resume];
+    mixup: Row {
+        refused: &[
+            ("alpha = -0.5", &["`alpha` must be a finite number >= 0"]),
+            ("interpolate_loss = \"yes\"", &["interpolate_loss"]),
+            ("alhpa = 0.2", &["alhpa"]),
+        ],
+        ..Row::new("mixup", Net::CnnCpu, "alpha = 0.4")
+    } => [refused];
+    // modded-nanogpt's five architecture changes together, in an order that is not the one
+    // they run in at `init`.
+    modded_nanogpt: Row {
+        with: &[
+            ("zero_init_projections", ""),
+            ("logit_softcap", "cap = 15.0"),
+            ("qk_norm", ""),
+            ("relu_squared", ""),
+        ],
+        ..Row::new("rotary", Net::TinyGptDropout, "")
+    } => [resume];
+    muon: Row {
+        refused: &[
+            ("variant = \"adam\"", &["variant", "adam"]),
+            ("variant = \"keller\"\nadjust_lr = \"original\"", &["adjust_lr"]),
+            ("momentum = 1.5", &["momentum"]),
+        ],
+        ..Row::new("muon", Net::CnnCpu, "lr = 0.02\nweight_decay = 0.01")
+    } => [resume, refused];
+    progressive_resizing: Row {
+        refused: &[
+            ("mode = \"bilinear\"", &["`mode` must be \"resize\" or \"crop\""]),
+            ("initial_scale = 0.0", &["`initial_scale` must be in (0, 1]"]),
+            ("delay_fraction = 0.9\nfinetune_fraction = 0.1", &["must be below 1"]),
+            ("size_increment = 0", &["`size_increment` must be a positive"]),
+            ("resize_target = true", &["`resize_target`"]),
+        ],
+        // Crop mode draws from the host's RNG and the schedule reads the restored clock.
+        ..Row::new("progressive_resizing", Net::Resnet20, "mode = \"crop\"\ndelay_fraction = 0.25")
+    } => [resume, refused];
+    qk_norm: Row {
+        refused: &[("eps = 1e-6", &["eps"])],
+        ..Row::new("qk_norm", Net::TinyGpt, "")
+    } => [refused];
+    randaugment: Row {
+        refused: &[
+            SEVERITY,
+            ("depth = -1", &["depth"]),
+            AUGMENTATION_SET,
+            ("sevrity = 3", &["`sevrity`"]),
+        ],
+        ..Row::new("randaugment", Net::Cnn, "depth = 3")
+    } => [resume, refused];
+    relu_squared: Row {
+        refused: &[("power = 3", &["power"])],
+        ..Row::new("relu_squared", Net::TinyGpt, "")
+    } => [refused];
+    rotary: Row {
+        refused: &[
+            ("base = 0.0", &["base", "positive"]),
+            ("base = \"big\"", &["base"]),
+            ("fraction = 0.0", &["fraction", "(0, 1]"]),
+            ("fraction = 1.5", &["fraction", "1.5"]),
+            ("max_sequence_length = 0", &["max_sequence_length", "positive"]),
+            ("theta = 3", &["theta"]),
+        ],
+        ..Row::new("rotary", Net::TinyGpt, "")
+    } => [refused];
+    sam: Row {
+        refused: &[("interval = 0", &["interval"])],
+        ..Row::new("sam", Net::Cnn, "")
+    } => [refused];
+    seq_length_warmup: Row {
+        refused: &[
+            ("duration = 1.5", &["duration", "1.5"]),
+            (
+                "min_seq_length = 16\nmax_seq_length = 8",
+                &["max_seq_length", "min_seq_length"],
+            ),
+            ("step_size = 0", &["step_size"]),
+            ("truncate = 1", &["truncate"]),
+            ("max_len = 32", &["max_len"]),
+        ],
+        ..Row::new(
+            "seq_length_warmup",
+            Net::TinyGptDropout,
+            "duration = 1.0\nmin_seq_length = 8\nmax_seq_length = 32\nstep_size = 8",
+        )
+    } => [resume, refused];
+    squeeze_excite: Row::new(
+        "squeeze_excite",
+        Net::Resnet20,
+        "latent_channels = 0.5\nmin_channels = 8",
+    ) => [resume];
+    stochastic_depth: Row::new(
+        "stochastic_depth",
+        Net::Resnet50,
+        "drop_rate = 0.5\ndrop_warmup = 0.5",
+    ) => [resume];
+    // The kill comes after the batch-4 checkpoint: SWALR has stepped 3 of its 6 annealing
+    // steps (updates at 2, 3, 4), and the next ones back-solve from the held rate in the
+    // method's state (a resumed run that lost it anneals from the optimizer's rate instead).
+    swa: Row {
+        refused: &[
+            ("swa_start = \"10ba\"", &["setting `swa_start`"]),
+            ("anneal_steps = 0", &["setting `anneal_steps`"]),
+            (
+                "swa_lr_mode = \"hold\"\nschedule_swa_lr = true",
+                &["setting `swa_lr` is required"],
+            ),
+        ],
+        ..Row::new(
+            "swa",
+            Net::CnnCpu,
+            "swa_start = \"0.25dur\"\nswa_end = \"0.75dur\"\nupdate_interval = \"1ba\"\n\
+             schedule_swa_lr = true\nanneal_steps = 6\nswa_lr = 0.01\nswa_lr_mode = \"hold\"",
+        )
+    } => [resume, refused];
+    // The batch-4 checkpoint holds the one-step rate SWALR set at that update (the optimizer's
+    // pending scale) under a decaying schedule; annealing runs over updates 2 and 4.
+    swa_composer: Row {
+        scheduler: "name = \"linear\"\nalpha_i = 1.0\nalpha_f = 0.2",
+        ..Row::new(
+            "swa",
+            Net::CnnCpu,
+            "swa_start = \"0.25dur\"\nswa_end = \"0.75dur\"\nupdate_interval = \"2ba\"\n\
+             schedule_swa_lr = true\nanneal_steps = 3",
+        )
+    } => [resume];
+    // Level 2 in selective mode: the run record's evaluations and the logged fraction must
+    // match.
+    test_time_augmentation: Row::new(
+        "test_time_augmentation",
+        Net::Cnn,
+        "level = 2\nconfidence = 0.9",
+    ) => [resume];
+    weight_standardization: Row {
+        refused: &[
+            ("n_last_layers_ignore = -2", &["n_last_layers_ignore"]),
+            ("n_last_layer_ignore = 2", &["n_last_layer_ignore"]),
+        ],
+        ..Row::new("weight_standardization", Net::Resnet20, "")
+    } => [resume, refused];
+    zero_init_projections: Row {
+        refused: &[
+            ("attention = 1", &["attention"]),
+            ("embeddings = true", &["embeddings"]),
+        ],
+        ..Row::new("zero_init_projections", Net::TinyGpt, "")
+    } => [refused];
+}
+
+/// Plugins of the repository with no row, each with why and the file that covers it.
+const EXEMPT: &[(&str, &str)] = &[
+    (
+        "batchnorm_tricks",
+        "its refusal (a multiplier without its group) names the lines to add, not a setting: \
+         tests/methods/batchnorm_tricks.rs",
+    ),
+    (
+        "cutout",
+        "one of the two example plugins, trained and resumed by the trainer's tests: \
+         tests/trainer/train.rs, tests/trainer/checkpoint.rs",
+    ),
+    (
+        "dirac_init",
+        "an initialisation at `init` only, compared with torch.nn.init.dirac_: \
+         tests/methods/dirac_init.rs",
+    ),
+    (
+        "label_smoothing",
+        "one of the two example plugins, trained and resumed by the trainer's tests: \
+         tests/trainer/train.rs, tests/trainer/checkpoint.rs",
+    ),
+    (
+        "lora",
+        "a fine-tuning method of the language models: tests/models/lora.rs",
+    ),
+    (
+        "patch_whitening",
+        "its refusal needs the model (a first conv it can whiten): \
+         tests/methods/patch_whitening.rs",
+    ),
+    (
+        "selective_backprop",
+        "its runs and resume through the binary: tests/methods/selective_backprop.rs",
+    ),
+];
+
+#[test]
+fn every_plugin_has_a_row_or_an_exemption() {
+    let plugins = cdylib_plugins();
+    let rowed = |p: &str| ROWS.iter().any(|(_, row)| row.method == p);
+    let missing: Vec<&String> = plugins
+        .iter()
+        .filter(|p| !rowed(p) && !EXEMPT.iter().any(|(e, _)| e == p))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "plugins with no row in tests/methods/table.rs and no exemption: {missing:?}"
+    );
+    for (exempt, why) in EXEMPT {
+        assert!(
+            plugins.contains(&(*exempt).to_owned()),
+            "`{exempt}` is exempt but is no plugin of the repository"
+        );
+        assert!(!rowed(exempt), "`{exempt}` has a row and an exemption");
+        assert!(
+            why.contains("tests/"),
+            "`{exempt}`: name the file that covers it"
+        );
+    }
+}
