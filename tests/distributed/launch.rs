@@ -1,5 +1,5 @@
 //! `tessera launch` with the real binary: the ranks run `tessera --version` or fail at once,
-//! so nothing trains (the supervision itself is tested in host/src/launch_tests.rs).
+//! so nothing trains (the supervision itself is tested in host/src/launch/tests.rs).
 
 use tessera_tests::*;
 
