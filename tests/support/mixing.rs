@@ -2,8 +2,7 @@
 //! that tests/methods/cutmix.rs and tests/methods/mixup.rs share (`#[path]` module).
 
 use serde_json::Value;
-use tessera::checkpoint::Checkpoint;
-use tessera_tests::resume::metrics;
+use tessera_tests::resume::{assert_continues, metrics, with_checkpoints};
 use tessera_tests::*;
 
 /// A finished run's metrics lines and run.json.
@@ -47,17 +46,15 @@ pub fn run(plugin: &str, label: &str, settings: Option<&str>) -> Run {
 }
 
 /// A 6-batch run with `plugin` and `settings`, checkpointed every 2 batches, and the same run
-/// stopped after 4 batches and resumed: the same metrics (draws, losses, evaluation), the same
-/// final weights and optimizer state bit for bit, the same RNG state.
+/// stopped after 4 batches and resumed: the same metrics (draws, losses, evaluation), and the
+/// same batch-6 checkpoint ([`assert_continues`]: weights and optimizer state bit for bit, the
+/// same RNG state and clock).
 pub fn assert_stopped_and_resumed_ends_as_the_straight_run(plugin: &str, settings: &str) {
     let dir = TempDir::new(&format!("{plugin}-resume"));
     let write = |run: &str| {
         let mut toml = config(plugin, run, Some(settings));
         toml.max_duration = "6ba".into();
-        dir.write(
-            "trainer.toml",
-            &format!("{}\n[checkpoint]\ninterval = \"2ba\"\n", toml.render()),
-        );
+        dir.write("trainer.toml", &with_checkpoints(&toml, ""));
     };
     write("straight");
     train(&dir, &[], &[]).assert_success();
@@ -73,15 +70,7 @@ pub fn assert_stopped_and_resumed_ends_as_the_straight_run(plugin: &str, setting
     assert_eq!(metrics(&dir, "straight"), metrics(&dir, "resumed"));
     let evals = |run: &str| read_json(&run_dir(&dir, run).join("run.json"))["evals"].clone();
     assert_eq!(evals("straight"), evals("resumed"));
-    let last = |run: &str| {
-        let path = run_dir(&dir, run).join("checkpoints/ep0-ba6.ckpt");
-        Checkpoint::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-    };
-    let (a, b) = (last("straight"), last("resumed"));
-    assert_eq!(a.tensors.len(), b.tensors.len());
-    for ((name, ta), (nb, tb)) in a.tensors.iter().zip(&b.tensors) {
-        assert_eq!(name, nb);
-        assert!(ta.equal(tb), "tensor `{name}` differs after the resume");
-    }
-    assert_eq!(a.meta.rng, b.meta.rng);
+    // The batch-6 checkpoints: every tensor bit for bit, the RNG, clock, optimizer position and
+    // counters equal.
+    assert_continues(&dir, "straight", "resumed", 4);
 }
