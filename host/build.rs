@@ -139,6 +139,7 @@ fn main() {
     println!("cargo:rerun-if-changed=csrc/optim.cpp");
     println!("cargo:rerun-if-changed=csrc/rng.cpp");
     println!("cargo:rerun-if-changed=csrc/script_module.cpp");
+    println!("cargo:rerun-if-changed=csrc/shims.cpp");
     println!("cargo:rerun-if-changed=csrc/stream.cpp");
     println!("cargo:rerun-if-env-changed=DEP_TCH_LIBTORCH_LIB");
     println!("cargo:rerun-if-env-changed=TESSERA_CUDA_INCLUDE");
@@ -174,19 +175,10 @@ fn main() {
             .warnings(false);
         b
     };
-    base()
-        .file("csrc/amp.cpp")
-        .file("csrc/autocast.cpp")
-        .file("csrc/checkpoint.cpp")
-        .file("csrc/context.cpp")
-        .file("csrc/grad.cpp")
-        .file("csrc/observe.cpp")
-        .file("csrc/oom.cpp")
-        .file("csrc/optim.cpp")
-        .file("csrc/rng.cpp")
-        .file("csrc/script_module.cpp")
-        .file("csrc/stream.cpp")
-        .compile("tessera_autocast");
+    // amp.cpp, autocast.cpp, checkpoint.cpp, context.cpp, grad.cpp, observe.cpp, oom.cpp,
+    // optim.cpp, rng.cpp, script_module.cpp and stream.cpp as one translation unit: ATen's
+    // headers are parsed once (csrc/shims.cpp says more).
+    base().file("csrc/shims.cpp").compile("tessera_autocast");
 
     // The c10d shim, with NCCL when it can be built; CUDA graphs (`train.cuda_graphs`) need the
     // same CUDA headers.

@@ -7,6 +7,10 @@
 #include <string>
 #include <vector>
 
+// Everything below is in a namespace of this file's own: the shims are compiled as one
+// translation unit (csrc/shims.cpp), where the file's helpers must not meet another's.
+namespace tessera_amp {
+
 namespace {
 thread_local std::string last_error;
 }
@@ -40,3 +44,5 @@ int tessera_amp_unscale(void** grads, int n, void* found_inf, void* inv_scale) {
 }
 
 }
+
+}  // namespace tessera_amp

@@ -2,6 +2,10 @@
 // `amp_bf16` on CPU needs these few lines of libtorch C++.
 #include <ATen/autocast_mode.h>
 
+// Everything below is in a namespace of this file's own: the shims are compiled as one
+// translation unit (csrc/shims.cpp), where the file's helpers must not meet another's.
+namespace tessera_autocast {
+
 extern "C" {
 
 // device: 0 = CPU, 1 = CUDA. dtype: 0 = bfloat16, 1 = float16.
@@ -26,3 +30,5 @@ int tessera_autocast_set(int device, int enabled, int dtype) {
 }
 
 }
+
+}  // namespace tessera_autocast

@@ -22,6 +22,10 @@
 
 #include "guarded.h"
 
+// Everything below is in a namespace of this file's own: the shims are compiled as one
+// translation unit (csrc/shims.cpp), where the file's helpers must not meet another's.
+namespace tessera_checkpoint {
+
 extern "C" {
 // The callback's phases: the forward; the recompute in backward; the end of the backward
 // through the recomputed graph (no input, no output: the unit puts back what the recompute
@@ -254,3 +258,5 @@ int tessera_checkpoint(void* input, tessera_unit_fn run, tessera_unit_drop drop,
 }
 
 }
+
+}  // namespace tessera_checkpoint

@@ -13,6 +13,10 @@
 
 #include <string>
 
+// Everything below is in a namespace of this file's own: the shims are compiled as one
+// translation unit (csrc/shims.cpp), where the file's helpers must not meet another's.
+namespace tessera_context {
+
 namespace {
 
 thread_local std::string last_error;
@@ -105,3 +109,5 @@ int tessera_matmul_precision() {
 }
 
 }
+
+}  // namespace tessera_context

@@ -5,6 +5,10 @@
 // stepped with zeros.
 #include <ATen/ATen.h>
 
+// Everything below is in a namespace of this file's own: the shims are compiled as one
+// translation unit (csrc/shims.cpp), where the file's helpers must not meet another's.
+namespace tessera_grad {
+
 extern "C" {
 
 // Sets `tensor`'s gradient to `grad` (an `at::Tensor*`, shared, not copied), or resets it when
@@ -26,3 +30,4 @@ int tessera_set_grad(void* tensor, void* grad) {
 
 }
 
+}  // namespace tessera_grad

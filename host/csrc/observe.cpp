@@ -49,6 +49,10 @@
 #include <optional>
 #include <string>
 
+// Everything below is in a namespace of this file's own: the shims are compiled as one
+// translation unit (csrc/shims.cpp), where the file's helpers must not meet another's.
+namespace tessera_observe {
+
 namespace {
 
 // Reads counted on one thread: (source, operator) -> reads.
@@ -335,3 +339,5 @@ void tessera_observe_table(void* context,
 }
 
 }
+
+}  // namespace tessera_observe

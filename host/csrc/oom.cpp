@@ -20,6 +20,10 @@
 #include <atomic>
 #include <memory>
 
+// Everything below is in a namespace of this file's own: the shims are compiled as one
+// translation unit (csrc/shims.cpp), where the file's helpers must not meet another's.
+namespace tessera_oom {
+
 namespace {
 
 std::atomic<long long> ooms{0};
@@ -132,3 +136,5 @@ int tessera_empty_cuda_cache() {
 }
 
 }
+
+}  // namespace tessera_oom

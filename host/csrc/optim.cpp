@@ -20,6 +20,10 @@
 #include <string>
 #include <vector>
 
+// Everything below is in a namespace of this file's own: the shims are compiled as one
+// translation unit (csrc/shims.cpp), where the file's helpers must not meet another's.
+namespace tessera_optim {
+
 namespace {
 
 thread_local std::string last_error;
@@ -237,3 +241,5 @@ int tessera_optim_count_stop(int64_t* top, int64_t* all) {
 }
 
 }
+
+}  // namespace tessera_optim

@@ -10,6 +10,10 @@
 #include <cstring>
 #include <mutex>
 
+// Everything below is in a namespace of this file's own: the shims are compiled as one
+// translation unit (csrc/shims.cpp), where the file's helpers must not meet another's.
+namespace tessera_rng {
+
 extern "C" {
 
 // Copies the state into `out` when `capacity` is large enough; returns the state's size in
@@ -86,3 +90,5 @@ int tessera_set_cuda_rng_state(int device, const unsigned char* data, long long 
 }
 
 }
+
+}  // namespace tessera_rng

@@ -7,6 +7,10 @@
 #include <string>
 #include <unordered_set>
 
+// Everything below is in a namespace of this file's own: the shims are compiled as one
+// translation unit (csrc/shims.cpp), where the file's helpers must not meet another's.
+namespace tessera_script_module {
+
 namespace {
 thread_local std::string last_error;
 
@@ -81,3 +85,5 @@ void* tessera_script_forward(void* module, void* input, int train) {
 }
 
 }
+
+}  // namespace tessera_script_module

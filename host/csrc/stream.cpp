@@ -18,6 +18,10 @@
 #include <string>
 #include <vector>
 
+// Everything below is in a namespace of this file's own: the shims are compiled as one
+// translation unit (csrc/shims.cpp), where the file's helpers must not meet another's.
+namespace tessera_stream {
+
 namespace {
 thread_local std::string last_error;
 
@@ -150,3 +154,5 @@ void* tessera_pinned_copy(const void* data, long long nbytes, int dtype, const l
 }
 
 }
+
+}  // namespace tessera_stream
