@@ -27,6 +27,7 @@ use sha2::{Digest, Sha256};
 pub mod dist;
 pub mod export;
 pub mod plugins;
+mod python_worker;
 pub mod resume;
 
 /// The workspace version, which the host and both plugins share.
@@ -606,10 +607,11 @@ pub fn wait_with_timeout(mut child: Child, command: &str, timeout: Duration) -> 
         }
         std::thread::sleep(Duration::from_millis(20));
     };
-    // The pipes end when the child and whatever it started have closed them.
+    // The pipes end when the child and whatever it started have closed them: within what is
+    // left of the timeout, and at least 10 s (the timeout itself when shorter).
     let left = timeout
         .saturating_sub(started.elapsed())
-        .max(Duration::from_secs(10));
+        .max(timeout.min(Duration::from_secs(10)));
     let deadline = Instant::now() + left;
     let stderr = drain(&stderr, left);
     let stdout = drain(&stdout, deadline.saturating_duration_since(Instant::now()));
@@ -884,7 +886,10 @@ pub fn torch_pythonpath() -> PathBuf {
 
 /// Runs `$PYTHON` (default `python3`) with `args` in the repository root, with
 /// [`torch_pythonpath`] as `PYTHONPATH`; `Err` when Python cannot be started. A script still
-/// running after [`PYTHON_TIMEOUT`] is killed and fails the test.
+/// running after [`PYTHON_TIMEOUT`] is killed and fails the test. A script (or `-c` code) runs
+/// in an interpreter that has imported torch already and ran the test process's earlier
+/// scripts (`tests/support/python_worker.py`; `TESSERA_PYTHON_WORKER=0` starts a fresh one
+/// each time).
 pub fn python(args: &[&str]) -> Result<std::process::Output, String> {
     python_with_env(args, &[])
 }
@@ -895,6 +900,27 @@ pub fn python_with_env(
     env: &[(&str, &str)],
 ) -> Result<std::process::Output, String> {
     let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".to_owned());
+    let command = format!("{python} {}", args.join(" "));
+    // With the torch PYTHONPATH, an interpreter that has imported torch already runs it
+    // (tests/common/python_worker.rs).
+    let torch_path = torch_pythonpath().display().to_string();
+    let torch_only = env
+        .iter()
+        .all(|(k, v)| *k != "PYTHONPATH" || *v == torch_path);
+    let rest: Vec<(&str, &str)> = env
+        .iter()
+        .copied()
+        .filter(|(k, _)| *k != "PYTHONPATH")
+        .collect();
+    if torch_only && python_worker::eligible(args, &rest) {
+        if let Some(reply) = python_worker::run(&python, args, &rest, &command, PYTHON_TIMEOUT) {
+            return Ok(std::process::Output {
+                status: reply.status,
+                stdout: reply.stdout.into_bytes(),
+                stderr: reply.stderr.into_bytes(),
+            });
+        }
+    }
     let mut cmd = Command::new(&python);
     cmd.args(args)
         .current_dir(repo_root())
@@ -903,7 +929,6 @@ pub fn python_with_env(
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let command = format!("{python} {}", args.join(" "));
     let out = try_run_with_timeout(cmd, &command, PYTHON_TIMEOUT)
         .map_err(|e| format!("cannot run {python}: {e}"))?;
     Ok(std::process::Output {
