@@ -163,17 +163,22 @@ for _ in $(seq 600); do
   sleep 1
 done
 CLIPPY_STARTED=$SECONDS
-nice -n 19 cargo clippy --release --workspace --all-targets -- -D warnings > "$CLIPPY_LOG" 2>&1 &
+CLIPPY_TIME="$(mktemp)"
+(
+  rc=0
+  nice -n 19 cargo clippy --release --workspace --all-targets -- -D warnings > "$CLIPPY_LOG" 2>&1 || rc=$?
+  echo $((SECONDS - CLIPPY_STARTED)) > "$CLIPPY_TIME"
+  exit "$rc"
+) &
 CLIPPY_PID=$!
 TESTS_RC=0
 wait "$TESTS_PID" || TESTS_RC=$?
 CLIPPY_RC=0
 wait "$CLIPPY_PID" || CLIPPY_RC=$?
-CLIPPY_TOOK=$((SECONDS - CLIPPY_STARTED))
 rm -f "$TESTS_LOG"
-echo "== clippy (beside the tests, started after $(took $((CLIPPY_STARTED - PHASE_STARTED))), took $(took "$CLIPPY_TOOK")):"
+echo "== clippy: beside the tests, from $(took $((CLIPPY_STARTED - PHASE_STARTED))) into them, took $(took "$(cat "$CLIPPY_TIME" 2>/dev/null || echo 0)")"
 cat "$CLIPPY_LOG"
-rm -f "$CLIPPY_LOG"
+rm -f "$CLIPPY_LOG" "$CLIPPY_TIME"
 if ((CLIPPY_RC != 0)); then
   echo "error: cargo clippy --release --workspace --all-targets -- -D warnings failed (exit $CLIPPY_RC)" >&2
 fi
