@@ -140,3 +140,94 @@ pub fn run(
         .push(worker);
     Some(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `python3 ARGS` in a fresh interpreter, as the tests ran every script before the worker.
+    fn fresh(args: &[&str], env: &[(&str, &str)]) -> Reply {
+        let mut cmd = Command::new("python3");
+        cmd.args(args)
+            .current_dir(crate::repo_root())
+            .env("PYTHONPATH", crate::torch_pythonpath())
+            .env("PYTHONWARNINGS", "ignore")
+            .envs(env.iter().copied());
+        let out = crate::try_run_with_timeout(cmd, "python3", crate::PYTHON_TIMEOUT)
+            .expect("python3 starts");
+        Reply {
+            status: out.status,
+            stdout: out.stdout,
+            stderr: out.stderr,
+        }
+    }
+
+    fn in_worker(args: &[&str], env: &[(&str, &str)]) -> Reply {
+        run(
+            "python3",
+            args,
+            env,
+            "python3 (worker)",
+            crate::PYTHON_TIMEOUT,
+        )
+        .expect("the worker runs it")
+    }
+
+    const SCRIPT: &str = "import os, sys\n\
+        print(sys.argv[1:], os.environ.get('TESSERA_WORKER_TEST'), repr(sys.stdin.read()))\n\
+        os.environ['TESSERA_LEFT_BEHIND'] = '1'\n\
+        sys.path.insert(0, '/nonexistent')\n\
+        os.chdir('/')\n\
+        sys.stderr.write('to stderr\\n')\n\
+        if sys.argv[1] == 'raise':\n    raise ValueError('a script error')\n\
+        sys.exit(int(sys.argv[1]))";
+
+    #[test]
+    fn a_command_in_the_worker_ends_as_in_a_fresh_interpreter() {
+        for arg in ["0", "3", "raise"] {
+            let env = [("TESSERA_WORKER_TEST", arg)];
+            let (w, f) = (
+                in_worker(&["-c", SCRIPT, arg], &env),
+                fresh(&["-c", SCRIPT, arg], &env),
+            );
+            assert_eq!(w.status.code(), f.status.code(), "{arg}: {}", w.stderr);
+            assert_eq!(w.stdout, f.stdout, "{arg}");
+            let last = |s: &str| s.trim_end().lines().last().unwrap_or("").to_owned();
+            assert_eq!(last(&w.stderr), last(&f.stderr), "{arg}: {}", w.stderr);
+            // What the command changed is put back for the next one.
+            let after = in_worker(
+                &[
+                    "-c",
+                    "import os, sys; print(os.environ.get('TESSERA_LEFT_BEHIND'), \
+                     os.environ.get('TESSERA_WORKER_TEST'), '/nonexistent' in sys.path, \
+                     os.getcwd() == os.environ['TESSERA_ROOT'])",
+                ],
+                &[("TESSERA_ROOT", &crate::repo_root().display().to_string())],
+            );
+            assert_eq!(after.stdout, "None None False True\n", "{}", after.stderr);
+        }
+    }
+
+    #[test]
+    fn a_script_runs_as_its_file_with_its_folder_first_on_the_path() {
+        let dir = crate::TempDir::new("worker-script");
+        dir.write("helper.py", "VALUE = 'from the folder'\n");
+        let script = dir.join("main.py");
+        std::fs::write(
+            &script,
+            "import os, sys, helper\n\
+             print(__name__, os.path.isabs(__file__), sys.argv[1:], helper.VALUE)\n",
+        )
+        .expect("write main.py");
+        let path = script.display().to_string();
+        let (w, f) = (in_worker(&[&path, "x"], &[]), fresh(&[&path, "x"], &[]));
+        assert_eq!(
+            w.stdout, "__main__ True ['x'] from the folder\n",
+            "{}",
+            w.stderr
+        );
+        assert_eq!(w.stdout, f.stdout);
+        assert!(eligible(&[&path], &[]) && !eligible(&[&path], &[("PATH", "/bin")]));
+        assert!(!eligible(&["scripts/make_torchscript_model.py"], &[]));
+    }
+}

@@ -16,8 +16,9 @@ Each command runs as `python3 ARGV` would, in this process: `sys.argv`, `sys.pat
 script's folder, or '' for `-c`), `__name__ == "__main__"`, `SystemExit` as the exit code, an
 uncaught exception printed to its stderr with exit code 1. What a script may change and a
 fresh interpreter would not have is put back after it: `sys.argv`, `sys.path`, the working
-folder, the environment, the warning filters, and torch's default dtype, grad mode, thread count
-and deterministic-algorithm setting (as torch had them when the worker started). The modules
+folder, the environment, the warning filters, and torch's default dtype, grad mode, thread count,
+deterministic-algorithm setting and print options (as torch had them when the worker started);
+`sys.stdin` is empty. The modules
 a script imports (`pytorch_models`, transformers, ...) stay imported. Output written by C++
 code straight to the file descriptors, not through `sys.stdout`, is not captured.
 """
@@ -52,10 +53,11 @@ def _run(argv, env):
     out, err = io.StringIO(), io.StringIO()
     saved_argv, saved_path = sys.argv, list(sys.path)
     saved_cwd, saved_env = os.getcwd(), dict(os.environ)
-    saved_stdout, saved_stderr = sys.stdout, sys.stderr
+    saved_stdin, saved_stdout, saved_stderr = sys.stdin, sys.stdout, sys.stderr
     code = 0
     with warnings.catch_warnings():
-        sys.stdout, sys.stderr = out, err
+        # stdin empty, as the tests start a fresh interpreter (the worker's own is its requests).
+        sys.stdin, sys.stdout, sys.stderr = io.StringIO(""), out, err
         os.environ.update(env)
         try:
             if argv[0] == "-c":
@@ -85,7 +87,7 @@ def _run(argv, env):
                 sys.stderr.flush()
             except Exception:  # noqa: BLE001 - a script may have closed its streams
                 pass
-            sys.stdout, sys.stderr = saved_stdout, saved_stderr
+            sys.stdin, sys.stdout, sys.stderr = saved_stdin, saved_stdout, saved_stderr
             sys.argv, sys.path[:] = saved_argv, saved_path
             os.chdir(saved_cwd)
             os.environ.clear()
@@ -96,6 +98,7 @@ def _run(argv, env):
         torch.set_grad_enabled(grad)
         torch.set_num_threads(threads)
         torch.use_deterministic_algorithms(deterministic)
+        torch.set_printoptions(profile="default")
     return code, out.getvalue(), err.getvalue()
 
 
