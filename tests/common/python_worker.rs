@@ -5,10 +5,11 @@
 //!
 //! [`crate::python`] sends a command here when it would run with the torch `PYTHONPATH` and at
 //! most `TESSERA_*` variables besides, which the scripts read when they run (variables that
-//! Python, torch or OpenMP read at start-up would come too late in a running interpreter). A worker is taken from the idle ones (or started), used by one test at a
-//! time and put back; tests on two threads use two. `TESSERA_PYTHON_WORKER=0` runs every
-//! command in a fresh interpreter instead. A script that kills its interpreter (a crash, an
-//! `os._exit`) is run again in a fresh one, whose output then tells what happened.
+//! Python, torch or OpenMP read at start-up would come too late in a running interpreter). A
+//! worker is taken from the idle ones (or started), used by one test at a time and put back;
+//! tests on two threads use two. `TESSERA_PYTHON_WORKER=0` runs every command in a fresh
+//! interpreter instead. A script that kills its interpreter (a crash, an `os._exit`) is run
+//! again in a fresh one, whose output then tells what happened.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::ExitStatusExt;
