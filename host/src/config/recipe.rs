@@ -162,11 +162,9 @@ pub fn load_with_recipe(
 mod tests {
     use super::*;
 
-    fn temp(tag: &str) -> std::path::PathBuf {
-        let dir = std::env::temp_dir().join(format!("tessera-recipe-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        dir
+    /// A fresh folder, removed when the returned value is dropped.
+    fn temp(tag: &str) -> crate::data::idx::tests::TempDir {
+        crate::data::idx::tests::TempDir::new(&format!("recipe-{tag}"))
     }
 
     const BASE: &str = r#"

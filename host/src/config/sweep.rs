@@ -281,10 +281,9 @@ fn axis_value(
 mod tests {
     use super::*;
 
-    fn write(tag: &str, files: &[(&str, &str)]) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("tessera-sweep-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("temp dir");
+    /// `files` in a fresh folder, removed when the returned value is dropped.
+    fn write(tag: &str, files: &[(&str, &str)]) -> crate::data::idx::tests::TempDir {
+        let dir = crate::data::idx::tests::TempDir::new(&format!("sweep-{tag}"));
         for (name, text) in files {
             std::fs::write(dir.join(name), text).expect("write");
         }

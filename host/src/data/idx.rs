@@ -227,6 +227,14 @@ pub(crate) mod tests {
         }
     }
 
+    impl std::ops::Deref for TempDir {
+        type Target = std::path::Path;
+
+        fn deref(&self) -> &std::path::Path {
+            &self.0
+        }
+    }
+
     pub(crate) fn gzip(bytes: &[u8]) -> Vec<u8> {
         let mut enc = GzEncoder::new(Vec::new(), Compression::fast());
         enc.write_all(bytes).unwrap();

@@ -1,15 +1,11 @@
-use std::path::PathBuf;
-
 use tch::{Device, Kind, Tensor};
 
 use super::*;
 use crate::model::{Gpt2Config, InputShape, ModelConfig};
 
-fn dir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("tessera-init-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A fresh folder, removed when the returned value is dropped.
+fn dir(tag: &str) -> crate::data::idx::tests::TempDir {
+    crate::data::idx::tests::TempDir::new(&format!("init-{tag}"))
 }
 
 fn build(config: &ModelConfig, input: InputShape, seed: i64) -> Model {
@@ -75,7 +71,6 @@ fn export_import_export_gives_the_same_bytes() {
             config.name
         );
     }
-    let _ = std::fs::remove_dir_all(&d);
 }
 
 #[test]
@@ -109,7 +104,6 @@ fn a_head_with_another_class_count_starts_fresh_and_the_rest_loads() {
     let report = load_init_weights(&c, ModelName::Resnet18, &file, &[], true).unwrap();
     assert!(report.new_head.is_empty());
     assert!(same_tensors(&a, &c));
-    let _ = std::fs::remove_dir_all(&d);
 }
 
 #[test]
@@ -159,7 +153,6 @@ fn strict_loading_lists_every_difference_and_copies_nothing() {
         .tensor
         .equal(&a.params.get("layers.2.weight").unwrap().tensor));
     assert!(check_patterns(&["[".to_owned()]).is_err());
-    let _ = std::fs::remove_dir_all(&d);
 }
 
 #[test]
@@ -210,7 +203,6 @@ fn tied_weights_load_under_either_name_and_must_agree() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("tied weights differ"), "{e}");
-    let _ = std::fs::remove_dir_all(&d);
 }
 
 #[test]
@@ -247,7 +239,6 @@ fn half_precision_files_convert_and_pickles_are_refused_with_the_script() {
         e.contains("junk.safetensors") && e.contains("not a safetensors file"),
         "{e}"
     );
-    let _ = std::fs::remove_dir_all(&d);
 }
 
 #[test]
