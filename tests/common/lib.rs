@@ -72,6 +72,29 @@ pub fn plugin_path(name: &str) -> PathBuf {
     path
 }
 
+/// `<target>/<prefix>-<pid>`, removed if it exists, for what one test process makes once and
+/// keeps to its end (a `OnceLock`, never dropped, so never removed by the process itself). The
+/// folders of earlier processes under `prefix` whose process has ended are removed here.
+pub fn process_dir(prefix: &str) -> PathBuf {
+    let root = target_dir();
+    let own = std::process::id();
+    for entry in std::fs::read_dir(&root).into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let pid = name
+            .strip_prefix(prefix)
+            .and_then(|rest| rest.strip_prefix('-'))
+            .and_then(|pid| pid.parse::<u32>().ok());
+        if let Some(pid) = pid {
+            if pid != own && !Path::new(&format!("/proc/{pid}")).exists() {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+    }
+    let dir = root.join(format!("{prefix}-{own}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
 /// sha256 of a file, as 64 lower-case hex digits.
 pub fn sha256_hex(path: &Path) -> String {
     let bytes =

@@ -49,8 +49,7 @@ fn references() -> Option<&'static Path> {
         if !transformers_imports() {
             return None;
         }
-        let dir = target_dir().join(format!("bert-references-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = process_dir("bert-references");
         let out = python(&[
             "tests/support/bert_reference.py",
             "make",

@@ -31,8 +31,7 @@ fn references() -> Option<&'static Path> {
         {
             return None;
         }
-        let dir = target_dir().join(format!("finetune-references-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let dir = process_dir("finetune-references");
         let out = python(&[
             "tests/support/pretrained_reference.py",
             &dir.display().to_string(),
