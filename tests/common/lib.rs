@@ -944,7 +944,18 @@ pub fn python_with_env(
             });
         }
     }
-    let mut cmd = Command::new(&python);
+    python_fresh(&python, args, env, &command)
+}
+
+/// `python args` in a fresh interpreter, in the repository root, with the torch `PYTHONPATH`
+/// and then `env`; what [`python_with_env`] runs when the worker cannot.
+fn python_fresh(
+    python: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+    command: &str,
+) -> Result<std::process::Output, String> {
+    let mut cmd = Command::new(python);
     cmd.args(args)
         .current_dir(repo_root())
         .env("PYTHONPATH", torch_pythonpath())
@@ -952,7 +963,7 @@ pub fn python_with_env(
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let out = try_run_with_timeout(cmd, &command, PYTHON_TIMEOUT)
+    let out = try_run_with_timeout(cmd, command, PYTHON_TIMEOUT)
         .map_err(|e| format!("cannot run {python}: {e}"))?;
     Ok(std::process::Output {
         status: out.status,

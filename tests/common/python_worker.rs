@@ -84,9 +84,9 @@ fn start(python: &str) -> Option<Worker> {
     })
 }
 
-/// Runs `args` with `env` in an idle worker (started when none is idle). `None` when no worker could run
-/// it to its end (Python missing, the interpreter died): the caller runs a fresh one. A script
-/// still running after `timeout` fails the test, as [`crate::wait_with_timeout`] does.
+/// Runs `args` with `env` in an idle worker (started when none is idle). `None` when no worker
+/// could run it to its end (Python missing, the interpreter died): the caller runs a fresh one.
+/// A script still running after `timeout` fails the test, as [`crate::wait_with_timeout`] does.
 pub fn run(
     python: &str,
     args: &[&str],
@@ -146,20 +146,14 @@ pub fn run(
 mod tests {
     use super::*;
 
-    /// `python3 ARGS` in a fresh interpreter, as the tests ran every script before the worker.
+    /// `python3 ARGS` in a fresh interpreter, as `python_with_env` runs what the worker cannot.
     fn fresh(args: &[&str], env: &[(&str, &str)]) -> Reply {
-        let mut cmd = Command::new("python3");
-        cmd.args(args)
-            .current_dir(crate::repo_root())
-            .env("PYTHONPATH", crate::torch_pythonpath())
-            .env("PYTHONWARNINGS", "ignore")
-            .envs(env.iter().copied());
-        let out = crate::try_run_with_timeout(cmd, "python3", crate::PYTHON_TIMEOUT)
-            .expect("python3 starts");
+        let out = crate::python_fresh("python3", args, env, "python3").expect("python3 starts");
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
         Reply {
             status: out.status,
-            stdout: out.stdout,
-            stderr: out.stderr,
+            stdout: text(&out.stdout),
+            stderr: text(&out.stderr),
         }
     }
 

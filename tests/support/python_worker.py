@@ -7,10 +7,9 @@ commands it would have run as `python3 ARGS...`.
 
 Protocol: one JSON object per line on stdin, `{"argv": ["script.py", "arg", ...], "env":
 {"NAME": "value"}}` or `{"argv": ["-c", "code", "arg", ...], "env": {}}` (`env`: variables set
-for this command only); one JSON line back on the file descriptor passed as the
-worker's standard output, `{"code": N, "stdout": "...", "stderr": "..."}` (what C++ code writes
-straight to file descriptor 1 goes to its stderr instead). The worker exits at the end of its
-input.
+for this command only); one JSON line back on the worker's standard output, `{"code": N,
+"stdout": "...", "stderr": "..."}` (what C++ code writes straight to file descriptor 1 goes to
+its stderr instead). The worker exits at the end of its input.
 
 Each command runs as `python3 ARGV` would, in this process: `sys.argv`, `sys.path[0]` (the
 script's folder, or '' for `-c`), `__name__ == "__main__"`, `SystemExit` as the exit code, an
@@ -18,9 +17,9 @@ uncaught exception printed to its stderr with exit code 1. What a script may cha
 fresh interpreter would not have is put back after it: `sys.argv`, `sys.path`, the working
 folder, the environment, the warning filters, and torch's default dtype, grad mode, thread count,
 deterministic-algorithm setting and print options (as torch had them when the worker started);
-`sys.stdin` is empty. The modules
-a script imports (`pytorch_models`, transformers, ...) stay imported. Output written by C++
-code straight to the file descriptors, not through `sys.stdout`, is not captured.
+`sys.stdin` is empty. The modules a script imports (`pytorch_models`, transformers, ...) stay
+imported. Output written by C++ code straight to the file descriptors, not through
+`sys.stdout`, is not captured.
 """
 
 import io
