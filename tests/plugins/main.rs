@@ -12,6 +12,6 @@ mod plugin_compat;
 mod plugin_errors;
 mod plugin_faults;
 
-// plugin_standalone.rs is a test binary of its own (tests/Cargo.toml): it builds a copy of
+// standalone_plugin.rs is a test binary of its own (tests/Cargo.toml): it builds a copy of
 // label_smoothing into the shared target folder, which overwrites the workspace's
 // liblabel_smoothing.so until it puts it back, so no other test may run beside it.

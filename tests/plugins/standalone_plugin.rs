@@ -18,9 +18,10 @@ const PLUGIN: &str = "label_smoothing";
 /// Undoes, when dropped, what building the copied crate in the shared target folder left there.
 /// Cargo resolves the copied crate's features on its own, so it builds its own variants of some
 /// crates (`tch` among them: seconds; `torch-sys`, the slow one, is shared) under new hashed
-/// names, which are deleted; and a cdylib's files carry no hash, so the copy overwrote the
-/// workspace's `liblabel_smoothing.{rlib,so}`, which are put back. Left behind, either would
-/// make rustdoc see two `tch`s in the workspace's own doc tests.
+/// names, which are deleted (those that were there before it ran stay: the `plugins` binary,
+/// which runs first, leaves the same variants of `tch` and `abi_stable`); and a cdylib's files
+/// carry no hash, so the copy overwrote the workspace's `liblabel_smoothing.{rlib,so}`, which
+/// are put back.
 struct SharedTargetGuard {
     folders: Vec<(PathBuf, std::collections::HashSet<std::ffi::OsString>)>,
     saved: Vec<(PathBuf, Vec<u8>)>,
