@@ -3,11 +3,14 @@
 //! loopback address, and comparisons of their checkpoints with a single process's.
 
 use std::net::TcpListener;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use tessera::checkpoint::Checkpoint;
 
-use crate::{require_fashion_mnist, tessera, uses_fashion_mnist, Output, TempDir};
+use crate::{
+    require_fashion_mnist, run_dir, tessera, train, uses_fashion_mnist, Output, TempDir,
+    TrainerToml,
+};
 
 /// A TCP port free on the loopback address a moment ago.
 pub fn free_port() -> u16 {
@@ -259,5 +262,78 @@ pub fn use_mlp(dir: &TempDir) {
     dir.write(
         "trainer.toml",
         &text.replacen(cnn, "name = \"mlp\"\nhidden = [32]", 1),
+    );
+}
+
+/// Float rounding only: the ranks' gradients are summed in another order than one process's.
+/// An MLP with SGD agrees to 1e-8 here.
+pub const TOLERANCE: f64 = 1e-6;
+/// The same with normalisations that amplify rounding: batch norm (the CNN agrees to 4e-6) and
+/// AdamW's per-coordinate step (the GPT, 3e-6).
+pub const NORMALISED_TOLERANCE: f64 = 2e-5;
+
+/// The checkpoint `name` of run `run` in `dir` (its checkpoints folder when `name` is empty).
+pub fn run_checkpoint(dir: &TempDir, run: &str, name: &str) -> PathBuf {
+    run_dir(dir, run).join("checkpoints").join(name)
+}
+
+/// Trains `toml` (3 batches) as 2 ranks of batch `per_rank` (run `ranks`) and as 1 process of
+/// batch `2 * per_rank` (run `one`); returns the folder.
+pub fn two_ranks_and_one_process(
+    label: &str,
+    toml: &TrainerToml,
+    extra: &str,
+    per_rank: u32,
+) -> TempDir {
+    let dir = TempDir::new(label);
+    dir.write("trainer.toml", &format!("{}\n{extra}", toml.render()));
+    // One thread everywhere: libtorch's reductions (a convolution's weight gradient) sum in
+    // another order with another thread count, which alone moves a CNN's weights by 4e-5 here.
+    let per = format!("data.batch_size={per_rank}");
+    let outputs = train_ranks(&dir, 2, &["run_name=ranks", &per, "train.threads=1"]);
+    assert_all_succeeded(&outputs);
+    let double = format!("data.batch_size={}", 2 * per_rank);
+    train(&dir, &["run_name=one", &double, "train.threads=1"], &[]).assert_success();
+    dir
+}
+
+/// The two runs' final models (and the methods' tensors) agree within `tolerance`.
+pub fn assert_same_training(dir: &TempDir, what: &str, tolerance: f64) {
+    let (a, b) = (
+        run_checkpoint(dir, "ranks", "ep0-ba3.ckpt"),
+        run_checkpoint(dir, "one", "ep0-ba3.ckpt"),
+    );
+    let (diff, name) = max_difference(&a, &b, &["model/", "method/"]);
+    assert!(
+        diff <= tolerance,
+        "{what}: 2 ranks and 1 process with twice the batch differ by {diff:e} (relative) at \
+         `{name}` (limit {tolerance:e})"
+    );
+}
+
+/// As [`assert_same_training`], for deeper batch-norm models where rounding alone moves the
+/// weights further: the limit is twice what changing one process's thread count (1 to 2, which
+/// reorders libtorch's reductions as splitting the batch over ranks does) moves them, and at
+/// least [`NORMALISED_TOLERANCE`]. A semantic difference (local batch norm, a pass not averaged) moves
+/// them by orders of magnitude more.
+pub fn assert_same_training_up_to_rounding(dir: &TempDir, per_rank: u32, what: &str) {
+    let double = format!("data.batch_size={}", 2 * per_rank);
+    train(dir, &["run_name=one-2t", &double, "train.threads=2"], &[]).assert_success();
+    let one = run_checkpoint(dir, "one", "ep0-ba3.ckpt");
+    let (noise, _) = max_difference(
+        &one,
+        &run_checkpoint(dir, "one-2t", "ep0-ba3.ckpt"),
+        &["model/", "method/"],
+    );
+    let limit = (2.0 * noise).max(NORMALISED_TOLERANCE);
+    let (diff, name) = max_difference(
+        &run_checkpoint(dir, "ranks", "ep0-ba3.ckpt"),
+        &one,
+        &["model/", "method/"],
+    );
+    assert!(
+        diff <= limit,
+        "{what}: 2 ranks x 64 and 1 process x 128 differ by {diff:e} (relative) at `{name}`, \
+         more than twice the rounding noise {noise:e}"
     );
 }

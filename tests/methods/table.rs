@@ -14,7 +14,15 @@
 //!   the host library and its method created from the entry's settings, as `tessera train`
 //!   does, the error naming the plugin, "invalid settings" and the row's words; and
 //!   `an_invalid_setting_stops_the_binary_naming_it`, the row's first refused setting through
-//!   the real binary (exit code 1, the `error:` line, no panic).
+//!   the real binary (exit code 1, the `error:` line, no panic);
+//! - `ranks`: `two_ranks_train_what_one_process_with_twice_the_batch_trains`, the row's run on
+//!   2 ranks of batch 64 and on 1 process of batch 128 (3 batches, synchronised batch norm, on
+//!   the default device, through the binary: ranks are processes), the same final model and
+//!   method state within float rounding;
+//! - `ranks_own`: `trains_on_two_ranks_counting_the_global_batch`, for methods that draw per
+//!   rank (each rank its own, as in Composer) or act on each rank's share: the 2 ranks train
+//!   (the host checks at the end that their models are identical), count the global batch and
+//!   evaluate.
 //!
 //! What the table does not hold stays in the method's own file: its runs, its goldens, its
 //! exports, refusals that only come at run time (they need the model or the run's length).
@@ -22,7 +30,11 @@
 //! method table") says how to add a method.
 
 use tessera::plugin::LoadedPlugin;
-use tessera_tests::plugins::cdylib_plugins;
+use tessera_tests::dist::{
+    assert_all_succeeded, assert_same_training, assert_same_training_up_to_rounding, train_ranks,
+    two_ranks_and_one_process, TOLERANCE,
+};
+use tessera_tests::plugins::{cdylib_plugins, repository_plugins};
 use tessera_tests::resume::assert_killed_and_resumed_is_exact;
 use tessera_tests::*;
 
@@ -50,6 +62,8 @@ pub enum Net {
     TinyGpt,
     /// The tiny GPT with dropout 0.1.
     TinyGptDropout,
+    /// airbench (widths 8, 16, 16), whose first conv can be whitened, on the CPU.
+    Airbench,
 }
 
 impl Net {
@@ -89,6 +103,11 @@ impl Net {
                 toml.model.push_str("\ndropout = 0.1");
                 toml
             }
+            Net::Airbench => with(
+                "name = \"airbench\"\nwidths = [8, 16, 16]",
+                Some("cpu"),
+                None,
+            ),
         }
     }
 }
@@ -109,6 +128,8 @@ pub struct Row {
     /// Settings the plugin refuses when its method is created, each with the words its error
     /// names (besides the plugin and "invalid settings"); the first also through the binary.
     pub refused: &'static [(&'static str, &'static [&'static str])],
+    /// The samples the 2-rank run (`ranks_own`) trained on, when the method drops some.
+    pub trained_on_two_ranks: Option<u64>,
 }
 
 impl Row {
@@ -121,6 +142,7 @@ impl Row {
             with: &[],
             scheduler: "",
             refused: &[],
+            trained_on_two_ranks: None,
         }
     }
 
@@ -203,13 +225,62 @@ pub fn refused_by_the_binary(name: &str, row: &Row) {
     train(&dir, &[], &[]).assert_failure(&all);
 }
 
+/// The row's 3-batch run for the 2-rank checks, on the default device (the ranks run on
+/// c10d's Gloo backend).
+fn ranks_toml(row: &Row) -> TrainerToml {
+    let mut toml = row.toml(&format!("dp-{}", row.method), row.settings, 3);
+    toml.device = None;
+    toml
+}
+
+/// The row's run on 2 ranks of batch 64 (run `ranks`) and on 1 process of batch 128 (run
+/// `one`), with synchronised batch norm: the same final model and method state within float
+/// rounding (1e-6 on the mlp; on a network with normalisations, twice what changing one
+/// process's thread count moves it, and at least 2e-5).
+pub fn ranks(name: &str, row: &Row) {
+    let dir = two_ranks_and_one_process(
+        &format!("{name}-ranks"),
+        &ranks_toml(row),
+        "[distributed]\nsync_batchnorm = true\n",
+        64,
+    );
+    if matches!(row.net, Net::Mlp) {
+        assert_same_training(&dir, row.method, TOLERANCE);
+    } else {
+        assert_same_training_up_to_rounding(&dir, 64, row.method);
+    }
+}
+
+/// The row's run on 2 ranks: every rank succeeds (the host compares the ranks' models at the
+/// end of the run), the run record counts 3 batches of the global batch of 128 and an
+/// evaluation, and the trained samples are [`Row::trained_on_two_ranks`] when given.
+pub fn ranks_own(name: &str, row: &Row) {
+    let dir = TempDir::new(&format!("{name}-ranks"));
+    ranks_toml(row).write_to(&dir);
+    let outputs = train_ranks(&dir, 2, &["run_name=ranks"]);
+    assert_all_succeeded(&outputs);
+    let record = read_json(&run_dir(&dir, "ranks").join("run.json"));
+    assert_eq!(record["batches"], 3, "{record:#}");
+    assert_eq!(record["samples"], 3 * 128, "{record:#}");
+    assert!(
+        record["evals"][0]["cross_entropy"]
+            .as_f64()
+            .is_some_and(f64::is_finite),
+        "{record:#}"
+    );
+    if let Some(trained) = row.trained_on_two_ranks {
+        assert_eq!(record["trained_samples"], trained, "{record:#}");
+    }
+}
+
 /// A module per row (`table::<row>`) with a test for each check listed: `resume` (the kill -9
-/// resume through the binary) and `refused` (every refused setting in process, the first
-/// through the binary).
+/// resume through the binary), `refused` (every refused setting in process, the first through
+/// the binary), `ranks` and `ranks_own` (2 ranks through the binary).
 macro_rules! rows {
     ($($name:ident: $row:expr => [$($check:ident),+];)+) => {
-        /// Every row, by its module's name.
-        pub const ROWS: &[(&str, Row)] = &[$((stringify!($name), $row)),+];
+        /// Every row, by its module's name, with its checks.
+        pub const ROWS: &[(&str, Row, &[&str])] =
+            &[$((stringify!($name), $row, &[$(stringify!($check)),+])),+];
         $(
             mod $name {
                 #[allow(unused_imports)]
@@ -235,6 +306,18 @@ macro_rules! rows {
             super::refused_by_the_binary(stringify!($name), &$row);
         }
     };
+    (@check ranks, $name:ident, $row:expr) => {
+        #[test]
+        fn two_ranks_train_what_one_process_with_twice_the_batch_trains() {
+            super::ranks(stringify!($name), &$row);
+        }
+    };
+    (@check ranks_own, $name:ident, $row:expr) => {
+        #[test]
+        fn trains_on_two_ranks_counting_the_global_batch() {
+            super::ranks_own(stringify!($name), &$row);
+        }
+    };
 }
 
 const SEVERITY: (&str, &[&str]) = ("severity = 11", &["`severity` must be in [0, 10]"]);
@@ -256,7 +339,7 @@ rows! {
         ],
         ..Row::new("alibi", Net::TinyGptDropout, "max_sequence_length = 64")
     } => [resume, refused];
-    alternating_flip: Row::new("alternating_flip", Net::Cnn, "") => [resume];
+    alternating_flip: Row::new("alternating_flip", Net::Cnn, "") => [resume, ranks];
     augmix: Row {
         refused: &[
             SEVERITY,
@@ -274,7 +357,7 @@ rows! {
             ("blur_frist = false", &["blur_frist"]),
         ],
         ..Row::new("blurpool", Net::Cnn, "")
-    } => [refused];
+    } => [refused, ranks];
     channels_last: Row {
         refused: &[("memory_format = \"nhwc\"", &["memory_format"])],
         ..Row::new("channels_last", Net::Resnet20, "")
@@ -524,49 +607,78 @@ rows! {
         ],
         ..Row::new("zero_init_projections", Net::TinyGpt, "")
     } => [refused];
+
+    // The 2-rank runs of the vision methods (the language methods are checked together in
+    // tests/distributed/distributed.rs). Methods that act on the data, the loss, the gradients
+    // or the optimizer train the mlp, where 2 ranks and 1 process agree to 1e-8 (no batch norm
+    // or convolution to amplify rounding); the settings are those that make each act on a
+    // 3-batch run (`tessera_tests::plugins::plugin_settings`).
+    augmix_ranks: Row::new("augmix", Net::Mlp, "") => [ranks];
+    batchnorm_tricks_ranks: Row::new("batchnorm_tricks", Net::Cnn, "") => [ranks];
+    channels_last_ranks: Row::new("channels_last", Net::Cnn, "") => [ranks];
+    dirac_init_ranks: Row::new("dirac_init", Net::Cnn, "") => [ranks];
+    early_stopping_ranks: Row::new("early_stopping", Net::Mlp, "") => [ranks];
+    ema_ranks: Row::new("ema", Net::Mlp, "half_life = \"2ba\"") => [ranks];
+    factorize_ranks: Row::new("factorize", Net::Cnn, "") => [ranks];
+    gradient_clipping_ranks: Row::new(
+        "gradient_clipping",
+        Net::Mlp,
+        "clipping_type = \"norm\"\nclipping_threshold = 1.0",
+    ) => [ranks];
+    label_smoothing_ranks: Row::new("label_smoothing", Net::Mlp, "") => [ranks];
+    layer_freezing_ranks: Row::new("layer_freezing", Net::Mlp, "") => [ranks];
+    // Syncs at batch 2; the slow weights go into the model at batch 3 (the end).
+    lookahead_ranks: Row::new("lookahead", Net::Mlp, "k = 2") => [ranks];
+    low_precision_groupnorm_ranks: Row::new("low_precision_groupnorm", Net::Cnn, "") => [ranks];
+    low_precision_layernorm_ranks: Row::new("low_precision_layernorm", Net::Cnn, "") => [ranks];
+    muon_ranks: Row::new("muon", Net::Cnn, "") => [ranks];
+    // Methods that change the image size need a network that pools globally.
+    progressive_resizing_ranks: Row::new("progressive_resizing", Net::Resnet20, "") => [ranks];
+    // Per-sample transforms are keyed by the sample's position in the epoch, so they are the
+    // same whichever rank draws them.
+    randaugment_ranks: Row::new("randaugment", Net::Mlp, "") => [ranks];
+    sam_ranks: Row::new("sam", Net::Mlp, "") => [ranks];
+    squeeze_excite_ranks: Row::new("squeeze_excite", Net::Cnn, "") => [ranks];
+    // Updates at batches 1, 2 and 3; the average replaces the model at batch 3.
+    swa_ranks: Row::new(
+        "swa",
+        Net::Mlp,
+        "swa_start = \"0.3dur\"\nswa_end = \"0.9dur\"\nupdate_interval = \"1ba\"",
+    ) => [ranks];
+    test_time_augmentation_ranks: Row::new("test_time_augmentation", Net::Cnn, "") => [ranks];
+    weight_standardization_ranks: Row::new(
+        "weight_standardization",
+        Net::Cnn,
+        "n_last_layers_ignore = 10",
+    ) => [ranks];
+    colout_ranks: Row::new("colout", Net::Resnet20, "") => [ranks_own];
+    cutmix_ranks: Row::new("cutmix", Net::Cnn, "") => [ranks_own];
+    cutout_ranks: Row::new("cutout", Net::Cnn, "") => [ranks_own];
+    // Each rank splits its own share into ghost batches.
+    ghost_batchnorm_ranks: Row::new("ghost_batchnorm", Net::Cnn, "ghost_batch_size = 16")
+        => [ranks_own];
+    gyro_dropout_ranks: Row::new("gyro_dropout", Net::Cnn, "") => [ranks_own];
+    mixup_ranks: Row::new("mixup", Net::Cnn, "") => [ranks_own];
+    // Each rank whitens from its own share of the sample; rank 0's filters go to all.
+    patch_whitening_ranks: Row::new("patch_whitening", Net::Airbench, "") => [ranks_own];
+    // Each rank keeps half of its own 64 samples: the run trained on 2 x 32 per step.
+    selective_backprop_ranks: Row {
+        trained_on_two_ranks: Some(3 * 64),
+        ..Row::new("selective_backprop", Net::Cnn, "start = 0.0\nend = 1.0\ninterrupt = 0")
+    } => [ranks_own];
+    stochastic_depth_ranks: Row::new("stochastic_depth", Net::Cnn, "") => [ranks_own];
 }
 
 /// Plugins of the repository with no row, each with why and the file that covers it.
-const EXEMPT: &[(&str, &str)] = &[
-    (
-        "batchnorm_tricks",
-        "its refusal (a multiplier without its group) names the lines to add, not a setting: \
-         tests/methods/batchnorm_tricks.rs",
-    ),
-    (
-        "cutout",
-        "one of the two example plugins, trained and resumed by the trainer's tests: \
-         tests/trainer/train.rs, tests/trainer/checkpoint.rs",
-    ),
-    (
-        "dirac_init",
-        "an initialisation at `init` only, compared with torch.nn.init.dirac_: \
-         tests/methods/dirac_init.rs",
-    ),
-    (
-        "label_smoothing",
-        "one of the two example plugins, trained and resumed by the trainer's tests: \
-         tests/trainer/train.rs, tests/trainer/checkpoint.rs",
-    ),
-    (
-        "lora",
-        "a fine-tuning method of the language models: tests/models/lora.rs",
-    ),
-    (
-        "patch_whitening",
-        "its refusal needs the model (a first conv it can whiten): \
-         tests/methods/patch_whitening.rs",
-    ),
-    (
-        "selective_backprop",
-        "its runs and resume through the binary: tests/methods/selective_backprop.rs",
-    ),
-];
+const EXEMPT: &[(&str, &str)] = &[(
+    "lora",
+    "a fine-tuning method of the language models: tests/models/lora.rs",
+)];
 
 #[test]
 fn every_plugin_has_a_row_or_an_exemption() {
     let plugins = cdylib_plugins();
-    let rowed = |p: &str| ROWS.iter().any(|(_, row)| row.method == p);
+    let rowed = |p: &str| ROWS.iter().any(|(_, row, _)| row.method == p);
     let missing: Vec<&String> = plugins
         .iter()
         .filter(|p| !rowed(p) && !EXEMPT.iter().any(|(e, _)| e == p))
@@ -586,4 +698,21 @@ fn every_plugin_has_a_row_or_an_exemption() {
             "`{exempt}`: name the file that covers it"
         );
     }
+}
+
+#[test]
+fn every_vision_plugin_has_a_two_rank_row() {
+    let on_two_ranks = |p: &str| {
+        ROWS.iter().any(|(_, row, checks)| {
+            row.method == p && checks.iter().any(|c| ["ranks", "ranks_own"].contains(c))
+        })
+    };
+    let missing: Vec<String> = repository_plugins()
+        .into_iter()
+        .filter(|p| !on_two_ranks(p))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "plugins with no `ranks` or `ranks_own` row in tests/methods/table.rs: {missing:?}"
+    );
 }
