@@ -314,8 +314,8 @@ pub fn assert_same_training(dir: &TempDir, what: &str, tolerance: f64) {
 /// As [`assert_same_training`], for deeper batch-norm models where rounding alone moves the
 /// weights further: the limit is twice what changing one process's thread count (1 to 2, which
 /// reorders libtorch's reductions as splitting the batch over ranks does) moves them, and at
-/// least [`NORMALISED_TOLERANCE`]. A semantic difference (local batch norm, a pass not averaged) moves
-/// them by orders of magnitude more.
+/// least [`NORMALISED_TOLERANCE`]. A semantic difference (local batch norm, a pass not
+/// averaged) moves them by orders of magnitude more.
 pub fn assert_same_training_up_to_rounding(dir: &TempDir, per_rank: u32, what: &str) {
     let double = format!("data.batch_size={}", 2 * per_rank);
     train(dir, &["run_name=one-2t", &double, "train.threads=2"], &[]).assert_success();
@@ -333,7 +333,8 @@ pub fn assert_same_training_up_to_rounding(dir: &TempDir, per_rank: u32, what: &
     );
     assert!(
         diff <= limit,
-        "{what}: 2 ranks x 64 and 1 process x 128 differ by {diff:e} (relative) at `{name}`, \
-         more than twice the rounding noise {noise:e}"
+        "{what}: 2 ranks x {per_rank} and 1 process x {} differ by {diff:e} (relative) at \
+         `{name}`, more than twice the rounding noise {noise:e}",
+        2 * per_rank
     );
 }

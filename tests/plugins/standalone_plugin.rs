@@ -3,8 +3,8 @@
 //! concrete and `tessera-plugin-api` depended on by path, builds and passes its own tests (unit,
 //! golden and doc tests), reading the golden files from `TESSERA_GOLDEN_DIR`.
 //!
-//! The build shares the workspace's target folder (as `tests/plugins/new_plugin.rs` does), so libtorch's
-//! bindings are reused; it needs the `LIBTORCH` the workspace was built with.
+//! The build shares the workspace's target folder (as `tests/plugins/new_plugin.rs` does), so
+//! libtorch's bindings are reused; it needs the `LIBTORCH` the workspace was built with.
 
 use std::path::{Path, PathBuf};
 
