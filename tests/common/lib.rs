@@ -26,6 +26,7 @@ use sha2::{Digest, Sha256};
 
 pub mod dist;
 pub mod export;
+pub mod fork_server;
 pub mod plugins;
 mod python_worker;
 pub mod resume;
@@ -565,9 +566,14 @@ pub fn program_command(program: &Path, args: &[&str], cwd: &Path, env: &[(&str, 
 
 /// Runs `tessera args...` in `cwd` with `env` added, without `LD_LIBRARY_PATH` (the binary's
 /// rpath must find libtorch), `TESSERA_PLUGIN_PATH` and the fake plugin's variables unless
-/// given, and kills it after [`COMMAND_TIMEOUT`].
+/// given, and kills it after [`COMMAND_TIMEOUT`]. The process is a fork of a `tessera` started
+/// once for the test process, when `env` allows (see `fork_server.rs`); it runs the command
+/// from `main` as a fresh one would.
 pub fn tessera(args: &[&str], cwd: &Path, env: &[(&str, &str)]) -> Output {
     let command = format!("tessera {}", args.join(" "));
+    if let Some(output) = fork_server::run(args, cwd, env, &command, COMMAND_TIMEOUT) {
+        return output;
+    }
     run_with_timeout(tessera_command(args, cwd, env), &command, COMMAND_TIMEOUT)
 }
 

@@ -1,5 +1,6 @@
 //! The non-training commands of the `tessera` binary.
 
+use serde_json::Value;
 use tessera_tests::*;
 
 #[test]
@@ -213,4 +214,113 @@ fn data_fetch_of_an_unknown_dataset_fails() {
             .is_none(),
         "an unknown dataset left files behind"
     );
+}
+
+/// [`tessera`] runs its commands in forks of a `tessera` started once for the test process
+/// (`tests/common/fork_server.rs`): a forked command must do what a freshly started one does.
+/// The same training run (with a plugin) both ways gives the same losses, accuracy and log
+/// lines; a bad trainer.toml the same error and exit code; the variables a test sets reach the
+/// command; and a command's whole stdout comes back (the process ends without libtorch's static
+/// destructors, after writing its output).
+#[test]
+fn a_forked_command_does_what_a_fresh_tessera_does() {
+    if std::env::var_os("TESSERA_FORK_SERVER").is_some_and(|v| v == "0") {
+        eprintln!("TESSERA_FORK_SERVER=0: every command starts fresh; nothing to compare");
+        return;
+    }
+    let fresh = |args: &[&str], dir: &TempDir, env: &[(&str, &str)]| {
+        let command = format!("tessera {}", args.join(" "));
+        run_with_timeout(
+            tessera_command(args, dir.path(), env),
+            &command,
+            COMMAND_TIMEOUT,
+        )
+    };
+    let forked = |args: &[&str], dir: &TempDir, env: &[(&str, &str)]| {
+        let command = format!("tessera {}", args.join(" "));
+        fork_server::run(args, dir.path(), env, &command, COMMAND_TIMEOUT)
+            .unwrap_or_else(|| panic!("the fork server did not run `{command}`"))
+    };
+    // Log lines without their times and speeds.
+    let log = |out: &Output| -> Vec<String> {
+        out.stderr
+            .lines()
+            .map(|l| {
+                let l = l.split_once("Z ").map_or(l, |(_, rest)| rest);
+                let l = l.split(" in ").next().unwrap_or(l);
+                let l = l.split(" took ").next().unwrap_or(l);
+                match l
+                    .find('{')
+                    .map(|at| (at, serde_json::from_str::<Value>(&l[at..])))
+                {
+                    Some((at, Ok(mut line))) => {
+                        if let Some(fields) = line.as_object_mut() {
+                            fields.remove("samples_per_second");
+                        }
+                        format!("{}{line}", &l[..at])
+                    }
+                    _ => l.to_owned(),
+                }
+            })
+            .collect()
+    };
+    let toml = TrainerToml::new("same").with_both_plugins();
+    let runs: Vec<(Output, Value, Vec<f64>)> = [false, true]
+        .into_iter()
+        .map(|fork| {
+            let dir = TempDir::new(if fork { "forked" } else { "fresh" });
+            toml.write_to(&dir);
+            require_fashion_mnist();
+            let args = ["train", "trainer.toml"];
+            let env = [("TESSERA_LOG", "debug")];
+            let out = if fork {
+                forked(&args, &dir, &env)
+            } else {
+                fresh(&args, &dir, &env)
+            };
+            out.assert_success();
+            let run = run_dir(&dir, "same");
+            let record = read_json(&run.join("run.json"));
+            let losses = train_losses(&read_jsonl(&run.join("metrics.jsonl")));
+            (out, record, losses)
+        })
+        .collect();
+    let [(fresh_out, fresh_record, fresh_losses), (fork_out, fork_record, fork_losses)] = &runs[..]
+    else {
+        unreachable!("two runs")
+    };
+    assert_eq!(fresh_losses.len(), 3, "{}", fresh_out.dump());
+    assert_eq!(fresh_losses, fork_losses, "train losses");
+    assert_eq!(
+        fresh_record["final_accuracy"], fork_record["final_accuracy"],
+        "final accuracy"
+    );
+    assert_eq!(log(fresh_out), log(fork_out), "log lines");
+    assert!(
+        fork_out.stderr.contains("DEBUG"),
+        "TESSERA_LOG=debug did not reach the forked command:\n{}",
+        fork_out.dump()
+    );
+    // A bad trainer.toml: the same error line and exit code.
+    let dir = TempDir::new("bad");
+    dir.write("trainer.toml", "[model]\nname = 3\n");
+    let bad = ["train", "trainer.toml"];
+    let (fresh_bad, fork_bad) = (fresh(&bad, &dir, &[]), forked(&bad, &dir, &[]));
+    assert_eq!(
+        fresh_bad.assert_failure(&[]),
+        fork_bad.assert_failure(&[]),
+        "the error line"
+    );
+    // The whole stdout of a command that prints many lines.
+    let dir = TempDir::new("list");
+    let list = ["plugins", "list"];
+    let (fresh_list, fork_list) = (fresh(&list, &dir, &[]), forked(&list, &dir, &[]));
+    fresh_list.assert_success();
+    fork_list.assert_success();
+    assert!(
+        fresh_list.stdout.lines().count() > 20,
+        "{}",
+        fresh_list.dump()
+    );
+    assert_eq!(fresh_list.stdout, fork_list.stdout, "plugins list");
 }

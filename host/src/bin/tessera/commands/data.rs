@@ -1,11 +1,12 @@
 //! `tessera data`: registry datasets, fetched and verified, or written as image folders.
 
 use std::path::PathBuf;
-use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::Subcommand;
 use tessera::data;
+
+use crate::Exit;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -98,7 +99,7 @@ fn text_files(dir: &std::path::Path) -> anyhow::Result<Vec<String>> {
         .collect()
 }
 
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+pub fn run(args: Args) -> anyhow::Result<Exit> {
     match args.command {
         DataCommand::Fetch { name, dir, force } => {
             let root = dir.unwrap_or_else(data::default_cache_root);
@@ -202,5 +203,5 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             );
         }
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(Exit::SUCCESS)
 }

@@ -1,10 +1,11 @@
 //! `tessera eval`: a model's test-set result, without training.
 
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 
 use anyhow::Context as _;
 use tessera::trainer::{self, Trainer};
+
+use crate::Exit;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -21,7 +22,7 @@ pub struct Args {
     overrides: Vec<String>,
 }
 
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+pub fn run(args: Args) -> anyhow::Result<Exit> {
     let Args {
         path,
         json,
@@ -80,5 +81,5 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             ),
         }
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(Exit::SUCCESS)
 }

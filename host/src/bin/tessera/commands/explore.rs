@@ -1,9 +1,10 @@
 //! `tessera explore`: the Pareto frontier of time and cost against quality, and the report.
 
 use std::path::PathBuf;
-use std::process::ExitCode;
 
 use tessera::{cost, explore};
+
+use crate::Exit;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -48,7 +49,7 @@ pub struct Args {
     list_instances: bool,
 }
 
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+pub fn run(args: Args) -> anyhow::Result<Exit> {
     let Args {
         runs_dirs,
         mlflow_uri,
@@ -62,7 +63,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     } = args;
     if list_instances {
         print_instances(&cost::Instances::load()?);
-        return Ok(ExitCode::SUCCESS);
+        return Ok(Exit::SUCCESS);
     }
     let pricing = match (usd_per_hour, instance) {
         (Some(usd), _) if !(usd.is_finite() && usd >= 0.0) => {
@@ -87,7 +88,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         group_by,
     };
     run_explore(&options)?;
-    Ok(ExitCode::SUCCESS)
+    Ok(Exit::SUCCESS)
 }
 
 /// `tessera explore`: warnings for the skipped records, a table per group on stdout, the files

@@ -1,9 +1,10 @@
 //! `tessera export`: a checkpoint's model as a plain safetensors file for PyTorch.
 
 use std::path::PathBuf;
-use std::process::ExitCode;
 
 use tessera::trainer;
+
+use crate::Exit;
 
 /// What `--to` receives.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,7 +34,7 @@ pub struct Args {
     format: Format,
 }
 
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+pub fn run(args: Args) -> anyhow::Result<Exit> {
     let Args {
         checkpoint,
         to,
@@ -71,11 +72,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             );
         }
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(Exit::SUCCESS)
 }
 
 /// `--format peft`: the run's LoRA adapters as a PEFT adapter folder.
-fn export_peft(checkpoint: &std::path::Path, dir: &std::path::Path) -> anyhow::Result<ExitCode> {
+fn export_peft(checkpoint: &std::path::Path, dir: &std::path::Path) -> anyhow::Result<Exit> {
     let a = trainer::export_peft(checkpoint, dir)?;
     let parameters: i64 = a.tensors.iter().map(|(_, t)| t.numel() as i64).sum();
     println!(
@@ -87,13 +88,13 @@ fn export_peft(checkpoint: &std::path::Path, dir: &std::path::Path) -> anyhow::R
         dir.display(),
         dir.display()
     );
-    Ok(ExitCode::SUCCESS)
+    Ok(Exit::SUCCESS)
 }
 
 /// `--format hf`: the model as `DIR/model.safetensors`, its Hugging Face `config.json` and the
 /// run's `tokenizer.json` (when it trained with one). The config is checked before anything is
 /// written.
-fn export_hf(checkpoint: &std::path::Path, dir: &std::path::Path) -> anyhow::Result<ExitCode> {
+fn export_hf(checkpoint: &std::path::Path, dir: &std::path::Path) -> anyhow::Result<Exit> {
     use anyhow::Context;
     let ckpt = tessera::checkpoint::Checkpoint::read(checkpoint)?;
     let model_json = ckpt.meta.config.get("model").cloned().unwrap_or_default();
@@ -137,7 +138,7 @@ fn export_hf(checkpoint: &std::path::Path, dir: &std::path::Path) -> anyhow::Res
             _ => "AutoModelForCausalLM",
         }
     );
-    Ok(ExitCode::SUCCESS)
+    Ok(Exit::SUCCESS)
 }
 
 /// Copies the tokenizer the run encoded its text with (its own trained BPE or the user's file,

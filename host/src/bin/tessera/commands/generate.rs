@@ -3,11 +3,12 @@
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
-use std::process::ExitCode;
 
 use tessera::generate::{
     self, parse_ids, read_prompts, Completion, Event, LanguageModel, Prompt, Sampling, Settings,
 };
+
+use crate::Exit;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -61,7 +62,7 @@ pub struct Args {
     overrides: Vec<String>,
 }
 
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+pub fn run(args: Args) -> anyhow::Result<Exit> {
     let mut prompts: Vec<Prompt> = args.prompt.iter().cloned().map(Prompt::Text).collect();
     if let Some(file) = &args.prompts {
         prompts.extend(read_prompts(file)?);
@@ -110,7 +111,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             Some(why) => format!("whole sequences recomputed: {why}"),
         }
     );
-    Ok(ExitCode::SUCCESS)
+    Ok(Exit::SUCCESS)
 }
 
 /// What goes to stdout: one prompt's text streamed as it comes; several prompts' each printed

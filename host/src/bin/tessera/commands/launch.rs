@@ -1,11 +1,12 @@
 //! `tessera launch`: the ranks of a data-parallel run on this node, supervised.
 
 use std::ffi::OsString;
-use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context as _;
 use tessera::launch;
+
+use crate::Exit;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -26,7 +27,7 @@ pub struct Args {
     command: Vec<OsString>,
 }
 
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+pub fn run(args: Args) -> anyhow::Result<Exit> {
     let Args {
         options,
         grace_seconds,
@@ -47,5 +48,5 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         Duration::from_secs(grace_seconds),
         || signals.pending().collect(),
     )?;
-    Ok(ExitCode::from(outcome.exit_code()))
+    Ok(Exit::from(outcome.exit_code()))
 }

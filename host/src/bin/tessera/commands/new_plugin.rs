@@ -1,9 +1,10 @@
 //! `tessera new-plugin`: a plugin crate that builds and works at once.
 
 use std::path::PathBuf;
-use std::process::ExitCode;
 
 use tessera::scaffold;
+
+use crate::Exit;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -13,7 +14,7 @@ pub struct Args {
     dir: Option<PathBuf>,
 }
 
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+pub fn run(args: Args) -> anyhow::Result<Exit> {
     let Args { name, dir } = args;
     let dir = dir.unwrap_or_else(|| PathBuf::from(&name));
     let files = scaffold::create(&name, &dir)?;
@@ -28,5 +29,5 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         dir.display(),
         dir.display()
     );
-    Ok(ExitCode::SUCCESS)
+    Ok(Exit::SUCCESS)
 }

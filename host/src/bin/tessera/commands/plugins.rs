@@ -1,11 +1,12 @@
 //! `tessera plugins`: list, inspect, install and remove plugins.
 
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::Subcommand;
 use tessera::{config, plugin};
+
+use crate::Exit;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -55,7 +56,7 @@ enum PluginsCommand {
     },
 }
 
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+pub fn run(args: Args) -> anyhow::Result<Exit> {
     match args.command {
         PluginsCommand::List { dirs, config } => list_plugins(dirs, config.as_deref())?,
         PluginsCommand::Inspect { file } => {
@@ -107,7 +108,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             println!("removed {name} ({})", removed.display());
         }
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(Exit::SUCCESS)
 }
 
 /// `tessera plugins list`: every plugin file in search order, the first of each name being the

@@ -1,9 +1,10 @@
 //! `tessera predict`: every test sample's prediction as JSON Lines.
 
 use std::path::PathBuf;
-use std::process::ExitCode;
 
 use tessera::trainer::{self, Trainer};
+
+use crate::Exit;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -17,7 +18,7 @@ pub struct Args {
     overrides: Vec<String>,
 }
 
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+pub fn run(args: Args) -> anyhow::Result<Exit> {
     let Args {
         path,
         to,
@@ -32,5 +33,5 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         s.path.display(),
         s.accuracy
     );
-    Ok(ExitCode::SUCCESS)
+    Ok(Exit::SUCCESS)
 }

@@ -1,7 +1,6 @@
 //! `tessera recipe search`: short runs of a few recipes, then the fastest to the target.
 
 use std::path::PathBuf;
-use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -9,6 +8,7 @@ use clap::Subcommand;
 use tessera::{config, trainer};
 
 use crate::install_stop_handlers;
+use crate::Exit;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -54,7 +54,7 @@ enum RecipeCommand {
     },
 }
 
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+pub fn run(args: Args) -> anyhow::Result<Exit> {
     let RecipeCommand::Search {
         config: path,
         budget,
@@ -98,7 +98,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             "search stopped by {}; run the same command again to continue",
             trainer::signal_name(signal)
         );
-        return Ok(ExitCode::from(128u8.saturating_add(signal as u8)));
+        return Ok(Exit::from(128u8.saturating_add(signal as u8)));
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(Exit::SUCCESS)
 }

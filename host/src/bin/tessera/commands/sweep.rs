@@ -2,13 +2,13 @@
 //! done and prints a table of the results.
 
 use std::path::PathBuf;
-use std::process::ExitCode;
 
 use anyhow::Context as _;
 use tessera::sweep::{self, FolderState, RunOutcome};
 use tessera::{config, trainer};
 
 use crate::install_stop_handlers;
+use crate::Exit;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -26,7 +26,7 @@ pub struct Args {
     dry_run: bool,
 }
 
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+pub fn run(args: Args) -> anyhow::Result<Exit> {
     let Args {
         sweep: file,
         parallel,
@@ -58,7 +58,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             };
             println!("{:<32} {what}", run.id);
         }
-        return Ok(ExitCode::SUCCESS);
+        return Ok(Exit::SUCCESS);
     }
     let options = sweep::SweepOptions {
         parallel,
@@ -96,11 +96,11 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
             "sweep stopped by {}; run the same command again to continue",
             trainer::signal_name(signal)
         );
-        return Ok(ExitCode::from(128u8.saturating_add(signal as u8)));
+        return Ok(Exit::from(128u8.saturating_add(signal as u8)));
     }
     if failed > 0 {
         eprintln!("{failed} run(s) failed (see above and their train.log); run the sweep again to retry them");
-        return Ok(ExitCode::FAILURE);
+        return Ok(Exit::FAILURE);
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(Exit::SUCCESS)
 }

@@ -1,11 +1,11 @@
 //! `tessera train`: one training run as a trainer.toml describes it.
 
 use std::path::PathBuf;
-use std::process::ExitCode;
 
 use tessera::config;
 use tessera::trainer::{self, Trainer};
 
+use crate::Exit;
 use crate::{install_stop_handlers, is_other_rank};
 
 #[derive(clap::Args)]
@@ -21,7 +21,7 @@ pub struct Args {
     recipe: Option<PathBuf>,
 }
 
-pub fn run(args: Args) -> anyhow::Result<ExitCode> {
+pub fn run(args: Args) -> anyhow::Result<Exit> {
     let Args {
         config,
         overrides,
@@ -34,10 +34,10 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
     trainer.set_stop_flag(stop);
     let summary = trainer.fit()?;
     if let Some(signal) = summary.interrupted_by.filter(|_| is_other_rank()) {
-        return Ok(ExitCode::from(128u8.saturating_add(signal as u8)));
+        return Ok(Exit::from(128u8.saturating_add(signal as u8)));
     }
     if is_other_rank() {
-        return Ok(ExitCode::SUCCESS);
+        return Ok(Exit::SUCCESS);
     }
     if let Some(signal) = summary.interrupted_by {
         eprintln!(
@@ -50,7 +50,7 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
                 None => String::new(),
             }
         );
-        return Ok(ExitCode::from(128u8.saturating_add(signal as u8)));
+        return Ok(Exit::from(128u8.saturating_add(signal as u8)));
     }
     let r = &summary.record;
     let cost = r
@@ -70,5 +70,5 @@ pub fn run(args: Args) -> anyhow::Result<ExitCode> {
         "run {}: {acc} in {:.1}s ({speed}){cost}",
         r.run_name, r.wall_seconds
     );
-    Ok(ExitCode::SUCCESS)
+    Ok(Exit::SUCCESS)
 }
