@@ -245,6 +245,35 @@ pub fn spawn(dir: &TempDir, env: &[(&str, &str)]) -> Child {
         .expect("start tessera")
 }
 
+/// Starts `tessera train` in `dir` as [`spawn`] does, with the fake plugin (which the run must
+/// load) holding it at the end of batch `at` (`TESSERA_FAKE_HOLD_DIR`, `TESSERA_FAKE_HOLD_AT`);
+/// returns once it is held there, for the test to signal it at that point.
+pub fn spawn_held_at(dir: &TempDir, at: u64) -> Child {
+    let hold = dir.join("hold");
+    std::fs::create_dir_all(&hold).expect("the hold folder");
+    let hold_dir = hold.display().to_string();
+    let at = at.to_string();
+    let child = spawn(
+        dir,
+        &[
+            ("TESSERA_FAKE_HOLD_DIR", &hold_dir),
+            ("TESSERA_FAKE_HOLD_AT", &at),
+        ],
+    );
+    wait_for(
+        &format!("the run held at the end of batch {at}"),
+        COMMAND_TIMEOUT,
+        || {
+            std::fs::read_dir(&hold)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .any(|e| e.file_name().to_string_lossy().starts_with("held-"))
+        },
+    );
+    child
+}
+
 /// Waits until `done` holds, checking every 20 ms; fails after `timeout`, naming `what`.
 pub fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
     let started = Instant::now();
@@ -288,18 +317,20 @@ pub fn train_straight(dir: &TempDir, config: &str) {
 /// The continued run must write the straight run's later checkpoints bit for bit and the same
 /// metrics. Unlike stopping a shorter run, killing keeps `max_duration`, so methods on a
 /// schedule of the elapsed fraction see the same clock. Both runs also load `fake_plugin`,
-/// whose `TESSERA_FAKE_SLEEP_MS` slows the killed run enough to stop it mid-way. `label` names
-/// the temporary folder.
+/// which holds the killed run at the end of batch 5 (`TESSERA_FAKE_HOLD_DIR`, after the
+/// batch-4 checkpoint, before the batch-6 one) until it is killed there. `label` names the
+/// temporary folder.
 pub fn assert_killed_and_resumed_is_exact(label: &str, make: impl Fn(&str) -> TrainerToml) {
     let dir = TempDir::new(label);
     let config = |run: &str| with_checkpoints(&make(run).algorithm("fake_plugin", ""), "");
     train_straight(&dir, &config("straight"));
     dir.write("trainer.toml", &config("killed"));
-    let child = spawn(&dir, &[("TESSERA_FAKE_SLEEP_MS", "400")]);
+    let child = spawn_held_at(&dir, 5);
     let folder = ckpt_dir(&dir, "killed");
-    wait_for("the batch-4 checkpoint", Duration::from_secs(120), || {
-        folder.join("ep0-ba4.ckpt").exists()
-    });
+    assert!(
+        folder.join("ep0-ba4.ckpt").exists(),
+        "held at batch 5 without the batch-4 checkpoint"
+    );
     signal(&child, "-KILL");
     let (status, _) = finish(child);
     assert!(!status.success(), "the run finished before it was killed");

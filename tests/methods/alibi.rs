@@ -14,6 +14,8 @@
 //!
 //! Its kill -9 resume and the settings its plugin refuses are rows of the method table
 //! (tests/methods/table.rs).
+//! Its export (the file's modules, the PyTorch twins) is the row `alibi_export` of the export
+//! table, with this file's `exported` as the method's own assertions.
 
 use std::collections::BTreeSet;
 
@@ -28,7 +30,7 @@ use tessera_tests::*;
 use crate::gpt2_golden;
 use crate::lm_export;
 use gpt2_golden::{compare_unpadded, golden_sizes, PARAM};
-use lm_export::{export_and_check_twins, Export};
+use lm_export::Export;
 
 /// The golden GPT-2 with the real plugin's surgery (`max_sequence_length` from the golden
 /// `alibi` buffers) applied at `init` of an in-process trainer.
@@ -286,22 +288,11 @@ fn a_batch_the_reshape_cannot_divide_is_refused_naming_it() {
 
 // ---- export --------------------------------------------------------------------------------
 
-#[test]
-fn the_export_keeps_alibi_attention_and_the_twins_match_the_rebuilt_run() {
-    let dir = TempDir::new("alibi-export");
-    let mut toml = alibi("exported", "max_sequence_length = 96");
-    toml.model.push_str("\ndropout = 0.1");
-    // 80 tokens: beyond n_positions (64), within max_sequence_length.
-    let Export { tensors, modules } = export_and_check_twins(
-        &dir,
-        &toml,
-        &[
-            ("transformer.h.0.attn", "alibi_gpt2_attention"),
-            ("transformer.h.1.attn", "alibi_gpt2_attention"),
-        ],
-        80,
-        "gpt2 with alibi",
-    );
+/// The method's own part of its export check (`table::alibi_export`): the attention keeps its
+/// settings, and the zero position table folds into a plain (max_sequence_length, n_embd)
+/// embedding.
+pub fn exported(export: &Export) {
+    let Export { tensors, modules } = export;
     let attrs = &modules[0]["attrs"];
     assert_eq!(attrs["max_sequence_length"].as_f64(), Some(96.0), "{attrs}");
     assert_eq!(attrs["attn_pdrop"].as_f64(), Some(0.1), "{attrs}");
@@ -312,7 +303,6 @@ fn the_export_keeps_alibi_attention_and_the_twins_match_the_rebuilt_run() {
             .unwrap_or_else(|| panic!("no {name} in the export"))
             .1
     };
-    // The zero position table folds into a plain (max_sequence_length, n_embd) embedding.
     let wpe = get("transformer.wpe.weight");
     assert_eq!(wpe.size(), [96, 32]);
     assert_eq!(wpe.abs().sum(Kind::Double).double_value(&[]), 0.0);

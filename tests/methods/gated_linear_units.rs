@@ -13,6 +13,8 @@
 //!
 //! Its kill -9 resume and the settings its plugin refuses are rows of the method table
 //! (tests/methods/table.rs).
+//! Its export (the file's modules, the PyTorch twins) is the row `gated_linear_units_export`
+//! of the export table, with this file's `exported` as the method's own assertions.
 
 use std::collections::BTreeMap;
 
@@ -26,7 +28,7 @@ use tessera_tests::*;
 use gated_linear_units::{gpt2_glu_mlp, Activation, GluWeights, GLU_MLP, METRIC_REPLACED};
 
 use crate::lm_export;
-use lm_export::{export_and_check_twins, Export};
+use lm_export::Export;
 
 const N_EMBD: i64 = 32;
 const N_INNER: i64 = 4 * N_EMBD;
@@ -260,23 +262,10 @@ fn the_run_logs_the_replaced_mlps_and_trains() {
     assert_ne!(train_losses(&plain_lines), train_losses(&lines));
 }
 
-#[test]
-fn the_export_keeps_the_gated_mlps_and_the_twins_match_the_rebuilt_run() {
-    let dir = TempDir::new("glu-export");
-    let toml = with_dropout(glu(
-        "exported",
-        "act_fn = \"silu\"\nnon_gated_layer_bias = true",
-    ));
-    let Export { tensors, modules } = export_and_check_twins(
-        &dir,
-        &toml,
-        &[
-            ("transformer.h.0.mlp", GLU_MLP),
-            ("transformer.h.1.mlp", GLU_MLP),
-        ],
-        24,
-        "gpt2 with gated linear units",
-    );
+/// The method's own part of its export check (`table::gated_linear_units_export`): the gated
+/// MLPs keep their activation and biases, and their weights replace `c_fc`.
+pub fn exported(export: &Export) {
+    let Export { tensors, modules } = export;
     let attrs = &modules[1]["attrs"];
     assert_eq!(
         attrs["act_fn"].as_f64(),

@@ -9,6 +9,8 @@
 //!   `tied`) and matches the PyTorch twins, tied and untied.
 //!
 //! The settings its plugin refuses are a row of the method table (tests/methods/table.rs).
+//! Its exports (the file's modules, the PyTorch twins) are the rows `logit_softcap_export_tied`
+//! and `_untied` of the export table, with this file's `exported_tied` and `exported_untied`.
 
 use serde_json::json;
 use tessera_plugin_api::tch::{self, Device, Kind, Tensor};
@@ -17,7 +19,7 @@ use tessera_tests::*;
 use crate::gpt_models;
 use crate::lm_export;
 use gpt_models::*;
-use lm_export::{export_and_check_twins, Export};
+use lm_export::Export;
 
 const TOL: f64 = 1e-5;
 const UNTIED: &str =
@@ -98,31 +100,27 @@ fn training_with_capped_logits_learns_and_the_checkpoint_rebuilds_it() {
     }
 }
 
-#[test]
-fn the_export_keeps_the_capped_head_and_the_twins_match_the_rebuilt_run() {
-    for (label, model) in [("tied", None), ("untied", Some(UNTIED))] {
-        let dir = TempDir::new("softcap-export");
-        let mut toml = gpt("exported", &[("logit_softcap", "cap = 2.0")]);
-        if let Some(m) = model {
-            toml = with_model(toml, m);
-        }
-        let what = format!("gpt2 with logit_softcap ({label})");
-        let Export { tensors, modules } = export_and_check_twins(
-            &dir,
-            &toml,
-            &[("lm_head", "logit_softcap_lm_head")],
-            24,
-            &what,
-        );
-        assert_eq!(modules[0]["attrs"]["cap"].as_f64(), Some(2.0));
-        let tied = model.is_none();
-        assert_eq!(
-            modules[0]["attrs"]["tied"].as_f64(),
-            Some(f64::from(u8::from(tied)))
-        );
-        // Untied, the head's weight is exported; tied, the node has none of its own (the
-        // token embedding is exported once, under its own name).
-        let has_head = tensors.iter().any(|(n, _)| n == "lm_head.weight");
-        assert_eq!(has_head, !tied, "{label}");
-    }
+/// The method's own part of its export checks (`table::logit_softcap_export_tied` and
+/// `_untied`): the head keeps its cap and whether it is tied; untied, the head's weight is
+/// exported; tied, the node has none of its own (the token embedding is exported once, under
+/// its own name).
+fn exported(export: &Export, tied: bool) {
+    let Export { tensors, modules } = export;
+    assert_eq!(modules[0]["attrs"]["cap"].as_f64(), Some(2.0));
+    assert_eq!(
+        modules[0]["attrs"]["tied"].as_f64(),
+        Some(f64::from(u8::from(tied)))
+    );
+    let has_head = tensors.iter().any(|(n, _)| n == "lm_head.weight");
+    assert_eq!(has_head, !tied, "tied: {tied}");
+}
+
+/// [`exported`] of the tied head.
+pub fn exported_tied(export: &Export) {
+    exported(export, true);
+}
+
+/// [`exported`] of the untied head.
+pub fn exported_untied(export: &Export) {
+    exported(export, false);
 }

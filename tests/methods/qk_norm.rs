@@ -12,6 +12,8 @@
 //!   twins.
 //!
 //! The settings its plugin refuses are a row of the method table (tests/methods/table.rs).
+//! Its export (the file's modules, the PyTorch twins) is the row `qk_norm_export` of the export
+//! table, with this file's `exported` as the method's own assertions.
 
 use serde_json::json;
 use tessera_plugin_api::tch;
@@ -20,7 +22,7 @@ use tessera_tests::*;
 use crate::gpt_models;
 use crate::lm_export;
 use gpt_models::*;
-use lm_export::{export_and_check_twins, Export};
+use lm_export::Export;
 
 const TOL: f64 = 1e-5;
 
@@ -156,22 +158,10 @@ fn alibi_attention_is_refused_naming_it() {
     }
 }
 
-#[test]
-fn the_export_keeps_the_normalised_attention_and_the_twins_match_the_rebuilt_run() {
-    let dir = TempDir::new("qk-export");
-    let mut toml = gpt("exported", &[("qk_norm", ""), ("rotary", "")]);
-    toml.model.push_str("\ndropout = 0.1");
-    let Export { modules, .. } = export_and_check_twins(
-        &dir,
-        &toml,
-        &[
-            ("transformer.h.0.attn", "gpt2_attention_ext"),
-            ("transformer.h.1.attn", "gpt2_attention_ext"),
-        ],
-        24,
-        "gpt2 with qk_norm and rotary",
-    );
-    let attrs = &modules[1]["attrs"];
+/// The method's own part of its export check (`table::qk_norm_export`): the attention keeps
+/// both QK-norm and rotary.
+pub fn exported(export: &Export) {
+    let attrs = &export.modules[1]["attrs"];
     assert_eq!(attrs["qk_norm"].as_f64(), Some(1.0), "{attrs}");
     assert_eq!(attrs["rotary"].as_f64(), Some(1.0), "{attrs}");
 }

@@ -9,6 +9,8 @@
 //!   gated), and the export keeps the module and matches the PyTorch twins.
 //!
 //! The settings its plugin refuses are a row of the method table (tests/methods/table.rs).
+//! Its export (the file's modules, the PyTorch twins) is the row `relu_squared_export` of the export
+//! table, with this file's `exported` as the method's own assertions.
 
 use serde_json::json;
 use tessera::model::Role;
@@ -17,7 +19,7 @@ use tessera_tests::*;
 use crate::gpt_models;
 use crate::lm_export;
 use gpt_models::*;
-use lm_export::{export_and_check_twins, Export};
+use lm_export::Export;
 
 const TOL: f64 = 1e-5;
 
@@ -91,21 +93,10 @@ fn gated_linear_units_are_refused_naming_them() {
     }
 }
 
-#[test]
-fn the_export_keeps_the_squared_relu_mlps_and_the_twins_match_the_rebuilt_run() {
-    let dir = TempDir::new("relu2-export");
-    let mut toml = gpt("exported", &[("relu_squared", "")]);
-    toml.model.push_str("\ndropout = 0.1");
-    let Export { tensors, modules } = export_and_check_twins(
-        &dir,
-        &toml,
-        &[
-            ("transformer.h.0.mlp", "relu_squared_gpt2_mlp"),
-            ("transformer.h.1.mlp", "relu_squared_gpt2_mlp"),
-        ],
-        24,
-        "gpt2 with relu_squared",
-    );
+/// The method's own part of its export check (`table::relu_squared_export`): the MLPs keep
+/// their dropout and their `c_fc` weights.
+pub fn exported(export: &Export) {
+    let Export { tensors, modules } = export;
     assert_eq!(modules[0]["attrs"]["resid_pdrop"].as_f64(), Some(0.1));
     assert!(tensors
         .iter()

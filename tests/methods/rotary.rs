@@ -12,6 +12,8 @@
 //!   `gpt2_attention_ext` and matches the PyTorch twins.
 //!
 //! The settings its plugin refuses are a row of the method table (tests/methods/table.rs).
+//! Its export (the file's modules, the PyTorch twins) is the row `rotary_export` of the export
+//! table, with this file's `exported` as the method's own assertions.
 
 use serde_json::json;
 use tessera::model::Role;
@@ -21,7 +23,7 @@ use tessera_tests::*;
 use crate::gpt_models;
 use crate::lm_export;
 use gpt_models::*;
-use lm_export::{export_and_check_twins, Export};
+use lm_export::Export;
 
 /// float32 against float64: the attention's and the model's outputs within this, relative to
 /// their scale (measured: about 2e-7).
@@ -200,29 +202,14 @@ fn trained_at_32_positions_the_model_evaluates_at_64_with_max_sequence_length() 
     train(&dir, &[], &[]).assert_failure(&["64", "max_sequence_length 32"]);
 }
 
-#[test]
-fn the_export_keeps_the_rotary_attention_and_the_twins_match_the_rebuilt_run() {
-    let dir = TempDir::new("rotary-export");
-    let mut toml = gpt(
-        "exported",
-        &[("rotary", "fraction = 0.5\nmax_sequence_length = 96")],
-    );
-    toml.model.push_str("\ndropout = 0.1");
-    // 80 tokens: beyond n_positions (64), within max_sequence_length.
-    let Export { tensors, modules } = export_and_check_twins(
-        &dir,
-        &toml,
-        &[
-            ("transformer.h.0.attn", "gpt2_attention_ext"),
-            ("transformer.h.1.attn", "gpt2_attention_ext"),
-        ],
-        80,
-        "gpt2 with rotary",
-    );
+/// The method's own part of its export check (`table::rotary_export`): the attention keeps its
+/// rotary dimensions and dropout, and the zero table folds into a plain (max_sequence_length,
+/// n_embd) embedding.
+pub fn exported(export: &Export) {
+    let Export { tensors, modules } = export;
     let attrs = &modules[0]["attrs"];
     assert_eq!(attrs["rotary_dims"].as_f64(), Some(8.0), "{attrs}");
     assert_eq!(attrs["attn_pdrop"].as_f64(), Some(0.1), "{attrs}");
-    // The zero table folds into a plain (max_sequence_length, n_embd) embedding.
     let wpe = &tensors
         .iter()
         .find(|(n, _)| n == "transformer.wpe.weight")

@@ -24,11 +24,22 @@
 //!   (the host checks at the end that their models are identical), count the global batch and
 //!   evaluate.
 //!
-//! What the table does not hold stays in the method's own file: its runs, its goldens, its
-//! exports, refusals that only come at run time (they need the model or the run's length).
+//! The export table ([`exports!`]) has a row per exported language-model network (the
+//! plugins, in order, on the tiny GPT), and a module `table::<row>` with
+//! `the_export_keeps_its_modules_and_the_twins_match_the_rebuilt_run`: the run trained, exported,
+//! the file keeping exactly the row's modules, the PyTorch twins computing what the rebuilt run
+//! computes, and the method's own assertions on the file (a function in its file).
+//! [`every_exported_module_kind_has_an_export_row`] keeps that table complete.
+//!
+//! What the tables do not hold stays in the method's own file: its runs, refusals that only
+//! come at run time (they need the model or the run's length). The goldens are each plugin
+//! crate's (`plugins/<name>/tests/golden.rs`: each compares its own Composer functions, the
+//! case files read by `tessera_plugin_api::testing::golden`);
+//! [`every_golden_case_is_read_by_a_test`] keeps every case of `tests/golden` read.
 //! [`every_plugin_has_a_row_or_an_exemption`] keeps the table complete. docs/testing.md ("The
 //! method table") says how to add a method.
 
+use gpt_surgery::kinds;
 use tessera::plugin::LoadedPlugin;
 use tessera_tests::dist::{
     assert_all_succeeded, assert_same_training, assert_same_training_up_to_rounding, train_ranks,
@@ -37,6 +48,8 @@ use tessera_tests::dist::{
 use tessera_tests::plugins::{cdylib_plugins, repository_plugins};
 use tessera_tests::resume::assert_killed_and_resumed_is_exact;
 use tessera_tests::*;
+
+use crate::lm_export::{export_and_check_twins, Export};
 
 /// The network and run a row trains: 3 batches of the [`TrainerToml`] it gives (8 for the
 /// resume check).
@@ -62,6 +75,8 @@ pub enum Net {
     TinyGpt,
     /// The tiny GPT with dropout 0.1.
     TinyGptDropout,
+    /// The tiny GPT with its own (untied) language-model head.
+    TinyGptUntied,
     /// airbench (widths 8, 16, 16), whose first conv can be whitened, on the CPU.
     Airbench,
 }
@@ -101,6 +116,11 @@ impl Net {
             Net::TinyGptDropout => {
                 let mut toml = TrainerToml::tiny_gpt(run);
                 toml.model.push_str("\ndropout = 0.1");
+                toml
+            }
+            Net::TinyGptUntied => {
+                let mut toml = TrainerToml::tiny_gpt(run);
+                toml.model.push_str("\ntie_embeddings = false");
                 toml
             }
             Net::Airbench => with(
@@ -715,4 +735,240 @@ fn every_vision_plugin_has_a_two_rank_row() {
         missing.is_empty(),
         "plugins with no `ranks` or `ranks_own` row in tests/methods/table.rs: {missing:?}"
     );
+}
+
+// ---- exports -------------------------------------------------------------------------------
+
+/// One export of a language-model method's network: the run (6 batches of the [`Net`] with the
+/// plugins, in order), the modules its export keeps, the tokens the twins are compared on, and
+/// the method's own assertions on the file (a function in the method's file).
+#[derive(Clone, Copy)]
+pub struct ExportRow {
+    /// What it trains.
+    pub net: Net,
+    /// The plugins, in `trainer.toml` order, with their settings.
+    pub plugins: &'static [(&'static str, &'static str)],
+    /// The `[optimizer]` section's lines, when not the network's.
+    pub optimizer: Option<&'static str>,
+    /// The modules the export keeps: `(path, kind)`, in order.
+    pub kept: &'static [(&'static str, &'static str)],
+    /// The length of the token sequence the twins compute on.
+    pub tokens: i64,
+    /// The case, in messages.
+    pub label: &'static str,
+    /// What the export must hold besides.
+    pub check: fn(&Export),
+}
+
+/// Trains the row's run, exports it and checks the file (`export_and_check_twins`: exactly the
+/// modules kept; on the tokens, what the rebuilt run computes, through Hugging Face's class,
+/// and so does the plain-PyTorch twin), then the method's own assertions.
+pub fn export(name: &str, row: &ExportRow) {
+    let dir = TempDir::new(&format!("{name}-export"));
+    let mut toml = row.net.toml("exported");
+    toml.max_duration = "6ba".to_owned();
+    if let Some(optimizer) = row.optimizer {
+        toml.optimizer = optimizer.to_owned();
+    }
+    for (plugin, settings) in row.plugins {
+        toml = toml.algorithm(plugin, settings);
+    }
+    let export = export_and_check_twins(&dir, &toml, row.kept, row.tokens, row.label);
+    (row.check)(&export);
+}
+
+/// Nothing besides the modules and the twins.
+fn nothing_more(_: &Export) {}
+
+/// A module per export row (`table::<row>`) with its test.
+macro_rules! exports {
+    ($($name:ident: $row:expr;)+) => {
+        /// Every export row, by its module's name.
+        pub const EXPORTS: &[(&str, ExportRow)] = &[$((stringify!($name), $row)),+];
+        $(
+            mod $name {
+                use super::*;
+
+                #[test]
+                fn the_export_keeps_its_modules_and_the_twins_match_the_rebuilt_run() {
+                    super::export(stringify!($name), &$row);
+                }
+            }
+        )+
+    };
+}
+
+const ATTENTION_EXT: &[(&str, &str)] = &[
+    ("transformer.h.0.attn", kinds::EXT_ATTENTION),
+    ("transformer.h.1.attn", kinds::EXT_ATTENTION),
+];
+
+exports! {
+    alibi_export: ExportRow {
+        net: Net::TinyGptDropout,
+        plugins: &[("alibi", "max_sequence_length = 96")],
+        optimizer: None,
+        kept: &[
+            ("transformer.h.0.attn", kinds::ALIBI_ATTENTION),
+            ("transformer.h.1.attn", kinds::ALIBI_ATTENTION),
+        ],
+        // Beyond n_positions (64), within max_sequence_length.
+        tokens: 80,
+        label: "gpt2 with alibi",
+        check: crate::alibi::exported,
+    };
+    gated_linear_units_export: ExportRow {
+        net: Net::TinyGptDropout,
+        plugins: &[(
+            "gated_linear_units",
+            "act_fn = \"silu\"\nnon_gated_layer_bias = true",
+        )],
+        optimizer: None,
+        kept: &[
+            ("transformer.h.0.mlp", kinds::GLU_MLP),
+            ("transformer.h.1.mlp", kinds::GLU_MLP),
+        ],
+        tokens: 24,
+        label: "gpt2 with gated linear units",
+        check: crate::gated_linear_units::exported,
+    };
+    logit_softcap_export_tied: ExportRow {
+        net: Net::TinyGpt,
+        plugins: &[("logit_softcap", "cap = 2.0")],
+        optimizer: None,
+        kept: &[("lm_head", kinds::SOFTCAP_LM_HEAD)],
+        tokens: 24,
+        label: "gpt2 with logit_softcap (tied)",
+        check: crate::logit_softcap::exported_tied,
+    };
+    logit_softcap_export_untied: ExportRow {
+        net: Net::TinyGptUntied,
+        plugins: &[("logit_softcap", "cap = 2.0")],
+        optimizer: None,
+        kept: &[("lm_head", kinds::SOFTCAP_LM_HEAD)],
+        tokens: 24,
+        label: "gpt2 with logit_softcap (untied)",
+        check: crate::logit_softcap::exported_untied,
+    };
+    // A small cap and a larger learning rate: from the zero projections, 6 steps at 3e-3 leave
+    // logits too small for the cap (or the blocks) to move them much; these make every
+    // difference of a twin show.
+    modded_nanogpt_export: ExportRow {
+        net: Net::TinyGptDropout,
+        plugins: &[
+            ("zero_init_projections", ""),
+            ("logit_softcap", "cap = 2.0"),
+            ("qk_norm", ""),
+            ("relu_squared", ""),
+            ("rotary", ""),
+        ],
+        optimizer: Some("name = \"adamw\"\nlr = 0.03"),
+        kept: &[
+            ("transformer.h.0.attn", kinds::EXT_ATTENTION),
+            ("transformer.h.0.mlp", kinds::RELU_SQUARED_MLP),
+            ("transformer.h.1.attn", kinds::EXT_ATTENTION),
+            ("transformer.h.1.mlp", kinds::RELU_SQUARED_MLP),
+            ("lm_head", kinds::SOFTCAP_LM_HEAD),
+        ],
+        tokens: 40,
+        label: "gpt2 with the five modded-nanogpt methods",
+        check: nothing_more,
+    };
+    qk_norm_export: ExportRow {
+        net: Net::TinyGptDropout,
+        plugins: &[("qk_norm", ""), ("rotary", "")],
+        optimizer: None,
+        kept: ATTENTION_EXT,
+        tokens: 24,
+        label: "gpt2 with qk_norm and rotary",
+        check: crate::qk_norm::exported,
+    };
+    relu_squared_export: ExportRow {
+        net: Net::TinyGptDropout,
+        plugins: &[("relu_squared", "")],
+        optimizer: None,
+        kept: &[
+            ("transformer.h.0.mlp", kinds::RELU_SQUARED_MLP),
+            ("transformer.h.1.mlp", kinds::RELU_SQUARED_MLP),
+        ],
+        tokens: 24,
+        label: "gpt2 with relu_squared",
+        check: crate::relu_squared::exported,
+    };
+    rotary_export: ExportRow {
+        net: Net::TinyGptDropout,
+        plugins: &[("rotary", "fraction = 0.5\nmax_sequence_length = 96")],
+        optimizer: None,
+        kept: ATTENTION_EXT,
+        // Beyond n_positions (64), within max_sequence_length.
+        tokens: 80,
+        label: "gpt2 with rotary",
+        check: crate::rotary::exported,
+    };
+}
+
+/// Every kind of module a language-model plugin puts into GPT-2 and the export keeps is kept by
+/// some export row, so a new one comes with its export check.
+#[test]
+fn every_exported_module_kind_has_an_export_row() {
+    let covered: Vec<&str> = EXPORTS
+        .iter()
+        .flat_map(|(_, row)| row.kept.iter().map(|(_, kind)| *kind))
+        .collect();
+    for kind in [
+        kinds::ALIBI_ATTENTION,
+        kinds::EXT_ATTENTION,
+        kinds::GLU_MLP,
+        kinds::RELU_SQUARED_MLP,
+        kinds::SOFTCAP_LM_HEAD,
+    ] {
+        assert!(
+            covered.contains(&kind),
+            "no export row keeps a `{kind}` module"
+        );
+    }
+}
+
+/// Every case of Composer's golden outputs (`tests/golden/index.json`) is read by a test: a
+/// plugin crate's (`plugins/<name>/tests/`, `Golden::load` of the case or of a `CASE` naming
+/// it) or one of these binaries' (`tests/`), so no case is left unchecked.
+#[test]
+fn every_golden_case_is_read_by_a_test() {
+    let root = repo_root();
+    let index = read_json(&root.join("tests/golden/index.json"));
+    let cases: Vec<&str> = index["cases"]
+        .as_array()
+        .expect("index.json lists `cases`")
+        .iter()
+        .map(|c| c["case"].as_str().expect("each case names itself"))
+        .collect();
+    assert!(!cases.is_empty(), "index.json lists no case");
+    // The test sources: every .rs file under plugins/*/tests and tests/.
+    fn sources(dir: &std::path::Path, out: &mut Vec<String>) {
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                sources(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(std::fs::read_to_string(&path).unwrap_or_default());
+            }
+        }
+    }
+    let mut texts = Vec::new();
+    for entry in std::fs::read_dir(root.join("plugins"))
+        .expect("plugins/")
+        .flatten()
+    {
+        sources(&entry.path().join("tests"), &mut texts);
+    }
+    sources(&root.join("tests"), &mut texts);
+    for case in cases {
+        let by_name = format!("Golden::load(\"{case}\")");
+        let by_const = format!("const CASE: &str = \"{case}\";");
+        assert!(
+            texts.iter().any(|t| t.contains(&by_name)
+                || (t.contains(&by_const) && t.contains("Golden::load(CASE)"))),
+            "golden case `{case}` is read by no test"
+        );
+    }
 }

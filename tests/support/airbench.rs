@@ -4,12 +4,10 @@
 
 #![allow(dead_code)]
 
-use std::time::Duration;
-
 use tessera::checkpoint::Checkpoint;
 use tessera_plugin_api::tch::Tensor;
 use tessera_tests::resume::{
-    assert_continues, ckpt_dir, finish, metrics, names, signal, spawn, wait_for,
+    assert_continues, ckpt_dir, finish, metrics, names, signal, spawn_held_at,
 };
 use tessera_tests::*;
 
@@ -57,12 +55,12 @@ pub fn assert_killed_and_resumed_exactly(label: &str, config: impl Fn(&str) -> S
     assert_eq!(all.len(), 4, "{all:?}");
 
     dir.write("trainer.toml", &config("resumed"));
-    let child = spawn(&dir, &[("TESSERA_FAKE_SLEEP_MS", "300")]);
+    // Held at the end of batch 3: after the first epoch's checkpoint, before the second's.
+    let child = spawn_held_at(&dir, 3);
     let folder = ckpt_dir(&dir, "resumed");
-    wait_for(
-        "the first epoch's checkpoint",
-        Duration::from_secs(120),
-        || folder.join("ep1-ba2.ckpt").exists(),
+    assert!(
+        folder.join("ep1-ba2.ckpt").exists(),
+        "held without the first epoch's checkpoint"
     );
     signal(&child, "-KILL");
     finish(child);

@@ -1,7 +1,7 @@
 //! Exporting a trained GPT-2 run with plugin modules kept, and checking the file against the
-//! PyTorch twins: shared by the language-model methods' files in tests/methods/ (alibi,
-//! gated_linear_units, logit_softcap, modded_nanogpt, qk_norm, relu_squared, rotary; `#[path]`
-//! module), each through [`export_and_check_twins`].
+//! PyTorch twins ([`export_and_check_twins`]): what each row of the export table in
+//! tests/methods/table.rs (alibi, gated_linear_units, logit_softcap, modded_nanogpt, qk_norm,
+//! relu_squared, rotary) checks, besides the method's own assertions (`#[path]` module).
 
 use std::path::{Path, PathBuf};
 
