@@ -359,6 +359,16 @@ impl TrainerToml {
             device.push_str(&self.train);
             device.push('\n');
         }
+        // `train` may set the evaluation's interval itself.
+        let eval_interval = if self
+            .train
+            .lines()
+            .any(|l| l.trim_start().starts_with("eval_interval"))
+        {
+            ""
+        } else {
+            "eval_interval = \"1ep\"\n"
+        };
         let mut text = format!(
             r#"# written by tessera-tests
 run_name = "{run_name}"
@@ -376,8 +386,7 @@ output_dir = "runs"
 
 [train]
 max_duration = "{max_duration}"
-eval_interval = "1ep"
-eval_subset_batches = 1
+{eval_interval}eval_subset_batches = 1
 log_interval = "1ba"
 progress = false
 {device}

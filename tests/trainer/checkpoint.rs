@@ -11,7 +11,10 @@ use tessera_tests::resume::{
     assert_continues, assert_same_checkpoint, ckpt_dir, finish, metrics, names, signal, spawn,
     train_straight, wait_for, with_checkpoints,
 };
-use tessera_tests::{read_json, run_dir, tool, train, TempDir, TrainerToml};
+use tessera_tests::{
+    lines_of_kind, read_json, read_jsonl, require_fashion_mnist, run_dir, tool, train, TempDir,
+    TrainerToml,
+};
 
 /// Methods whose state or randomness matter: EMA (shadow weights, swapped in at checkpoints),
 /// selective backprop and CutOut (host RNG), label smoothing, the fake plugin (a counter
@@ -517,4 +520,95 @@ fn a_checkpoint_of_an_earlier_version_resumes_exactly() {
         &fixture.join("ep1-ba6.ckpt"),
         &run_dir(&dir, "resumed").join("checkpoints/ep1-ba6.ckpt"),
     );
+}
+
+/// `[checkpoint] keep_best = { metric, k }` beside `keep_last`: after a run checkpointed and
+/// evaluated at every batch, the folder holds the newest checkpoint (`keep_last = 1`) and the
+/// `k` checkpoints with the best evaluation at their batch (larger accuracies, smaller
+/// cross-entropies; the newer of equals), and `best.ckpt` points at the best.
+#[test]
+fn keep_best_keeps_the_best_evaluated_checkpoints_and_links_the_best() {
+    let dir = TempDir::new("keep-best");
+    for (metric, higher_is_better) in [("accuracy", true), ("cross_entropy", false)] {
+        let mut toml = TrainerToml::new(metric);
+        toml.max_duration = "8ba".to_owned();
+        toml.device = Some("cpu".to_owned());
+        toml.train = "eval_interval = \"1ba\"".to_owned();
+        let text = format!(
+            "{}\n[checkpoint]\ninterval = \"1ba\"\nkeep_last = 1\n\
+             keep_best = {{ metric = \"{metric}\", k = 2 }}\n",
+            toml.render()
+        );
+        dir.write("trainer.toml", &text);
+        require_fashion_mnist();
+        train(&dir, &[], &[]).assert_success();
+        let lines = read_jsonl(&run_dir(&dir, metric).join("metrics.jsonl"));
+        // Newest first, so that a stable sort puts the newer of equals first.
+        let mut evals: Vec<(u64, f64)> = lines_of_kind(&lines, "eval")
+            .iter()
+            .map(|l| {
+                let batch = l["data"]["batch"].as_u64().expect("batch");
+                (batch, l["data"][metric].as_f64().expect("the metric"))
+            })
+            .collect();
+        assert_eq!(evals.len(), 8, "{metric}");
+        evals.reverse();
+        evals.sort_by(|a, b| {
+            if higher_is_better {
+                b.1.total_cmp(&a.1)
+            } else {
+                a.1.total_cmp(&b.1)
+            }
+        });
+        let best: Vec<String> = evals[..2]
+            .iter()
+            .map(|(batch, _)| format!("ep0-ba{batch}.ckpt"))
+            .collect();
+        let mut want: Vec<String> = best.clone();
+        want.push("ep0-ba8.ckpt".to_owned());
+        want.sort();
+        want.dedup();
+        let folder = ckpt_dir(&dir, metric);
+        let mut kept: Vec<String> = names(&folder)
+            .into_iter()
+            .filter(|n| checkpoint::parse_file_name(n).is_some())
+            .collect();
+        kept.sort();
+        assert_eq!(kept, want, "{metric}: evaluations {evals:?}");
+        assert_eq!(
+            std::fs::read_link(folder.join(checkpoint::BEST)).expect("best.ckpt"),
+            Path::new(&best[0]),
+            "{metric}"
+        );
+    }
+}
+
+#[test]
+fn bad_keep_best_settings_are_refused_naming_the_key() {
+    let dir = TempDir::new("keep-best-bad");
+    for (settings, words) in [
+        ("keep_best = { k = 2 }", &["keep_best", "metric"][..]),
+        (
+            "keep_best = { metric = \"accuracy\", k = 0 }",
+            &["keep_best.k", ">= 1"],
+        ),
+        (
+            "keep_best = { metric = \"perplexity\" }",
+            &["keep_best.metric", "perplexity exists only"],
+        ),
+        (
+            "keep_best = { metric = \"acc\" }",
+            &["keep_best.metric", "unknown metric"],
+        ),
+        (
+            "keep_best = { metric = \"accuracy\", best = 2 }",
+            &["keep_best", "best"],
+        ),
+        ("keep = 2\nkeep_last = 2", &["keep_last", "not both"]),
+    ] {
+        let toml = TrainerToml::new("bad");
+        let text = format!("{}\n[checkpoint]\n{settings}\n", toml.render());
+        dir.write("trainer.toml", &text);
+        train(&dir, &[], &[]).assert_failure(words);
+    }
 }

@@ -12,6 +12,7 @@ mod explore;
 mod loss;
 mod metrics;
 mod mlflow;
+mod plateau;
 mod recipe_search;
 mod standalone;
 mod step_syncs;

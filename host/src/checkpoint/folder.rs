@@ -53,11 +53,17 @@ pub fn latest_good(folder: &Path) -> Option<(PathBuf, Checkpoint)> {
 
 /// Points `folder/latest.ckpt` at `target` (a file in `folder`), atomically.
 pub fn update_latest(folder: &Path, target: &Path) -> std::io::Result<()> {
+    update_link(folder, LATEST, target)
+}
+
+/// Points `folder/<link>` (`latest.ckpt`, `best.ckpt`) at `target` (a file in `folder`),
+/// atomically.
+pub fn update_link(folder: &Path, link: &str, target: &Path) -> std::io::Result<()> {
     let name = target
         .file_name()
         .ok_or_else(|| std::io::Error::other("checkpoint path has no file name"))?;
-    let link = folder.join(LATEST);
-    let tmp = folder.join(format!("{TMP_PREFIX}{LATEST}.{}", std::process::id()));
+    let tmp = folder.join(format!("{TMP_PREFIX}{link}.{}", std::process::id()));
+    let link = folder.join(link);
     let _ = std::fs::remove_file(&tmp);
     #[cfg(unix)]
     std::os::unix::fs::symlink(name, &tmp)?;

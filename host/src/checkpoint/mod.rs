@@ -33,6 +33,7 @@ pub mod torch_rng;
 
 pub use folder::{
     file_name, latest_good, list, parse_file_name, remove_stale_temporaries, update_latest,
+    update_link,
 };
 pub(crate) use format::{blob_of, Blob};
 pub use parts::{
@@ -40,7 +41,7 @@ pub use parts::{
     TrainerMeta,
 };
 pub(crate) use parts::{MODEL as MODEL_PREFIX, OPTIMIZER as OPTIMIZER_PREFIX};
-pub use retention::prune;
+pub use retention::{best_of, prune};
 
 /// Version of the checkpoint layout this build writes and reads.
 pub const FORMAT_VERSION: u32 = 1;
@@ -48,6 +49,8 @@ pub const FORMAT_VERSION: u32 = 1;
 pub const EXTENSION: &str = "ckpt";
 /// Name of the link to the newest checkpoint.
 pub const LATEST: &str = "latest.ckpt";
+/// Name of the link to the checkpoint with the best evaluation (`checkpoint.keep_best`).
+pub const BEST: &str = "best.ckpt";
 
 /// A checkpoint that cannot be read or does not fit.
 #[derive(Debug, thiserror::Error)]

@@ -8,6 +8,7 @@ use tch::Tensor;
 
 use super::*;
 use crate::engine::{MethodRecord, MethodSnapshot};
+use crate::optim::schedule::PlateauState;
 use crate::optim::{GroupPosition, Position, Snapshot};
 use crate::time::Timestamp;
 
@@ -45,6 +46,13 @@ fn sample() -> Checkpoint {
                     weight_decay: 0.0,
                     members: vec!["w".into()],
                 }],
+                plateau: Some(PlateauState {
+                    lr: 0.01,
+                    best: Some(0.25),
+                    num_bad: 2,
+                    cooldown_counter: 1,
+                    evaluations: 5,
+                }),
             },
             tensors: vec![(
                 "w.momentum_buffer".into(),
@@ -285,8 +293,31 @@ fn listing_latest_and_pruning() {
     std::fs::write(&newest, &bytes[..bytes.len() / 3]).unwrap();
     let (path, _) = latest_good(&dir).unwrap();
     assert_eq!(path, dir.join("ep0-ba4.ckpt"));
-    let deleted = prune(&dir, 1, &newest);
-    assert_eq!(deleted.len(), 2);
+    // keep_best: ranked by the evaluation at each checkpoint's batch (none at batch 6).
+    let accuracy = |batch: u64| match batch {
+        2 => Some(0.7),
+        4 => Some(0.6),
+        _ => None,
+    };
+    assert_eq!(best_of(&dir, 1, true, accuracy), [dir.join("ep0-ba2.ckpt")]);
+    assert_eq!(best_of(&dir, 5, false, accuracy).len(), 2);
+    assert_eq!(
+        best_of(&dir, 1, false, accuracy),
+        [dir.join("ep0-ba4.ckpt")]
+    );
+    // Equal scores: the newer first; NaN is not ranked.
+    assert_eq!(
+        best_of(&dir, 1, true, |b| (b != 6).then_some(0.5)),
+        [dir.join("ep0-ba4.ckpt")]
+    );
+    assert!(best_of(&dir, 3, true, |_| Some(f64::NAN)).is_empty());
+    // keep_last = 1 keeps the current one and what keep_best keeps.
+    let kept = [dir.join("ep0-ba2.ckpt")];
+    let deleted = prune(&dir, 1, &newest, &kept);
+    assert_eq!(deleted, [dir.join("ep0-ba4.ckpt")]);
+    assert!(kept[0].exists());
+    let deleted = prune(&dir, 1, &newest, &[]);
+    assert_eq!(deleted.len(), 1);
     remove_stale_temporaries(&dir);
     assert!(!dir.join(".tmp-ep9-ba99.ckpt.1").exists());
     let _ = std::fs::remove_dir_all(&dir);

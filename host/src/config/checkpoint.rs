@@ -4,10 +4,12 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use super::error::ConfigError;
+use super::data::DataConfig;
+use super::error::{ConfigError, ErrorKind};
 use super::reader::{Tbl, INTERVAL_UNITS};
 use super::section::section;
 use crate::plugin::PluginsConfig;
+use crate::report::{Metric, METRIC_NAMES};
 use crate::time::{Time, TimeUnit};
 
 /// `[checkpoint]`
@@ -17,8 +19,13 @@ pub struct CheckpointConfig {
     pub save: bool,
     /// How often, in a count unit or `dur` (default `1ep`); also at the end of training.
     pub interval: Time,
-    /// Keep only the newest N checkpoints; 0 keeps all (default 0).
+    /// Keep only the newest N checkpoints; 0 keeps all (default 0). `keep_last` in
+    /// `trainer.toml` (`keep`, its older name, is read too).
     pub keep: usize,
+    /// Keep also the `k` checkpoints with the best evaluation of `metric` (and point
+    /// `best.ckpt` at the best); `None` (default): no checkpoint is kept for its evaluation.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub keep_best: Option<KeepBest>,
     /// Folder of the checkpoints (default `<run folder>/checkpoints`); relative paths resolve
     /// against the file's folder.
     pub folder: PathBuf,
@@ -43,6 +50,17 @@ pub struct CheckpointConfig {
     pub sharded: bool,
 }
 
+/// `[checkpoint] keep_best = { metric = "accuracy", k = 2 }`: the checkpoints kept for their
+/// evaluation. A checkpoint's evaluation is the one at its own batch; one taken where no
+/// evaluation ran is kept only by `keep_last`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct KeepBest {
+    /// The evaluation metric that ranks them (larger accuracies and F1, smaller losses).
+    pub metric: Metric,
+    /// How many (at least 1).
+    pub k: usize,
+}
+
 fn is_true(b: &bool) -> bool {
     *b
 }
@@ -51,6 +69,8 @@ section!(CheckpointConfig {
     save: bool(),
     interval: time(INTERVAL_UNITS),
     keep: uint(0),
+    keep_last,
+    keep_best,
     folder: path(),
     autoresume: bool(),
     overwrite: bool(),
@@ -66,6 +86,7 @@ impl CheckpointConfig {
             save: true,
             interval: Time::new(1, TimeUnit::Epoch),
             keep: 0,
+            keep_best: None,
             folder: run_dir.join("checkpoints"),
             autoresume: false,
             overwrite: false,
@@ -76,15 +97,32 @@ impl CheckpointConfig {
     }
 }
 
-pub(super) fn read(top: &Tbl<'_>, run_dir: &Path) -> Result<CheckpointConfig, ConfigError> {
-    let config = top
+pub(super) fn read(
+    top: &Tbl<'_>,
+    run_dir: &Path,
+    data: &DataConfig,
+) -> Result<CheckpointConfig, ConfigError> {
+    let mut config = top
         .section("checkpoint", || CheckpointConfig::new(run_dir))?
         .unwrap_or_else(|| CheckpointConfig::new(run_dir));
+    if let Some(t) = top.sub("checkpoint", None)? {
+        if let Some(keep) = t.uint("keep_last", 0)? {
+            if t.entry("keep").is_some() {
+                return Err(t.err_key(
+                    "keep_last",
+                    ErrorKind::InvalidValue,
+                    "give `keep_last` or `keep` (its older name), not both",
+                ));
+            }
+            config.keep = keep;
+        }
+        config.keep_best = keep_best(&t, data)?;
+    }
     if config.weights_only && config.load.is_none() {
         if let Some(t) = top.sub("checkpoint", None)? {
             return Err(t.err_key(
                 "weights_only",
-                super::error::ErrorKind::InvalidValue,
+                ErrorKind::InvalidValue,
                 "`weights_only` applies to `load` (the checkpoint whose weights start the run), \
                  which is not given"
                     .to_owned(),
@@ -92,6 +130,25 @@ pub(super) fn read(top: &Tbl<'_>, run_dir: &Path) -> Result<CheckpointConfig, Co
         }
     }
     Ok(config)
+}
+
+/// `keep_best = { metric = "...", k = N }`, its metric one the run's evaluation reports.
+fn keep_best(t: &Tbl<'_>, data: &DataConfig) -> Result<Option<KeepBest>, ConfigError> {
+    let Some(b) = t.sub("keep_best", Some(&["metric", "k"]))? else {
+        return Ok(None);
+    };
+    let Some(name) = b.string("metric")? else {
+        return Err(b.missing(
+            "metric",
+            &format!("the metric that ranks them ({METRIC_NAMES})"),
+        ));
+    };
+    let metric: Metric = name
+        .parse()
+        .map_err(|m: String| b.err("metric", ErrorKind::InvalidValue, m))?;
+    super::train::check_metric(&b, "metric", metric, data)?;
+    let k = b.uint("k", 1)?.unwrap_or(1);
+    Ok(Some(KeepBest { metric, k }))
 }
 
 section!(PluginsConfig { dirs: path_list() });

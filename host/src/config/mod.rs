@@ -59,7 +59,7 @@ mod values_tests;
 
 pub use crate::plugin::PluginsConfig;
 pub use algorithms::AlgorithmConfig;
-pub use checkpoint::CheckpointConfig;
+pub use checkpoint::{CheckpointConfig, KeepBest};
 pub use data::DataConfig;
 pub use distributed::DistributedConfig;
 pub use error::{ConfigError, ErrorKind, Location};
@@ -71,6 +71,7 @@ pub use train::{MicrobatchSize, TrainConfig};
 
 use crate::model::ModelConfig;
 use crate::optim::{schedule::Schedule, OptimizerConfig};
+use crate::report::Metric;
 use reader::{Bounds, Tbl};
 use section::{section, Section};
 use serde::Serialize;
@@ -161,6 +162,16 @@ impl Config {
             .collect::<Vec<_>>()
             .join("+")
     }
+
+    /// The evaluation metrics the run acts on besides those it reports: the target's, the
+    /// `reduce_on_plateau` schedule's and `checkpoint.keep_best`'s (each is computed at every
+    /// evaluation).
+    pub fn watched_metrics(&self) -> Vec<Metric> {
+        let monitor = self.scheduler.monitor().and_then(Metric::from_name);
+        let best = self.checkpoint.keep_best.map(|b| b.metric);
+        let target = self.train.target.map(|t| t.metric);
+        target.into_iter().chain(monitor).chain(best).collect()
+    }
 }
 
 /// Reads `path`, applies `--set key=value` overrides in order and returns the
@@ -239,14 +250,14 @@ fn build(root: &Node, base: &Path, file: &str, stem: &str) -> Result<Config, Con
     let data = data::read(&top)?;
     let model = model::read(&top, &data)?;
     let optimizer = optimizer::read(&top)?;
-    let scheduler = scheduler::read(&top)?;
+    let scheduler = scheduler::read(&top, &data)?;
     let train = train::read(&top, &data)?;
     let mut plugins = top
         .section("plugins", PluginsConfig::default)?
         .unwrap_or_default();
     plugins.beside = Some(base.join("plugins")).filter(|p| p.is_dir());
     let algorithms = algorithms::read(&top)?;
-    let checkpoint = checkpoint::read(&top, &output_dir.join(&run_name))?;
+    let checkpoint = checkpoint::read(&top, &output_dir.join(&run_name), &data)?;
     let distributed = distributed::read(&top)?;
     let logging = logging::read(&top)?;
 

@@ -3,13 +3,15 @@
 
 use serde::Deserialize;
 
+use super::data::DataConfig;
 use super::de::{DeError, NodeDe};
 use super::error::{ConfigError, ErrorKind};
 use super::reader::{quote_list, suggest, Tbl};
 use super::tree::{Node, Table, Val};
 use crate::optim::schedule::Schedule;
+use crate::report::Metric;
 
-pub(super) fn read(top: &Tbl<'_>) -> Result<Schedule, ConfigError> {
+pub(super) fn read(top: &Tbl<'_>, data: &DataConfig) -> Result<Schedule, ConfigError> {
     let Some(entry) = top.entry("scheduler") else {
         return Ok(Schedule::default());
     };
@@ -19,6 +21,13 @@ pub(super) fn read(top: &Tbl<'_>) -> Result<Schedule, ConfigError> {
     schedule
         .validate()
         .map_err(|e| s.err(e.field, ErrorKind::InvalidValue, e.to_string()))?;
+    // `reduce_on_plateau` watches an evaluation metric this run reports.
+    if let Some(monitor) = schedule.monitor() {
+        let metric: Metric = monitor
+            .parse()
+            .map_err(|m: String| s.err("monitor", ErrorKind::InvalidValue, m))?;
+        super::train::check_metric(&s, "monitor", metric, data)?;
+    }
     Ok(schedule)
 }
 

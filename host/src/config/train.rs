@@ -229,32 +229,47 @@ fn check_metrics(t: &Tbl<'_>, train: &TrainConfig, data: &DataConfig) -> Result<
     let target = train.target.map(|target| ("target", target.metric));
     let listed = train.metrics.iter().flatten().map(|m| ("metrics", *m));
     for (key, metric) in listed.chain(target) {
-        if metric == Metric::Perplexity && !text {
-            return Err(t.err(
-                key,
-                ErrorKind::InvalidValue,
-                format!(
-                    "perplexity exists only for language models, and data.dataset {dataset:?} \
-                     is {}; use accuracy, a top-k accuracy (top5), f1 or cross_entropy",
-                    if data.is_text() {
-                        "labelled text for a classifier"
-                    } else {
-                        "image data"
-                    }
-                ),
-            ));
-        }
-        if metric == Metric::F1 && text {
-            return Err(t.err(
-                key,
-                ErrorKind::InvalidValue,
-                format!(
-                    "f1 is for classification, and data.dataset {dataset:?} is text for a \
-                     language model; use accuracy, a top-k accuracy (top5), cross_entropy or \
-                     perplexity"
-                ),
-            ));
-        }
+        check_metric(t, key, metric, data)?;
+    }
+    Ok(())
+}
+
+/// Whether the evaluation of a run on `data` reports `metric` (at `key` of table `t`): no
+/// perplexity but for language models, no F1 for them.
+pub(super) fn check_metric(
+    t: &Tbl<'_>,
+    key: &str,
+    metric: Metric,
+    data: &DataConfig,
+) -> Result<(), ConfigError> {
+    // Labelled text is classification: its metrics are an image classifier's.
+    let text = data.is_text() && !data.dataset.is_labelled_text();
+    let dataset = data.dataset.as_str();
+    if metric == Metric::Perplexity && !text {
+        return Err(t.err(
+            key,
+            ErrorKind::InvalidValue,
+            format!(
+                "perplexity exists only for language models, and data.dataset {dataset:?} \
+                 is {}; use accuracy, a top-k accuracy (top5), f1 or cross_entropy",
+                if data.is_text() {
+                    "labelled text for a classifier"
+                } else {
+                    "image data"
+                }
+            ),
+        ));
+    }
+    if metric == Metric::F1 && text {
+        return Err(t.err(
+            key,
+            ErrorKind::InvalidValue,
+            format!(
+                "f1 is for classification, and data.dataset {dataset:?} is text for a \
+                 language model; use accuracy, a top-k accuracy (top5), cross_entropy or \
+                 perplexity"
+            ),
+        ));
     }
     Ok(())
 }

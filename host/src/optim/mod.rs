@@ -12,6 +12,7 @@ mod fused;
 mod fused_step;
 pub mod groups;
 mod per_param;
+mod plateau;
 mod rules;
 pub mod schedule;
 mod shards;
@@ -27,7 +28,7 @@ use tch::{TchError, Tensor};
 
 use crate::model::{LayerInfo, ParamStore};
 use crate::time::{RunLength, Timestamp};
-use schedule::Schedule;
+use schedule::{PlateauState, Schedule};
 
 extern "C" {
     /// `host/csrc/grad.cpp`: sets an `at::Tensor`'s gradient (shared), or resets it to
@@ -140,6 +141,8 @@ pub struct Optimizer {
     external: Vec<(String, Tensor)>,
     /// `[distributed] sharding`: this rank's pieces of the parameters ([`Optimizer::shard`]).
     shards: Option<Box<dyn Shards>>,
+    /// A `reduce_on_plateau` schedule's state, which holds the rate (`plateau.rs`).
+    plateau: Option<PlateauState>,
 }
 
 impl Optimizer {
@@ -184,6 +187,8 @@ impl Optimizer {
             slots.push(Slot::new(e.name.clone(), e.tensor.shallow_clone(), group));
         }
         let lr = rule.lr();
+        let plateau =
+            matches!(schedule, Schedule::ReduceOnPlateau { .. }).then(|| PlateauState::new(lr));
         Ok(Optimizer {
             algorithm: rule,
             implementation,
@@ -201,6 +206,7 @@ impl Optimizer {
             lr_staged: false,
             external: Vec::new(),
             shards: None,
+            plateau,
         })
     }
 
@@ -263,7 +269,10 @@ impl Optimizer {
 
     /// The learning rate the next step uses (the default group's).
     pub fn lr(&self) -> f64 {
-        self.initial_lr * self.lr_multiplier * self.lr_scale
+        match &self.plateau {
+            Some(p) => p.lr * self.lr_scale,
+            None => self.initial_lr * self.lr_multiplier * self.lr_scale,
+        }
     }
 
     /// Sets the schedule's multiplier for the clock at `t` of `run` (the trainer calls it before

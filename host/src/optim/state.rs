@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 use tch::{TchError, Tensor};
 
+use super::schedule::PlateauState;
 use super::{GroupsError, Optimizer, Slot};
 use crate::model::ParamStore;
 
@@ -42,6 +43,10 @@ pub struct Position {
     /// Tessera before groups, or of a run that configured none).
     #[serde(default)]
     pub groups: Vec<GroupPosition>,
+    /// A `reduce_on_plateau` schedule's state (its rate and counters); absent for the other
+    /// schedules.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plateau: Option<PlateauState>,
 }
 
 /// One parameter group as a checkpoint records it.
@@ -104,6 +109,7 @@ impl Optimizer {
                 lr_multiplier: Some(self.lr_multiplier),
                 lr_scale: Some(self.lr_scale),
                 groups,
+                plateau: self.plateau.clone(),
             },
             tensors,
         }
@@ -204,6 +210,16 @@ impl Optimizer {
             None if position.initial_lr != 0.0 => position.lr / position.initial_lr,
             None => 1.0,
         };
+        // A plateau schedule continues where it stood; from a checkpoint of another schedule
+        // it starts afresh at the configured rate.
+        if self.plateau.is_some() {
+            self.plateau = Some(
+                position
+                    .plateau
+                    .clone()
+                    .unwrap_or_else(|| PlateauState::new(position.initial_lr)),
+            );
+        }
         Ok(())
     }
 

@@ -505,6 +505,7 @@ fn prepare_checkpoint_folder(ck: &config::CheckpointConfig, resuming: bool) -> R
     }
     let mut stale = earlier.clone();
     stale.push(ck.folder.join(checkpoint::LATEST));
+    stale.push(ck.folder.join(checkpoint::BEST));
     for old in stale.iter().filter(|p| p.symlink_metadata().is_ok()) {
         // A sharded checkpoint is a folder (`latest` a link to one).
         let is_folder = old.symlink_metadata().is_ok_and(|m| m.is_dir());

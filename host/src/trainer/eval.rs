@@ -37,6 +37,7 @@ impl Trainer {
         self.history.eval_times.push(time);
         self.history.last_eval_batch = Some(self.state.clock.timestamp.batch);
         self.check_target(&record);
+        self.plateau_step(&record)?;
         tracing::debug!("evaluation took {:.2}s", started.elapsed().as_secs_f64());
         Ok(record)
     }
@@ -107,7 +108,7 @@ impl Trainer {
                 let classes = output.size().get(1).copied().unwrap_or(0);
                 let set = MetricSet::resolve(
                     self.config.train.metrics.as_deref(),
-                    self.config.train.target.map(|t| t.metric),
+                    &self.config.watched_metrics(),
                     classes,
                     language,
                 );

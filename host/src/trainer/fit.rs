@@ -188,6 +188,10 @@ impl Trainer {
             self.fire(Event::FIT_END)?;
             if self.history.last_eval_batch != Some(self.state.clock.timestamp.batch) {
                 self.evaluate()?;
+                // The last checkpoint was written before this evaluation: rank it now.
+                if let (Some(last), true) = (&self.saved.last_checkpoint, self.is_rank0()) {
+                    self.apply_retention(&self.config.checkpoint.folder, last)?;
+                }
             }
             self.log_train_line()?;
             self.report_target_missed();

@@ -21,12 +21,13 @@ pub struct MetricSet {
 
 impl MetricSet {
     /// The metrics of a run: `asked` (`train.metrics`; `None`: the default, top-5 for an
-    /// image model of at least [`TOP5_DEFAULT_CLASSES`] classes) and the target's metric, for
+    /// image model of at least [`TOP5_DEFAULT_CLASSES`] classes) and the metrics the run
+    /// watches (`watched`: the target's, the plateau schedule's, `keep_best`'s), for
     /// a model of `classes` outputs (`language`: next-token logits of a language model). An
     /// error names what cannot be computed: a k above the class count, F1 of a language model.
     pub fn resolve(
         asked: Option<&[Metric]>,
-        target: Option<Metric>,
+        watched: &[Metric],
         classes: i64,
         language: bool,
     ) -> Result<MetricSet, String> {
@@ -37,7 +38,7 @@ impl MetricSet {
             None => &[],
         };
         let mut set = MetricSet::default();
-        for metric in asked.iter().copied().chain(target) {
+        for metric in asked.iter().chain(watched).copied() {
             match metric {
                 Metric::TopK(k) => {
                     if i64::from(k) > classes {
@@ -280,12 +281,12 @@ mod tests {
     #[test]
     fn the_default_set_adds_top5_for_a_hundred_classes_and_the_target_metric() {
         let resolve = MetricSet::resolve;
-        assert!(resolve(None, None, 10, false).unwrap().is_empty());
-        assert_eq!(resolve(None, None, 100, false).unwrap().top_k, vec![5]);
-        assert!(resolve(None, None, 50257, true).unwrap().is_empty());
+        assert!(resolve(None, &[], 10, false).unwrap().is_empty());
+        assert_eq!(resolve(None, &[], 100, false).unwrap().top_k, vec![5]);
+        assert!(resolve(None, &[], 50257, true).unwrap().is_empty());
         let set = resolve(
             Some(&[Metric::F1, Metric::TopK(3)]),
-            Some(Metric::TopK(2)),
+            &[Metric::TopK(2)],
             10,
             false,
         )
@@ -298,14 +299,14 @@ mod tests {
             }
         );
         assert_eq!(
-            resolve(Some(&[Metric::TopK(20)]), None, 10, false).unwrap_err(),
+            resolve(Some(&[Metric::TopK(20)]), &[], 10, false).unwrap_err(),
             "top20 needs at least 20 classes, but the model has 10 outputs"
         );
-        assert!(resolve(None, Some(Metric::F1), 50257, true)
+        assert!(resolve(None, &[Metric::F1], 50257, true)
             .unwrap_err()
             .starts_with("f1 is for classification"));
         // An empty list turns the default off.
-        assert!(resolve(Some(&[]), None, 1000, false).unwrap().is_empty());
+        assert!(resolve(Some(&[]), &[], 1000, false).unwrap().is_empty());
     }
 
     #[test]

@@ -37,6 +37,7 @@ mod step;
 mod target;
 mod token_sets;
 mod tracking;
+mod watched;
 
 pub use data::load_datasets;
 pub use error::{Result, TrainError};

@@ -255,9 +255,7 @@ impl Trainer {
                 folder.join(checkpoint::LATEST).display()
             )
         })?;
-        for old in checkpoint::prune(&folder, self.config.checkpoint.keep, &path) {
-            tracing::debug!("deleted old checkpoint {}", old.display());
-        }
+        self.apply_retention(&folder, &path)?;
         self.saved.last_checkpoint_batch = Some(self.state.clock.timestamp.batch);
         self.saved.last_checkpoint = Some(path.clone());
         tracing::info!(

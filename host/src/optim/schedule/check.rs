@@ -140,6 +140,14 @@ impl Schedule {
                     format!("decay_fraction must be in [0, 1], got {decay_fraction}"),
                 )
             }
+            // PyTorch refuses a factor of 1 or more ("Factor should be < 1.0"); 0 would drop
+            // the rate to min_lr at once.
+            Schedule::ReduceOnPlateau { factor, .. } if !(*factor > 0.0 && *factor < 1.0) => {
+                return fail(
+                    "factor",
+                    format!("factor must be in (0, 1): the rate is multiplied by it, got {factor}"),
+                )
+            }
             _ => {}
         }
         if let Some((t_warmup, t_max)) = self.warmup_and_max() {
@@ -237,6 +245,18 @@ impl Schedule {
                 decay_fraction,
                 ..
             } => vec![("alpha_f", *alpha_f), ("decay_fraction", *decay_fraction)],
+            Schedule::ReduceOnPlateau {
+                factor,
+                threshold,
+                min_lr,
+                eps,
+                ..
+            } => vec![
+                ("factor", *factor),
+                ("threshold", *threshold),
+                ("min_lr", *min_lr),
+                ("eps", *eps),
+            ],
         }
     }
 
@@ -269,6 +289,7 @@ impl Schedule {
             } => std::iter::once(("t_warmup", t_warmup))
                 .chain(milestones.iter().map(|m| ("milestones", m)))
                 .collect(),
+            Schedule::ReduceOnPlateau { .. } => Vec::new(),
         }
     }
 

@@ -21,9 +21,11 @@
 //! sample/token.
 
 mod check;
+mod plateau;
 mod wsd;
 
 pub use check::{InvalidSchedule, ScheduleError};
+pub use plateau::{Plateau, PlateauMode, PlateauState, ThresholdMode};
 pub use wsd::DecayShape;
 
 use std::f64::consts::PI;
@@ -47,6 +49,22 @@ fn whole_run() -> Time {
 
 fn fifth() -> f64 {
     0.2
+}
+
+fn cross_entropy() -> String {
+    "cross_entropy".to_owned()
+}
+
+fn ten() -> u64 {
+    10
+}
+
+fn ten_thousandth() -> f64 {
+    1e-4
+}
+
+fn torch_eps() -> f64 {
+    1e-8
 }
 
 /// A learning-rate multiplier schedule (α(t) in Composer's notation).
@@ -183,6 +201,48 @@ pub enum Schedule {
         #[serde(default = "whole_run")]
         t_max: Time,
     },
+    /// PyTorch's `ReduceLROnPlateau`, stepped after each evaluation with the `monitor`ed
+    /// metric: when it has not improved (by `threshold`) for more than `patience` evaluations,
+    /// the rate becomes `max(lr × factor, min_lr)`, and the next `cooldown` evaluations do not
+    /// count. The rate is a state, not a function of the clock ([`PlateauState`]).
+    #[serde(rename = "reduce_on_plateau")]
+    ReduceOnPlateau {
+        /// The evaluation metric watched (default `"cross_entropy"`; `accuracy`, `perplexity`,
+        /// `topK` and `f1` as `train.metrics` names them).
+        #[serde(default = "cross_entropy")]
+        monitor: String,
+        /// `"min"` or `"max"`: whether lower or higher values are better (default: the
+        /// metric's own direction, `max` for accuracies and F1, `min` for the losses; PyTorch's
+        /// default is always `min`).
+        #[serde(
+            default,
+            deserialize_with = "plateau::some_mode",
+            skip_serializing_if = "Option::is_none"
+        )]
+        mode: Option<PlateauMode>,
+        /// The rate's factor at a reduction, in (0, 1) (default 0.1).
+        #[serde(default = "tenth")]
+        factor: f64,
+        /// Evaluations without improvement tolerated before a reduction (default 10).
+        #[serde(default = "ten")]
+        patience: u64,
+        /// The least change that counts as an improvement (default 1e-4).
+        #[serde(default = "ten_thousandth")]
+        threshold: f64,
+        /// `"rel"` (better than `best × (1 ∓ threshold)`, the default) or `"abs"` (better
+        /// than `best ∓ threshold`).
+        #[serde(default)]
+        threshold_mode: ThresholdMode,
+        /// Evaluations after a reduction whose lack of improvement is not counted (default 0).
+        #[serde(default)]
+        cooldown: u64,
+        /// The lowest rate of the default group (default 0).
+        #[serde(default)]
+        min_lr: f64,
+        /// A reduction by less than this is not applied (default 1e-8).
+        #[serde(default = "torch_eps")]
+        eps: f64,
+    },
 }
 
 impl Default for Schedule {
@@ -227,6 +287,49 @@ impl Schedule {
             Schedule::CosineWithWarmup { .. } => "cosine_with_warmup",
             Schedule::MultiStepWithWarmup { .. } => "multistep_with_warmup",
             Schedule::WarmupStableDecay { .. } => "warmup_stable_decay",
+            Schedule::ReduceOnPlateau { .. } => "reduce_on_plateau",
+        }
+    }
+
+    /// A `reduce_on_plateau` schedule's settings, with `mode` from `higher_is_better` (the
+    /// monitored metric's direction) when not given; `None` for the other schedules.
+    pub fn plateau(&self, higher_is_better: bool) -> Option<Plateau> {
+        let Schedule::ReduceOnPlateau {
+            mode,
+            factor,
+            patience,
+            threshold,
+            threshold_mode,
+            cooldown,
+            min_lr,
+            eps,
+            ..
+        } = self
+        else {
+            return None;
+        };
+        let natural = if higher_is_better {
+            PlateauMode::Max
+        } else {
+            PlateauMode::Min
+        };
+        Some(Plateau {
+            mode: mode.unwrap_or(natural),
+            factor: *factor,
+            patience: *patience,
+            threshold: *threshold,
+            threshold_mode: *threshold_mode,
+            cooldown: *cooldown,
+            min_lr: *min_lr,
+            eps: *eps,
+        })
+    }
+
+    /// The metric a `reduce_on_plateau` schedule watches.
+    pub fn monitor(&self) -> Option<&str> {
+        match self {
+            Schedule::ReduceOnPlateau { monitor, .. } => Some(monitor),
+            _ => None,
         }
     }
 
@@ -333,6 +436,8 @@ impl Schedule {
                 let w = Wsd::resolve(t_warmup, t_max, *decay_fraction, run, ssr)?;
                 Ok(w.multiplier(now, *alpha_f, *decay_shape))
             }
+            // The rate is the plateau's state (`Optimizer::plateau_step`), not the clock's.
+            Schedule::ReduceOnPlateau { .. } => Ok(1.0),
         }
     }
 }
