@@ -199,6 +199,33 @@ fn a_sweep_runs_every_combination_and_skips_them_when_run_again() {
         record(&dir, "plain-seed1")["evals"],
         record(&dir, "plain-seed2")["evals"]
     );
+    // Each recipe over its two seeds: the mean ± half the range of the final accuracy.
+    let over_seeds = out
+        .stdout
+        .split_once("over seeds")
+        .unwrap_or_else(|| panic!("no seed spread:\n{}", out.dump()))
+        .1;
+    for recipe in ["plain", "smooth"] {
+        let accuracy = |seed: u32| {
+            record(&dir, &format!("{recipe}-seed{seed}"))["final_accuracy"]
+                .as_f64()
+                .expect("final_accuracy")
+        };
+        let (a, b) = (accuracy(1), accuracy(2));
+        let want = format!(
+            "acc {:.4} ± {:.4}",
+            (a + b) / 2.0,
+            (a.max(b) - a.min(b)) / 2.0
+        );
+        let line = over_seeds
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(recipe))
+            .unwrap_or_else(|| panic!("no {recipe} line:\n{over_seeds}"));
+        assert!(
+            line.contains(&want) && line.split_whitespace().nth(1) == Some("2"),
+            "{recipe}: want {want} over 2 seeds:\n{line}"
+        );
+    }
 
     let before: Vec<SystemTime> = RUNS
         .iter()

@@ -8,11 +8,13 @@ mod outcome;
 mod plan;
 mod progress;
 mod run;
+mod spread;
 
 pub use error::SweepError;
 pub use outcome::RunOutcome;
 pub use plan::{plan, FolderState, Plan, PlannedRun};
 pub use run::{run_sweep, SweepOptions, SweepOutcome};
+pub use spread::{seed_groups, SeedGroup, Spread, SEED_AXIS};
 
 use std::path::Path;
 

@@ -91,6 +91,7 @@ pub fn run(args: Args) -> anyhow::Result<Exit> {
         };
         println!("{:<32} {status:<12} {quality:>12} {wall:>10}", run.id);
     }
+    print_seed_spread(&outcome.runs);
     if let Some(signal) = outcome.stopped_by {
         eprintln!(
             "sweep stopped by {}; run the same command again to continue",
@@ -103,4 +104,27 @@ pub fn run(args: Args) -> anyhow::Result<Exit> {
         return Ok(Exit::FAILURE);
     }
     Ok(Exit::SUCCESS)
+}
+
+/// With a `seed` axis: each point over its seeds, the mean ± half the range (smallest to
+/// largest) of its final result and wall time.
+fn print_seed_spread(runs: &[(sweep::PlannedRun, RunOutcome)]) {
+    let groups = sweep::seed_groups(runs.iter().map(|(run, o)| (run.axes.as_slice(), o)));
+    if groups.is_empty() {
+        return;
+    }
+    println!();
+    println!(
+        "{:<32} {:>5} {:>22} {:>16}",
+        "over seeds (mean ± half range)", "seeds", "result", "wall"
+    );
+    for g in groups {
+        let quality = match g.quality {
+            Some(("ppl", s)) => format!("ppl {:.3} ± {:.3}", s.mean, s.half_range()),
+            Some((kind, s)) => format!("{kind} {:.4} ± {:.4}", s.mean, s.half_range()),
+            None => "-".to_owned(),
+        };
+        let wall = format!("{:.1}s ± {:.1}s", g.wall.mean, g.wall.half_range());
+        println!("{:<32} {:>5} {quality:>22} {wall:>16}", g.label, g.seeds);
+    }
 }
