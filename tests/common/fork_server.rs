@@ -189,7 +189,10 @@ pub fn run(
         Ok(Reply::Error(e)) => panic!("`{command}` (pid {pid}): {e}"),
         Ok(Reply::Pid(_)) => panic!("the fork server replied two starts: `{command}`"),
         Err(_) => {
-            crate::kill("-KILL", pid);
+            // It may end by itself meanwhile: a failing `kill` is no error here.
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", &pid.to_string()])
+                .status();
             let _ = replies.recv_timeout(Duration::from_secs(10));
             waiting(None);
             let so_far = std::fs::read_to_string(&stderr).unwrap_or_default();

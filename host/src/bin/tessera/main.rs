@@ -152,9 +152,6 @@ fn run(cli: Cli) -> anyhow::Result<Exit> {
     }
 }
 
-/// Whether this process is a data-parallel rank other than 0 (as `tessera train` reads the
-/// environment): such a rank logs only warnings and errors by default and prints no summary,
-/// rank 0 speaks for the run.
 /// How a command ends: the process's exit status (0 done, 1 an error, 128 + n stopped by
 /// signal n).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -187,6 +184,9 @@ fn exit_now(exit: Exit) -> ! {
     }
 }
 
+/// Whether this process is a data-parallel rank other than 0 (as `tessera train` reads the
+/// environment): such a rank logs only warnings and errors by default and prints no summary,
+/// rank 0 speaks for the run.
 fn is_other_rank() -> bool {
     matches!(tessera::dist::RankEnv::from_env(), Ok(Some(env)) if env.rank > 0)
 }
