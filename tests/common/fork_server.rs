@@ -145,18 +145,12 @@ pub fn run(
     let stdout = server.dir.join(format!("{id}.stdout"));
     let stderr = server.dir.join(format!("{id}.stderr"));
     let (sender, replies) = mpsc::channel();
-    let waiting = |insert: Option<mpsc::Sender<Reply>>| {
-        let mut map = server.waiting.lock().unwrap_or_else(|p| p.into_inner());
-        match insert {
-            Some(sender) => {
-                map.insert(id, sender);
-            }
-            None => {
-                map.remove(&id);
-            }
-        }
+    let waiting = || server.waiting.lock().unwrap_or_else(|p| p.into_inner());
+    waiting().insert(id, sender);
+    // The replies about `id` are not waited for any more.
+    let forget = || {
+        waiting().remove(&id);
     };
-    waiting(Some(sender));
     let request = json!({
         "id": id,
         "args": args,
@@ -170,14 +164,14 @@ pub fn run(
         writeln!(requests, "{request}").and_then(|()| requests.flush())
     };
     if sent.is_err() {
-        waiting(None);
+        forget();
         return None;
     }
     let started = Instant::now();
     let pid = match replies.recv_timeout(timeout) {
         Ok(Reply::Pid(pid)) => pid,
         Ok(Reply::Error(_)) => {
-            waiting(None);
+            forget();
             return None;
         }
         Ok(Reply::Exit(_)) => panic!("the fork server replied an end before a start: `{command}`"),
@@ -194,12 +188,12 @@ pub fn run(
                 .args(["-KILL", &pid.to_string()])
                 .status();
             let _ = replies.recv_timeout(Duration::from_secs(10));
-            waiting(None);
+            forget();
             let so_far = std::fs::read_to_string(&stderr).unwrap_or_default();
             panic!("`{command}` ran longer than {timeout:?}; killed. stderr so far:\n{so_far}");
         }
     };
-    waiting(None);
+    forget();
     let read = |path: &Path| {
         let bytes = std::fs::read(path).unwrap_or_default();
         let _ = std::fs::remove_file(path);

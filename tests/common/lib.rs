@@ -712,6 +712,22 @@ pub fn train(dir: &TempDir, overrides: &[&str], env: &[(&str, &str)]) -> Output 
     tessera(&args, dir.path(), env)
 }
 
+/// Every `.rs` file under `dir`, recursively; panics naming a folder that cannot be listed.
+pub fn rust_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let entries =
+        std::fs::read_dir(dir).unwrap_or_else(|e| panic!("cannot list {}: {e}", dir.display()));
+    for entry in entries {
+        let path = entry.expect("a folder entry").path();
+        if path.is_dir() {
+            out.extend(rust_files(&path));
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+    out
+}
+
 /// The run folder of run `run_name` whose trainer.toml is in `dir`.
 pub fn run_dir(dir: &TempDir, run_name: &str) -> PathBuf {
     dir.join("runs").join(run_name)

@@ -944,24 +944,20 @@ fn every_golden_case_is_read_by_a_test() {
         .collect();
     assert!(!cases.is_empty(), "index.json lists no case");
     // The test sources: every .rs file under plugins/*/tests and tests/.
-    fn sources(dir: &std::path::Path, out: &mut Vec<String>) {
-        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                sources(&path, out);
-            } else if path.extension().is_some_and(|e| e == "rs") {
-                out.push(std::fs::read_to_string(&path).unwrap_or_default());
-            }
-        }
-    }
-    let mut texts = Vec::new();
+    let mut files = rust_files(&root.join("tests"));
     for entry in std::fs::read_dir(root.join("plugins"))
         .expect("plugins/")
         .flatten()
     {
-        sources(&entry.path().join("tests"), &mut texts);
+        let tests = entry.path().join("tests");
+        if tests.is_dir() {
+            files.extend(rust_files(&tests));
+        }
     }
-    sources(&root.join("tests"), &mut texts);
+    let texts: Vec<String> = files
+        .iter()
+        .map(|f| std::fs::read_to_string(f).unwrap_or_else(|e| panic!("{}: {e}", f.display())))
+        .collect();
     for case in cases {
         let by_name = format!("Golden::load(\"{case}\")");
         let by_const = format!("const CASE: &str = \"{case}\";");

@@ -2,23 +2,7 @@
 //! (no unit-test harness is compiled, linked and run for it) has no unit test in `src/` that
 //! `cargo test` would silently skip.
 
-use std::path::Path;
-
-use tessera_tests::repo_root;
-
-/// Every `.rs` file under `dir`.
-fn rust_files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
-    let entries =
-        std::fs::read_dir(dir).unwrap_or_else(|e| panic!("cannot list {}: {e}", dir.display()));
-    for entry in entries {
-        let path = entry.expect("a folder entry").path();
-        if path.is_dir() {
-            rust_files(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
-        }
-    }
-}
+use tessera_tests::{repo_root, rust_files};
 
 /// Whether the `[lib]` table of `manifest` (a Cargo.toml's text) sets `test = false`.
 fn lib_test_off(manifest: &str) -> bool {
@@ -49,9 +33,7 @@ fn a_crate_without_a_unit_test_harness_has_no_unit_test() {
             continue;
         }
         off += 1;
-        let mut files = Vec::new();
-        rust_files(&dir.join("src"), &mut files);
-        for file in files {
+        for file in rust_files(&dir.join("src")) {
             let text = std::fs::read_to_string(&file).expect("a source file");
             assert!(
                 !text.contains("#[test]") && !text.contains("#[cfg(test)]"),

@@ -105,7 +105,8 @@ pub(super) fn read(
     let mut config = top
         .section("checkpoint", || CheckpointConfig::new(run_dir))?
         .unwrap_or_else(|| CheckpointConfig::new(run_dir));
-    if let Some(t) = top.sub("checkpoint", None)? {
+    let table = top.sub("checkpoint", None)?;
+    if let Some(t) = &table {
         if let Some(keep) = t.uint("keep_last", 0)? {
             if t.entry("keep").is_some() {
                 return Err(t.err_key(
@@ -116,10 +117,10 @@ pub(super) fn read(
             }
             config.keep = keep;
         }
-        config.keep_best = keep_best(&t, data)?;
+        config.keep_best = keep_best(t, data)?;
     }
     if config.weights_only && config.load.is_none() {
-        if let Some(t) = top.sub("checkpoint", None)? {
+        if let Some(t) = &table {
             return Err(t.err_key(
                 "weights_only",
                 ErrorKind::InvalidValue,

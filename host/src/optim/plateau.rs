@@ -1,8 +1,8 @@
 //! A `reduce_on_plateau` schedule's steps: the optimizer holds its state (the rate and
-//! `ReduceLROnPlateau`'s counters, [`PlateauState`]) and the trainer steps it after each
-//! evaluation with the monitored metric.
+//! `ReduceLROnPlateau`'s counters, [`super::schedule::PlateauState`]) and the trainer steps it
+//! after each evaluation with the monitored metric.
 
-use super::schedule::{Plateau, PlateauState};
+use super::schedule::Plateau;
 use super::Optimizer;
 
 impl Optimizer {
@@ -16,10 +16,5 @@ impl Optimizer {
             self.lr_staged = false;
         }
         reduced
-    }
-
-    /// The `reduce_on_plateau` schedule's state; `None` for the other schedules.
-    pub fn plateau_state(&self) -> Option<&PlateauState> {
-        self.plateau.as_ref()
     }
 }
